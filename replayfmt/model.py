@@ -1,0 +1,504 @@
+"""The Python view of a capture's resource graph: enums, objects and operations.
+
+These small immutable types are what the reader returns and what tools consume. Their numbering
+mirrors replayfmt/schema.fbs exactly (a test checks it). Objects are frozen dataclasses; the
+operations that a capture holds by the million (launch, copy, memset, relocation) are NamedTuples,
+which are several times cheaper to build than frozen dataclasses.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import ClassVar, NamedTuple
+
+
+class OperationKind(enum.IntEnum):
+    NONE = 0
+    CREATE_OBJECT = 1
+    DESTROY_OBJECT = 2
+    COPY_HOST_TO_DEVICE = 3
+    COPY_DEVICE_TO_HOST = 4
+    COPY_DEVICE_TO_DEVICE = 5
+    MEMSET = 6
+    MODULE_LOAD = 7
+    LAUNCH = 8
+    EVENT_RECORD = 9
+    STREAM_WAIT_EVENT = 10
+    STREAM_SYNCHRONIZE = 11
+    DEVICE_SYNCHRONIZE = 12
+    EVENT_SYNCHRONIZE = 13
+    SCOPE_BEGIN = 14
+    SCOPE_END = 15
+    CHECKPOINT = 16
+    UNSUPPORTED = 17
+
+    @property
+    def label(self) -> str:
+        """The name used by dump-replay and in messages, e.g. ``copy_h2d``."""
+        return _OPERATION_LABELS[self]
+
+
+_OPERATION_LABELS = {
+    OperationKind.NONE: "none",
+    OperationKind.CREATE_OBJECT: "create",
+    OperationKind.DESTROY_OBJECT: "destroy",
+    OperationKind.COPY_HOST_TO_DEVICE: "copy_h2d",
+    OperationKind.COPY_DEVICE_TO_HOST: "copy_d2h",
+    OperationKind.COPY_DEVICE_TO_DEVICE: "copy_d2d",
+    OperationKind.MEMSET: "memset",
+    OperationKind.MODULE_LOAD: "module_load",
+    OperationKind.LAUNCH: "launch",
+    OperationKind.EVENT_RECORD: "event_record",
+    OperationKind.STREAM_WAIT_EVENT: "stream_wait_event",
+    OperationKind.STREAM_SYNCHRONIZE: "stream_synchronize",
+    OperationKind.DEVICE_SYNCHRONIZE: "device_synchronize",
+    OperationKind.EVENT_SYNCHRONIZE: "event_synchronize",
+    OperationKind.SCOPE_BEGIN: "scope_begin",
+    OperationKind.SCOPE_END: "scope_end",
+    OperationKind.CHECKPOINT: "checkpoint",
+    OperationKind.UNSUPPORTED: "unsupported",
+}
+
+
+class ObjectKind(enum.IntEnum):
+    """Matches the member order of the schema's ObjectBody union."""
+
+    NONE = 0
+    DEVICE = 1
+    STREAM = 2
+    EVENT = 3
+    BUFFER = 4
+    EXECUTABLE = 5
+    GLOBAL = 6
+    FILE_REFERENCE = 7
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+class ExecutableFormat(enum.IntEnum):
+    UNKNOWN = 0
+    CUBIN = 1
+    PTX = 2
+    FATBIN = 3
+
+
+class ParameterKind(enum.IntEnum):
+    UNKNOWN = 0
+    VALUE = 1
+    POINTER = 2
+    TENSOR_MAP = 3
+
+
+class RelocationKind(enum.IntEnum):
+    POINTER = 0
+    TENSOR_MAP = 1
+
+
+class MemoryKind(enum.IntEnum):
+    DEVICE = 0
+    HOST_PINNED = 1
+    MANAGED = 2
+
+
+class DType(enum.IntEnum):
+    UNKNOWN = 0
+    BOOL = 1
+    INT8 = 2
+    UINT8 = 3
+    INT16 = 4
+    UINT16 = 5
+    INT32 = 6
+    UINT32 = 7
+    INT64 = 8
+    UINT64 = 9
+    FLOAT16 = 10
+    BFLOAT16 = 11
+    FLOAT32 = 12
+    FLOAT64 = 13
+    FLOAT8_E4M3FN = 14
+    FLOAT8_E5M2 = 15
+    COMPLEX64 = 16
+    COMPLEX128 = 17
+
+
+class FilePolicy(enum.IntEnum):
+    REFERENCE = 0
+    CAPTURE_RANGES = 1
+    CAPTURE_ALL = 2
+    FAIL = 3
+
+    @property
+    def label(self) -> str:
+        return self.name.lower().replace("_", "-")
+
+
+class FileValidation(enum.IntEnum):
+    IDENTITY = 0
+    DIGEST = 1
+    NONE = 2
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+LAUNCH_FLAG_COOPERATIVE = 1
+COPY_FLAG_ASYNC = 1
+
+Dims = tuple[int, int, int]
+
+
+# ------------------------------------------------------------------------------------------
+# Objects. ``id`` is assigned by the writer (dense from 1, shared by every kind).
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ObjectDef:
+    kind: ClassVar[ObjectKind] = ObjectKind.NONE
+    id: int = 0
+    label: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Device(ObjectDef):
+    kind: ClassVar[ObjectKind] = ObjectKind.DEVICE
+    ordinal: int = 0
+    name: str = ""
+    uuid: bytes = b""
+    compute_capability: tuple[int, int] = (0, 0)
+    total_memory: int = 0
+    driver_version: int = 0
+    multiprocessor_count: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Stream(ObjectDef):
+    kind: ClassVar[ObjectKind] = ObjectKind.STREAM
+    device: int = 0
+    priority: int = 0
+    flags: int = 0
+    captured_handle: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Event(ObjectDef):
+    kind: ClassVar[ObjectKind] = ObjectKind.EVENT
+    device: int = 0
+    flags: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Buffer(ObjectDef):
+    kind: ClassVar[ObjectKind] = ObjectKind.BUFFER
+    size: int
+    device: int = 0
+    alignment: int = 256
+    address: int = 0
+    memory: MemoryKind = MemoryKind.DEVICE
+    dtype: DType = DType.UNKNOWN
+    shape: tuple[int, ...] = ()
+    strides: tuple[int, ...] = ()
+    element_offset: int = 0
+    requires_fixed_address: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Parameter:
+    offset: int
+    size: int
+    kind: ParameterKind = ParameterKind.UNKNOWN
+    name: str = ""
+    dtype: DType = DType.UNKNOWN
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Function:
+    name: str
+    parameters: tuple[Parameter, ...] = ()
+    parameters_known: bool = False
+    registers: int = 0
+    static_shared_memory: int = 0
+    max_dynamic_shared_memory: int = 0
+    max_threads_per_block: int = 0
+    local_memory: int = 0
+    required_cluster: Dims = (0, 0, 0)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Executable(ObjectDef):
+    kind: ClassVar[ObjectKind] = ObjectKind.EXECUTABLE
+    format: ExecutableFormat = ExecutableFormat.UNKNOWN
+    target_arch: str = ""
+    payload: int = 0
+    file: int = 0
+    functions: tuple[Function, ...] = ()
+
+    def function_index(self, name: str) -> int | None:
+        for i, fn in enumerate(self.functions):
+            if fn.name == name:
+                return i
+        return None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Global(ObjectDef):
+    kind: ClassVar[ObjectKind] = ObjectKind.GLOBAL
+    executable: int = 0
+    symbol: str = ""
+    size: int = 0
+    initial_payload: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FileRange:
+    offset: int
+    size: int
+    payload: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FileReference(ObjectDef):
+    kind: ClassVar[ObjectKind] = ObjectKind.FILE_REFERENCE
+    path: str
+    size: int = 0
+    device: int = 0
+    inode: int = 0
+    mtime_ns: int = 0
+    digest: bytes | None = None  # XXH3-128 of the whole file, 16 bytes
+    policy: FilePolicy = FilePolicy.REFERENCE
+    validation: FileValidation = FileValidation.IDENTITY
+    ranges: tuple[FileRange, ...] = ()
+    payload: int = 0
+
+
+OBJECT_TYPES: dict[ObjectKind, type[ObjectDef]] = {
+    cls.kind: cls for cls in (Device, Stream, Event, Buffer, Executable, Global, FileReference)
+}
+
+
+@dataclass(frozen=True, slots=True)
+class UnknownObject(ObjectDef):
+    """An object of a kind this reader does not know (written by a newer minor version)."""
+
+    type_code: int = 0
+
+
+# ------------------------------------------------------------------------------------------
+# Operations. ``index`` is the operation's number in capture order, from 0.
+
+
+class Relocation(NamedTuple):
+    """A pointer to patch on replay: site (parameters or a buffer) -> target buffer + offset."""
+
+    site_buffer: int  # 0: the launch's parameter bytes
+    target_buffer: int
+    site_offset: int
+    target_offset: int
+    kind: RelocationKind = RelocationKind.POINTER
+
+
+class Launch(NamedTuple):
+    index: int
+    executable: int
+    function: int
+    stream: int
+    grid: Dims
+    block: Dims
+    cluster: Dims
+    shared_memory: int
+    flags: int
+    parameters: bytes
+    relocations: tuple[Relocation, ...]
+
+
+class Copy(NamedTuple):
+    index: int
+    op: OperationKind  # one of the three COPY_* kinds
+    stream: int
+    src_buffer: int
+    dst_buffer: int
+    payload: int
+    src_file: int
+    flags: int
+    src_offset: int
+    dst_offset: int
+    size: int
+
+    @property
+    def kind(self) -> OperationKind:  # type: ignore[override]
+        return self.op
+
+
+class Memset(NamedTuple):
+    index: int
+    stream: int
+    buffer: int
+    value: int
+    element_size: int
+    offset: int
+    count: int
+
+
+# NamedTuple turns annotated class attributes into fields, so the constant kinds are set here.
+Launch.kind = OperationKind.LAUNCH  # type: ignore[attr-defined]
+Memset.kind = OperationKind.MEMSET  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True, slots=True)
+class CreateObject:
+    index: int
+    object: int
+    kind: ClassVar[OperationKind] = OperationKind.CREATE_OBJECT
+
+
+@dataclass(frozen=True, slots=True)
+class DestroyObject:
+    index: int
+    object: int
+    kind: ClassVar[OperationKind] = OperationKind.DESTROY_OBJECT
+
+
+@dataclass(frozen=True, slots=True)
+class ModuleLoad:
+    index: int
+    executable: int
+    device: int
+    kind: ClassVar[OperationKind] = OperationKind.MODULE_LOAD
+
+
+@dataclass(frozen=True, slots=True)
+class EventRecord:
+    index: int
+    event: int
+    stream: int
+    kind: ClassVar[OperationKind] = OperationKind.EVENT_RECORD
+
+
+@dataclass(frozen=True, slots=True)
+class StreamWaitEvent:
+    index: int
+    stream: int
+    event: int
+    kind: ClassVar[OperationKind] = OperationKind.STREAM_WAIT_EVENT
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSynchronize:
+    index: int
+    stream: int
+    kind: ClassVar[OperationKind] = OperationKind.STREAM_SYNCHRONIZE
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceSynchronize:
+    index: int
+    device: int
+    kind: ClassVar[OperationKind] = OperationKind.DEVICE_SYNCHRONIZE
+
+
+@dataclass(frozen=True, slots=True)
+class EventSynchronize:
+    index: int
+    event: int
+    kind: ClassVar[OperationKind] = OperationKind.EVENT_SYNCHRONIZE
+
+
+@dataclass(frozen=True, slots=True)
+class ScopeBegin:
+    index: int
+    name: str
+    kind: ClassVar[OperationKind] = OperationKind.SCOPE_BEGIN
+
+
+@dataclass(frozen=True, slots=True)
+class ScopeEnd:
+    index: int
+    name: str
+    kind: ClassVar[OperationKind] = OperationKind.SCOPE_END
+
+
+class CheckpointEntry(NamedTuple):
+    buffer: int
+    payload: int  # expected bytes
+    offset: int
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    index: int
+    name: str
+    entries: tuple[CheckpointEntry, ...] = field(default=())
+    kind: ClassVar[OperationKind] = OperationKind.CHECKPOINT
+
+
+@dataclass(frozen=True, slots=True)
+class Unsupported:
+    index: int
+    call: str
+    reason: str
+    stream: int = 0
+    kind: ClassVar[OperationKind] = OperationKind.UNSUPPORTED
+
+
+@dataclass(frozen=True, slots=True)
+class UnknownOperation:
+    """An operation of a kind this reader does not know (written by a newer minor version)."""
+
+    index: int
+    code: int
+    kind: ClassVar[OperationKind] = OperationKind.NONE
+
+
+Operation = (
+    Launch
+    | Copy
+    | Memset
+    | CreateObject
+    | DestroyObject
+    | ModuleLoad
+    | EventRecord
+    | StreamWaitEvent
+    | StreamSynchronize
+    | DeviceSynchronize
+    | EventSynchronize
+    | ScopeBegin
+    | ScopeEnd
+    | Checkpoint
+    | Unsupported
+    | UnknownOperation
+)
+
+
+# ------------------------------------------------------------------------------------------
+# Capture-level data
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CaptureMetadata:
+    tool: str = ""
+    tool_version: str = ""
+    created_unix_ns: int = 0
+    host: str = ""
+    gpu: str = ""
+    driver: str = ""
+    command_line: tuple[str, ...] = ()
+    properties: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PayloadInfo:
+    """What the file says about one payload; bytes are read through Capture.read_payload."""
+
+    id: int
+    hash: bytes  # 16 bytes, XXH3-128 over (size, frame hashes)
+    size: int  # logical bytes
+    frame_size: int
+    frames: tuple[bytes, ...]  # XXH3-128 of each frame
+
+    @property
+    def hash_hex(self) -> str:
+        return self.hash.hex()
