@@ -27,19 +27,19 @@ from .errors import (
 from .layout import FORMAT_MAJOR, FORMAT_MINOR, Limits
 from .payloads import CompressionPolicy
 from .reader import Capture, PayloadStats
-from .reader import open_capture as open  # noqa: A001 - the documented entry point
+from .reader import open_capture as open  # noqa: A004 - the documented entry point
 from .writer import CaptureWriter
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "FORMAT_MAJOR",
+    "FORMAT_MINOR",
     "AbiMismatchError",
     "Capture",
     "CaptureWriter",
     "CompressionPolicy",
     "DeviceError",
-    "FORMAT_MAJOR",
-    "FORMAT_MINOR",
     "FileMismatchError",
     "Limits",
     "MismatchError",

@@ -131,9 +131,7 @@ class _Decoder:
                 out[f.name] = "" if fp is None else self.string(fp + self.u32(fp))
             elif base in schema.tables:
                 fp = field_pos(f.slot, 4)
-                out[f.name] = (
-                    None if fp is None else self.table(fp + self.u32(fp), schema.tables[base], depth + 1)
-                )
+                out[f.name] = None if fp is None else self.table(fp + self.u32(fp), schema.tables[base], depth + 1)
             elif base in schema.structs:
                 size = schema.structs[base].size
                 fp = field_pos(f.slot, size)
@@ -183,10 +181,7 @@ class _Decoder:
             return [self.string(data + 4 * i + self.u32(data + 4 * i)) for i in range(count)]
         if base in schema.tables:
             table = schema.tables[base]
-            return [
-                self.table(data + 4 * i + self.u32(data + 4 * i), table, depth + 1)
-                for i in range(count)
-            ]
+            return [self.table(data + 4 * i + self.u32(data + 4 * i), table, depth + 1) for i in range(count)]
         if base in schema.structs:
             return StructVector(base, bytes(self.buf[data:end]), count)
         array = np.frombuffer(self.buf, dtype="<" + _NUMPY_CODES[scalar], count=count, offset=data)

@@ -95,9 +95,7 @@ class Schema:
             scalar = self.scalar_of(f.type)
             formats.append("<" + _NUMPY_CODES[scalar] if scalar else self.numpy_dtype(f.type))
             offsets.append(f.offset)
-        return np.dtype(
-            {"names": names, "formats": formats, "offsets": offsets, "itemsize": struct.size}
-        )
+        return np.dtype({"names": names, "formats": formats, "offsets": offsets, "itemsize": struct.size})
 
 
 def _tokens(text: str) -> list[str]:
@@ -218,9 +216,7 @@ def parse_schema(text: str) -> Schema:
     return schema
 
 
-def _default_value(
-    enums: dict[str, tuple[str, dict[str, int]]], base: str, literal: str | None
-) -> int | float | bool:
+def _default_value(enums: dict[str, tuple[str, dict[str, int]]], base: str, literal: str | None) -> int | float | bool:
     if literal is None:
         return False if base == "bool" else 0
     if literal in ("true", "false"):

@@ -96,9 +96,7 @@ class FileHeader:
 
 
 def pack_file_header(header: FileHeader) -> bytes:
-    head = _FILE_HEADER.pack(
-        MAGIC, header.major, header.minor, header.header_size, header.flags, 0, _ZERO16[:8]
-    )
+    head = _FILE_HEADER.pack(MAGIC, header.major, header.minor, header.header_size, header.flags, 0, _ZERO16[:8])
     checksum = checksum64(head[:24]).to_bytes(8, "little")
     return head[:24] + checksum
 
@@ -106,10 +104,8 @@ def pack_file_header(header: FileHeader) -> bytes:
 def unpack_file_header(data: bytes, path: str | None = None) -> FileHeader:
     """Check the fixed file header; refuse other files, damaged headers and newer majors."""
     if len(data) < FILE_HEADER_SIZE or data[:8] != MAGIC:
-        raise ReplayFormatError(
-            "not a .kreplay file (bad magic; expected b'KREPLAY\\x00')", path=path, offset=0
-        )
-    magic, major, minor, header_size, flags, reserved, checksum = _FILE_HEADER.unpack_from(data)
+        raise ReplayFormatError("not a .kreplay file (bad magic; expected b'KREPLAY\\x00')", path=path, offset=0)
+    _, major, minor, header_size, flags, reserved, checksum = _FILE_HEADER.unpack_from(data)
     if checksum != checksum64(data[:24]).to_bytes(8, "little"):
         raise ReplayFormatError("file header checksum mismatch", path=path, offset=0)
     if major > FORMAT_MAJOR:
@@ -162,9 +158,7 @@ def unpack_chunk_header(data: bytes | memoryview, offset: int, path: str | None 
     """Check one chunk header (magic, checksum, reserved bytes, codec, flags)."""
     if len(data) < CHUNK_HEADER_SIZE:
         raise ReplayFormatError("truncated chunk header", path=path, offset=offset)
-    magic, kind, flags, codec, reserved, stored, logical, key, body_sum, head_sum = (
-        _CHUNK_HEADER.unpack_from(data)
-    )
+    magic, kind, flags, codec, reserved, stored, logical, key, body_sum, head_sum = _CHUNK_HEADER.unpack_from(data)
     if magic != CHUNK_MAGIC:
         raise ReplayFormatError("bad chunk magic (expected b'KRCK')", path=path, offset=offset)
     if head_sum != checksum64(bytes(data[:56])):

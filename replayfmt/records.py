@@ -17,33 +17,89 @@ import numpy as np
 from . import model as m
 from .fb import (
     Buffer as FbBuffer,
+)
+from .fb import (
     CaptureMetadata as FbCaptureMetadata,
+)
+from .fb import (
     Checkpoint as FbCheckpoint,
+)
+from .fb import (
     CreateObject as FbCreateObject,
+)
+from .fb import (
     DestroyObject as FbDestroyObject,
+)
+from .fb import (
     Device as FbDevice,
+)
+from .fb import (
     DeviceSynchronize as FbDeviceSynchronize,
+)
+from .fb import (
     Event as FbEvent,
+)
+from .fb import (
     EventRecord as FbEventRecord,
+)
+from .fb import (
     EventSynchronize as FbEventSynchronize,
+)
+from .fb import (
     Executable as FbExecutable,
+)
+from .fb import (
     FileReference as FbFileReference,
+)
+from .fb import (
     Function as FbFunction,
+)
+from .fb import (
     Global as FbGlobal,
+)
+from .fb import (
     Index as FbIndex,
+)
+from .fb import (
     KernelDims as FbKernelDims,
+)
+from .fb import (
     KeyValue as FbKeyValue,
+)
+from .fb import (
     ModuleLoad as FbModuleLoad,
+)
+from .fb import (
     Object as FbObject,
+)
+from .fb import (
     Operation as FbOperation,
+)
+from .fb import (
     Parameter as FbParameter,
+)
+from .fb import (
     Payload as FbPayload,
+)
+from .fb import (
     RecordBatch as FbRecordBatch,
+)
+from .fb import (
     ScopeBegin as FbScopeBegin,
+)
+from .fb import (
     ScopeEnd as FbScopeEnd,
+)
+from .fb import (
     Stream as FbStream,
+)
+from .fb import (
     StreamSynchronize as FbStreamSynchronize,
+)
+from .fb import (
     StreamWaitEvent as FbStreamWaitEvent,
+)
+from .fb import (
     Unsupported as FbUnsupported,
 )
 from .fbread import StructVector
@@ -111,10 +167,7 @@ def _int64_vector(builder: flatbuffers.Builder, values: tuple[int, ...]) -> int:
 
 def encode_metadata(meta: m.CaptureMetadata) -> bytes:
     b = flatbuffers.Builder(1024)
-    strings = {
-        name: _string(b, getattr(meta, name))
-        for name in ("tool", "tool_version", "host", "gpu", "driver")
-    }
+    strings = {name: _string(b, getattr(meta, name)) for name in ("tool", "tool_version", "host", "gpu", "driver")}
     command_line = _table_vector(b, [_string(b, arg) for arg in meta.command_line])
     pairs = []
     for key, value in meta.properties:
@@ -246,9 +299,7 @@ def _encode_body(b: flatbuffers.Builder, obj: m.ObjectDef) -> int:
         path = _string(b, obj.path)
         ranges = 0
         if obj.ranges:
-            array = np.array(
-                [(r.offset, r.size, r.payload) for r in obj.ranges], dtype=dtype("FileRange")
-            )
+            array = np.array([(r.offset, r.size, r.payload) for r in obj.ranges], dtype=dtype("FileRange"))
             ranges = _struct_vector(b, "FileRange", array)
         FbFileReference.Start(b)
         FbFileReference.AddPath(b, path)
@@ -425,9 +476,7 @@ UNION_MEMBER_OF_KIND: dict[m.OperationKind, str] = {
     _K.UNSUPPORTED: "Unsupported",
 }
 KIND_OF_UNION_MEMBER = {member: kind for kind, member in UNION_MEMBER_OF_KIND.items()}
-HOT_KINDS = frozenset(
-    {_K.LAUNCH, _K.COPY_HOST_TO_DEVICE, _K.COPY_DEVICE_TO_HOST, _K.COPY_DEVICE_TO_DEVICE, _K.MEMSET}
-)
+HOT_KINDS = frozenset({_K.LAUNCH, _K.COPY_HOST_TO_DEVICE, _K.COPY_DEVICE_TO_HOST, _K.COPY_DEVICE_TO_DEVICE, _K.MEMSET})
 
 
 def _union_code(kind: m.OperationKind) -> int:

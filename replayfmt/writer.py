@@ -1,8 +1,9 @@
 """CaptureWriter: streams a capture into a .kreplay file.
 
 Memory stays flat however long the capture: operations are gathered into record batches that are
-sealed every ``batch_operations`` operations (or ``batch_bytes`` bytes, or ``flush_interval``
-seconds) and written out, and at most ``2 * threads`` payload frames are in flight at once.
+sealed every ``batch_operations`` operations or ``batch_bytes`` bytes (and by a background thread
+once a batch is ``flush_interval`` seconds old) and written out, and at most ``2 * threads``
+payload frames are in flight at once.
 
 Concurrency: every method may be called from any thread. Operations are numbered in the order
 their calls take the writer's lock. Payload frames are hashed on the calling thread (so identical
@@ -18,6 +19,7 @@ import concurrent.futures as cf
 import contextlib
 import dataclasses
 import os
+import struct
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -30,7 +32,6 @@ from . import model as m
 from . import records
 from .errors import ReplayError, ReplayUsageError
 from .layout import (
-    CHUNK_HEADER_SIZE,
     FILE_HEADER_SIZE,
     FORMAT_MAJOR,
     FORMAT_MINOR,
@@ -56,6 +57,9 @@ BytesLike = bytes | bytearray | memoryview | np.ndarray
 _K = m.OperationKind
 _ZERO_PAD = bytes(8)
 _RECORD_COMPRESSION = CompressionPolicy(level=3, min_saving=0.05)
+# struct.Struct twins of the schema's LaunchRecord and Relocation (a test checks the layouts agree)
+_LAUNCH_STRUCT = struct.Struct("<18I")
+_RELOCATION_STRUCT = struct.Struct("<IIQQB7x")
 
 
 class _Batch:
@@ -66,11 +70,12 @@ class _Batch:
         self.first_object = first_object
         self.first_payload = first_payload
         self.kinds = bytearray()
-        self.launches: list[tuple[Any, ...]] = []
+        self.launch_bytes = bytearray()  # packed LaunchRecord structs
         self.copies: list[tuple[int, ...]] = []
         self.memsets: list[tuple[int, ...]] = []
         self.table_ops: list[Any] = []
-        self.relocations: list[tuple[int, ...]] = []
+        self.relocation_bytes = bytearray()  # packed Relocation structs
+        self.relocation_count = 0
         self.parameters = bytearray()
         self.objects: list[m.ObjectDef] = []
         self.payloads: list[tuple[bytes, int, int, tuple[bytes, ...]]] = []
@@ -83,9 +88,6 @@ class _Batch:
     def empty(self) -> bool:
         return not self.kinds and not self.payloads
 
-    def approximate_size(self) -> int:
-        return len(self.parameters) + 80 * len(self.kinds) + self.extra_bytes
-
     def encode(self) -> bytes:
         dt = records.dtype
         return records.encode_record_batch(
@@ -93,11 +95,11 @@ class _Batch:
             first_object=self.first_object,
             first_payload=self.first_payload,
             kinds=bytes(self.kinds),
-            launches=np.array(self.launches, dtype=dt("LaunchRecord")),
+            launches=np.frombuffer(bytes(self.launch_bytes), dtype=dt("LaunchRecord")),
             copies=np.array(self.copies, dtype=dt("CopyRecord")),
             memsets=np.array(self.memsets, dtype=dt("MemsetRecord")),
             table_ops=self.table_ops,
-            relocations=np.array(self.relocations, dtype=dt("Relocation")),
+            relocations=np.frombuffer(bytes(self.relocation_bytes), dtype=dt("Relocation")),
             parameter_bytes=bytes(self.parameters),
             objects=self.objects,
             payloads=self.payloads,
@@ -111,7 +113,7 @@ class _InlineExecutor:
         future: cf.Future = cf.Future()
         try:
             future.set_result(fn(*args))
-        except BaseException as exc:  # noqa: BLE001 - delivered through the future
+        except BaseException as exc:
             future.set_exception(exc)
         return future
 
@@ -161,9 +163,7 @@ class CaptureWriter:
         try:
             self._fd = os.open(self.path, flags | getattr(os, "O_CLOEXEC", 0), 0o644)
         except FileExistsError:
-            raise ReplayUsageError(
-                f"{self.path} already exists; choose another path or pass overwrite=True"
-            ) from None
+            raise ReplayUsageError(f"{self.path} already exists; choose another path or pass overwrite=True") from None
         except OSError as exc:
             raise ReplayUsageError(f"cannot create {self.path}: {exc.strerror}") from None
         self.frame_size = frame_size
@@ -195,6 +195,7 @@ class CaptureWriter:
         self._frames: list[tuple[int, int, int, int, int, int]] = []  # lo, hi, offset, stored, logical, codec
         self._batches: list[tuple[int, ...]] = []
         self._batch = _Batch(0, 1, 1)
+        self._stopping = threading.Event()
         try:
             header = FileHeader(FORMAT_MAJOR, FORMAT_MINOR, FILE_HEADER_SIZE, 0)
             self._append_raw([pack_file_header(header)])
@@ -203,6 +204,8 @@ class CaptureWriter:
         except BaseException:
             os.close(self._fd)
             raise
+        if flush_interval > 0:
+            threading.Thread(target=self._seal_stale_batches, name="kreplay-sealer", daemon=True).start()
 
     # -- context manager -------------------------------------------------------------------
 
@@ -333,21 +336,25 @@ class CaptureWriter:
         relocation says which pointer (in the parameters, or inside a buffer) to re-point at
         which buffer + offset on replay.
         """
-        relocations = list(relocations)
+        if type(relocations) is not tuple:
+            relocations = tuple(relocations)
         with self._lock:
-            self._check_open()
+            if self._closed:
+                self._check_open()
             batch = self._batch
             index = self._next_operation
-            self._next_operation += 1
-            batch.kinds.append(_K.LAUNCH)
-            batch.launches.append(
-                (
-                    executable, function, stream, flags, grid, block, cluster, shared_memory,
-                    len(batch.parameters), len(parameters), len(batch.relocations), len(relocations),
-                )
+            self._next_operation = index + 1
+            batch.kinds.append(8)  # OperationKind.LAUNCH
+            batch.launch_bytes += _LAUNCH_STRUCT.pack(
+                executable, function, stream, flags, *grid, *block, *cluster, shared_memory,
+                len(batch.parameters), len(parameters), batch.relocation_count, len(relocations),
             )  # fmt: skip
             batch.parameters += parameters
-            batch.relocations.extend(relocations)
+            if relocations:
+                pack = _RELOCATION_STRUCT.pack
+                for relocation in relocations:
+                    batch.relocation_bytes += pack(*relocation)
+                batch.relocation_count += len(relocations)
             self._after_append()
             return index
 
@@ -500,12 +507,22 @@ class CaptureWriter:
 
     def _after_append(self) -> None:
         batch = self._batch
-        if (
-            len(batch) >= self.batch_operations
-            or batch.approximate_size() >= self.batch_bytes
-            or time.monotonic() - batch.started >= self.flush_interval
-        ):
+        count = len(batch.kinds)
+        if count >= self.batch_operations or len(batch.parameters) + 80 * count + batch.extra_bytes >= self.batch_bytes:
             self._seal()
+
+    def _seal_stale_batches(self) -> None:
+        """Background thread: seal a batch once it is ``flush_interval`` old, so that what was
+        recorded before a crash is on disk even when the program stops recording for a while."""
+        while not self._stopping.wait(self.flush_interval / 2):
+            with self._lock:
+                if self._closed:
+                    return
+                if not self._batch.empty() and time.monotonic() - self._batch.started >= self.flush_interval:
+                    try:
+                        self._seal()
+                    except ReplayError:
+                        return  # reported again by the next flush() or close()
 
     def _seal(self) -> cf.Future | None:
         """Hand the open batch to the record writer (called with the lock held)."""
@@ -563,6 +580,7 @@ class CaptureWriter:
             os.fsync(self._fd)
         finally:
             self._closed = True
+            self._stopping.set()
             self._frame_pool.shutdown(wait=True)
             self._record_pool.shutdown(wait=True)
             os.close(self._fd)

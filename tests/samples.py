@@ -1,0 +1,94 @@
+"""Captures built with the real writer, shared by the tests."""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+
+import replayfmt
+from replayfmt import model as m
+
+KERNELS = Path(__file__).parent / "kernels"
+
+
+@functools.cache
+def compiled_cubin(source: str = "container_kernels.cu", arch: str = "sm_90") -> bytes | None:
+    """Compile one of the repo's .cu files to a cubin with nvcc (None when nvcc is missing)."""
+    nvcc = shutil.which("nvcc") or (shutil.which("/usr/local/cuda/bin/nvcc"))
+    if nvcc is None:
+        return None
+    out = Path(subprocess.check_output(["mktemp", "-d"], text=True).strip()) / "k.cubin"
+    subprocess.run([nvcc, "-cubin", f"-arch={arch}", "-o", str(out), str(KERNELS / source)], check=True)
+    return out.read_bytes()
+
+
+SAXPY = m.Function(
+    name="saxpy",
+    parameters=(
+        m.Parameter(offset=0, size=4, kind=m.ParameterKind.VALUE, name="a", dtype=m.DType.FLOAT32),
+        m.Parameter(offset=8, size=8, kind=m.ParameterKind.POINTER, name="x"),
+        m.Parameter(offset=16, size=8, kind=m.ParameterKind.POINTER, name="y"),
+        m.Parameter(offset=24, size=4, kind=m.ParameterKind.VALUE, name="n", dtype=m.DType.INT32),
+    ),
+    parameters_known=True,
+    registers=16,
+    max_threads_per_block=1024,
+)
+
+
+def write_sample(path: Path, *, n: int = 1024, cubin: bytes | None = None, **writer_options) -> dict[str, int]:
+    """A capture that uses every object kind and every operation kind; returns the ids."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal(n).astype(np.float32)
+    y = rng.standard_normal(n).astype(np.float32)
+    meta = m.CaptureMetadata(
+        tool="replayfmt-tests", tool_version="1", created_unix_ns=1_700_000_000_000_000_000,
+        host="testhost", gpu="NVIDIA H100", driver="13.0", command_line=("python", "sample.py"),
+        properties=(("purpose", "sample"),),
+    )  # fmt: skip
+    ids: dict[str, int] = {}
+    with replayfmt.CaptureWriter(path, metadata=meta, **writer_options) as w:
+        ids["device"] = w.add_object(m.Device(ordinal=0, name="NVIDIA H100", uuid=bytes(range(16)),
+                                              compute_capability=(9, 0), total_memory=80 << 30,
+                                              driver_version=13000, multiprocessor_count=132))  # fmt: skip
+        ids["stream"] = w.add_object(m.Stream(device=ids["device"], label="main"))
+        ids["stream2"] = w.add_object(m.Stream(device=ids["device"], priority=-1, label="side"))
+        ids["event"] = w.add_object(m.Event(device=ids["device"]))
+        ids["x"] = w.add_object(m.Buffer(size=4 * n, device=ids["device"], address=0x7F0000000000,
+                                         dtype=m.DType.FLOAT32, shape=(n,), strides=(1,), label="x"))  # fmt: skip
+        ids["y"] = w.add_object(m.Buffer(size=4 * n, device=ids["device"], address=0x7F0000010000,
+                                         dtype=m.DType.FLOAT32, shape=(n,), strides=(1,), label="y"))  # fmt: skip
+        image = cubin if cubin is not None else b"\x7fELF" + bytes(252)
+        ids["exe"] = w.add_object(m.Executable(format=m.ExecutableFormat.CUBIN, target_arch="sm_90",
+                                               payload=w.add_payload(image), functions=(SAXPY,)))  # fmt: skip
+        ids["global"] = w.add_object(m.Global(executable=ids["exe"], symbol="counter", size=4,
+                                              initial_payload=w.add_payload(b"\x01\x00\x00\x00")))  # fmt: skip
+        ids["file"] = w.add_object(m.FileReference(path="/data/weights.bin", size=4 * n, device=2049,
+                                                   inode=1234, mtime_ns=1_600_000_000_000_000_000,
+                                                   digest=bytes(range(16, 32)),
+                                                   validation=m.FileValidation.DIGEST))  # fmt: skip
+        w.module_load(ids["exe"], ids["device"])
+        w.copy_h2d(dst_buffer=ids["x"], data=x, stream=ids["stream"])
+        w.copy_h2d(dst_buffer=ids["y"], data=y, stream=ids["stream"])
+        w.memset(buffer=ids["y"], value=0, count=16, element_size=4, offset=0, stream=ids["stream"])
+        with w.scope("step"):
+            params = np.float32(2.0).tobytes() + bytes(4) + bytes(16) + np.int32(n).tobytes() + bytes(4)
+            relocations = [m.Relocation(0, ids["x"], 8, 0), m.Relocation(0, ids["y"], 16, 0)]
+            w.launch(executable=ids["exe"], function=0, grid=((n + 255) // 256, 1, 1), block=(256, 1, 1),
+                     parameters=params, relocations=relocations, stream=ids["stream"])  # fmt: skip
+            w.event_record(ids["event"], ids["stream"])
+            w.stream_wait_event(ids["stream2"], ids["event"])
+            w.copy_d2d(src_buffer=ids["y"], dst_buffer=ids["x"], size=4 * n, stream=ids["stream2"])
+        expected = 2.0 * x + np.where(np.arange(n) < 16, 0, y).astype(np.float32)
+        w.stream_synchronize(ids["stream2"])
+        w.event_synchronize(ids["event"])
+        w.checkpoint({ids["y"]: expected.astype(np.float32)}, name="after-step")
+        w.copy_d2h(src_buffer=ids["y"], size=4 * n, expected=expected.astype(np.float32), stream=ids["stream"])
+        w.device_synchronize(ids["device"])
+        w.unsupported("cuLaunchHostFunc", "host callbacks cannot be replayed", stream=ids["stream"])
+        w.destroy(ids["event"])
+    return ids
