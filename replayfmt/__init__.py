@@ -26,8 +26,11 @@ from .errors import (
 )
 from .layout import FORMAT_MAJOR, FORMAT_MINOR, Limits
 from .payloads import CompressionPolicy
-from .reader import Capture, PayloadStats
-from .reader import open_capture as open  # noqa: A004 - the documented entry point
+from .reader import (
+    Capture,
+    PayloadStats,
+    open_capture as open,  # noqa: A004 - the documented entry point
+)
 from .writer import CaptureWriter
 
 __version__ = "0.1.0"

@@ -29,8 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from . import model as m
-from . import records
+from . import model as m, records
 from .errors import ReplayFormatError, ReplayUsageError
 from .fbread import decode_buffer
 from .layout import (
@@ -55,11 +54,13 @@ _K = m.OperationKind
 _LAUNCH, _MEMSET = int(_K.LAUNCH), int(_K.MEMSET)
 _COPY_KINDS = {int(k): k for k in (_K.COPY_HOST_TO_DEVICE, _K.COPY_DEVICE_TO_HOST, _K.COPY_DEVICE_TO_DEVICE)}
 _KNOWN_KINDS = {int(k) for k in _K if k != _K.NONE}
-# storage category of each operation kind: 0 launch records, 1 copy records, 2 memset records, 3 tables
-_CATEGORY = np.full(256, 3, dtype=np.uint8)
+# storage category of each operation kind: 0 launch, 1 copy, 2 memset, 3 id-only records, 4 tables
+_CATEGORY = np.full(256, 4, dtype=np.uint8)
 _CATEGORY[_LAUNCH] = 0
 _CATEGORY[list(_COPY_KINDS)] = 1
 _CATEGORY[_MEMSET] = 2
+_CATEGORY[[int(k) for k in records.ID_OPERATIONS]] = 3
+_CATEGORIES = 5
 _BATCH_CACHE = 8
 _new_tuple = tuple.__new__
 
@@ -88,6 +89,7 @@ class _Batch:
         "first_object",
         "first_operation",
         "first_payload",
+        "id_operations",
         "kinds",
         "launches",
         "memsets",
@@ -353,12 +355,13 @@ class Capture:
         launches = records.struct_array(d["launches"], "LaunchRecord")
         copies = records.struct_array(d["copies"], "CopyRecord")
         memsets = records.struct_array(d["memsets"], "MemsetRecord")
+        id_operations = records.struct_array(d["id_operations"], "IdOperationRecord")
         relocations = records.struct_array(d["relocations"], "Relocation")
         parameters = bytes(d["parameter_bytes"]) if d["parameter_bytes"] is not None else b""
         table_dicts = d["operations"] or []
         category = _CATEGORY[kinds]
         record_counts = (("launch", len(launches)), ("copy", len(copies)), ("memset", len(memsets)),
-                         ("table", len(table_dicts)))  # fmt: skip
+                         ("id-only", len(id_operations)), ("table", len(table_dicts)))  # fmt: skip
         for cat, (name, have) in enumerate(record_counts):
             want = int(np.count_nonzero(category == cat))
             if want != have:
@@ -371,7 +374,7 @@ class Capture:
             if int(reloc_end.max()) > len(relocations):
                 raise fail("a launch's relocations run past the batch's relocation table")
         first = d["first_operation"]
-        table_positions = np.flatnonzero(category == 3)
+        table_positions = np.flatnonzero(category == 4)
         table_ops = []
         for pos, td in zip(table_positions.tolist(), table_dicts, strict=True):
             code = int(kinds[pos])
@@ -398,7 +401,8 @@ class Capture:
             decoded_payloads.append(info)
         return _Batch(
             first_operation=first, kinds=kinds, launches=launches, copies=copies, memsets=memsets,
-            table_ops=table_ops, relocations=relocations, parameters=parameters, objects=decoded_objects,
+            id_operations=id_operations, table_ops=table_ops, relocations=relocations, parameters=parameters,
+            objects=decoded_objects,
             payloads=decoded_payloads, first_object=d["first_object"], first_payload=d["first_payload"],
         )  # fmt: skip
 
@@ -462,7 +466,7 @@ class Capture:
     def _materialize(b: _Batch) -> list[m.Operation]:
         first = b.first_operation
         category = _CATEGORY[b.kinds]
-        positions = [(np.flatnonzero(category == c) + first).tolist() for c in range(4)]
+        positions = [(np.flatnonzero(category == c) + first).tolist() for c in range(_CATEGORIES)]
         # Records are made with tuple.__new__ through map(): one C call each, no Python frame.
         launch_ops: list[m.Operation] = []
         if len(b.launches):
@@ -485,7 +489,15 @@ class Capture:
         copy_ops = list(map(_new_tuple, repeat(m.Copy), zip(positions[1], copy_kinds, *copy_cols)))
         memset_cols = (b.memsets[name].tolist() for name in b.memsets.dtype.names)
         memset_ops = list(map(_new_tuple, repeat(m.Memset), zip(positions[2], *memset_cols)))
-        sources = (iter(launch_ops), iter(copy_ops), iter(memset_ops), iter(b.table_ops))
+        id_kinds = [_K(k) for k in b.kinds[category == 3].tolist()]
+        make = records.make_id_operation
+        id_ops = [
+            make(k, i, f, s)
+            for k, i, f, s in zip(
+                id_kinds, positions[3], b.id_operations["first"].tolist(), b.id_operations["second"].tolist()
+            )
+        ]
+        sources = (iter(launch_ops), iter(copy_ops), iter(memset_ops), iter(id_ops), iter(b.table_ops))
         return [next(sources[c]) for c in category.tolist()]
 
     def operation_kinds(self) -> np.ndarray:

@@ -17,89 +17,25 @@ import numpy as np
 from . import model as m
 from .fb import (
     Buffer as FbBuffer,
-)
-from .fb import (
     CaptureMetadata as FbCaptureMetadata,
-)
-from .fb import (
     Checkpoint as FbCheckpoint,
-)
-from .fb import (
-    CreateObject as FbCreateObject,
-)
-from .fb import (
-    DestroyObject as FbDestroyObject,
-)
-from .fb import (
     Device as FbDevice,
-)
-from .fb import (
-    DeviceSynchronize as FbDeviceSynchronize,
-)
-from .fb import (
     Event as FbEvent,
-)
-from .fb import (
-    EventRecord as FbEventRecord,
-)
-from .fb import (
-    EventSynchronize as FbEventSynchronize,
-)
-from .fb import (
     Executable as FbExecutable,
-)
-from .fb import (
     FileReference as FbFileReference,
-)
-from .fb import (
     Function as FbFunction,
-)
-from .fb import (
     Global as FbGlobal,
-)
-from .fb import (
     Index as FbIndex,
-)
-from .fb import (
     KernelDims as FbKernelDims,
-)
-from .fb import (
     KeyValue as FbKeyValue,
-)
-from .fb import (
-    ModuleLoad as FbModuleLoad,
-)
-from .fb import (
     Object as FbObject,
-)
-from .fb import (
     Operation as FbOperation,
-)
-from .fb import (
     Parameter as FbParameter,
-)
-from .fb import (
     Payload as FbPayload,
-)
-from .fb import (
     RecordBatch as FbRecordBatch,
-)
-from .fb import (
     ScopeBegin as FbScopeBegin,
-)
-from .fb import (
     ScopeEnd as FbScopeEnd,
-)
-from .fb import (
     Stream as FbStream,
-)
-from .fb import (
-    StreamSynchronize as FbStreamSynchronize,
-)
-from .fb import (
-    StreamWaitEvent as FbStreamWaitEvent,
-)
-from .fb import (
     Unsupported as FbUnsupported,
 )
 from .fbread import StructVector
@@ -447,36 +383,40 @@ def _decode_function(v: dict[str, Any]) -> m.Function:
 # Table operations (every kind but launch, copy and memset)
 
 _K = m.OperationKind
-# kind -> (generated module, union type code, field names in model order after ``index``)
-_TABLE_OPS: dict[m.OperationKind, tuple[Any, type, tuple[str, ...]]] = {
-    _K.CREATE_OBJECT: (FbCreateObject, m.CreateObject, ("object",)),
-    _K.DESTROY_OBJECT: (FbDestroyObject, m.DestroyObject, ("object",)),
-    _K.MODULE_LOAD: (FbModuleLoad, m.ModuleLoad, ("executable", "device")),
-    _K.EVENT_RECORD: (FbEventRecord, m.EventRecord, ("event", "stream")),
-    _K.STREAM_WAIT_EVENT: (FbStreamWaitEvent, m.StreamWaitEvent, ("stream", "event")),
-    _K.STREAM_SYNCHRONIZE: (FbStreamSynchronize, m.StreamSynchronize, ("stream",)),
-    _K.DEVICE_SYNCHRONIZE: (FbDeviceSynchronize, m.DeviceSynchronize, ("device",)),
-    _K.EVENT_SYNCHRONIZE: (FbEventSynchronize, m.EventSynchronize, ("event",)),
-    _K.SCOPE_BEGIN: (FbScopeBegin, m.ScopeBegin, ("name",)),
-    _K.SCOPE_END: (FbScopeEnd, m.ScopeEnd, ("name",)),
+# The id-only kinds, stored as IdOperationRecord(first, second): kind -> (model class, field names).
+ID_OPERATIONS: dict[m.OperationKind, tuple[type, tuple[str, ...]]] = {
+    _K.CREATE_OBJECT: (m.CreateObject, ("object",)),
+    _K.DESTROY_OBJECT: (m.DestroyObject, ("object",)),
+    _K.MODULE_LOAD: (m.ModuleLoad, ("executable", "device")),
+    _K.EVENT_RECORD: (m.EventRecord, ("event", "stream")),
+    _K.STREAM_WAIT_EVENT: (m.StreamWaitEvent, ("stream", "event")),
+    _K.STREAM_SYNCHRONIZE: (m.StreamSynchronize, ("stream",)),
+    _K.DEVICE_SYNCHRONIZE: (m.DeviceSynchronize, ("device",)),
+    _K.EVENT_SYNCHRONIZE: (m.EventSynchronize, ("event",)),
 }
-# The OperationBody union lists members in this order (a test checks it against the schema).
+# The kinds stored as Operation tables, and their union member names (a test checks the schema).
 UNION_MEMBER_OF_KIND: dict[m.OperationKind, str] = {
-    _K.CREATE_OBJECT: "CreateObject",
-    _K.DESTROY_OBJECT: "DestroyObject",
-    _K.MODULE_LOAD: "ModuleLoad",
-    _K.EVENT_RECORD: "EventRecord",
-    _K.STREAM_WAIT_EVENT: "StreamWaitEvent",
-    _K.STREAM_SYNCHRONIZE: "StreamSynchronize",
-    _K.DEVICE_SYNCHRONIZE: "DeviceSynchronize",
-    _K.EVENT_SYNCHRONIZE: "EventSynchronize",
     _K.SCOPE_BEGIN: "ScopeBegin",
     _K.SCOPE_END: "ScopeEnd",
     _K.CHECKPOINT: "Checkpoint",
     _K.UNSUPPORTED: "Unsupported",
 }
 KIND_OF_UNION_MEMBER = {member: kind for kind, member in UNION_MEMBER_OF_KIND.items()}
-HOT_KINDS = frozenset({_K.LAUNCH, _K.COPY_HOST_TO_DEVICE, _K.COPY_DEVICE_TO_HOST, _K.COPY_DEVICE_TO_DEVICE, _K.MEMSET})
+STRUCT_KINDS = frozenset(
+    {_K.LAUNCH, _K.COPY_HOST_TO_DEVICE, _K.COPY_DEVICE_TO_HOST, _K.COPY_DEVICE_TO_DEVICE, _K.MEMSET, *ID_OPERATIONS}
+)
+
+
+def id_operation_fields(op: Any) -> tuple[int, int]:
+    """(first, second) of an id-only operation."""
+    names = ID_OPERATIONS[op.kind][1]
+    values = [getattr(op, n) for n in names]
+    return values[0], values[1] if len(values) > 1 else 0
+
+
+def make_id_operation(kind: m.OperationKind, index: int, first: int, second: int) -> Any:
+    cls, names = ID_OPERATIONS[kind]
+    return cls(index, first, second) if len(names) == 2 else cls(index, first)
 
 
 def _union_code(kind: m.OperationKind) -> int:
@@ -484,16 +424,13 @@ def _union_code(kind: m.OperationKind) -> int:
 
 
 def encode_table_op(b: flatbuffers.Builder, op: Any) -> int:
-    """Encode one non-hot operation (a model dataclass) as an Operation table."""
+    """Encode one scope, checkpoint or unsupported operation as an Operation table."""
     kind = op.kind
-    if kind in _TABLE_OPS:
-        module, _, names = _TABLE_OPS[kind]
-        values = [getattr(op, n) for n in names]
-        strings = [_string(b, v) if isinstance(v, str) else None for v in values]
+    if kind in (_K.SCOPE_BEGIN, _K.SCOPE_END):
+        module = FbScopeBegin if kind == _K.SCOPE_BEGIN else FbScopeEnd
+        name = _string(b, op.name)
         module.Start(b)
-        for name, value, s in zip(names, values, strings, strict=True):
-            adder = getattr(module, "Add" + "".join(p.title() for p in name.split("_")))
-            adder(b, s if s is not None else value)
+        module.AddName(b, name)
         body = module.End(b)
     elif kind == _K.CHECKPOINT:
         name = _string(b, op.name)
@@ -527,9 +464,10 @@ def decode_table_op(index: int, kind_code: int, d: dict[str, Any]) -> Any:
     kind = KIND_OF_UNION_MEMBER[member]
     if kind_code != kind:
         return None  # the caller reports the disagreement with operation_kinds
-    if kind in _TABLE_OPS:
-        _, cls, names = _TABLE_OPS[kind]
-        return cls(index, *(v[n] for n in names))
+    if kind == _K.SCOPE_BEGIN:
+        return m.ScopeBegin(index, v["name"])
+    if kind == _K.SCOPE_END:
+        return m.ScopeEnd(index, v["name"])
     if kind == _K.CHECKPOINT:
         entries = struct_array(v["entries"], "CheckpointEntry").tolist()
         return m.Checkpoint(index, v["name"], tuple(m.CheckpointEntry(*e) for e in entries))
@@ -549,6 +487,7 @@ def encode_record_batch(
     launches: np.ndarray,
     copies: np.ndarray,
     memsets: np.ndarray,
+    id_operations: np.ndarray,
     table_ops: list[Any],
     relocations: np.ndarray,
     parameter_bytes: bytes,
@@ -560,6 +499,7 @@ def encode_record_batch(
     launch_vec = _struct_vector(b, "LaunchRecord", launches)
     copy_vec = _struct_vector(b, "CopyRecord", copies)
     memset_vec = _struct_vector(b, "MemsetRecord", memsets)
+    id_vec = _struct_vector(b, "IdOperationRecord", id_operations)
     op_vec = _table_vector(b, [encode_table_op(b, op) for op in table_ops])
     reloc_vec = _struct_vector(b, "Relocation", relocations)
     param_vec = _ubyte_vector(b, parameter_bytes)
@@ -582,6 +522,7 @@ def encode_record_batch(
     FbRecordBatch.AddLaunches(b, launch_vec)
     FbRecordBatch.AddCopies(b, copy_vec)
     FbRecordBatch.AddMemsets(b, memset_vec)
+    FbRecordBatch.AddIdOperations(b, id_vec)
     FbRecordBatch.AddOperations(b, op_vec)
     FbRecordBatch.AddRelocations(b, reloc_vec)
     FbRecordBatch.AddParameterBytes(b, param_vec)

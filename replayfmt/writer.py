@@ -28,8 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from . import model as m
-from . import records
+from . import model as m, records
 from .errors import ReplayError, ReplayUsageError
 from .layout import (
     FILE_HEADER_SIZE,
@@ -60,6 +59,7 @@ _RECORD_COMPRESSION = CompressionPolicy(level=3, min_saving=0.05)
 # struct.Struct twins of the schema's LaunchRecord and Relocation (a test checks the layouts agree)
 _LAUNCH_STRUCT = struct.Struct("<18I")
 _RELOCATION_STRUCT = struct.Struct("<IIQQB7x")
+_ID_OPERATION_STRUCT = struct.Struct("<II")
 
 
 class _Batch:
@@ -73,6 +73,7 @@ class _Batch:
         self.launch_bytes = bytearray()  # packed LaunchRecord structs
         self.copies: list[tuple[int, ...]] = []
         self.memsets: list[tuple[int, ...]] = []
+        self.id_operations = bytearray()  # packed IdOperationRecord structs
         self.table_ops: list[Any] = []
         self.relocation_bytes = bytearray()  # packed Relocation structs
         self.relocation_count = 0
@@ -98,6 +99,7 @@ class _Batch:
             launches=np.frombuffer(bytes(self.launch_bytes), dtype=dt("LaunchRecord")),
             copies=np.array(self.copies, dtype=dt("CopyRecord")),
             memsets=np.array(self.memsets, dtype=dt("MemsetRecord")),
+            id_operations=np.frombuffer(bytes(self.id_operations), dtype=dt("IdOperationRecord")),
             table_ops=self.table_ops,
             relocations=np.frombuffer(bytes(self.relocation_bytes), dtype=dt("Relocation")),
             parameter_bytes=bytes(self.parameters),
@@ -497,9 +499,13 @@ class CaptureWriter:
     def _append_table_op(self, op: Any) -> int:
         index = self._next_operation
         self._next_operation += 1
-        self._batch.kinds.append(op.kind)
-        self._batch.table_ops.append(op)
-        self._batch.extra_bytes += 64
+        batch = self._batch
+        batch.kinds.append(op.kind)
+        if op.kind in records.ID_OPERATIONS:
+            batch.id_operations += _ID_OPERATION_STRUCT.pack(*records.id_operation_fields(op))
+        else:
+            batch.table_ops.append(op)
+            batch.extra_bytes += 64
         self._after_append()
         return index
 

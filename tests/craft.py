@@ -7,8 +7,7 @@ from pathlib import Path
 import flatbuffers
 import numpy as np
 
-from replayfmt import model as m
-from replayfmt import records
+from replayfmt import model as m, records
 from replayfmt.layout import (
     FILE_HEADER_SIZE,
     FORMAT_MAJOR,
@@ -73,6 +72,7 @@ def record_batch(**overrides) -> bytes:
         "first_operation": 0, "first_object": 1, "first_payload": 1, "kinds": b"",
         "launches": np.zeros(0, records.dtype("LaunchRecord")), "copies": np.zeros(0, records.dtype("CopyRecord")),
         "memsets": np.zeros(0, records.dtype("MemsetRecord")), "table_ops": [],
+        "id_operations": np.zeros(0, records.dtype("IdOperationRecord")),
         "relocations": np.zeros(0, records.dtype("Relocation")), "parameter_bytes": b"", "objects": [],
         "payloads": [],
     }  # fmt: skip

@@ -5,8 +5,7 @@ or succeeds; recovered files say so."""
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 from samples import write_sample
 
 import replayfmt

@@ -9,8 +9,7 @@ import flatbuffers
 import numpy as np
 import pytest
 
-from replayfmt import model as m
-from replayfmt import records
+from replayfmt import model as m, records
 from replayfmt.fb import CopyRecord, LaunchRecord, Relocation
 from replayfmt.fbs import load_schema
 from replayfmt.writer import _LAUNCH_STRUCT, _RELOCATION_STRUCT
@@ -77,4 +76,6 @@ def test_object_kinds_follow_union_order():
 def test_operation_union_members_exist():
     members = load_schema().unions["OperationBody"]
     assert sorted(records.UNION_MEMBER_OF_KIND.values()) == sorted(members)
-    assert records.HOT_KINDS.isdisjoint(records.UNION_MEMBER_OF_KIND)
+    assert records.STRUCT_KINDS.isdisjoint(records.UNION_MEMBER_OF_KIND)
+    every_kind = set(m.OperationKind) - {m.OperationKind.NONE}
+    assert records.STRUCT_KINDS | set(records.UNION_MEMBER_OF_KIND) == every_kind

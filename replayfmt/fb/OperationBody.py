@@ -4,15 +4,7 @@
 
 class OperationBody(object):
     NONE = 0
-    CreateObject = 1
-    DestroyObject = 2
-    ModuleLoad = 3
-    EventRecord = 4
-    StreamWaitEvent = 5
-    StreamSynchronize = 6
-    DeviceSynchronize = 7
-    EventSynchronize = 8
-    ScopeBegin = 9
-    ScopeEnd = 10
-    Checkpoint = 11
-    Unsupported = 12
+    ScopeBegin = 1
+    ScopeEnd = 2
+    Checkpoint = 3
+    Unsupported = 4

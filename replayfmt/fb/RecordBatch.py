@@ -145,8 +145,32 @@ class RecordBatch(object):
         return o == 0
 
     # RecordBatch
-    def Operations(self, j):
+    def IdOperations(self, j):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(18))
+        if o != 0:
+            x = self._tab.Vector(o)
+            x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 8
+            from replayfmt.fb.IdOperationRecord import IdOperationRecord
+            obj = IdOperationRecord()
+            obj.Init(self._tab.Bytes, x)
+            return obj
+        return None
+
+    # RecordBatch
+    def IdOperationsLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(18))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # RecordBatch
+    def IdOperationsIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(18))
+        return o == 0
+
+    # RecordBatch
+    def Operations(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(20))
         if o != 0:
             x = self._tab.Vector(o)
             x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 4
@@ -159,19 +183,19 @@ class RecordBatch(object):
 
     # RecordBatch
     def OperationsLength(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(18))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(20))
         if o != 0:
             return self._tab.VectorLen(o)
         return 0
 
     # RecordBatch
     def OperationsIsNone(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(18))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(20))
         return o == 0
 
     # RecordBatch
     def Relocations(self, j):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(20))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(22))
         if o != 0:
             x = self._tab.Vector(o)
             x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 32
@@ -183,19 +207,19 @@ class RecordBatch(object):
 
     # RecordBatch
     def RelocationsLength(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(20))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(22))
         if o != 0:
             return self._tab.VectorLen(o)
         return 0
 
     # RecordBatch
     def RelocationsIsNone(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(20))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(22))
         return o == 0
 
     # RecordBatch
     def ParameterBytes(self, j):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(22))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(24))
         if o != 0:
             a = self._tab.Vector(o)
             return self._tab.Get(flatbuffers.number_types.Uint8Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 1))
@@ -203,26 +227,26 @@ class RecordBatch(object):
 
     # RecordBatch
     def ParameterBytesAsNumpy(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(22))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(24))
         if o != 0:
             return self._tab.GetVectorAsNumpy(flatbuffers.number_types.Uint8Flags, o)
         return 0
 
     # RecordBatch
     def ParameterBytesLength(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(22))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(24))
         if o != 0:
             return self._tab.VectorLen(o)
         return 0
 
     # RecordBatch
     def ParameterBytesIsNone(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(22))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(24))
         return o == 0
 
     # RecordBatch
     def Objects(self, j):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(24))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(26))
         if o != 0:
             x = self._tab.Vector(o)
             x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 4
@@ -235,19 +259,19 @@ class RecordBatch(object):
 
     # RecordBatch
     def ObjectsLength(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(24))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(26))
         if o != 0:
             return self._tab.VectorLen(o)
         return 0
 
     # RecordBatch
     def ObjectsIsNone(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(24))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(26))
         return o == 0
 
     # RecordBatch
     def Payloads(self, j):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(26))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(28))
         if o != 0:
             x = self._tab.Vector(o)
             x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 4
@@ -260,18 +284,18 @@ class RecordBatch(object):
 
     # RecordBatch
     def PayloadsLength(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(26))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(28))
         if o != 0:
             return self._tab.VectorLen(o)
         return 0
 
     # RecordBatch
     def PayloadsIsNone(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(26))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(28))
         return o == 0
 
 def RecordBatchStart(builder):
-    builder.StartObject(12)
+    builder.StartObject(13)
 
 def Start(builder):
     RecordBatchStart(builder)
@@ -342,8 +366,20 @@ def RecordBatchStartMemsetsVector(builder, numElems):
 def StartMemsetsVector(builder, numElems):
     return RecordBatchStartMemsetsVector(builder, numElems)
 
+def RecordBatchAddIdOperations(builder, idOperations):
+    builder.PrependUOffsetTRelativeSlot(7, flatbuffers.number_types.UOffsetTFlags.py_type(idOperations), 0)
+
+def AddIdOperations(builder, idOperations):
+    RecordBatchAddIdOperations(builder, idOperations)
+
+def RecordBatchStartIdOperationsVector(builder, numElems):
+    return builder.StartVector(8, numElems, 4)
+
+def StartIdOperationsVector(builder, numElems):
+    return RecordBatchStartIdOperationsVector(builder, numElems)
+
 def RecordBatchAddOperations(builder, operations):
-    builder.PrependUOffsetTRelativeSlot(7, flatbuffers.number_types.UOffsetTFlags.py_type(operations), 0)
+    builder.PrependUOffsetTRelativeSlot(8, flatbuffers.number_types.UOffsetTFlags.py_type(operations), 0)
 
 def AddOperations(builder, operations):
     RecordBatchAddOperations(builder, operations)
@@ -355,7 +391,7 @@ def StartOperationsVector(builder, numElems):
     return RecordBatchStartOperationsVector(builder, numElems)
 
 def RecordBatchAddRelocations(builder, relocations):
-    builder.PrependUOffsetTRelativeSlot(8, flatbuffers.number_types.UOffsetTFlags.py_type(relocations), 0)
+    builder.PrependUOffsetTRelativeSlot(9, flatbuffers.number_types.UOffsetTFlags.py_type(relocations), 0)
 
 def AddRelocations(builder, relocations):
     RecordBatchAddRelocations(builder, relocations)
@@ -367,7 +403,7 @@ def StartRelocationsVector(builder, numElems):
     return RecordBatchStartRelocationsVector(builder, numElems)
 
 def RecordBatchAddParameterBytes(builder, parameterBytes):
-    builder.PrependUOffsetTRelativeSlot(9, flatbuffers.number_types.UOffsetTFlags.py_type(parameterBytes), 0)
+    builder.PrependUOffsetTRelativeSlot(10, flatbuffers.number_types.UOffsetTFlags.py_type(parameterBytes), 0)
 
 def AddParameterBytes(builder, parameterBytes):
     RecordBatchAddParameterBytes(builder, parameterBytes)
@@ -379,7 +415,7 @@ def StartParameterBytesVector(builder, numElems):
     return RecordBatchStartParameterBytesVector(builder, numElems)
 
 def RecordBatchAddObjects(builder, objects):
-    builder.PrependUOffsetTRelativeSlot(10, flatbuffers.number_types.UOffsetTFlags.py_type(objects), 0)
+    builder.PrependUOffsetTRelativeSlot(11, flatbuffers.number_types.UOffsetTFlags.py_type(objects), 0)
 
 def AddObjects(builder, objects):
     RecordBatchAddObjects(builder, objects)
@@ -391,7 +427,7 @@ def StartObjectsVector(builder, numElems):
     return RecordBatchStartObjectsVector(builder, numElems)
 
 def RecordBatchAddPayloads(builder, payloads):
-    builder.PrependUOffsetTRelativeSlot(11, flatbuffers.number_types.UOffsetTFlags.py_type(payloads), 0)
+    builder.PrependUOffsetTRelativeSlot(12, flatbuffers.number_types.UOffsetTFlags.py_type(payloads), 0)
 
 def AddPayloads(builder, payloads):
     RecordBatchAddPayloads(builder, payloads)

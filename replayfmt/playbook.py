@@ -1,0 +1,102 @@
+"""The Markdown playbook that every tool prints with ``--agents-md``: one shared part, plus each
+tool's own notes. It says only what this version of replayfmt does; what is still to come is
+marked as such."""
+
+from __future__ import annotations
+
+SHARED = """\
+# replayfmt playbook
+
+replayfmt captures GPU work into one `.kreplay` file and works on it without the original
+program. Tools: `dump-replay` (inspect), `run-replay` (rebuild and execute on a GPU),
+`benchmark-replay` (time it). Every tool prints this page with `--agents-md`.
+
+## The failure contract
+
+* Exit 0: success. Exit 1: the work ran but found a problem (damaged or truncated file, a
+  mismatch, failed verification). Exit 2: usage, format or environment error.
+* Errors are one line on stderr, never a traceback: what failed, where (file offset, record,
+  operation index, object id) and what to try.
+* Replay is strict: anything that cannot be reproduced (an `unsupported` operation, a missing or
+  changed file, a corrupted payload) fails loudly instead of being skipped.
+* Nothing you have is overwritten without asking.
+
+## Capture
+
+From Python, with the writer (the CUPTI recorder `python -m replayfmt.capture` is still to come):
+
+```python
+import replayfmt
+from replayfmt import model as m
+with replayfmt.CaptureWriter("out.kreplay") as w:
+    buf = w.add_object(m.Buffer(size=4096, dtype=m.DType.FLOAT32, shape=(1024,)))
+    w.copy_h2d(dst_buffer=buf, data=host_array)
+    with w.scope("step"):
+        w.launch(executable=exe, function=0, grid=(4, 1, 1), block=(256, 1, 1),
+                 parameters=param_bytes, relocations=[m.Relocation(0, buf, 8, 0)])
+    w.checkpoint({buf: expected_bytes})   # what replay must reproduce
+```
+
+## Inspect
+
+```sh
+dump-replay cap.kreplay                         # summary (replayable? why not?) + one line per record
+dump-replay --format=json cap.kreplay           # the summary alone, for scripts
+dump-replay --format=jsonl cap.kreplay          # row 1 file, row 2 summary, then objects and operations
+dump-replay --kind=launch --grep=gemm cap.kreplay
+dump-replay --ops=100:200 --object=7 cap.kreplay
+```
+
+jq recipes (`--jq` runs jq in-process; no jq binary needed):
+
+```sh
+# kernel names and launch shapes
+dump-replay --jq 'select(.kind=="launch") | [.function, .grid, .block] | @json' cap.kreplay
+# how many launches per kernel (aggregations need the whole stream: pipe into jq -s)
+dump-replay --format=jsonl --kind=launch cap.kreplay \\
+  | jq -s 'map(select(.kind=="launch")) | group_by(.function) | map({kernel: .[0].function, n: length})'
+# executables and their functions (ids for --executable-substitution)
+dump-replay --jq 'select(.kind=="executable") | {id, functions: [.functions[].name]}' cap.kreplay
+# files the capture needs (paths for --file-remap)
+dump-replay --jq 'select(.kind=="file_reference") | {id, path, policy, validation}' cap.kreplay
+# why the capture cannot be replayed
+dump-replay --format=json cap.kreplay | jq '.not_replayable_because'
+# payload bytes of one copy, as files
+dump-replay --kind=copy_h2d --payloads=files:out/ cap.kreplay
+```
+
+## Run, substitute, remap, benchmark
+
+`run-replay` and `benchmark-replay` are still to come. They will take the ids that `dump-replay`
+prints: `--executable-substitution=ID=PATH` (an executable id from `--kind=executable`),
+`--file-remap=CAPTURED_PREFIX=NEW_PREFIX` (paths from `--kind=file_reference`) and
+`--scope=NAME` (names from the summary's scopes).
+"""
+
+TOOLS = {
+    "dump-replay": """\
+## dump-replay notes
+
+* Output streams in constant memory; `| head` ends quietly with exit 0.
+* A damaged or truncated file: everything readable is printed, then one error line on stderr,
+  exit 1. The summary says whether the file was recovered and how many bytes were lost.
+* JSONL keys are listed in docs/JSONL.md and frozen within a major version (only added).
+  Addresses are hex strings (they do not fit a JSON double); ids are integers.
+* Payload bytes are never inlined unless asked: `--payloads=hex|base64|files:DIR`.
+""",
+    "run-replay": """\
+## run-replay notes
+
+Not yet available in this version.
+""",
+    "benchmark-replay": """\
+## benchmark-replay notes
+
+Not yet available in this version.
+""",
+}
+
+
+def playbook(tool: str) -> str:
+    """The shared playbook followed by ``tool``'s own notes."""
+    return SHARED + "\n" + TOOLS.get(tool, "")
