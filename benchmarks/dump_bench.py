@@ -11,6 +11,7 @@ a subprocess, writing to /dev/null, exactly as a user would run them.
 from __future__ import annotations
 
 import argparse
+import struct
 import subprocess
 import sys
 import tempfile
@@ -35,7 +36,7 @@ SAXPY = m.Function(
 
 
 def build(path: Path, operations: int) -> None:
-    params = np.float32(2.0).tobytes() + bytes(20) + np.int32(4096).tobytes() + bytes(4)
+    tail = bytes(16) + np.int32(4096).tobytes() + bytes(4)
     with replayfmt.CaptureWriter(path) as w:
         dev = w.add_object(m.Device(name="bench"))
         s1, s2 = w.add_object(m.Stream(device=dev)), w.add_object(m.Stream(device=dev))
@@ -59,6 +60,7 @@ def build(path: Path, operations: int) -> None:
             elif phase == 15:
                 i = w.stream_wait_event(s2, ev)
             else:
+                params = struct.pack("<f4x", i * 0.5) + tail  # a different value in every launch
                 i = w.launch(executable=exe, function=0, grid=(16, 1, 1), block=(1024, 1, 1), parameters=params,
                              relocations=relocations, stream=s1)  # fmt: skip
             i += 1
@@ -84,7 +86,7 @@ def main() -> int:
         startup = timed([sys.executable, "-c", "import replayfmt.tools.dump_replay"])
         jsonl = timed([*dump, "--format=jsonl", str(path)])
         summary = timed([*dump, "--format=json", str(path)])
-        text_summary = timed([*dump, "--kind=device", str(path)])  # summary + a one-line listing
+        text_summary = timed([*dump, "--summary", str(path)])
     rate = rows / jsonl
     print(f"capture: {args.operations:,} operations, {rows:,} JSONL rows; interpreter + import {startup:.2f} s")
     verdict = "ok" if rate >= 200_000 else "MISSED"

@@ -14,8 +14,8 @@ from __future__ import annotations
 import base64
 import dataclasses
 import enum
+import functools
 import json
-import math
 import os
 import re
 import struct
@@ -29,8 +29,10 @@ from . import __version__, model as m
 from .errors import ReplayFormatError, ReplayUsageError
 from .payloads import hash_hex
 from .reader import Capture
+from .records import ID_OPERATIONS
 
 JSONL_VERSION = 1
+_CACHE_LIMIT = 65536
 _K = m.OperationKind
 _COPY_LABELS = {"copy_h2d", "copy_d2h", "copy_d2d"}
 OPERATION_LABELS = {k.label for k in _K if k != _K.NONE}
@@ -215,8 +217,13 @@ def _label(value: Any) -> str:
     return f"unknown_{int(value)}"
 
 
-def _field_names(op: Any) -> list[str]:
-    return [f.name for f in dataclasses.fields(op) if f.name != "index"]
+@functools.cache
+def _fields_of(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls) if f.name != "index")
+
+
+def _field_names(op: Any) -> tuple[str, ...]:
+    return _fields_of(type(op))
 
 
 def render_summary_text(s: Summary) -> list[str]:
@@ -271,64 +278,121 @@ _DTYPE_FORMATS = {
 _SIZE_FORMATS = {1: "B", 2: "H", 4: "I", 8: "Q"}
 
 
-def _json_number(value: Any) -> str:
-    if isinstance(value, float) and not math.isfinite(value):
-        return json.dumps(str(value))  # "nan", "inf", "-inf": strict JSON has no such numbers
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return repr(value)
+_POINTER, _TENSOR_MAP = int(m.ParameterKind.POINTER), int(m.ParameterKind.TENSOR_MAP)
 
 
-def _dims(d: tuple[int, int, int]) -> list[int]:
-    return list(d)
+def _float_json(value: float) -> str:
+    text = repr(value)
+    return text if text[-1].isdigit() else f'"{text}"'  # "nan", "inf", "-inf": strict JSON has no such numbers
 
 
 class _LaunchTemplate:
-    """Renders launch rows of one (executable, function) as JSON text quickly."""
+    """Renders launch rows of one (executable, function) as JSON text quickly.
+
+    When the function's parameter layout is known, one precompiled struct unpacks every parameter
+    at once and each is written under its name: values typed by dtype, relocated pointers as
+    {"buffer", "offset"}, other pointers as hex strings, opaque blobs (tensor maps) as hex.
+    """
 
     def __init__(self, dumper: Dumper, executable: int, function: int) -> None:
         fn = dumper.function(executable, function)
         self.name = fn.name if fn else ""
         self.head = f',"executable":{executable},"function":{json.dumps(self.name)},"function_index":{function},'
-        self.params: list[tuple[str, int, int, int, str | None]] | None = None
-        if fn is not None and fn.parameters_known:
-            self.params = []
-            for p in fn.parameters:
-                fmt = _DTYPE_FORMATS.get(p.dtype) if p.dtype else _SIZE_FORMATS.get(p.size)
-                if p.kind in (m.ParameterKind.POINTER, m.ParameterKind.TENSOR_MAP) or p.dtype == m.DType.BFLOAT16:
-                    fmt = (
-                        None
-                        if p.kind == m.ParameterKind.TENSOR_MAP
-                        else ("bf16" if p.dtype == m.DType.BFLOAT16 else "Q")
-                    )
-                if fmt and fmt not in ("bf16",) and struct.calcsize("<" + fmt) != p.size:
-                    fmt = None
-                prefix = f'{{"name":{json.dumps(p.name)},"offset":{p.offset},"kind":"{_label(p.kind)}"'
-                self.params.append((prefix, p.offset, p.size, int(p.kind), fmt))
+        self.render: Any = None
+        self.slots: list[tuple[str, int, int, str]] = []
+        if fn is None or not fn.parameters_known:
+            return
+        fmt, end, seen = "<", 0, set()
+        params = sorted(fn.parameters, key=lambda p: p.offset)
+        for i, p in enumerate(params):
+            if p.offset < end:
+                return  # overlapping parameters: leave this function to the raw-bytes form
+            fmt += "x" * (p.offset - end)
+            name = p.name if p.name and p.name not in seen else f"p{i}"
+            seen.add(name)
+            if p.kind == m.ParameterKind.POINTER and p.size == 8:
+                code, conv = "Q", "pointer"
+            elif p.dtype == m.DType.BFLOAT16 and p.size == 2:
+                code, conv = "H", "bf16"
+            elif p.dtype in _DTYPE_FORMATS and struct.calcsize("<" + _DTYPE_FORMATS[p.dtype]) == p.size:
+                code = _DTYPE_FORMATS[p.dtype]
+                conv = "float" if code in "efd" else ("bool" if code == "?" else "int")
+            elif p.kind != m.ParameterKind.TENSOR_MAP and p.size in _SIZE_FORMATS:
+                code, conv = _SIZE_FORMATS[p.size], "int"
+            else:
+                code, conv = f"{p.size}s", "hex"
+            fmt += code
+            end = p.offset + p.size
+            self.slots.append((json.dumps(name) + ":", p.offset, int(p.kind), conv))
+        self.render = _compile_renderer(struct.Struct(fmt), self.slots)
 
     def parameters_json(self, op: m.Launch) -> str:
         raw = op.parameters
-        if self.params is None:
-            return f'"parameter_bytes":"{raw.hex()}"'
-        sites = {r.site_offset: r for r in op.relocations if r.site_buffer == 0}
-        parts = []
-        for prefix, offset, size, kind, fmt in self.params:
-            reloc = sites.get(offset)
-            if offset + size > len(raw):
-                parts.append(prefix + ',"value":null}')
-            elif reloc is not None:
-                parts.append(f'{prefix},"buffer":{reloc.target_buffer},"buffer_offset":{reloc.target_offset}}}')
-            elif fmt == "Q" and kind == m.ParameterKind.POINTER:
-                parts.append(f'{prefix},"value":"{int.from_bytes(raw[offset : offset + 8], "little"):#x}"}}')
-            elif fmt == "bf16":
-                value = struct.unpack("<f", b"\x00\x00" + raw[offset : offset + 2])[0]
-                parts.append(f'{prefix},"value":{_json_number(value)}}}')
-            elif fmt:
-                value = struct.unpack_from("<" + fmt, raw, offset)[0]
-                parts.append(f'{prefix},"value":{_json_number(value)}}}')
-            else:
-                parts.append(f'{prefix},"value":"{raw[offset : offset + size].hex()}"}}')
-        return '"parameters":[' + ",".join(parts) + "]"
+        if self.render is not None:
+            text = self.render(raw, op.relocations)
+            if text is not None:
+                return text
+        return f'"parameter_bytes":"{raw.hex()}"'
+
+
+def _bf16_json(value: int) -> str:
+    return _float_json(struct.unpack("<f", (value << 16).to_bytes(4, "little"))[0])
+
+
+def _target_json(relocation: m.Relocation | None) -> str | None:
+    return f'{{"buffer":{relocation[1]},"offset":{relocation[3]}}}' if relocation else None
+
+
+def _hex_json(value: int | bytes) -> str:
+    return f'"{value:#x}"' if isinstance(value, int) else f'"{value.hex()}"'
+
+
+def _compile_renderer(unpack: struct.Struct, slots: list[tuple[str, int, int, str]]) -> Any:
+    """Build, once per kernel signature, a function that renders the "parameters" object.
+
+    Unrolled code (one unpack, one concatenation) is several times faster than interpreting the
+    layout for every launch: this is what keeps JSONL fast. Which buffer each relocated pointer
+    names depends only on the launch's relocations, which repeat from launch to launch, so that
+    part is worked out once per distinct relocation set. The generated code holds no literals:
+    every string it joins comes from the namespace below.
+    """
+    values = ", ".join(f"v{i}" for i in range(len(slots)))
+    pointers = [(i, offset) for i, (_, offset, kind, _) in enumerate(slots) if kind in (_POINTER, _TENSOR_MAP)]
+    namespace: dict[str, Any] = {
+        "UNPACK": unpack.unpack_from, "SIZE": unpack.size, "FLOAT": _float_json, "BF16": _bf16_json,
+        "HEX": _hex_json, "TARGET": _target_json, "CACHE": {}, "TRUE": "true", "FALSE": "false",
+        "HEAD": '"parameters":', "TAIL": "}",
+    }  # fmt: skip
+    lines = [
+        "def render(raw, relocations):",
+        "    if len(raw) < SIZE:",
+        "        return None",
+        f"    ({values},) = UNPACK(raw)",
+    ]
+    if pointers:
+        targets = ", ".join(f"t{i}" for i, _ in pointers)
+        lines += ["    targets = CACHE.get(relocations)", "    if targets is None:"]
+        lines += [f"        r{i} = None" for i, _ in pointers]
+        lines += ["        for r in relocations:", "            if not r[0]:", "                o = r[2]"]
+        lines += [
+            f"                {'elif' if n else 'if'} o == {off}: r{i} = r" for n, (i, off) in enumerate(pointers)
+        ]
+        lines += [f"        targets = ({', '.join(f'TARGET(r{i})' for i, _ in pointers)},)"]
+        lines += ["        if len(CACHE) > 4096:", "            CACHE.clear()", "        CACHE[relocations] = targets"]
+        lines += [f"    ({targets},) = targets"]
+    pieces = ["HEAD"]
+    for i, (key, _offset, kind, conv) in enumerate(slots):
+        namespace[f"K{i}"] = ("{" if i == 0 else ",") + key
+        if kind in (_POINTER, _TENSOR_MAP):
+            value = f"(t{i} or HEX(v{i}))"
+        else:
+            value = {"int": f"str(v{i})", "float": f"FLOAT(v{i})", "bool": f"(TRUE if v{i} else FALSE)",
+                     "bf16": f"BF16(v{i})"}.get(conv, f"HEX(v{i})")  # fmt: skip
+        pieces += [f"K{i}", value]
+    pieces.append("TAIL" if slots else "'{}'")
+    lines.append("    return " + " + ".join(pieces))
+    exec("\n".join(lines), namespace)
+    return namespace["render"]
 
 
 class Dumper:
@@ -354,6 +418,11 @@ class Dumper:
             except OSError as exc:
                 raise ReplayUsageError(f"--payloads=files:{payload_dir}: cannot create ({exc.strerror})") from None
         self._templates: dict[tuple[int, int], _LaunchTemplate] = {}
+        self._relocations_json: dict[tuple[m.Relocation, ...], str] = {}
+        self._shapes: dict[tuple[Any, ...], str] = {}
+        self._payload_json: dict[int, str] = {}
+        self._encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+        self._payload_refs: dict[int, dict[str, Any] | None] = {}
         self._executables: dict[int, m.Executable | None] = {}
 
     # -- lookups -----------------------------------------------------------------------------
@@ -372,6 +441,15 @@ class Dumper:
         return exe.functions[index]
 
     def payload_ref(self, pid: int) -> dict[str, Any] | None:
+        """What a row says of a payload (cached: copies of one upload share it)."""
+        ref = self._payload_refs.get(pid, False)
+        if ref is False:
+            if len(self._payload_refs) >= _CACHE_LIMIT:
+                self._payload_refs.clear()
+            ref = self._payload_refs[pid] = self._make_payload_ref(pid)
+        return ref
+
+    def _make_payload_ref(self, pid: int) -> dict[str, Any] | None:
         if not pid:
             return None
         try:
@@ -482,18 +560,59 @@ class Dumper:
         template = self._templates.get(key)
         if template is None:
             template = self._templates[key] = _LaunchTemplate(self, op.executable, op.function)
-        g, b, c = op.grid, op.block, op.cluster
-        relocs = ",".join(
-            f'{{"site_buffer":{r.site_buffer},"site_offset":{r.site_offset},"target_buffer":{r.target_buffer},'
-            f'"target_offset":{r.target_offset},"kind":"{"tensor_map" if r.kind == 1 else "pointer"}"}}'
-            for r in op.relocations
-        )
+        shape_key = (op.grid, op.block, op.cluster, op.shared_memory, op.flags, op.stream)
+        shape = self._shapes.get(shape_key)
+        if shape is None:
+            if len(self._shapes) >= _CACHE_LIMIT:
+                self._shapes.clear()
+            g, b, c = op.grid, op.block, op.cluster
+            shape = self._shapes[shape_key] = (
+                f'"stream":{op.stream},"grid":[{g[0]},{g[1]},{g[2]}],"block":[{b[0]},{b[1]},{b[2]}],'
+                f'"cluster":[{c[0]},{c[1]},{c[2]}],"shared_memory":{op.shared_memory},"flags":{op.flags},'
+            )
+        relocs = self._relocations_json.get(op.relocations)
+        if relocs is None:
+            if len(self._relocations_json) >= _CACHE_LIMIT:
+                self._relocations_json.clear()
+            relocs = self._relocations_json[op.relocations] = ",".join(
+                f'{{"site_buffer":{r.site_buffer},"site_offset":{r.site_offset},"target_buffer":{r.target_buffer},'
+                f'"target_offset":{r.target_offset},"kind":"{"tensor_map" if r.kind == 1 else "pointer"}"}}'
+                for r in op.relocations
+            )
         return (
-            f'{{"kind":"launch","index":{op.index}{template.head}"stream":{op.stream},'
-            f'"grid":[{g[0]},{g[1]},{g[2]}],"block":[{b[0]},{b[1]},{b[2]}],"cluster":[{c[0]},{c[1]},{c[2]}],'
-            f'"shared_memory":{op.shared_memory},"flags":{op.flags},{template.parameters_json(op)},'
+            f'{{"kind":"launch","index":{op.index}{template.head}{shape}{template.parameters_json(op)},'
             f'"relocations":[{relocs}]}}'
         )
+
+    def payload_json(self, pid: int) -> str:
+        text = self._payload_json.get(pid)
+        if text is None:
+            if len(self._payload_json) >= _CACHE_LIMIT:
+                self._payload_json.clear()
+            text = self._payload_json[pid] = json.dumps(self.payload_ref(pid), separators=(",", ":"))
+        return text
+
+    def operation_json(self, op: m.Operation) -> str:
+        """One operation row as JSON text: the same keys, in the same order, as operation_row()."""
+        if isinstance(op, m.Launch):
+            return self.launch_json(op)
+        if isinstance(op, m.Copy):
+            return (
+                f'{{"kind":"{op.op.label}","index":{op.index},"stream":{op.stream},"src_buffer":{op.src_buffer},'
+                f'"dst_buffer":{op.dst_buffer},"src_offset":{op.src_offset},"dst_offset":{op.dst_offset},'
+                f'"size":{op.size},"src_file":{op.src_file},"flags":{op.flags},"payload":{self.payload_json(op.payload)}}}'
+            )
+        if isinstance(op, m.Memset):
+            return (
+                f'{{"kind":"memset","index":{op.index},"stream":{op.stream},"buffer":{op.buffer},"offset":{op.offset},'
+                f'"value":{op.value},"element_size":{op.element_size},"count":{op.count}}}'
+            )
+        if type(op) in _ID_ROW_PREFIXES and not isinstance(op, m.CreateObject | m.DestroyObject):
+            names = _field_names(op)
+            prefix = _ID_ROW_PREFIXES[type(op)]
+            fields = ",".join(f'"{n}":{getattr(op, n)}' for n in names)
+            return f"{prefix}{op.index},{fields}}}"
+        return self._encode(self.operation_row(op))
 
     def _object_or_none(self, object_id: int) -> m.ObjectDef | None:
         try:
@@ -546,20 +665,22 @@ class Dumper:
 
     def jsonl_rows(self) -> Iterator[str]:
         """The object and operation rows (after the file and summary rows) as JSON text."""
-        encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+        encode = self._encode
+        launch_json, operation_json = self.launch_json, self.operation_json
         launch = _K.LAUNCH
-        select_launches = self.filter.wants_kind("launch")
-        plain = self.filter.object_id is None and self.filter.grep is None
-        for op, obj in self.records():
-            if obj is not None and self._object_selected(obj):
-                yield encode(self.object_row(obj))
+        plain = self.filter.kinds is None and self.filter.object_id is None and self.filter.grep is None
+        cap = self.cap
+        for op in cap.iter_operations(self.filter.start, self.filter.stop):
             if op.kind == launch:
-                if select_launches and (plain or self._op_selected(op, "launch")):
-                    yield self.launch_json(op)
+                if plain or self._op_selected(op, "launch"):
+                    yield launch_json(op)
                 continue
-            label = op.kind.label if not isinstance(op, m.UnknownOperation) else "unknown"
-            if self._op_selected(op, label):
-                yield encode(self.operation_row(op))
+            if isinstance(op, m.CreateObject) and op.object <= cap.object_count:
+                obj = cap.object(op.object)
+                if plain or self._object_selected(obj):
+                    yield encode(self.object_row(obj))
+            if plain or self._op_selected(op, op.kind.label if not isinstance(op, m.UnknownOperation) else "unknown"):
+                yield operation_json(op)
 
     def text_lines(self) -> Iterator[str]:
         """One line per object and operation, with its index and ids."""
@@ -599,6 +720,9 @@ class Dumper:
             return f"{head} code={op.code}"
         fields = " ".join(f"{n}={getattr(op, n)}" for n in _field_names(op))
         return f"{head} {fields}"
+
+
+_ID_ROW_PREFIXES = {cls: f'{{"kind":"{kind.label}","index":' for kind, (cls, _) in ID_OPERATIONS.items()}
 
 
 def _xyz(d: tuple[int, int, int]) -> str:

@@ -45,13 +45,15 @@ def _parse_payloads(value: str) -> tuple[PayloadMode, Path | None]:
 def _write_lines(lines: Iterable[str]) -> None:
     out = sys.stdout
     pending: list[str] = []
-    for line in lines:
-        pending.append(line)
-        if len(pending) >= _FLUSH_EVERY:
+    try:
+        for line in lines:
+            pending.append(line)
+            if len(pending) >= _FLUSH_EVERY:
+                out.write("\n".join(pending) + "\n")
+                pending.clear()
+    finally:  # a damaged file stops the lines: what came before it is still printed
+        if pending:
             out.write("\n".join(pending) + "\n")
-            pending.clear()
-    if pending:
-        out.write("\n".join(pending) + "\n")
 
 
 def _jq_lines(program_text: str, rows: Iterator[str]) -> Iterator[str]:
@@ -80,6 +82,7 @@ def _jq_lines(program_text: str, rows: Iterator[str]) -> Iterator[str]:
     show_default=True,
     help="text: summary then one line per record; jsonl: one JSON object per row; json: the summary alone.",
 )
+@click.option("--summary", "summary_only", is_flag=True, help="Text format: print the summary only.")
 @click.option("--ops", metavar="START:END", help="Only operations with START <= index < END.")
 @click.option("--kind", "kinds", metavar="KIND[,KIND...]", help="Only rows of these kinds (launch, copy, buffer, ...).")
 @click.option("--object", "object_id", type=int, metavar="ID", help="Only the object ID and operations that use it.")
@@ -98,6 +101,7 @@ def _jq_lines(program_text: str, rows: Iterator[str]) -> Iterator[str]:
 def main(
     capture: Path,
     fmt: str,
+    summary_only: bool,
     ops: str | None,
     kinds: str | None,
     object_id: int | None,
@@ -122,8 +126,9 @@ def main(
             try:
                 if fmt == "text" and not jq_program:
                     _write_lines(render_summary_text(summary))
-                    sys.stdout.write("\n")
-                    _write_lines(dumper.text_lines())
+                    if not summary_only:
+                        sys.stdout.write("\n")
+                        _write_lines(dumper.text_lines())
                 else:
                     encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 

@@ -1,0 +1,5 @@
+// The kernel of examples/saxpy.kreplay: y = a * x + y.
+extern "C" __global__ void saxpy(float a, const float* __restrict__ x, float* __restrict__ y, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = a * x[i] + y[i];
+}
