@@ -15,6 +15,7 @@ from . import model
 from .errors import (
     AbiMismatchError,
     DeviceError,
+    DeviceUnavailableError,
     FileMismatchError,
     MismatchError,
     ReplayError,
@@ -43,6 +44,7 @@ __all__ = [
     "CaptureWriter",
     "CompressionPolicy",
     "DeviceError",
+    "DeviceUnavailableError",
     "FileMismatchError",
     "Limits",
     "MismatchError",

@@ -86,4 +86,8 @@ class VerificationError(MismatchError):
 
 
 class DeviceError(ReplayError):
-    """A CUDA call failed, no device is present, or the device cannot host the capture."""
+    """A CUDA call failed, or the device cannot host the capture."""
+
+
+class DeviceUnavailableError(DeviceError):
+    """No usable CUDA driver or device here (an environment problem, not a replay failure)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -16,14 +17,17 @@ KERNELS = Path(__file__).parent / "kernels"
 
 
 @functools.cache
-def compiled_cubin(source: str = "container_kernels.cu", arch: str = "sm_90") -> bytes | None:
-    """Compile one of the repo's .cu files to a cubin with nvcc (None when nvcc is missing)."""
-    nvcc = shutil.which("nvcc") or (shutil.which("/usr/local/cuda/bin/nvcc"))
+def compiled_cubin(source: str | Path = "container_kernels.cu", arch: str = "sm_90") -> bytes | None:
+    """Compile one of the repo's .cu files to a cubin with nvcc (None when nvcc is missing).
+    ``source`` is a file name under tests/kernels, or a path."""
+    nvcc = shutil.which("nvcc") or shutil.which("/usr/local/cuda/bin/nvcc")
     if nvcc is None:
         return None
-    out = Path(subprocess.check_output(["mktemp", "-d"], text=True).strip()) / "k.cubin"
-    subprocess.run([nvcc, "-cubin", f"-arch={arch}", "-o", str(out), str(KERNELS / source)], check=True)
-    return out.read_bytes()
+    path = source if isinstance(source, Path) else KERNELS / source
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "k.cubin"
+        subprocess.run([nvcc, "-cubin", f"-arch={arch}", "-O3", "-o", str(out), str(path)], check=True)
+        return out.read_bytes()
 
 
 SAXPY = m.Function(

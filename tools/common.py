@@ -1,8 +1,9 @@
 """What every replayfmt command shares: the --agents-md option, and the one place that maps
 library exceptions to exit codes and one-line messages (no tracebacks for errors we raise).
 
-Exit codes: 0 success; 1 the work ran but found a problem (damaged file, mismatch, verification
-failure); 2 usage, format or environment error (bad flag, unreadable file, no GPU).
+Exit codes: 0 success; 1 the work cannot be reproduced or found a problem (unsupported operation,
+file or ABI mismatch, CUDA error, failed verification, damaged capture while dumping); 2 usage,
+format or environment error (bad flag, unreadable or malformed file, no GPU or driver).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any, TypeVar
 
 import click
 
-from replayfmt.errors import MismatchError, ReplayError
+from replayfmt.errors import DeviceUnavailableError, ReplayError, ReplayFormatError, ReplayUsageError
 from replayfmt.playbook import playbook
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -65,12 +66,12 @@ def reports_errors(tool: str) -> Callable[[F], F]:
                 if exc.message:
                     click.echo(f"{tool}: {exc.message}", err=True)
                 sys.exit(exc.code)
-            except MismatchError as exc:
-                click.echo(f"{tool}: error: {exc}", err=True)
-                sys.exit(EXIT_PROBLEM)
-            except ReplayError as exc:
+            except (ReplayUsageError, ReplayFormatError, DeviceUnavailableError) as exc:
                 click.echo(f"{tool}: error: {exc}", err=True)
                 sys.exit(EXIT_USAGE)
+            except ReplayError as exc:  # the work ran, or was planned, and cannot be reproduced
+                click.echo(f"{tool}: error: {exc}", err=True)
+                sys.exit(EXIT_PROBLEM)
             except KeyboardInterrupt:
                 click.echo(f"{tool}: interrupted", err=True)
                 sys.exit(130)

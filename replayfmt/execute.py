@@ -1,0 +1,622 @@
+"""Rebuild a capture on a CUDA device and execute it.
+
+A :class:`Replayer` takes a :class:`~replayfmt.plan.Plan` and does the cold work once (context,
+allocations, module loads, ABI checks against the loaded functions, payloads staged in pinned
+memory, every launch's parameter block packed and relocated), turning the capture into a list of
+steps; :meth:`Replayer.run` then executes the steps (as many times as asked), each on its own
+captured stream, so that concurrency and event edges are kept.
+
+Strict: a CUDA error stops the replay with an error naming the operation, object and kernel and
+the driver's error; a sticky error found at a synchronisation also names the launches issued since
+the last one that succeeded. Ownership: the Replayer owns every device resource it creates and
+frees them in :meth:`close` (idempotent; also a context manager).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import model as m
+from .compare import NUMPY_DTYPES, BufferReport, Tolerance, compare
+from .cuda import CudaCallError, check, driver, error_text
+from .errors import (
+    AbiMismatchError,
+    DeviceError,
+    DeviceUnavailableError,
+    ReplayError,
+    ReplayUsageError,
+    VerificationError,
+)
+from .plan import Plan, layout_difference
+
+_K = m.OperationKind
+_RECENT = 8
+
+
+@dataclass
+class ReplayOptions:
+    devices: tuple[int, ...] = (0,)  # captured device k runs on cuda:devices[k]
+    verify: bool = False
+    tolerance: Tolerance = field(default_factory=Tolerance)
+    save_output: Path | None = None
+    continue_on_error: bool = False
+
+
+@dataclass
+class RunResult:
+    device_ms: list[float] = field(default_factory=list)  # one per repetition
+    reports: list[BufferReport] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def verified(self) -> bool:
+        return all(r.passed for r in self.reports)
+
+
+@dataclass
+class _Launch:
+    """A launch ready to go: everything packed once, at setup."""
+
+    op: m.Launch
+    name: str
+    function: Any
+    args: tuple[Any, ...]  # for cuLaunchKernel or cuLaunchKernelEx
+    extended: bool
+    keepalive: list[Any]
+    buffer_sites: list[tuple[int, int]]  # (device address of a pointer site, pinned address of its value)
+
+
+class Replayer:
+    """Executes a plan on CUDA devices. Create, call :meth:`run`, then :meth:`close`."""
+
+    def __init__(self, plan: Plan, options: ReplayOptions | None = None) -> None:
+        self.plan = plan
+        self.options = options or ReplayOptions()
+        self.cu = driver()
+        self._closers: list[Callable[[], Any]] = []
+        self._recent: deque[tuple[int, str]] = deque(maxlen=_RECENT)
+        self.addresses: dict[int, int] = {}
+        self.functions: dict[tuple[int, int], Any] = {}
+        self.layouts: dict[tuple[int, int], list[tuple[int, int]]] = {}  # live (offset, size) per parameter
+        self._kernel_names: dict[int, str] = {}  # launch operation index -> kernel name
+        self._images: list[bytes] = []  # module images must outlive their modules
+        self.streams: dict[int, Any] = {}
+        self.events: dict[int, Any] = {}
+        self._steps: list[tuple[Callable[..., Any], tuple[Any, ...], int]] = []
+        self._staged: dict[tuple[str, int, int], int] = {}  # (kind, id, offset) -> pinned address
+        self._checkpoint_host: dict[int, tuple[int, int]] = {}
+        self._result = RunResult()
+        try:
+            self._setup()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def __enter__(self) -> Replayer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Free every resource this replayer created (in reverse order). Idempotent."""
+        while self._closers:
+            closer = self._closers.pop()
+            try:
+                closer()
+            except Exception:
+                pass
+
+    # -- setup -------------------------------------------------------------------------------
+
+    def _setup(self) -> None:
+        cu, plan = self.cu, self.plan
+        if len(plan.devices) > len(self.options.devices):
+            raise ReplayUsageError(
+                f"the capture uses {len(plan.devices)} devices; give as many --device flags "
+                f"(got {len(self.options.devices)})"
+            )
+        ordinal = self.options.devices[0] if self.options.devices else 0
+        count = check(cu.cuDeviceGetCount(), "cuDeviceGetCount")
+        if ordinal >= count:
+            raise DeviceUnavailableError(f"--device cuda:{ordinal}: this machine has {count} CUDA device(s)")
+        self.device = check(cu.cuDeviceGet(ordinal), f"cuDeviceGet({ordinal})")
+        self.ctx = check(cu.cuDevicePrimaryCtxRetain(self.device), "cuDevicePrimaryCtxRetain")
+        self._closers.append(lambda: cu.cuDevicePrimaryCtxRelease(self.device))
+        check(cu.cuCtxSetCurrent(self.ctx), "cuCtxSetCurrent")
+        attr = cu.CUdevice_attribute
+        major = check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, self.device), "cc")
+        minor = check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self.device), "cc")
+        self.compute_capability = (major, minor)
+        self.max_shared_optin = check(
+            cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, self.device), "smem"
+        )
+        self.device_name = check(cu.cuDeviceGetName(256, self.device), "cuDeviceGetName").split(b"\0")[0].decode()
+        self._check_device_fits()
+        self._allocate_buffers()
+        self._load_modules()
+        self._create_streams_and_events()
+        self._stage_inputs()
+        self._build_steps()
+
+    def _check_device_fits(self) -> None:
+        cu = self.cu
+        arch = self.compute_capability[0] * 10 + self.compute_capability[1]
+        for eid, image in self.plan.images.items():
+            built = image.cubin.arch if image.cubin is not None else None
+            if built is not None and (built // 10 != arch // 10 or built > arch):
+                raise DeviceError(
+                    f"executable {eid} is a cubin for sm_{built}; cuda:{self.options.devices[0]} "
+                    f"({self.device_name}) is sm_{arch}: it cannot run it (substitute a build for sm_{arch})"
+                )
+        free, _total = check(cu.cuMemGetInfo(), "cuMemGetInfo")
+        need = self.plan.buffer_bytes
+        if need > free:
+            raise DeviceError(f"the capture needs {need} bytes of device memory; {self.device_name} has {free} free")
+
+    def _allocate_buffers(self) -> None:
+        cu = self.cu
+        fixed = self.plan.options.fixed_addresses
+        for bid, buf in self.plan.buffers.items():
+            if buf.memory != m.MemoryKind.DEVICE:
+                raise DeviceError(f"buffer {bid}: {buf.memory.name.lower()} memory cannot be replayed")
+            size = max(buf.size, 1)
+            if fixed:
+                self.addresses[bid] = self._allocate_fixed(bid, buf, size)
+                continue
+            extra = max(0, buf.alignment - 256)
+            ptr = check(cu.cuMemAlloc(size + extra), f"buffer {bid}: cuMemAlloc({size + extra})")
+            self._closers.append(lambda p=ptr: cu.cuMemFree(p))
+            address = int(ptr)
+            if extra:
+                address = (address + buf.alignment - 1) // buf.alignment * buf.alignment
+            self.addresses[bid] = address
+
+    def _allocate_fixed(self, bid: int, buf: m.Buffer, size: int) -> int:
+        """Map physical memory at exactly the recorded address, or fail (never run elsewhere)."""
+        cu = self.cu
+        prop = cu.CUmemAllocationProp()
+        prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+        prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        prop.location.id = self.options.devices[0]
+        granularity = check(
+            cu.cuMemGetAllocationGranularity(
+                prop, cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM
+            ),
+            "cuMemGetAllocationGranularity",
+        )
+        base = buf.address // granularity * granularity
+        length = -(-(buf.address + size - base) // granularity) * granularity
+        ptr = check(cu.cuMemAddressReserve(length, granularity, base, 0), f"buffer {bid}: cuMemAddressReserve")
+        self._closers.append(lambda: cu.cuMemAddressFree(ptr, length))
+        if int(ptr) != base:
+            raise DeviceError(
+                f"buffer {bid}: the driver would not reserve the recorded address {base:#x} (it offered "
+                f"{int(ptr):#x}); another allocation holds it. Fixed-address replay needs the same free range: "
+                "run it in a fresh process, on a device with nothing else allocated"
+            )
+        handle = check(cu.cuMemCreate(length, prop, 0), f"buffer {bid}: cuMemCreate")
+        self._closers.append(lambda: cu.cuMemRelease(handle))
+        check(cu.cuMemMap(ptr, length, 0, handle, 0), f"buffer {bid}: cuMemMap")
+        self._closers.append(lambda: cu.cuMemUnmap(ptr, length))
+        access = cu.CUmemAccessDesc()
+        access.location = prop.location
+        access.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        check(cu.cuMemSetAccess(ptr, length, [access], 1), f"buffer {bid}: cuMemSetAccess")
+        return buf.address
+
+    def _load_modules(self) -> None:
+        cu = self.cu
+        for eid, image in self.plan.images.items():
+            data = image.data + (
+                b"\0" if image.format == m.ExecutableFormat.PTX and not image.data.endswith(b"\0") else b""
+            )
+            try:
+                module = check(cu.cuModuleLoadData(data), f"executable {eid} ({image.source}): cuModuleLoadData")
+            except CudaCallError as exc:
+                if exc.name == "CUDA_ERROR_NO_BINARY_FOR_GPU":
+                    raise DeviceError(
+                        f"{exc}; the executable has no code for this device ({self.device_name})"
+                    ) from None
+                raise
+            self._closers.append(lambda mod=module: cu.cuModuleUnload(mod))
+            self._images.append(data)
+            for index, fn in enumerate(image.executable.functions):
+                if (eid, index) not in self.plan.launches_of:
+                    continue
+                try:
+                    handle = check(cu.cuModuleGetFunction(module, fn.name.encode()), "cuModuleGetFunction")
+                except CudaCallError:
+                    raise AbiMismatchError(f"executable {eid}: function {fn.name} is not in {image.source}") from None
+                self.layouts[(eid, index)] = self._param_layout(handle)
+                self._check_abi(eid, index, handle, image.source)
+                smem = self.plan.max_shared_memory.get((eid, index), 0)
+                if smem > 48 * 1024:
+                    if smem > self.max_shared_optin:
+                        raise DeviceError(
+                            f"executable {eid}: {fn.name} needs {smem} bytes of dynamic shared memory; "
+                            f"{self.device_name} allows {self.max_shared_optin}"
+                        )
+                    check(
+                        cu.cuFuncSetAttribute(
+                            handle, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem
+                        ),
+                        f"executable {eid}: {fn.name}: opting in to {smem} bytes of dynamic shared memory",
+                    )
+                self.functions[(eid, index)] = handle
+            for gid, glob in self.plan.globals.items():
+                if glob.executable == eid and glob.initial_payload:
+                    ptr, size = check(cu.cuModuleGetGlobal(module, glob.symbol.encode()), f"global {gid} {glob.symbol}")
+                    data_bytes = self.plan.capture.read_payload(glob.initial_payload)
+                    check(cu.cuMemcpyHtoD(ptr, data_bytes, min(size, len(data_bytes))), f"global {gid}: upload")
+
+    def _check_abi(self, eid: int, index: int, handle: Any, source: str) -> None:
+        """The loaded function must take the captured parameters and fit the captured launches."""
+        cu = self.cu
+        fn = self.plan.images[eid].executable.functions[index]
+        layout = self.layouts[(eid, index)]
+        if fn.parameters_known:
+            captured = [(p.offset, p.size) for p in fn.parameters]
+            if captured != layout:
+                raise AbiMismatchError(layout_difference(eid, fn.name, captured, layout, source))
+        attribute = cu.CUfunction_attribute
+        threads = check(cu.cuFuncGetAttribute(attribute.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, handle), "attribute")
+        needed = self.plan.max_block_threads.get((eid, index), 0)
+        if needed > threads:
+            registers = check(cu.cuFuncGetAttribute(attribute.CU_FUNC_ATTRIBUTE_NUM_REGS, handle), "attribute")
+            raise AbiMismatchError(
+                f"executable {eid}: {fn.name} from {source} allows {threads} threads per block ({registers} "
+                f"registers per thread); the capture launches it with {needed}"
+            )
+
+    def _param_layout(self, handle: Any) -> list[tuple[int, int]]:
+        cu = self.cu
+        layout = []
+        for i in range(4096):
+            err, offset, size = cu.cuFuncGetParamInfo(handle, i)
+            if err != cu.CUresult.CUDA_SUCCESS:
+                break
+            layout.append((int(offset), int(size)))
+        return layout
+
+    def _create_streams_and_events(self) -> None:
+        cu = self.cu
+        for sid, stream in self.plan.streams.items():
+            flags = stream.flags & 1  # CU_STREAM_NON_BLOCKING is the only flag that matters here
+            handle = check(cu.cuStreamCreateWithPriority(flags, stream.priority), f"stream {sid}: cuStreamCreate")
+            self._closers.append(lambda h=handle: cu.cuStreamDestroy(h))
+            self.streams[sid] = handle
+        self.streams[0] = cu.CUstream(1)  # CU_STREAM_LEGACY: captured default-stream work keeps its semantics
+        for eid in self.plan.events:
+            handle = check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING), f"event {eid}: cuEventCreate")
+            self._closers.append(lambda h=handle: cu.cuEventDestroy(h))
+            self.events[eid] = handle
+        self._timing = [check(cu.cuEventCreate(0), "timing event") for _ in range(2)]
+        for handle in self._timing:
+            self._closers.append(lambda h=handle: cu.cuEventDestroy(h))
+        self._join = [check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING), "join event")
+                      for _ in self.streams]  # fmt: skip
+        for handle in self._join:
+            self._closers.append(lambda h=handle: cu.cuEventDestroy(h))
+
+    def _pinned(self, size: int, what: str) -> int:
+        cu = self.cu
+        ptr = check(cu.cuMemHostAlloc(max(size, 1), 0), f"{what}: cuMemHostAlloc({size})")
+        self._closers.append(lambda: cu.cuMemFreeHost(ptr))
+        return int(ptr)
+
+    def _stage_inputs(self) -> None:
+        """Read every uploaded payload (or file range) once into pinned memory."""
+        cap = self.plan.capture
+        for op in cap.iter_operations():
+            if not isinstance(op, m.Copy) or op.kind != _K.COPY_HOST_TO_DEVICE:
+                continue
+            key = ("file", op.src_file, op.src_offset) if op.src_file else ("payload", op.payload, 0)
+            if key in self._staged:
+                continue
+            size = op.size if op.src_file else cap.payload(op.payload).size
+            address = self._pinned(size, f"operation {op.index}")
+            view = (ctypes.c_char * max(size, 1)).from_address(address)
+            target = memoryview(view).cast("B")[:size]
+            if op.src_file:
+                self._read_file_range(op, target)
+            else:
+                cap.read_payload_into(op.payload, target)
+            self._staged[key] = address
+
+    def _read_file_range(self, op: m.Copy, target: memoryview) -> None:
+        resolved = self.plan.files[op.src_file]
+        ref = resolved.reference
+        if resolved.path is not None:
+            with open(resolved.path, "rb") as f:
+                f.seek(op.src_offset)
+                if f.readinto(target) != len(target):
+                    raise ReplayError(f"operation {op.index}: {resolved.path} is shorter than the captured read")
+            return
+        if ref.policy == m.FilePolicy.CAPTURE_ALL:
+            self.plan.capture.read_payload_into(ref.payload, target, op.src_offset)
+            return
+        for r in ref.ranges:
+            if r.offset <= op.src_offset and op.src_offset + op.size <= r.offset + r.size:
+                self.plan.capture.read_payload_into(r.payload, target, op.src_offset - r.offset)
+                return
+        raise ReplayError(f"operation {op.index}: file bytes at {op.src_offset} were not captured")
+
+    # -- steps ---------------------------------------------------------------------------------
+
+    def _build_steps(self) -> None:
+        cu = self.cu
+        steps = self._steps
+        A = self.addresses
+        for op in self.plan.capture.iter_operations():
+            stream = self.streams.get(getattr(op, "stream", 0), self.streams[0])
+            if isinstance(op, m.Launch):
+                launch = self._prepare_launch(op, stream)
+                for site, value in launch.buffer_sites:
+                    steps.append((cu.cuMemcpyHtoDAsync, (site, value, 8, stream), op.index))
+                steps.append((self._launch_ex if launch.extended else cu.cuLaunchKernel, launch.args, op.index))
+                self._kernel_names[op.index] = launch.name
+            elif isinstance(op, m.Copy):
+                if op.kind == _K.COPY_HOST_TO_DEVICE:
+                    key = ("file", op.src_file, op.src_offset) if op.src_file else ("payload", op.payload, 0)
+                    args = (A[op.dst_buffer] + op.dst_offset, self._staged[key], op.size, stream)
+                    steps.append((cu.cuMemcpyHtoDAsync, args, op.index))
+                elif op.kind == _K.COPY_DEVICE_TO_HOST:
+                    host = self._pinned(op.size, f"operation {op.index}")
+                    steps.append(
+                        (cu.cuMemcpyDtoHAsync, (host, A[op.src_buffer] + op.src_offset, op.size, stream), op.index)
+                    )
+                    if op.payload and self.options.verify:
+                        steps.append((self._check_download, (op, host), op.index))
+                else:
+                    args = (A[op.dst_buffer] + op.dst_offset, A[op.src_buffer] + op.src_offset, op.size, stream)
+                    steps.append((cu.cuMemcpyDtoDAsync, args, op.index))
+            elif isinstance(op, m.Memset):
+                fn = {1: cu.cuMemsetD8Async, 2: cu.cuMemsetD16Async, 4: cu.cuMemsetD32Async}[op.element_size]
+                steps.append((fn, (A[op.buffer] + op.offset, op.value, op.count, stream), op.index))
+            elif isinstance(op, m.EventRecord):
+                steps.append((cu.cuEventRecord, (self.events[op.event], stream), op.index))
+            elif isinstance(op, m.StreamWaitEvent):
+                steps.append((cu.cuStreamWaitEvent, (stream, self.events[op.event], 0), op.index))
+            elif isinstance(op, m.StreamSynchronize):
+                steps.append((self._synchronize, (cu.cuStreamSynchronize, stream), op.index))
+            elif isinstance(op, m.DeviceSynchronize):
+                steps.append((self._synchronize, (cu.cuCtxSynchronize,), op.index))
+            elif isinstance(op, m.EventSynchronize):
+                steps.append((self._synchronize, (cu.cuEventSynchronize, self.events[op.event]), op.index))
+            elif isinstance(op, m.Checkpoint) and (self.options.verify or self.options.save_output):
+                steps.append((self._checkpoint, (op,), op.index))
+            # create, destroy, module load: done at setup; scopes: markers only
+
+    def _prepare_launch(self, op: m.Launch, stream: Any) -> _Launch:
+        cu = self.cu
+        plan = self.plan
+        exe = plan.images[op.executable].executable
+        fn = exe.functions[op.function]
+        handle = self.functions[(op.executable, op.function)]
+        layout = self.layouts[(op.executable, op.function)]
+        block = bytearray(op.parameters)
+        sites = []
+        for r in op.relocations:
+            target = self.addresses[r.target_buffer] + r.target_offset
+            if r.site_buffer:
+                value = self._pinned(8, f"operation {op.index}")
+                ctypes.c_uint64.from_address(value).value = target
+                sites.append((self.addresses[r.site_buffer] + r.site_offset, value))
+            elif r.kind == m.RelocationKind.TENSOR_MAP:
+                block[r.site_offset : r.site_offset + 128] = self._retarget_tensor_map(
+                    bytes(block[r.site_offset : r.site_offset + 128]), target, op
+                )
+            else:
+                block[r.site_offset : r.site_offset + 8] = target.to_bytes(8, "little")
+        end = max((o + s for o, s in layout), default=0)
+        if len(block) < end:
+            raise AbiMismatchError(
+                f"operation {op.index} ({fn.name}): {len(block)} parameter bytes captured, the loaded function "
+                f"takes {end}"
+            )
+        storage = np.frombuffer(bytes(block) or b"\0", dtype=np.uint8).copy()
+        pointers = np.array([storage.ctypes.data + o for o, _ in layout] or [0], dtype=np.uint64)
+        params = pointers.ctypes.data if layout else 0
+        override = plan.overrides.get(op.index)
+        grid, blk, smem = op.grid, op.block, op.shared_memory
+        if override is not None:
+            grid, blk = override.grid or grid, override.block or blk
+            smem = smem if override.shared_memory is None else override.shared_memory
+        keep = [storage, pointers]
+        if any(op.cluster) or op.flags & m.LAUNCH_FLAG_COOPERATIVE:
+            config = cu.CUlaunchConfig()
+            config.gridDimX, config.gridDimY, config.gridDimZ = grid
+            config.blockDimX, config.blockDimY, config.blockDimZ = blk
+            config.sharedMemBytes = smem
+            config.hStream = stream
+            attrs = []
+            if any(op.cluster):
+                attr = cu.CUlaunchAttribute()
+                attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+                attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = (
+                    max(1, c) for c in op.cluster
+                )
+                attrs.append(attr)
+            if op.flags & m.LAUNCH_FLAG_COOPERATIVE:
+                attr = cu.CUlaunchAttribute()
+                attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_COOPERATIVE
+                attr.value.cooperative = 1
+                attrs.append(attr)
+            config.attrs = attrs
+            config.numAttrs = len(attrs)
+            keep.append(config)
+            return _Launch(op, fn.name, handle, (config, handle, params, 0), True, keep, sites)
+        args = (handle, *grid, *blk, smem, stream, params, 0)
+        return _Launch(op, fn.name, handle, args, False, keep, sites)
+
+    def _launch_ex(self, config: Any, handle: Any, params: int, extra: int) -> Any:
+        return self.cu.cuLaunchKernelEx(config, handle, params, extra)
+
+    def _retarget_tensor_map(self, raw: bytes, address: int, op: m.Launch) -> bytes:
+        cu = self.cu
+        tensor_map = cu.CUtensorMap()
+        try:
+            tensor_map.opaque = list(np.frombuffer(raw, "<u8").tolist())
+        except (AttributeError, TypeError) as exc:
+            raise DeviceError(
+                f"operation {op.index}: cannot rewrite a tensor map with this cuda-python ({exc})"
+            ) from None
+        check(cu.cuTensorMapReplaceAddress(tensor_map, address), f"operation {op.index}: cuTensorMapReplaceAddress")
+        return np.array(tensor_map.opaque, dtype="<u8").tobytes()
+
+    # -- running -------------------------------------------------------------------------------
+
+    def _synchronize(self, fn: Callable[..., Any], *args: Any) -> Any:
+        result = fn(*args)
+        if result[0] == self.cu.CUresult.CUDA_SUCCESS:
+            self._recent.clear()
+        return result
+
+    def _op_error(self, index: int, fn: Any, result: Any) -> ReplayError:
+        err = result[0] if isinstance(result, tuple) else result
+        name = getattr(fn, "__name__", str(fn)).lstrip("_")
+        op = self.plan.capture.operation(index)
+        what = op.kind.label
+        if index in self._kernel_names:
+            what += f" of {self._kernel_names[index]}"
+        message = f"operation {index} ({what}): {name} failed: {error_text(self.cu, err)}"
+        if getattr(err, "name", "") in ("CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_LAUNCH_FAILED",
+                                         "CUDA_ERROR_ILLEGAL_INSTRUCTION", "CUDA_ERROR_MISALIGNED_ADDRESS",
+                                         "CUDA_ERROR_ASSERT", "CUDA_ERROR_LAUNCH_TIMEOUT"):  # fmt: skip
+            suspects = ", ".join(f"operation {i} ({n})" for i, n in self._recent) or "none recorded"
+            message += (f"; launches since the last successful synchronisation: {suspects} "
+                        "(the CUDA context is now unusable)")  # fmt: skip
+        return DeviceError(message)
+
+    def _sync_error(self, err: Any) -> DeviceError:
+        suspects = ", ".join(f"operation {i} ({n})" for i, n in self._recent) or "none recorded"
+        return DeviceError(
+            f"synchronising at the end of the replay: {error_text(self.cu, err)}; launches since the last "
+            f"successful synchronisation: {suspects} (the CUDA context is now unusable)"
+        )
+
+    def run(self, repetitions: int = 1) -> RunResult:
+        """Execute the capture ``repetitions`` times; device time per repetition (CUDA events).
+
+        Each repetition re-runs the captured uploads, so inputs are restored between repetitions.
+        """
+        cu = self.cu
+        success = cu.CUresult.CUDA_SUCCESS
+        result = self._result = RunResult()
+        names = self._kernel_names
+        launch_fns = (cu.cuLaunchKernel, self._launch_ex)
+        timing_stream = self.streams[0]
+        for _ in range(repetitions):
+            check(cu.cuEventRecord(self._timing[0], timing_stream), "cuEventRecord")
+            for handle in self.streams.values():
+                if handle is not timing_stream:
+                    check(cu.cuStreamWaitEvent(handle, self._timing[0], 0), "cuStreamWaitEvent")
+            for fn, args, index in self._steps:
+                out = fn(*args)
+                if out is None:
+                    continue
+                if out[0] != success:
+                    error = self._op_error(index, fn, out)
+                    if not self.options.continue_on_error or getattr(out[0], "name", "") in (
+                        "CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_LAUNCH_FAILED"):  # fmt: skip
+                        raise error
+                    result.errors.append(str(error))
+                elif fn in launch_fns:
+                    self._recent.append((index, names.get(index, "?")))
+            for join, handle in zip(self._join, self.streams.values()):
+                if handle is not timing_stream:
+                    check(cu.cuEventRecord(join, handle), "cuEventRecord")
+                    check(cu.cuStreamWaitEvent(timing_stream, join, 0), "cuStreamWaitEvent")
+            check(cu.cuEventRecord(self._timing[1], timing_stream), "cuEventRecord")
+            out = cu.cuCtxSynchronize()
+            if out[0] != success:
+                raise self._sync_error(out[0])
+            self._recent.clear()
+            result.device_ms.append(
+                check(cu.cuEventElapsedTime(self._timing[0], self._timing[1]), "cuEventElapsedTime")
+            )
+        return result
+
+    # -- verification ------------------------------------------------------------------------
+
+    def _read_back(self, buffer: int, offset: int, size: int) -> bytes:
+        cu = self.cu
+        out = bytearray(size)
+        check(cu.cuCtxSynchronize(), "cuCtxSynchronize before reading a checkpoint")
+        if size:
+            host = (ctypes.c_char * size).from_buffer(out)
+            check(
+                cu.cuMemcpyDtoH(ctypes.addressof(host), self.addresses[buffer] + offset, size),
+                f"reading buffer {buffer}",
+            )
+        return bytes(out)
+
+    def _checkpoint(self, op: m.Checkpoint) -> None:
+        for entry in op.entries:
+            actual = self._read_back(entry.buffer, entry.offset, entry.size)
+            buffer = self.plan.buffers[entry.buffer]
+            if self.options.verify:
+                expected = self.plan.capture.read_payload(entry.payload, 0, entry.size)
+                self._result.reports.append(
+                    compare(expected, actual, buffer=buffer, operation=op.index, tolerance=self.options.tolerance)
+                )
+            if self.options.save_output is not None:
+                self._save(op, buffer, entry.offset, actual)
+        return None
+
+    def _check_download(self, op: m.Copy, host: int) -> None:
+        check(self.cu.cuCtxSynchronize(), "cuCtxSynchronize before checking a download")
+        actual = ctypes.string_at(host, op.size)
+        expected = self.plan.capture.read_payload(op.payload, 0, op.size)
+        buffer = self.plan.buffers[op.src_buffer]
+        self._result.reports.append(
+            compare(expected, actual, buffer=buffer, operation=op.index, tolerance=self.options.tolerance)
+        )
+        return None
+
+    def _save(self, op: m.Checkpoint, buffer: m.Buffer, offset: int, data: bytes) -> None:
+        directory = self.options.save_output
+        assert directory is not None
+        directory.mkdir(parents=True, exist_ok=True)
+        code = NUMPY_DTYPES.get(buffer.dtype)
+        stem = f"op{op.index}_buffer{buffer.id}" + (f"_at{offset}" if offset else "")
+        path = directory / (stem + (".npy" if code else ".bin"))
+        if path.exists():
+            raise ReplayUsageError(f"--save-output: {path} already exists; choose an empty directory")
+        if code:
+            array = np.frombuffer(data[: len(data) // np.dtype(code).itemsize * np.dtype(code).itemsize], code)
+            if buffer.shape and int(np.prod(buffer.shape)) == array.size and not offset:
+                array = array.reshape(buffer.shape)
+            np.save(path, array)
+        else:
+            path.write_bytes(data)
+
+
+def verification_error(result: RunResult) -> VerificationError | None:
+    bad = [r for r in result.reports if not r.passed]
+    if not bad:
+        return None
+    return VerificationError("verification failed: " + "; ".join(r.line() for r in bad[:3]))
+
+
+def environment_ok() -> str | None:
+    """None when a CUDA device can be used here, else why not (for tests that must skip)."""
+    if os.environ.get("REPLAYFMT_NO_GPU"):
+        return "REPLAYFMT_NO_GPU is set"
+    try:
+        cu = driver()
+        count = check(cu.cuDeviceGetCount(), "cuDeviceGetCount")
+    except ReplayError as exc:
+        return str(exc)
+    return None if count else "no CUDA device"

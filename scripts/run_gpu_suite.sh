@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The whole GPU suite, on the device machine (see /work/.library/device): installs the wheels the
+# image lacks (from .whl, made by ../shared/device/prepare-wheels.sh) and the project, then runs
+# tests/gpu and the GPU benchmarks. Logs go to $OUT (or ./gpu-logs).
+#   usage: scripts/run_gpu_suite.sh [tests|bench|all]    (default all)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+what="${1:-all}"
+out="${OUT:-gpu-logs}"
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+fi
+python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >"$out/install.log" 2>&1 || { cat "$out/install.log"; exit 1; }
+export PATH="$HOME/.local/bin:/usr/local/cuda/bin:$PATH"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
+status=0
+if [ "$what" = tests ] || [ "$what" = all ]; then
+  python3 -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tee "$out/gpu-tests.log"
+  status=${PIPESTATUS[0]}
+fi
+if [ "$what" = bench ] || [ "$what" = all ]; then
+  BENCH_TMP=/dev/shm python3 benchmarks/replay_bench.py 2>&1 | tee "$out/replay-bench.log" || status=1
+fi
+exit "$status"

@@ -1,0 +1,38 @@
+"""GPU tests: they need a CUDA device, cuda-python and nvcc; without them they skip cleanly."""
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+KERNELS = Path(__file__).parent / "kernels"
+
+
+@pytest.fixture(scope="session")
+def gpu_arch() -> str:
+    """The sm_XY of cuda:0; skips the test when there is no usable GPU or no nvcc."""
+    from replayfmt.execute import environment_ok
+
+    reason = environment_ok()
+    if reason is not None:
+        pytest.skip(f"no GPU: {reason}")
+    if shutil.which("nvcc") is None and not Path("/usr/local/cuda/bin/nvcc").exists():
+        pytest.skip("nvcc not available to build the test kernels")
+    from replayfmt.cuda import check, driver
+
+    cu = driver()
+    dev = check(cu.cuDeviceGet(0), "cuDeviceGet")
+    attr = cu.CUdevice_attribute
+    major = check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev), "cc")
+    minor = check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev), "cc")
+    return f"sm_{major}{minor}"
+
+
+@pytest.fixture(scope="session")
+def kernels(gpu_arch) -> dict[str, bytes]:
+    from samples import compiled_cubin
+
+    return {p.stem: compiled_cubin(p, gpu_arch) for p in KERNELS.glob("*.cu")}

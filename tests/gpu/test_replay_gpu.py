@@ -1,0 +1,304 @@
+"""Replay on a real GPU: captures written with the writer from kernels compiled from the repo's own
+.cu sources, replayed with the Replayer and with run-replay, verified against checkpoints."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import replayfmt
+from replayfmt import model as m
+from replayfmt.compare import Tolerance
+from replayfmt.execute import Replayer, ReplayOptions
+from replayfmt.plan import PlanOptions, Substitution, build_plan
+
+pytestmark = pytest.mark.gpu
+
+P = m.ParameterKind
+F32 = m.DType.FLOAT32
+
+
+def fn(name: str, *params: tuple[int, int, m.ParameterKind, m.DType]) -> m.Function:
+    return m.Function(
+        name=name,
+        parameters=tuple(m.Parameter(offset=o, size=s, kind=k, dtype=d) for o, s, k, d in params),
+        parameters_known=True,
+    )
+
+
+AXPY = fn("axpy", (0, 4, P.VALUE, F32), (8, 8, P.POINTER, 0), (16, 8, P.POINTER, 0), (24, 4, P.VALUE, m.DType.INT32))
+SCALE = fn("scale", (0, 8, P.POINTER, 0), (8, 4, P.VALUE, F32), (12, 4, P.VALUE, m.DType.INT32))
+GATHER = fn("gather_tables", (0, 8, P.POINTER, 0), (8, 8, P.POINTER, 0), (16, 4, P.VALUE, m.DType.INT32))
+REVERSE = fn("reverse_in_shared", (0, 8, P.POINTER, 0), (8, 8, P.POINTER, 0), (16, 4, P.VALUE, m.DType.INT32))
+CLUSTER = fn("cluster_ranks", (0, 8, P.POINTER, 0))
+FAULT = fn("write_through", (0, 8, P.POINTER, 0))
+FUNCTIONS = (AXPY, SCALE, GATHER, REVERSE, CLUSTER, FAULT)
+
+
+def ints(n: int, seed: int) -> np.ndarray:
+    """Integer-valued float32 data: exact under any summation order or FMA contraction, never zero."""
+    values = np.random.default_rng(seed).integers(1, 60, n).astype(np.float32)
+    return values * np.where(np.arange(n) % 3 == 0, -1, 1).astype(np.float32)
+
+
+def i32(v: int) -> bytes:
+    return int(v).to_bytes(4, "little", signed=True)
+
+
+def f32(v: float) -> bytes:
+    return np.float32(v).tobytes()
+
+
+class Capture:
+    """Writes a capture whose first executable holds every test kernel."""
+
+    def __init__(self, path: Path, cubin: bytes) -> None:
+        self.path = path
+        self.w = replayfmt.CaptureWriter(path, threads=0)
+        self.dev = self.w.add_object(m.Device(name="test", compute_capability=(9, 0)))
+        self.exe = self.w.add_object(m.Executable(format=m.ExecutableFormat.CUBIN, payload=self.w.add_payload(cubin),
+                                                  functions=FUNCTIONS))  # fmt: skip
+        self.w.module_load(self.exe, self.dev)
+
+    def buffer(self, size: int, **kw) -> int:
+        return self.w.add_object(m.Buffer(size=size, device=self.dev, **kw))
+
+    def launch(self, kernel: m.Function, grid, block, params: bytes, relocations=(), **kw) -> int:
+        return self.w.launch(executable=self.exe, function=FUNCTIONS.index(kernel), grid=grid, block=block,
+                             parameters=params, relocations=relocations, **kw)  # fmt: skip
+
+    def close(self) -> Path:
+        self.w.close()
+        return self.path
+
+
+def replay(path: Path, *, verify: bool = True, tolerance: Tolerance = Tolerance(), repetitions: int = 1, **plan_kw):
+    with replayfmt.open(path) as cap:
+        plan = build_plan(cap, PlanOptions(**plan_kw))
+        with Replayer(plan, ReplayOptions(verify=verify, tolerance=tolerance)) as r:
+            return r.run(repetitions)
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "replayfmt.tools.run_replay", *args], capture_output=True, text=True)
+
+
+def test_multi_stream_with_event_edges_memset_and_copies(tmp_path, kernels):
+    n = 1 << 16
+    x, y = ints(n, 1), ints(n, 2)
+    c = Capture(tmp_path / "streams.kreplay", kernels["replay_kernels"])
+    s1 = c.w.add_object(m.Stream(device=c.dev, flags=1))
+    s2 = c.w.add_object(m.Stream(device=c.dev, flags=1))
+    ev = c.w.add_object(m.Event(device=c.dev))
+    bx, by, bz = (c.buffer(4 * n, dtype=F32, shape=(n,)) for _ in range(3))
+    c.w.copy_h2d(dst_buffer=bx, data=x, stream=s1)
+    c.w.copy_h2d(dst_buffer=by, data=y, stream=s1)
+    c.w.memset(buffer=by, value=0x40400000, count=1024, element_size=4, stream=s1)  # 3.0f
+    c.launch(AXPY, (n // 256, 1, 1), (256, 1, 1), f32(2) + bytes(20) + i32(n) + bytes(4),
+             [m.Relocation(0, bx, 8, 0), m.Relocation(0, by, 16, 0)], stream=s1)  # fmt: skip
+    c.w.event_record(ev, s1)
+    c.w.stream_wait_event(s2, ev)
+    c.w.copy_d2d(src_buffer=by, dst_buffer=bz, size=4 * n, stream=s2)
+    c.launch(
+        SCALE, (n // 256, 1, 1), (256, 1, 1), bytes(8) + f32(-0.5) + i32(n), [m.Relocation(0, bz, 0, 0)], stream=s2
+    )
+    c.w.stream_synchronize(s2)
+    y_after = y.copy()
+    y_after[:1024] = 3.0
+    expected_y = 2 * x + y_after
+    c.w.checkpoint({by: expected_y, bz: expected_y * -0.5})
+    result = replay(c.close())
+    assert len(result.reports) == 2 and result.verified, [r.line() for r in result.reports]
+    assert all(r.elements == 4 * n for r in result.reports)  # exact bytes
+
+
+def test_pointers_inside_buffers_are_relocated(tmp_path, kernels):
+    n = 4096
+    a, b = ints(n, 3), ints(n, 4)
+    c = Capture(tmp_path / "tables.kreplay", kernels["replay_kernels"])
+    ba, bb, out = (c.buffer(4 * n, dtype=F32, shape=(n,)) for _ in range(3))
+    tables = c.buffer(16)
+    c.w.copy_h2d(dst_buffer=ba, data=a)
+    c.w.copy_h2d(dst_buffer=bb, data=b)
+    c.w.copy_h2d(dst_buffer=tables, data=np.array([0xDEAD0000, 0xBEEF0000], np.uint64))  # captured addresses
+    c.launch(GATHER, (n // 128, 1, 1), (128, 1, 1), bytes(16) + i32(n) + bytes(4),
+             [m.Relocation(0, tables, 0, 0), m.Relocation(0, out, 8, 0),
+              m.Relocation(tables, ba, 0, 0), m.Relocation(tables, bb, 8, 0)])  # fmt: skip
+    c.w.checkpoint({out: a + 2 * b})
+    result = replay(c.close())
+    assert result.verified, [r.line() for r in result.reports]
+
+
+def test_dynamic_shared_memory_over_48_kib(tmp_path, kernels):
+    per_block, blocks = 24 * 1024, 8  # 96 KiB of dynamic shared memory per block
+    data = ints(per_block * blocks, 5)
+    c = Capture(tmp_path / "smem.kreplay", kernels["replay_kernels"])
+    src, dst = (c.buffer(data.nbytes, dtype=F32, shape=(data.size,)) for _ in range(2))
+    c.w.copy_h2d(dst_buffer=src, data=data)
+    c.launch(REVERSE, (blocks, 1, 1), (512, 1, 1), bytes(16) + i32(per_block) + bytes(4),
+             [m.Relocation(0, src, 0, 0), m.Relocation(0, dst, 8, 0)], shared_memory=4 * per_block)  # fmt: skip
+    c.w.checkpoint({dst: data.reshape(blocks, per_block)[:, ::-1].ravel()})
+    result = replay(c.close())
+    assert result.verified, [r.line() for r in result.reports]
+
+
+def test_cluster_launch_keeps_its_cluster_dimensions(tmp_path, kernels):
+    blocks = 16
+    c = Capture(tmp_path / "cluster.kreplay", kernels["replay_kernels"])
+    out = c.buffer(4 * blocks, dtype=m.DType.INT32, shape=(blocks,))
+    c.w.memset(buffer=out, value=0xFF, count=4 * blocks)
+    c.launch(CLUSTER, (blocks, 1, 1), (32, 1, 1), bytes(8), [m.Relocation(0, out, 0, 0)], cluster=(4, 1, 1))
+    c.w.checkpoint({out: (np.arange(blocks) % 4 + 400).astype(np.int32)})
+    result = replay(c.close())
+    assert result.verified, [r.line() for r in result.reports]
+
+
+def _axpy_capture(tmp_path: Path, kernels, *, expected_scale: float = 2.0) -> tuple[Path, int]:
+    n = 1 << 14
+    x, y = ints(n, 6), ints(n, 7)
+    c = Capture(tmp_path / "axpy.kreplay", kernels["replay_kernels"])
+    bx, by = c.buffer(4 * n, dtype=F32, shape=(n,)), c.buffer(4 * n, dtype=F32, shape=(n,))
+    c.w.copy_h2d(dst_buffer=bx, data=x)
+    c.w.copy_h2d(dst_buffer=by, data=y)
+    with c.w.scope("axpy"):
+        c.launch(AXPY, (n // 256, 1, 1), (256, 1, 1), f32(2) + bytes(20) + i32(n) + bytes(4),
+                 [m.Relocation(0, bx, 8, 0), m.Relocation(0, by, 16, 0)])  # fmt: skip
+    c.w.checkpoint({by: expected_scale * x + y})
+    return c.close(), c.exe
+
+
+def test_substitution_with_the_same_abi_runs_and_verifies(tmp_path, kernels):
+    path, exe = _axpy_capture(tmp_path, kernels)
+    sub = tmp_path / "same.cubin"
+    sub.write_bytes(kernels["replay_kernels_same_abi"])
+    # the capture's executable holds six functions; the substitute must hold the ones launched
+    result = replay(path, substitutions=(Substitution(exe, sub),))
+    assert result.verified
+
+
+def test_substitution_with_another_abi_is_refused(tmp_path, kernels):
+    path, exe = _axpy_capture(tmp_path, kernels)
+    sub = tmp_path / "other.cubin"
+    sub.write_bytes(kernels["replay_kernels_other_abi"])
+    result = run_cli(f"--executable-substitution={exe}={sub}", str(path))
+    assert result.returncode == 1 and "function axpy has another ABI" in result.stderr
+
+
+def test_verification_mismatch_is_reported_per_buffer(tmp_path, kernels):
+    path, _ = _axpy_capture(tmp_path, kernels, expected_scale=2.001)
+    result = run_cli("--verify", "--tolerance", "--rtol=1e-6", str(path))
+    assert result.returncode == 1
+    assert "MISMATCH" in result.stdout and "max abs err" in result.stdout and "first at index" in result.stdout
+    assert "verification failed" in result.stderr
+    result = run_cli("--verify", "--rtol=1e-2", str(path))
+    assert result.returncode == 0, result.stderr
+
+
+def test_repetitions_and_save_output(tmp_path, kernels):
+    path, _ = _axpy_capture(tmp_path, kernels)
+    out = tmp_path / "out"
+    result = run_cli("--verify", "--repetitions=3", f"--save-output={out}", str(path))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("ms device time") == 3 and "verified: 1" in result.stdout
+    saved = list(out.glob("*.npy"))
+    assert len(saved) == 3 and np.load(saved[0]).shape == (1 << 14,)
+
+
+def test_files_are_read_after_remapping(tmp_path, kernels):
+    from replayfmt.files import identity_of
+
+    n = 4096
+    data = ints(n, 8)
+    root = tmp_path / "moved"
+    root.mkdir()
+    (root / "w.bin").write_bytes(data.tobytes())
+    c = Capture(tmp_path / "file.kreplay", kernels["replay_kernels"])
+    buf = c.buffer(4 * n, dtype=F32, shape=(n,))
+    ref = c.w.add_object(m.FileReference(path="/original/w.bin", **identity_of(str(root / "w.bin"))))
+    c.w.copy_h2d(dst_buffer=buf, src_file=ref, size=4 * n)
+    c.w.checkpoint({buf: data})
+    path = c.close()
+    result = run_cli("--verify", f"--file-remap=/original={root}", str(path))
+    assert result.returncode == 0, result.stderr
+    os.utime(root / "w.bin", ns=(5, 5))
+    result = run_cli("--verify", f"--file-remap=/original={root}", str(path))
+    assert result.returncode == 1 and "not the captured file" in result.stderr
+
+
+def test_unsupported_operation_is_refused(tmp_path, kernels):
+    path = tmp_path / "u.kreplay"
+    c = Capture(path, kernels["replay_kernels"])
+    c.w.unsupported("cuLaunchHostFunc", "host callbacks cannot be replayed")
+    result = run_cli(str(c.close()))
+    assert result.returncode == 1 and "operation 3: cuLaunchHostFunc cannot be replayed" in result.stderr
+
+
+def test_corrupted_payload_is_refused(tmp_path, kernels):
+    path, _ = _axpy_capture(tmp_path, kernels)
+    with replayfmt.open(path) as cap:
+        pid = next(op.payload for op in cap if op.kind == m.OperationKind.COPY_HOST_TO_DEVICE)
+        frame = cap.frame_location(cap.payload(pid).frames[0])[0]
+    data = bytearray(path.read_bytes())
+    data[frame + 64 + 100] ^= 0x55
+    path.write_bytes(bytes(data))
+    result = run_cli("--verify", str(path))
+    assert result.returncode == 2 and "checksum mismatch" in result.stderr and f"payload {pid}" in result.stderr
+
+
+def test_faulting_kernel_gives_a_clean_error_naming_the_launch(tmp_path, kernels):
+    c = Capture(tmp_path / "fault.kreplay", kernels["replay_kernels"])
+    index = c.launch(FAULT, (1, 1, 1), (32, 1, 1), (0x10).to_bytes(8, "little"))  # a null-page pointer
+    c.w.device_synchronize(c.dev)
+    result = run_cli(str(c.close()))
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert "ILLEGAL_ADDRESS" in result.stderr and f"operation {index} (write_through)" in result.stderr
+
+
+def test_cubin_for_another_architecture_is_refused_before_running(tmp_path, kernels, gpu_arch):
+    from samples import compiled_cubin
+
+    other = "sm_80" if gpu_arch != "sm_80" else "sm_90"
+    path, exe = _axpy_capture(tmp_path, kernels)
+    sub = tmp_path / "other_arch.cubin"
+    sub.write_bytes(compiled_cubin(Path(__file__).parent / "kernels" / "replay_kernels.cu", other))
+    result = run_cli(f"--executable-substitution={exe}={sub}", str(path))
+    assert result.returncode == 1 and f"cubin for {other}" in result.stderr and "cannot run it" in result.stderr
+
+
+def test_fixed_addresses_reproduce_unrelocatable_pointers(tmp_path, kernels):
+    from replayfmt.cuda import check, driver
+
+    cu = driver()
+    dev = check(cu.cuDeviceGet(0), "dev")
+    ctx = check(cu.cuDevicePrimaryCtxRetain(dev), "ctx")
+    check(cu.cuCtxSetCurrent(ctx), "ctx")
+    probe = check(cu.cuMemAddressReserve(1 << 30, 1 << 21, 0x7E0000000000, 0), "reserve")  # find a free range
+    base = int(probe)
+    check(cu.cuMemAddressFree(probe, 1 << 30), "free")
+    n = 1 << 14
+    x, y = ints(n, 9), ints(n, 10)
+    c = Capture(tmp_path / "fixed.kreplay", kernels["replay_kernels"])
+    bx = c.buffer(4 * n, dtype=F32, shape=(n,), address=base, requires_fixed_address=True)
+    by = c.buffer(4 * n, dtype=F32, shape=(n,), address=base + (1 << 21), requires_fixed_address=True)
+    c.w.copy_h2d(dst_buffer=bx, data=x)
+    c.w.copy_h2d(dst_buffer=by, data=y)
+    raw = f32(2) + bytes(4) + base.to_bytes(8, "little") + (base + (1 << 21)).to_bytes(8, "little") + i32(n) + bytes(4)
+    c.launch(AXPY, (n // 256, 1, 1), (256, 1, 1), raw)  # no relocations: the pointers must stay valid
+    c.w.checkpoint({by: 2 * x + y})
+    path = c.close()
+    result = run_cli("--verify", str(path))
+    assert result.returncode == 1 and "--fixed-addresses" in result.stderr
+    result = replay(path, fixed_addresses=True)
+    assert result.verified
+    check(cu.cuDevicePrimaryCtxRelease(dev), "release")
+
+
+def test_example_capture_replays_and_verifies(gpu_arch):
+    example = Path(__file__).resolve().parents[2] / "examples" / "saxpy.kreplay"
+    result = run_cli("--verify", str(example))
+    assert result.returncode == 0, result.stderr
+    assert "verified: 1 buffer range(s) match" in result.stdout
