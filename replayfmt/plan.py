@@ -229,7 +229,6 @@ def build_plan(capture: Capture, options: PlanOptions = PlanOptions()) -> Plan:
             "the capture has buffers whose pointers cannot all be relocated (requires_fixed_address): "
             "replay it with --fixed-addresses"
         ))  # fmt: skip
-    _plan_executables(plan, objects, checker)
     overrides = {o.operation: o for o in options.launch_overrides}
     if len(overrides) != len(options.launch_overrides):
         raise ReplayUsageError("--launch: an operation is overridden twice")
@@ -244,12 +243,18 @@ def build_plan(capture: Capture, options: PlanOptions = PlanOptions()) -> Plan:
     for op_index in overrides:
         checker.fail(ReplayUsageError(f"--launch {op_index}: operation {op_index} is not in the capture"))
     plan.operation_counts = counts
+    launched: dict[int, set[int]] = {}
+    for eid, index in plan.launches_of:
+        launched.setdefault(eid, set()).add(index)
+    _plan_executables(plan, objects, checker, launched)
     for (eid, fn), threads in plan.max_block_threads.items():
         _check_function_limits(plan, eid, fn, threads, checker)
     return plan
 
 
-def _plan_executables(plan: Plan, objects: dict[int, m.ObjectDef], checker: _Checker) -> None:
+def _plan_executables(
+    plan: Plan, objects: dict[int, m.ObjectDef], checker: _Checker, launched: dict[int, set[int]]
+) -> None:
     subs = {s.target: s for s in plan.options.substitutions}
     executables = {i: o for i, o in objects.items() if isinstance(o, m.Executable)}
     for target in subs:
@@ -287,17 +292,20 @@ def _plan_executables(plan: Plan, objects: dict[int, m.ObjectDef], checker: _Che
                         raise
                     # the captured image is for the driver to judge at load; only substitutes must parse
                 if image.cubin is not None:
-                    _check_cubin_abi(eid, exe, image)
+                    _check_cubin_abi(eid, exe, image, launched.get(eid, set()))
             plan.images[eid] = image
         except (CubinError, AbiMismatchError) as exc:
             checker.fail(exc)
             plan.images[eid] = ExecutableImage(exe, b"", exe.format, "unusable")
 
 
-def _check_cubin_abi(eid: int, exe: m.Executable, image: ExecutableImage) -> None:
-    """Every captured function must exist in the substitute with the same parameter layout."""
+def _check_cubin_abi(eid: int, exe: m.Executable, image: ExecutableImage, launched: set[int]) -> None:
+    """Every captured function the capture launches must exist in the image with the same layout
+    (a substitute may leave out kernels the capture never launches)."""
     assert image.cubin is not None
-    for fn in exe.functions:
+    for index, fn in enumerate(exe.functions):
+        if index not in launched:
+            continue
         kernel = image.cubin.kernels.get(fn.name)
         if kernel is None:
             available = ", ".join(sorted(image.cubin.kernels)) or "none"
