@@ -130,8 +130,8 @@ def _attributes(body: bytes) -> list[tuple[int, bytes]]:
             value, pos = body[pos + 2 : pos + 4], pos + 4
         elif fmt == _EIFMT_BVAL:  # one byte of value, padded to two
             value, pos = body[pos + 2 : pos + 3], pos + 4
-        elif fmt == _EIFMT_NVAL:
-            value, pos = b"", pos + 2
+        elif fmt == _EIFMT_NVAL:  # no value, but the entry still takes four bytes
+            value, pos = b"", pos + 4
         elif fmt == 0 and not any(body[pos:]):
             break  # zero padding at the end of the section
         else:

@@ -87,6 +87,7 @@ class Replayer:
         self.functions: dict[tuple[int, int], Any] = {}
         self.layouts: dict[tuple[int, int], list[tuple[int, int]]] = {}  # live (offset, size) per parameter
         self._kernel_names: dict[int, str] = {}  # launch operation index -> kernel name
+        self._launches: list[_Launch] = []  # owns the packed parameter memory the steps point into
         self._images: list[bytes] = []  # module images must outlive their modules
         self.streams: dict[int, Any] = {}
         self.events: dict[int, Any] = {}
@@ -167,14 +168,13 @@ class Replayer:
 
     def _allocate_buffers(self) -> None:
         cu = self.cu
-        fixed = self.plan.options.fixed_addresses
+        if self.plan.options.fixed_addresses:
+            self._allocate_fixed()
+            return
         for bid, buf in self.plan.buffers.items():
             if buf.memory != m.MemoryKind.DEVICE:
                 raise DeviceError(f"buffer {bid}: {buf.memory.name.lower()} memory cannot be replayed")
             size = max(buf.size, 1)
-            if fixed:
-                self.addresses[bid] = self._allocate_fixed(bid, buf, size)
-                continue
             extra = max(0, buf.alignment - 256)
             ptr = check(cu.cuMemAlloc(size + extra), f"buffer {bid}: cuMemAlloc({size + extra})")
             self._closers.append(lambda p=ptr: cu.cuMemFree(p))
@@ -183,38 +183,52 @@ class Replayer:
                 address = (address + buf.alignment - 1) // buf.alignment * buf.alignment
             self.addresses[bid] = address
 
-    def _allocate_fixed(self, bid: int, buf: m.Buffer, size: int) -> int:
-        """Map physical memory at exactly the recorded address, or fail (never run elsewhere)."""
+    def _allocate_fixed(self) -> None:
+        """Give every buffer its recorded address, or fail (never run with other addresses).
+
+        One virtual range spanning all recorded buffers is reserved (the address is only a hint
+        to the driver, so the result is checked), then physical memory is mapped into it, once per
+        run of pages that buffers share (allocators place several tensors in one page).
+        """
         cu = self.cu
         prop = cu.CUmemAllocationProp()
         prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
         prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
         prop.location.id = self.options.devices[0]
-        granularity = check(
-            cu.cuMemGetAllocationGranularity(
-                prop, cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM
-            ),
-            "cuMemGetAllocationGranularity",
-        )
-        base = buf.address // granularity * granularity
-        length = -(-(buf.address + size - base) // granularity) * granularity
-        ptr = check(cu.cuMemAddressReserve(length, granularity, base, 0), f"buffer {bid}: cuMemAddressReserve")
-        self._closers.append(lambda: cu.cuMemAddressFree(ptr, length))
-        if int(ptr) != base:
+        flags = cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM
+        page = check(cu.cuMemGetAllocationGranularity(prop, flags), "cuMemGetAllocationGranularity")
+        spans = []
+        for bid, buf in self.plan.buffers.items():
+            if buf.address == 0:
+                raise DeviceError(f"buffer {bid} has no recorded address; it cannot be replayed with --fixed-addresses")
+            spans.append((buf.address // page * page, -(-(buf.address + max(buf.size, 1)) // page) * page))
+            self.addresses[bid] = buf.address
+        if not spans:
+            return
+        regions: list[list[int]] = []
+        for start, end in sorted(spans):
+            if regions and start <= regions[-1][1]:
+                regions[-1][1] = max(regions[-1][1], end)
+            else:
+                regions.append([start, end])
+        low, high = regions[0][0], regions[-1][1]
+        ptr = check(cu.cuMemAddressReserve(high - low, page, low, 0), "cuMemAddressReserve")
+        self._closers.append(lambda: cu.cuMemAddressFree(ptr, high - low))
+        if int(ptr) != low:
             raise DeviceError(
-                f"buffer {bid}: the driver would not reserve the recorded address {base:#x} (it offered "
-                f"{int(ptr):#x}); another allocation holds it. Fixed-address replay needs the same free range: "
-                "run it in a fresh process, on a device with nothing else allocated"
+                f"--fixed-addresses: the driver would not reserve the recorded range [{low:#x}, {high:#x}) (it "
+                f"offered {int(ptr):#x}); something in this process already uses part of it. Run the replay in a "
+                "fresh process with nothing else on the device"
             )
-        handle = check(cu.cuMemCreate(length, prop, 0), f"buffer {bid}: cuMemCreate")
-        self._closers.append(lambda: cu.cuMemRelease(handle))
-        check(cu.cuMemMap(ptr, length, 0, handle, 0), f"buffer {bid}: cuMemMap")
-        self._closers.append(lambda: cu.cuMemUnmap(ptr, length))
         access = cu.CUmemAccessDesc()
         access.location = prop.location
         access.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-        check(cu.cuMemSetAccess(ptr, length, [access], 1), f"buffer {bid}: cuMemSetAccess")
-        return buf.address
+        for start, end in regions:
+            handle = check(cu.cuMemCreate(end - start, prop, 0), f"cuMemCreate({end - start}) at {start:#x}")
+            self._closers.append(lambda h=handle: cu.cuMemRelease(h))
+            check(cu.cuMemMap(start, end - start, 0, handle, 0), f"cuMemMap at {start:#x}")
+            self._closers.append(lambda s=start, n=end - start: cu.cuMemUnmap(s, n))
+            check(cu.cuMemSetAccess(start, end - start, [access], 1), f"cuMemSetAccess at {start:#x}")
 
     def _load_modules(self) -> None:
         cu = self.cu
@@ -363,6 +377,7 @@ class Replayer:
             stream = self.streams.get(getattr(op, "stream", 0), self.streams[0])
             if isinstance(op, m.Launch):
                 launch = self._prepare_launch(op, stream)
+                self._launches.append(launch)
                 for site, value in launch.buffer_sites:
                     steps.append((cu.cuMemcpyHtoDAsync, (site, value, 8, stream), op.index))
                 steps.append((self._launch_ex if launch.extended else cu.cuLaunchKernel, launch.args, op.index))
