@@ -5,9 +5,9 @@
 1. Host overhead per launch: a 20,000-launch capture of an empty kernel replayed by the Replayer,
    against raw cuda-python cuLaunchKernel with pre-packed parameters over the same launches
    (goal: <= 1.25x). Both are timed from the first launch to the end of a final synchronisation.
-2. Upload bandwidth: payloads read from the capture into pinned staging memory (setup) and copied
-   to the device (run), against a bare pinned cuMemcpyHtoD of the same bytes (goal for payloads
-   stored raw: >= 50%).
+2. Upload bandwidth: a 1 GiB payload taken from the capture file to the device (Replayer setup
+   and first run: frames read in parallel into pinned memory, each uploaded as it arrives),
+   against a bare pinned cuMemcpyHtoD of the same bytes (goal for payloads stored raw: >= 50%).
 """
 
 from __future__ import annotations
@@ -130,19 +130,18 @@ def bench_upload(directory: Path, size: int) -> dict[str, float]:
             plan = build_plan(cap)
             start = time.perf_counter()
             replayer = Replayer(plan, ReplayOptions())
-            setup = time.perf_counter() - start
             with replayer:
-                replayer.run(1)
-                copy_ms = min(replayer.run(1).device_ms[0] for _ in range(3))
-                staged = next(iter(replayer._staged.values()))
+                replayer.run(1)  # the first run: frames read in parallel and uploaded as they arrive
+                first = time.perf_counter() - start
+                copy_ms = min(replayer.run(1).device_ms[0] for _ in range(3))  # staged bytes only
+                staged = next(iter(replayer._staged.values())).address
                 bare = []
                 for _ in range(3):
                     start = time.perf_counter()
                     check(cu.cuMemcpyHtoD(replayer.addresses[buf], staged, data.nbytes), "bare copy")
                     bare.append(time.perf_counter() - start)
-        results[f"{name}_setup_gbs"] = data.nbytes / setup / 1e9
         results[f"{name}_copy_gbs"] = data.nbytes / (copy_ms / 1e3) / 1e9
-        results[f"{name}_end_to_end_gbs"] = data.nbytes / (setup + copy_ms / 1e3) / 1e9
+        results[f"{name}_end_to_end_gbs"] = data.nbytes / first / 1e9
         results["bare_gbs"] = data.nbytes / min(bare) / 1e9
     return results
 
@@ -166,9 +165,9 @@ def main() -> int:
         for name in ("raw", "zstd"):
             share = u[f"{name}_end_to_end_gbs"] / u["bare_gbs"]
             goal = "   goal >= 50%  " + ("ok" if share >= 0.5 else "MISSED") if name == "raw" else ""
-            staging, copy, total = u[f"{name}_setup_gbs"], u[f"{name}_copy_gbs"], u[f"{name}_end_to_end_gbs"]
-            print(f"  payload stored {name:4}: staging {staging:.1f} GB/s, copy {copy:.1f} GB/s, "
-                  f"end to end {total:.1f} GB/s = {100 * share:.0f}% of bare{goal}")  # fmt: skip
+            copy, total = u[f"{name}_copy_gbs"], u[f"{name}_end_to_end_gbs"]
+            print(f"  payload stored {name:4}: file to device (setup + first run) {total:.1f} GB/s = "
+                  f"{100 * share:.0f}% of bare{goal}; later runs {copy:.1f} GB/s")  # fmt: skip
     return 0
 
 

@@ -118,3 +118,39 @@ def decompress(
             record=record,
         )
     return out
+
+
+def decompress_into(
+    stored: bytes | memoryview, target: memoryview, *, path: str | None, offset: int, record: str
+) -> None:
+    """Decompress one zstd frame straight into ``target``, which must be exactly its size."""
+    try:
+        declared = zstandard.frame_content_size(stored)
+    except zstandard.ZstdError as exc:
+        raise ReplayFormatError(f"corrupt zstd frame header ({exc})", path=path, offset=offset, record=record) from None
+    if declared != len(target):
+        raise ReplayFormatError(
+            f"zstd frame declares {declared} bytes, the chunk header {len(target)}",
+            path=path,
+            offset=offset,
+            record=record,
+        )
+    dctx = getattr(_thread_decompressors, "ctx", None)
+    if dctx is None:
+        dctx = _thread_decompressors.ctx = zstandard.ZstdDecompressor()
+    try:
+        with dctx.stream_reader(stored, read_across_frames=False) as reader:
+            done = 0
+            while done < len(target):
+                n = reader.readinto(target[done:])
+                if not n:
+                    break
+                done += n
+            trailing = reader.read(1)
+    except zstandard.ZstdError as exc:
+        raise ReplayFormatError(f"corrupt zstd data ({exc})", path=path, offset=offset, record=record) from None
+    if done != len(target) or trailing:
+        raise ReplayFormatError(
+            f"zstd frame decompressed to {'more' if trailing else done} bytes, expected {len(target)}",
+            path=path, offset=offset, record=record,
+        )  # fmt: skip

@@ -40,6 +40,7 @@ from .layout import (
     ChunkFlags,
     ChunkHeader,
     ChunkKind,
+    Codec,
     FileHeader,
     Limits,
     align_up,
@@ -48,7 +49,7 @@ from .layout import (
     unpack_file_header,
     unpack_footer,
 )
-from .payloads import decompress, frame_hash, hash_hex, payload_hash
+from .payloads import decompress, decompress_into, frame_hash, hash_hex, payload_hash
 
 _K = m.OperationKind
 _LAUNCH, _MEMSET = int(_K.LAUNCH), int(_K.MEMSET)
@@ -116,7 +117,7 @@ class Capture:
         self._cache: OrderedDict[int, _Batch] = OrderedDict()
         self._pool: cf.ThreadPoolExecutor | None = None
         self._last_materialized: tuple[int, list[m.Operation]] | None = None
-        self._mm = _map_file(self.path)
+        self._mm, self._fd = _map_file(self.path)
         self._view = memoryview(self._mm)
         self.size = len(self._mm)
         self.recovered = False
@@ -155,6 +156,9 @@ class Capture:
             self._mm.close()
         except BufferError:
             pass  # numpy views handed out still use it; the mapping goes with them
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
     # -- chunks ----------------------------------------------------------------------------
 
@@ -553,7 +557,43 @@ class Capture:
             total += loc[1] if loc else 0
         return total
 
-    def _read_frame(self, info: m.PayloadInfo, k: int) -> bytes | memoryview:
+    def frame_ranges(self, payload_id: int) -> list[tuple[int, int]]:
+        """(offset, length) of each frame of a payload: the units that read in parallel."""
+        info = self.payload(payload_id)
+        return [
+            (k * info.frame_size, min(info.frame_size, info.size - k * info.frame_size))
+            for k in range(len(info.frames))
+        ]
+
+    def read_frame_into(self, payload_id: int, k: int, target: Any) -> None:
+        """Decode frame ``k`` of a payload straight into ``target`` (exactly the frame's length),
+        with no intermediate copy: raw frames are read with preadv, zstd frames decompressed in
+        place. Releases the GIL for the heavy parts, so frames read in parallel threads."""
+        info = self.payload(payload_id)
+        view = memoryview(target).cast("B")
+        header, digest, record = self._frame_header(info, k)
+        if len(view) != header.logical_size:
+            raise ReplayUsageError(f"{record}: target holds {len(view)} bytes, the frame {header.logical_size}")
+        if header.codec == Codec.RAW:
+            done = 0
+            while done < len(view):
+                n = os.preadv(self._fd, [view[done:]], header.body_offset + done)
+                if n <= 0:
+                    raise self._error("frame ends early (the file shrank while it was read)", header.offset, record)
+                done += n
+        else:
+            stored = self._view[header.body_offset : header.body_offset + header.stored_size]
+            if checksum64(stored) != header.body_checksum:
+                raise self._error("body checksum mismatch (the file is corrupted)", header.offset, record)
+            decompress_into(stored, view, path=self.path, offset=header.offset, record=record)
+        if frame_hash(view) != digest:
+            raise self._error(
+                "frame content does not match its hash (checksum mismatch: the file is corrupted)",
+                header.offset,
+                record,
+            )
+
+    def _frame_header(self, info: m.PayloadInfo, k: int) -> tuple[ChunkHeader, bytes, str]:
         digest = info.frames[k]
         record = f"payload {info.id} frame {k}"
         expected = min(info.frame_size, info.size - k * info.frame_size)
@@ -572,9 +612,19 @@ class Capture:
             raise self._error(
                 f"frame holds {header.logical_size} bytes, the payload expects {expected}", loc[0], record
             )
+        if header.logical_size > self.limits.max_frame_size:
+            raise self._error(f"declares {header.logical_size} bytes, over the frame limit", loc[0], record)
+        return header, digest, record
+
+    def _read_frame(self, info: m.PayloadInfo, k: int) -> bytes | memoryview:
+        header, digest, record = self._frame_header(info, k)
         data = self._chunk_body(header, self.limits.max_frame_size, record)
         if frame_hash(data) != digest:
-            raise self._error("frame content does not match its hash (the file is corrupted)", loc[0], record)
+            raise self._error(
+                "frame content does not match its hash (checksum mismatch: the file is corrupted)",
+                header.offset,
+                record,
+            )
         return data
 
     def read_payload(
@@ -603,8 +653,12 @@ class Capture:
         first, last = offset // fs, (offset + size - 1) // fs
 
         def fill(k: int) -> None:
-            data = memoryview(self._read_frame(info, k)).cast("B")
             frame_start = k * fs
+            frame_end = min(frame_start + fs, info.size)
+            if offset <= frame_start and frame_end <= offset + size:  # whole frame: decode in place
+                self.read_frame_into(payload_id, k, target[frame_start - offset : frame_end - offset])
+                return
+            data = memoryview(self._read_frame(info, k)).cast("B")
             lo = max(offset, frame_start)
             hi = min(offset + size, frame_start + len(data))
             target[lo - offset : hi - offset] = data[lo - frame_start : hi - frame_start]
@@ -665,7 +719,8 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _map_file(path: str) -> mmap.mmap:
+def _map_file(path: str) -> tuple[mmap.mmap, int]:
+    """The file mapped read-only, and a descriptor kept open for direct reads (preadv)."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
@@ -682,9 +737,10 @@ def _map_file(path: str) -> mmap.mmap:
             raise ReplayUsageError(f"{path}: not a regular file")
         if st.st_size < FILE_HEADER_SIZE:
             raise ReplayFormatError(f"file is {st.st_size} bytes, too short for a .kreplay header", path=path, offset=0)
-        return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-    finally:
+        return mmap.mmap(fd, 0, access=mmap.ACCESS_READ), fd
+    except BaseException:
         os.close(fd)
+        raise
 
 
 def open_capture(path: str | os.PathLike[str], *, limits: Limits = DEFAULT_LIMITS) -> Capture:
