@@ -17,8 +17,8 @@ from __future__ import annotations
 import ctypes
 import os
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
