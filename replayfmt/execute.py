@@ -77,11 +77,11 @@ class _Launch:
 
 @dataclass
 class _Staged:
-    """Bytes of one upload in pinned memory; ``chunks`` (offset, length, future) until all arrived."""
+    """The bytes of one upload, staged once: a device address (pristine copy) or pinned host memory."""
 
     address: int
     size: int
-    chunks: list[tuple[int, int, Future | None]]
+    on_device: bool
 
 
 class Replayer:
@@ -106,6 +106,7 @@ class Replayer:
         self._checkpoint_host: dict[int, tuple[int, int]] = {}
         self._result = RunResult()
         self._repetition = 0
+        self.pristine_on_device = False
         try:
             self._setup()
         except BaseException:
@@ -341,67 +342,78 @@ class Replayer:
         return int(ptr)
 
     def _stage_inputs(self) -> None:
-        """Start reading every uploaded payload (or file range) into pinned memory.
+        """Bring every uploaded payload (or file range) close to the device, once.
 
-        Frames are read (raw: preadv; zstd: decompressed in place) by a thread pool; the first
-        run's uploads copy each frame to the device as soon as it is ready, so reading and
-        uploading overlap. Later runs copy the staged bytes in one go.
+        When device memory allows, each upload gets a pristine copy on the device: frames are
+        read (raw: preadv; zstd: decompressed in place) and checked against their hash by a pool
+        of threads into a small ring of pinned slots, and each slot is copied up as soon as it is
+        full, so reading and uploading overlap. Every run's uploads are then device-to-device
+        copies. Otherwise the bytes stay in pinned host memory and runs copy them up.
         """
-        cap = self.plan.capture
-        self._pool = ThreadPoolExecutor(max_workers=min(32, os.cpu_count() or 4), thread_name_prefix="kreplay-stage")
-        self._closers.append(lambda: self._pool.shutdown(wait=True, cancel_futures=True))
+        cu, cap = self.cu, self.plan.capture
+        sources: dict[tuple[str, int, int], tuple[m.Copy, int]] = {}
         for op in cap.iter_operations():
-            if not isinstance(op, m.Copy) or op.kind != _K.COPY_HOST_TO_DEVICE:
-                continue
-            key = ("file", op.src_file, op.src_offset) if op.src_file else ("payload", op.payload, 0)
-            if key in self._staged:
-                continue
-            size = op.size if op.src_file else cap.payload(op.payload).size
-            address = self._pinned(size, f"operation {op.index}")
-            view = memoryview((ctypes.c_char * max(size, 1)).from_address(address)).cast("B")[:size]
-            if op.src_file:
-                self._read_file_range(op, view)
-                chunks = [(0, size, None)]
-            else:
-                chunks = [
-                    (start, length, self._pool.submit(cap.read_frame_into, op.payload, k, view[start : start + length]))
-                    for k, (start, length) in enumerate(cap.frame_ranges(op.payload))
-                ]
-            self._staged[key] = _Staged(address, size, chunks)
+            if isinstance(op, m.Copy) and op.kind == _K.COPY_HOST_TO_DEVICE:
+                key = ("file", op.src_file, op.src_offset) if op.src_file else ("payload", op.payload, 0)
+                if key not in sources:
+                    sources[key] = (op, op.size if op.src_file else cap.payload(op.payload).size)
+        if not sources:
+            return
+        workers = min(32, os.cpu_count() or 4)
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kreplay-stage")
+        self._closers.append(lambda: self._pool.shutdown(wait=True, cancel_futures=True))
+        total = sum(size for _, size in sources.values())
+        free, _ = check(cu.cuMemGetInfo(), "cuMemGetInfo")
+        self.pristine_on_device = total <= free - (1 << 30)
+        if not self.pristine_on_device:
+            for key, (op, size) in sources.items():
+                address = self._pinned(size, f"operation {op.index}")
+                view = memoryview((ctypes.c_char * max(size, 1)).from_address(address)).cast("B")[:size]
+                for future in [self._pool.submit(job) for job in self._read_jobs(op, view)]:
+                    future.result()
+                self._staged[key] = _Staged(address, size, on_device=False)
+            return
+        ring = _Ring(self, slots=2 * workers, slot_size=max([4 << 20] + [
+            n for op, _ in sources.values() if not op.src_file for _, n in cap.frame_ranges(op.payload)
+        ]))  # fmt: skip
+        for key, (op, size) in sources.items():
+            pristine = check(cu.cuMemAlloc(max(size, 1)), f"operation {op.index}: pristine copy of {size} bytes")
+            self._closers.append(lambda p=pristine: cu.cuMemFree(p))
+            self._staged[key] = _Staged(int(pristine), size, on_device=True)
+            ring.fill(int(pristine), self._pieces(op, size, ring.slot_size), self._pool)
+        ring.finish()
 
-    def _upload(self, staged: _Staged, destination: int, size: int, stream: Any) -> Any:
-        """Copy staged bytes to the device; the first time, frame by frame as they arrive."""
-        cu = self.cu
-        if staged.chunks:
-            for start, length, future in staged.chunks:
-                if future is not None:
-                    future.result()  # a damaged frame raises ReplayFormatError here
-                if start >= size:
-                    break
-                result = cu.cuMemcpyHtoDAsync(
-                    destination + start, staged.address + start, min(length, size - start), stream
-                )
-                if result[0] != cu.CUresult.CUDA_SUCCESS:
-                    return result
-            staged.chunks = []
-            return (cu.CUresult.CUDA_SUCCESS,)
-        return cu.cuMemcpyHtoDAsync(destination, staged.address, size, stream)
+    def _pieces(self, op: m.Copy, size: int, chunk: int) -> list[tuple[int, int, Callable[[memoryview], None]]]:
+        """(offset, length, reader) pieces of an upload's source: payload frames, or file chunks."""
+        cap = self.plan.capture
+        if op.src_file:
+            return [(s, min(chunk, size - s), lambda view, s=s: self._read_file_range(op, view, s))
+                    for s in range(0, size, chunk)]  # fmt: skip
+        return [(s, n, lambda view, k=k: cap.read_frame_into(op.payload, k, view))
+                for k, (s, n) in enumerate(cap.frame_ranges(op.payload))]  # fmt: skip
 
-    def _read_file_range(self, op: m.Copy, target: memoryview) -> None:
+    def _read_jobs(self, op: m.Copy, target: memoryview) -> list[Callable[[], None]]:
+        return [
+            lambda s=s, n=n, read=read: read(target[s : s + n]) for s, n, read in self._pieces(op, len(target), 4 << 20)
+        ]
+
+    def _read_file_range(self, op: m.Copy, target: memoryview, skip: int = 0) -> None:
+        """Fill ``target`` with the copy's file bytes starting ``skip`` bytes into its range."""
         resolved = self.plan.files[op.src_file]
         ref = resolved.reference
+        start = op.src_offset + skip
         if resolved.path is not None:
             with open(resolved.path, "rb") as f:
-                f.seek(op.src_offset)
+                f.seek(start)
                 if f.readinto(target) != len(target):
                     raise ReplayError(f"operation {op.index}: {resolved.path} is shorter than the captured read")
             return
         if ref.policy == m.FilePolicy.CAPTURE_ALL:
-            self.plan.capture.read_payload_into(ref.payload, target, op.src_offset)
+            self.plan.capture.read_payload_into(ref.payload, target, start)
             return
         for r in ref.ranges:
             if r.offset <= op.src_offset and op.src_offset + op.size <= r.offset + r.size:
-                self.plan.capture.read_payload_into(r.payload, target, op.src_offset - r.offset)
+                self.plan.capture.read_payload_into(r.payload, target, start - r.offset)
                 return
         raise ReplayError(f"operation {op.index}: file bytes at {op.src_offset} were not captured")
 
@@ -423,8 +435,9 @@ class Replayer:
             elif isinstance(op, m.Copy):
                 if op.kind == _K.COPY_HOST_TO_DEVICE:
                     key = ("file", op.src_file, op.src_offset) if op.src_file else ("payload", op.payload, 0)
-                    args = (self._staged[key], A[op.dst_buffer] + op.dst_offset, op.size, stream)
-                    steps.append((self._upload, args, op.index))
+                    staged = self._staged[key]
+                    copy = cu.cuMemcpyDtoDAsync if staged.on_device else cu.cuMemcpyHtoDAsync
+                    steps.append((copy, (A[op.dst_buffer] + op.dst_offset, staged.address, op.size, stream), op.index))
                 elif op.kind == _K.COPY_DEVICE_TO_HOST:
                     host = self._pinned(op.size, f"operation {op.index}")
                     steps.append(
@@ -660,6 +673,48 @@ class Replayer:
             np.save(path, array)
         else:
             path.write_bytes(data)
+
+
+class _Ring:
+    """A ring of pinned slots through which source bytes flow to the device: pieces are read into
+    free slots by worker threads, and each slot is copied up as soon as its read completes; a
+    slot is reused only once its copy has finished (an event per slot)."""
+
+    def __init__(self, replayer: Replayer, *, slots: int, slot_size: int) -> None:
+        cu = self.cu = replayer.cu
+        self.slot_size = slot_size
+        self.slots = [replayer._pinned(slot_size, "staging ring") for _ in range(slots)]
+        self.stream = check(cu.cuStreamCreate(1), "staging stream")
+        replayer._closers.append(lambda: cu.cuStreamDestroy(self.stream))
+        self.done = [check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING), "event") for _ in range(slots)]
+        for event in self.done:
+            replayer._closers.append(lambda e=event: cu.cuEventDestroy(e))
+        self.used: set[int] = set()
+
+    def fill(
+        self, device: int, pieces: list[tuple[int, int, Callable[[memoryview], None]]], pool: ThreadPoolExecutor
+    ) -> None:
+        cu = self.cu
+        free = deque(range(len(self.slots)))
+        pending: deque[tuple[int, int, int, Future]] = deque()
+        queue = deque(pieces)
+        while queue or pending:
+            while queue and free:
+                offset, length, read = queue.popleft()
+                slot = free.popleft()
+                if slot in self.used:  # its previous copy must be done before it is overwritten
+                    check(cu.cuEventSynchronize(self.done[slot]), "staging ring")
+                view = memoryview((ctypes.c_char * length).from_address(self.slots[slot])).cast("B")
+                pending.append((slot, offset, length, pool.submit(read, view)))
+            slot, offset, length, job = pending.popleft()
+            job.result()  # a damaged frame raises ReplayFormatError here, before anything runs
+            check(cu.cuMemcpyHtoDAsync(device + offset, self.slots[slot], length, self.stream), "staging upload")
+            check(cu.cuEventRecord(self.done[slot], self.stream), "staging upload")
+            self.used.add(slot)
+            free.append(slot)
+
+    def finish(self) -> None:
+        check(self.cu.cuStreamSynchronize(self.stream), "staging uploads")
 
 
 def verification_error(result: RunResult) -> VerificationError | None:
