@@ -134,6 +134,11 @@ class Replayer:
 
     def _setup(self) -> None:
         cu, plan = self.cu, self.plan
+        if len(plan.devices) > 1:
+            raise DeviceError(
+                f"the capture uses {len(plan.devices)} devices; this version of run-replay replays "
+                "single-device captures only"
+            )
         if len(plan.devices) > len(self.options.devices):
             raise ReplayUsageError(
                 f"the capture uses {len(plan.devices)} devices; give as many --device flags "

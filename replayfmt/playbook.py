@@ -65,12 +65,58 @@ dump-replay --format=json cap.kreplay | jq '.not_replayable_because'
 dump-replay --kind=copy_h2d --payloads=files:out/ cap.kreplay
 ```
 
-## Run, substitute, remap, benchmark
+## Run
 
-`run-replay` and `benchmark-replay` are still to come. They will take the ids that `dump-replay`
-prints: `--executable-substitution=ID=PATH` (an executable id from `--kind=executable`),
-`--file-remap=CAPTURED_PREFIX=NEW_PREFIX` (paths from `--kind=file_reference`) and
-`--scope=NAME` (names from the summary's scopes).
+```sh
+run-replay --dry-run cap.kreplay          # everything that needs no GPU: files, ABIs, plan
+run-replay --verify cap.kreplay           # replay and compare every checkpoint, byte for byte
+run-replay --verify --tolerance cap.kreplay         # per-dtype tolerances for float buffers
+run-replay --verify --rtol=1e-3 --atol=1e-5 cap.kreplay
+run-replay --repetitions=10 cap.kreplay   # device time of each run (CUDA events)
+run-replay --verify --save-output=out/ cap.kreplay  # replayed checkpoint buffers as .npy
+```
+
+## Substitute a newly compiled kernel
+
+Find the executable id, build a replacement with the same kernel names and parameters, swap it in:
+
+```sh
+dump-replay --jq 'select(.kind=="executable") | {id, functions: [.functions[].name]}' cap.kreplay
+nvcc -cubin -arch=sm_90 -o new.cubin kernel.cu
+run-replay --dry-run --executable-substitution=5=new.cubin cap.kreplay   # ABI checked without a GPU
+run-replay --verify --executable-substitution=5@cubin=new.cubin cap.kreplay
+```
+
+Every launched function must exist in the substitute with the same parameter offsets and sizes;
+the first difference is printed as `captured=(...) loaded=(...)`. `all=PATH` substitutes every
+executable (alone only).
+
+## Remap files
+
+A capture that refers to files (weights, modules) validates them before use. If the files moved:
+
+```sh
+dump-replay --jq 'select(.kind=="file_reference") | .path' cap.kreplay
+run-replay --file-remap=/home/alice/models=/data/models cap.kreplay   # longest prefix wins
+```
+
+Identity validation (size, device, inode, mtime) only accepts the very same file; a copy needs a
+capture made with digest validation.
+
+## Change a launch's shape
+
+```sh
+run-replay --launch=42:grid=128,1,1,block=256,smem=0 --verify --repetitions=10 cap.kreplay
+```
+
+Overrides are checked against the grid/block limits and the function's threads-per-block and
+shared-memory limits before anything runs; verification then says whether the kernel still
+computes the right answer with that shape.
+
+## Benchmark
+
+`benchmark-replay` (timing by scope, graph mode, L2 flushing) is still to come; until then
+`run-replay --repetitions=N` prints the device time of each whole run.
 """
 
 TOOLS = {
@@ -87,7 +133,16 @@ TOOLS = {
     "run-replay": """\
 ## run-replay notes
 
-Not yet available in this version.
+* Buffers are allocated anew and every relocated pointer (in parameters, in buffers, in tensor
+  maps) is re-pointed; streams and events are rebuilt, so captured concurrency is kept.
+* Uploads are staged once (as pristine copies on the device when memory allows); each run replays
+  them, so inputs are restored between repetitions.
+* A CUDA error names the operation index, kernel and driver error; an asynchronous fault (illegal
+  address) also names the launches issued since the last successful synchronisation.
+* `--fixed-addresses` places buffers at their recorded addresses or fails. The driver grants an
+  address only inside its own per-process range, which address-space randomisation moves: run
+  both the capturing and the replaying program with `setarch "$(uname -m)" -R`.
+* Single-device captures only, in this version.
 """,
     "benchmark-replay": """\
 ## benchmark-replay notes

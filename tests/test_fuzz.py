@@ -116,3 +116,30 @@ def test_mutated_record_batch_behind_valid_checksums(batch_body, tmp_path, data)
     builder = FileBuilder()
     builder.batch(bytes(mutated[: len(body)]), 0, ops, 1, objs, 1, payloads)
     read_everything(builder.finish(tmp_path / "mutated.kreplay"))
+
+
+@pytest.fixture(scope="module")
+def real_cubin() -> bytes:
+    from samples import compiled_cubin
+
+    cubin = compiled_cubin("container_kernels.cu")
+    if cubin is None:
+        pytest.skip("nvcc not available")
+    return cubin
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_cubin_reader_on_damaged_cubins(real_cubin, data):
+    """Substitution files are user input: a damaged cubin gives CubinError, never a crash."""
+    from replayfmt.cubin import CubinError, parse_cubin
+
+    damaged = bytearray(real_cubin)
+    for _ in range(data.draw(st.integers(1, 8))):
+        at = data.draw(st.integers(0, len(damaged) - 1))
+        damaged[at] = data.draw(st.integers(0, 255))
+    cut = data.draw(st.integers(0, len(damaged)))
+    try:
+        parse_cubin(bytes(damaged[:cut] if data.draw(st.booleans()) else damaged))
+    except CubinError as exc:
+        assert "\n" not in str(exc)
