@@ -49,6 +49,7 @@ class ReplayOptions:
     tolerance: Tolerance = field(default_factory=Tolerance)
     save_output: Path | None = None
     continue_on_error: bool = False
+    uploads_from_host: bool = False  # keep uploads as host-to-device copies (timing fidelity)
 
 
 @dataclass
@@ -98,6 +99,7 @@ class Replayer:
         self.layouts: dict[tuple[int, int], list[tuple[int, int]]] = {}  # live (offset, size) per parameter
         self._kernel_names: dict[int, str] = {}  # launch operation index -> kernel name
         self._launches: list[_Launch] = []  # owns the packed parameter memory the steps point into
+        self.op_streams: dict[int, Any] = {}  # operation index -> the stream its steps run on
         self._images: list[bytes] = []  # module images must outlive their modules
         self.streams: dict[int, Any] = {}
         self.events: dict[int, Any] = {}
@@ -369,7 +371,7 @@ class Replayer:
         self._closers.append(lambda: self._pool.shutdown(wait=True, cancel_futures=True))
         total = sum(size for _, size in sources.values())
         free, _ = check(cu.cuMemGetInfo(), "cuMemGetInfo")
-        self.pristine_on_device = total <= free - (1 << 30)
+        self.pristine_on_device = not self.options.uploads_from_host and total <= free - (1 << 30)
         if not self.pristine_on_device:
             for key, (op, size) in sources.items():
                 address = self._pinned(size, f"operation {op.index}")
@@ -430,6 +432,7 @@ class Replayer:
         A = self.addresses
         for op in self.plan.capture.iter_operations():
             stream = self.streams.get(getattr(op, "stream", 0), self.streams[0])
+            self.op_streams[op.index] = stream
             if isinstance(op, m.Launch):
                 launch = self._prepare_launch(op, stream)
                 self._launches.append(launch)
@@ -578,44 +581,75 @@ class Replayer:
             f"successful synchronisation: {suspects} (the CUDA context is now unusable)"
         )
 
+    @property
+    def steps(self) -> list[tuple[Callable[..., Any], tuple[Any, ...], int]]:
+        """The prepared steps: (driver call, arguments, operation index), in capture order."""
+        return self._steps
+
+    def kernel_name(self, index: int) -> str | None:
+        """The kernel a launch operation runs (None for other operations)."""
+        return self._kernel_names.get(index)
+
+    def execute_steps(self, steps: list[tuple[Callable[..., Any], tuple[Any, ...], int]]) -> list[str]:
+        """Issue steps; raise on the first failure (or collect them with continue_on_error)."""
+        cu = self.cu
+        success = cu.CUresult.CUDA_SUCCESS
+        names = self._kernel_names
+        launch_fns = (cu.cuLaunchKernel, self._launch_ex)
+        errors = []
+        for fn, args, index in steps:
+            out = fn(*args)
+            if out is None:
+                continue
+            if out[0] != success:
+                error = self._op_error(index, fn, out)
+                if not self.options.continue_on_error or getattr(out[0], "name", "") in (
+                    "CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_LAUNCH_FAILED"):  # fmt: skip
+                    raise error
+                errors.append(str(error))
+            elif fn in launch_fns:
+                self._recent.append((index, names.get(index, "?")))
+        return errors
+
+    def fork(self, event: Any) -> None:
+        """Record ``event`` on the timing stream and make every captured stream wait for it."""
+        cu = self.cu
+        timing_stream = self.streams[0]
+        check(cu.cuEventRecord(event, timing_stream), "cuEventRecord")
+        for handle in self.streams.values():
+            if handle is not timing_stream:
+                check(cu.cuStreamWaitEvent(handle, event, 0), "cuStreamWaitEvent")
+
+    def join(self, event: Any) -> None:
+        """Make the timing stream wait for every captured stream, then record ``event`` on it."""
+        cu = self.cu
+        timing_stream = self.streams[0]
+        for join, handle in zip(self._join, self.streams.values()):
+            if handle is not timing_stream:
+                check(cu.cuEventRecord(join, handle), "cuEventRecord")
+                check(cu.cuStreamWaitEvent(timing_stream, join, 0), "cuStreamWaitEvent")
+        check(cu.cuEventRecord(event, timing_stream), "cuEventRecord")
+
+    def synchronize(self) -> None:
+        """Wait for all work; a failure names the launches issued since the last good sync."""
+        out = self.cu.cuCtxSynchronize()
+        if out[0] != self.cu.CUresult.CUDA_SUCCESS:
+            raise self._sync_error(out[0])
+        self._recent.clear()
+
     def run(self, repetitions: int = 1) -> RunResult:
         """Execute the capture ``repetitions`` times; device time per repetition (CUDA events).
 
         Each repetition re-runs the captured uploads, so inputs are restored between repetitions.
         """
         cu = self.cu
-        success = cu.CUresult.CUDA_SUCCESS
         result = self._result = RunResult()
-        names = self._kernel_names
-        launch_fns = (cu.cuLaunchKernel, self._launch_ex)
-        timing_stream = self.streams[0]
         for repetition in range(repetitions):
             self._repetition = repetition
-            check(cu.cuEventRecord(self._timing[0], timing_stream), "cuEventRecord")
-            for handle in self.streams.values():
-                if handle is not timing_stream:
-                    check(cu.cuStreamWaitEvent(handle, self._timing[0], 0), "cuStreamWaitEvent")
-            for fn, args, index in self._steps:
-                out = fn(*args)
-                if out is None:
-                    continue
-                if out[0] != success:
-                    error = self._op_error(index, fn, out)
-                    if not self.options.continue_on_error or getattr(out[0], "name", "") in (
-                        "CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_LAUNCH_FAILED"):  # fmt: skip
-                        raise error
-                    result.errors.append(str(error))
-                elif fn in launch_fns:
-                    self._recent.append((index, names.get(index, "?")))
-            for join, handle in zip(self._join, self.streams.values()):
-                if handle is not timing_stream:
-                    check(cu.cuEventRecord(join, handle), "cuEventRecord")
-                    check(cu.cuStreamWaitEvent(timing_stream, join, 0), "cuStreamWaitEvent")
-            check(cu.cuEventRecord(self._timing[1], timing_stream), "cuEventRecord")
-            out = cu.cuCtxSynchronize()
-            if out[0] != success:
-                raise self._sync_error(out[0])
-            self._recent.clear()
+            self.fork(self._timing[0])
+            result.errors += self.execute_steps(self._steps)
+            self.join(self._timing[1])
+            self.synchronize()
             result.device_ms.append(
                 check(cu.cuEventElapsedTime(self._timing[0], self._timing[1]), "cuEventElapsedTime")
             )

@@ -115,8 +115,15 @@ computes the right answer with that shape.
 
 ## Benchmark
 
-`benchmark-replay` (timing by scope, graph mode, L2 flushing) is still to come; until then
-`run-replay --repetitions=N` prints the device time of each whole run.
+```sh
+benchmark-replay --scope=step cap.kreplay                     # min/median/mean/stddev/p90, device and host
+benchmark-replay --scope=step --per-kernel --format=json cap.kreplay > base.json
+benchmark-replay --scope=step --executable-substitution=5=new.cubin --compare-to=base.json cap.kreplay
+benchmark-replay --scope=step --mode=graph --flush-l2 --repetitions=100 cap.kreplay
+benchmark-replay --scope=step --trace=iteration.json cap.kreplay   # open in ui.perfetto.dev
+```
+
+Scope names are in the summary (`dump-replay --summary`).
 """
 
 TOOLS = {
@@ -147,7 +154,14 @@ TOOLS = {
     "benchmark-replay": """\
 ## benchmark-replay notes
 
-Not yet available in this version.
+* Only the scope is timed: setup and the operations before it run once, outside the timed region.
+  Before every iteration the buffers the scope touches are restored from pristine device copies.
+* Device time: CUDA events around the scope, joined across every captured stream. Host time: the
+  wall clock around issuing it and waiting for it.
+* `--mode=graph` captures the scope once as a CUDA graph; host synchronisations inside it become
+  event edges (same device-side order).
+* Uploads inside the scope stay host-to-device copies from pinned memory, as in the program.
+* NVTX ranges are not emitted yet; use `--trace` for a per-stream timeline.
 """,
 }
 
