@@ -23,5 +23,6 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   BENCH_TMP=/dev/shm python3 benchmarks/replay_bench.py 2>&1 | tee "$out/replay-bench.log" || status=1
+  python3 benchmarks/fidelity_bench.py 2>&1 | tee "$out/fidelity-bench.log" || status=1
 fi
 exit "$status"
