@@ -185,7 +185,7 @@ def graph_overhead(directory: Path) -> tuple[float, float]:
             m.Executable(format=m.ExecutableFormat.CUBIN, payload=w.add_payload(cubin), functions=(EMPTY,))
         )
         with w.scope("launches"):
-            for i in range(launches):
+            for _ in range(launches):
                 w.launch(executable=exe, function=0, grid=(1, 1, 1), block=(32, 1, 1), stream=stream,
                          parameters=bytes(12) + bytes(4), relocations=[m.Relocation(0, buf, 0, 0)])  # fmt: skip
     cu = driver()
@@ -224,7 +224,6 @@ def main() -> int:
     torch.cuda.init()
     print(f"{torch.cuda.get_device_name()}, triton {triton.__version__}, {ITERATIONS} timed iterations each")
     print(f"  {'kernel':<22}{'original ms':>12}{'replay ms':>12}{'diff':>9}   goal within +-5%")
-    worst = 0.0
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
         for label, kernel, args, grid in cases():
@@ -235,10 +234,8 @@ def main() -> int:
             write_capture(path, kernel, compiled, args, grid)
             replayed = replay_median(path)
             diff = 100 * (replayed - original) / original
-            worst = max(worst, abs(diff))
-            print(
-                f"  {label:<22}{original:>12.4f}{replayed:>12.4f}{diff:>8.1f}%   {'ok' if abs(diff) <= 5 else 'MISSED'}"
-            )
+            verdict = "ok" if abs(diff) <= 5 else "MISSED"
+            print(f"  {label:<22}{original:>12.4f}{replayed:>12.4f}{diff:>8.1f}%   {verdict}")
         ours, native = graph_overhead(directory)
     ratio = ours / native
     print(f"\ngraph mode, 1000 empty launches: {1e3 * ours:.3f} us/launch replayed, {1e3 * native:.3f} us/launch "
