@@ -99,7 +99,9 @@ def parse_cubin(data: bytes) -> CubinInfo:
                 symbol, registers = struct.unpack_from("<II", value)
                 if symbol < len(symbols) and symbols[symbol] in kernels:
                     kernels[symbols[symbol]].registers = registers
-    return CubinInfo(arch=(flags >> 8) & 0xFF, kernels=kernels)
+    # CUDA's ELF ABI version 8 moved the SM number from the low byte of e_flags to the next one
+    arch = (flags >> 8) & 0xFF if data[8] >= 8 else flags & 0xFF
+    return CubinInfo(arch=arch, kernels=kernels)
 
 
 def _symbol_names(data: bytes, sections: list[tuple[int, ...]], names: list[str]) -> list[str]:
