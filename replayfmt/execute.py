@@ -36,6 +36,7 @@ from .errors import (
     ReplayUsageError,
     VerificationError,
 )
+from .nvtx import Nvtx
 from .plan import Plan, layout_difference
 
 _K = m.OperationKind
@@ -50,6 +51,7 @@ class ReplayOptions:
     save_output: Path | None = None
     continue_on_error: bool = False
     uploads_from_host: bool = False  # keep uploads as host-to-device copies (timing fidelity)
+    nvtx: bool = False  # NVTX ranges around scopes and launches, for nsys and ncu
 
 
 @dataclass
@@ -430,6 +432,7 @@ class Replayer:
         cu = self.cu
         steps = self._steps
         A = self.addresses
+        nvtx = Nvtx.load() if self.options.nvtx else None
         for op in self.plan.capture.iter_operations():
             stream = self.streams.get(getattr(op, "stream", 0), self.streams[0])
             self.op_streams[op.index] = stream
@@ -438,7 +441,11 @@ class Replayer:
                 self._launches.append(launch)
                 for site, value in launch.buffer_sites:
                     steps.append((cu.cuMemcpyHtoDAsync, (site, value, 8, stream), op.index))
+                if nvtx is not None:
+                    steps.append((nvtx.push, (launch.name.encode(),), op.index))
                 steps.append((self._launch_ex if launch.extended else cu.cuLaunchKernel, launch.args, op.index))
+                if nvtx is not None:
+                    steps.append((nvtx.pop, (), op.index))
                 self._kernel_names[op.index] = launch.name
             elif isinstance(op, m.Copy):
                 if op.kind == _K.COPY_HOST_TO_DEVICE:
@@ -471,6 +478,10 @@ class Replayer:
                 steps.append((self._synchronize, (cu.cuEventSynchronize, self.events[op.event]), op.index))
             elif isinstance(op, m.Checkpoint) and (self.options.verify or self.options.save_output):
                 steps.append((self._checkpoint, (op,), op.index))
+            elif isinstance(op, m.ScopeBegin) and nvtx is not None:
+                steps.append((nvtx.push, (op.name.encode(),), op.index))
+            elif isinstance(op, m.ScopeEnd) and nvtx is not None:
+                steps.append((nvtx.pop, (), op.index))
             # create, destroy, module load: done at setup; scopes: markers only
 
     def _prepare_launch(self, op: m.Launch, stream: Any) -> _Launch:

@@ -161,7 +161,9 @@ TOOLS = {
 * `--mode=graph` captures the scope once as a CUDA graph; host synchronisations inside it become
   event edges (same device-side order).
 * Uploads inside the scope stay host-to-device copies from pinned memory, as in the program.
-* NVTX ranges are not emitted yet; use `--trace` for a per-stream timeline.
+* `--nvtx` wraps scopes and launches in NVTX ranges, so Nsight tools can select them:
+  `ncu --nvtx --nvtx-include "step/" benchmark-replay --nvtx --scope=step --repetitions=1 cap.kreplay`.
+  `--trace` writes a per-stream timeline of one iteration without any profiler.
 """,
 }
 

@@ -218,3 +218,11 @@ def test_help_states_the_failure_contract():
     result = subprocess.run([sys.executable, "-m", "replayfmt.tools.run_replay", "--help"], capture_output=True,
                             text=True)  # fmt: skip
     assert result.returncode == 0 and "Failure contract" in result.stdout and "--dry-run" in result.stdout
+
+
+def test_nvtx_library_missing_is_an_environment_error(monkeypatch):
+    from replayfmt import nvtx
+
+    monkeypatch.setattr(nvtx, "_candidates", lambda: ["/nonexistent/libnvToolsExt.so"])
+    with pytest.raises(replayfmt.DeviceUnavailableError, match="libnvToolsExt"):
+        nvtx.Nvtx.load()

@@ -124,7 +124,7 @@ def main(
     capture: Path, scope: str | None, warmup: int, repetitions: int | None, min_time: float, mode: str,
     flush_l2: bool, per_kernel: bool, fmt: str, compare_to: Path | None, trace: Path | None,
     devices: tuple[str, ...], substitutions: tuple[str, ...], remaps: tuple[str, ...], launches: tuple[str, ...],
-    fixed_addresses: bool,
+    fixed_addresses: bool, nvtx: bool,
 ) -> int:  # fmt: skip
     """Time replayed work faithfully: exactly the scope asked for, from the same starting state
     every time, with CUDA events; setup stays outside the timed region."""
@@ -138,7 +138,7 @@ def main(
         region = find_region(cap, scope)
         from replayfmt.execute import Replayer, ReplayOptions
 
-        with Replayer(plan, ReplayOptions(devices=ordinals, uploads_from_host=True)) as replayer:
+        with Replayer(plan, ReplayOptions(devices=ordinals, uploads_from_host=True, nvtx=nvtx)) as replayer:
             bench = Benchmark(replayer, region, BenchmarkOptions(
                 scope=scope, warmup=warmup, repetitions=repetitions, min_time=min_time, mode=mode,
                 flush_l2=flush_l2, per_kernel=per_kernel or trace is not None, trace=trace,

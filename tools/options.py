@@ -24,7 +24,7 @@ def parse_device(spec: str) -> int:
 
 
 def replay_options(fn: F) -> F:
-    """--device, --executable-substitution, --file-remap, --launch, --fixed-addresses."""
+    """--device, --executable-substitution, --file-remap, --launch, --fixed-addresses, --nvtx."""
     decorators = [
         click.option("--device", "devices", multiple=True, metavar="cuda:N",
                      help="Device for each captured device, in order (repeatable; default cuda:0)."),
@@ -37,6 +37,8 @@ def replay_options(fn: F) -> F:
                      help="Override one launch's shape, validated against the function's limits. Repeatable."),
         click.option("--fixed-addresses", is_flag=True,
                      help="Allocate every buffer at its recorded device address, or fail."),
+        click.option("--nvtx", is_flag=True,
+                     help="Emit NVTX ranges around scopes and launches (for nsys, and ncu --nvtx)."),
     ]  # fmt: skip
     for decorate in reversed(decorators):
         fn = decorate(fn)

@@ -69,6 +69,7 @@ def main(
     remaps: tuple[str, ...],
     launches: tuple[str, ...],
     fixed_addresses: bool,
+    nvtx: bool,
     verify: bool,
     use_tolerance: bool,
     rtol: float | None,
@@ -102,7 +103,8 @@ def main(
         from replayfmt.execute import Replayer, ReplayOptions
 
         replay_options_ = ReplayOptions(devices=device_ordinals, verify=verify, tolerance=tolerance,
-                                        save_output=save_output, continue_on_error=continue_on_error)  # fmt: skip
+                                        save_output=save_output, continue_on_error=continue_on_error,
+                                        nvtx=nvtx)  # fmt: skip
         with Replayer(plan, replay_options_) as replayer:
             click.echo(f"device        cuda:{device_ordinals[0]} {replayer.device_name} "
                        f"sm_{replayer.compute_capability[0]}{replayer.compute_capability[1]}")  # fmt: skip

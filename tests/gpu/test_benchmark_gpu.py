@@ -96,3 +96,19 @@ def test_cli_json_trace_and_compare(tmp_path, kernels):
                            capture_output=True, text=True)  # fmt: skip
     assert graph.returncode == 0, graph.stderr
     assert "graph mode" in graph.stdout and "speedup = baseline / now" in graph.stdout
+
+
+def test_nvtx_ranges_wrap_scopes_and_launches(tmp_path, kernels):
+    from replayfmt.nvtx import Nvtx
+
+    try:
+        Nvtx.load()
+    except replayfmt.DeviceUnavailableError as exc:
+        pytest.skip(str(exc))
+    path, _, _ = in_place_capture(tmp_path, kernels)
+    result = subprocess.run([sys.executable, "-m", "replayfmt.tools.benchmark_replay", "--nvtx", "--scope=step",
+                             "--repetitions=3", str(path)], capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    result = subprocess.run([sys.executable, "-m", "replayfmt.tools.run_replay", "--nvtx", str(path)],
+                            capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == 0, result.stderr
