@@ -1,6 +1,7 @@
 """NVTX ranges, so that Nsight Systems and Nsight Compute can select replayed scopes and launches
 (``ncu --nvtx --nvtx-include "step/"``). Uses the NVTX shared library (libnvToolsExt) through
-ctypes; the profiler injects itself into it, and without a profiler the calls cost almost nothing.
+ctypes when there is one, else PyTorch's compiled NVTX bindings (CUDA 13 ships NVTX 3 as headers
+only); the profiler injects itself, and without a profiler the calls cost almost nothing.
 """
 
 from __future__ import annotations
@@ -29,26 +30,28 @@ def _candidates() -> list[str]:
 class Nvtx:
     """Push/pop NVTX ranges. Construct with :meth:`load`."""
 
-    def __init__(self, library: Any) -> None:
-        self._push = library.nvtxRangePushA
-        self._push.argtypes = [ctypes.c_char_p]
-        self._push.restype = ctypes.c_int
-        self._pop = library.nvtxRangePop
-        self._pop.restype = ctypes.c_int
+    def __init__(self, push: Any, pop: Any, *, text: bool) -> None:
+        self._push, self._pop, self._text = push, pop, text
 
     @classmethod
     def load(cls) -> Nvtx:
         for path in _candidates():
             try:
-                return cls(ctypes.CDLL(path))
+                library = ctypes.CDLL(path)
             except OSError:
                 continue
-        raise DeviceUnavailableError(
-            "--nvtx: the NVTX library (libnvToolsExt.so) was not found; install the nvidia-nvtx package or CUDA"
-        )
+            library.nvtxRangePushA.argtypes = [ctypes.c_char_p]
+            return cls(library.nvtxRangePushA, library.nvtxRangePop, text=False)
+        try:
+            from torch.cuda import nvtx as torch_nvtx
+        except ImportError:
+            raise DeviceUnavailableError(
+                "--nvtx: no NVTX library (libnvToolsExt.so) and no PyTorch to provide one; install nvidia-nvtx or torch"
+            ) from None
+        return cls(torch_nvtx.range_push, torch_nvtx.range_pop, text=True)
 
     def push(self, name: bytes) -> None:
-        self._push(name)
+        self._push(name.decode() if self._text else name)
 
     def pop(self) -> None:
         self._pop()

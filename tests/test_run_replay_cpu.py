@@ -224,5 +224,6 @@ def test_nvtx_library_missing_is_an_environment_error(monkeypatch):
     from replayfmt import nvtx
 
     monkeypatch.setattr(nvtx, "_candidates", lambda: ["/nonexistent/libnvToolsExt.so"])
+    monkeypatch.setitem(sys.modules, "torch", None)  # no PyTorch to fall back on
     with pytest.raises(replayfmt.DeviceUnavailableError, match="libnvToolsExt"):
         nvtx.Nvtx.load()
