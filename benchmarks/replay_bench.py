@@ -26,7 +26,7 @@ import numpy as np
 
 import replayfmt
 from replayfmt import model as m
-from replayfmt.cuda import check, driver
+from replayfmt.cuda import check, compute_capability, driver
 from replayfmt.execute import Replayer, ReplayOptions
 from replayfmt.plan import build_plan
 
@@ -50,11 +50,7 @@ def compile_empty(arch: str) -> bytes:
 
 
 def device_arch() -> str:
-    cu = driver()
-    dev = check(cu.cuDeviceGet(0), "dev")
-    a = cu.CUdevice_attribute
-    major = check(cu.cuDeviceGetAttribute(a.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev), "cc")
-    minor = check(cu.cuDeviceGetAttribute(a.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev), "cc")
+    major, minor = compute_capability(check(driver().cuDeviceGet(0), "cuDeviceGet"))
     return f"sm_{major}{minor}"
 
 

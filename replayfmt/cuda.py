@@ -75,3 +75,16 @@ def check(result: Any, what: str) -> Any:
     if not values:
         return None
     return values[0] if len(values) == 1 else values
+
+
+def compute_capability(device: Any) -> tuple[int, int]:
+    """(major, minor) of a CUdevice."""
+    cu = driver()
+    attr = cu.CUdevice_attribute
+    major = check(
+        cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device), "compute capability"
+    )
+    minor = check(
+        cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device), "compute capability"
+    )
+    return major, minor

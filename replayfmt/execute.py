@@ -27,7 +27,7 @@ import numpy as np
 
 from . import model as m
 from .compare import NUMPY_DTYPES, BufferReport, Tolerance, compare
-from .cuda import CudaCallError, check, driver, error_text
+from .cuda import CudaCallError, check, compute_capability, driver, error_text
 from .errors import (
     AbiMismatchError,
     DeviceError,
@@ -157,9 +157,7 @@ class Replayer:
         self._closers.append(lambda: cu.cuDevicePrimaryCtxRelease(self.device))
         check(cu.cuCtxSetCurrent(self.ctx), "cuCtxSetCurrent")
         attr = cu.CUdevice_attribute
-        major = check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, self.device), "cc")
-        minor = check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self.device), "cc")
-        self.compute_capability = (major, minor)
+        self.compute_capability = compute_capability(self.device)
         self.max_shared_optin = check(
             cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, self.device), "smem"
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 import xxhash
 import zstandard
@@ -76,6 +77,24 @@ class FrameCompressor:
 _thread_decompressors = threading.local()
 
 
+def _decompressor() -> zstandard.ZstdDecompressor:
+    dctx = getattr(_thread_decompressors, "ctx", None)
+    if dctx is None:
+        dctx = _thread_decompressors.ctx = zstandard.ZstdDecompressor()
+    return dctx
+
+
+def _check_declared_size(stored: bytes | memoryview, logical_size: int, where: dict[str, Any]) -> None:
+    """A zstd frame must declare exactly the size the chunk header (already capped) declares,
+    before anything is allocated for it."""
+    try:
+        declared = zstandard.frame_content_size(stored)
+    except zstandard.ZstdError as exc:
+        raise ReplayFormatError(f"corrupt zstd frame header ({exc})", **where) from None
+    if declared != logical_size:
+        raise ReplayFormatError(f"zstd frame declares {declared} bytes, the chunk header {logical_size}", **where)
+
+
 def decompress(
     codec: int,
     stored: bytes | memoryview,
@@ -87,36 +106,18 @@ def decompress(
 ) -> bytes | memoryview:
     """Decompress one chunk body, never producing more than ``logical_size`` bytes.
 
-    The caller has already checked ``logical_size`` against the reader's limits; the zstd frame's
-    own declared content size must agree with it before anything is allocated.
+    The caller has already checked ``logical_size`` against the reader's limits.
     """
     if codec == Codec.RAW:
         return stored
+    where = {"path": path, "offset": offset, "record": record}
+    _check_declared_size(stored, logical_size, where)
     try:
-        declared = zstandard.frame_content_size(stored)
+        out = _decompressor().decompress(stored, max_output_size=logical_size)
     except zstandard.ZstdError as exc:
-        raise ReplayFormatError(f"corrupt zstd frame header ({exc})", path=path, offset=offset, record=record) from None
-    if declared != logical_size:
-        raise ReplayFormatError(
-            f"zstd frame declares {declared} bytes, the chunk header {logical_size}",
-            path=path,
-            offset=offset,
-            record=record,
-        )
-    dctx = getattr(_thread_decompressors, "ctx", None)
-    if dctx is None:
-        dctx = _thread_decompressors.ctx = zstandard.ZstdDecompressor()
-    try:
-        out = dctx.decompress(stored, max_output_size=logical_size)
-    except zstandard.ZstdError as exc:
-        raise ReplayFormatError(f"corrupt zstd data ({exc})", path=path, offset=offset, record=record) from None
+        raise ReplayFormatError(f"corrupt zstd data ({exc})", **where) from None
     if len(out) != logical_size:
-        raise ReplayFormatError(
-            f"decompressed to {len(out)} bytes, expected {logical_size}",
-            path=path,
-            offset=offset,
-            record=record,
-        )
+        raise ReplayFormatError(f"decompressed to {len(out)} bytes, expected {logical_size}", **where)
     return out
 
 
@@ -124,22 +125,10 @@ def decompress_into(
     stored: bytes | memoryview, target: memoryview, *, path: str | None, offset: int, record: str
 ) -> None:
     """Decompress one zstd frame straight into ``target``, which must be exactly its size."""
+    where = {"path": path, "offset": offset, "record": record}
+    _check_declared_size(stored, len(target), where)
     try:
-        declared = zstandard.frame_content_size(stored)
-    except zstandard.ZstdError as exc:
-        raise ReplayFormatError(f"corrupt zstd frame header ({exc})", path=path, offset=offset, record=record) from None
-    if declared != len(target):
-        raise ReplayFormatError(
-            f"zstd frame declares {declared} bytes, the chunk header {len(target)}",
-            path=path,
-            offset=offset,
-            record=record,
-        )
-    dctx = getattr(_thread_decompressors, "ctx", None)
-    if dctx is None:
-        dctx = _thread_decompressors.ctx = zstandard.ZstdDecompressor()
-    try:
-        with dctx.stream_reader(stored, read_across_frames=False) as reader:
+        with _decompressor().stream_reader(stored, read_across_frames=False) as reader:
             done = 0
             while done < len(target):
                 n = reader.readinto(target[done:])
@@ -148,9 +137,8 @@ def decompress_into(
                 done += n
             trailing = reader.read(1)
     except zstandard.ZstdError as exc:
-        raise ReplayFormatError(f"corrupt zstd data ({exc})", path=path, offset=offset, record=record) from None
+        raise ReplayFormatError(f"corrupt zstd data ({exc})", **where) from None
     if done != len(target) or trailing:
         raise ReplayFormatError(
-            f"zstd frame decompressed to {'more' if trailing else done} bytes, expected {len(target)}",
-            path=path, offset=offset, record=record,
-        )  # fmt: skip
+            f"zstd frame decompressed to {'more' if trailing else done} bytes, expected {len(target)}", **where
+        )

@@ -21,13 +21,9 @@ def gpu_arch() -> str:
         pytest.skip(f"no GPU: {reason}")
     if shutil.which("nvcc") is None and not Path("/usr/local/cuda/bin/nvcc").exists():
         pytest.skip("nvcc not available to build the test kernels")
-    from replayfmt.cuda import check, driver
+    from replayfmt.cuda import check, compute_capability, driver
 
-    cu = driver()
-    dev = check(cu.cuDeviceGet(0), "cuDeviceGet")
-    attr = cu.CUdevice_attribute
-    major = check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev), "cc")
-    minor = check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev), "cc")
+    major, minor = compute_capability(check(driver().cuDeviceGet(0), "cuDeviceGet"))
     return f"sm_{major}{minor}"
 
 
