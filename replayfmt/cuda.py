@@ -36,7 +36,9 @@ def driver() -> ModuleType:
     try:
         from cuda.bindings import driver as cu
     except ImportError:
-        raise DeviceError("cuda-python is not installed: pip install 'replayfmt[cuda]' (or cuda-bindings)") from None
+        raise DeviceUnavailableError(
+            "cuda-python is not installed: pip install 'replayfmt[cuda]' (or cuda-bindings)"
+        ) from None
     try:
         (err,) = cu.cuInit(0)
     except RuntimeError as exc:  # the bindings could not load libcuda
