@@ -590,6 +590,44 @@ class Replayer:
             f"successful synchronisation: {suspects} (the CUDA context is now unusable)"
         )
 
+    def set_launch_shape(self, index: int, grid: m.Dims, block: m.Dims, shared_memory: int) -> None:
+        """Change the shape of launch operation ``index`` in the prepared steps (for tuning)."""
+        cu = self.cu
+        for k, (fn, args, op) in enumerate(self._steps):
+            if op != index:
+                continue
+            if fn == cu.cuLaunchKernel:
+                handle, *_, stream, params, extra = args
+                self._steps[k] = (fn, (handle, *grid, *block, shared_memory, stream, params, extra), op)
+                return
+            if fn == self._launch_ex:
+                config = args[0]
+                config.gridDimX, config.gridDimY, config.gridDimZ = grid
+                config.blockDimX, config.blockDimY, config.blockDimZ = block
+                config.sharedMemBytes = shared_memory
+                return
+        raise ReplayUsageError(f"operation {index} is not a launch of this replay")
+
+    def opt_in_shared_memory(self, executable: int, function: int, size: int) -> None:
+        """Allow a function ``size`` bytes of dynamic shared memory (over 48 KiB needs opting in)."""
+        cu = self.cu
+        if size > self.max_shared_optin:
+            raise DeviceError(
+                f"{size} bytes of dynamic shared memory: {self.device_name} allows {self.max_shared_optin}"
+            )
+        attribute = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        check(cu.cuFuncSetAttribute(self.functions[(executable, function)], attribute, size), "cuFuncSetAttribute")
+
+    def wrap_with_events(self, index: int, before: Any, after: Any) -> None:
+        """Record ``before``/``after`` on the operation's stream around its steps (for timing)."""
+        cu = self.cu
+        positions = [k for k, step in enumerate(self._steps) if step[2] == index]
+        if not positions:
+            raise ReplayUsageError(f"operation {index} has no device work to time")
+        stream = self.op_streams[index]
+        self._steps.insert(positions[-1] + 1, (cu.cuEventRecord, (after, stream), index))
+        self._steps.insert(positions[0], (cu.cuEventRecord, (before, stream), index))
+
     @property
     def steps(self) -> list[tuple[Callable[..., Any], tuple[Any, ...], int]]:
         """The prepared steps: (driver call, arguments, operation index), in capture order."""

@@ -151,6 +151,17 @@ TOOLS = {
   both the capturing and the replaying program with `setarch "$(uname -m)" -R`.
 * Single-device captures only, in this version.
 """,
+    "tune-replay": """\
+## tune-replay notes
+
+* `--launch=OP` tunes one launch; `--kernel=REGEX` every launch of one kernel, together.
+* Space: `--grid`, `--block` (X or X,Y,Z, ';'-separated), `--smem`; points over the device's or the
+  function's limits are pruned first and listed. `--strategy=random --budget=N` for large spaces.
+* Every candidate is verified against the checkpoints: a shape that computes the wrong answer is
+  reported as such, however fast. Faults and hangs (`--timeout`) are isolated in a worker process.
+* `--csv` streams results and resumes; `--plot` draws grid x block; the winner is printed as
+  `run-replay --launch=...` flags.
+""",
     "benchmark-replay": """\
 ## benchmark-replay notes
 

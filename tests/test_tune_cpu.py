@@ -1,0 +1,144 @@
+"""tune-replay without a GPU: the space, pruning, targets, CSV and resume, the plot, usage errors."""
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from replayfmt.tools.tune_replay import main
+
+import replayfmt
+from replayfmt import model as m
+from replayfmt.plan import build_plan
+from replayfmt.tune import (
+    Candidate,
+    CandidateResult,
+    CsvLog,
+    SearchSpace,
+    find_targets,
+    order,
+    override_flags,
+    parse_dims_list,
+    parse_int_list,
+    plot,
+    prune,
+    read_csv,
+    search,
+)
+
+SCALE = m.Function(name="scale", max_threads_per_block=512, max_dynamic_shared_memory=64 * 1024)
+OTHER = m.Function(name="other")
+
+
+def capture(path: Path) -> Path:
+    with replayfmt.CaptureWriter(path) as w:
+        exe = w.add_object(m.Executable(functions=(SCALE, OTHER)))
+        for _ in range(3):
+            w.launch(executable=exe, function=0, grid=(64, 1, 1), block=(256, 1, 1))
+        w.launch(executable=exe, function=1, grid=(1, 1, 1), block=(32, 1, 1))
+    return path
+
+
+def test_parse_lists():
+    assert parse_dims_list(("64;128", "32,4,1", "64"), "--block") == [(64, 1, 1), (128, 1, 1), (32, 4, 1)]
+    assert parse_int_list(("0;1024", "2048"), "--smem") == [0, 1024, 2048]
+    for bad in ("0", "1,2", "a"):
+        with pytest.raises(replayfmt.ReplayUsageError, match="--block"):
+            parse_dims_list((bad,), "--block")
+
+
+def test_space_keeps_absent_axes():
+    points = SearchSpace(blocks=[(64, 1, 1), (128, 1, 1)], smems=[0, 4096]).points()
+    assert len(points) == 4 and all(p.grid is None for p in points)
+
+
+def test_targets_and_pruning(tmp_path):
+    with replayfmt.open(capture(tmp_path / "t.kreplay")) as cap:
+        plan = build_plan(cap)
+        targets = find_targets(plan, launch=None, kernel="^sca")
+        assert targets.operations == (1, 2, 3) and targets.kernel == "scale" and targets.block == (256, 1, 1)
+        assert find_targets(plan, launch=4, kernel=None).kernel == "other"
+        with pytest.raises(replayfmt.ReplayUsageError, match="several kernels"):
+            find_targets(plan, launch=None, kernel=".")
+        with pytest.raises(replayfmt.ReplayUsageError, match="exactly one"):
+            find_targets(plan, launch=None, kernel=None)
+        with pytest.raises(replayfmt.ReplayUsageError, match="operation 0 is not a launch"):
+            find_targets(plan, launch=0, kernel=None)
+        space = SearchSpace(
+            grids=[(1, 1, 1), (70000, 70000, 1)], blocks=[(256, 1, 1), (1024, 1, 1)], smems=[0, 1 << 20]
+        )
+        valid, pruned = prune(plan, targets, space.points())
+    assert valid == [Candidate((1, 1, 1), (256, 1, 1), 0)]
+    reasons = " ".join(r for _, r in pruned)
+    assert "over scale's limit of 512" in reasons and "over the limit of 65536" in reasons and "grid" in reasons
+    assert override_flags(targets, valid[0]) == " ".join(
+        f"--launch={op}:grid=1,1,1,block=256,1,1,smem=0" for op in (1, 2, 3)
+    )
+
+
+class FakeWorker:
+    """Times a candidate as grid * block (smaller is faster); block 512 'faults'."""
+
+    def __init__(self) -> None:
+        self.seen: list[Candidate] = []
+
+    def evaluate(self, candidate: Candidate, timeout: float) -> CandidateResult:
+        self.seen.append(candidate)
+        if candidate.block == (512, 1, 1):
+            return CandidateResult(candidate, error="CUDA_ERROR_ILLEGAL_ADDRESS")
+        g = (candidate.grid or (64, 1, 1))[0]
+        return CandidateResult(candidate, float(g), 0.01, True)
+
+
+def test_csv_streams_results_and_resumes(tmp_path):
+    with replayfmt.open(capture(tmp_path / "t.kreplay")) as cap:
+        targets = find_targets(build_plan(cap), launch=1, kernel=None)
+    points = SearchSpace(grids=[(1, 1, 1), (2, 1, 1)], blocks=[(128, 1, 1), (512, 1, 1)]).points()
+    path = tmp_path / "tune.csv"
+    log = CsvLog(path, targets)
+    worker = FakeWorker()
+    first = list(search(worker, points[:2], done={}, log=log, timeout=1))
+    log.close()
+    assert first[0].baseline and [r.candidate for r in first[1:]] == points[:2]
+    done = read_csv(path)
+    assert len(done) == 3 and done[Candidate().key()].baseline
+    assert done[points[1].key()].error == "CUDA_ERROR_ILLEGAL_ADDRESS"
+    log = CsvLog(path, targets)
+    worker = FakeWorker()
+    rest = list(search(worker, points, done=done, log=log, timeout=1))
+    log.close()
+    assert worker.seen == points[2:] and len(rest) == 2 and len(read_csv(path)) == 5
+    bad = tmp_path / "bad.csv"
+    bad.write_text("something,else\n1,2\n")
+    with pytest.raises(replayfmt.ReplayUsageError, match="not a tune-replay CSV"):
+        read_csv(bad)
+
+
+def test_order_random_with_budget():
+    points = SearchSpace(blocks=[(b, 1, 1) for b in (32, 64, 128, 256, 512)]).points()
+    picked = order(points, "random", 3)
+    assert len(picked) == 3 and set(picked) <= set(points) and order(points, "grid", None) == points
+
+
+def test_plot_draws_a_heatmap(tmp_path):
+    pytest.importorskip("matplotlib")
+    with replayfmt.open(capture(tmp_path / "t.kreplay")) as cap:
+        targets = find_targets(build_plan(cap), launch=1, kernel=None)
+    results = [CandidateResult(Candidate(), 1.0, 0.0, True, baseline=True)]
+    results += [CandidateResult(Candidate((g, 1, 1), (b, 1, 1)), float(g * b), 0.0, True)
+                for g in (1, 2, 4) for b in (64, 128)]  # fmt: skip
+    results.append(CandidateResult(Candidate((8, 1, 1), (64, 1, 1)), error="fault"))
+    out = tmp_path / "t.png"
+    plot(results, targets, out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 2000
+
+
+def test_cli_usage_errors(tmp_path):
+    path = capture(tmp_path / "t.kreplay")
+    result = CliRunner().invoke(main, ["--launch=1", str(path)])
+    assert result.exit_code == 2 and "give a search space" in result.stderr
+    result = CliRunner().invoke(main, ["--launch=1", "--kernel=x", "--block=64", str(path)])
+    assert result.exit_code == 2 and "exactly one" in result.stderr
+    existing = tmp_path / "p.png"
+    existing.write_bytes(b"")
+    result = CliRunner().invoke(main, ["--launch=1", "--block=64", f"--plot={existing}", str(path)])
+    assert result.exit_code == 2 and "already exists" in result.stderr
