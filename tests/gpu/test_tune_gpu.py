@@ -100,4 +100,5 @@ def test_cli_csv_plot_and_winning_flags(tmp_path, kernels):
     replay = subprocess.run([sys.executable, "-m", "replayfmt.tools.run_replay", *winner[1:]], capture_output=True,
                             text=True)  # fmt: skip
     assert replay.returncode == 0, replay.stderr
-    assert len(np.loadtxt(csv_path, delimiter=",", dtype=str, skiprows=1, usecols=0, ndmin=1)) == 10
+    # 3 grids x 3 blocks, the 2048-thread blocks pruned: 6 candidates and the captured shape
+    assert len(np.loadtxt(csv_path, delimiter=",", dtype=str, skiprows=1, usecols=0, ndmin=1)) == 7
