@@ -721,6 +721,9 @@ class Replayer:
     def _checkpoint(self, op: m.Checkpoint) -> None:
         """Compare (and save) the checkpoint's buffers. Every repetition is verified, since a race
         can show in any of them; the report of the first is kept, later ones only when they fail."""
+        saving = self.options.save_output is not None and self._repetition == 0
+        if not (self.options.verify or saving):
+            return None  # nothing to compare or save: no read-back, no synchronisation
         for entry in op.entries:
             actual = self._read_back(entry.buffer, entry.offset, entry.size)
             buffer = self.plan.buffers[entry.buffer]
@@ -729,7 +732,7 @@ class Replayer:
                 self._report(
                     compare(expected, actual, buffer=buffer, operation=op.index, tolerance=self.options.tolerance)
                 )
-            if self.options.save_output is not None and self._repetition == 0:
+            if saving:
                 self._save(op, buffer, entry.offset, actual)
         return None
 
