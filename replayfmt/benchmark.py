@@ -167,7 +167,7 @@ class Benchmark:
             l2 = check(cu.cuDeviceGetAttribute(attr, replayer.device), "L2 size")
             size = max(2 * l2, 1 << 20)
             ptr = check(cu.cuMemAlloc(size), "L2 flush buffer")
-            replayer._closers.append(lambda: cu.cuMemFree(ptr))
+            replayer.own(lambda: cu.cuMemFree(ptr))
             self._flush = (int(ptr), size)
         self._start, self._end = self._event(), self._event()
         self._graph_exec = self._capture_graph() if options.mode == "graph" else None
@@ -175,7 +175,7 @@ class Benchmark:
     def _event(self) -> Any:
         cu = self.cu
         event = check(cu.cuEventCreate(0), "cuEventCreate")
-        self.r._closers.append(lambda: cu.cuEventDestroy(event))
+        self.r.own(lambda: cu.cuEventDestroy(event))
         return event
 
     def _instrument(self, body: list[tuple[Callable[..., Any], tuple[Any, ...], int]]) -> list[Any]:
@@ -226,7 +226,7 @@ class Benchmark:
         for b in sorted(buffers):
             size = max(plan.buffers[b].size, 1)
             ptr = check(cu.cuMemAlloc(size), f"pristine copy of buffer {b}")
-            self.r._closers.append(lambda p=ptr: cu.cuMemFree(p))
+            self.r.own(lambda p=ptr: cu.cuMemFree(p))
             check(cu.cuMemcpyDtoD(ptr, self.r.addresses[b], size), f"snapshot of buffer {b}")
             out.append((self.r.addresses[b], int(ptr), size))
         return out
@@ -255,7 +255,7 @@ class Benchmark:
                 source = [r.op_streams[index]] if isinstance(op, m.StreamSynchronize) else list(r.streams.values())
                 for stream in source:
                     event = check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING), "event")
-                    r._closers.append(lambda e=event: cu.cuEventDestroy(e))
+                    r.own(lambda e=event: cu.cuEventDestroy(e))
                     out.append((cu.cuEventRecord, (event, stream), index))
                     out += [(cu.cuStreamWaitEvent, (other, event, 0), index)
                             for other in r.streams.values() if other is not stream]  # fmt: skip
@@ -268,7 +268,7 @@ class Benchmark:
         r = self.r
         # stream capture needs a real stream: the legacy default stream's work moves onto it
         stream = check(cu.cuStreamCreate(1), "capture stream")
-        r._closers.append(lambda: cu.cuStreamDestroy(stream))
+        r.own(lambda: cu.cuStreamDestroy(stream))
         legacy = r.streams[0]
         body = [(fn, tuple(stream if a is legacy else a for a in args), i) for fn, args, i in self._graph_body()]
         self._capture_stream = stream
@@ -288,8 +288,8 @@ class Benchmark:
         finally:
             graph = check(cu.cuStreamEndCapture(stream), "cuStreamEndCapture")
         executable = check(cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
-        r._closers.append(lambda: cu.cuGraphExecDestroy(executable))
-        r._closers.append(lambda: cu.cuGraphDestroy(graph))
+        r.own(lambda: cu.cuGraphExecDestroy(executable))
+        r.own(lambda: cu.cuGraphDestroy(graph))
         return executable
 
     def iterate(self, eager: bool = False) -> tuple[float, float, dict[int, float]]:

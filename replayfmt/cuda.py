@@ -14,11 +14,12 @@ from typing import Any
 
 from .errors import DeviceError, DeviceUnavailableError
 
-_STICKY = {
+STICKY_ERRORS = frozenset({
     "CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_LAUNCH_FAILED", "CUDA_ERROR_ILLEGAL_INSTRUCTION",
     "CUDA_ERROR_MISALIGNED_ADDRESS", "CUDA_ERROR_INVALID_ADDRESS_SPACE", "CUDA_ERROR_INVALID_PC",
     "CUDA_ERROR_HARDWARE_STACK_ERROR", "CUDA_ERROR_ASSERT", "CUDA_ERROR_LAUNCH_TIMEOUT",
-}  # fmt: skip
+})  # fmt: skip
+"""Errors after which the CUDA context is unusable: the process must restart to use the GPU."""
 
 
 class CudaCallError(DeviceError):
@@ -27,7 +28,7 @@ class CudaCallError(DeviceError):
     def __init__(self, message: str, name: str) -> None:
         super().__init__(message)
         self.name = name
-        self.sticky = name in _STICKY
+        self.sticky = name in STICKY_ERRORS
 
 
 @functools.cache
@@ -71,7 +72,7 @@ def check(result: Any, what: str) -> Any:
     if err != cu.CUresult.CUDA_SUCCESS:
         name = getattr(err, "name", str(err))
         message = f"{what}: {error_text(cu, err)}"
-        if name in _STICKY:
+        if name in STICKY_ERRORS:
             message += " (the CUDA context is now unusable; the process must restart)"
         raise CudaCallError(message, name)
     if not values:

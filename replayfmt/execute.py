@@ -27,7 +27,7 @@ import numpy as np
 
 from . import model as m
 from .compare import NUMPY_DTYPES, BufferReport, Tolerance, compare
-from .cuda import CudaCallError, check, compute_capability, driver, error_text
+from .cuda import STICKY_ERRORS, CudaCallError, check, compute_capability, driver, error_text
 from .errors import (
     AbiMismatchError,
     DeviceError,
@@ -126,6 +126,10 @@ class Replayer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def own(self, release: Callable[[], Any]) -> None:
+        """Register the release of a resource made for this replay (freed by :meth:`close`)."""
+        self._closers.append(release)
 
     def close(self) -> None:
         """Free every resource this replayer created (in reverse order). Idempotent."""
@@ -577,9 +581,7 @@ class Replayer:
         if index in self._kernel_names:
             what += f" of {self._kernel_names[index]}"
         message = f"operation {index} ({what}): {name} failed: {error_text(self.cu, err)}"
-        if getattr(err, "name", "") in ("CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_LAUNCH_FAILED",
-                                         "CUDA_ERROR_ILLEGAL_INSTRUCTION", "CUDA_ERROR_MISALIGNED_ADDRESS",
-                                         "CUDA_ERROR_ASSERT", "CUDA_ERROR_LAUNCH_TIMEOUT"):  # fmt: skip
+        if getattr(err, "name", "") in STICKY_ERRORS:
             suspects = ", ".join(f"operation {i} ({n})" for i, n in self._recent) or "none recorded"
             message += (f"; launches since the last successful synchronisation: {suspects} "
                         "(the CUDA context is now unusable)")  # fmt: skip
@@ -652,9 +654,8 @@ class Replayer:
                 continue
             if out[0] != success:
                 error = self._op_error(index, fn, out)
-                if not self.options.continue_on_error or getattr(out[0], "name", "") in (
-                    "CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_LAUNCH_FAILED"):  # fmt: skip
-                    raise error
+                if not self.options.continue_on_error or getattr(out[0], "name", "") in STICKY_ERRORS:
+                    raise error  # nothing after a sticky error can run
                 errors.append(str(error))
             elif fn in launch_fns:
                 self._recent.append((index, names.get(index, "?")))
@@ -786,10 +787,10 @@ class _Ring:
         self.slot_size = slot_size
         self.slots = [replayer._pinned(slot_size, "staging ring") for _ in range(slots)]
         self.stream = check(cu.cuStreamCreate(1), "staging stream")
-        replayer._closers.append(lambda: cu.cuStreamDestroy(self.stream))
+        replayer.own(lambda: cu.cuStreamDestroy(self.stream))
         self.done = [check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING), "event") for _ in range(slots)]
         for event in self.done:
-            replayer._closers.append(lambda e=event: cu.cuEventDestroy(e))
+            replayer.own(lambda e=event: cu.cuEventDestroy(e))
         self.used: set[int] = set()
 
     def fill(
