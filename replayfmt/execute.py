@@ -104,6 +104,7 @@ class Replayer:
         self._launches: list[_Launch] = []  # owns the packed parameter memory the steps point into
         self.op_streams: dict[int, Any] = {}  # operation index -> the stream its steps run on
         self._expected: dict[tuple[int, int], bytes] = {}  # (payload, size) -> decoded expected bytes
+        self._jit_variants: dict[int, dict[int | None, dict[tuple[int, int], Any]]] = {}  # exe -> cap -> handles
         self._images: list[bytes] = []  # module images must outlive their modules
         self.streams: dict[int, Any] = {}
         self.events: dict[int, Any] = {}
@@ -611,6 +612,44 @@ class Replayer:
                 config.sharedMemBytes = shared_memory
                 return
         raise ReplayUsageError(f"operation {index} is not a launch of this replay")
+
+    def load_with_register_cap(self, executable: int, max_registers: int | None) -> None:
+        """Re-JIT a PTX executable with a register cap (None: back to the image as loaded at setup)
+        and point its launches at the new functions. Compiled modules are kept, so going back to a
+        cap already tried costs nothing."""
+        cu = self.cu
+        image = self.plan.images[executable]
+        if image.format != m.ExecutableFormat.PTX:
+            raise ReplayUsageError(
+                f"executable {executable} is {image.format.name.lower()}, not PTX: only PTX can be re-JITted "
+                "with a register cap"
+            )
+        variants = self._jit_variants.setdefault(executable, {None: {k: v for k, v in self.functions.items()
+                                                                       if k[0] == executable}})  # fmt: skip
+        if max_registers not in variants:
+            data = image.data + (b"" if image.data.endswith(b"\0") else b"\0")
+            option = cu.CUjit_option.CU_JIT_MAX_REGISTERS
+            module = check(cu.cuModuleLoadDataEx(data, 1, [option], [max_registers]),
+                           f"executable {executable}: JIT with at most {max_registers} registers")  # fmt: skip
+            self.own(lambda: cu.cuModuleUnload(module))
+            self._images.append(data)
+            handles = {}
+            for (eid, index), _ in variants[None].items():
+                name = image.executable.functions[index].name
+                handles[(eid, index)] = check(cu.cuModuleGetFunction(module, name.encode()), f"function {name}")
+                smem = self.plan.max_shared_memory.get((eid, index), 0)
+                if smem > 48 * 1024:
+                    attribute = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+                    check(cu.cuFuncSetAttribute(handles[(eid, index)], attribute, smem), "shared memory opt-in")
+            variants[max_registers] = handles
+        new = variants[max_registers]
+        old_to_new = {id(self.functions[key]): handle for key, handle in new.items()}
+        for k, (fn, args, op) in enumerate(self._steps):
+            if fn == cu.cuLaunchKernel and id(args[0]) in old_to_new:
+                self._steps[k] = (fn, (old_to_new[id(args[0])], *args[1:]), op)
+            elif fn == self._launch_ex and id(args[1]) in old_to_new:
+                self._steps[k] = (fn, (args[0], old_to_new[id(args[1])], *args[2:]), op)
+        self.functions.update(new)
 
     def opt_in_shared_memory(self, executable: int, function: int, size: int) -> None:
         """Allow a function ``size`` bytes of dynamic shared memory (over 48 KiB needs opting in)."""

@@ -155,8 +155,10 @@ TOOLS = {
 ## tune-replay notes
 
 * `--launch=OP` tunes one launch; `--kernel=REGEX` every launch of one kernel, together.
-* Space: `--grid`, `--block` (X or X,Y,Z, ';'-separated), `--smem`; points over the device's or the
-  function's limits are pruned first and listed. `--strategy=random --budget=N` for large spaces.
+* Space: `--grid`, `--block` (X or X,Y,Z, ';'-separated), `--smem`, and for executables captured
+  as PTX `--max-registers` (re-JIT with a register cap: launch bounds without the source); points
+  over the device's or the function's limits are pruned first and listed.
+  `--strategy=random --budget=N` for large spaces.
 * Every candidate is verified against the checkpoints: a shape that computes the wrong answer is
   reported as such, however fast. Faults and hangs (`--timeout`) are isolated in a worker process.
 * `--csv` streams results and resumes; `--plot` draws grid x block; the winner is printed as

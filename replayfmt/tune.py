@@ -47,13 +47,16 @@ class Candidate:
     grid: m.Dims | None = None
     block: m.Dims | None = None
     smem: int | None = None
+    max_registers: int | None = None  # re-JIT the PTX with this register cap
 
-    def key(self) -> tuple[str, str, str]:
-        return (_dims(self.grid), _dims(self.block), "" if self.smem is None else str(self.smem))
+    def key(self) -> tuple[str, str, str, str]:
+        return (_dims(self.grid), _dims(self.block), "" if self.smem is None else str(self.smem),
+                "" if self.max_registers is None else str(self.max_registers))  # fmt: skip
 
     def describe(self) -> str:
         parts = [f"grid={_dims(self.grid)}" if self.grid else "", f"block={_dims(self.block)}" if self.block else "",
-                 f"smem={self.smem}" if self.smem is not None else ""]  # fmt: skip
+                 f"smem={self.smem}" if self.smem is not None else "",
+                 f"max_registers={self.max_registers}" if self.max_registers is not None else ""]  # fmt: skip
         return ",".join(p for p in parts if p) or "captured shape"
 
 
@@ -99,10 +102,11 @@ class SearchSpace:
     grids: list[m.Dims] = field(default_factory=list)
     blocks: list[m.Dims] = field(default_factory=list)
     smems: list[int] = field(default_factory=list)
+    max_registers: list[int] = field(default_factory=list)
 
     def points(self) -> list[Candidate]:
-        axes = [self.grids or [None], self.blocks or [None], self.smems or [None]]
-        return [Candidate(g, b, s) for g, b, s in itertools.product(*axes)]
+        axes = [self.grids or [None], self.blocks or [None], self.smems or [None], self.max_registers or [None]]
+        return [Candidate(g, b, s, r) for g, b, s, r in itertools.product(*axes)]
 
 
 @dataclass(frozen=True)
@@ -167,6 +171,8 @@ def prune(plan: Plan, targets: Targets, points: list[Candidate], max_shared: int
             reason = f"{block[0] * block[1] * block[2]} threads per block, over {fn.name}'s limit of {thread_limit}"
         elif smem > smem_limit:
             reason = f"{smem} bytes of dynamic shared memory, over the limit of {smem_limit}"
+        elif c.max_registers is not None and not 16 <= c.max_registers <= 255:
+            reason = f"a register cap of {c.max_registers} is outside [16, 255]"
         (pruned.append((c, reason)) if reason else valid.append(c))
     return valid, pruned
 
@@ -175,7 +181,7 @@ def prune(plan: Plan, targets: Targets, points: list[Candidate], max_shared: int
 # CSV (results, and resuming)
 
 
-def read_csv(path: Path) -> dict[tuple[str, str, str], CandidateResult]:
+def read_csv(path: Path) -> dict[tuple[str, str, str, str], CandidateResult]:
     if not path.exists():
         return {}
     done = {}
@@ -183,7 +189,8 @@ def read_csv(path: Path) -> dict[tuple[str, str, str], CandidateResult]:
         with path.open(newline="") as f:
             for row in csv.DictReader(f):
                 c = Candidate(_parse_dims(row["grid"]), _parse_dims(row["block"]),
-                              int(row["smem"]) if row["smem"] else None)  # fmt: skip
+                              int(row["smem"]) if row["smem"] else None,
+                              int(row["max_registers"]) if row["max_registers"] else None)  # fmt: skip
                 done[c.key()] = CandidateResult(
                     c, float(row["median_ms"]) if row["median_ms"] else None,
                     float(row["stddev_ms"]) if row["stddev_ms"] else None,
@@ -220,8 +227,8 @@ class CsvLog:
         if self.file is None:
             return
         verified = {True: "yes", False: "no", None: ""}[r.verified]
-        self.writer.writerow([self.targets.kernel, " ".join(map(str, self.targets.operations)), *r.candidate.key()[:2],
-                              r.candidate.key()[2], "", "" if r.median_ms is None else f"{r.median_ms:.6f}",
+        self.writer.writerow([self.targets.kernel, " ".join(map(str, self.targets.operations)), *r.candidate.key(),
+                              "" if r.median_ms is None else f"{r.median_ms:.6f}",
                               "" if r.stddev_ms is None else f"{r.stddev_ms:.6f}", verified, r.error,
                               "yes" if r.baseline else ""])  # fmt: skip
         self.file.flush()
@@ -282,7 +289,8 @@ class Worker:
         assert self.process is not None and self.process.stdin is not None
         try:
             self.process.stdin.write(json.dumps({"grid": candidate.grid, "block": candidate.block,
-                                                 "smem": candidate.smem}) + "\n")  # fmt: skip
+                                                 "smem": candidate.smem, "max_registers": candidate.max_registers})
+                                     + "\n")  # fmt: skip
         except BrokenPipeError:
             self.stop()
             return CandidateResult(candidate, error="the worker died")
@@ -327,7 +335,7 @@ def search(
     worker: Worker,
     points: list[Candidate],
     *,
-    done: dict[tuple[str, str, str], CandidateResult],
+    done: dict[tuple[str, str, str, str], CandidateResult],
     log: CsvLog,
     timeout: float,
     progress: Callable[[int, int], None] | None = None,
@@ -393,7 +401,10 @@ def override_flags(targets: Targets, c: Candidate) -> str:
     """The winning shape as run-replay flags, one --launch per tuned operation."""
     grid, block = c.grid or targets.grid, c.block or targets.block
     smem = targets.smem if c.smem is None else c.smem
-    return " ".join(f"--launch={op}:grid={_dims(grid)},block={_dims(block)},smem={smem}" for op in targets.operations)
+    flags = " ".join(f"--launch={op}:grid={_dims(grid)},block={_dims(block)},smem={smem}" for op in targets.operations)
+    if c.max_registers is not None:
+        flags += f"  (and re-JIT executable {targets.executable} with at most {c.max_registers} registers)"
+    return flags
 
 
 def default_timeout() -> float:

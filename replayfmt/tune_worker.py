@@ -46,9 +46,14 @@ def main() -> int:
         _reply({"error": str(exc)})
         return 1
     _reply({"ready": True})
+    cap_used = False  # whether a register cap was ever applied (then None must restore the original)
     for line in sys.stdin:
         request = json.loads(line)
         try:
+            replayer.load_with_register_cap(targets[0].executable, request["max_registers"]) if (
+                request["max_registers"] is not None or cap_used
+            ) else None
+            cap_used = cap_used or request["max_registers"] is not None
             for op in targets:
                 grid = tuple(request["grid"]) if request["grid"] else op.grid
                 block = tuple(request["block"]) if request["block"] else op.block

@@ -132,6 +132,23 @@ def test_plot_draws_a_heatmap(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 2000
 
 
+def test_register_caps_are_an_axis_and_need_ptx(tmp_path):
+    path = capture(tmp_path / "t.kreplay")
+    points = SearchSpace(blocks=[(64, 1, 1)], max_registers=[8, 32]).points()
+    with replayfmt.open(path) as cap:
+        plan = build_plan(cap)
+        targets = find_targets(plan, launch=1, kernel=None)
+        valid, pruned = prune(plan, targets, points)
+    assert valid == [Candidate(None, (64, 1, 1), None, 32)] and "outside [16, 255]" in pruned[0][1]
+    assert "re-JIT executable" in override_flags(targets, valid[0])
+    log = CsvLog(tmp_path / "r.csv", targets)
+    log.write(CandidateResult(valid[0], 1.0, 0.0, True))
+    log.close()
+    assert list(read_csv(tmp_path / "r.csv")) == [valid[0].key()]
+    result = CliRunner().invoke(main, ["--launch=1", "--max-registers=32", str(path)])
+    assert result.exit_code == 2 and "only PTX can be re-JITted" in result.stderr
+
+
 def test_cli_usage_errors(tmp_path):
     path = capture(tmp_path / "t.kreplay")
     result = CliRunner().invoke(main, ["--launch=1", str(path)])

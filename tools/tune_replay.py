@@ -50,6 +50,13 @@ Examples:
 @click.option("--grid", "grids", multiple=True, metavar="LIST", help="Grids to try: X or X,Y,Z, ';'-separated.")
 @click.option("--block", "blocks", multiple=True, metavar="LIST", help="Blocks to try: X or X,Y,Z, ';'-separated.")
 @click.option("--smem", "smems", multiple=True, metavar="LIST", help="Dynamic shared memory sizes (bytes) to try.")
+@click.option(
+    "--max-registers",
+    "registers",
+    multiple=True,
+    metavar="LIST",
+    help="Register caps to try by re-JITting the PTX (the capture must hold the executable as PTX).",
+)
 @click.option("--strategy", type=click.Choice(["grid", "random"]), default="grid", show_default=True)
 @click.option("--budget", type=click.IntRange(min=1), help="Evaluate at most N candidates (after pruning).")
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True)
@@ -88,22 +95,29 @@ Examples:
 @reports_errors("tune-replay")
 def main(
     capture: Path, launch_op: int | None, kernel: str | None, grids: tuple[str, ...], blocks: tuple[str, ...],
-    smems: tuple[str, ...], strategy: str, budget: int | None, warmup: int, repetitions: int, timeout: float,
+    smems: tuple[str, ...], registers: tuple[str, ...], strategy: str, budget: int | None, warmup: int,
+    repetitions: int, timeout: float,
     use_tolerance: bool, rtol: float | None, atol: float | None, csv_path: Path | None, plot_path: Path | None,
     top: int, device: str, substitutions: tuple[str, ...], remaps: tuple[str, ...], fixed_addresses: bool,
 ) -> int:  # fmt: skip
     """Search grid, block and shared-memory sizes for a replayed kernel; print the best ones and
     the winning shape as ready run-replay flags."""
     space = SearchSpace(parse_dims_list(grids, "--grid"), parse_dims_list(blocks, "--block"),
-                        parse_int_list(smems, "--smem"))  # fmt: skip
-    if not (space.grids or space.blocks or space.smems):
-        raise ReplayUsageError("give a search space: --grid, --block and/or --smem")
+                        parse_int_list(smems, "--smem"), parse_int_list(registers, "--max-registers"))  # fmt: skip
+    if not (space.grids or space.blocks or space.smems or space.max_registers):
+        raise ReplayUsageError("give a search space: --grid, --block, --smem and/or --max-registers")
     if plot_path is not None and plot_path.exists():
         raise ReplayUsageError(f"--plot: {plot_path} already exists; choose another file")
     options = plan_options(substitutions=substitutions, remaps=remaps, launches=(), fixed_addresses=fixed_addresses)
     with replayfmt.open(capture) as cap:
         plan = build_plan(cap, options)
         targets = find_targets(plan, launch=launch_op, kernel=kernel)
+        image_format = plan.images[targets.executable].format
+        if space.max_registers and image_format != replayfmt.model.ExecutableFormat.PTX:
+            held = image_format.name.lower()
+            raise ReplayUsageError(
+                f"--max-registers: executable {targets.executable} is held as {held}; only PTX can be re-JITted"
+            )
     valid, pruned = prune(plan, targets, space.points())
     points = order(valid, strategy, budget)
     done = read_csv(csv_path) if csv_path is not None else {}
@@ -131,14 +145,17 @@ def main(
     good = sorted((r for r in results if r.ok), key=lambda r: r.median_ms or 0.0)
     failed = [r for r in results if not r.ok]
     baseline = next((r for r in results if r.baseline), None)
-    click.echo(f"\n{'rank':>4}  {'grid':<14}{'block':<14}{'smem':>8}  {'median ms':>10}  {'stddev':>8}  verified")
+    click.echo(
+        f"\n{'rank':>4}  {'grid':<14}{'block':<14}{'smem':>8}{'regs':>6}  {'median ms':>10}  {'stddev':>8}  verified"
+    )
     for rank, r in enumerate(good[:top], 1):
         c = r.candidate
         grid, block = c.grid or targets.grid, c.block or targets.block
         smem = targets.smem if c.smem is None else c.smem
         mark = "  (captured)" if r.baseline else ""
         verified = {True: "yes", None: "n/a"}[r.verified]
-        click.echo(f"{rank:>4}  {','.join(map(str, grid)):<14}{','.join(map(str, block)):<14}{smem:>8}  "
+        regs = "" if c.max_registers is None else str(c.max_registers)
+        click.echo(f"{rank:>4}  {','.join(map(str, grid)):<14}{','.join(map(str, block)):<14}{smem:>8}{regs:>6}  "
                    f"{r.median_ms:>10.4f}  {r.stddev_ms or 0:>8.4f}  {verified}{mark}")  # fmt: skip
     if failed:
         click.echo(f"\n{len(failed)} candidate(s) failed:")

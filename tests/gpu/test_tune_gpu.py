@@ -102,3 +102,40 @@ def test_cli_csv_plot_and_winning_flags(tmp_path, kernels):
     assert replay.returncode == 0, replay.stderr
     # 3 grids x 3 blocks, the 2048-thread blocks pruned: 6 candidates and the captured shape
     assert len(np.loadtxt(csv_path, delimiter=",", dtype=str, skiprows=1, usecols=0, ndmin=1)) == 7
+
+
+def test_register_caps_re_jit_the_ptx(tmp_path, gpu_arch):
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from replayfmt.cuda import check, driver
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = Path(tmp) / "k.ptx"
+        nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+        source = Path(__file__).parent / "kernels" / "tune_kernels.cu"
+        subprocess.run([nvcc, "-ptx", f"-arch={gpu_arch.replace('sm', 'compute')}", "-o", str(ptx), str(source)],
+                       check=True)  # fmt: skip
+        text = ptx.read_bytes()
+    y = ints(N, 31)
+    path = tmp_path / "ptx.kreplay"
+    with replayfmt.CaptureWriter(path) as w:
+        exe = w.add_object(
+            m.Executable(format=m.ExecutableFormat.PTX, payload=w.add_payload(text), functions=(STRIDE,))
+        )
+        buf = w.add_object(m.Buffer(size=4 * N, dtype=F32, shape=(N,)))
+        w.copy_h2d(dst_buffer=buf, data=y)
+        op = w.launch(executable=exe, function=0, grid=(264, 1, 1), block=(256, 1, 1),
+                      parameters=bytes(8) + f32(2) + i32(N), relocations=[m.Relocation(0, buf, 0, 0)])  # fmt: skip
+        w.checkpoint({buf: 2 * y})
+    results, _ = run_search(path, op, SearchSpace(max_registers=[16, 32, 64]))
+    assert len(results) == 4 and all(r.ok and r.verified for r in results), [r.error for r in results]
+    # the cap is real: a 16-register JIT of the kernel reports at most 16 registers
+    cu = driver()
+    check(cu.cuCtxSetCurrent(check(cu.cuDevicePrimaryCtxRetain(check(cu.cuDeviceGet(0), "dev")), "ctx")), "ctx")
+    option = cu.CUjit_option.CU_JIT_MAX_REGISTERS
+    module = check(cu.cuModuleLoadDataEx(text + b"\0", 1, [option], [16]), "jit")
+    function = check(cu.cuModuleGetFunction(module, b"stride_scale"), "function")
+    attribute = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NUM_REGS
+    assert check(cu.cuFuncGetAttribute(attribute, function), "registers") <= 16
