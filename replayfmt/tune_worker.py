@@ -50,10 +50,9 @@ def main() -> int:
     for line in sys.stdin:
         request = json.loads(line)
         try:
-            replayer.load_with_register_cap(targets[0].executable, request["max_registers"]) if (
-                request["max_registers"] is not None or cap_used
-            ) else None
-            cap_used = cap_used or request["max_registers"] is not None
+            if request["max_registers"] is not None or cap_used:
+                replayer.load_with_register_cap(targets[0].executable, request["max_registers"])
+                cap_used = True
             for op in targets:
                 grid = tuple(request["grid"]) if request["grid"] else op.grid
                 block = tuple(request["block"]) if request["block"] else op.block
