@@ -104,7 +104,8 @@ class Replayer:
         self._launches: list[_Launch] = []  # owns the packed parameter memory the steps point into
         self.op_streams: dict[int, Any] = {}  # operation index -> the stream its steps run on
         self._expected: dict[tuple[int, int], bytes] = {}  # (payload, size) -> decoded expected bytes
-        self._jit_variants: dict[int, dict[int | None, dict[tuple[int, int], Any]]] = {}  # exe -> cap -> handles
+        # executable -> (register cap, threads hint) or None -> function handles
+        self._jit_variants: dict[int, dict[tuple[int, int] | None, dict[tuple[int, int], Any]]] = {}
         self._images: list[bytes] = []  # module images must outlive their modules
         self.streams: dict[int, Any] = {}
         self.events: dict[int, Any] = {}
@@ -613,10 +614,10 @@ class Replayer:
                 return
         raise ReplayUsageError(f"operation {index} is not a launch of this replay")
 
-    def load_with_register_cap(self, executable: int, max_registers: int | None) -> None:
-        """Re-JIT a PTX executable with a register cap (None: back to the image as loaded at setup)
-        and point its launches at the new functions. Compiled modules are kept, so going back to a
-        cap already tried costs nothing."""
+    def load_with_register_cap(self, executable: int, max_registers: int | None, threads_per_block: int = 0) -> None:
+        """Re-JIT a PTX executable with a register cap and a threads-per-block hint (None: back to
+        the image as loaded at setup) and point its launches at the new functions. Compiled
+        modules are kept, so going back to a variant already tried costs nothing."""
         cu = self.cu
         image = self.plan.images[executable]
         if image.format != m.ExecutableFormat.PTX:
@@ -626,10 +627,14 @@ class Replayer:
             )
         variants = self._jit_variants.setdefault(executable, {None: {k: v for k, v in self.functions.items()
                                                                        if k[0] == executable}})  # fmt: skip
-        if max_registers not in variants:
+        key = None if max_registers is None else (max_registers, threads_per_block)
+        if key not in variants:
             data = image.data + (b"" if image.data.endswith(b"\0") else b"\0")
-            option = cu.CUjit_option.CU_JIT_MAX_REGISTERS
-            module = check(cu.cuModuleLoadDataEx(data, 1, [option], [max_registers]),
+            options, values = [cu.CUjit_option.CU_JIT_MAX_REGISTERS], [max_registers]
+            if threads_per_block:
+                options.append(cu.CUjit_option.CU_JIT_THREADS_PER_BLOCK)
+                values.append(threads_per_block)
+            module = check(cu.cuModuleLoadDataEx(data, len(options), options, values),
                            f"executable {executable}: JIT with at most {max_registers} registers")  # fmt: skip
             self.own(lambda: cu.cuModuleUnload(module))
             self._images.append(data)
@@ -641,8 +646,8 @@ class Replayer:
                 if smem > 48 * 1024:
                     attribute = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
                     check(cu.cuFuncSetAttribute(handles[(eid, index)], attribute, smem), "shared memory opt-in")
-            variants[max_registers] = handles
-        new = variants[max_registers]
+            variants[key] = handles
+        new = variants[key]
         old_to_new = {id(self.functions[key]): handle for key, handle in new.items()}
         for k, (fn, args, op) in enumerate(self._steps):
             if fn == cu.cuLaunchKernel and id(args[0]) in old_to_new:

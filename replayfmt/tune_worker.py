@@ -51,7 +51,9 @@ def main() -> int:
         request = json.loads(line)
         try:
             if request["max_registers"] is not None or cap_used:
-                replayer.load_with_register_cap(targets[0].executable, request["max_registers"])
+                block = tuple(request["block"]) if request["block"] else targets[0].block
+                threads = block[0] * block[1] * block[2]
+                replayer.load_with_register_cap(targets[0].executable, request["max_registers"], threads)
                 cap_used = True
             for op in targets:
                 grid = tuple(request["grid"]) if request["grid"] else op.grid
