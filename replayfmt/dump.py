@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from . import __version__, model as m
 from .errors import ReplayFormatError, ReplayUsageError
 from .payloads import hash_hex
@@ -156,7 +158,8 @@ def summarize(cap: Capture) -> Summary:
     try:
         for bi in range(cap.batch_count):
             batch = cap._batch(bi)
-            kind_counts.update(dict(zip(*(x.tolist() for x in _unique_counts(batch.kinds)))))
+            codes, counts = np.unique(batch.kinds, return_counts=True)
+            kind_counts.update(dict(zip(codes.tolist(), counts.tolist())))
             for op in batch.table_ops:
                 kind = op.kind
                 if kind == _K.UNSUPPORTED:
@@ -200,12 +203,6 @@ def summarize(cap: Capture) -> Summary:
     s.replayable = not s.not_replayable_because
     s.not_replayable_because += [p for p in problems if p.startswith(("scope end", "scope '"))]
     return s
-
-
-def _unique_counts(kinds: Any) -> tuple[Any, Any]:
-    import numpy as np
-
-    return np.unique(kinds, return_counts=True)
 
 
 def _label(value: Any) -> str:

@@ -47,19 +47,6 @@ class ReplayFormatError(ReplayError):
             where.append(self.record)
         return f"{': '.join(where)}: {self.message}" if where else self.message
 
-    def located(self, *, path: str | None = None, record: str | None = None) -> ReplayFormatError:
-        """Return a copy that also names the file and/or record (inner code may not know them)."""
-        cls = type(self)
-        err = cls.__new__(cls)
-        ReplayFormatError.__init__(
-            err,
-            self.message,
-            path=self.path or path,
-            offset=self.offset,
-            record=self.record or record,
-        )
-        return err
-
 
 class ReplayVersionError(ReplayFormatError):
     """The file was written by a newer, incompatible major version of the format."""

@@ -34,10 +34,9 @@ from .errors import (
     DeviceUnavailableError,
     ReplayError,
     ReplayUsageError,
-    VerificationError,
 )
 from .nvtx import Nvtx
-from .plan import Plan, layout_difference
+from .plan import Plan, UploadKey, layout_difference, upload_key
 
 _K = m.OperationKind
 _RECENT = 8
@@ -70,9 +69,7 @@ class RunResult:
 class _Launch:
     """A launch ready to go: everything packed once, at setup."""
 
-    op: m.Launch
     name: str
-    function: Any
     args: tuple[Any, ...]  # for cuLaunchKernel or cuLaunchKernelEx
     extended: bool
     keepalive: list[Any]
@@ -110,8 +107,7 @@ class Replayer:
         self.streams: dict[int, Any] = {}
         self.events: dict[int, Any] = {}
         self._steps: list[tuple[Callable[..., Any], tuple[Any, ...], int]] = []
-        self._staged: dict[tuple[str, int, int], _Staged] = {}  # (kind, id, offset) -> pinned bytes
-        self._checkpoint_host: dict[int, tuple[int, int]] = {}
+        self._staged: dict[UploadKey, _Staged] = {}  # staged once per upload source
         self._result = RunResult()
         self._repetition = 0
         self.pristine_on_device = False
@@ -366,12 +362,7 @@ class Replayer:
         copies. Otherwise the bytes stay in pinned host memory and runs copy them up.
         """
         cu, cap = self.cu, self.plan.capture
-        sources: dict[tuple[str, int, int], tuple[m.Copy, int]] = {}
-        for op in cap.iter_operations():
-            if isinstance(op, m.Copy) and op.kind == _K.COPY_HOST_TO_DEVICE:
-                key = ("file", op.src_file, op.src_offset) if op.src_file else ("payload", op.payload, 0)
-                if key not in sources:
-                    sources[key] = (op, op.size if op.src_file else cap.payload(op.payload).size)
+        sources = self.plan.uploads
         if not sources:
             return
         workers = min(32, os.cpu_count() or 4)
@@ -455,8 +446,7 @@ class Replayer:
                 self._kernel_names[op.index] = launch.name
             elif isinstance(op, m.Copy):
                 if op.kind == _K.COPY_HOST_TO_DEVICE:
-                    key = ("file", op.src_file, op.src_offset) if op.src_file else ("payload", op.payload, 0)
-                    staged = self._staged[key]
+                    staged = self._staged[upload_key(op)]
                     copy = cu.cuMemcpyDtoDAsync if staged.on_device else cu.cuMemcpyHtoDAsync
                     steps.append((copy, (A[op.dst_buffer] + op.dst_offset, staged.address, op.size, stream), op.index))
                 elif op.kind == _K.COPY_DEVICE_TO_HOST:
@@ -548,9 +538,9 @@ class Replayer:
             config.attrs = attrs
             config.numAttrs = len(attrs)
             keep.append(config)
-            return _Launch(op, fn.name, handle, (config, handle, params, 0), True, keep, sites)
+            return _Launch(fn.name, (config, handle, params, 0), True, keep, sites)
         args = (handle, *grid, *blk, smem, stream, params, 0)
-        return _Launch(op, fn.name, handle, args, False, keep, sites)
+        return _Launch(fn.name, args, False, keep, sites)
 
     def _launch_ex(self, config: Any, handle: Any, params: int, extra: int) -> Any:
         return self.cu.cuLaunchKernelEx(config, handle, params, extra)
@@ -861,13 +851,6 @@ class _Ring:
 
     def finish(self) -> None:
         check(self.cu.cuStreamSynchronize(self.stream), "staging uploads")
-
-
-def verification_error(result: RunResult) -> VerificationError | None:
-    bad = [r for r in result.reports if not r.passed]
-    if not bad:
-        return None
-    return VerificationError("verification failed: " + "; ".join(r.line() for r in bad[:3]))
 
 
 def environment_ok() -> str | None:

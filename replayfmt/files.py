@@ -68,7 +68,6 @@ class ResolvedFile:
 
     reference: FileReference
     path: str | None  # the validated local path (None when the bytes are stored in the capture)
-    remapped: bool
 
 
 def _remap_hint(ref: FileReference, path: str) -> str:
@@ -87,7 +86,7 @@ def resolve_file(ref: FileReference, remaps: Iterable[FileRemap] = ()) -> Resolv
             "recapture with --file-policy=reference, capture-ranges or capture-all"
         )
     if ref.policy in (FilePolicy.CAPTURE_ALL, FilePolicy.CAPTURE_RANGES):
-        return ResolvedFile(ref, None, False)
+        return ResolvedFile(ref, None)
     path = remap_path(ref.path, remaps)
     try:
         st = os.stat(path)
@@ -116,7 +115,7 @@ def resolve_file(ref: FileReference, remaps: Iterable[FileRemap] = ()) -> Resolv
                 f"{who}: {_remap_hint(ref, path)} digest {hash_hex(digest)} differs from the "
                 f"captured {hash_hex(ref.digest)}"
             )
-    return ResolvedFile(ref, path, path != ref.path)
+    return ResolvedFile(ref, path)
 
 
 def identity_of(path: str) -> dict[str, int]:

@@ -120,6 +120,13 @@ class PlanOptions:
 # ------------------------------------------------------------------------------------------
 # The plan
 
+UploadKey = tuple[str, int, int]
+
+
+def upload_key(op: m.Copy) -> UploadKey:
+    """What a host-to-device copy reads: a payload, or a file from an offset (staged once each)."""
+    return ("file", op.src_file, op.src_offset) if op.src_file else ("payload", op.payload, 0)
+
 
 @dataclass
 class ExecutableImage:
@@ -150,6 +157,7 @@ class Plan:
     max_shared_memory: dict[tuple[int, int], int] = field(default_factory=dict)
     max_block_threads: dict[tuple[int, int], int] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)  # collected under --continue-on-error
+    uploads: dict[UploadKey, tuple[m.Copy, int]] = field(default_factory=dict)  # first copy of each source, bytes
     needs_fixed_addresses: bool = False
 
     @property
@@ -425,6 +433,9 @@ def _check_operation(
                         )
             elif not 1 <= op.payload <= plan.capture.payload_count or plan.capture.payload(op.payload).size < op.size:
                 raise ReplayError(f"operation {op.index} (copy_h2d): payload {op.payload} is missing or too small")
+            key = upload_key(op)
+            if key not in plan.uploads:
+                plan.uploads[key] = (op, op.size if op.src_file else plan.capture.payload(op.payload).size)
         elif op.kind == _K.COPY_DEVICE_TO_HOST:
             src = _need(objects, op.src_buffer, m.Buffer, op, "source")
             _check_range(op, src, op.src_offset, op.size, "source")

@@ -313,9 +313,8 @@ class Capture:
         self.object_count = object_count
         self.payload_count = payload_count
         self._frames = frames
-        keys = frames["hash"]["lo"].astype(np.uint64).tobytes(), frames["hash"]["hi"].astype(np.uint64).tobytes()
-        lo, hi = keys
-        self._frame_row = {lo[8 * i : 8 * i + 8] + hi[8 * i : 8 * i + 8]: i for i in range(len(frames))}
+        digests = np.ascontiguousarray(frames["hash"]).tobytes()  # Hash128 (lo, hi) is the 16-byte digest
+        self._frame_row = {digests[16 * i : 16 * i + 16]: i for i in range(len(frames))}
         if len(self._frame_row) != len(frames):
             raise self._error("index: a payload frame is listed twice")
 

@@ -15,13 +15,11 @@ from __future__ import annotations
 import csv
 import itertools
 import json
-import os
 import random
 import re
 import select
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -405,11 +403,3 @@ def override_flags(targets: Targets, c: Candidate) -> str:
     if c.max_registers is not None:
         flags += f"  (and re-JIT executable {targets.executable} with at most {c.max_registers} registers)"
     return flags
-
-
-def default_timeout() -> float:
-    return float(os.environ.get("REPLAYFMT_TUNE_TIMEOUT", "10"))
-
-
-def now() -> float:
-    return time.perf_counter()
