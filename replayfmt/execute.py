@@ -36,7 +36,7 @@ from .errors import (
     ReplayUsageError,
 )
 from .nvtx import Nvtx
-from .plan import Plan, UploadKey, layout_difference, upload_key
+from .plan import ExecutableImage, Plan, UploadKey, layout_difference, upload_key
 
 _K = m.OperationKind
 _RECENT = 8
@@ -254,20 +254,15 @@ class Replayer:
 
     def _load_modules(self) -> None:
         cu = self.cu
+        # Executables that share an image (a recorder writes one per kernel of a module) share
+        # one loaded module, as they shared it in the program: module globals stay common.
+        loaded: dict[tuple[str, int, int], Any] = {}
         for eid, image in self.plan.images.items():
-            data = image.data + (
-                b"\0" if image.format == m.ExecutableFormat.PTX and not image.data.endswith(b"\0") else b""
-            )
-            try:
-                module = check(cu.cuModuleLoadData(data), f"executable {eid} ({image.source}): cuModuleLoadData")
-            except CudaCallError as exc:
-                if exc.name == "CUDA_ERROR_NO_BINARY_FOR_GPU":
-                    raise DeviceError(
-                        f"{exc}; the executable has no code for this device ({self.device_name})"
-                    ) from None
-                raise
-            self._closers.append(lambda mod=module: cu.cuModuleUnload(mod))
-            self._images.append(data)
+            exe = image.executable
+            key = (image.source, exe.payload, exe.file) if image.source == "capture" else (image.source, 0, 0)
+            module = loaded.get(key)
+            if module is None:
+                module = loaded[key] = self._load_image(eid, image)
             for index, fn in enumerate(image.executable.functions):
                 if (eid, index) not in self.plan.launches_of:
                     continue
@@ -296,6 +291,21 @@ class Replayer:
                     ptr, size = check(cu.cuModuleGetGlobal(module, glob.symbol.encode()), f"global {gid} {glob.symbol}")
                     data_bytes = self.plan.capture.read_payload(glob.initial_payload)
                     check(cu.cuMemcpyHtoD(ptr, data_bytes, min(size, len(data_bytes))), f"global {gid}: upload")
+
+    def _load_image(self, eid: int, image: ExecutableImage) -> Any:
+        cu = self.cu
+        data = image.data + (
+            b"\0" if image.format == m.ExecutableFormat.PTX and not image.data.endswith(b"\0") else b""
+        )
+        try:
+            module = check(cu.cuModuleLoadData(data), f"executable {eid} ({image.source}): cuModuleLoadData")
+        except CudaCallError as exc:
+            if exc.name == "CUDA_ERROR_NO_BINARY_FOR_GPU":
+                raise DeviceError(f"{exc}; the executable has no code for this device ({self.device_name})") from None
+            raise
+        self._closers.append(lambda mod=module: cu.cuModuleUnload(mod))
+        self._images.append(data)
+        return module
 
     def _check_abi(self, eid: int, index: int, handle: Any, source: str) -> None:
         """The loaded function must take the captured parameters and fit the captured launches."""

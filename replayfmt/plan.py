@@ -272,12 +272,15 @@ def _plan_executables(
                 f"--executable-substitution {target}: object {target} is {'a ' + kind if target in objects else kind}, "
                 f"not an executable; executables: {', '.join(map(str, sorted(executables))) or 'none'}"
             )
+    captured_images: dict[tuple[int, int], bytes] = {}  # a recorder writes one executable per kernel of a module
     for eid, exe in executables.items():
         sub = subs.get(eid) or subs.get(None)
         try:
             if sub is None:
-                data = plan.capture.read_payload(exe.payload) if exe.payload else b""
-                image = ExecutableImage(exe, data, exe.format, "capture")
+                key = (exe.payload, exe.file)
+                if key not in captured_images:
+                    captured_images[key] = _captured_image(plan, eid, exe)
+                image = ExecutableImage(exe, captured_images[key], exe.format, "capture")
             else:
                 try:
                     data = sub.path.read_bytes()
@@ -305,6 +308,22 @@ def _plan_executables(
         except (CubinError, AbiMismatchError) as exc:
             checker.fail(exc)
             plan.images[eid] = ExecutableImage(exe, b"", exe.format, "unusable")
+
+
+def _captured_image(plan: Plan, eid: int, exe: m.Executable) -> bytes:
+    """The bytes of a captured executable: its payload, or the file it was loaded from."""
+    if exe.payload or not exe.file:
+        return plan.capture.read_payload(exe.payload) if exe.payload else b""
+    resolved = plan.files.get(exe.file)
+    if resolved is None:
+        raise ReplayUsageError(f"executable {eid}: its file reference {exe.file} is unusable (see above)")
+    ref = resolved.reference
+    if resolved.path is not None:
+        with open(resolved.path, "rb") as f:
+            return f.read()
+    if ref.payload:
+        return plan.capture.read_payload(ref.payload)
+    raise ReplayUsageError(f"executable {eid}: the capture holds no bytes of {ref.path}")
 
 
 def _check_cubin_abi(eid: int, exe: m.Executable, image: ExecutableImage, launched: set[int]) -> None:

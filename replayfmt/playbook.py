@@ -127,6 +127,28 @@ Scope names are in the summary (`dump-replay --summary`).
 """
 
 TOOLS = {
+    "capture-replay": """\
+## capture-replay notes (python -m replayfmt.capture)
+
+* Needs cupti-python matching the driver's CUPTI (`pip install 'replayfmt[capture]'`); CUPTI
+  allows one subscriber, so torch.profiler, nsys or ncu in the same process is a clear error.
+* Region mode (default) records everything; `--scope NAME` only inside
+  `replayfmt.capture.scope(NAME)` blocks. The first touch of an allocation uploads its contents;
+  the allocations a region wrote are checkpointed at its end, so `run-replay --verify` checks them.
+* Kernel mode: `--mode kernel --kernels REGEX [--skip-first N] [--max-per-kernel N]`; each
+  instance is a scope `NAME#K` with its inputs, the launch and a checkpoint of what it changed:
+  `benchmark-replay --scope 'NAME#K'`, `tune-replay --launch OP`.
+* Modules must load while the recorder listens: start it first (the CLI does). A kernel whose
+  module loaded earlier is recorded as unsupported and replay refuses the capture.
+* Libraries that keep device pointers in device memory (cuBLAS workspaces, pointer arrays) are
+  detected when snapshots hold addresses: the report says "needs --fixed-addresses". Capture with
+  `--fixed-addresses` (re-runs the script with ASLR off) and replay with
+  `setarch "$(uname -m)" -R run-replay --fixed-addresses`.
+* Not reproducible, recorded as unsupported (replay refuses): host functions, IPC, managed
+  memory, CUDA graph launches, NCCL kernels, peer and 2D/3D copies.
+* The report at the end lists kernels seen, instances captured and bytes stored, and any error
+  met inside a callback (callbacks never raise into the program).
+""",
     "dump-replay": """\
 ## dump-replay notes
 

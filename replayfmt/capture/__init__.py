@@ -1,0 +1,37 @@
+"""Capture the GPU work of a Python process into a .kreplay file (CUPTI driver callbacks).
+
+::
+
+    import replayfmt.capture
+    with replayfmt.capture.record("step.kreplay") as rec:       # region mode: all work inside
+        with rec.scope("execute"):
+            model(x)
+
+    rec = replayfmt.capture.record("k.kreplay", mode="kernel", kernels="softmax", max_per_kernel=2)
+    ...; rec.close()                                            # kernel mode: selected launches
+
+    python -m replayfmt.capture -o out.kreplay [OPTIONS] script.py ARGS...
+
+Needs cupti-python matching the driver's CUPTI: ``pip install 'replayfmt[capture]'``.
+"""
+
+from __future__ import annotations
+
+from .options import CaptureMode, RecordOptions
+from .recorder import Recorder, active, record, scope
+from .report import KernelStats, Report
+from .translate import KernelAnnotation, TensorLabel, Translator
+
+__all__ = [
+    "CaptureMode",
+    "KernelAnnotation",
+    "KernelStats",
+    "RecordOptions",
+    "Recorder",
+    "Report",
+    "TensorLabel",
+    "Translator",
+    "active",
+    "record",
+    "scope",
+]

@@ -1,0 +1,141 @@
+"""Framework metadata for captures: Triton's argument names and kinds, PyTorch tensor types.
+
+Each hook is installed only when its framework is already imported, through the framework's own
+hook mechanism (Triton's hook chains with add/remove, a PyTorch dispatch mode), and every
+installer returns the function that removes it, so other tools keep working.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from .. import model as m
+from .translate import KernelAnnotation, TensorLabel, Translator
+
+_DTYPES = {
+    "bool": m.DType.BOOL, "int8": m.DType.INT8, "uint8": m.DType.UINT8, "int16": m.DType.INT16,
+    "uint16": m.DType.UINT16, "int32": m.DType.INT32, "uint32": m.DType.UINT32, "int64": m.DType.INT64,
+    "uint64": m.DType.UINT64, "float16": m.DType.FLOAT16, "bfloat16": m.DType.BFLOAT16,
+    "float32": m.DType.FLOAT32, "float64": m.DType.FLOAT64, "float8_e4m3fn": m.DType.FLOAT8_E4M3FN,
+    "float8_e5m2": m.DType.FLOAT8_E5M2, "complex64": m.DType.COMPLEX64, "complex128": m.DType.COMPLEX128,
+    # Triton's signature spellings
+    "i1": m.DType.BOOL, "i8": m.DType.INT8, "u8": m.DType.UINT8, "i16": m.DType.INT16, "u16": m.DType.UINT16,
+    "i32": m.DType.INT32, "u32": m.DType.UINT32, "i64": m.DType.INT64, "u64": m.DType.UINT64,
+    "fp16": m.DType.FLOAT16, "bf16": m.DType.BFLOAT16, "fp32": m.DType.FLOAT32, "fp64": m.DType.FLOAT64,
+    "fp8e4nv": m.DType.FLOAT8_E4M3FN, "fp8e5": m.DType.FLOAT8_E5M2,
+}  # fmt: skip
+
+
+def dtype_of(name: str) -> m.DType:
+    """A DType from a PyTorch (``torch.float32``), NumPy or Triton (``fp32``) dtype name."""
+    return _DTYPES.get(str(name).removeprefix("torch.").lstrip("*"), m.DType.UNKNOWN)
+
+
+def tensor_label(tensor: Any, name: str = "") -> TensorLabel | None:
+    """A label for a device tensor; None for anything else."""
+    try:
+        if not getattr(tensor, "is_cuda", False):
+            return None
+        size = tensor.untyped_storage().nbytes() if hasattr(tensor, "untyped_storage") else tensor.nbytes
+        address = tensor.untyped_storage().data_ptr() if hasattr(tensor, "untyped_storage") else tensor.data_ptr()
+        return TensorLabel(address, size, dtype_of(str(tensor.dtype)), tuple(tensor.shape), tuple(tensor.stride()),
+                           name)  # fmt: skip
+    except Exception:
+        return None
+
+
+def triton_annotation(signature: dict[str, Any], arg_names: list[str]) -> KernelAnnotation:
+    """Names, kinds and dtypes of the parameters a Triton kernel receives: its non-constexpr
+    arguments, in order (names are left out when a tensor descriptor expands into several)."""
+    kept = [n for n in arg_names if str(signature.get(n, "")) != "constexpr"]
+    types = [str(signature.get(n, "")) for n in kept]
+    kinds, dtypes = [], []
+    for t in types:
+        if t.startswith("tensordesc"):
+            kinds.append(m.ParameterKind.TENSOR_MAP)
+            dtypes.append(m.DType.UNKNOWN)
+        elif t.startswith("*"):
+            kinds.append(m.ParameterKind.POINTER)
+            dtypes.append(dtype_of(t))
+        else:
+            kinds.append(m.ParameterKind.VALUE)
+            dtypes.append(dtype_of(t))
+    if any(k == m.ParameterKind.TENSOR_MAP for k in kinds):
+        return KernelAnnotation()
+    return KernelAnnotation(tuple(kept), tuple(kinds), tuple(dtypes))
+
+
+def _install_triton(translator: Translator) -> Callable[[], None] | None:
+    triton = sys.modules.get("triton")
+    knobs = getattr(triton, "knobs", None) if triton is not None else None
+    runtime = getattr(knobs, "runtime", None)
+    if runtime is None or not hasattr(runtime, "jit_post_compile_hook"):
+        return None
+
+    def on_compile(*args: Any, **kwargs: Any) -> None:
+        try:
+            fn = kwargs.get("fn")
+            jit = getattr(fn, "jit_function", None)
+            compile_info = kwargs.get("compile") or {}
+            names = list(getattr(jit, "arg_names", []) or [])
+            name = getattr(getattr(jit, "fn", None), "__name__", None) or getattr(fn, "name", "")
+            if name and names:
+                signature = dict(compile_info.get("signature", {}))
+                translator.annotate_kernel(None, name, triton_annotation(signature, names))
+        except Exception as exc:  # never break the program's compilation
+            translator.report.errors.append(f"Triton metadata: {type(exc).__name__}: {exc}")
+        return None
+
+    hook = runtime.jit_post_compile_hook
+    if hasattr(hook, "add") and hasattr(hook, "remove"):  # a hook chain
+        hook.add(on_compile)
+        return lambda: hook.remove(on_compile)
+    previous = hook
+
+    def chained(*args: Any, **kwargs: Any) -> Any:
+        on_compile(*args, **kwargs)
+        return previous(*args, **kwargs) if previous is not None else None
+
+    runtime.jit_post_compile_hook = chained
+
+    def restore() -> None:
+        if runtime.jit_post_compile_hook is chained:
+            runtime.jit_post_compile_hook = previous
+
+    return restore
+
+
+def _install_torch(translator: Translator) -> Callable[[], None] | None:
+    if not translator.options.label_tensors or "torch" not in sys.modules:
+        return None
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    class TensorLabeler(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            out = func(*args, **(kwargs or {}))
+            for value in tree_flatten((args, kwargs, out))[0]:
+                label = tensor_label(value)
+                if label is not None:
+                    translator.label_tensor(label)
+            return out
+
+    mode = TensorLabeler()
+    mode.__enter__()
+    return lambda: mode.__exit__(None, None, None)
+
+
+def enrich(translator: Translator) -> list[Callable[[], None]]:
+    """Install the hooks of the frameworks present; returns their removers."""
+    removers = []
+    for install in (_install_triton, _install_torch):
+        try:
+            remove = install(translator)
+        except Exception as exc:
+            translator.report.errors.append(f"{install.__name__}: {type(exc).__name__}: {exc}")
+            continue
+        if remove is not None:
+            removers.append(remove)
+    return removers

@@ -1,0 +1,191 @@
+"""What the recorder sees: driver events, decoded from CUPTI callbacks into plain values.
+
+These types are the boundary between the CUPTI source (which reads driver parameter structs and
+needs a GPU) and the translator (which turns events into capture records and is tested on the
+CPU with synthetic event streams). Handles (streams, events, modules, functions) are the
+program's raw driver handles as integers; 0 is the legacy default stream.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from .. import model as m
+
+
+class MemoryApi(enum.Enum):
+    """How an allocation was made; decides whether it can be replayed."""
+
+    DEVICE = "device"  # cuMemAlloc*, stream-ordered pools, VMM maps
+    HOST_PINNED = "host_pinned"  # cuMemHostAlloc / cuMemAllocHost: host memory, copies come from it
+    MANAGED = "managed"  # cuMemAllocManaged: not reproducible
+
+
+@dataclass(frozen=True, slots=True)
+class ModuleImage:
+    """Code loaded by the program. ``key`` is ("module", CUmodule) or ("library", CUlibrary)."""
+
+    key: tuple[str, int]
+    data: bytes | None  # the image, when it was given in memory
+    path: str | None = None  # the file it was loaded from (cuModuleLoad, cuLibraryLoadFromFile)
+    call: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ModuleUnload:
+    key: tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Kernel:
+    """A launched function: its handle, symbol name, the module it came from and its parameter
+    layout as the driver reports it ((offset, size) by ordinal)."""
+
+    handle: int
+    name: str
+    module: tuple[str, int] | None
+    layout: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    address: int
+    size: int
+    api: MemoryApi = MemoryApi.DEVICE
+    call: str = "cuMemAlloc_v2"
+
+
+@dataclass(frozen=True, slots=True)
+class Free:
+    address: int
+    call: str = "cuMemFree_v2"
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchBegin:
+    """A launch about to be enqueued (the driver has not run it yet)."""
+
+    kernel: Kernel
+    grid: m.Dims
+    block: m.Dims
+    shared_memory: int
+    stream: int
+    parameters: bytes  # laid out by kernel.layout
+    cluster: m.Dims = (0, 0, 0)
+    cooperative: bool = False
+    call: str = "cuLaunchKernel"
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchEnd:
+    """The launch call returned (``result`` 0: enqueued)."""
+
+    stream: int
+    result: int = 0
+
+
+class CopyDirection(enum.Enum):
+    H2D = "h2d"
+    D2H = "d2h"
+    D2D = "d2d"
+    DEFAULT = "default"  # cuMemcpy/cuMemcpyAsync: decided by the addresses
+
+
+@dataclass(frozen=True, slots=True)
+class Copy:
+    direction: CopyDirection
+    dst: int
+    src: int
+    size: int
+    stream: int = 0
+    asynchronous: bool = False
+    call: str = "cuMemcpy"
+
+
+@dataclass(frozen=True, slots=True)
+class CopyDone:
+    """A synchronous device-to-host copy returned: the host bytes are what the program received."""
+
+    dst: int
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class Memset:
+    address: int
+    value: int
+    element_size: int
+    count: int
+    stream: int = 0
+    call: str = "cuMemsetD8_v2"
+
+
+@dataclass(frozen=True, slots=True)
+class StreamCreated:
+    handle: int
+    flags: int = 0
+    priority: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class EventCreated:
+    handle: int
+    flags: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class EventRecorded:
+    event: int
+    stream: int
+
+
+@dataclass(frozen=True, slots=True)
+class StreamWaited:
+    stream: int
+    event: int
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSynchronized:
+    stream: int
+
+
+@dataclass(frozen=True, slots=True)
+class ContextSynchronized:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class EventSynchronized:
+    event: int
+
+
+@dataclass(frozen=True, slots=True)
+class NotReproducible:
+    """A call replay cannot reproduce (host functions, IPC, managed memory, graphs, ...)."""
+
+    call: str
+    reason: str
+    stream: int = 0
+
+
+Event = (
+    ModuleImage
+    | ModuleUnload
+    | Allocation
+    | Free
+    | LaunchBegin
+    | LaunchEnd
+    | Copy
+    | CopyDone
+    | Memset
+    | StreamCreated
+    | EventCreated
+    | EventRecorded
+    | StreamWaited
+    | StreamSynchronized
+    | ContextSynchronized
+    | EventSynchronized
+    | NotReproducible
+)

@@ -1,0 +1,237 @@
+"""The recorder: CUPTI source -> translator -> writer, with region control and scopes.
+
+CUPTI allows one subscriber per process, so at most one :class:`Recorder` listens at a time;
+:func:`scope` finds it through :func:`active`, which is how code run under
+``python -m replayfmt.capture`` marks scopes without holding the recorder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from .. import model as m
+from ..errors import ReplayUsageError
+from ..writer import CaptureWriter
+from .cupti_source import CuptiSource, DriverMemory, load_cupti
+from .options import CaptureMode, RecordOptions
+from .report import Report
+from .translate import KernelAnnotation, Translator
+
+_active: list[Recorder] = []  # the listening recorder (CUPTI has one subscriber per process)
+
+
+def active() -> Recorder | None:
+    """The recorder listening in this process, if any."""
+    return _active[-1] if _active else None
+
+
+class Recorder:
+    """Records the process's GPU work into ``path`` until :meth:`close`.
+
+    The recorder listens from construction (module loads and allocations are tracked from then
+    on); in region mode operations are written between :meth:`start` and :meth:`stop` (or inside
+    the scopes named by ``options.region_scopes``), in kernel mode the selected launches are.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        options: RecordOptions = RecordOptions(),
+        *,
+        overwrite: bool = False,
+        command_line: tuple[str, ...] = (),
+    ) -> None:
+        if active() is not None:
+            raise ReplayUsageError("a replayfmt recorder is already listening in this process; close it first")
+        load_cupti()  # a one-line error before anything is created
+        self.options = options
+        guard = threading.local()
+        self.memory = DriverMemory(guard)
+        device = _describe_device(self.memory.cu)
+        metadata = m.CaptureMetadata(
+            tool="replayfmt.capture", tool_version=_version(), created_unix_ns=time.time_ns(),
+            host=socket.gethostname(), gpu=device.name, driver=str(device.driver_version),
+            command_line=command_line or tuple(sys.argv),
+            properties=(("mode", options.mode.value), ("kernels", options.kernels or "")),
+        )  # fmt: skip
+        self.writer = CaptureWriter(path, metadata=metadata, overwrite=overwrite)
+        self.translator = Translator(self.writer, options, self.memory, device=device)
+        self.source = CuptiSource(self.translator.handle, guard)
+        self._enrichment: list[Any] = []
+        self._closed = False
+        try:
+            self.source.start()
+        except BaseException:
+            self.writer.close()
+            raise
+        _active.append(self)
+        from .enrich import enrich
+
+        self._enrichment = enrich(self.translator)
+
+    @property
+    def path(self) -> Path:
+        return self.writer.path
+
+    @property
+    def report(self) -> Report:
+        return self.translator.report
+
+    def start(self, name: str = "") -> None:
+        """Begin a region (region mode)."""
+        if self.options.mode != CaptureMode.REGION:
+            raise ReplayUsageError("start()/stop() apply to mode='region'")
+        self.translator.start(name)
+
+    def stop(self) -> None:
+        """End the region: checkpoint what it wrote."""
+        self.translator.stop()
+
+    @contextlib.contextmanager
+    def region(self, name: str = "") -> Iterator[None]:
+        self.start(name)
+        try:
+            yield
+        finally:
+            self.stop()
+
+    @contextlib.contextmanager
+    def scope(self, name: str) -> Iterator[None]:
+        """Named scope markers around the operations recorded inside the block."""
+        self.translator.scope_begin(name)
+        try:
+            yield
+        finally:
+            self.translator.scope_end(name)
+
+    def label(self, *tensors: Any, **named: Any) -> None:
+        """Type the buffers holding these tensors (PyTorch tensors or anything with data_ptr,
+        nbytes, dtype, shape and stride), so that replay verifies them with tolerances."""
+        from .enrich import tensor_label
+
+        for name, tensor in [("", t) for t in tensors] + list(named.items()):
+            label = tensor_label(tensor, name)
+            if label is not None:
+                self.translator.label_tensor(label)
+
+    def annotate(self, kernel: str, annotation: KernelAnnotation) -> None:
+        self.translator.annotate_kernel(None, kernel, annotation)
+
+    def close(self) -> Report:
+        """Stop listening, close any open region, write the index; returns the report."""
+        if self._closed:
+            return self.report
+        self._closed = True
+        try:
+            self.translator.stop()
+        finally:
+            for undo in self._enrichment:
+                undo()
+            self.source.stop()
+            if _active and _active[-1] is self:
+                _active.pop()
+            self.memory.close()
+            self.writer.close()
+            self.report.operations = self.writer.operation_count
+        return self.report
+
+    def __enter__(self) -> Recorder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def record(
+    path: str | os.PathLike[str],
+    *,
+    mode: str | CaptureMode = CaptureMode.REGION,
+    kernels: str | None = None,
+    skip_first: int = 0,
+    max_per_kernel: int | None = 1,
+    region_scopes: tuple[str, ...] = (),
+    fixed_addresses: bool = False,
+    label_tensors: bool = False,
+    file_policy: m.FilePolicy | str = m.FilePolicy.REFERENCE,
+    file_validation: m.FileValidation | str = m.FileValidation.IDENTITY,
+    start: bool = True,
+    overwrite: bool = False,
+) -> Recorder:
+    """Record GPU work into ``path``: ``with replayfmt.capture.record("out.kreplay") as rec: ...``.
+
+    ``mode="region"`` writes everything between start and stop (``start=True`` starts at once;
+    ``region_scopes`` limits recording to scopes of those names); ``mode="kernel"`` writes each
+    selected launch (``kernels`` regex, ``skip_first``, ``max_per_kernel``) as a self-contained
+    instance with before and after snapshots.
+    """
+    options = RecordOptions(
+        mode=CaptureMode(mode), kernels=kernels, skip_first=skip_first, max_per_kernel=max_per_kernel,
+        region_scopes=tuple(region_scopes), fixed_addresses=fixed_addresses, label_tensors=label_tensors,
+        file_policy=_enum(m.FilePolicy, file_policy), file_validation=_enum(m.FileValidation, file_validation),
+    )  # fmt: skip
+    recorder = Recorder(path, options, overwrite=overwrite)
+    if start and options.mode == CaptureMode.REGION and not options.region_scopes:
+        recorder.start()
+    return recorder
+
+
+@contextlib.contextmanager
+def scope(name: str) -> Iterator[None]:
+    """Scope markers through the listening recorder (a no-op when none listens)."""
+    recorder = active()
+    if recorder is None:
+        yield
+        return
+    with recorder.scope(name):
+        yield
+
+
+def _enum(cls: Any, value: Any) -> Any:
+    if isinstance(value, cls):
+        return value
+    try:
+        return cls[str(value).upper().replace("-", "_")]
+    except KeyError:
+        names = ", ".join(e.label for e in cls)
+        raise ReplayUsageError(f"{value!r} is not one of: {names}") from None
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("replayfmt")
+    except Exception:
+        return ""
+
+
+def _describe_device(cu: Any) -> m.Device:
+    """The device the program works on (the current context's, or cuda:0)."""
+    from ..cuda import check
+
+    check(cu.cuInit(0), "cuInit")
+    err, ordinal = cu.cuCtxGetDevice()
+    if err != cu.CUresult.CUDA_SUCCESS:
+        ordinal = check(cu.cuDeviceGet(0), "cuDeviceGet")
+    device = int(ordinal)
+    attribute = cu.CUdevice_attribute
+    major = check(cu.cuDeviceGetAttribute(attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device), "attr")
+    minor = check(cu.cuDeviceGetAttribute(attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device), "attr")
+    sms = check(cu.cuDeviceGetAttribute(attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device), "attr")
+    name = check(cu.cuDeviceGetName(256, device), "cuDeviceGetName")
+    uuid = check(cu.cuDeviceGetUuid(device), "cuDeviceGetUuid")
+    total = check(cu.cuDeviceTotalMem(device), "cuDeviceTotalMem")
+    version = check(cu.cuDriverGetVersion(), "cuDriverGetVersion")
+    return m.Device(
+        ordinal=device, name=bytes(name).split(b"\0")[0].decode(), uuid=bytes(uuid.bytes),
+        compute_capability=(int(major), int(minor)), total_memory=int(total), driver_version=int(version),
+        multiprocessor_count=int(sms),
+    )  # fmt: skip

@@ -1,0 +1,54 @@
+"""The end-of-recording report, as LLVM's recorder prints one: what was seen and kept."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class KernelStats:
+    occurrences: int = 0  # launches the program made while the recorder listened
+    captured: int = 0  # launches written to the capture
+    bytes_stored: int = 0  # snapshot bytes taken for this kernel's launches
+
+
+@dataclass
+class Report:
+    path: str = ""
+    kernels: dict[str, KernelStats] = field(default_factory=dict)
+    operations: int = 0
+    snapshot_bytes: int = 0
+    snapshot_seconds: float = 0.0
+    unsupported: dict[str, int] = field(default_factory=dict)  # call -> count
+    errors: list[str] = field(default_factory=list)  # problems met inside callbacks
+    needs_fixed_addresses: str = ""  # why, when the capture needs --fixed-addresses
+
+    def kernel(self, name: str) -> KernelStats:
+        stats = self.kernels.get(name)
+        if stats is None:
+            stats = self.kernels[name] = KernelStats()
+        return stats
+
+    def lines(self, limit: int = 20) -> list[str]:
+        out = [f"replayfmt capture: {self.path}: {self.operations} operations"]
+        if self.kernels:
+            width = min(60, max(len(n) for n in self.kernels))
+            out.append(f"  {'kernel':<{width}}  {'seen':>7}  {'captured':>8}  {'bytes stored':>12}")
+            ranked = sorted(self.kernels.items(), key=lambda kv: (-kv[1].captured, -kv[1].occurrences, kv[0]))
+            for name, s in ranked[:limit]:
+                short = name if len(name) <= width else name[: width - 3] + "..."
+                out.append(f"  {short:<{width}}  {s.occurrences:>7}  {s.captured:>8}  {s.bytes_stored:>12}")
+            if len(ranked) > limit:
+                out.append(f"  ... and {len(ranked) - limit} more kernels")
+        if self.snapshot_bytes:
+            rate = self.snapshot_bytes / self.snapshot_seconds / 1e9 if self.snapshot_seconds else 0.0
+            out.append(f"  snapshots: {self.snapshot_bytes} bytes read from the device at {rate:.1f} GB/s")
+        for call, count in sorted(self.unsupported.items()):
+            out.append(f"  unsupported: {call} x{count} (recorded; replay will refuse the capture)")
+        if self.needs_fixed_addresses:
+            out.append(f"  needs --fixed-addresses: {self.needs_fixed_addresses}")
+        for error in self.errors[:limit]:
+            out.append(f"  error: {error}")
+        if len(self.errors) > limit:
+            out.append(f"  ... and {len(self.errors) - limit} more errors")
+        return out

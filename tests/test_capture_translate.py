@@ -1,0 +1,354 @@
+"""The recorder's translation from driver events to capture records, on synthetic event streams
+(no GPU): a fake device memory stands in for the driver."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+from samples import compiled_cubin
+
+import replayfmt
+from replayfmt import model as m
+from replayfmt.capture import CaptureMode, RecordOptions, TensorLabel, Translator, events as ev
+from replayfmt.capture.enrich import triton_annotation
+from replayfmt.capture.hostfiles import HostFiles, parse_maps
+from replayfmt.plan import PlanOptions, build_plan
+from replayfmt.writer import CaptureWriter
+
+A, B, C = 0x7F00_0000_0000, 0x7F00_0010_0000, 0x7F00_0020_0000
+SAXPY = ((0, 4), (8, 8), (16, 8), (24, 4))  # float a, const float* x, float* y, int n
+MODULE = ("module", 0x1234)
+
+
+class FakeMemory:
+    """Device memory as a dict of allocations; host memory as a dict of address -> bytes."""
+
+    def __init__(self) -> None:
+        self.device: dict[int, bytearray] = {}
+        self.host: dict[int, bytes] = {}
+        self.reads: list[tuple[int, int, int | None]] = []
+        self.before_allocation: dict[int, int] = {}
+
+    def read(self, address: int, size: int, stream: int | None) -> bytes:
+        self.reads.append((address, size, stream))
+        for base, data in self.device.items():
+            if base <= address < base + len(data):
+                return bytes(data[address - base : address - base + size])
+        raise AssertionError(f"read of unknown memory {address:#x}")
+
+    def host_bytes(self, address: int, size: int) -> bytes:
+        return self.host[address][:size]
+
+    def find_allocation(self, address: int) -> tuple[int, int] | None:
+        for base, size in self.before_allocation.items():
+            if base <= address < base + size:
+                return base, size
+        return None
+
+
+def saxpy_params(a: float, x: int, y: int, n: int) -> bytes:
+    return struct.pack("<f4xQQi4x", a, x, y, n)
+
+
+def kernel(layout=SAXPY, name="saxpy") -> ev.Kernel:
+    return ev.Kernel(0xF00, name, MODULE, layout)
+
+
+@pytest.fixture
+def cubin() -> bytes:
+    data = compiled_cubin("container_kernels.cu")
+    if data is None:
+        pytest.skip("nvcc not available")
+    return data
+
+
+def record(tmp_path: Path, events, memory: FakeMemory, options=RecordOptions(), region=True) -> tuple[Path, Translator]:
+    path = tmp_path / "c.kreplay"
+    with CaptureWriter(path) as writer:
+        t = Translator(writer, options, memory, host_files=HostFiles(tmp_path / "no-maps"))
+        if region:
+            t.start("step")
+        for e in events:
+            t.handle(e() if callable(e) else e)
+        t.stop()
+    return path, t
+
+
+def test_region_snapshots_first_touch_and_checkpoints_what_changed(tmp_path, cubin):
+    mem = FakeMemory()
+    x = np.arange(256, dtype=np.float32)
+    y = np.ones(256, dtype=np.float32)
+    mem.device[A] = bytearray(x.tobytes())
+    mem.device[B] = bytearray(y.tobytes())
+
+    def run_kernel():  # the "device" computes y = 2x + y when the launch is enqueued
+        mem.device[B][:] = (2 * x + y).astype(np.float32).tobytes()
+        return ev.LaunchEnd(0)
+
+    events = [
+        ev.ModuleImage(MODULE, cubin, None, "cuModuleLoadData"),
+        ev.Allocation(A, x.nbytes),
+        ev.Allocation(B, y.nbytes),
+        ev.LaunchBegin(kernel(), (1, 1, 1), (256, 1, 1), 0, 0, saxpy_params(2.0, A, B, 256)),
+        run_kernel,
+    ]
+    path, t = record(tmp_path, events, mem)
+    assert not t.report.errors
+    with replayfmt.open(path) as cap:
+        ops = list(cap.iter_operations())
+        kinds = [op.kind.label for op in ops]
+        assert kinds.count("copy_h2d") == 2  # x and y snapshotted at first touch
+        launch = next(op for op in ops if op.kind == m.OperationKind.LAUNCH)
+        buffers = {o.address: o for o in cap.objects() if isinstance(o, m.Buffer)}
+        assert {(r.site_offset, r.target_buffer, r.target_offset) for r in launch.relocations} == {
+            (8, buffers[A].id, 0), (16, buffers[B].id, 0)}  # fmt: skip
+        checkpoint = next(op for op in ops if op.kind == m.OperationKind.CHECKPOINT)
+        assert [e.buffer for e in checkpoint.entries] == [buffers[B].id]  # x did not change
+        assert np.array_equal(np.frombuffer(cap.read_payload(checkpoint.entries[0].payload), np.float32), 2 * x + y)
+        exe = next(o for o in cap.objects() if isinstance(o, m.Executable))
+        assert exe.format == m.ExecutableFormat.CUBIN and exe.target_arch == "sm_90"
+        assert exe.functions[0].name == "saxpy" and exe.functions[0].parameters_known
+        plan = build_plan(cap, PlanOptions())
+        assert not plan.problems and plan.images[exe.id].abi_checked
+    assert t.report.kernels["saxpy"].captured == 1
+
+
+def test_outside_region_nothing_is_written_but_allocations_are_tracked(tmp_path, cubin):
+    mem = FakeMemory()
+    mem.device[A] = bytearray(64)
+    path, t = record(tmp_path, [
+        ev.ModuleImage(MODULE, cubin, None), ev.Allocation(A, 64),
+        ev.LaunchBegin(kernel(), (1, 1, 1), (1, 1, 1), 0, 0, saxpy_params(1.0, A, A, 16)),
+    ], mem, region=False)  # fmt: skip
+    with replayfmt.open(path) as cap:
+        assert [op.kind.label for op in cap.iter_operations()] == ["create"]  # the device only
+    assert t.report.kernels["saxpy"].occurrences == 1 and t.report.kernels["saxpy"].captured == 0
+
+
+def test_kernel_mode_instances_are_self_contained(tmp_path, cubin):
+    mem = FakeMemory()
+    mem.device[A] = bytearray(np.arange(4, dtype=np.float32).tobytes())
+    mem.device[B] = bytearray(16)
+    options = RecordOptions(mode=CaptureMode.KERNEL, kernels="sax", skip_first=1, max_per_kernel=2)
+    launch = ev.LaunchBegin(kernel(), (1, 1, 1), (4, 1, 1), 0, 0x77, saxpy_params(1.0, A, B, 4))
+    other = ev.LaunchBegin(kernel(name="other"), (1, 1, 1), (4, 1, 1), 0, 0, saxpy_params(1.0, A, B, 4))
+
+    def bump():
+        mem.device[B][0] += 1
+        return ev.LaunchEnd(0x77)
+
+    events = [ev.ModuleImage(MODULE, cubin, None), ev.Allocation(A, 16), ev.Allocation(B, 16),
+              ev.StreamCreated(0x77, 1)] + [launch, bump] * 4 + [other, ev.LaunchEnd(0)]  # fmt: skip
+    path, t = record(tmp_path, events, mem, options, region=False)
+    assert t.report.kernels["saxpy"].occurrences == 4 and t.report.kernels["saxpy"].captured == 2
+    assert t.report.kernels["other"].captured == 0  # seen, not selected
+    with replayfmt.open(path) as cap:
+        ops = list(cap.iter_operations())
+        scopes = [op.name for op in ops if op.kind == m.OperationKind.SCOPE_BEGIN]
+        assert scopes == ["saxpy#1", "saxpy#2"]
+        checkpoints = [op for op in ops if op.kind == m.OperationKind.CHECKPOINT]
+        assert len(checkpoints) == 2 and all(len(c.entries) == 1 for c in checkpoints)  # only B changed
+        uploads = [op for op in ops if op.kind == m.OperationKind.COPY_HOST_TO_DEVICE]
+        assert len(uploads) == 4  # A and B before each instance
+        stream = next(o for o in cap.objects() if isinstance(o, m.Stream))
+        assert stream.captured_handle == 0x77 and stream.flags == 1
+        assert all(op.stream == stream.id for op in uploads)
+        assert not build_plan(cap, PlanOptions()).problems
+    assert {stream for _, _, stream in mem.reads} == {0x77}  # only the launching stream is waited for
+
+
+def test_copies_memsets_events_and_partial_writes(tmp_path, cubin):
+    mem = FakeMemory()
+    mem.device[A] = bytearray(b"\x05" * 64)
+    mem.device[B] = bytearray(64)
+    mem.host[0x1000] = b"\x01" * 64
+    mem.host[0x2000] = b"\x05" * 16
+    events = [
+        ev.Allocation(A, 64), ev.Allocation(B, 64), ev.StreamCreated(0x10), ev.StreamCreated(0x20),
+        ev.EventCreated(0x30, 2),
+        ev.Copy(ev.CopyDirection.H2D, A, 0x1000, 64, 0x10, True, "cuMemcpyHtoDAsync_v2"),  # whole: no snapshot
+        ev.Memset(B + 16, 7, 1, 16, 0x10),  # partial: B is snapshotted first
+        ev.EventRecorded(0x30, 0x10), ev.StreamWaited(0x20, 0x30),
+        ev.Copy(ev.CopyDirection.DEFAULT, B, A, 32, 0x20, True, "cuMemcpyAsync"),
+        ev.Copy(ev.CopyDirection.D2H, 0x2000, A, 16, 0, False, "cuMemcpyDtoH_v2"), ev.CopyDone(0x2000, 16),
+        ev.StreamSynchronized(0x20), ev.ContextSynchronized(),
+        ev.Copy(ev.CopyDirection.H2D, 0x9999_0000_0000, 0x1000, 8, 0, False, "cuMemcpyHtoD_v2"),
+    ]  # fmt: skip
+    path, t = record(tmp_path, events, mem)
+    with replayfmt.open(path) as cap:
+        labels = [op.kind.label for op in cap.iter_operations() if op.kind.label != "create"]
+        assert labels == ["scope_begin", "copy_h2d", "copy_h2d", "memset", "event_record", "stream_wait_event",
+                          "copy_d2d", "copy_d2h", "stream_synchronize", "device_synchronize", "unsupported",
+                          "checkpoint", "scope_end"]  # fmt: skip
+        d2h = next(op for op in cap.iter_operations() if op.kind == m.OperationKind.COPY_DEVICE_TO_HOST)
+        assert cap.read_payload(d2h.payload) == b"\x05" * 16
+        event = next(o for o in cap.objects() if isinstance(o, m.Event))
+        assert event.flags == 2
+    assert t.report.unsupported == {"cuMemcpyHtoD_v2": 1}
+    assert next(r[0] for r in mem.reads) == B  # the partial memset's snapshot
+
+
+def test_unknown_module_and_nccl_and_host_functions_are_unsupported(tmp_path, cubin):
+    mem = FakeMemory()
+    events = [
+        ev.LaunchBegin(ev.Kernel(1, "mystery", ("library", 9), ()), (1, 1, 1), (1, 1, 1), 0, 0, b""),
+        ev.ModuleImage(MODULE, cubin, None),
+        ev.LaunchBegin(
+            ev.Kernel(2, "ncclDevKernel_AllReduce_Sum_f32_RING_LL", MODULE, ()), (1, 1, 1), (1, 1, 1), 0, 0, b""
+        ),
+        ev.NotReproducible("cuLaunchHostFunc", "a host function runs in the stream"),
+    ]
+    path, t = record(tmp_path, events, mem)
+    assert set(t.report.unsupported) == {"cuLaunchKernel", "cuLaunchHostFunc"}
+    with replayfmt.open(path) as cap:
+        reasons = [op.reason for op in cap.iter_operations() if op.kind == m.OperationKind.UNSUPPORTED]
+        assert "loaded before recording started" in reasons[0] and "collective" in reasons[1]
+        plan = build_plan(cap, PlanOptions(continue_on_error=True))
+        assert any("unsupported" in p or "cuLaunchHostFunc" in p for p in plan.problems)
+
+
+def test_allocations_made_before_recording_are_found_through_the_driver(tmp_path, cubin):
+    mem = FakeMemory()
+    mem.device[C] = bytearray(128)
+    mem.before_allocation[C] = 128
+    path, _t = record(tmp_path, [
+        ev.ModuleImage(MODULE, cubin, None),
+        ev.LaunchBegin(kernel(), (1, 1, 1), (1, 1, 1), 0, 0, saxpy_params(1.0, C + 64, C, 16)),
+    ], mem)  # fmt: skip
+    with replayfmt.open(path) as cap:
+        buffers = [o for o in cap.objects() if isinstance(o, m.Buffer)]
+        assert [(b.address, b.size) for b in buffers] == [(C, 128)]
+        launch = next(op for op in cap.iter_operations() if op.kind == m.OperationKind.LAUNCH)
+        assert sorted(r.target_offset for r in launch.relocations) == [0, 64]
+
+
+def test_stored_pointers_mark_the_capture_for_fixed_addresses(tmp_path, cubin):
+    mem = FakeMemory()
+    mem.device[A] = bytearray(struct.pack("<QQ", B + 8, 3))  # a pointer table
+    mem.device[B] = bytearray(64)
+    path, t = record(tmp_path, [
+        ev.ModuleImage(MODULE, cubin, None), ev.Allocation(A, 16), ev.Allocation(B, 64),
+        ev.LaunchBegin(kernel(), (1, 1, 1), (1, 1, 1), 0, 0, saxpy_params(1.0, A, B, 2)),
+    ], mem)  # fmt: skip
+    assert "holds the address" in t.report.needs_fixed_addresses
+    with replayfmt.open(path) as cap:
+        plan = build_plan(cap, PlanOptions(continue_on_error=True))
+        assert any("--fixed-addresses" in p for p in plan.problems)
+        assert not build_plan(cap, PlanOptions(fixed_addresses=True)).problems
+
+
+def test_tensor_maps_become_tensor_map_relocations(tmp_path, cubin):
+    mem = FakeMemory()
+    mem.device[A] = bytearray(4096)
+    layout = ((0, 128), (128, 8))
+    tensor_map = struct.pack("<Q", A + 256) + bytes(120)
+    params = tensor_map + struct.pack("<Q", A)
+    path, _ = record(tmp_path, [
+        ev.ModuleImage(MODULE, cubin, None), ev.Allocation(A, 4096),
+        ev.LaunchBegin(ev.Kernel(5, "tma", MODULE, layout), (1, 1, 1), (1, 1, 1), 0, 0, params),
+    ], mem)  # fmt: skip
+    with replayfmt.open(path) as cap:
+        launch = next(op for op in cap.iter_operations() if op.kind == m.OperationKind.LAUNCH)
+        assert [(r.site_offset, r.kind, r.target_offset) for r in launch.relocations] == [
+            (0, m.RelocationKind.TENSOR_MAP, 256), (128, m.RelocationKind.POINTER, 0)]  # fmt: skip
+        exe = next(o for o in cap.objects() if isinstance(o, m.Executable))
+        assert exe.functions[0].parameters[0].kind == m.ParameterKind.TENSOR_MAP
+
+
+def test_labels_and_annotations_type_buffers_and_parameters(tmp_path, cubin):
+    mem = FakeMemory()
+    mem.device[A] = bytearray(64)
+    mem.device[B] = bytearray(64)
+    path = tmp_path / "c.kreplay"
+    with CaptureWriter(path) as writer:
+        t = Translator(writer, RecordOptions(), mem)
+        t.handle(ev.ModuleImage(MODULE, cubin, None))
+        t.handle(ev.Allocation(A, 64))
+        t.handle(ev.Allocation(B, 64))
+        t.label_tensor(TensorLabel(A, 64, m.DType.FLOAT32, (16,), (1,), "x"))
+        t.annotate_kernel(
+            None,
+            "saxpy",
+            triton_annotation(
+                {"a": "fp32", "x": "*fp32", "y": "*fp32", "n": "i32", "BLOCK": "constexpr"},
+                ["a", "x", "y", "n", "BLOCK"],
+            ),
+        )
+        t.start()
+        t.handle(ev.LaunchBegin(kernel(), (1, 1, 1), (1, 1, 1), 0, 0, saxpy_params(1.0, A, B, 16)))
+        t.stop()
+    with replayfmt.open(path) as cap:
+        buffers = {o.address: o for o in cap.objects() if isinstance(o, m.Buffer)}
+        assert buffers[A].dtype == m.DType.FLOAT32 and buffers[A].shape == (16,) and buffers[A].label == "x"
+        assert buffers[B].dtype == m.DType.UNKNOWN
+        fn = next(o for o in cap.objects() if isinstance(o, m.Executable)).functions[0]
+        assert [p.name for p in fn.parameters] == ["a", "x", "y", "n"]
+        assert fn.parameters[1].kind == m.ParameterKind.POINTER and fn.parameters[1].dtype == m.DType.FLOAT32
+
+
+def test_file_backed_host_copies_follow_the_file_policy(tmp_path, cubin):
+    weights = tmp_path / "w.bin"
+    weights.write_bytes(bytes(range(256)) * 16)
+    maps = tmp_path / "maps"
+    maps.write_text(f"10000-11000 r--p 00000000 08:01 {weights.stat().st_ino} {weights}\n"
+                    "20000-21000 rw-p 00000000 00:00 0 \n")  # fmt: skip
+    mem = FakeMemory()
+    mem.device[A] = bytearray(4096)
+    mem.host[0x10100] = (bytes(range(256)) * 16)[0x100 : 0x100 + 512]
+    for policy in (m.FilePolicy.REFERENCE, m.FilePolicy.CAPTURE_RANGES):
+        path = tmp_path / f"{policy.label}.kreplay"
+        with CaptureWriter(path) as writer:
+            t = Translator(writer, RecordOptions(file_policy=policy), mem, host_files=HostFiles(maps))
+            t.handle(ev.Allocation(A, 4096))
+            t.start()
+            t.handle(ev.Copy(ev.CopyDirection.H2D, A + 64, 0x10100, 512, 0, False, "cuMemcpyHtoD_v2"))
+            t.stop()
+        with replayfmt.open(path) as cap:
+            copy = next(op for op in cap.iter_operations() if op.kind == m.OperationKind.COPY_HOST_TO_DEVICE
+                        and op.src_file)  # fmt: skip
+            ref = next(o for o in cap.objects() if isinstance(o, m.FileReference))
+            assert copy.src_offset == 0x100 and ref.path == str(weights) and ref.policy == policy
+            if policy == m.FilePolicy.CAPTURE_RANGES:
+                assert cap.read_payload(ref.ranges[0].payload) == mem.host[0x10100]
+            assert not build_plan(cap, PlanOptions()).problems
+
+
+def test_maps_parsing_and_lookup(tmp_path):
+    text = ("00400000-00452000 r-xp 00000000 08:02 173521 /usr/bin/python\n"
+            "7f00000000-7f00100000 r--p 00010000 08:02 99 /data/model.safetensors\n"
+            "7f00200000-7f00300000 rw-p 00000000 00:00 0 \n"
+            "7f00400000-7f00500000 r--p 00000000 08:02 77 /tmp/gone (deleted)\n")  # fmt: skip
+    mappings = parse_maps(text)
+    assert [mp.file_backed for mp in mappings] == [True, True, False, False]
+    maps = tmp_path / "maps"
+    maps.write_text(text)
+    files = HostFiles(maps)
+    assert files.file_range(0x7F00000010, 16) == ("/data/model.safetensors", 0x10010)
+    assert files.file_range(0x7F000FFFF8, 16) is None  # runs past the mapping
+    assert files.file_range(0x7F00200000, 16) is None  # anonymous
+    assert files.file_range(0x7F00400000, 16) is None  # deleted file
+
+
+def test_callback_errors_are_reported_not_raised(tmp_path):
+    mem = FakeMemory()
+    _path, t = record(tmp_path, [ev.Copy(ev.CopyDirection.D2H, 0x1000, A, 8, 0, True, "cuMemcpyDtoHAsync_v2")], mem)
+    assert t.report.unsupported == {"cuMemcpyDtoHAsync_v2": 1}
+    bad = ev.LaunchBegin(kernel(), (1, 1, 1), (1, 1, 1), 0, 0, b"\x01")  # no module: unsupported, no raise
+    with CaptureWriter(tmp_path / "d.kreplay") as writer:
+        t2 = Translator(writer, RecordOptions(), mem)
+        t2.start()
+        t2.handle(ev.ModuleImage(MODULE, None, None))  # an image with no bytes
+        t2.handle(bad)
+        t2.stop()
+    assert t2.report.errors and "no image" in t2.report.errors[0]
+    assert any("unsupported: cuMemcpyDtoHAsync_v2 x1" in line for line in t.report.lines())
+
+
+def test_options_reject_bad_values():
+    with pytest.raises(replayfmt.ReplayUsageError, match="regular expression"):
+        RecordOptions(mode=CaptureMode.KERNEL, kernels="(")
+    with pytest.raises(replayfmt.ReplayUsageError, match="max_per_kernel"):
+        RecordOptions(max_per_kernel=0)
