@@ -1,0 +1,107 @@
+"""Recorder overhead and snapshot bandwidth, measured side by side in one process (needs a GPU,
+torch, triton and cupti-python).
+
+1. Per-launch host overhead with snapshots off: a Triton launch and torch ``add_`` are timed
+   (wall clock over N launches, then one synchronisation) before the recorder exists, then
+   inside a recording region whose buffers were already touched (no more snapshots).
+2. Snapshot copies: a 1 GiB allocation's first touch in a region, against a bare pinned
+   cuMemcpyDtoH of the same size into a pinned buffer.
+
+    python benchmarks/capture_bench.py [--launches 20000] [--snapshot-mib 1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+import replayfmt.capture
+from replayfmt.cuda import check, driver
+
+
+@triton.jit
+def bump(x_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    tl.store(x_ptr + offsets, tl.load(x_ptr + offsets, mask=mask) + 1, mask=mask)
+
+
+def per_launch(fn, launches: int) -> float:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(launches):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / launches * 1e6
+
+
+def pinned_d2h(size: int) -> float:
+    cu = driver()
+    src = torch.ones(size // 4, device="cuda")
+    host = check(cu.cuMemHostAlloc(size, 0), "cuMemHostAlloc")
+    check(cu.cuMemcpyDtoH(host, src.data_ptr(), size), "warm-up")
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        check(cu.cuMemcpyDtoH(host, src.data_ptr(), size), "cuMemcpyDtoH")
+        best = min(best, time.perf_counter() - start)
+    check(cu.cuMemFreeHost(host), "cuMemFreeHost")
+    return size / best / 1e9
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--launches", type=int, default=20000)
+    parser.add_argument("--snapshot-mib", type=int, default=1024)
+    args = parser.parse_args()
+    x = torch.zeros(4096, device="cuda")
+    big = torch.rand(args.snapshot_mib << 18, device="cuda")  # random data: never time all-zero copies
+
+    def triton_launch() -> None:
+        bump[(4,)](x, 4096, BLOCK=1024)
+
+    def torch_add() -> None:
+        x.add_(1)
+
+    for fn in (triton_launch, torch_add):
+        per_launch(fn, 200)  # compile and warm up outside the measurement
+    bare = {fn.__name__: per_launch(fn, args.launches) for fn in (triton_launch, torch_add)}
+    bandwidth = pinned_d2h(big.numel() * 4)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        rec = replayfmt.capture.record(Path(tmp) / "bench.kreplay", start=False)
+        with rec.region("bench"):
+            triton_launch()
+            torch_add()  # first touch: x is snapshotted once
+            recorded = {fn.__name__: per_launch(fn, args.launches) for fn in (triton_launch, torch_add)}
+            before = rec.memory.copy_seconds, rec.memory.copied, rec.report.snapshot_seconds
+            started = time.perf_counter()
+            big.add_(1)  # first touch of 1 GiB: one snapshot
+            touched = time.perf_counter() - started
+            copy_seconds = rec.memory.copy_seconds - before[0]
+            copied = rec.memory.copied - before[1]
+            snapshot_seconds = rec.report.snapshot_seconds - before[2]
+        report = rec.close()
+        size = Path(tmp, "bench.kreplay").stat().st_size
+
+    print(f"device: {torch.cuda.get_device_name()}, {args.launches} launches each")
+    for name in bare:
+        overhead = recorded[name] - bare[name]
+        print(f"{name:>14}: bare {bare[name]:6.2f} us/launch, recorded {recorded[name]:6.2f} us/launch, "
+              f"overhead {overhead:+6.2f} us ({recorded[name] / bare[name]:.2f}x)  [goal <= 20 us]")  # fmt: skip
+    copy_rate = copied / copy_seconds / 1e9
+    print(f"snapshot of {copied >> 20} MiB: device-to-host copy {copy_rate:.1f} GB/s = "
+          f"{copy_rate / bandwidth:.0%} of bare pinned cuMemcpyDtoH ({bandwidth:.1f} GB/s)  [goal >= 50%]")  # fmt: skip
+    print(f"  whole snapshot read (sync + copy + copy out of the pinned buffer): {copied / snapshot_seconds / 1e9:.1f} "
+          f"GB/s; first-touch launch incl. hashing and queueing the payload: {copied / touched / 1e9:.1f} GB/s")  # fmt: skip
+    print(f"capture: {report.operations} operations, {size >> 20} MiB on disk (compression ran on writer threads)")
+
+
+if __name__ == "__main__":
+    main()
