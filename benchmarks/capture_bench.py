@@ -99,7 +99,7 @@ def main() -> None:
     print(f"snapshot of {copied >> 20} MiB: device-to-host copy {copy_rate:.1f} GB/s = "
           f"{copy_rate / bandwidth:.0%} of bare pinned cuMemcpyDtoH ({bandwidth:.1f} GB/s)  [goal >= 50%]")  # fmt: skip
     print(f"  whole snapshot read (sync + copy + copy out of the pinned buffer): {copied / snapshot_seconds / 1e9:.1f} "
-          f"GB/s; first-touch launch incl. hashing and queueing the payload: {copied / touched / 1e9:.1f} GB/s")  # fmt: skip
+          f"GB/s; first touch incl. hashing, queueing: {copied / touched / 1e9:.1f} GB/s")  # fmt: skip
     print(f"capture: {report.operations} operations, {size >> 20} MiB on disk (compression ran on writer threads)")
 
 

@@ -1,6 +1,6 @@
 """A CuPy RawKernel (NVRTC-compiled, loaded with cuModuleLoadData).
 
-    python -m replayfmt.capture -o cupy.kreplay examples/capture/cupy_rawkernel.py
+python -m replayfmt.capture -o cupy.kreplay examples/capture/cupy_rawkernel.py
 """
 
 import cupy as cp

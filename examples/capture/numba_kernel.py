@@ -1,6 +1,6 @@
 """A Numba CUDA kernel.
 
-    python -m replayfmt.capture -o numba.kreplay examples/capture/numba_kernel.py
+python -m replayfmt.capture -o numba.kreplay examples/capture/numba_kernel.py
 """
 
 import numpy as np

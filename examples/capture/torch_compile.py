@@ -1,6 +1,6 @@
 """A torch.compile'd function (Inductor generates and launches Triton kernels).
 
-    python -m replayfmt.capture -o compiled.kreplay examples/capture/torch_compile.py
+python -m replayfmt.capture -o compiled.kreplay examples/capture/torch_compile.py
 """
 
 import torch

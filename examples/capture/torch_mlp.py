@@ -1,7 +1,7 @@
 """A PyTorch eager MLP step (cuBLAS GEMMs, elementwise kernels, softmax).
 
-    python -m replayfmt.capture -o mlp.kreplay examples/capture/torch_mlp.py
-    run-replay --verify mlp.kreplay
+python -m replayfmt.capture -o mlp.kreplay examples/capture/torch_mlp.py
+run-replay --verify mlp.kreplay
 """
 
 import torch

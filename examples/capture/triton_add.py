@@ -1,6 +1,6 @@
 """A Triton kernel launched from Python.
 
-    python -m replayfmt.capture -o add.kreplay examples/capture/triton_add.py
+python -m replayfmt.capture -o add.kreplay examples/capture/triton_add.py
 """
 
 import torch

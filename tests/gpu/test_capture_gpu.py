@@ -164,13 +164,13 @@ def test_in_process_record_api_region_and_kernel_modes(tmp_path, capture_ready):
     script = tmp_path / "inproc.py"
     script.write_text(f"""
 import torch, replayfmt.capture
-rec = replayfmt.capture.record({str(tmp_path / 'region.kreplay')!r}, start=False)
+rec = replayfmt.capture.record({str(tmp_path / "region.kreplay")!r}, start=False)
 x = torch.arange(1 << 16, device="cuda", dtype=torch.float32)
 with rec.region("step"):
     x.mul_(3).add_(1)
 report = rec.close()
 assert report.kernels, report.lines()
-rec = replayfmt.capture.record({str(tmp_path / 'kernel.kreplay')!r}, mode="kernel", kernels="sin")
+rec = replayfmt.capture.record({str(tmp_path / "kernel.kreplay")!r}, mode="kernel", kernels="sin")
 for _ in range(3):
     y = torch.sin(x)  # a kernel first loaded under this recorder
 report = rec.close()
