@@ -352,3 +352,22 @@ def test_options_reject_bad_values():
         RecordOptions(mode=CaptureMode.KERNEL, kernels="(")
     with pytest.raises(replayfmt.ReplayUsageError, match="max_per_kernel"):
         RecordOptions(max_per_kernel=0)
+
+
+def test_triton_tensor_descriptors_mark_unaligned_tensor_maps(tmp_path, cubin):
+    mem = FakeMemory()
+    mem.device[A] = bytearray(4096)
+    layout = ((0, 8), (16, 128), (144, 4))  # Triton lays descriptors out 16-aligned
+    params = struct.pack("<Q8x", 7) + struct.pack("<Q", A) + bytes(120) + struct.pack("<i4x", 3)
+    path = tmp_path / "c.kreplay"
+    with CaptureWriter(path) as writer:
+        t = Translator(writer, RecordOptions(), mem)
+        t.handle(ev.ModuleImage(MODULE, cubin, None))
+        t.handle(ev.Allocation(A, 4096))
+        t.annotate_kernel(None, "tma", triton_annotation({"d": "tensordesc<fp32[64, 64]>", "n": "i32"}, ["d", "n"]))
+        t.start()
+        t.handle(ev.LaunchBegin(ev.Kernel(5, "tma", MODULE, layout), (1, 1, 1), (1, 1, 1), 0, 0, params))
+        t.stop()
+    with replayfmt.open(path) as cap:
+        launch = next(op for op in cap.iter_operations() if op.kind == m.OperationKind.LAUNCH)
+        assert [(r.site_offset, r.kind) for r in launch.relocations] == [(16, m.RelocationKind.TENSOR_MAP)]

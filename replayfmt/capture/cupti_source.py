@@ -174,6 +174,8 @@ class CuptiSource:
         self._kernels: dict[int, ev.Kernel] = {}
         self._subscriber: Any = None
         self._by_cbid: dict[int, Decoder] = {}
+        self._loaded: set[tuple[str, int]] = set()  # module and library keys seen loading
+        self._library_modules: dict[tuple[str, int], int] = {}  # library key -> its module handle
 
     # -- subscription ----------------------------------------------------------------------
 
@@ -238,6 +240,8 @@ class CuptiSource:
         layout = []
         if err == cu.CUresult.CUDA_SUCCESS:  # a CUfunction (driver API, Triton)
             key: tuple[str, int] | None = ("module", int(module))
+            if key not in self._loaded:
+                key = self._library_of(int(module)) or key
             info = cu.cuFuncGetParamInfo
         else:  # a CUkernel (runtime API launches): its library
             err, library = cu.cuKernelGetLibrary(handle)
@@ -250,6 +254,23 @@ class CuptiSource:
             layout.append((int(offset), int(size)))
         kernel = self._kernels[handle] = ev.Kernel(handle, name, key, tuple(layout))
         return kernel
+
+    def _library_of(self, module: int) -> tuple[str, int] | None:
+        """The library whose module ``module`` is (functions taken from a library's kernels)."""
+        cu = self.cu
+        for key in self._loaded:
+            if key[0] == "library" and key not in self._library_modules:
+                err, owned = cu.cuLibraryGetModule(key[1])
+                self._library_modules[key] = int(owned) if err == cu.CUresult.CUDA_SUCCESS else 0
+        for key, owned in self._library_modules.items():
+            if owned == module and key in self._loaded:
+                return key
+        return None
+
+    def _emit_image(self, image: ev.ModuleImage) -> None:
+        self._loaded.add(image.key)
+        self._library_modules.pop(image.key, None)
+        self._sink(image)
 
     @staticmethod
     def _parameters(layout: tuple[tuple[int, int], ...], kernel_params: int, extra: int) -> bytes:
@@ -280,10 +301,12 @@ class CuptiSource:
         if site == _EXIT:
             self._sink(ev.LaunchEnd(stream, self._result(data)))
             return
-        name = data.symbol_name or f"function_{f:#x}"
+        base = data.ptr
+        symbol = _q(base, 32)
+        name = _string_at(symbol).decode("utf-8", "replace") if symbol else f"function_{f:#x}"
         kernel = self._kernel(f, name)
         parameters = self._parameters(kernel.layout, kernel_params, extra)
-        call = data.function_name
+        call = _string_at(_q(base, 8)).decode()
         self._sink(ev.LaunchBegin(kernel, grid, block, smem, stream, parameters, cluster, cooperative, call))
 
     def _on_launch_kernel(self, site: int, p: int, data: Any) -> None:

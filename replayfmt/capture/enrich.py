@@ -63,7 +63,7 @@ def triton_annotation(signature: dict[str, Any], arg_names: list[str]) -> Kernel
             kinds.append(m.ParameterKind.VALUE)
             dtypes.append(dtype_of(t))
     if any(k == m.ParameterKind.TENSOR_MAP for k in kinds):
-        return KernelAnnotation()
+        return KernelAnnotation(tensor_maps=True)  # a descriptor expands into several parameters
     return KernelAnnotation(tuple(kept), tuple(kinds), tuple(dtypes))
 
 

@@ -106,6 +106,7 @@ class KernelAnnotation:
     names: tuple[str, ...] = ()
     kinds: tuple[m.ParameterKind, ...] = ()
     dtypes: tuple[m.DType, ...] = ()
+    tensor_maps: bool = False  # its 128-byte parameters are tensor maps (Triton tensor descriptors)
 
 
 class Translator:
@@ -259,7 +260,7 @@ class Translator:
         function = self._function(kernel)
         if function is None:
             return
-        relocations, targets = self._relocations(event.parameters, kernel.layout)
+        relocations, targets = self._relocations(event.parameters, kernel)
         for allocation in targets:
             self._touch(allocation, event.stream, kernel.name)
         self._write_launch(event, function, relocations)
@@ -278,7 +279,7 @@ class Translator:
         function = self._function(event.kernel)
         if function is None:
             return
-        relocations, targets = self._relocations(event.parameters, event.kernel.layout)
+        relocations, targets = self._relocations(event.parameters, event.kernel)
         scope = f"{name}#{seen - 1}"
         self.writer.scope_begin(scope)
         self._region += 1  # each instance uploads everything it reads
@@ -503,12 +504,11 @@ class Translator:
         eid = module.executables.get(kernel.name)
         if eid is None:
             self._store_module(module)
-            annotation = self._annotations.get((kernel.module, kernel.name)) or self._annotations.get(
-                (None, kernel.name), KernelAnnotation()
-            )
+            annotation = self._annotation(kernel)
             parameters = []
             for i, (offset, size) in enumerate(kernel.layout):
-                kind = m.ParameterKind.TENSOR_MAP if size == 128 and offset % 64 == 0 else m.ParameterKind.UNKNOWN
+                tensor_map = self._tensor_map(kernel, offset, size)
+                kind = m.ParameterKind.TENSOR_MAP if tensor_map else m.ParameterKind.UNKNOWN
                 if i < len(annotation.kinds) and annotation.kinds[i] != m.ParameterKind.UNKNOWN:
                     kind = annotation.kinds[i]
                 name = annotation.names[i] if i < len(annotation.names) else ""
@@ -571,15 +571,23 @@ class Translator:
             return None
         return allocation
 
-    def _relocations(
-        self, parameters: bytes, layout: tuple[tuple[int, int], ...]
-    ) -> tuple[list[m.Relocation], list[_Allocation]]:
+    def _annotation(self, kernel: ev.Kernel) -> KernelAnnotation:
+        return self._annotations.get((kernel.module, kernel.name)) or self._annotations.get(
+            (None, kernel.name), KernelAnnotation()
+        )
+
+    def _tensor_map(self, kernel: ev.Kernel, offset: int, size: int) -> bool:
+        """A 128-byte parameter is a tensor map when 64-aligned (CUtensorMap's alignment) or
+        when the framework says the kernel takes tensor descriptors."""
+        return size == 128 and (offset % 64 == 0 or self._annotation(kernel).tensor_maps)
+
+    def _relocations(self, parameters: bytes, kernel: ev.Kernel) -> tuple[list[m.Relocation], list[_Allocation]]:
         """Every 8-byte-aligned parameter word that points into a device allocation becomes a
-        relocation (structs passed by value hold pointers too); a 128-byte, 64-aligned
-        parameter is a tensor map, whose first word is its global address."""
+        relocation (structs passed by value hold pointers too); in a tensor map parameter only
+        the first word, its global address, is one (a tensor-map relocation)."""
         relocations: list[m.Relocation] = []
         targets: list[_Allocation] = []
-        maps = {offset for offset, size in layout if size == 128 and offset % 64 == 0}
+        maps = {offset for offset, size in kernel.layout if self._tensor_map(kernel, offset, size)}
         words = struct.unpack_from(f"<{len(parameters) // 8}Q", parameters)
         skip_until = -1
         for i, value in enumerate(words):
