@@ -497,7 +497,8 @@ class Translator:
             self._unsupported(
                 "cuLaunchKernel",
                 f"the module of {kernel.name} was loaded before recording started; start the recorder first "
-                "(python -m replayfmt.capture, or replayfmt.capture.record(..., start=False) at the top of the program)",
+                "(python -m replayfmt.capture, or replayfmt.capture.record(..., start=False) at the top of "
+                "the program)",
                 0,
             )
             return None
