@@ -10,11 +10,12 @@ recorded. Nothing raised here reaches the program: errors go to the translator's
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..cuda import check, driver
@@ -86,6 +87,18 @@ class DriverMemory:
         self.copy_seconds = 0.0
         self.copied = 0
 
+    @contextlib.contextmanager
+    def _unrecorded(self) -> Iterator[None]:
+        """The recorder's own driver calls: never recorded, and the caller's guard state is
+        restored (these run inside callbacks, which hold the guard already)."""
+        guard = self._guard
+        previous = getattr(guard, "busy", False)
+        guard.busy = True
+        try:
+            yield
+        finally:
+            guard.busy = previous
+
     def _own_stream(self) -> Any:
         if self._stream is None:
             cu = self.cu
@@ -105,9 +118,7 @@ class DriverMemory:
 
     def read(self, address: int, size: int, stream: int | None) -> bytes:
         cu = self.cu
-        guard = self._guard
-        guard.busy = True
-        try:
+        with self._unrecorded():
             if stream is None:
                 check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
             else:
@@ -129,17 +140,13 @@ class DriverMemory:
                     return _string_at(staging, n)
                 ctypes.memmove((ctypes.c_char * n).from_buffer(out, start), staging, n)
             return bytes(out or b"")
-        finally:
-            guard.busy = False
 
     def host_bytes(self, address: int, size: int) -> bytes:
         return _string_at(address, size)
 
     def find_allocation(self, address: int) -> tuple[int, int] | None:
         cu = self.cu
-        guard = self._guard
-        guard.busy = True
-        try:
+        with self._unrecorded():
             err, kind = cu.cuPointerGetAttribute(cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, address)
             if err != cu.CUresult.CUDA_SUCCESS or kind != cu.CUmemorytype.CU_MEMORYTYPE_DEVICE:
                 return None
@@ -147,8 +154,6 @@ class DriverMemory:
             if err != cu.CUresult.CUDA_SUCCESS:
                 return None
             return int(base), int(size)
-        finally:
-            guard.busy = False
 
     def close(self) -> None:
         cu = self.cu

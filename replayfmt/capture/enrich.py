@@ -38,8 +38,9 @@ def tensor_label(tensor: Any, name: str = "") -> TensorLabel | None:
     try:
         if not getattr(tensor, "is_cuda", False):
             return None
-        size = tensor.untyped_storage().nbytes() if hasattr(tensor, "untyped_storage") else tensor.nbytes
-        address = tensor.untyped_storage().data_ptr() if hasattr(tensor, "untyped_storage") else tensor.data_ptr()
+        storage = tensor.untyped_storage() if hasattr(tensor, "untyped_storage") else None
+        size = storage.nbytes() if storage is not None else tensor.nbytes
+        address = storage.data_ptr() if storage is not None else tensor.data_ptr()
         return TensorLabel(address, size, dtype_of(str(tensor.dtype)), tuple(tensor.shape), tuple(tensor.stride()),
                            name)  # fmt: skip
     except Exception:

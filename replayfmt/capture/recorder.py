@@ -215,7 +215,7 @@ def _version() -> str:
 
 def _describe_device(cu: Any) -> m.Device:
     """The device the program works on (the current context's, or cuda:0)."""
-    from ..cuda import check
+    from ..cuda import check, compute_capability
 
     check(cu.cuInit(0), "cuInit")
     err, ordinal = cu.cuCtxGetDevice()
@@ -223,8 +223,6 @@ def _describe_device(cu: Any) -> m.Device:
         ordinal = check(cu.cuDeviceGet(0), "cuDeviceGet")
     device = int(ordinal)
     attribute = cu.CUdevice_attribute
-    major = check(cu.cuDeviceGetAttribute(attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device), "attr")
-    minor = check(cu.cuDeviceGetAttribute(attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device), "attr")
     sms = check(cu.cuDeviceGetAttribute(attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device), "attr")
     name = check(cu.cuDeviceGetName(256, device), "cuDeviceGetName")
     uuid = check(cu.cuDeviceGetUuid(device), "cuDeviceGetUuid")
@@ -232,6 +230,6 @@ def _describe_device(cu: Any) -> m.Device:
     version = check(cu.cuDriverGetVersion(), "cuDriverGetVersion")
     return m.Device(
         ordinal=device, name=bytes(name).split(b"\0")[0].decode(), uuid=bytes(uuid.bytes),
-        compute_capability=(int(major), int(minor)), total_memory=int(total), driver_version=int(version),
+        compute_capability=compute_capability(device), total_memory=int(total), driver_version=int(version),
         multiprocessor_count=int(sms),
     )  # fmt: skip

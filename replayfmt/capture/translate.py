@@ -94,7 +94,6 @@ class _Instance:
     """A kernel-mode launch waiting for its call to return."""
 
     scope: str
-    name: str
     stream: int
     targets: list[_Allocation]
 
@@ -287,7 +286,7 @@ class Translator:
             self._touch(allocation, event.stream, name)
         self._write_launch(event, function, relocations)
         stats.captured += 1
-        self._instances[threading.get_ident()] = _Instance(scope, name, event.stream, targets)
+        self._instances[threading.get_ident()] = _Instance(scope, event.stream, targets)
 
     def _on_launch_end(self, event: ev.LaunchEnd) -> None:
         instance = self._instances.pop(threading.get_ident(), None)
@@ -312,7 +311,6 @@ class Translator:
             relocations=tuple(relocations),
             flags=m.LAUNCH_FLAG_COOPERATIVE if event.cooperative else 0,
         )
-        self.report.operations = self.writer.operation_count
 
     def _on_copy(self, event: ev.Copy) -> None:
         if not self._recording:
@@ -349,7 +347,6 @@ class Translator:
             self.writer.copy_d2d(src_buffer=src.buffer, dst_buffer=dst.buffer, size=event.size,
                                  src_offset=event.src - src.address, dst_offset=event.dst - dst.address,
                                  stream=stream, flags=flags)  # fmt: skip
-        self.report.operations = self.writer.operation_count
         return None
 
     def _copy_from_host(self, event: ev.Copy, dst: _Allocation, stream: int, flags: int) -> None:
@@ -682,7 +679,6 @@ class Translator:
             if payload != allocation.before:
                 entries.append(m.CheckpointEntry(allocation.buffer, payload, 0, allocation.size))
         self.writer.checkpoint(entries, name=name)
-        self.report.operations = self.writer.operation_count
 
     _dispatch = {
         ev.ModuleImage: _on_module,

@@ -47,6 +47,12 @@ def replay(path: Path, *flags: str, no_aslr: bool = False) -> subprocess.Complet
     return run([sys.executable, "-m", "replayfmt.tools.run_replay", str(path), *flags], no_aslr=no_aslr)
 
 
+def dump(path: Path, *flags: str) -> str:
+    result = run([sys.executable, "-m", "replayfmt.tools.dump_replay", *flags, str(path)])
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout
+
+
 def verified(path: Path, *flags: str, no_aslr: bool = False) -> str:
     result = replay(path, "--verify", *flags, no_aslr=no_aslr)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
@@ -58,7 +64,7 @@ def test_cuda_python_saxpy_two_streams_with_an_event_edge(tmp_path, capture_read
     out = tmp_path / "saxpy.kreplay"
     report = capture(out, EXAMPLES / "cuda_python_saxpy.py", args=(capture_ready,)).stderr
     assert "saxpy" in report
-    text = run([sys.executable, "-m", "replayfmt.tools.dump_replay", str(out)]).stdout
+    text = dump(out)
     for kind in ("launch", "event_record", "stream_wait_event", "checkpoint"):
         assert kind in text, text
     verified(out)
@@ -71,7 +77,7 @@ def test_kernel_mode_big_shared_memory(tmp_path, capture_ready, kernels):
     report = capture(out, SCRIPTS / "big_shared.py", "--mode", "kernel", "--kernels", "reverse",
                      "--skip-first", "1", "--max-per-kernel", "2", args=(str(cubin),)).stderr  # fmt: skip
     assert "reverse_in_shared" in report
-    text = run([sys.executable, "-m", "replayfmt.tools.dump_replay", str(out)]).stdout
+    text = dump(out)
     assert "reverse_in_shared#1" in text and "reverse_in_shared#2" in text and "reverse_in_shared#0" not in text
     assert "98304" in text  # the dynamic shared memory of the launch
     verified(out)
@@ -88,7 +94,7 @@ def test_torch_eager_mlp_scope_only(tmp_path, capture_ready):
     needs("torch")
     out = tmp_path / "step.kreplay"
     capture(out, EXAMPLES / "torch_mlp.py", "--scope", "step")
-    text = run([sys.executable, "-m", "replayfmt.tools.dump_replay", "--summary", str(out)]).stdout
+    text = dump(out, "--summary")
     assert "step" in text
     verified(out, "--tolerance")
 
@@ -97,7 +103,7 @@ def test_torch_compile(tmp_path, capture_ready):
     needs("torch")
     out = tmp_path / "compiled.kreplay"
     capture(out, EXAMPLES / "torch_compile.py", "--scope", "step")
-    text = run([sys.executable, "-m", "replayfmt.tools.dump_replay", str(out)]).stdout
+    text = dump(out)
     assert "triton" in text
     verified(out, "--tolerance")
 
@@ -115,7 +121,7 @@ def test_triton_tensor_descriptors_on_hopper(tmp_path, capture_ready):
         pytest.skip("tensor descriptors (TMA) need Hopper")
     out = tmp_path / "tma.kreplay"
     capture(out, EXAMPLES / "triton_tma.py")
-    text = run([sys.executable, "-m", "replayfmt.tools.dump_replay", "--format=jsonl", str(out)]).stdout
+    text = dump(out, "--format=jsonl")
     launch = next(line for line in text.splitlines() if '"launch"' in line and "scale_tma" in line)
     assert launch.count('"target_buffer"') >= 2  # both descriptors' addresses are relocated
     verified(out)
