@@ -14,7 +14,9 @@ torch, triton and cupti-python).
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import pstats
 import subprocess
 import sys
 import tempfile
@@ -64,6 +66,7 @@ def main() -> None:
     parser.add_argument("--launches", type=int, default=20000)
     parser.add_argument("--snapshot-mib", type=int, default=1024)
     parser.add_argument("--bare", action="store_true", help="time without the recorder; print JSON")
+    parser.add_argument("--profile", action="store_true", help="also profile the recorded launches (cProfile)")
     args = parser.parse_args()
     if not args.bare:
         child = [sys.executable, __file__, "--bare", "--launches", str(args.launches), "--snapshot-mib", "16"]
@@ -91,6 +94,10 @@ def main() -> None:
             triton_launch()
             torch_add()  # first touch: x is snapshotted once
             recorded = {fn.__name__: per_launch(fn, args.launches) for fn in (triton_launch, torch_add)}
+            if args.profile:
+                profiler = cProfile.Profile()
+                profiler.runcall(lambda: [per_launch(fn, 2000) for fn in (triton_launch, torch_add)])
+                pstats.Stats(profiler).sort_stats("tottime").print_stats(18)
             before = rec.memory.copy_seconds, rec.memory.copied, rec.report.snapshot_seconds
             started = time.perf_counter()
             big.add_(1)  # first touch of 1 GiB: one snapshot

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from . import model as m
+from .address_space import page_runs, steer_device_arena
 from .compare import NUMPY_DTYPES, BufferReport, Tolerance, compare
 from .cuda import STICKY_ERRORS, CudaCallError, check, compute_capability, driver, error_text
 from .errors import (
@@ -85,12 +86,26 @@ class _Staged:
     on_device: bool
 
 
+_FIXED_PAGE = 2 << 20  # the VMM granularity of current GPUs; the real one is asked of the driver
+
+
+def _recorded_ranges(plan: Plan) -> list[tuple[int, int]]:
+    return [(buf.address, buf.size) for buf in plan.buffers.values() if buf.address]
+
+
 class Replayer:
     """Executes a plan on CUDA devices. Create, call :meth:`run`, then :meth:`close`."""
 
     def __init__(self, plan: Plan, options: ReplayOptions | None = None) -> None:
         self.plan = plan
         self.options = options or ReplayOptions()
+        self._arena_problem: str | None = None
+        if plan.options.fixed_addresses and driver.cache_info().currsize == 0:
+            regions = page_runs(_recorded_ranges(plan), _FIXED_PAGE)
+            if regions:
+                low, high = regions[0][0], regions[-1][1]
+                device = self.options.devices[0] if self.options.devices else 0
+                self._arena_problem = steer_device_arena(low, high - low, device)
         self.cu = driver()
         self._closers: list[Callable[[], Any]] = []
         self._recent: deque[tuple[int, str]] = deque(maxlen=_RECENT)
@@ -219,28 +234,22 @@ class Replayer:
         prop.location.id = self.options.devices[0]
         flags = cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM
         page = check(cu.cuMemGetAllocationGranularity(prop, flags), "cuMemGetAllocationGranularity")
-        spans = []
         for bid, buf in self.plan.buffers.items():
             if buf.address == 0:
                 raise DeviceError(f"buffer {bid} has no recorded address; it cannot be replayed with --fixed-addresses")
-            spans.append((buf.address // page * page, -(-(buf.address + max(buf.size, 1)) // page) * page))
             self.addresses[bid] = buf.address
-        if not spans:
+        regions = page_runs(_recorded_ranges(self.plan), page)
+        if not regions:
             return
-        regions: list[list[int]] = []
-        for start, end in sorted(spans):
-            if regions and start <= regions[-1][1]:
-                regions[-1][1] = max(regions[-1][1], end)
-            else:
-                regions.append([start, end])
         low, high = regions[0][0], regions[-1][1]
         ptr = check(cu.cuMemAddressReserve(high - low, page, low, 0), "cuMemAddressReserve")
         self._closers.append(lambda: cu.cuMemAddressFree(ptr, high - low))
         if int(ptr) != low:
+            why = f": {self._arena_problem}" if self._arena_problem else ""
             raise DeviceError(
                 f"--fixed-addresses: the driver would not reserve the recorded range [{low:#x}, {high:#x}) (it "
-                f"offered {int(ptr):#x}); something in this process already uses part of it. Run the replay in a "
-                "fresh process with nothing else on the device"
+                f"offered {int(ptr):#x}){why}. Capture and replay with the tools' --fixed-addresses (they run "
+                "with address-space randomisation off), in a fresh process with nothing else on the device"
             )
         access = cu.CUmemAccessDesc()
         access.location = prop.location

@@ -142,8 +142,8 @@ TOOLS = {
   module loaded earlier is recorded as unsupported and replay refuses the capture.
 * Libraries that keep device pointers in device memory (cuBLAS workspaces, pointer arrays) are
   detected when snapshots hold addresses: the report says "needs --fixed-addresses". Capture with
-  `--fixed-addresses` (re-runs the script with ASLR off) and replay with
-  `setarch "$(uname -m)" -R run-replay --fixed-addresses`.
+  `--fixed-addresses` and replay with `run-replay --fixed-addresses` (both re-run themselves with
+  address-space randomisation off).
 * Not reproducible, recorded as unsupported (replay refuses): host functions, IPC, managed
   memory, CUDA graph launches, NCCL kernels, peer and 2D/3D copies.
 * The report at the end lists kernels seen, instances captured and bytes stored, and any error
@@ -169,8 +169,11 @@ TOOLS = {
 * A CUDA error names the operation index, kernel and driver error; an asynchronous fault (illegal
   address) also names the launches issued since the last successful synchronisation.
 * `--fixed-addresses` places buffers at their recorded addresses or fails. The driver grants an
-  address only inside its own per-process range, which address-space randomisation moves: run
-  both the capturing and the replaying program with `setarch "$(uname -m)" -R`.
+  address only inside its own per-process range, placed below what the process has mapped when
+  CUDA starts: the tool re-runs itself with address-space randomisation off, then, before CUDA
+  starts, pads its address space until a forked copy of itself is granted the recorded range.
+  The capture must have been taken with randomisation off too (`capture-replay --fixed-addresses`
+  does that). Used from Python, create the Replayer before anything else starts CUDA.
 * Single-device captures only, in this version.
 """,
     "tune-replay": """\

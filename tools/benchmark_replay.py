@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 import replayfmt
+from replayfmt.address_space import restart_without_aslr
 from replayfmt.benchmark import Benchmark, BenchmarkOptions, BenchmarkResult, find_region
 from replayfmt.errors import ReplayUsageError
 from replayfmt.plan import build_plan
@@ -128,6 +129,8 @@ def main(
 ) -> int:  # fmt: skip
     """Time replayed work faithfully: exactly the scope asked for, from the same starting state
     every time, with CUDA events; setup stays outside the timed region."""
+    if fixed_addresses:
+        restart_without_aslr()  # recorded addresses are reachable only so (see address_space)
     options = plan_options(substitutions=substitutions, remaps=remaps, launches=launches,
                            fixed_addresses=fixed_addresses)  # fmt: skip
     ordinals = tuple(parse_device(d) for d in devices) or (0,)

@@ -3,7 +3,6 @@ work into a .kreplay file, with no change to the script."""
 
 from __future__ import annotations
 
-import ctypes
 import os
 import runpy
 import sys
@@ -12,25 +11,8 @@ import click
 from replayfmt.tools.common import agents_md_option, reports_errors
 
 from replayfmt import model as m
+from replayfmt.address_space import restart_without_aslr
 from replayfmt.capture import CaptureMode, Recorder, RecordOptions
-
-_ADDR_NO_RANDOMIZE = 0x0040000
-_ENV_REEXEC = "REPLAYFMT_CAPTURE_NO_ASLR"
-
-
-def _without_aslr(argv: list[str]) -> None:
-    """Re-run this process with address-space randomisation off, so that the driver's address
-    range is where a replay run the same way will find it (``--fixed-addresses``)."""
-    if os.environ.get(_ENV_REEXEC) or not sys.platform.startswith("linux"):
-        return
-    libc = ctypes.CDLL(None, use_errno=True)
-    current = libc.personality(0xFFFFFFFF)
-    if current < 0 or current & _ADDR_NO_RANDOMIZE:
-        return
-    if libc.personality(current | _ADDR_NO_RANDOMIZE) < 0:
-        return
-    os.environ[_ENV_REEXEC] = "1"
-    os.execv(sys.executable, [sys.executable, "-m", "replayfmt.capture", *argv])
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -65,7 +47,7 @@ def main(output: str, overwrite: bool, mode: str, kernels: str | None, skip_firs
     Replay the result with run-replay, benchmark-replay or tune-replay.
     """
     if fixed_addresses:
-        _without_aslr(sys.argv[1:])
+        restart_without_aslr()  # the driver's address range then lands where a replay finds it
     options = RecordOptions(
         mode=CaptureMode(mode), kernels=kernels, skip_first=skip_first, max_per_kernel=max_per_kernel or None,
         region_scopes=scopes, fixed_addresses=fixed_addresses, label_tensors=label_tensors,

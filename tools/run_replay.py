@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 import replayfmt
+from replayfmt.address_space import restart_without_aslr
 from replayfmt.compare import Tolerance
 from replayfmt.errors import ReplayUsageError
 from replayfmt.plan import build_plan
@@ -82,6 +83,8 @@ def main(
     """Rebuild a capture on a CUDA device and run it: buffers reallocated and pointers relocated,
     streams and events rebuilt so captured concurrency is kept, optionally verified against the
     capture's checkpoints."""
+    if fixed_addresses and not dry_run:
+        restart_without_aslr()  # recorded addresses are reachable only so (see address_space)
     options = plan_options(substitutions=substitutions, remaps=remaps, launches=launches,
                            fixed_addresses=fixed_addresses, continue_on_error=continue_on_error)  # fmt: skip
     device_ordinals = tuple(parse_device(d) for d in devices) or (0,)

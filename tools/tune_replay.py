@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 import replayfmt
+from replayfmt.address_space import restart_without_aslr
 from replayfmt.errors import ReplayUsageError
 from replayfmt.plan import build_plan
 from replayfmt.tune import (
@@ -108,6 +109,8 @@ def main(
         raise ReplayUsageError("give a search space: --grid, --block, --smem and/or --max-registers")
     if plot_path is not None and plot_path.exists():
         raise ReplayUsageError(f"--plot: {plot_path} already exists; choose another file")
+    if fixed_addresses:
+        restart_without_aslr()  # recorded addresses are reachable only so (see address_space)
     options = plan_options(substitutions=substitutions, remaps=remaps, launches=(), fixed_addresses=fixed_addresses)
     with replayfmt.open(capture) as cap:
         plan = build_plan(cap, options)

@@ -1,263 +1,214 @@
-"""The driver-level source of events: CUPTI callbacks (cupti-python), decoded into :mod:`events`.
+"""The driver-level source of events: CUPTI callbacks, decoded into :mod:`events`.
 
 CUPTI calls :meth:`CuptiSource._callback` on the thread that made each enabled driver call, at
-its entry and at its exit. The parameter struct of the call sits behind ``functionParams``
-(offset 16 of ``CUpti_CallbackData``; cupti-python 13.0 does not expose it), and is read here
-with ``struct`` at the offsets of CUDA's ``generated_cuda_meta.h`` (x86-64). The recorder's own
-driver calls (parameter layouts, snapshots) run under a per-thread guard, so they are never
-recorded. Nothing raised here reaches the program: errors go to the translator's report.
+its entry and at its exit, with a ``CUpti_CallbackData`` (driver domain) or a
+``CUpti_ResourceData`` (resource domain). Parameter structs are read in place at the offsets of
+CUDA's ``generated_cuda_meta.h`` (x86-64). The recorder's own driver calls (parameter layouts,
+snapshots) run under a per-thread guard, so they are never recorded. Nothing raised here
+reaches the program: errors go to the translator's report.
+
+Code comes from two places. Loads the program makes itself (cuModuleLoad*, cuLibraryLoad*)
+give a handle and the image. Libraries load their modules lazily, one cubin at a time, with no
+driver call of their own: CUPTI's resource domain reports each such cubin, and a launched
+function whose module was never loaded by a visible call is matched by symbol name to the
+cubins loaded so far.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
+import os
 import struct
 import threading
-import time
-from collections.abc import Callable, Iterator
+import traceback
+from collections.abc import Callable
 from typing import Any
 
-from ..cuda import check, driver
-from ..errors import ReplayError, ReplayUsageError
+from ..cuda import driver
 from . import events as ev
+from .cupti_api import (
+    DOMAIN_DRIVER_API,
+    DOMAIN_RESOURCE,
+    RESOURCE_MODULE_LOADED,
+    RESOURCE_MODULE_UNLOAD_STARTING,
+    Cupti,
+)
+from .process_memory import MEMORY, c_string, image_bytes, read, u64
 
-_string_at = ctypes.string_at
-_unpack = struct.unpack
 _ENTER, _EXIT = 0, 1
-_FATBIN_MAGIC = 0xBA55ED50
-_FATBIN_WRAPPER_MAGIC = 0x466243B1
-_MAX_IMAGE = 1 << 30
 _LAUNCH_PARAM_BUFFER_POINTER, _LAUNCH_PARAM_BUFFER_SIZE = 1, 2
 _ATTRIBUTE_COOPERATIVE, _ATTRIBUTE_CLUSTER = 2, 4  # CUlaunchAttributeID
 _ATTRIBUTE_SIZE = 72  # sizeof(CUlaunchAttribute)
+# callbackSite, (functionName), functionParams, functionReturnValue, symbolName
+_CALLBACK_DATA = struct.Struct("<I4x8xQQQ")
+_LAUNCH_KERNEL = struct.Struct("<Q7I4xQQQ")  # f, grid, block, sharedMemBytes, hStream, kernelParams, extra
+_LAUNCH_COOPERATIVE = struct.Struct("<Q7I4xQQ")
+_LAUNCH_EX = struct.Struct("<QQQQ")  # config, f, kernelParams, extra
+_LAUNCH_CONFIG = struct.Struct("<7I4xQQI")  # grid, block, sharedMemBytes, hStream, attrs, numAttrs
+_MODULE_RESOURCE = struct.Struct("<I4xQQ")  # moduleId, cubinSize, pCubin
+_unpack_from = struct.unpack_from
+
+# (self, callback site, functionParams, functionReturnValue, call name, symbolName)
+Decoder = Callable[["CuptiSource", int, int, int, str, int], None]
 
 
-def _q(address: int, offset: int = 0) -> int:
-    return _unpack("<Q", _string_at(address + offset, 8))[0]
+class _Kernel:
+    """A launched function as the source caches it: its event, and how to read its arguments."""
 
+    __slots__ = ("end", "kernel", "layout", "pointers", "symbol")
 
-def load_cupti() -> Any:
-    """The cupti-python module, or a one-line error saying how to get it."""
-    try:
-        from cupti import cupti
-    except ImportError as exc:
-        raise ReplayUsageError(
-            f"capture needs cupti-python matching the driver's CUPTI ({exc}); install it with "
-            "pip install 'replayfmt[capture]'"
-        ) from None
-    return cupti
+    def __init__(self, kernel: ev.Kernel, symbol: int) -> None:
+        self.kernel = kernel
+        self.symbol = symbol  # the driver's symbolName pointer: a changed pointer means a reused handle
+        self.layout = kernel.layout
+        self.pointers = struct.Struct(f"<{len(kernel.layout)}Q")
+        self.end = max((o + s for o, s in kernel.layout), default=0)
 
-
-def image_bytes(address: int) -> bytes:
-    """The bytes of a code image given to the driver in memory: a cubin (ELF), a fatbin (or the
-    runtime's fatbin wrapper around one) or NUL-terminated PTX."""
-    head = _string_at(address, 64)
-    if head[:4] == b"\x7fELF":
-        shoff, = _unpack("<Q", head[0x28:0x30])  # fmt: skip
-        phoff, = _unpack("<Q", head[0x20:0x28])  # fmt: skip
-        phentsize, phnum, shentsize, shnum = _unpack("<HHHH", head[0x36:0x3E])
-        size = max(shoff + shentsize * shnum, phoff + phentsize * phnum)
-        if not 64 <= size <= _MAX_IMAGE:
-            raise ValueError(f"ELF image at {address:#x} claims {size} bytes")
-        return _string_at(address, size)
-    magic, = _unpack("<I", head[:4])  # fmt: skip
-    if magic == _FATBIN_WRAPPER_MAGIC:
-        return image_bytes(_unpack("<Q", head[8:16])[0])
-    if magic == _FATBIN_MAGIC:
-        header_size, = _unpack("<H", head[6:8])  # fmt: skip
-        fat_size, = _unpack("<Q", head[8:16])  # fmt: skip
-        size = header_size + fat_size
-        if not 16 <= size <= _MAX_IMAGE:
-            raise ValueError(f"fatbin image at {address:#x} claims {size} bytes")
-        return _string_at(address, size)
-    return _string_at(address)  # PTX text
-
-
-class DriverMemory:
-    """Device and host memory access for snapshots, through cuda.bindings. Device reads land in
-    a reused pinned buffer (DMA at full speed) and are copied out once."""
-
-    def __init__(self, guard: threading.local) -> None:
-        self.cu = driver()
-        self._guard = guard
-        self._stream: Any = None
-        self._pinned = 0
-        self._pinned_size = 0
-        self.copy_seconds = 0.0
-        self.copied = 0
-
-    @contextlib.contextmanager
-    def _unrecorded(self) -> Iterator[None]:
-        """The recorder's own driver calls: never recorded, and the caller's guard state is
-        restored (these run inside callbacks, which hold the guard already)."""
-        guard = self._guard
-        previous = getattr(guard, "busy", False)
-        guard.busy = True
-        try:
-            yield
-        finally:
-            guard.busy = previous
-
-    def _own_stream(self) -> Any:
-        if self._stream is None:
-            cu = self.cu
-            self._stream = check(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
-        return self._stream
-
-    def _staging(self, size: int) -> int:
-        if size > self._pinned_size:
-            cu = self.cu
-            if self._pinned:
-                check(cu.cuMemFreeHost(self._pinned), "cuMemFreeHost")
-                self._pinned = 0
-            grown = max(size, min(2 * self._pinned_size, 1 << 30), 8 << 20)
-            self._pinned = int(check(cu.cuMemHostAlloc(grown, 0), f"cuMemHostAlloc({grown})"))
-            self._pinned_size = grown
-        return self._pinned
-
-    def read(self, address: int, size: int, stream: int | None) -> bytes:
-        cu = self.cu
-        with self._unrecorded():
-            if stream is None:
-                check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
-            else:
-                check(cu.cuStreamSynchronize(cu.CUstream(stream)), "cuStreamSynchronize (launching stream)")
-            if size == 0:
-                return b""
-            own = self._own_stream()
-            chunk = min(size, 1 << 30)
-            staging = self._staging(chunk)
-            out = bytearray(size) if size > chunk else None
-            for start in range(0, size, chunk):
-                n = min(chunk, size - start)
-                began = time.perf_counter()
-                check(cu.cuMemcpyDtoHAsync(staging, address + start, n, own), "cuMemcpyDtoHAsync (snapshot)")
-                check(cu.cuStreamSynchronize(own), "cuStreamSynchronize (snapshot)")
-                self.copy_seconds += time.perf_counter() - began
-                self.copied += n
-                if out is None:
-                    return _string_at(staging, n)
-                ctypes.memmove((ctypes.c_char * n).from_buffer(out, start), staging, n)
-            return bytes(out or b"")
-
-    def host_bytes(self, address: int, size: int) -> bytes:
-        return _string_at(address, size)
-
-    def find_allocation(self, address: int) -> tuple[int, int] | None:
-        cu = self.cu
-        with self._unrecorded():
-            err, kind = cu.cuPointerGetAttribute(cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, address)
-            if err != cu.CUresult.CUDA_SUCCESS or kind != cu.CUmemorytype.CU_MEMORYTYPE_DEVICE:
-                return None
-            err, base, size = cu.cuMemGetAddressRange(address)
-            if err != cu.CUresult.CUDA_SUCCESS:
-                return None
-            return int(base), int(size)
-
-    def close(self) -> None:
-        cu = self.cu
-        if self._pinned:
-            cu.cuMemFreeHost(self._pinned)
-            self._pinned = 0
-        if self._stream is not None:
-            cu.cuStreamDestroy(self._stream)
-            self._stream = None
-
-
-Decoder = Callable[["CuptiSource", int, int, Any], None]  # (self, site, params address, callback data)
+    def arguments(self, kernel_params: int, extra: int) -> bytes:
+        if kernel_params and self.layout:
+            block = bytearray(self.end)
+            for (offset, size), pointer in zip(self.layout, self.pointers.unpack_from(MEMORY, kernel_params)):
+                block[offset : offset + size] = MEMORY[pointer : pointer + size]
+            return bytes(block)
+        if extra:  # CU_LAUNCH_PARAM_BUFFER_POINTER / _SIZE pairs, ended by CU_LAUNCH_PARAM_END
+            buffer = size = 0
+            for i in range(0, 64, 2):
+                key = u64(extra + 8 * i)
+                if key == 0:
+                    break
+                value = u64(extra + 8 * i + 8)
+                if key == _LAUNCH_PARAM_BUFFER_POINTER:
+                    buffer = value
+                elif key == _LAUNCH_PARAM_BUFFER_SIZE:
+                    size = u64(value)
+            return read(buffer, size) if buffer and size else b""
+        return b""
 
 
 class CuptiSource:
-    """Subscribes to CUPTI and feeds decoded driver events to ``sink`` (the translator)."""
+    """Subscribes to CUPTI and feeds decoded driver events to ``sink`` (the translator).
 
-    def __init__(self, sink: Callable[[ev.Event], None], guard: threading.local) -> None:
-        self.cupti = load_cupti()
-        self.cu = driver()
+    ``launch_results``: also report each launch's return (kernel mode needs it to close an
+    instance; region mode does not, and skips the work on every launch). ``cu``: the driver
+    bindings (default ``cuda.bindings.driver``; tests give a stand-in).
+    """
+
+    def __init__(
+        self,
+        cupti: Cupti | None,
+        sink: Callable[[ev.Event], None],
+        guard: threading.local,
+        *,
+        launch_results: bool = True,
+        cu: Any = None,
+    ) -> None:
+        self.cupti = cupti
+        self.cu = cu or driver()
         self._sink = sink
         self._guard = guard
-        self._kernels: dict[int, ev.Kernel] = {}
+        self._launch_results = launch_results
+        self._kernels: dict[int, _Kernel] = {}
         self._subscriber: Any = None
-        self._by_cbid: dict[int, Decoder] = {}
+        self._c_callback: Any = None
+        self._by_cbid: dict[int, tuple[Decoder, str]] = {}
         self._loaded: set[tuple[str, int]] = set()  # module and library keys seen loading
         self._library_modules: dict[tuple[str, int], int] = {}  # library key -> its module handle
+        self._lazy_images: dict[int, bytes] = {}  # CUPTI module id -> cubin, loaded with no call of its own
+        self._lazy_sent: set[int] = set()
 
     # -- subscription ----------------------------------------------------------------------
 
     def start(self) -> None:
         cupti = self.cupti
-        params = cupti.SubscriberParams()
-        params.struct_size = cupti.SUBSCRIBER_PARAMS_SIZE
-        params.subscriber_name = "replayfmt"
-        try:
-            self._subscriber = cupti.subscribe_v2(self._callback, None, params.ptr)
-        except cupti.cuptiError as exc:
-            other = getattr(params, "old_subscriber_name", None)
-            if exc.status == cupti.Result.ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED:
-                raise ReplayError(
-                    f"another CUPTI client is already subscribed ({other or 'unnamed'}: torch.profiler, nsys, ncu "
-                    "or another recorder); CUPTI allows one: stop it, or record in a process without it"
-                ) from None
-            raise ReplayError(f"cannot subscribe to CUPTI: {cupti.Result(exc.status).name}") from None
-        cbids = cupti.driver_api_trace_cbid
+        assert cupti is not None, "a source built without CUPTI cannot listen"
+        self._subscriber, self._c_callback = cupti.subscribe(self._callback, "replayfmt")
+        for cbid in self.route(cupti.driver_callback_ids):
+            cupti.enable_callback(self._subscriber, DOMAIN_DRIVER_API, cbid)
+        cupti.enable_callback(self._subscriber, DOMAIN_RESOURCE, RESOURCE_MODULE_LOADED)
+        cupti.enable_callback(self._subscriber, DOMAIN_RESOURCE, RESOURCE_MODULE_UNLOAD_STARTING)
+
+    def route(self, callback_ids: dict[str, int]) -> list[int]:
+        """Map driver callback ids (by call name) to their decoders; the ids to enable."""
         for name, decoder in _DECODERS.items():
-            cbid = getattr(cbids, name, None)
+            cbid = callback_ids.get(name)
             if cbid is not None:
-                self._by_cbid[int(cbid)] = decoder
-                cupti.enable_callback(1, self._subscriber, cupti.CallbackDomain.DRIVER_API, cbid)
+                self._by_cbid[cbid] = (decoder, name)
+        return list(self._by_cbid)
 
     def stop(self) -> None:
-        if self._subscriber is not None:
+        if self._subscriber is not None and self.cupti is not None:
             self.cupti.unsubscribe(self._subscriber)
             self._subscriber = None
 
     # -- the callback ----------------------------------------------------------------------
 
-    def _callback(self, userdata: Any, domain: int, cbid: int, data: Any) -> None:
+    def _callback(self, userdata: int | None, domain: int, cbid: int, data: int | None) -> None:
         guard = self._guard
-        if getattr(guard, "busy", False):
-            return
-        guard.busy = True
         try:
-            decoder = self._by_cbid.get(cbid)
-            if decoder is not None:
-                base = data.ptr
-                site, _, params = _unpack("<I4xQQ", _string_at(base, 24))
-                decoder(self, site, params, data)
+            if domain != DOMAIN_DRIVER_API:
+                self._on_resource(cbid, data or 0)  # also inside the recorder's own calls: lazy loads
+                return
+            if getattr(guard, "busy", False):
+                return
+            entry = self._by_cbid.get(cbid)
+            if entry is None:
+                return
+            guard.busy = True
+            try:
+                site, params, result, symbol = _CALLBACK_DATA.unpack_from(MEMORY, data or 0)
+                entry[0](self, site, params, result, entry[1], symbol)
+            finally:
+                guard.busy = False
         except Exception as exc:  # never raise into the program
-            self._sink(ev.NotReproducible("recorder", f"decoding a driver call failed: {type(exc).__name__}: {exc}"))
-        finally:
-            guard.busy = False
+            frame = traceback.extract_tb(exc.__traceback__)[-1]
+            where = f"{os.path.basename(frame.filename)}:{frame.lineno}"
+            call = self._by_cbid.get(cbid, (None, f"callback {domain}/{cbid}"))[1]
+            self._sink(
+                ev.NotReproducible(call, f"the recorder failed to decode it ({type(exc).__name__}: {exc}, {where})")
+            )
 
     @staticmethod
-    def _result(data: Any) -> int:
-        pointer = _q(data.ptr, 24)
-        return _unpack("<i", _string_at(pointer, 4))[0] if pointer else 0
+    def _succeeded(result: int) -> bool:
+        """Whether the call returned CUDA_SUCCESS (``result`` points at its CUresult)."""
+        return result == 0 or _unpack_from("<i", MEMORY, result)[0] == 0
+
+    def _on_resource(self, cbid: int, data: int) -> None:
+        descriptor = u64(data + 16)  # CUpti_ResourceData.resourceDescriptor
+        module_id, size, cubin = _MODULE_RESOURCE.unpack_from(MEMORY, descriptor)
+        if cbid == RESOURCE_MODULE_LOADED and cubin and size:
+            self._lazy_images[module_id] = read(cubin, size)
+        elif cbid == RESOURCE_MODULE_UNLOAD_STARTING:
+            self._lazy_images.pop(module_id, None)
 
     # -- kernels ---------------------------------------------------------------------------
 
-    def _kernel(self, handle: int, name: str) -> ev.Kernel:
-        kernel = self._kernels.get(handle)
-        if kernel is not None and kernel.name == name:
-            return kernel
+    def _kernel(self, handle: int, symbol: int) -> _Kernel:
+        cached = self._kernels.get(handle)
+        if cached is not None and cached.symbol == symbol:
+            return cached
+        name = c_string(symbol) or f"function_{handle:#x}"
         cu = self.cu
         err, module = cu.cuFuncGetModule(handle)
-        layout = []
+        key: tuple[str, int] | None
         if err == cu.CUresult.CUDA_SUCCESS:  # a CUfunction (driver API, Triton)
-            key: tuple[str, int] | None = ("module", int(module))
+            key = ("module", int(module))
             if key not in self._loaded:
-                key = self._library_of(int(module)) or key
+                key = self._library_of(int(module))
             info = cu.cuFuncGetParamInfo
         else:  # a CUkernel (runtime API launches): its library
             err, library = cu.cuKernelGetLibrary(handle)
             key = ("library", int(library)) if err == cu.CUresult.CUDA_SUCCESS else None
             info = cu.cuKernelGetParamInfo
+            if key not in self._loaded:
+                cu.cuKernelGetFunction(handle)  # a lazy module loads now, and the resource domain reports it
+        if key is None or key not in self._loaded:
+            key = self._lazily_loaded(name)
+        layout = []
         for i in range(4096):
             err, offset, size = info(handle, i)
             if err != cu.CUresult.CUDA_SUCCESS:
                 break
             layout.append((int(offset), int(size)))
-        kernel = self._kernels[handle] = ev.Kernel(handle, name, key, tuple(layout))
+        kernel = self._kernels[handle] = _Kernel(ev.Kernel(handle, name, key, tuple(layout)), symbol)
         return kernel
 
     def _library_of(self, module: int) -> tuple[str, int] | None:
@@ -272,199 +223,185 @@ class CuptiSource:
                 return key
         return None
 
+    def _lazily_loaded(self, name: str) -> tuple[str, int] | None:
+        """The most recent cubin the driver loaded with no call of its own (a library's lazy
+        module) that defines ``name``; sent to the sink the first time a launch needs it."""
+        symbol = b"\0" + name.encode() + b"\0"
+        for module_id in reversed(list(self._lazy_images)):
+            image = self._lazy_images[module_id]
+            if symbol in image:
+                key = ("loaded", module_id)
+                if module_id not in self._lazy_sent:
+                    self._lazy_sent.add(module_id)
+                    self._emit_image(ev.ModuleImage(key, image, None, "module loaded lazily by a library"))
+                return key
+        return None
+
     def _emit_image(self, image: ev.ModuleImage) -> None:
         self._loaded.add(image.key)
         self._library_modules.pop(image.key, None)
         self._sink(image)
 
-    @staticmethod
-    def _parameters(layout: tuple[tuple[int, int], ...], kernel_params: int, extra: int) -> bytes:
-        if kernel_params and layout:
-            pointers = _unpack(f"<{len(layout)}Q", _string_at(kernel_params, 8 * len(layout)))
-            end = max(o + s for o, s in layout)
-            block = bytearray(end)
-            for (offset, size), pointer in zip(layout, pointers):
-                block[offset : offset + size] = _string_at(pointer, size)
-            return bytes(block)
-        if extra:
-            buffer = size = 0
-            for i in range(0, 64, 2):
-                key = _q(extra, 8 * i)
-                if key == 0:
-                    break
-                value = _q(extra, 8 * i + 8)
-                if key == _LAUNCH_PARAM_BUFFER_POINTER:
-                    buffer = value
-                elif key == _LAUNCH_PARAM_BUFFER_SIZE:
-                    size = _q(value)
-            return _string_at(buffer, size) if buffer and size else b""
-        return b""
-
-    def _launch(self, site: int, data: Any, f: int, grid: tuple[int, int, int], block: tuple[int, int, int],
-                smem: int, stream: int, kernel_params: int, extra: int, cluster: tuple[int, int, int] = (0, 0, 0),
-                cooperative: bool = False) -> None:  # fmt: skip
+    def _launch(self, site: int, result: int, call: str, f: int, grid: tuple[int, int, int],
+                block: tuple[int, int, int], smem: int, stream: int, kernel_params: int, extra: int, symbol: int,
+                cluster: tuple[int, int, int] = (0, 0, 0), cooperative: bool = False) -> None:  # fmt: skip
         if site == _EXIT:
-            self._sink(ev.LaunchEnd(stream, self._result(data)))
+            if self._launch_results:
+                self._sink(ev.LaunchEnd(stream, 0 if self._succeeded(result) else 1))
             return
-        base = data.ptr
-        symbol = _q(base, 32)
-        name = _string_at(symbol).decode("utf-8", "replace") if symbol else f"function_{f:#x}"
-        kernel = self._kernel(f, name)
-        parameters = self._parameters(kernel.layout, kernel_params, extra)
-        call = _string_at(_q(base, 8)).decode()
-        self._sink(ev.LaunchBegin(kernel, grid, block, smem, stream, parameters, cluster, cooperative, call))
+        kernel = self._kernel(f, symbol)
+        self._sink(ev.LaunchBegin(kernel.kernel, grid, block, smem, stream, kernel.arguments(kernel_params, extra),
+                                  cluster, cooperative, call))  # fmt: skip
 
-    def _on_launch_kernel(self, site: int, p: int, data: Any) -> None:
-        f, gx, gy, gz, bx, by, bz, smem, stream, kp, extra = _unpack("<Q7I4xQQQ", _string_at(p, 64))
-        self._launch(site, data, f, (gx, gy, gz), (bx, by, bz), smem, stream, kp, extra)
+    # -- decoders ---------------------------------------------------------------------------
 
-    def _on_launch_cooperative(self, site: int, p: int, data: Any) -> None:
-        f, gx, gy, gz, bx, by, bz, smem, stream, kp = _unpack("<Q7I4xQQ", _string_at(p, 56))
-        self._launch(site, data, f, (gx, gy, gz), (bx, by, bz), smem, stream, kp, 0, cooperative=True)
+    def _on_launch_kernel(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
+        f, gx, gy, gz, bx, by, bz, smem, stream, kp, extra = _LAUNCH_KERNEL.unpack_from(MEMORY, p)
+        self._launch(site, result, call, f, (gx, gy, gz), (bx, by, bz), smem, stream, kp, extra, symbol)
 
-    def _on_launch_ex(self, site: int, p: int, data: Any) -> None:
-        config, f, kp, extra = _unpack("<QQQQ", _string_at(p, 32))
-        gx, gy, gz, bx, by, bz, smem, stream, attrs, count = _unpack("<7I4xQQI", _string_at(config, 52))
+    def _on_launch_cooperative(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
+        f, gx, gy, gz, bx, by, bz, smem, stream, kp = _LAUNCH_COOPERATIVE.unpack_from(MEMORY, p)
+        self._launch(site, result, call, f, (gx, gy, gz), (bx, by, bz), smem, stream, kp, 0, symbol, cooperative=True)
+
+    def _on_launch_ex(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
+        config, f, kp, extra = _LAUNCH_EX.unpack_from(MEMORY, p)
+        gx, gy, gz, bx, by, bz, smem, stream, attrs, count = _LAUNCH_CONFIG.unpack_from(MEMORY, config)
         cluster, cooperative = (0, 0, 0), False
         for i in range(min(count, 64)):
             attr = attrs + i * _ATTRIBUTE_SIZE
-            kind, = _unpack("<I", _string_at(attr, 4))  # fmt: skip
+            kind = _unpack_from("<I", MEMORY, attr)[0]
             if kind == _ATTRIBUTE_CLUSTER:
-                cluster = _unpack("<III", _string_at(attr + 8, 12))
+                cluster = _unpack_from("<III", MEMORY, attr + 8)
             elif kind == _ATTRIBUTE_COOPERATIVE:
-                cooperative = _unpack("<i", _string_at(attr + 8, 4))[0] != 0
-        self._launch(site, data, f, (gx, gy, gz), (bx, by, bz), smem, stream, kp, extra, cluster, cooperative)
+                cooperative = _unpack_from("<i", MEMORY, attr + 8)[0] != 0
+        self._launch(site, result, call, f, (gx, gy, gz), (bx, by, bz), smem, stream, kp, extra, symbol, cluster,
+                     cooperative)  # fmt: skip
 
     # -- memory ----------------------------------------------------------------------------
 
-    def _on_alloc(self, site: int, p: int, data: Any) -> None:
-        if site == _EXIT and self._result(data) == 0:
-            out, size = _unpack("<QQ", _string_at(p, 16))
-            self._sink(ev.Allocation(_q(out), size, ev.MemoryApi.DEVICE, data.function_name))
+    def _on_alloc(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
+        if site == _EXIT and self._succeeded(result):
+            out, size = _unpack_from("<QQ", MEMORY, p)
+            self._sink(ev.Allocation(u64(out), size, ev.MemoryApi.DEVICE, call))
 
-    def _on_alloc_pitch(self, site: int, p: int, data: Any) -> None:
-        if site == _EXIT and self._result(data) == 0:
-            out, pitch, _width, height = _unpack("<QQQQ", _string_at(p, 32))
-            self._sink(ev.Allocation(_q(out), _q(pitch) * height, ev.MemoryApi.DEVICE, data.function_name))
+    def _on_alloc_pitch(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
+        if site == _EXIT and self._succeeded(result):
+            out, pitch, _width, height = _unpack_from("<QQQQ", MEMORY, p)
+            self._sink(ev.Allocation(u64(out), u64(pitch) * height, ev.MemoryApi.DEVICE, call))
 
-    def _on_alloc_host(self, site: int, p: int, data: Any) -> None:
-        if site == _EXIT and self._result(data) == 0:
-            out, size = _unpack("<QQ", _string_at(p, 16))
-            self._sink(ev.Allocation(_q(out), size, ev.MemoryApi.HOST_PINNED, data.function_name))
+    def _on_alloc_host(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
+        if site == _EXIT and self._succeeded(result):
+            out, size = _unpack_from("<QQ", MEMORY, p)
+            self._sink(ev.Allocation(u64(out), size, ev.MemoryApi.HOST_PINNED, call))
 
-    def _on_alloc_managed(self, site: int, p: int, data: Any) -> None:
-        if site == _EXIT and self._result(data) == 0:
-            out, size = _unpack("<QQ", _string_at(p, 16))
-            self._sink(ev.Allocation(_q(out), size, ev.MemoryApi.MANAGED, data.function_name))
+    def _on_alloc_managed(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
+        if site == _EXIT and self._succeeded(result):
+            out, size = _unpack_from("<QQ", MEMORY, p)
+            self._sink(ev.Allocation(u64(out), size, ev.MemoryApi.MANAGED, call))
 
-    def _on_free(self, site: int, p: int, data: Any) -> None:
+    def _on_free(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
         if site == _ENTER:
-            self._sink(ev.Free(_q(p), data.function_name))
+            self._sink(ev.Free(u64(p), call))
 
-    def _on_mem_map(self, site: int, p: int, data: Any) -> None:
-        if site == _EXIT and self._result(data) == 0:
-            address, size = _unpack("<QQ", _string_at(p, 16))
-            self._sink(ev.Allocation(address, size, ev.MemoryApi.DEVICE, data.function_name))
+    def _on_mem_map(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
+        if site == _EXIT and self._succeeded(result):
+            address, size = _unpack_from("<QQ", MEMORY, p)
+            self._sink(ev.Allocation(address, size, ev.MemoryApi.DEVICE, call))
 
     # -- streams, events, synchronisation ----------------------------------------------------
 
-    def _on_stream_create(self, site: int, p: int, data: Any) -> None:
-        if site == _EXIT and self._result(data) == 0:
-            out, flags, priority = _unpack("<QIi", _string_at(p, 16))
-            if data.function_name != "cuStreamCreateWithPriority":
+    def _on_stream_create(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
+        if site == _EXIT and self._succeeded(result):
+            out, flags, priority = _unpack_from("<QIi", MEMORY, p)
+            if call != "cuStreamCreateWithPriority":
                 priority = 0
-            self._sink(ev.StreamCreated(_q(out), flags, priority))
+            self._sink(ev.StreamCreated(u64(out), flags, priority))
 
-    def _on_event_create(self, site: int, p: int, data: Any) -> None:
-        if site == _EXIT and self._result(data) == 0:
-            out, flags = _unpack("<QI", _string_at(p, 12))
-            self._sink(ev.EventCreated(_q(out), flags))
+    def _on_event_create(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
+        if site == _EXIT and self._succeeded(result):
+            out, flags = _unpack_from("<QI", MEMORY, p)
+            self._sink(ev.EventCreated(u64(out), flags))
 
-    def _on_event_record(self, site: int, p: int, data: Any) -> None:
+    def _on_event_record(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
         if site == _ENTER:
-            event, stream = _unpack("<QQ", _string_at(p, 16))
+            event, stream = _unpack_from("<QQ", MEMORY, p)
             self._sink(ev.EventRecorded(event, stream))
 
-    def _on_stream_wait(self, site: int, p: int, data: Any) -> None:
+    def _on_stream_wait(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
         if site == _ENTER:
-            stream, event = _unpack("<QQ", _string_at(p, 16))
+            stream, event = _unpack_from("<QQ", MEMORY, p)
             self._sink(ev.StreamWaited(stream, event))
 
-    def _on_stream_sync(self, site: int, p: int, data: Any) -> None:
+    def _on_stream_sync(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
         if site == _EXIT:
-            self._sink(ev.StreamSynchronized(_q(p)))
+            self._sink(ev.StreamSynchronized(u64(p)))
 
-    def _on_context_sync(self, site: int, p: int, data: Any) -> None:
+    def _on_context_sync(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
         if site == _EXIT:
             self._sink(ev.ContextSynchronized())
 
-    def _on_event_sync(self, site: int, p: int, data: Any) -> None:
+    def _on_event_sync(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
         if site == _EXIT:
-            self._sink(ev.EventSynchronized(_q(p)))
-
-    # -- code ------------------------------------------------------------------------------
+            self._sink(ev.EventSynchronized(u64(p)))
 
 
 def _copy_decoder(direction: ev.CopyDirection, asynchronous: bool) -> Decoder:
-    def decode(self: CuptiSource, site: int, p: int, data: Any) -> None:
+    def decode(self: CuptiSource, site: int, p: int, result: int, call: str, symbol: int) -> None:
         if asynchronous:
-            dst, src, size, stream = _unpack("<QQQQ", _string_at(p, 32))
+            dst, src, size, stream = _unpack_from("<QQQQ", MEMORY, p)
         else:
-            (dst, src, size), stream = _unpack("<QQQ", _string_at(p, 24)), 0
+            (dst, src, size), stream = _unpack_from("<QQQ", MEMORY, p), 0
         if site == _EXIT:
-            if direction != ev.CopyDirection.H2D and not asynchronous and self._result(data) == 0:
+            if direction != ev.CopyDirection.H2D and not asynchronous and self._succeeded(result):
                 self._sink(ev.CopyDone(dst, size))
             return
-        self._sink(ev.Copy(direction, dst, src, size, stream, asynchronous,
-                           data.function_name))  # fmt: skip
+        self._sink(ev.Copy(direction, dst, src, size, stream, asynchronous, call))
 
     return decode
 
 
 def _memset_decoder(element_size: int, asynchronous: bool) -> Decoder:
     code = {1: "B", 2: "H", 4: "I"}[element_size]
+    layout = struct.Struct(f"<Q{code}{8 - element_size}xQ" + ("Q" if asynchronous else ""))
 
-    def decode(self: CuptiSource, site: int, p: int, data: Any) -> None:
+    def decode(self: CuptiSource, site: int, p: int, result: int, call: str, symbol: int) -> None:
         if site == _ENTER:
-            if asynchronous:
-                address, value, count, stream = _unpack(f"<Q{code}{8 - element_size}xQQ", _string_at(p, 32))
-            else:
-                (address, value, count), stream = _unpack(f"<Q{code}{8 - element_size}xQ", _string_at(p, 24)), 0
-            self._sink(ev.Memset(address, value, element_size, count, stream,
-                                 data.function_name))  # fmt: skip
+            address, value, count, *stream = layout.unpack_from(MEMORY, p)
+            self._sink(ev.Memset(address, value, element_size, count, stream[0] if stream else 0, call))
 
     return decode
 
 
 def _module_load_decoder(kind: str, from_file: bool) -> Decoder:
-    def decode(self: CuptiSource, site: int, p: int, data: Any) -> None:
-        if site != _EXIT or self._result(data) != 0:
+    def decode(self: CuptiSource, site: int, p: int, result: int, call: str, symbol: int) -> None:
+        if site != _EXIT or not self._succeeded(result):
             return
-        out, source = _unpack("<QQ", _string_at(p, 16))
-        key = (kind, _q(out))
+        out, source = _unpack_from("<QQ", MEMORY, p)
+        key = (kind, u64(out))
         if from_file:
-            self._sink(ev.ModuleImage(key, None, _string_at(source).decode(), data.function_name))
+            self._emit_image(ev.ModuleImage(key, None, c_string(source), call))
         else:
-            self._sink(ev.ModuleImage(key, image_bytes(source), None, data.function_name))
+            self._emit_image(ev.ModuleImage(key, image_bytes(source), None, call))
 
     return decode
 
 
 def _module_unload_decoder(kind: str) -> Decoder:
-    def decode(self: CuptiSource, site: int, p: int, data: Any) -> None:
+    def decode(self: CuptiSource, site: int, p: int, result: int, call: str, symbol: int) -> None:
         if site == _ENTER:
-            handle = _q(p)
-            self._sink(ev.ModuleUnload((kind, handle)))
-            for f in [f for f, k in self._kernels.items() if k.module == (kind, handle)]:
+            key = (kind, u64(p))
+            self._sink(ev.ModuleUnload(key))
+            self._loaded.discard(key)
+            for f in [f for f, k in self._kernels.items() if k.kernel.module == key]:
                 del self._kernels[f]
 
     return decode
 
 
 def _refusal_decoder(reason: str) -> Decoder:
-    def decode(self: CuptiSource, site: int, p: int, data: Any) -> None:
+    def decode(self: CuptiSource, site: int, p: int, result: int, call: str, symbol: int) -> None:
         if site == _ENTER:
-            self._sink(ev.NotReproducible(data.function_name, reason))
+            self._sink(ev.NotReproducible(call, reason))
 
     return decode
 
@@ -476,11 +413,14 @@ def _variants(*names: str) -> list[str]:
 
 _S = CuptiSource
 _D, _H2D, _D2H, _D2D = ev.CopyDirection.DEFAULT, ev.CopyDirection.H2D, ev.CopyDirection.D2H, ev.CopyDirection.D2D
-_DECODERS: dict[str, Decoder] = {}
-for _names, _decoder in [
+_LAUNCHES = (
     (_variants("cuLaunchKernel"), _S._on_launch_kernel),
     (_variants("cuLaunchKernelEx"), _S._on_launch_ex),
     (_variants("cuLaunchCooperativeKernel"), _S._on_launch_cooperative),
+)
+_DECODERS: dict[str, Decoder] = {}
+for _names, _decoder in [
+    *_LAUNCHES,
     (_variants("cuMemAlloc_v2", "cuMemAllocAsync", "cuMemAllocFromPoolAsync"), _S._on_alloc),
     (["cuMemAllocPitch_v2"], _S._on_alloc_pitch),
     (["cuMemHostAlloc", "cuMemAllocHost_v2"], _S._on_alloc_host),

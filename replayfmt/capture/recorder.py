@@ -20,7 +20,9 @@ from typing import Any
 from .. import model as m
 from ..errors import ReplayUsageError
 from ..writer import CaptureWriter
-from .cupti_source import CuptiSource, DriverMemory, load_cupti
+from .cupti_api import load_cupti
+from .cupti_source import CuptiSource
+from .device_memory import DriverMemory
 from .options import CaptureMode, RecordOptions
 from .report import Report
 from .translate import KernelAnnotation, Translator
@@ -51,7 +53,7 @@ class Recorder:
     ) -> None:
         if active() is not None:
             raise ReplayUsageError("a replayfmt recorder is already listening in this process; close it first")
-        load_cupti()  # a one-line error before anything is created
+        cupti = load_cupti()  # a one-line error before anything is created
         self.options = options
         guard = threading.local()
         self.memory = DriverMemory(guard)
@@ -64,7 +66,9 @@ class Recorder:
         )  # fmt: skip
         self.writer = CaptureWriter(path, metadata=metadata, overwrite=overwrite)
         self.translator = Translator(self.writer, options, self.memory, device=device)
-        self.source = CuptiSource(self.translator.handle, guard)
+        self.source = CuptiSource(
+            cupti, self.translator.handle, guard, launch_results=options.mode == CaptureMode.KERNEL
+        )
         self._enrichment: list[Any] = []
         self._closed = False
         try:

@@ -33,7 +33,7 @@ from ..writer import CaptureWriter
 from . import events as ev
 from .hostfiles import HostFiles
 from .options import CaptureMode, RecordOptions
-from .report import Report
+from .report import KernelStats, Report
 
 _POINTER_LOW = 1 << 32  # below this an 8-byte parameter word is taken for a number, not an address
 _POINTER_HIGH = 1 << 57
@@ -67,7 +67,7 @@ class TensorLabel:
     name: str = ""
 
 
-@dataclass
+@dataclass(eq=False)
 class _Allocation:
     address: int
     size: int
@@ -96,6 +96,18 @@ class _Instance:
     scope: str
     stream: int
     targets: list[_Allocation]
+
+
+@dataclass(slots=True)
+class _KernelShape:
+    """What every launch of one kernel shares, worked out at its first launch."""
+
+    stats: KernelStats
+    collective: bool  # an NCCL kernel: never reproducible alone
+    tensor_maps: frozenset[int]  # offsets of its tensor-map parameters
+    words: struct.Struct  # its parameter block as 8-byte words
+    # the last launch's arguments and what they resolved to, while no allocation changed since
+    last: tuple[bytes, int, list[m.Relocation], list[_Allocation]] | None = None
 
 
 @dataclass(frozen=True)
@@ -140,6 +152,8 @@ class Translator:
         self._pending_labels: list[TensorLabel] = []
         self._kernel_filter = re.compile(options.kernels) if options.kernels else None
         self._seen: dict[str, int] = {}
+        self._shapes: dict[tuple[int, str, tuple[str, int] | None], _KernelShape] = {}
+        self._epoch = 0  # changes whenever the allocation table does
         self._instances: dict[int, _Instance] = {}  # thread id -> instance awaiting its LaunchEnd
         self._region = 0
         self._recording = False
@@ -196,6 +210,7 @@ class Translator:
     def annotate_kernel(self, module: tuple[str, int] | None, name: str, annotation: KernelAnnotation) -> None:
         with self._lock:
             self._annotations[(module, name)] = annotation
+            self._shapes.clear()  # tensor-map parameters may be known now
 
     def label_tensor(self, label: TensorLabel) -> None:
         """Type the allocation holding a tensor (used when its buffer object is written)."""
@@ -231,12 +246,14 @@ class Translator:
         bisect.insort(self._starts, address)
         self._allocations[address] = allocation
         self._not_pointers.clear()
+        self._epoch += 1
         return allocation
 
     def _remove(self, address: int) -> _Allocation | None:
         allocation = self._allocations.pop(address, None)
         if allocation is not None:
             del self._starts[bisect.bisect_left(self._starts, address)]
+            self._epoch += 1
         return allocation
 
     def _on_free(self, event: ev.Free) -> None:
@@ -246,24 +263,44 @@ class Translator:
 
     def _on_launch(self, event: ev.LaunchBegin) -> None:
         kernel = event.kernel
-        stats = self.report.kernel(kernel.name)
-        stats.occurrences += 1
+        shape = self._shape(kernel)
+        shape.stats.occurrences += 1
         if self.options.mode == CaptureMode.KERNEL:
             self._kernel_instance(event)
             return
         if not self._recording:
             return
-        if _COLLECTIVE.search(kernel.name):
+        if shape.collective:
             self._unsupported(event.call, f"{kernel.name} is a collective (NCCL) kernel", event.stream)
             return
         function = self._function(kernel)
         if function is None:
             return
-        relocations, targets = self._relocations(event.parameters, kernel)
+        last = shape.last
+        if last is not None and last[0] == event.parameters and last[1] == self._epoch:
+            relocations, targets = last[2], last[3]  # a loop launching on the same buffers
+        else:
+            relocations, targets = self._relocations(event.parameters, shape)
+            shape.last = (event.parameters, self._epoch, relocations, targets)
         for allocation in targets:
-            self._touch(allocation, event.stream, kernel.name)
+            if allocation.region != self._region:
+                self._touch(allocation, event.stream, kernel.name)
         self._write_launch(event, function, relocations)
-        stats.captured += 1
+        shape.stats.captured += 1
+
+    def _shape(self, kernel: ev.Kernel) -> _KernelShape:
+        key = (kernel.handle, kernel.name, kernel.module)
+        shape = self._shapes.get(key)
+        if shape is None:
+            maps = frozenset(o for o, size in kernel.layout if self._tensor_map(kernel, o, size))
+            end = max((o + size for o, size in kernel.layout), default=0)
+            shape = self._shapes[key] = _KernelShape(
+                self.report.kernel(kernel.name),
+                bool(_COLLECTIVE.search(kernel.name)),
+                maps,
+                struct.Struct(f"<{end // 8}Q"),
+            )
+        return shape
 
     def _kernel_instance(self, event: ev.LaunchBegin) -> None:
         name = event.kernel.name
@@ -278,7 +315,7 @@ class Translator:
         function = self._function(event.kernel)
         if function is None:
             return
-        relocations, targets = self._relocations(event.parameters, event.kernel)
+        relocations, targets = self._relocations(event.parameters, self._shape(event.kernel))
         scope = f"{name}#{seen - 1}"
         self.writer.scope_begin(scope)
         self._region += 1  # each instance uploads everything it reads
@@ -579,16 +616,18 @@ class Translator:
         when the framework says the kernel takes tensor descriptors."""
         return size == 128 and (offset % 64 == 0 or self._annotation(kernel).tensor_maps)
 
-    def _relocations(self, parameters: bytes, kernel: ev.Kernel) -> tuple[list[m.Relocation], list[_Allocation]]:
+    def _relocations(self, parameters: bytes, shape: _KernelShape) -> tuple[list[m.Relocation], list[_Allocation]]:
         """Every 8-byte-aligned parameter word that points into a device allocation becomes a
         relocation (structs passed by value hold pointers too); in a tensor map parameter only
         the first word, its global address, is one (a tensor-map relocation)."""
         relocations: list[m.Relocation] = []
         targets: list[_Allocation] = []
-        maps = {offset for offset, size in kernel.layout if self._tensor_map(kernel, offset, size)}
-        words = struct.unpack_from(f"<{len(parameters) // 8}Q", parameters)
+        words = shape.words.unpack_from(parameters) if len(parameters) >= shape.words.size else ()
+        maps = shape.tensor_maps
         skip_until = -1
         for i, value in enumerate(words):
+            if value < _POINTER_LOW or value >= _POINTER_HIGH:
+                continue
             site = i * 8
             if site < skip_until:
                 continue
@@ -596,8 +635,6 @@ class Translator:
             if site in maps:
                 kind = m.RelocationKind.TENSOR_MAP
                 skip_until = site + 128
-            if value < _POINTER_LOW or value >= _POINTER_HIGH:
-                continue
             allocation = self._device_allocation(value)
             if allocation is None:
                 continue

@@ -1,0 +1,105 @@
+"""The recorder's own access to device memory (snapshots) and to the driver's allocation table,
+through cuda.bindings. These calls run inside callbacks, so they are made under the recorder's
+per-thread guard and are never recorded themselves."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from ..cuda import check, driver
+
+
+class DriverMemory:
+    """Device and host memory access for snapshots, through cuda.bindings. Device reads land in
+    a reused pinned buffer (DMA at full speed) and are copied out once."""
+
+    def __init__(self, guard: threading.local) -> None:
+        self.cu = driver()
+        self._guard = guard
+        self._stream: Any = None
+        self._pinned = 0
+        self._pinned_size = 0
+        self.copy_seconds = 0.0
+        self.copied = 0
+
+    @contextlib.contextmanager
+    def _unrecorded(self) -> Iterator[None]:
+        """The recorder's own driver calls: never recorded, and the caller's guard state is
+        restored (these run inside callbacks, which hold the guard already)."""
+        guard = self._guard
+        previous = getattr(guard, "busy", False)
+        guard.busy = True
+        try:
+            yield
+        finally:
+            guard.busy = previous
+
+    def _own_stream(self) -> Any:
+        if self._stream is None:
+            cu = self.cu
+            self._stream = check(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
+        return self._stream
+
+    def _staging(self, size: int) -> int:
+        if size > self._pinned_size:
+            cu = self.cu
+            if self._pinned:
+                check(cu.cuMemFreeHost(self._pinned), "cuMemFreeHost")
+                self._pinned = 0
+            grown = max(size, min(2 * self._pinned_size, 1 << 30), 8 << 20)
+            self._pinned = int(check(cu.cuMemHostAlloc(grown, 0), f"cuMemHostAlloc({grown})"))
+            self._pinned_size = grown
+        return self._pinned
+
+    def read(self, address: int, size: int, stream: int | None) -> bytes:
+        cu = self.cu
+        with self._unrecorded():
+            if stream is None:
+                check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+            else:
+                check(cu.cuStreamSynchronize(cu.CUstream(stream)), "cuStreamSynchronize (launching stream)")
+            if size == 0:
+                return b""
+            own = self._own_stream()
+            chunk = min(size, 1 << 30)
+            staging = self._staging(chunk)
+            out = bytearray(size) if size > chunk else None
+            for start in range(0, size, chunk):
+                n = min(chunk, size - start)
+                began = time.perf_counter()
+                check(cu.cuMemcpyDtoHAsync(staging, address + start, n, own), "cuMemcpyDtoHAsync (snapshot)")
+                check(cu.cuStreamSynchronize(own), "cuStreamSynchronize (snapshot)")
+                self.copy_seconds += time.perf_counter() - began
+                self.copied += n
+                if out is None:
+                    return ctypes.string_at(staging, n)
+                ctypes.memmove((ctypes.c_char * n).from_buffer(out, start), staging, n)
+            return bytes(out or b"")
+
+    def host_bytes(self, address: int, size: int) -> bytes:
+        return ctypes.string_at(address, size)
+
+    def find_allocation(self, address: int) -> tuple[int, int] | None:
+        cu = self.cu
+        with self._unrecorded():
+            err, kind = cu.cuPointerGetAttribute(cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, address)
+            if err != cu.CUresult.CUDA_SUCCESS or kind != cu.CUmemorytype.CU_MEMORYTYPE_DEVICE:
+                return None
+            err, base, size = cu.cuMemGetAddressRange(address)
+            if err != cu.CUresult.CUDA_SUCCESS:
+                return None
+            return int(base), int(size)
+
+    def close(self) -> None:
+        cu = self.cu
+        if self._pinned:
+            cu.cuMemFreeHost(self._pinned)
+            self._pinned = 0
+        if self._stream is not None:
+            cu.cuStreamDestroy(self._stream)
+            self._stream = None
