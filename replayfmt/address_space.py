@@ -19,6 +19,8 @@ import contextlib
 import ctypes
 import json
 import os
+import select
+import signal
 import sys
 import warnings
 from collections.abc import Iterable
@@ -27,6 +29,7 @@ _ADDR_NO_RANDOMIZE = 0x0040000
 _RESTARTED = "REPLAYFMT_NO_ASLR"
 _PROT_NONE, _MAP_PRIVATE, _MAP_ANONYMOUS, _MAP_NORESERVE = 0, 0x02, 0x20, 0x4000
 _MAX_PADDING = 1 << 44
+_PROBE_SECONDS = 60
 
 
 def restart_without_aslr() -> None:
@@ -57,16 +60,9 @@ def page_runs(ranges: Iterable[tuple[int, int]], page: int) -> list[tuple[int, i
     return [(start, end) for start, end in runs]
 
 
-def cuda_started() -> bool:
-    """Whether this process has opened the NVIDIA driver already (CUDA initialised by anyone)."""
-    try:
-        return any(os.readlink(f"/proc/self/fd/{fd}").startswith("/dev/nvidia") for fd in os.listdir("/proc/self/fd"))
-    except OSError:
-        return True  # cannot tell: do not fork
-
-
 def _probe(low: int, size: int, device: int) -> int | str:
-    """In a forked copy of this process: where the driver reserves ``size`` bytes hinted at ``low``."""
+    """In a forked copy of this process: where the driver reserves ``size`` bytes hinted at ``low``.
+    (A process in which CUDA has started cannot use it in a fork: the copy then reports an error.)"""
     read_end, write_end = os.pipe()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # the child only calls the driver and exits
@@ -91,8 +87,13 @@ def _probe(low: int, size: int, device: int) -> int | str:
         os._exit(0)
     os.close(write_end)
     with os.fdopen(read_end, "rb") as pipe:
-        data = pipe.read()
+        ready, _, _ = select.select([pipe], [], [], _PROBE_SECONDS)
+        data = pipe.read() if ready else b""
+    if not ready:
+        os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
+    if not ready:
+        return f"the probe process did not answer in {_PROBE_SECONDS} s"
     try:
         answer = json.loads(data)
     except ValueError:
@@ -107,8 +108,6 @@ def steer_device_arena(low: int, size: int, device: int, *, attempts: int = 8) -
     could not be arranged (the caller's own reservation then fails with that reason). The
     padding stays mapped for the life of the process (it is address space, not memory).
     """
-    if cuda_started():
-        return "CUDA was already started in this process"
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mmap.restype = ctypes.c_void_p
     libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]

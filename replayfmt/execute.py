@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -53,6 +54,28 @@ class ReplayOptions:
     continue_on_error: bool = False
     uploads_from_host: bool = False  # keep uploads as host-to-device copies (timing fidelity)
     nvtx: bool = False  # NVTX ranges around scopes and launches, for nsys and ncu
+    check_payloads: bool = True  # hash every payload frame as it is read (off: faster, corruption unseen)
+
+
+@dataclass
+class StagingStats:
+    """How the capture's uploads were brought to the device at setup."""
+
+    bytes: int = 0
+    setup_seconds: float = 0.0  # thread pool and pinned staging ring
+    seconds: float = 0.0  # reading, checking and uploading, once set up
+    on_device: bool = False  # pristine copies on the device (else pinned host memory)
+
+    @property
+    def gbs(self) -> float:
+        return self.bytes / self.seconds / 1e9 if self.seconds else 0.0
+
+    def line(self) -> str:
+        where = "on the device" if self.on_device else "in pinned host memory"
+        return (
+            f"{self.bytes / 2**20:.1f} MiB staged {where} in {self.seconds:.3f} s ({self.gbs:.1f} GB/s), "
+            f"after {self.setup_seconds:.3f} s of setup"
+        )
 
 
 @dataclass
@@ -126,6 +149,7 @@ class Replayer:
         self._result = RunResult()
         self._repetition = 0
         self.pristine_on_device = False
+        self.staging = StagingStats()
         try:
             self._setup()
         except BaseException:
@@ -384,29 +408,39 @@ class Replayer:
         sources = self.plan.uploads
         if not sources:
             return
+        started = time.perf_counter()
         workers = min(32, os.cpu_count() or 4)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kreplay-stage")
         self._closers.append(lambda: self._pool.shutdown(wait=True, cancel_futures=True))
         total = sum(size for _, size in sources.values())
         free, _ = check(cu.cuMemGetInfo(), "cuMemGetInfo")
         self.pristine_on_device = not self.options.uploads_from_host and total <= free - (1 << 30)
+        self.staging = StagingStats(bytes=total, on_device=self.pristine_on_device)
         if not self.pristine_on_device:
+            self.staging.setup_seconds = time.perf_counter() - started
+            started = time.perf_counter()
             for key, (op, size) in sources.items():
                 address = self._pinned(size, f"operation {op.index}")
                 view = memoryview((ctypes.c_char * max(size, 1)).from_address(address)).cast("B")[:size]
                 for future in [self._pool.submit(job) for job in self._read_jobs(op, view)]:
                     future.result()
                 self._staged[key] = _Staged(address, size, on_device=False)
+            self.staging.seconds = time.perf_counter() - started
             return
-        ring = _Ring(self, slots=2 * workers, slot_size=max([4 << 20] + [
-            n for op, _ in sources.values() if not op.src_file for _, n in cap.frame_ranges(op.payload)
-        ]))  # fmt: skip
+        slot_size = max([4 << 20] + [n for op, _ in sources.values() if not op.src_file
+                                     for _, n in cap.frame_ranges(op.payload)])  # fmt: skip
+        # a slot per reading thread and a few in flight to the device: pinned memory costs ~0.5 s/GiB to get
+        slots = max(2, min(workers + 4, -(-total // slot_size)))
+        ring = _Ring(self, slots=slots, slot_size=slot_size)
+        self.staging.setup_seconds = time.perf_counter() - started
+        started = time.perf_counter()
         for key, (op, size) in sources.items():
             pristine = check(cu.cuMemAlloc(max(size, 1)), f"operation {op.index}: pristine copy of {size} bytes")
             self._closers.append(lambda p=pristine: cu.cuMemFree(p))
             self._staged[key] = _Staged(int(pristine), size, on_device=True)
             ring.fill(int(pristine), self._pieces(op, size, ring.slot_size), self._pool)
         ring.finish()
+        self.staging.seconds = time.perf_counter() - started
 
     def _pieces(self, op: m.Copy, size: int, chunk: int) -> list[tuple[int, int, Callable[[memoryview], None]]]:
         """(offset, length, reader) pieces of an upload's source: payload frames, or file chunks."""
@@ -414,7 +448,8 @@ class Replayer:
         if op.src_file:
             return [(s, min(chunk, size - s), lambda view, s=s: self._read_file_range(op, view, s))
                     for s in range(0, size, chunk)]  # fmt: skip
-        return [(s, n, lambda view, k=k: cap.read_frame_into(op.payload, k, view))
+        check_frames = self.options.check_payloads
+        return [(s, n, lambda view, k=k: cap.read_frame_into(op.payload, k, view, check=check_frames))
                 for k, (s, n) in enumerate(cap.frame_ranges(op.payload))]  # fmt: skip
 
     def _read_jobs(self, op: m.Copy, target: memoryview) -> list[Callable[[], None]]:
@@ -838,7 +873,8 @@ class _Ring:
     def __init__(self, replayer: Replayer, *, slots: int, slot_size: int) -> None:
         cu = self.cu = replayer.cu
         self.slot_size = slot_size
-        self.slots = [replayer._pinned(slot_size, "staging ring") for _ in range(slots)]
+        base = replayer._pinned(slots * slot_size, "staging ring")
+        self.slots = [base + k * slot_size for k in range(slots)]
         self.stream = check(cu.cuStreamCreate(1), "staging stream")
         replayer.own(lambda: cu.cuStreamDestroy(self.stream))
         self.done = [check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING), "event") for _ in range(slots)]

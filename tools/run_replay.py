@@ -60,6 +60,11 @@ Examples:
     help="Run the capture N times (inputs restored each time); print each one's device time.",
 )
 @click.option("--continue-on-error", is_flag=True, help="Report every failure, then exit non-zero.")
+@click.option(
+    "--no-payload-checks",
+    is_flag=True,
+    help="Do not hash payload frames as they are read (faster uploads; a corrupted file then goes unseen).",
+)
 @click.option("--dry-run", is_flag=True, help="Parse, resolve files, load substitutions, check ABIs, plan; no GPU.")
 @agents_md_option("run-replay")
 @reports_errors("run-replay")
@@ -78,6 +83,7 @@ def main(
     save_output: Path | None,
     repetitions: int,
     continue_on_error: bool,
+    no_payload_checks: bool,
     dry_run: bool,
 ) -> int:
     """Rebuild a capture on a CUDA device and run it: buffers reallocated and pointers relocated,
@@ -107,10 +113,12 @@ def main(
 
         replay_options_ = ReplayOptions(devices=device_ordinals, verify=verify, tolerance=tolerance,
                                         save_output=save_output, continue_on_error=continue_on_error,
-                                        nvtx=nvtx)  # fmt: skip
+                                        nvtx=nvtx, check_payloads=not no_payload_checks)  # fmt: skip
         with Replayer(plan, replay_options_) as replayer:
             click.echo(f"device        cuda:{device_ordinals[0]} {replayer.device_name} "
                        f"sm_{replayer.compute_capability[0]}{replayer.compute_capability[1]}")  # fmt: skip
+            if replayer.staging.bytes:
+                click.echo(f"uploads       {replayer.staging.line()}")
             result = replayer.run(repetitions)
         for i, ms in enumerate(result.device_ms):
             click.echo(f"repetition {i + 1}: {ms:.3f} ms device time")

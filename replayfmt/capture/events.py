@@ -4,6 +4,9 @@ These types are the boundary between the CUPTI source (which reads driver parame
 needs a GPU) and the translator (which turns events into capture records and is tested on the
 CPU with synthetic event streams). Handles (streams, events, modules, functions) are the
 program's raw driver handles as integers; 0 is the legacy default stream.
+
+Events are not frozen: a frozen dataclass costs about a microsecond more to build, and one is
+built on every launch of the program.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ class MemoryApi(enum.Enum):
     MANAGED = "managed"  # cuMemAllocManaged: not reproducible
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ModuleImage:
     """Code loaded by the program. ``key`` is ("module", CUmodule) or ("library", CUlibrary)."""
 
@@ -32,12 +35,12 @@ class ModuleImage:
     call: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ModuleUnload:
     key: tuple[str, int]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Kernel:
     """A launched function: its handle, symbol name, the module it came from and its parameter
     layout as the driver reports it ((offset, size) by ordinal)."""
@@ -48,7 +51,7 @@ class Kernel:
     layout: tuple[tuple[int, int], ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Allocation:
     address: int
     size: int
@@ -56,13 +59,13 @@ class Allocation:
     call: str = "cuMemAlloc_v2"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Free:
     address: int
     call: str = "cuMemFree_v2"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class LaunchBegin:
     """A launch about to be enqueued (the driver has not run it yet)."""
 
@@ -77,7 +80,7 @@ class LaunchBegin:
     call: str = "cuLaunchKernel"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class LaunchEnd:
     """The launch call returned (``result`` 0: enqueued)."""
 
@@ -92,7 +95,7 @@ class CopyDirection(enum.Enum):
     DEFAULT = "default"  # cuMemcpy/cuMemcpyAsync: decided by the addresses
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Copy:
     direction: CopyDirection
     dst: int
@@ -103,7 +106,7 @@ class Copy:
     call: str = "cuMemcpy"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CopyDone:
     """A synchronous device-to-host copy returned: the host bytes are what the program received."""
 
@@ -111,7 +114,7 @@ class CopyDone:
     size: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Memset:
     address: int
     value: int
@@ -121,47 +124,47 @@ class Memset:
     call: str = "cuMemsetD8_v2"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StreamCreated:
     handle: int
     flags: int = 0
     priority: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class EventCreated:
     handle: int
     flags: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class EventRecorded:
     event: int
     stream: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StreamWaited:
     stream: int
     event: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StreamSynchronized:
     stream: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ContextSynchronized:
     pass
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class EventSynchronized:
     event: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class NotReproducible:
     """A call replay cannot reproduce (host functions, IPC, managed memory, graphs, ...)."""
 

@@ -107,7 +107,7 @@ class _KernelShape:
     tensor_maps: frozenset[int]  # offsets of its tensor-map parameters
     words: struct.Struct  # its parameter block as 8-byte words
     # the last launch's arguments and what they resolved to, while no allocation changed since
-    last: tuple[bytes, int, list[m.Relocation], list[_Allocation]] | None = None
+    last: tuple[bytes, int, tuple[m.Relocation, ...], list[_Allocation]] | None = None
 
 
 @dataclass(frozen=True)
@@ -335,7 +335,9 @@ class Translator:
             self.report.errors.append(f"{instance.scope}: the program's launch failed (CUresult {event.result})")
         self.writer.scope_end(instance.scope)
 
-    def _write_launch(self, event: ev.LaunchBegin, function: tuple[int, int], relocations: list[m.Relocation]) -> None:
+    def _write_launch(
+        self, event: ev.LaunchBegin, function: tuple[int, int], relocations: tuple[m.Relocation, ...]
+    ) -> None:
         self.writer.launch(
             executable=function[0],
             function=function[1],
@@ -345,7 +347,7 @@ class Translator:
             shared_memory=event.shared_memory,
             stream=self._stream(event.stream),
             parameters=event.parameters,
-            relocations=tuple(relocations),
+            relocations=relocations,
             flags=m.LAUNCH_FLAG_COOPERATIVE if event.cooperative else 0,
         )
 
@@ -616,7 +618,9 @@ class Translator:
         when the framework says the kernel takes tensor descriptors."""
         return size == 128 and (offset % 64 == 0 or self._annotation(kernel).tensor_maps)
 
-    def _relocations(self, parameters: bytes, shape: _KernelShape) -> tuple[list[m.Relocation], list[_Allocation]]:
+    def _relocations(
+        self, parameters: bytes, shape: _KernelShape
+    ) -> tuple[tuple[m.Relocation, ...], list[_Allocation]]:
         """Every 8-byte-aligned parameter word that points into a device allocation becomes a
         relocation (structs passed by value hold pointers too); in a tensor map parameter only
         the first word, its global address, is one (a tensor-map relocation)."""
@@ -641,7 +645,7 @@ class Translator:
             relocations.append(m.Relocation(0, self._buffer(allocation), site, value - allocation.address, kind))
             if allocation not in targets:
                 targets.append(allocation)
-        return relocations, targets
+        return tuple(relocations), targets
 
     def _prepare_write(self, allocation: _Allocation, offset: int, size: int, stream: int) -> None:
         """Before an operation writes ``size`` bytes at ``offset``: a write covering the whole
