@@ -139,6 +139,10 @@ class Benchmark:
     def __init__(self, replayer: Replayer, region: Region, options: BenchmarkOptions) -> None:
         if options.mode not in ("eager", "graph"):
             raise ReplayUsageError(f"--mode {options.mode!r}: expected eager or graph")
+        if len(replayer.gpus) > 1:
+            raise ReplayUsageError(
+                "benchmark-replay times single-device captures only in this version; run-replay replays this one"
+            )
         self.r = replayer
         self.cu = replayer.cu
         self.region = region

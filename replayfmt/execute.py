@@ -112,6 +112,18 @@ class _Staged:
 _FIXED_PAGE = 2 << 20  # the VMM granularity of current GPUs; the real one is asked of the driver
 
 
+@dataclass
+class ReplayDevice:
+    """A device the replay runs on: captured device k runs on cuda:ordinal (its primary context)."""
+
+    ordinal: int
+    handle: Any
+    ctx: Any
+    name: str
+    compute_capability: tuple[int, int]
+    max_shared_optin: int
+
+
 def _recorded_ranges(plan: Plan) -> list[tuple[int, int]]:
     return [(buf.address, buf.size) for buf in plan.buffers.values() if buf.address]
 
@@ -133,7 +145,10 @@ class Replayer:
         self._closers: list[Callable[[], Any]] = []
         self._recent: deque[tuple[int, str]] = deque(maxlen=_RECENT)
         self.addresses: dict[int, int] = {}
-        self.functions: dict[tuple[int, int], Any] = {}
+        self.gpus: list[ReplayDevice] = []
+        self._gpu_of: dict[int, int] = {}  # captured device id -> index in gpus
+        self.functions: dict[tuple[int, int], Any] = {}  # on the first device (tuning works there)
+        self._functions_on: list[dict[tuple[int, int], Any]] = []  # per device
         self.layouts: dict[tuple[int, int], list[tuple[int, int]]] = {}  # live (offset, size) per parameter
         self._kernel_names: dict[int, str] = {}  # launch operation index -> kernel name
         self._launches: list[_Launch] = []  # owns the packed parameter memory the steps point into
@@ -143,6 +158,9 @@ class Replayer:
         self._jit_variants: dict[int, dict[tuple[int, int] | None, dict[tuple[int, int], Any]]] = {}
         self._images: list[bytes] = []  # module images must outlive their modules
         self.streams: dict[int, Any] = {}
+        self._default_streams: list[Any] = []  # per device: where captured default-stream work runs
+        self._stream_gpu: dict[int, int] = {}  # captured stream id -> device index
+        self._peers: set[tuple[int, int]] = set()  # (device, device whose memory it may access)
         self.events: dict[int, Any] = {}
         self._steps: list[tuple[Callable[..., Any], tuple[Any, ...], int]] = []
         self._staged: dict[UploadKey, _Staged] = {}  # staged once per upload source
@@ -181,30 +199,33 @@ class Replayer:
 
     def _setup(self) -> None:
         cu, plan = self.cu, self.plan
-        if len(plan.devices) > 1:
-            raise DeviceError(
-                f"the capture uses {len(plan.devices)} devices; this version of run-replay replays "
-                "single-device captures only"
-            )
-        if len(plan.devices) > len(self.options.devices):
+        wanted = max(1, len(plan.devices))
+        if wanted > len(self.options.devices):
             raise ReplayUsageError(
                 f"the capture uses {len(plan.devices)} devices; give as many --device flags "
                 f"(got {len(self.options.devices)})"
             )
-        ordinal = self.options.devices[0] if self.options.devices else 0
+        if wanted > 1 and plan.options.fixed_addresses:
+            raise DeviceError("--fixed-addresses replays single-device captures only")
         count = check(cu.cuDeviceGetCount(), "cuDeviceGetCount")
-        if ordinal >= count:
-            raise DeviceUnavailableError(f"--device cuda:{ordinal}: this machine has {count} CUDA device(s)")
-        self.device = check(cu.cuDeviceGet(ordinal), f"cuDeviceGet({ordinal})")
-        self.ctx = check(cu.cuDevicePrimaryCtxRetain(self.device), "cuDevicePrimaryCtxRetain")
-        self._closers.append(lambda: cu.cuDevicePrimaryCtxRelease(self.device))
-        check(cu.cuCtxSetCurrent(self.ctx), "cuCtxSetCurrent")
         attr = cu.CUdevice_attribute
-        self.compute_capability = compute_capability(self.device)
-        self.max_shared_optin = check(
-            cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, self.device), "smem"
-        )
-        self.device_name = check(cu.cuDeviceGetName(256, self.device), "cuDeviceGetName").split(b"\0")[0].decode()
+        for ordinal in self.options.devices[:wanted]:
+            if ordinal >= count:
+                raise DeviceUnavailableError(f"--device cuda:{ordinal}: this machine has {count} CUDA device(s)")
+            handle = check(cu.cuDeviceGet(ordinal), f"cuDeviceGet({ordinal})")
+            ctx = check(cu.cuDevicePrimaryCtxRetain(handle), f"cuda:{ordinal}: cuDevicePrimaryCtxRetain")
+            self._closers.append(lambda h=handle: cu.cuDevicePrimaryCtxRelease(h))
+            optin = attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+            name = check(cu.cuDeviceGetName(256, handle), "cuDeviceGetName").split(b"\0")[0].decode()
+            self.gpus.append(ReplayDevice(
+                ordinal, handle, ctx, name, compute_capability(handle),
+                check(cu.cuDeviceGetAttribute(optin, handle), "shared memory opt-in"),
+            ))  # fmt: skip
+        self._gpu_of = {device.id: k for k, device in enumerate(plan.devices)}
+        self._use(0)
+        first = self.gpus[0]
+        self.device, self.ctx, self.device_name = first.handle, first.ctx, first.name
+        self.compute_capability, self.max_shared_optin = first.compute_capability, first.max_shared_optin
         self._check_device_fits()
         self._allocate_buffers()
         self._load_modules()
@@ -212,29 +233,69 @@ class Replayer:
         self._stage_inputs()
         self._build_steps()
 
+    def _use(self, gpu: int) -> None:
+        """Make device ``gpu``'s context current (setup work, and runs, happen on it)."""
+        check(self.cu.cuCtxSetCurrent(self.gpus[gpu].ctx), f"cuda:{self.gpus[gpu].ordinal}: cuCtxSetCurrent")
+
+    def _gpu(self, device_id: int) -> int:
+        """The device index a captured device id runs on (0 for objects that name none)."""
+        return self._gpu_of.get(device_id, 0)
+
+    def _op_gpu(self, op: m.Operation) -> int | None:
+        """The device an operation's work runs on (None: no device work, or any device)."""
+        stream = getattr(op, "stream", None)
+        if stream:
+            return self._stream_gpu.get(stream, 0)
+        buffers = self.plan.buffers
+        if isinstance(op, m.Launch):
+            targets = [r.target_buffer for r in op.relocations if not r.site_buffer]
+            return self._gpu(buffers[targets[0]].device) if targets else 0
+        if isinstance(op, m.Copy):
+            buffer = op.src_buffer if op.kind == _K.COPY_DEVICE_TO_HOST else op.dst_buffer
+            return self._gpu(buffers[buffer].device)
+        if isinstance(op, m.Memset):
+            return self._gpu(buffers[op.buffer].device)
+        if isinstance(op, m.DeviceSynchronize):
+            return self._gpu(op.device)
+        if isinstance(op, m.EventRecord | m.StreamWaitEvent):
+            return self._gpu(self.plan.events[op.event].device)
+        return None
+
     def _check_device_fits(self) -> None:
         cu = self.cu
-        arch = self.compute_capability[0] * 10 + self.compute_capability[1]
-        for eid, image in self.plan.images.items():
-            built = image.cubin.arch if image.cubin is not None else None
-            if built is not None and (built // 10 != arch // 10 or built > arch):
+        need: dict[int, int] = {}
+        for buf in self.plan.buffers.values():
+            need[self._gpu(buf.device)] = need.get(self._gpu(buf.device), 0) + buf.size
+        for k, gpu in enumerate(self.gpus):
+            arch = gpu.compute_capability[0] * 10 + gpu.compute_capability[1]
+            for eid, image in self.plan.images.items():
+                built = image.cubin.arch if image.cubin is not None else None
+                if built is not None and (built // 10 != arch // 10 or built > arch):
+                    raise DeviceError(
+                        f"executable {eid} is a cubin for sm_{built}; cuda:{gpu.ordinal} "
+                        f"({gpu.name}) is sm_{arch}: it cannot run it (substitute a build for sm_{arch})"
+                    )
+            self._use(k)
+            free, _total = check(cu.cuMemGetInfo(), "cuMemGetInfo")
+            if need.get(k, 0) > free:
                 raise DeviceError(
-                    f"executable {eid} is a cubin for sm_{built}; cuda:{self.options.devices[0]} "
-                    f"({self.device_name}) is sm_{arch}: it cannot run it (substitute a build for sm_{arch})"
+                    f"the capture needs {need[k]} bytes of device memory on cuda:{gpu.ordinal}; {gpu.name} has "
+                    f"{free} free"
                 )
-        free, _total = check(cu.cuMemGetInfo(), "cuMemGetInfo")
-        need = self.plan.buffer_bytes
-        if need > free:
-            raise DeviceError(f"the capture needs {need} bytes of device memory; {self.device_name} has {free} free")
+        self._use(0)
 
     def _allocate_buffers(self) -> None:
         cu = self.cu
         if self.plan.options.fixed_addresses:
             self._allocate_fixed()
             return
+        current = 0
         for bid, buf in self.plan.buffers.items():
             if buf.memory != m.MemoryKind.DEVICE:
                 raise DeviceError(f"buffer {bid}: {buf.memory.name.lower()} memory cannot be replayed")
+            if self._gpu(buf.device) != current:
+                current = self._gpu(buf.device)
+                self._use(current)
             size = max(buf.size, 1)
             extra = max(0, buf.alignment - 256)
             ptr = check(cu.cuMemAlloc(size + extra), f"buffer {bid}: cuMemAlloc({size + extra})")
@@ -243,6 +304,7 @@ class Replayer:
             if extra:
                 address = (address + buf.alignment - 1) // buf.alignment * buf.alignment
             self.addresses[bid] = address
+        self._use(0)
 
     def _allocate_fixed(self) -> None:
         """Give every buffer its recorded address, or fail (never run with other addresses).
@@ -286,7 +348,16 @@ class Replayer:
             check(cu.cuMemSetAccess(start, end - start, [access], 1), f"cuMemSetAccess at {start:#x}")
 
     def _load_modules(self) -> None:
+        for k in range(len(self.gpus)):
+            self._use(k)
+            self._functions_on.append(self._load_modules_here(self.gpus[k]))
+        self._use(0)
+        self.functions = self._functions_on[0]
+
+    def _load_modules_here(self, gpu: ReplayDevice) -> dict[tuple[int, int], Any]:
+        """Load every executable into the current context; the launched functions, checked."""
         cu = self.cu
+        functions: dict[tuple[int, int], Any] = {}
         # Executables that share an image (a recorder writes one per kernel of a module) share
         # one loaded module, as they shared it in the program: module globals stay common.
         loaded: dict[tuple[str, int, int], Any] = {}
@@ -295,7 +366,7 @@ class Replayer:
             key = (image.source, exe.payload, exe.file) if image.source == "capture" else (image.source, 0, 0)
             module = loaded.get(key)
             if module is None:
-                module = loaded[key] = self._load_image(eid, image)
+                module = loaded[key] = self._load_image(eid, image, gpu)
             for index, fn in enumerate(image.executable.functions):
                 if (eid, index) not in self.plan.launches_of:
                     continue
@@ -307,10 +378,10 @@ class Replayer:
                 self._check_abi(eid, index, handle, image.source)
                 smem = self.plan.max_shared_memory.get((eid, index), 0)
                 if smem > 48 * 1024:
-                    if smem > self.max_shared_optin:
+                    if smem > gpu.max_shared_optin:
                         raise DeviceError(
                             f"executable {eid}: {fn.name} needs {smem} bytes of dynamic shared memory; "
-                            f"{self.device_name} allows {self.max_shared_optin}"
+                            f"{gpu.name} allows {gpu.max_shared_optin}"
                         )
                     check(
                         cu.cuFuncSetAttribute(
@@ -318,14 +389,15 @@ class Replayer:
                         ),
                         f"executable {eid}: {fn.name}: opting in to {smem} bytes of dynamic shared memory",
                     )
-                self.functions[(eid, index)] = handle
+                functions[(eid, index)] = handle
             for gid, glob in self.plan.globals.items():
                 if glob.executable == eid and glob.initial_payload:
                     ptr, size = check(cu.cuModuleGetGlobal(module, glob.symbol.encode()), f"global {gid} {glob.symbol}")
                     data_bytes = self.plan.capture.read_payload(glob.initial_payload)
                     check(cu.cuMemcpyHtoD(ptr, data_bytes, min(size, len(data_bytes))), f"global {gid}: upload")
+        return functions
 
-    def _load_image(self, eid: int, image: ExecutableImage) -> Any:
+    def _load_image(self, eid: int, image: ExecutableImage, gpu: ReplayDevice) -> Any:
         cu = self.cu
         data = image.data + (
             b"\0" if image.format == m.ExecutableFormat.PTX and not image.data.endswith(b"\0") else b""
@@ -334,7 +406,7 @@ class Replayer:
             module = check(cu.cuModuleLoadData(data), f"executable {eid} ({image.source}): cuModuleLoadData")
         except CudaCallError as exc:
             if exc.name == "CUDA_ERROR_NO_BINARY_FOR_GPU":
-                raise DeviceError(f"{exc}; the executable has no code for this device ({self.device_name})") from None
+                raise DeviceError(f"{exc}; the executable has no code for cuda:{gpu.ordinal} ({gpu.name})") from None
             raise
         self._closers.append(lambda mod=module: cu.cuModuleUnload(mod))
         self._images.append(data)
@@ -371,27 +443,46 @@ class Replayer:
 
     def _create_streams_and_events(self) -> None:
         cu = self.cu
+        disable_timing = cu.CUevent_flags.CU_EVENT_DISABLE_TIMING
+        # CU_STREAM_LEGACY: captured default-stream work keeps its semantics on the first device;
+        # on the others it runs on a blocking stream of theirs (it waits for their legacy stream)
+        self.streams[0] = cu.CUstream(1)
+        self._default_streams = [self.streams[0]]
+        joinable: list[tuple[int, Any]] = []  # (device, stream) that the timing stream joins
+        for k in range(1, len(self.gpus)):
+            self._use(k)
+            handle = check(cu.cuStreamCreate(0), f"cuda:{self.gpus[k].ordinal}: default-stream stand-in")
+            self._closers.append(lambda h=handle: cu.cuStreamDestroy(h))
+            self._default_streams.append(handle)
+            joinable.append((k, handle))
         for sid, stream in self.plan.streams.items():
+            k = self._stream_gpu[sid] = self._gpu(stream.device)
+            self._use(k)
             flags = stream.flags & 1  # CU_STREAM_NON_BLOCKING is the only flag that matters here
             handle = check(cu.cuStreamCreateWithPriority(flags, stream.priority), f"stream {sid}: cuStreamCreate")
             self._closers.append(lambda h=handle: cu.cuStreamDestroy(h))
             self.streams[sid] = handle
-        self.streams[0] = cu.CUstream(1)  # CU_STREAM_LEGACY: captured default-stream work keeps its semantics
-        for eid in self.plan.events:
-            handle = check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING), f"event {eid}: cuEventCreate")
+            joinable.append((k, handle))
+        for eid, event in self.plan.events.items():
+            self._use(self._gpu(event.device))
+            handle = check(cu.cuEventCreate(disable_timing), f"event {eid}: cuEventCreate")
             self._closers.append(lambda h=handle: cu.cuEventDestroy(h))
             self.events[eid] = handle
+        self._join: list[tuple[Any, Any]] = []  # (stream, an event of its device)
+        for k, handle in joinable:
+            self._use(k)
+            join = check(cu.cuEventCreate(disable_timing), "join event")
+            self._closers.append(lambda h=join: cu.cuEventDestroy(h))
+            self._join.append((handle, join))
+        self._use(0)
         self._timing = [check(cu.cuEventCreate(0), "timing event") for _ in range(2)]
         for handle in self._timing:
-            self._closers.append(lambda h=handle: cu.cuEventDestroy(h))
-        self._join = [check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING), "join event")
-                      for _ in self.streams]  # fmt: skip
-        for handle in self._join:
             self._closers.append(lambda h=handle: cu.cuEventDestroy(h))
 
     def _pinned(self, size: int, what: str) -> int:
         cu = self.cu
-        ptr = check(cu.cuMemHostAlloc(max(size, 1), 0), f"{what}: cuMemHostAlloc({size})")
+        portable = cu.CU_MEMHOSTALLOC_PORTABLE if len(self.gpus) > 1 else 0  # pinned for every device's context
+        ptr = check(cu.cuMemHostAlloc(max(size, 1), portable), f"{what}: cuMemHostAlloc({size})")
         self._closers.append(lambda: cu.cuMemFreeHost(ptr))
         return int(ptr)
 
@@ -413,8 +504,17 @@ class Replayer:
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kreplay-stage")
         self._closers.append(lambda: self._pool.shutdown(wait=True, cancel_futures=True))
         total = sum(size for _, size in sources.values())
-        free, _ = check(cu.cuMemGetInfo(), "cuMemGetInfo")
-        self.pristine_on_device = not self.options.uploads_from_host and total <= free - (1 << 30)
+        per_gpu: dict[int, int] = {}
+        for op, size in sources.values():
+            k = self._gpu(self.plan.buffers[op.dst_buffer].device)
+            per_gpu[k] = per_gpu.get(k, 0) + size
+        fits = True
+        for k, size in per_gpu.items():
+            self._use(k)
+            free, _ = check(cu.cuMemGetInfo(), "cuMemGetInfo")
+            fits &= size <= free - (1 << 30)
+        self._use(0)
+        self.pristine_on_device = not self.options.uploads_from_host and fits
         self.staging = StagingStats(bytes=total, on_device=self.pristine_on_device)
         if not self.pristine_on_device:
             self.staging.setup_seconds = time.perf_counter() - started
@@ -435,7 +535,9 @@ class Replayer:
         self.staging.setup_seconds = time.perf_counter() - started
         started = time.perf_counter()
         for key, (op, size) in sources.items():
+            self._use(self._gpu(self.plan.buffers[op.dst_buffer].device))  # next to the buffers it restores
             pristine = check(cu.cuMemAlloc(max(size, 1)), f"operation {op.index}: pristine copy of {size} bytes")
+            self._use(0)
             self._closers.append(lambda p=pristine: cu.cuMemFree(p))
             self._staged[key] = _Staged(int(pristine), size, on_device=True)
             ring.fill(int(pristine), self._pieces(op, size, ring.slot_size), self._pool)
@@ -484,11 +586,18 @@ class Replayer:
         steps = self._steps
         A = self.addresses
         nvtx = Nvtx.load() if self.options.nvtx else None
+        several = len(self.gpus) > 1
+        current = 0  # the device whose context is current when this step runs (runs start on the first)
         for op in self.plan.capture.iter_operations():
-            stream = self.streams.get(getattr(op, "stream", 0), self.streams[0])
+            gpu = self._op_gpu(op) if several else 0
+            if gpu is not None and gpu != current:
+                steps.append((cu.cuCtxSetCurrent, (self.gpus[gpu].ctx,), op.index))
+                current = gpu
+            captured_stream = getattr(op, "stream", 0)
+            stream = self.streams[captured_stream] if captured_stream else self._default_streams[gpu or 0]
             self.op_streams[op.index] = stream
             if isinstance(op, m.Launch):
-                launch = self._prepare_launch(op, stream)
+                launch = self._prepare_launch(op, stream, gpu or 0)
                 self._launches.append(launch)
                 for site, value in launch.buffer_sites:
                     steps.append((cu.cuMemcpyHtoDAsync, (site, value, 8, stream), op.index))
@@ -510,6 +619,7 @@ class Replayer:
                     )
                     if op.payload and self.options.verify:
                         steps.append((self._check_download, (op, host), op.index))
+                        current = 0  # it synchronises every device
                 else:
                     args = (A[op.dst_buffer] + op.dst_offset, A[op.src_buffer] + op.src_offset, op.size, stream)
                     steps.append((cu.cuMemcpyDtoDAsync, args, op.index))
@@ -528,18 +638,23 @@ class Replayer:
                 steps.append((self._synchronize, (cu.cuEventSynchronize, self.events[op.event]), op.index))
             elif isinstance(op, m.Checkpoint) and (self.options.verify or self.options.save_output):
                 steps.append((self._checkpoint, (op,), op.index))
+                current = 0  # it synchronises every device
             elif isinstance(op, m.ScopeBegin) and nvtx is not None:
                 steps.append((nvtx.push, (op.name.encode(),), op.index))
             elif isinstance(op, m.ScopeEnd) and nvtx is not None:
                 steps.append((nvtx.pop, (), op.index))
             # create, destroy, module load: done at setup; scopes: markers only
 
-    def _prepare_launch(self, op: m.Launch, stream: Any) -> _Launch:
+    def _prepare_launch(self, op: m.Launch, stream: Any, gpu: int = 0) -> _Launch:
         cu = self.cu
         plan = self.plan
         exe = plan.images[op.executable].executable
         fn = exe.functions[op.function]
-        handle = self.functions[(op.executable, op.function)]
+        handle = self._functions_on[gpu][(op.executable, op.function)]
+        for r in op.relocations:
+            owner = self._gpu(plan.buffers[r.target_buffer].device)
+            if owner != gpu:
+                self._enable_peer_access(gpu, owner, op)
         layout = self.layouts[(op.executable, op.function)]
         block = bytearray(op.parameters)
         sites = []
@@ -595,6 +710,24 @@ class Replayer:
             return _Launch(fn.name, (config, handle, params, 0), True, keep, sites)
         args = (handle, *grid, *blk, smem, stream, params, 0)
         return _Launch(fn.name, args, False, keep, sites)
+
+    def _enable_peer_access(self, gpu: int, owner: int, op: m.Launch) -> None:
+        """Let kernels on ``gpu`` dereference memory of ``owner`` (a pointer into its buffer)."""
+        if (gpu, owner) in self._peers:
+            return
+        cu = self.cu
+        here, there = self.gpus[gpu], self.gpus[owner]
+        if not check(cu.cuDeviceCanAccessPeer(here.handle, there.handle), "cuDeviceCanAccessPeer"):
+            raise DeviceError(
+                f"operation {op.index}: a kernel on cuda:{here.ordinal} uses memory of cuda:{there.ordinal}, and "
+                "these devices cannot access each other's memory: replay on devices with peer access"
+            )
+        self._use(gpu)
+        result = cu.cuCtxEnablePeerAccess(there.ctx, 0)
+        if result[0] not in (cu.CUresult.CUDA_SUCCESS, cu.CUresult.CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED):
+            check(result, f"operation {op.index}: cuCtxEnablePeerAccess(cuda:{here.ordinal} -> cuda:{there.ordinal})")
+        self._peers.add((gpu, owner))
+        self._use(0)
 
     def _launch_ex(self, config: Any, handle: Any, params: int, extra: int) -> Any:
         return self.cu.cuLaunchKernelEx(config, handle, params, extra)
@@ -752,25 +885,37 @@ class Replayer:
     def fork(self, event: Any) -> None:
         """Record ``event`` on the timing stream and make every captured stream wait for it."""
         cu = self.cu
+        self._use(0)
         timing_stream = self.streams[0]
         check(cu.cuEventRecord(event, timing_stream), "cuEventRecord")
-        for handle in self.streams.values():
-            if handle is not timing_stream:
-                check(cu.cuStreamWaitEvent(handle, event, 0), "cuStreamWaitEvent")
+        for handle, _ in self._join:
+            check(cu.cuStreamWaitEvent(handle, event, 0), "cuStreamWaitEvent")
 
     def join(self, event: Any) -> None:
         """Make the timing stream wait for every captured stream, then record ``event`` on it."""
         cu = self.cu
+        self._use(0)
         timing_stream = self.streams[0]
-        for join, handle in zip(self._join, self.streams.values()):
-            if handle is not timing_stream:
-                check(cu.cuEventRecord(join, handle), "cuEventRecord")
-                check(cu.cuStreamWaitEvent(timing_stream, join, 0), "cuStreamWaitEvent")
+        for handle, join in self._join:
+            check(cu.cuEventRecord(join, handle), "cuEventRecord")
+            check(cu.cuStreamWaitEvent(timing_stream, join, 0), "cuStreamWaitEvent")
         check(cu.cuEventRecord(event, timing_stream), "cuEventRecord")
+
+    def _synchronize_devices(self) -> Any:
+        """cuCtxSynchronize on every device (the first error, if any); the first device stays current."""
+        cu = self.cu
+        out: Any = (cu.CUresult.CUDA_SUCCESS,)
+        for k in reversed(range(len(self.gpus))):
+            if len(self.gpus) > 1:
+                self._use(k)
+            result = cu.cuCtxSynchronize()
+            if result[0] != cu.CUresult.CUDA_SUCCESS and out[0] == cu.CUresult.CUDA_SUCCESS:
+                out = result
+        return out
 
     def synchronize(self) -> None:
         """Wait for all work; a failure names the launches issued since the last good sync."""
-        out = self.cu.cuCtxSynchronize()
+        out = self._synchronize_devices()
         if out[0] != self.cu.CUresult.CUDA_SUCCESS:
             raise self._sync_error(out[0])
         self._recent.clear()
@@ -798,7 +943,7 @@ class Replayer:
     def _read_back(self, buffer: int, offset: int, size: int) -> bytes:
         cu = self.cu
         out = bytearray(size)
-        check(cu.cuCtxSynchronize(), "cuCtxSynchronize before reading a checkpoint")
+        check(self._synchronize_devices(), "cuCtxSynchronize before reading a checkpoint")
         if size:
             host = (ctypes.c_char * size).from_buffer(out)
             check(
@@ -840,7 +985,7 @@ class Replayer:
             self._result.reports.append(report)
 
     def _check_download(self, op: m.Copy, host: int) -> None:
-        check(self.cu.cuCtxSynchronize(), "cuCtxSynchronize before checking a download")
+        check(self._synchronize_devices(), "cuCtxSynchronize before checking a download")
         actual = ctypes.string_at(host, op.size)
         expected = self._expected_bytes(op.payload, op.size)
         buffer = self.plan.buffers[op.src_buffer]

@@ -124,6 +124,8 @@ def find_targets(plan: Plan, *, launch: int | None, kernel: str | None) -> Targe
     """``--launch=OP``: that launch; ``--kernel=REGEX``: every launch of the one kernel it matches."""
     if (launch is None) == (kernel is None):
         raise ReplayUsageError("give exactly one of --launch=OP and --kernel=REGEX")
+    if len(plan.devices) > 1:
+        raise ReplayUsageError("tune-replay tunes single-device captures only in this version")
     pattern = re.compile(kernel) if kernel is not None else None
     found: list[m.Launch] = []
     for op in plan.capture.iter_operations():

@@ -115,8 +115,9 @@ def main(
                                         save_output=save_output, continue_on_error=continue_on_error,
                                         nvtx=nvtx, check_payloads=not no_payload_checks)  # fmt: skip
         with Replayer(plan, replay_options_) as replayer:
-            click.echo(f"device        cuda:{device_ordinals[0]} {replayer.device_name} "
-                       f"sm_{replayer.compute_capability[0]}{replayer.compute_capability[1]}")  # fmt: skip
+            for k, gpu in enumerate(replayer.gpus):
+                major, minor = gpu.compute_capability
+                click.echo(f"device        #{k + 1} on cuda:{gpu.ordinal} {gpu.name} sm_{major}{minor}")
             if replayer.staging.bytes:
                 click.echo(f"uploads       {replayer.staging.line()}")
             result = replayer.run(repetitions)
