@@ -136,6 +136,10 @@ def bench_upload(directory: Path, size: int) -> dict[str, float]:
                     suffix = "" if checked else "_unchecked"
                     results[f"{name}{suffix}_pipeline_gbs"] = replayer.staging.gbs
                     results[f"{name}{suffix}_end_to_end_gbs"] = data.nbytes / first / 1e9
+                    phases = ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in replayer.setup_seconds.items())
+                    ring_ms = replayer.staging.setup_seconds * 1e3
+                    print(f"  [{name}{suffix}] setup: {phases}; staging ring and pool {ring_ms:.0f} ms; "
+                          f"first run {first * 1e3:.0f} ms in all")  # fmt: skip
                     if not checked:
                         continue
                     copy_ms = min(replayer.run(1).device_ms[0] for _ in range(3))  # later runs: staged copy only

@@ -168,6 +168,7 @@ class Replayer:
         self._repetition = 0
         self.pristine_on_device = False
         self.staging = StagingStats()
+        self.setup_seconds: dict[str, float] = {}  # setup phase -> seconds it took
         try:
             self._setup()
         except BaseException:
@@ -226,12 +227,11 @@ class Replayer:
         first = self.gpus[0]
         self.device, self.ctx, self.device_name = first.handle, first.ctx, first.name
         self.compute_capability, self.max_shared_optin = first.compute_capability, first.max_shared_optin
-        self._check_device_fits()
-        self._allocate_buffers()
-        self._load_modules()
-        self._create_streams_and_events()
-        self._stage_inputs()
-        self._build_steps()
+        for phase in (self._check_device_fits, self._allocate_buffers, self._load_modules,
+                      self._create_streams_and_events, self._stage_inputs, self._build_steps):  # fmt: skip
+            started = time.perf_counter()
+            phase()
+            self.setup_seconds[phase.__name__.strip("_")] = time.perf_counter() - started
 
     def _use(self, gpu: int) -> None:
         """Make device ``gpu``'s context current (setup work, and runs, happen on it)."""
