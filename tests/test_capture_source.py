@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
+import sys
 import threading
 from types import SimpleNamespace
 
@@ -194,3 +195,12 @@ def test_allocations_memsets_and_decoding_errors():
         ev.Allocation(0x7F00_0000_0000, 4096, ev.MemoryApi.DEVICE, "cuMemAlloc_v2"),
         ev.Memset(0x7F00_0000_0010, 0xDEADBEEF, 4, 16, 0x77, "cuMemsetD32Async"),
     ]
+
+
+def test_without_cupti_python_the_recorder_says_how_to_get_it(monkeypatch):
+    from replayfmt.capture.cupti_api import load_cupti
+    from replayfmt.errors import ReplayUsageError
+
+    monkeypatch.setitem(sys.modules, "cupti", None)  # as if it were not installed
+    with pytest.raises(ReplayUsageError, match=r"pip install 'replayfmt\[capture\]'"):
+        load_cupti()

@@ -4,6 +4,10 @@ python -m replayfmt.capture -o numba.kreplay examples/capture/numba_kernel.py
 """
 
 import numpy as np
+
+if not hasattr(np, "row_stack"):  # some numba-cuda releases still call it; NumPy 2.x removed it
+    np.row_stack = np.vstack
+
 from numba import cuda
 
 
