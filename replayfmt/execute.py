@@ -14,7 +14,9 @@ frees them in :meth:`close` (idempotent; also a context manager).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import mmap
 import os
 import time
 from collections import deque
@@ -485,6 +487,28 @@ class Replayer:
         ptr = check(cu.cuMemHostAlloc(max(size, 1), portable), f"{what}: cuMemHostAlloc({size})")
         self._closers.append(lambda: cu.cuMemFreeHost(ptr))
         return int(ptr)
+
+    def _pinned_large(self, size: int, what: str) -> int:
+        """Pinned memory for a large buffer: transparent huge pages registered with the driver
+        pin in about half the time of cuMemHostAlloc (fewer pages to lock); cuMemHostAlloc when
+        that is refused."""
+        cu = self.cu
+        huge = 2 << 20
+        try:
+            region = mmap.mmap(-1, size + huge, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        except OSError:
+            return self._pinned(size, what)
+        with contextlib.suppress(AttributeError, OSError):
+            region.madvise(mmap.MADV_HUGEPAGE)
+        base = ctypes.addressof(ctypes.c_char.from_buffer(region))
+        address = (base + huge - 1) // huge * huge
+        flags = cu.CU_MEMHOSTREGISTER_PORTABLE if len(self.gpus) > 1 else 0
+        if cu.cuMemHostRegister(address, size, flags)[0] != cu.CUresult.CUDA_SUCCESS:
+            region.close()
+            return self._pinned(size, what)
+        self._closers.append(region.close)
+        self._closers.append(lambda: cu.cuMemHostUnregister(address))
+        return address
 
     def _stage_inputs(self) -> None:
         """Bring every uploaded payload (or file range) close to the device, once.
@@ -1018,7 +1042,7 @@ class _Ring:
     def __init__(self, replayer: Replayer, *, slots: int, slot_size: int) -> None:
         cu = self.cu = replayer.cu
         self.slot_size = slot_size
-        base = replayer._pinned(slots * slot_size, "staging ring")
+        base = replayer._pinned_large(slots * slot_size, "staging ring")
         self.slots = [base + k * slot_size for k in range(slots)]
         self.stream = check(cu.cuStreamCreate(1), "staging stream")
         replayer.own(lambda: cu.cuStreamDestroy(self.stream))
