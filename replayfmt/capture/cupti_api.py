@@ -2,8 +2,8 @@
 
 cupti-python provides the library (it depends on the matching ``nvidia-cuda-cupti``) and the
 names of the driver calls' callback ids; the subscription itself goes through ctypes because
-cupti-python wraps every callback's data in numpy-backed objects, which cost about 30 us per
-launch on an H100 host, against about 1 us for a bare ctypes callback.
+cupti-python wraps every callback's data in numpy-backed objects: on an H100 host an empty
+cupti-python callback added about 16 us to each launch, an empty ctypes one about 2 us.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..cuda import driver
+from ..errors import ReplayUsageError
 from . import events as ev
 from .cupti_api import (
     DOMAIN_DRIVER_API,
@@ -119,7 +120,8 @@ class CuptiSource:
 
     def start(self) -> None:
         cupti = self.cupti
-        assert cupti is not None, "a source built without CUPTI cannot listen"
+        if cupti is None:
+            raise ReplayUsageError("this CUPTI source was built without CUPTI (a test stand-in): it cannot listen")
         self._subscriber, self._c_callback = cupti.subscribe(self._callback, "replayfmt")
         for cbid in self.route(cupti.driver_callback_ids):
             cupti.enable_callback(self._subscriber, DOMAIN_DRIVER_API, cbid)
@@ -143,9 +145,11 @@ class CuptiSource:
 
     def _callback(self, userdata: int | None, domain: int, cbid: int, data: int | None) -> None:
         guard = self._guard
+        if not data:
+            return
         try:
             if domain != DOMAIN_DRIVER_API:
-                self._on_resource(cbid, data or 0)  # also inside the recorder's own calls: lazy loads
+                self._on_resource(cbid, data)  # also inside the recorder's own calls: lazy loads
                 return
             if getattr(guard, "busy", False):
                 return
@@ -154,7 +158,7 @@ class CuptiSource:
                 return
             guard.busy = True
             try:
-                site, params, result, symbol = _CALLBACK_DATA.unpack_from(MEMORY, data or 0)
+                site, params, result, symbol = _CALLBACK_DATA.unpack_from(MEMORY, data)
                 entry[0](self, site, params, result, entry[1], symbol)
             finally:
                 guard.busy = False
@@ -173,6 +177,8 @@ class CuptiSource:
 
     def _on_resource(self, cbid: int, data: int) -> None:
         descriptor = u64(data + 16)  # CUpti_ResourceData.resourceDescriptor
+        if not descriptor:
+            return
         module_id, size, cubin = _MODULE_RESOURCE.unpack_from(MEMORY, descriptor)
         if cbid == RESOURCE_MODULE_LOADED and cubin and size:
             self._lazy_images[module_id] = read(cubin, size)
