@@ -1,10 +1,12 @@
-"""Rebuild a capture on a CUDA device and execute it.
+"""Rebuild a capture on one or several CUDA devices and execute it.
 
-A :class:`Replayer` takes a :class:`~replayfmt.plan.Plan` and does the cold work once (context,
-allocations, module loads, ABI checks against the loaded functions, payloads staged in pinned
-memory, every launch's parameter block packed and relocated), turning the capture into a list of
-steps; :meth:`Replayer.run` then executes the steps (as many times as asked), each on its own
-captured stream, so that concurrency and event edges are kept.
+A :class:`Replayer` takes a :class:`~replayfmt.plan.Plan` and does the cold work once (a context
+per device, allocations, module loads, ABI checks against the loaded functions, payloads staged
+on the device through a pinned ring, every launch's parameter block packed and relocated),
+turning the capture into a list of steps; :meth:`Replayer.run` then executes the steps (as many
+times as asked), each on its own captured stream, so that concurrency and event edges are kept.
+Captured device k runs on ``options.devices[k]``; a step that changes device first makes that
+device's context current (single-device captures never switch).
 
 Strict: a CUDA error stops the replay with an error naming the operation, object and kernel and
 the driver's error; a sticky error found at a synchronisation also names the launches issued since
