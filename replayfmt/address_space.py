@@ -25,6 +25,8 @@ import sys
 import warnings
 from collections.abc import Iterable
 
+from .cuda import check, driver
+
 _ADDR_NO_RANDOMIZE = 0x0040000
 _RESTARTED = "REPLAYFMT_NO_ASLR"
 _PROT_NONE, _MAP_PRIVATE, _MAP_ANONYMOUS, _MAP_NORESERVE = 0, 0x02, 0x20, 0x4000
@@ -71,17 +73,12 @@ def _probe(low: int, size: int, device: int) -> int | str:
         os.close(read_end)
         answer: int | str
         try:
-            from cuda.bindings import driver as cu
-
-            ok = cu.CUresult.CUDA_SUCCESS
-            err, *_ = cu.cuInit(0)
-            err2, dev = cu.cuDeviceGet(device) if err == ok else (err, None)
-            err3, ctx = cu.cuDevicePrimaryCtxRetain(dev) if err2 == ok else (err2, None)
-            err4, *_ = cu.cuCtxSetCurrent(ctx) if err3 == ok else (err3,)
-            err5, ptr = cu.cuMemAddressReserve(size, 0, low, 0) if err4 == ok else (err4, 0)
-            answer = int(ptr) if err5 == ok else f"the driver refused the probe: {err5.name}"
+            cu = driver()  # this copy starts CUDA: the parent has not
+            ctx = check(cu.cuDevicePrimaryCtxRetain(check(cu.cuDeviceGet(device), "cuDeviceGet")), "context")
+            check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+            answer = int(check(cu.cuMemAddressReserve(size, 0, low, 0), "cuMemAddressReserve"))
         except Exception as exc:  # reported to the parent, never raised in the child
-            answer = f"{type(exc).__name__}: {exc}"
+            answer = f"the probe failed: {exc}"
         with contextlib.suppress(OSError):
             os.write(write_end, json.dumps(answer).encode())
         os._exit(0)

@@ -228,14 +228,28 @@ class Replayer:
             ))  # fmt: skip
         self._gpu_of = {device.id: k for k, device in enumerate(plan.devices)}
         self._use(0)
-        first = self.gpus[0]
-        self.device, self.ctx, self.device_name = first.handle, first.ctx, first.name
-        self.compute_capability, self.max_shared_optin = first.compute_capability, first.max_shared_optin
         for phase in (self._check_device_fits, self._allocate_buffers, self._load_modules,
                       self._create_streams_and_events, self._stage_inputs, self._build_steps):  # fmt: skip
             started = time.perf_counter()
             phase()
             self.setup_seconds[phase.__name__.strip("_")] = time.perf_counter() - started
+
+    # the first device: where tuning, benchmarks and single-device captures run
+    @property
+    def device(self) -> Any:
+        return self.gpus[0].handle
+
+    @property
+    def device_name(self) -> str:
+        return self.gpus[0].name
+
+    @property
+    def compute_capability(self) -> tuple[int, int]:
+        return self.gpus[0].compute_capability
+
+    @property
+    def max_shared_optin(self) -> int:
+        return self.gpus[0].max_shared_optin
 
     def _use(self, gpu: int) -> None:
         """Make device ``gpu``'s context current (setup work, and runs, happen on it)."""
@@ -352,13 +366,14 @@ class Replayer:
             check(cu.cuMemSetAccess(start, end - start, [access], 1), f"cuMemSetAccess at {start:#x}")
 
     def _load_modules(self) -> None:
+        initial_globals: dict[int, bytes] = {}  # read from the file once, uploaded on every device
         for k in range(len(self.gpus)):
             self._use(k)
-            self._functions_on.append(self._load_modules_here(self.gpus[k]))
+            self._functions_on.append(self._load_modules_here(self.gpus[k], initial_globals))
         self._use(0)
         self.functions = self._functions_on[0]
 
-    def _load_modules_here(self, gpu: ReplayDevice) -> dict[tuple[int, int], Any]:
+    def _load_modules_here(self, gpu: ReplayDevice, initial_globals: dict[int, bytes]) -> dict[tuple[int, int], Any]:
         """Load every executable into the current context; the launched functions, checked."""
         cu = self.cu
         functions: dict[tuple[int, int], Any] = {}
@@ -397,7 +412,9 @@ class Replayer:
             for gid, glob in self.plan.globals.items():
                 if glob.executable == eid and glob.initial_payload:
                     ptr, size = check(cu.cuModuleGetGlobal(module, glob.symbol.encode()), f"global {gid} {glob.symbol}")
-                    data_bytes = self.plan.capture.read_payload(glob.initial_payload)
+                    if gid not in initial_globals:
+                        initial_globals[gid] = self.plan.capture.read_payload(glob.initial_payload)
+                    data_bytes = initial_globals[gid]
                     check(cu.cuMemcpyHtoD(ptr, data_bytes, min(size, len(data_bytes))), f"global {gid}: upload")
         return functions
 

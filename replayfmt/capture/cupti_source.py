@@ -285,25 +285,10 @@ class CuptiSource:
 
     # -- memory ----------------------------------------------------------------------------
 
-    def _on_alloc(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
-        if site == _EXIT and self._succeeded(result):
-            out, size = _unpack_from("<QQ", MEMORY, p)
-            self._sink(ev.Allocation(u64(out), size, ev.MemoryApi.DEVICE, call))
-
     def _on_alloc_pitch(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
         if site == _EXIT and self._succeeded(result):
             out, pitch, _width, height = _unpack_from("<QQQQ", MEMORY, p)
             self._sink(ev.Allocation(u64(out), u64(pitch) * height, ev.MemoryApi.DEVICE, call))
-
-    def _on_alloc_host(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
-        if site == _EXIT and self._succeeded(result):
-            out, size = _unpack_from("<QQ", MEMORY, p)
-            self._sink(ev.Allocation(u64(out), size, ev.MemoryApi.HOST_PINNED, call))
-
-    def _on_alloc_managed(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
-        if site == _EXIT and self._succeeded(result):
-            out, size = _unpack_from("<QQ", MEMORY, p)
-            self._sink(ev.Allocation(u64(out), size, ev.MemoryApi.MANAGED, call))
 
     def _on_free(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
         if site == _ENTER:
@@ -349,6 +334,17 @@ class CuptiSource:
     def _on_event_sync(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
         if site == _EXIT:
             self._sink(ev.EventSynchronized(u64(p)))
+
+
+def _alloc_decoder(api: ev.MemoryApi) -> Decoder:
+    """cuMemAlloc-like calls: (CUdeviceptr* out, size_t size, ...), reported once they succeed."""
+
+    def decode(self: CuptiSource, site: int, p: int, result: int, call: str, symbol: int) -> None:
+        if site == _EXIT and self._succeeded(result):
+            out, size = _unpack_from("<QQ", MEMORY, p)
+            self._sink(ev.Allocation(u64(out), size, api, call))
+
+    return decode
 
 
 def _copy_decoder(direction: ev.CopyDirection, asynchronous: bool) -> Decoder:
@@ -427,10 +423,10 @@ _LAUNCHES = (
 _DECODERS: dict[str, Decoder] = {}
 for _names, _decoder in [
     *_LAUNCHES,
-    (_variants("cuMemAlloc_v2", "cuMemAllocAsync", "cuMemAllocFromPoolAsync"), _S._on_alloc),
+    (_variants("cuMemAlloc_v2", "cuMemAllocAsync", "cuMemAllocFromPoolAsync"), _alloc_decoder(ev.MemoryApi.DEVICE)),
     (["cuMemAllocPitch_v2"], _S._on_alloc_pitch),
-    (["cuMemHostAlloc", "cuMemAllocHost_v2"], _S._on_alloc_host),
-    (["cuMemAllocManaged"], _S._on_alloc_managed),
+    (["cuMemHostAlloc", "cuMemAllocHost_v2"], _alloc_decoder(ev.MemoryApi.HOST_PINNED)),
+    (["cuMemAllocManaged"], _alloc_decoder(ev.MemoryApi.MANAGED)),
     (_variants("cuMemFree_v2", "cuMemFreeAsync", "cuMemFreeHost", "cuMemUnmap"), _S._on_free),
     (["cuMemMap"], _S._on_mem_map),
     (_variants("cuMemcpy"), _copy_decoder(_D, False)),

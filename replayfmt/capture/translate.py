@@ -283,8 +283,7 @@ class Translator:
             relocations, targets = self._relocations(event.parameters, shape)
             shape.last = (event.parameters, self._epoch, relocations, targets)
         for allocation in targets:
-            if allocation.region != self._region:
-                self._touch(allocation, event.stream, kernel.name)
+            self._touch(allocation, event.stream, kernel.name)
         self._write_launch(event, function, relocations)
         shape.stats.captured += 1
 
@@ -661,9 +660,9 @@ class Translator:
 
     def _touch(self, allocation: _Allocation, stream: int, kernel: str) -> None:
         """First touch in this region (or kernel instance): upload the allocation's contents."""
-        buffer = self._buffer(allocation)
         if allocation.region == self._region:
-            return
+            return  # touched already, so its buffer is written too
+        buffer = self._buffer(allocation)
         allocation.region = self._region
         started = time.perf_counter()
         data = self.memory.read(allocation.address, allocation.size, stream)
