@@ -1,20 +1,26 @@
 """run-replay speed, on a GPU (issue: run-replay), measured side by side in one run.
 
-    python benchmarks/replay_bench.py [--launches 20000] [--upload-mib 1024]
+    python benchmarks/replay_bench.py [--launches 20000] [--upload-mib 1024] [--upload-dir DIR ...]
 
 1. Host overhead per launch: a 20,000-launch capture of an empty kernel replayed by the Replayer,
    against raw cuda-python cuLaunchKernel with pre-packed parameters over the same launches
    (goal: <= 1.25x). Both are timed from the first launch to the end of a final synchronisation.
 2. Upload bandwidth: a 1 GiB payload taken from the capture file (in the page cache) to the
-   device: frames read in parallel into a ring of pinned slots, each uploaded as it arrives,
-   against a bare pinned cuMemcpyHtoD of the same bytes (goal for payloads stored raw: >= 50%).
-   Printed: the staging pipeline's rate (with and without hashing each frame), the same
-   including setup (thread pool, pinned ring) and the first run, and the rate of later runs.
+   device: upload lanes (a thread, a stream, two pinned slots each) read runs of frames and
+   copy each up as it arrives, against a bare pinned cuMemcpyHtoD of the same bytes (goal for
+   payloads stored raw: >= 50%). Printed: the staging pipeline's rate (with and without hashing
+   each frame), the same including setup (thread pool, pinned lanes) and the first run, and the
+   rate of later runs; next to them this host's own ceiling, the same move done by bare threads
+   without replayfmt, since host memory bandwidth varies widely between machines (and between
+   minutes on a shared one). Medians of 3 rounds, interleaved. Measured once per --upload-dir
+   (default: the temporary directory, a disk file system, and /dev/shm, tmpfs): the kernel
+   copies out of their page caches at different rates.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import os
 import shutil
@@ -22,6 +28,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -112,7 +120,7 @@ def bench_launches(directory: Path, cubin: bytes, count: int) -> dict[str, float
             "ratio": float(np.median(ratios))}  # fmt: skip
 
 
-def bench_upload(directory: Path, size: int) -> dict[str, float]:
+def bench_upload(directory: Path, size: int) -> dict[str, list[float]]:
     cu = driver()
     # the process keeps its CUDA context, as a program that uses CUDA does: context creation is
     # not upload time (each Replayer would otherwise create and destroy the primary context)
@@ -124,74 +132,158 @@ def bench_upload(directory: Path, size: int) -> dict[str, float]:
         cu.cuDevicePrimaryCtxRelease(device)
 
 
-def _bench_upload(directory: Path, size: int) -> dict[str, float]:
+ROUNDS = 3  # each upload measured this many times, interleaved with the host's ceiling
+
+
+def host_ceiling_gbs(path: Path, size: int, device_buffer: int, lanes: int = 16, piece: int = 8 << 20) -> float:
+    """The same move without replayfmt: ``lanes`` threads preadv the file's first ``size`` bytes
+    in ``piece``-byte pieces into their own pinned slots and copy each up on their own stream.
+    What this host manages at this moment: its memory bandwidth varies from machine to machine."""
+    cu = driver()
+    ctx = check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")
+    fd = os.open(path, os.O_RDONLY)
+    pieces = deque(range(0, size, piece))
+    slots = [check(cu.cuMemHostAlloc(2 * piece, 0), "pinned") for _ in range(lanes)]
+
+    def lane(k: int) -> None:
+        check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+        stream = check(cu.cuStreamCreate(1), "stream")
+        done = [check(cu.cuEventCreate(2), "event") for _ in range(2)]
+        turn = 0
+        while pieces:
+            try:
+                offset = pieces.popleft()
+            except IndexError:
+                break
+            slot, n = turn % 2, min(piece, size - offset)
+            if turn >= 2:
+                check(cu.cuEventSynchronize(done[slot]), "event")
+            address = int(slots[k]) + slot * piece
+            os.preadv(fd, [memoryview((ctypes.c_char * n).from_address(address)).cast("B")], offset)
+            check(cu.cuMemcpyHtoDAsync(device_buffer + offset, address, n, stream), "copy")
+            check(cu.cuEventRecord(done[slot], stream), "event")
+            turn += 1
+        check(cu.cuStreamSynchronize(stream), "sync")
+        for event in done:
+            check(cu.cuEventDestroy(event), "event")
+        check(cu.cuStreamDestroy(stream), "stream")
+
+    try:
+        with ThreadPoolExecutor(lanes) as pool:
+            start = time.perf_counter()
+            list(pool.map(lane, range(lanes)))
+            return size / (time.perf_counter() - start) / 1e9
+    finally:
+        os.close(fd)
+        for slot in slots:
+            check(cu.cuMemFreeHost(slot), "free")
+
+
+def _bench_upload(directory: Path, size: int) -> dict[str, list[float]]:
+    """Rates in GB/s, each measured ROUNDS times (bare_gbs: the best of three)."""
     cu = driver()
     rng = np.random.default_rng(0)
     noise = rng.integers(0, 2**32, size // 4, dtype=np.uint32)  # stored raw (incompressible)
     sparse = np.maximum(rng.standard_normal(size // 4, dtype=np.float32) - 1.3, 0)  # stored zstd
-    results: dict[str, float] = {}
-    for name, data in (("raw", noise), ("zstd", sparse)):
-        path = directory / f"upload_{name}.kreplay"
-        with replayfmt.CaptureWriter(path, overwrite=True) as w:
-            dev = w.add_object(m.Device(name="bench"))
-            buf = w.add_object(m.Buffer(size=data.nbytes, device=dev))
-            w.copy_h2d(dst_buffer=buf, data=data)
-        os.sync()
-        with replayfmt.open(path) as cap:
-            plan = build_plan(cap)
-            for checked in (True, False):
-                start = time.perf_counter()
-                replayer = Replayer(plan, ReplayOptions(check_payloads=checked))
-                with replayer:
-                    replayer.run(1)
-                    first = time.perf_counter() - start  # file to device: setup (read + upload) and one run
-                    suffix = "" if checked else "_unchecked"
-                    results[f"{name}{suffix}_pipeline_gbs"] = replayer.staging.gbs
-                    results[f"{name}{suffix}_end_to_end_gbs"] = data.nbytes / first / 1e9
-                    phases = ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in replayer.setup_seconds.items())
-                    ring_ms = replayer.staging.setup_seconds * 1e3
-                    print(f"  [{name}{suffix}] setup: {phases}; staging ring and pool {ring_ms:.0f} ms; "
-                          f"first run {first * 1e3:.0f} ms in all")  # fmt: skip
-                    if not checked:
-                        continue
-                    copy_ms = min(replayer.run(1).device_ms[0] for _ in range(3))  # later runs: staged copy only
-                    host = check(cu.cuMemHostAlloc(data.nbytes, 0), "pinned")
-                    ctypes.memmove(host, data.ctypes.data, data.nbytes)
-                    bare = []
-                    for _ in range(3):
+    results: dict[str, list[float]] = {}
+    scratch = check(cu.cuMemAlloc(size), "device buffer")
+    try:
+        host = check(cu.cuMemHostAlloc(size, 0), "pinned")
+        ctypes.memmove(host, noise.ctypes.data, size)
+        bare = []
+        for _ in range(3):
+            start = time.perf_counter()
+            check(cu.cuMemcpyHtoD(scratch, host, size), "bare copy")
+            bare.append(time.perf_counter() - start)
+        check(cu.cuMemFreeHost(host), "free")
+        results["bare_gbs"] = [size / min(bare) / 1e9]
+        for name, data in (("raw", noise), ("zstd", sparse)):
+            path = directory / f"upload_{name}.kreplay"
+            with replayfmt.CaptureWriter(path, overwrite=True) as w:
+                dev = w.add_object(m.Device(name="bench"))
+                w.copy_h2d(dst_buffer=w.add_object(m.Buffer(size=data.nbytes, device=dev)), data=data)
+            os.sync()
+            with replayfmt.open(path) as cap:
+                plan = build_plan(cap)
+                for _ in range(ROUNDS):
+                    if name == "raw":
+                        results.setdefault("ceiling_gbs", []).append(host_ceiling_gbs(path, size, int(scratch)))
+                    for checked in (True, False):
+                        suffix = "" if checked else "_unchecked"
                         start = time.perf_counter()
-                        check(cu.cuMemcpyHtoD(replayer.addresses[buf], host, data.nbytes), "bare copy")
-                        bare.append(time.perf_counter() - start)
-                    check(cu.cuMemFreeHost(host), "free")
-        results[f"{name}_copy_gbs"] = data.nbytes / (copy_ms / 1e3) / 1e9
-        results["bare_gbs"] = data.nbytes / min(bare) / 1e9
+                        with Replayer(plan, ReplayOptions(check_payloads=checked)) as replayer:
+                            replayer.run(1)
+                            first = time.perf_counter() - start  # file to device: setup, read, upload, a run
+                            staging = replayer.staging
+                            for what, value in (("pipeline_gbs", staging.gbs), ("lanes_ms", 1e3 * staging.setup_seconds),
+                                                ("check_ms", 1e3 * staging.check_seconds),
+                                                ("end_to_end_gbs", data.nbytes / first / 1e9)):  # fmt: skip
+                                results.setdefault(f"{name}{suffix}_{what}", []).append(value)
+                            if checked:  # later runs: the copy from the device-resident pristine bytes only
+                                copy_ms = min(replayer.run(1).device_ms[0] for _ in range(3))
+                                results.setdefault(f"{name}_copy_gbs", []).append(data.nbytes / copy_ms / 1e6)
+    finally:
+        check(cu.cuMemFree(scratch), "free")
     return results
+
+
+def file_system(directory: Path) -> str:
+    """The type of the file system holding ``directory`` (from /proc/mounts), or "?"."""
+    best, kind = "", "?"
+    with contextlib.suppress(OSError), open("/proc/mounts") as mounts:
+        for line in mounts:
+            fields = line.split()
+            point = fields[1]
+            if len(fields) > 2 and str(directory).startswith(point) and len(point) > len(best):
+                best, kind = point, fields[2]
+    return kind
+
+
+def default_upload_dirs() -> list[str]:
+    dirs = [tempfile.gettempdir()]
+    if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
+        dirs.append("/dev/shm")
+    return dirs
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--launches", type=int, default=20_000)
     parser.add_argument("--upload-mib", type=int, default=1024)
+    parser.add_argument("--upload-dir", action="append", help="where the upload capture is written (repeatable)")
     args = parser.parse_args()
     arch = device_arch()
-    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp:
-        directory = Path(tmp)
-        r = bench_launches(directory, compile_empty(arch), args.launches)
-        verdict = "ok" if r["ratio"] <= 1.25 else "MISSED"
-        print(f"{arch}, {args.launches:,} launches of an empty kernel")
-        print(f"  raw cuLaunchKernel (pre-packed)  {r['raw_us']:.2f} us/launch")
-        print(f"  Replayer.run                     {r['replay_us']:.2f} us/launch")
-        print(f"  ratio (median of 5)              {r['ratio']:.3f}x   goal <= 1.25x  {verdict}")
-        u = bench_upload(directory, args.upload_mib << 20)
-        print(f"\nupload of {args.upload_mib} MiB (bare pinned cuMemcpyHtoD: {u['bare_gbs']:.1f} GB/s)")
-        bare = u["bare_gbs"]
+    with tempfile.TemporaryDirectory() as tmp:
+        r = bench_launches(Path(tmp), compile_empty(arch), args.launches)
+    verdict = "ok" if r["ratio"] <= 1.25 else "MISSED"
+    print(f"{arch}, {args.launches:,} launches of an empty kernel")
+    print(f"  raw cuLaunchKernel (pre-packed)  {r['raw_us']:.2f} us/launch")
+    print(f"  Replayer.run                     {r['replay_us']:.2f} us/launch")
+    print(f"  ratio (median of 5)              {r['ratio']:.3f}x   goal <= 1.25x  {verdict}")
+    for where in args.upload_dir or default_upload_dirs():
+        with tempfile.TemporaryDirectory(dir=where) as tmp:
+            directory = Path(tmp)
+            kind = file_system(directory)
+            print(f"\nupload of {args.upload_mib} MiB from a file in {where} ({kind}, in the page cache)")
+            rounds = bench_upload(directory, args.upload_mib << 20)
+        u = {key: float(np.median(values)) for key, values in rounds.items()}
+        bare, ceiling = u["bare_gbs"], u["ceiling_gbs"]
+        print(f"  bare pinned cuMemcpyHtoD: {bare:.1f} GB/s; this host's ceiling (16 threads preadv the file into "
+              f"pinned slots and copy up, no replayfmt): {ceiling:.1f} GB/s = {ceiling / bare:.0%}"
+              f"  [{', '.join(f'{x:.1f}' for x in rounds['ceiling_gbs'])}]")  # fmt: skip
         for name in ("raw", "zstd"):
             for suffix, how in (("", "frames hashed"), ("_unchecked", "--no-payload-checks")):
-                pipeline, total = u[f"{name}{suffix}_pipeline_gbs"], u[f"{name}{suffix}_end_to_end_gbs"]
-                goal = ("   goal >= 50%  " + ("ok" if pipeline >= 0.5 * bare else "MISSED")) if name == "raw" else ""
+                key = f"{name}{suffix}_pipeline_gbs"
+                pipeline, total = u[key], u[f"{name}{suffix}_end_to_end_gbs"]
+                goal = ("  goal >= 50% " + ("ok" if pipeline >= 0.5 * bare else "MISSED")) if name == "raw" else ""
                 print(f"  stored {name:4}, {how:19}: staging {pipeline:5.1f} GB/s = {pipeline / bare:4.0%} of bare"
-                      f"{goal}; with setup and first run {total:5.1f} GB/s = {total / bare:4.0%}")  # fmt: skip
+                      f"{goal}; with setup and first run {total:5.1f} GB/s = {total / bare:4.0%}"
+                      f"  [{', '.join(f'{x:.1f}' for x in rounds[key])}]")  # fmt: skip
+                check_ms = u[f"{name}{suffix}_check_ms"]
+                print(f"      pinning the lanes {u[f'{name}{suffix}_lanes_ms']:.0f} ms"
+                      + (f"; frames checked on the device in {check_ms:.1f} ms" if check_ms else ""))  # fmt: skip
             print(f"  stored {name:4}: later runs (from the device-resident copy) {u[f'{name}_copy_gbs']:.0f} GB/s")
+        print(f"  (medians of {ROUNDS} rounds, interleaved; each round's staging rate in brackets)")
     return 0
 
 

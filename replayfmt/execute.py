@@ -2,7 +2,7 @@
 
 A :class:`Replayer` takes a :class:`~replayfmt.plan.Plan` and does the cold work once (a context
 per device, allocations, module loads, ABI checks against the loaded functions, payloads staged
-on the device through a pinned ring, every launch's parameter block packed and relocated),
+on the device through pinned upload lanes, every launch's parameter block packed and relocated),
 turning the capture into a list of steps; :meth:`Replayer.run` then executes the steps (as many
 times as asked), each on its own captured stream, so that concurrency and event edges are kept.
 Captured device k runs on ``options.devices[k]``; a step that changes device first makes that
@@ -20,10 +20,11 @@ import contextlib
 import ctypes
 import mmap
 import os
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from . import model as m
 from .address_space import page_runs, steer_device_arena
 from .compare import NUMPY_DTYPES, BufferReport, Tolerance, compare
 from .cuda import STICKY_ERRORS, CudaCallError, check, compute_capability, driver, error_text
+from .device_digest import SHORTEST as DIGEST_SHORTEST, DeviceDigester
 from .errors import (
     AbiMismatchError,
     DeviceError,
@@ -58,7 +60,7 @@ class ReplayOptions:
     continue_on_error: bool = False
     uploads_from_host: bool = False  # keep uploads as host-to-device copies (timing fidelity)
     nvtx: bool = False  # NVTX ranges around scopes and launches, for nsys and ncu
-    check_payloads: bool = True  # hash every payload frame as it is read (off: faster, corruption unseen)
+    check_payloads: bool = True  # check every payload frame against its hash (off: faster, corruption unseen)
 
 
 @dataclass
@@ -66,9 +68,11 @@ class StagingStats:
     """How the capture's uploads were brought to the device at setup."""
 
     bytes: int = 0
-    setup_seconds: float = 0.0  # thread pool and pinned staging ring
+    setup_seconds: float = 0.0  # thread pool and pinned staging lanes
     seconds: float = 0.0  # reading, checking and uploading, once set up
+    check_seconds: float = 0.0  # of which checking frames on the device, after the uploads
     on_device: bool = False  # pristine copies on the device (else pinned host memory)
+    checked: str = "no"  # where payload frames were checked against their hash: on the device, on the host
 
     @property
     def gbs(self) -> float:
@@ -78,7 +82,8 @@ class StagingStats:
         where = "on the device" if self.on_device else "in pinned host memory"
         return (
             f"{self.bytes / 2**20:.1f} MiB staged {where} in {self.seconds:.3f} s ({self.gbs:.1f} GB/s), "
-            f"after {self.setup_seconds:.3f} s of setup"
+            f"after {self.setup_seconds:.3f} s of setup; frames checked: {self.checked}"
+            + (f" ({self.check_seconds * 1e3:.0f} ms)" if self.check_seconds else "")
         )
 
 
@@ -113,6 +118,9 @@ class _Staged:
     on_device: bool
 
 
+_UPLOAD_PIECE = 8 << 20  # bytes an upload lane reads at a time (whole frames: one frame at least)
+_UPLOAD_LANES = 16  # at most: more contend for memory bandwidth
+_UPLOAD_PINNED = 256 << 20  # pinned bytes the lanes may take together (pinning costs ~0.3 s/GiB)
 _FIXED_PAGE = 2 << 20  # the VMM granularity of current GPUs; the real one is asked of the driver
 
 
@@ -521,6 +529,8 @@ class Replayer:
             region.madvise(mmap.MADV_HUGEPAGE)
         base = ctypes.addressof(ctypes.c_char.from_buffer(region))
         address = (base + huge - 1) // huge * huge
+        for page in range(address - base, address - base + size, 4096):  # faulted (and zeroed) here: threads
+            region[page] = 0  # that pin side by side fault side by side; the driver's pinning is serial
         flags = cu.CU_MEMHOSTREGISTER_PORTABLE if len(self.gpus) > 1 else 0
         if cu.cuMemHostRegister(address, size, flags)[0] != cu.CUresult.CUDA_SUCCESS:
             region.close()
@@ -532,10 +542,10 @@ class Replayer:
     def _stage_inputs(self) -> None:
         """Bring every uploaded payload (or file range) close to the device, once.
 
-        When device memory allows, each upload gets a pristine copy on the device: frames are
-        read (raw: preadv; zstd: decompressed in place) and checked against their hash by a pool
-        of threads into a small ring of pinned slots, and each slot is copied up as soon as it is
-        full, so reading and uploading overlap. Every run's uploads are then device-to-device
+        When device memory allows, each upload gets a pristine copy on the device: upload lanes
+        (a thread, a stream and two pinned slots each) read frames (raw: preadv; zstd:
+        decompressed in place), check them against their hash and copy each up as soon as it is
+        read, so reading and uploading overlap. Every run's uploads are then device-to-device
         copies. Otherwise the bytes stay in pinned host memory and runs copy them up.
         """
         cu, cap = self.cu, self.plan.capture
@@ -560,6 +570,7 @@ class Replayer:
         self.pristine_on_device = not self.options.uploads_from_host and fits
         self.staging = StagingStats(bytes=total, on_device=self.pristine_on_device)
         if not self.pristine_on_device:
+            self.staging.checked = "on the host" if self.options.check_payloads else "no"
             self.staging.setup_seconds = time.perf_counter() - started
             started = time.perf_counter()
             for key, (op, size) in sources.items():
@@ -570,36 +581,93 @@ class Replayer:
                 self._staged[key] = _Staged(address, size, on_device=False)
             self.staging.seconds = time.perf_counter() - started
             return
-        slot_size = max([4 << 20] + [n for op, _ in sources.values() if not op.src_file
+        slot_size = max([_UPLOAD_PIECE] + [n for op, _ in sources.values() if not op.src_file
                                      for _, n in cap.frame_ranges(op.payload)])  # fmt: skip
-        # a slot per reading thread and a few in flight to the device: pinned memory costs ~0.5 s/GiB to get
-        slots = max(2, min(workers + 4, -(-total // slot_size)))
-        ring = _Ring(self, slots=slots, slot_size=slot_size)
-        self.staging.setup_seconds = time.perf_counter() - started
-        started = time.perf_counter()
+        # frames are checked where they land, on the device, when the digest kernel loads there
+        on_device_check = self.options.check_payloads and len(self.gpus) == 1
+        loading = self._pool.submit(self._load_digester) if on_device_check else None
+        jobs: list[tuple[int, int, Callable[[memoryview], None]]] = []
+        pristine: dict[UploadKey, int] = {}
         for key, (op, size) in sources.items():
             self._use(self._gpu(self.plan.buffers[op.dst_buffer].device))  # next to the buffers it restores
-            pristine = check(cu.cuMemAlloc(max(size, 1)), f"operation {op.index}: pristine copy of {size} bytes")
-            self._use(0)
-            self._closers.append(lambda p=pristine: cu.cuMemFree(p))
-            self._staged[key] = _Staged(int(pristine), size, on_device=True)
-            ring.fill(int(pristine), self._pieces(op, size, ring.slot_size), self._pool)
-        ring.finish()
+            address = int(check(cu.cuMemAlloc(max(size, 1)), f"operation {op.index}: pristine copy of {size} bytes"))
+            self._closers.append(lambda p=address: cu.cuMemFree(p))
+            self._staged[key] = _Staged(address, size, on_device=True)
+            pristine[key] = address
+        self._use(0)
+        pieces_at_least = -(-total // slot_size)
+        count = max(1, min(_UPLOAD_LANES, workers, pieces_at_least, _UPLOAD_PINNED // (_UploadLanes.SLOTS * slot_size)))
+        lanes = _UploadLanes(self, self._pool, lanes=count, slot_size=slot_size)
+        digester = loading.result() if loading is not None else None
+        self.staging.checked = "on the device" if digester else "on the host" if self.options.check_payloads else "no"
+        for key, (op, size) in sources.items():
+            pieces = self._pieces(op, size, slot_size, check_frames=self.options.check_payloads and not digester)
+            jobs += [(pristine[key] + offset, length, read) for offset, length, read in pieces]
+        self.staging.setup_seconds = time.perf_counter() - started
+        started = time.perf_counter()
+        lanes.upload(jobs)
+        if digester is not None:
+            checking = time.perf_counter()
+            self._check_frames_on_device(digester, pristine)
+            self.staging.check_seconds = time.perf_counter() - checking
         self.staging.seconds = time.perf_counter() - started
 
-    def _pieces(self, op: m.Copy, size: int, chunk: int) -> list[tuple[int, int, Callable[[memoryview], None]]]:
-        """(offset, length, reader) pieces of an upload's source: payload frames, or file chunks."""
+    def _load_digester(self) -> DeviceDigester | None:
+        check(self.cu.cuCtxSetCurrent(self.gpus[0].ctx), "frame digests")
+        try:
+            digester = DeviceDigester(self.cu)
+        except CudaCallError:
+            return None  # a driver older than the kernel's PTX: frames are hashed on the host
+        self._closers.append(digester.close)
+        return digester
+
+    def _check_frames_on_device(self, digester: DeviceDigester, pristine: dict[UploadKey, int]) -> None:
+        """Compare every staged payload frame's digest, computed where it landed, with the
+        recorded one (frames of 240 bytes or less, which XXH3 hashes otherwise, on the host)."""
+        cap = self.plan.capture
+        frames: list[tuple[int, int]] = []
+        names: list[tuple[int, int]] = []  # (payload, frame index) of each
+        for key, (op, _) in self.plan.uploads.items():
+            if op.src_file:
+                continue
+            for k, (offset, length) in enumerate(cap.frame_ranges(op.payload)):
+                address = pristine[key] + offset
+                if length >= DIGEST_SHORTEST and address % 8 == 0:
+                    frames.append((address, length))
+                    names.append((op.payload, k))
+                else:
+                    cap.read_frame_into(op.payload, k, bytearray(length))  # re-read and hashed on the host
+        for (payload, k), digest in zip(names, digester.digests(frames), strict=True):
+            cap.check_frame_digest(payload, k, digest)
+
+    def _pieces(
+        self, op: m.Copy, size: int, chunk: int, *, check_frames: bool
+    ) -> list[tuple[int, int, Callable[[memoryview], None]]]:
+        """(offset, length, reader) pieces of an upload's source: file chunks, or runs of whole
+        payload frames of up to ``chunk`` bytes (one frame at least, 256 at most: one preadv),
+        hashed as they are read when ``check_frames``."""
         cap = self.plan.capture
         if op.src_file:
             return [(s, min(chunk, size - s), lambda view, s=s: self._read_file_range(op, view, s))
                     for s in range(0, size, chunk)]  # fmt: skip
-        check_frames = self.options.check_payloads
-        return [(s, n, lambda view, k=k: cap.read_frame_into(op.payload, k, view, check=check_frames))
-                for k, (s, n) in enumerate(cap.frame_ranges(op.payload))]  # fmt: skip
+        pieces: list[tuple[int, int, Callable[[memoryview], None]]] = []
+        frames = cap.frame_ranges(op.payload)
+        first = 0
+        while first < len(frames):
+            start, length = frames[first]
+            count = 1
+            while first + count < len(frames) and count < 256 and length + frames[first + count][1] <= chunk:
+                length += frames[first + count][1]
+                count += 1
+            pieces.append((start, length, lambda view, k=first, n=count: cap.read_frames_into(
+                op.payload, k, n, view, check=check_frames)))  # fmt: skip
+            first += count
+        return pieces
 
     def _read_jobs(self, op: m.Copy, target: memoryview) -> list[Callable[[], None]]:
         return [
-            lambda s=s, n=n, read=read: read(target[s : s + n]) for s, n, read in self._pieces(op, len(target), 4 << 20)
+            lambda s=s, n=n, read=read: read(target[s : s + n])
+            for s, n, read in self._pieces(op, len(target), _UPLOAD_PIECE, check_frames=self.options.check_payloads)
         ]
 
     def _read_file_range(self, op: m.Copy, target: memoryview, skip: int = 0) -> None:
@@ -1053,47 +1121,74 @@ class Replayer:
             path.write_bytes(data)
 
 
-class _Ring:
-    """A ring of pinned slots through which source bytes flow to the device: pieces are read into
-    free slots by worker threads, and each slot is copied up as soon as its read completes; a
-    slot is reused only once its copy has finished (an event per slot)."""
+class _UploadLanes:
+    """Upload lanes: each is a worker thread with its own stream and two pinned slots. A lane takes
+    the next piece, reads it into a slot whose previous copy is done, and copies it up from its
+    own thread, so lanes never wait on one another: one ring fed in order by the main thread held
+    every copy behind the slowest read and reached half the rate on the H100."""
 
-    def __init__(self, replayer: Replayer, *, slots: int, slot_size: int) -> None:
-        cu = self.cu = replayer.cu
+    SLOTS = 2
+
+    def __init__(self, replayer: Replayer, pool: ThreadPoolExecutor, *, lanes: int, slot_size: int) -> None:
+        self.cu = replayer.cu
+        self.replayer = replayer
+        self.pool = pool
         self.slot_size = slot_size
-        base = replayer._pinned_large(slots * slot_size, "staging ring")
-        self.slots = [base + k * slot_size for k in range(slots)]
-        self.stream = check(cu.cuStreamCreate(1), "staging stream")
-        replayer.own(lambda: cu.cuStreamDestroy(self.stream))
-        self.done = [check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING), "event") for _ in range(slots)]
-        for event in self.done:
-            replayer.own(lambda e=event: cu.cuEventDestroy(e))
-        self.used: set[int] = set()
+        self.context = replayer.gpus[0].ctx
+        # pinned in parallel: registering touches every page, and threads fault them in side by side
+        self.lanes = list(pool.map(self._make_lane, range(lanes)))
 
-    def fill(
-        self, device: int, pieces: list[tuple[int, int, Callable[[memoryview], None]]], pool: ThreadPoolExecutor
-    ) -> None:
+    def _make_lane(self, index: int) -> tuple[Any, list[int], list[Any]]:
+        cu, own = self.cu, self.replayer.own
+        check(cu.cuCtxSetCurrent(self.context), "staging lane")
+        base = self.replayer._pinned_large(self.SLOTS * self.slot_size, f"staging lane {index}")
+        stream = check(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING), "staging stream")
+        own(lambda: cu.cuStreamDestroy(stream))
+        done = [check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING), "event") for _ in range(self.SLOTS)]
+        for event in done:
+            own(lambda e=event: cu.cuEventDestroy(e))
+        return stream, [base + k * self.slot_size for k in range(self.SLOTS)], done
+
+    def upload(self, jobs: list[tuple[int, int, Callable[[memoryview], None]]]) -> None:
+        """Run every (device address, length, reader) job; raises the first failure (a damaged
+        frame raises ReplayFormatError here, before anything runs) once every lane has stopped."""
+        queue = deque(jobs)
+        failed = threading.Event()
+        futures = [self.pool.submit(self._run_lane, lane, queue, failed) for lane in self.lanes]
+        errors = []
+        for future in futures:
+            try:
+                future.result()
+            except BaseException as exc:  # re-raised below, once every lane has stopped
+                errors.append(exc)
+        if errors:
+            raise next((e for e in errors if isinstance(e, ReplayError)), errors[0])
+
+    def _run_lane(self, lane: tuple[Any, list[int], list[Any]], queue: deque, failed: threading.Event) -> None:
         cu = self.cu
-        free = deque(range(len(self.slots)))
-        pending: deque[tuple[int, int, int, Future]] = deque()
-        queue = deque(pieces)
-        while queue or pending:
-            while queue and free:
-                offset, length, read = queue.popleft()
-                slot = free.popleft()
-                if slot in self.used:  # its previous copy must be done before it is overwritten
-                    check(cu.cuEventSynchronize(self.done[slot]), "staging ring")
-                view = memoryview((ctypes.c_char * length).from_address(self.slots[slot])).cast("B")
-                pending.append((slot, offset, length, pool.submit(read, view)))
-            slot, offset, length, job = pending.popleft()
-            job.result()  # a damaged frame raises ReplayFormatError here, before anything runs
-            check(cu.cuMemcpyHtoDAsync(device + offset, self.slots[slot], length, self.stream), "staging upload")
-            check(cu.cuEventRecord(self.done[slot], self.stream), "staging upload")
-            self.used.add(slot)
-            free.append(slot)
-
-    def finish(self) -> None:
-        check(self.cu.cuStreamSynchronize(self.stream), "staging uploads")
+        stream, slots, done = lane
+        used = [False] * len(slots)
+        check(cu.cuCtxSetCurrent(self.context), "staging lane")
+        try:
+            turn = 0
+            while not failed.is_set():
+                try:
+                    target, length, read = queue.popleft()
+                except IndexError:
+                    break
+                slot = turn % len(slots)
+                turn += 1
+                if used[slot]:  # its previous copy must be done before it is overwritten
+                    check(cu.cuEventSynchronize(done[slot]), "staging upload")
+                read(memoryview((ctypes.c_char * length).from_address(slots[slot])).cast("B"))
+                check(cu.cuMemcpyHtoDAsync(target, slots[slot], length, stream), "staging upload")
+                check(cu.cuEventRecord(done[slot], stream), "staging upload")
+                used[slot] = True
+            check(cu.cuStreamSynchronize(stream), "staging upload")
+        except BaseException:
+            failed.set()
+            cu.cuStreamSynchronize(stream)  # its slots must not be freed under a copy still reading them
+            raise
 
 
 def environment_ok() -> str | None:

@@ -170,8 +170,10 @@ TOOLS = {
 * Buffers are allocated anew and every relocated pointer (in parameters, in buffers, in tensor
   maps) is re-pointed; streams and events are rebuilt, so captured concurrency is kept.
 * Uploads are staged once (as pristine copies on the device when memory allows); each run replays
-  them, so inputs are restored between repetitions. The `uploads` line gives the staging rate;
-  `--no-payload-checks` skips hashing frames as they are read (faster, corruption unseen).
+  them, so inputs are restored between repetitions. The `uploads` line gives the staging rate and
+  where frames were checked against their hashes: on the device (a kernel hashes them where they
+  landed) or, on several devices or an old driver, on the host as they are read.
+  `--no-payload-checks` skips the check (faster, corruption unseen).
 * A CUDA error names the operation index, kernel and driver error; an asynchronous fault (illegal
   address) also names the launches issued since the last successful synchronisation.
 * `--fixed-addresses` places buffers at their recorded addresses or fails. The driver grants an

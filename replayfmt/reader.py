@@ -23,7 +23,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
-from itertools import repeat
+from itertools import pairwise, repeat
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from . import model as m, records
 from .errors import ReplayFormatError, ReplayUsageError
 from .fbread import decode_buffer
 from .layout import (
+    ALIGNMENT,
     CHUNK_HEADER_SIZE,
     DEFAULT_LIMITS,
     FILE_HEADER_SIZE,
@@ -570,29 +571,79 @@ class Capture:
         place. Releases the GIL for the heavy parts, so frames read in parallel threads.
         ``check=False`` skips hashing the content (faster; a corrupted frame then goes unseen,
         except that a damaged zstd frame still fails to decompress)."""
+        self.read_frames_into(payload_id, k, 1, target, check=check)
+
+    def read_frames_into(self, payload_id: int, first: int, count: int, target: Any, *, check: bool = True) -> None:
+        """Decode frames ``first .. first + count - 1`` of a payload into ``target`` (exactly their
+        total length), as :meth:`read_frame_into` does one. Raw frames stored back to back are
+        read with a single preadv (the chunk headers between them land in a scratch buffer):
+        every call releases and retakes the GIL, and with many reading threads those hand-offs,
+        not the copying, bound the rate."""
         info = self.payload(payload_id)
         view = memoryview(target).cast("B")
-        header, digest, record = self._frame_header(info, k)
-        if len(view) != header.logical_size:
-            raise ReplayUsageError(f"{record}: target holds {len(view)} bytes, the frame {header.logical_size}")
-        if header.codec == Codec.RAW:
-            done = 0
-            while done < len(view):
-                n = os.preadv(self._fd, [view[done:]], header.body_offset + done)
-                if n <= 0:
-                    raise self._error("frame ends early (the file shrank while it was read)", header.offset, record)
-                done += n
-        else:
-            stored = self._view[header.body_offset : header.body_offset + header.stored_size]
-            if check and checksum64(stored) != header.body_checksum:
-                raise self._error("body checksum mismatch (the file is corrupted)", header.offset, record)
-            decompress_into(stored, view, path=self.path, offset=header.offset, record=record)
+        if first < 0 or count < 1 or first + count > len(info.frames):
+            raise ReplayUsageError(f"payload {payload_id}: frames {first}..{first + count - 1} do not exist")
+        frames = [self._frame_header(info, k) for k in range(first, first + count)]
+        if len(view) != sum(header.logical_size for header, _, _ in frames):
+            raise ReplayUsageError(f"payload {payload_id}: target holds {len(view)} bytes, not the frames' total")
+        start = 0
+        run: list[tuple[ChunkHeader, bytes, str, memoryview]] = []  # raw frames stored back to back
+        for header, digest, record in frames:
+            part = view[start : start + header.logical_size]
+            start += header.logical_size
+            if header.codec != Codec.RAW:
+                self._read_raw_run(run, check)
+                run = []
+                self._decompress_frame(header, digest, record, part, check)
+                continue
+            if run and run[-1][0].end != header.offset:
+                self._read_raw_run(run, check)
+                run = []
+            run.append((header, digest, record, part))
+        self._read_raw_run(run, check)
+
+    def check_frame_digest(self, payload_id: int, k: int, digest: bytes) -> None:
+        """Raise the reader's checksum-mismatch error for frame ``k`` of a payload unless
+        ``digest`` (its content's XXH3-128, computed elsewhere: on a device) is the recorded one."""
+        header, expected, record = self._frame_header(self.payload(payload_id), k)
+        if digest != expected:
+            raise self._frame_mismatch(header, record)
+
+    def _read_raw_run(self, run: list[tuple[ChunkHeader, bytes, str, memoryview]], check: bool) -> None:
+        if not run:
+            return
+        gap = memoryview(bytearray(CHUNK_HEADER_SIZE + ALIGNMENT))  # alignment padding, then the next header
+        buffers = [run[0][3]]
+        for (before, _, _, _), (header, _, _, part) in pairwise(run):
+            buffers += [gap[: header.body_offset - (before.body_offset + before.stored_size)], part]
+        first, last = run[0][0], run[-1][0]
+        position, wanted = first.body_offset, last.body_offset + last.stored_size - first.body_offset
+        while wanted:
+            n = os.preadv(self._fd, buffers, position)
+            if n <= 0:
+                raise self._error("frame ends early (the file shrank while it was read)", first.offset, run[0][2])
+            position, wanted = position + n, wanted - n
+            while buffers and n >= len(buffers[0]):  # a short read: go on where it stopped
+                n -= len(buffers.pop(0))
+            if n:
+                buffers[0] = buffers[0][n:]
+        if check:
+            for header, digest, record, part in run:
+                if frame_hash(part) != digest:
+                    raise self._frame_mismatch(header, record)
+
+    def _decompress_frame(self, header: ChunkHeader, digest: bytes, record: str, view: memoryview, check: bool) -> None:
+        stored = self._view[header.body_offset : header.body_offset + header.stored_size]
+        if check and checksum64(stored) != header.body_checksum:
+            raise self._error("body checksum mismatch (the file is corrupted)", header.offset, record)
+        decompress_into(stored, view, path=self.path, offset=header.offset, record=record)
         if check and frame_hash(view) != digest:
-            raise self._error(
-                "frame content does not match its hash (checksum mismatch: the file is corrupted)",
-                header.offset,
-                record,
-            )
+            raise self._frame_mismatch(header, record)
+
+    def _frame_mismatch(self, header: ChunkHeader, record: str) -> ReplayFormatError:
+        return self._error(
+            "frame content does not match its hash (checksum mismatch: the file is corrupted)", header.offset, record
+        )
 
     def _frame_header(self, info: m.PayloadInfo, k: int) -> tuple[ChunkHeader, bytes, str]:
         digest = info.frames[k]
@@ -621,11 +672,7 @@ class Capture:
         header, digest, record = self._frame_header(info, k)
         data = self._chunk_body(header, self.limits.max_frame_size, record)
         if frame_hash(data) != digest:
-            raise self._error(
-                "frame content does not match its hash (checksum mismatch: the file is corrupted)",
-                header.offset,
-                record,
-            )
+            raise self._frame_mismatch(header, record)
         return data
 
     def read_payload(

@@ -1,5 +1,6 @@
 """Writer -> file -> reader round trips on real data."""
 
+import os
 import threading
 
 import numpy as np
@@ -104,6 +105,55 @@ def test_multi_frame_payload_ranges(tmp_path, threads):
         assert stats.stored_bytes < stats.frame_bytes  # zeros compress; noise is stored raw
         with pytest.raises(replayfmt.ReplayUsageError):
             cap.read_payload(pid, data.nbytes - 1, 2)
+
+
+def _mixed_frames(tmp_path):
+    """A payload of 64 KiB frames: noise (raw, stored back to back), a repeated frame (stored
+    once, so out of order) and zeros (zstd), with a short last frame."""
+    rng = np.random.default_rng(5)
+    frame = 64 << 10
+    noise = rng.integers(0, 256, 5 * frame, dtype=np.uint8)
+    data = np.concatenate([noise, noise[:frame], np.zeros(2 * frame, np.uint8), noise[frame : 2 * frame], noise[:999]])
+    path = tmp_path / "mixed.kreplay"
+    with replayfmt.CaptureWriter(path, frame_size=frame, threads=0) as w:
+        pid = w.add_payload(data)
+    return path, pid, data, frame
+
+
+@pytest.mark.parametrize("check", [True, False])
+def test_frames_read_in_runs_match_the_payload(tmp_path, monkeypatch, check):
+    path, pid, data, frame = _mixed_frames(tmp_path)
+    calls = []
+    preadv = os.preadv
+    monkeypatch.setattr(os, "preadv", lambda fd, bufs, offset: calls.append(len(bufs)) or preadv(fd, bufs, offset))
+    with replayfmt.open(path) as cap:
+        cap.read_frames_into(pid, 0, 5, bytearray(5 * frame), check=check)
+        assert calls == [9]  # five raw frames stored back to back: one call (their four headers in between)
+        frames = len(cap.payload(pid).frames)
+        for first, count in ((0, frames), (0, 5), (3, 4), (frames - 2, 2), (4, 1)):
+            start, stop = first * frame, min(data.nbytes, (first + count) * frame)
+            out = bytearray(stop - start)
+            cap.read_frames_into(pid, first, count, out, check=check)
+            assert out == data[start:stop].tobytes()
+        with pytest.raises(replayfmt.ReplayUsageError, match="not the frames' total"):
+            cap.read_frames_into(pid, 0, 2, bytearray(frame), check=check)
+        with pytest.raises(replayfmt.ReplayUsageError, match="do not exist"):
+            cap.read_frames_into(pid, frames - 1, 2, bytearray(2 * frame), check=check)
+
+
+def test_a_damaged_frame_in_a_run_is_named(tmp_path):
+    path, pid, data, frame = _mixed_frames(tmp_path)
+    with replayfmt.open(path) as cap:
+        offset = cap.frame_location(cap.payload(pid).frames[3])[0]
+    raw = bytearray(path.read_bytes())
+    raw[offset + 64 + 5] ^= 0x40
+    path.write_bytes(bytes(raw))
+    with replayfmt.open(path) as cap:
+        with pytest.raises(replayfmt.ReplayFormatError, match=f"payload {pid} frame 3.*checksum mismatch"):
+            cap.read_frames_into(pid, 0, 5, bytearray(5 * frame))
+        out = bytearray(5 * frame)
+        cap.read_frames_into(pid, 0, 5, out, check=False)  # unchecked: the damage goes unseen
+        assert out != data[: 5 * frame].tobytes()
 
 
 def test_noise_is_stored_raw_and_structured_data_compressed(tmp_path):

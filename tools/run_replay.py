@@ -63,7 +63,7 @@ Examples:
 @click.option(
     "--no-payload-checks",
     is_flag=True,
-    help="Do not hash payload frames as they are read (faster uploads; a corrupted file then goes unseen).",
+    help="Do not check payload frames against their hashes (faster uploads; a corrupted file then goes unseen).",
 )
 @click.option("--dry-run", is_flag=True, help="Parse, resolve files, load substitutions, check ABIs, plan; no GPU.")
 @agents_md_option("run-replay")

@@ -56,9 +56,9 @@ def f32(v: float) -> bytes:
 class Capture:
     """Writes a capture whose first executable holds every test kernel."""
 
-    def __init__(self, path: Path, cubin: bytes) -> None:
+    def __init__(self, path: Path, cubin: bytes, **writer_options) -> None:
         self.path = path
-        self.w = replayfmt.CaptureWriter(path, threads=0)
+        self.w = replayfmt.CaptureWriter(path, threads=0, **writer_options)
         self.dev = self.w.add_object(m.Device(name="test", compute_capability=(9, 0)))
         self.exe = self.w.add_object(m.Executable(format=m.ExecutableFormat.CUBIN, payload=self.w.add_payload(cubin),
                                                   functions=FUNCTIONS))  # fmt: skip
@@ -313,3 +313,66 @@ def test_example_capture_replays_and_verifies(gpu_arch):
     result = run_cli("--verify", str(example))
     assert result.returncode == 0, result.stderr
     assert "verified: 1 buffer range(s) match" in result.stdout
+
+
+def _many_frames_capture(tmp_path: Path, kernels) -> tuple[Path, list[np.ndarray]]:
+    """Three uploads cut into 64 KiB frames (raw noise and zstd-compressible data, ~400 frames in
+    all), so that every upload lane carries many pieces, each checked by a checkpoint."""
+    rng = np.random.default_rng(11)
+    arrays = [rng.integers(1, 2**32, (9 << 20) // 4, dtype=np.uint32),
+              np.repeat(np.arange(1, (6 << 20) // 64 + 1, dtype=np.uint32), 16),
+              rng.integers(1, 2**32, (11 << 20) // 4 + 7, dtype=np.uint32)]  # fmt: skip
+    c = Capture(tmp_path / "frames.kreplay", kernels["replay_kernels"], frame_size=64 << 10)
+    buffers = [c.buffer(a.nbytes) for a in arrays]
+    for buffer, array in zip(buffers, arrays, strict=True):
+        c.w.copy_h2d(dst_buffer=buffer, data=array)
+    c.w.checkpoint(dict(zip(buffers, arrays, strict=True)))
+    return c.close(), arrays
+
+
+def test_many_frames_upload_through_every_lane_and_verify(tmp_path, kernels):
+    path, arrays = _many_frames_capture(tmp_path, kernels)
+    with replayfmt.open(path) as cap:
+        uploads = [op for op in cap if op.kind == m.OperationKind.COPY_HOST_TO_DEVICE]
+        assert sum(len(cap.payload(op.payload).frames) for op in uploads) > 300
+        with Replayer(build_plan(cap), ReplayOptions(verify=True)) as r:
+            assert r.pristine_on_device and r.staging.bytes == sum(a.nbytes for a in arrays)
+            assert r.run(2).verified
+
+
+def test_a_damaged_frame_among_many_stops_every_lane(tmp_path, kernels):
+    path, _ = _many_frames_capture(tmp_path, kernels)
+    with replayfmt.open(path) as cap:
+        pid = [op.payload for op in cap if op.kind == m.OperationKind.COPY_HOST_TO_DEVICE][2]
+        frame = cap.frame_location(cap.payload(pid).frames[97])[0]
+    data = bytearray(path.read_bytes())
+    data[frame + 64 + 1000] ^= 0x01
+    path.write_bytes(bytes(data))
+    result = run_cli("--verify", str(path))
+    assert result.returncode == 2 and "checksum mismatch" in result.stderr
+    assert f"payload {pid} frame 97" in result.stderr
+    assert result.stderr.count("\n") == 1
+
+
+def test_frames_are_checked_on_the_device_or_else_on_the_host(tmp_path, kernels, monkeypatch):
+    path, _ = _many_frames_capture(tmp_path, kernels)
+    with replayfmt.open(path) as cap, Replayer(build_plan(cap), ReplayOptions(verify=True)) as r:
+        assert r.staging.checked == "on the device" and r.run(1).verified
+    with replayfmt.open(path) as cap, Replayer(build_plan(cap), ReplayOptions(check_payloads=False)) as r:
+        assert r.staging.checked == "no"
+    data = bytearray(path.read_bytes())
+    with replayfmt.open(path) as cap:
+        pid = [op.payload for op in cap if op.kind == m.OperationKind.COPY_HOST_TO_DEVICE][1]  # zstd frames
+        frame = cap.frame_location(cap.payload(pid).frames[40])[0]
+    data[frame + 64 + 10] ^= 0x08
+    path.write_bytes(bytes(data))
+    import replayfmt.execute as execute
+
+    def refused(cu):
+        raise execute.CudaCallError("frame digests: cuModuleLoadData: CUDA_ERROR_UNSUPPORTED_PTX_VERSION", "x")
+
+    for fallback in (False, True):
+        if fallback:  # a driver too old for the kernel's PTX: the host hashes instead
+            monkeypatch.setattr(execute, "DeviceDigester", refused)
+        with replayfmt.open(path) as cap, pytest.raises(replayfmt.ReplayFormatError, match=f"payload {pid} frame 40"):
+            Replayer(build_plan(cap), ReplayOptions())
