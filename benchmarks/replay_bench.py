@@ -215,7 +215,8 @@ def _bench_upload(directory: Path, size: int) -> dict[str, list[float]]:
                             replayer.run(1)
                             first = time.perf_counter() - start  # file to device: setup, read, upload, a run
                             staging = replayer.staging
-                            for what, value in (("pipeline_gbs", staging.gbs), ("lanes_ms", 1e3 * staging.setup_seconds),
+                            for what, value in (("pipeline_gbs", staging.gbs),
+                                                ("lanes_ms", 1e3 * staging.setup_seconds),
                                                 ("check_ms", 1e3 * staging.check_seconds),
                                                 ("end_to_end_gbs", data.nbytes / first / 1e9)):  # fmt: skip
                                 results.setdefault(f"{name}{suffix}_{what}", []).append(value)
