@@ -68,8 +68,8 @@ class StagingStats:
     """How the capture's uploads were brought to the device at setup."""
 
     bytes: int = 0
-    setup_seconds: float = 0.0  # thread pool and pinned staging lanes
-    seconds: float = 0.0  # reading, checking and uploading, once set up
+    setup_seconds: float = 0.0  # thread pool, device allocations, the digest kernel's load
+    seconds: float = 0.0  # pinning the lanes (overlapped with reading), reading, uploading, checking
     check_seconds: float = 0.0  # of which checking frames on the device, after the uploads
     on_device: bool = False  # pristine copies on the device (else pinned host memory)
     checked: str = "no"  # where payload frames were checked against their hash: on the device, on the host
@@ -529,8 +529,8 @@ class Replayer:
             region.madvise(mmap.MADV_HUGEPAGE)
         base = ctypes.addressof(ctypes.c_char.from_buffer(region))
         address = (base + huge - 1) // huge * huge
-        for page in range(address - base, address - base + size, 4096):  # faulted (and zeroed) here: threads
-            region[page] = 0  # that pin side by side fault side by side; the driver's pinning is serial
+        for page in range(address - base, address - base + size, huge):  # faulted (and zeroed) here, so threads
+            region[page] = 0  # that pin side by side fault side by side: the driver's pinning is serial
         flags = cu.CU_MEMHOSTREGISTER_PORTABLE if len(self.gpus) > 1 else 0
         if cu.cuMemHostRegister(address, size, flags)[0] != cu.CUresult.CUDA_SUCCESS:
             region.close()
@@ -626,19 +626,21 @@ class Replayer:
         recorded one (frames of 240 bytes or less, which XXH3 hashes otherwise, on the host)."""
         cap = self.plan.capture
         frames: list[tuple[int, int]] = []
-        names: list[tuple[int, int]] = []  # (payload, frame index) of each
+        names: list[tuple[int, int, bytes]] = []  # (payload, frame index, recorded digest) of each
         for key, (op, _) in self.plan.uploads.items():
             if op.src_file:
                 continue
+            recorded = cap.payload(op.payload).frames
             for k, (offset, length) in enumerate(cap.frame_ranges(op.payload)):
                 address = pristine[key] + offset
                 if length >= DIGEST_SHORTEST and address % 8 == 0:
                     frames.append((address, length))
-                    names.append((op.payload, k))
+                    names.append((op.payload, k, recorded[k]))
                 else:
                     cap.read_frame_into(op.payload, k, bytearray(length))  # re-read and hashed on the host
-        for (payload, k), digest in zip(names, digester.digests(frames), strict=True):
-            cap.check_frame_digest(payload, k, digest)
+        for (payload, k, expected), digest in zip(names, digester.digests(frames), strict=True):
+            if digest != expected:
+                cap.check_frame_digest(payload, k, digest)  # raises the reader's error, naming the frame
 
     def _pieces(
         self, op: m.Copy, size: int, chunk: int, *, check_frames: bool
@@ -1125,7 +1127,9 @@ class _UploadLanes:
     """Upload lanes: each is a worker thread with its own stream and two pinned slots. A lane takes
     the next piece, reads it into a slot whose previous copy is done, and copies it up from its
     own thread, so lanes never wait on one another: one ring fed in order by the main thread held
-    every copy behind the slowest read and reached half the rate on the H100."""
+    every copy behind the slowest read and reached half the rate on the H100. Each lane pins its
+    slots when it starts: the driver pins one lane at a time, and lanes already pinned read
+    meanwhile (pinning every lane first cost 1 GiB uploads half their end-to-end rate)."""
 
     SLOTS = 2
 
@@ -1133,10 +1137,9 @@ class _UploadLanes:
         self.cu = replayer.cu
         self.replayer = replayer
         self.pool = pool
+        self.lanes = lanes
         self.slot_size = slot_size
         self.context = replayer.gpus[0].ctx
-        # pinned in parallel: registering touches every page, and threads fault them in side by side
-        self.lanes = list(pool.map(self._make_lane, range(lanes)))
 
     def _make_lane(self, index: int) -> tuple[Any, list[int], list[Any]]:
         cu, own = self.cu, self.replayer.own
@@ -1154,7 +1157,7 @@ class _UploadLanes:
         frame raises ReplayFormatError here, before anything runs) once every lane has stopped."""
         queue = deque(jobs)
         failed = threading.Event()
-        futures = [self.pool.submit(self._run_lane, lane, queue, failed) for lane in self.lanes]
+        futures = [self.pool.submit(self._run_lane, index, queue, failed) for index in range(self.lanes)]
         errors = []
         for future in futures:
             try:
@@ -1164,11 +1167,12 @@ class _UploadLanes:
         if errors:
             raise next((e for e in errors if isinstance(e, ReplayError)), errors[0])
 
-    def _run_lane(self, lane: tuple[Any, list[int], list[Any]], queue: deque, failed: threading.Event) -> None:
+    def _run_lane(self, index: int, queue: deque, failed: threading.Event) -> None:
         cu = self.cu
-        stream, slots, done = lane
+        if not queue or failed.is_set():  # the other lanes took every piece while this one waited
+            return
+        stream, slots, done = self._make_lane(index)
         used = [False] * len(slots)
-        check(cu.cuCtxSetCurrent(self.context), "staging lane")
         try:
             turn = 0
             while not failed.is_set():

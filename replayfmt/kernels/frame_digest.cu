@@ -84,11 +84,21 @@ extern "C" __global__ void replayfmt_frame_digest(const u64* addresses, const u6
     u64 keys[16];
 #pragma unroll
     for (int s = 0; s < 16; s++) keys[s] = secret64(8 * (s + lane));
-    for (u64 n = 0; n < blocks; n++) {
-        const u64* block = words + n * 128;
-        u64 data[16];
+    // the next block's words are loaded while this one is mixed: one thread's chain of blocks is
+    // the whole frame, so memory latency, not arithmetic, is what bounds it
+    u64 data[16], next[16];
+    if (blocks > 0) {
 #pragma unroll
-        for (int s = 0; s < 16; s++) data[s] = block[8 * s + lane];
+        for (int s = 0; s < 16; s++) next[s] = words[8 * s + lane];
+    }
+    for (u64 n = 0; n < blocks; n++) {
+#pragma unroll
+        for (int s = 0; s < 16; s++) data[s] = next[s];
+        if (n + 1 < blocks) {
+            const u64* following = words + (n + 1) * 128;
+#pragma unroll
+            for (int s = 0; s < 16; s++) next[s] = following[8 * s + lane];
+        }
 #pragma unroll
         for (int s = 0; s < 16; s++) acc = accumulate(acc, data[s], keys[s], group);
         acc ^= acc >> 47;
