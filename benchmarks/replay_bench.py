@@ -9,8 +9,8 @@
    device: upload lanes (a thread, a stream, two pinned slots each) read runs of frames and
    copy each up as it arrives, against a bare pinned cuMemcpyHtoD of the same bytes (goal for
    payloads stored raw: >= 50%). Frames are checked against their hashes on the device (or not
-   at all: --no-payload-checks). Printed: the staging rate (pinning the lanes, which overlaps
-   reading, included), the same including setup and the first run, and the rate of later runs;
+   at all: --no-payload-checks). Printed: the staging rate, the same including setup (the pool,
+   pinning the lanes) and the first run, and the rate of later runs;
    next to them this host's own ceiling, the same move done by bare threads without replayfmt,
    since host memory bandwidth varies widely between machines (and between minutes on a shared
    one). Medians of 3 rounds, interleaved. Measured once per --upload-dir (default: the
@@ -282,7 +282,7 @@ def main() -> int:
                       f"{goal}; with setup and first run {total:5.1f} GB/s = {total / bare:4.0%}"
                       f"  [{', '.join(f'{x:.1f}' for x in rounds[key])}]")  # fmt: skip
                 check_ms = u[f"{name}{suffix}_check_ms"]
-                print(f"      setup before staging {u[f'{name}{suffix}_lanes_ms']:.0f} ms"
+                print(f"      pinning the lanes {u[f'{name}{suffix}_lanes_ms']:.0f} ms"
                       + (f"; frames checked on the device in {check_ms:.1f} ms" if check_ms else ""))  # fmt: skip
             print(f"  stored {name:4}: later runs (from the device-resident copy) {u[f'{name}_copy_gbs']:.0f} GB/s")
         print(f"  (medians of {ROUNDS} rounds, interleaved; each round's staging rate in brackets)")

@@ -68,8 +68,8 @@ class StagingStats:
     """How the capture's uploads were brought to the device at setup."""
 
     bytes: int = 0
-    setup_seconds: float = 0.0  # thread pool, device allocations, the digest kernel's load
-    seconds: float = 0.0  # pinning the lanes (overlapped with reading), reading, uploading, checking
+    setup_seconds: float = 0.0  # thread pool, pinned upload lanes, the digest kernel's load
+    seconds: float = 0.0  # reading, uploading and checking, once set up
     check_seconds: float = 0.0  # of which checking frames on the device, after the uploads
     on_device: bool = False  # pristine copies on the device (else pinned host memory)
     checked: str = "no"  # where payload frames were checked against their hash: on the device, on the host
@@ -1127,9 +1127,9 @@ class _UploadLanes:
     """Upload lanes: each is a worker thread with its own stream and two pinned slots. A lane takes
     the next piece, reads it into a slot whose previous copy is done, and copies it up from its
     own thread, so lanes never wait on one another: one ring fed in order by the main thread held
-    every copy behind the slowest read and reached half the rate on the H100. Each lane pins its
-    slots when it starts: the driver pins one lane at a time, and lanes already pinned read
-    meanwhile (pinning every lane first cost 1 GiB uploads half their end-to-end rate)."""
+    every copy behind the slowest read and reached half the rate on the H100. Every lane is
+    pinned before any reads: while the driver pins memory it holds back other threads' driver
+    calls, so lanes that pinned as they started stalled each other's copies (half the rate)."""
 
     SLOTS = 2
 
@@ -1137,9 +1137,9 @@ class _UploadLanes:
         self.cu = replayer.cu
         self.replayer = replayer
         self.pool = pool
-        self.lanes = lanes
         self.slot_size = slot_size
         self.context = replayer.gpus[0].ctx
+        self.lanes = list(pool.map(self._make_lane, range(lanes)))  # each faults its pages in its own thread
 
     def _make_lane(self, index: int) -> tuple[Any, list[int], list[Any]]:
         cu, own = self.cu, self.replayer.own
@@ -1157,7 +1157,7 @@ class _UploadLanes:
         frame raises ReplayFormatError here, before anything runs) once every lane has stopped."""
         queue = deque(jobs)
         failed = threading.Event()
-        futures = [self.pool.submit(self._run_lane, index, queue, failed) for index in range(self.lanes)]
+        futures = [self.pool.submit(self._run_lane, lane, queue, failed) for lane in self.lanes]
         errors = []
         for future in futures:
             try:
@@ -1167,12 +1167,11 @@ class _UploadLanes:
         if errors:
             raise next((e for e in errors if isinstance(e, ReplayError)), errors[0])
 
-    def _run_lane(self, index: int, queue: deque, failed: threading.Event) -> None:
+    def _run_lane(self, lane: tuple[Any, list[int], list[Any]], queue: deque, failed: threading.Event) -> None:
         cu = self.cu
-        if not queue or failed.is_set():  # the other lanes took every piece while this one waited
-            return
-        stream, slots, done = self._make_lane(index)
+        stream, slots, done = lane
         used = [False] * len(slots)
+        check(cu.cuCtxSetCurrent(self.context), "staging lane")
         try:
             turn = 0
             while not failed.is_set():
