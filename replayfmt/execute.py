@@ -616,8 +616,8 @@ class Replayer:
         check(self.cu.cuCtxSetCurrent(self.gpus[0].ctx), "frame digests")
         try:
             digester = DeviceDigester(self.cu)
-        except CudaCallError:
-            return None  # a driver older than the kernel's PTX: frames are hashed on the host
+        except (CudaCallError, OSError):
+            return None  # a driver older than the kernel's PTX (or no PTX): frames are hashed on the host
         self._closers.append(digester.close)
         return digester
 
