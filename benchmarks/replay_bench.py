@@ -151,7 +151,7 @@ def host_ceiling_gbs(path: Path, size: int, device_buffer: int, lanes: int = 16,
         stream = check(cu.cuStreamCreate(1), "stream")
         done = [check(cu.cuEventCreate(2), "event") for _ in range(2)]
         turn = 0
-        while pieces:
+        while True:
             try:
                 offset = pieces.popleft()
             except IndexError:

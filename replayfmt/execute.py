@@ -26,6 +26,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,14 @@ class ReplayOptions:
     check_payloads: bool = True  # check every payload frame against its hash (off: faster, corruption unseen)
 
 
+class FrameCheck(StrEnum):
+    """Where payload frames were checked against their recorded hashes while staged."""
+
+    DEVICE = "on the device"  # a kernel hashed each frame where it landed
+    HOST = "on the host"  # hashed as read (several devices, a driver too old for the kernel, host staging)
+    NONE = "no"  # --no-payload-checks
+
+
 @dataclass
 class StagingStats:
     """How the capture's uploads were brought to the device at setup."""
@@ -72,7 +81,7 @@ class StagingStats:
     seconds: float = 0.0  # reading, uploading and checking, once set up
     check_seconds: float = 0.0  # of which checking frames on the device, after the uploads
     on_device: bool = False  # pristine copies on the device (else pinned host memory)
-    checked: str = "no"  # where payload frames were checked against their hash: on the device, on the host
+    checked: FrameCheck = FrameCheck.NONE
 
     @property
     def gbs(self) -> float:
@@ -570,7 +579,7 @@ class Replayer:
         self.pristine_on_device = not self.options.uploads_from_host and fits
         self.staging = StagingStats(bytes=total, on_device=self.pristine_on_device)
         if not self.pristine_on_device:
-            self.staging.checked = "on the host" if self.options.check_payloads else "no"
+            self.staging.checked = FrameCheck.HOST if self.options.check_payloads else FrameCheck.NONE
             self.staging.setup_seconds = time.perf_counter() - started
             started = time.perf_counter()
             for key, (op, size) in sources.items():
@@ -599,9 +608,12 @@ class Replayer:
         count = max(1, min(_UPLOAD_LANES, workers, pieces_at_least, _UPLOAD_PINNED // (_UploadLanes.SLOTS * slot_size)))
         lanes = _UploadLanes(self, self._pool, lanes=count, slot_size=slot_size)
         digester = loading.result() if loading is not None else None
-        self.staging.checked = "on the device" if digester else "on the host" if self.options.check_payloads else "no"
+        if digester is not None:
+            self.staging.checked = FrameCheck.DEVICE
+        elif self.options.check_payloads:
+            self.staging.checked = FrameCheck.HOST
         for key, (op, size) in sources.items():
-            pieces = self._pieces(op, size, slot_size, check_frames=self.options.check_payloads and not digester)
+            pieces = self._pieces(op, size, slot_size, check_frames=self.staging.checked == FrameCheck.HOST)
             jobs += [(pristine[key] + offset, length, read) for offset, length, read in pieces]
         self.staging.setup_seconds = time.perf_counter() - started
         started = time.perf_counter()
@@ -1123,6 +1135,15 @@ class Replayer:
             path.write_bytes(data)
 
 
+@dataclass
+class _Lane:
+    """One upload lane's own stream and pinned slots, with an event per slot marking its copy done."""
+
+    stream: Any
+    slots: list[int]
+    done: list[Any]
+
+
 class _UploadLanes:
     """Upload lanes: each is a worker thread with its own stream and two pinned slots. A lane takes
     the next piece, reads it into a slot whose previous copy is done, and copies it up from its
@@ -1141,7 +1162,7 @@ class _UploadLanes:
         self.context = replayer.gpus[0].ctx
         self.lanes = list(pool.map(self._make_lane, range(lanes)))  # each faults its pages in its own thread
 
-    def _make_lane(self, index: int) -> tuple[Any, list[int], list[Any]]:
+    def _make_lane(self, index: int) -> _Lane:
         cu, own = self.cu, self.replayer.own
         check(cu.cuCtxSetCurrent(self.context), "staging lane")
         base = self.replayer._pinned_large(self.SLOTS * self.slot_size, f"staging lane {index}")
@@ -1150,7 +1171,7 @@ class _UploadLanes:
         done = [check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING), "event") for _ in range(self.SLOTS)]
         for event in done:
             own(lambda e=event: cu.cuEventDestroy(e))
-        return stream, [base + k * self.slot_size for k in range(self.SLOTS)], done
+        return _Lane(stream, [base + k * self.slot_size for k in range(self.SLOTS)], done)
 
     def upload(self, jobs: list[tuple[int, int, Callable[[memoryview], None]]]) -> None:
         """Run every (device address, length, reader) job; raises the first failure (a damaged
@@ -1167,10 +1188,8 @@ class _UploadLanes:
         if errors:
             raise next((e for e in errors if isinstance(e, ReplayError)), errors[0])
 
-    def _run_lane(self, lane: tuple[Any, list[int], list[Any]], queue: deque, failed: threading.Event) -> None:
+    def _run_lane(self, lane: _Lane, queue: deque, failed: threading.Event) -> None:
         cu = self.cu
-        stream, slots, done = lane
-        used = [False] * len(slots)
         check(cu.cuCtxSetCurrent(self.context), "staging lane")
         try:
             turn = 0
@@ -1179,18 +1198,17 @@ class _UploadLanes:
                     target, length, read = queue.popleft()
                 except IndexError:
                     break
-                slot = turn % len(slots)
+                slot = turn % self.SLOTS
+                if turn >= self.SLOTS:  # the slot's previous copy must be done before it is overwritten
+                    check(cu.cuEventSynchronize(lane.done[slot]), "staging upload")
                 turn += 1
-                if used[slot]:  # its previous copy must be done before it is overwritten
-                    check(cu.cuEventSynchronize(done[slot]), "staging upload")
-                read(memoryview((ctypes.c_char * length).from_address(slots[slot])).cast("B"))
-                check(cu.cuMemcpyHtoDAsync(target, slots[slot], length, stream), "staging upload")
-                check(cu.cuEventRecord(done[slot], stream), "staging upload")
-                used[slot] = True
-            check(cu.cuStreamSynchronize(stream), "staging upload")
+                read(memoryview((ctypes.c_char * length).from_address(lane.slots[slot])).cast("B"))
+                check(cu.cuMemcpyHtoDAsync(target, lane.slots[slot], length, lane.stream), "staging upload")
+                check(cu.cuEventRecord(lane.done[slot], lane.stream), "staging upload")
+            check(cu.cuStreamSynchronize(lane.stream), "staging upload")
         except BaseException:
             failed.set()
-            cu.cuStreamSynchronize(stream)  # its slots must not be freed under a copy still reading them
+            cu.cuStreamSynchronize(lane.stream)  # its slots must not be freed under a copy still reading them
             raise
 
 
