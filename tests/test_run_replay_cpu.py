@@ -74,7 +74,8 @@ def test_dry_run_accepts_a_same_abi_substitution(tmp_path, cubins):
     sub = tmp_path / "same.cubin"
     sub.write_bytes(cubins["replay_kernels_same_abi"])
     code, out, err = run("--dry-run", f"--executable-substitution={ids['exe']}={sub}", str(path))
-    assert code == 0, err and f"from {sub}" in out
+    assert code == 0, err
+    assert f"from {sub}" in out
 
 
 def test_dry_run_refuses_another_abi_naming_the_first_difference(tmp_path, cubins):
