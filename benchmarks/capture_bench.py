@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 import replayfmt.capture
-from replayfmt.cuda import check, driver
+from replayfmt.cuda.driver import check, driver
 
 
 @triton.jit

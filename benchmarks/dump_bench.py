@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 import replayfmt
-from replayfmt import model as m
+from replayfmt.format import model as m
 
 SAXPY = m.Function(
     name="saxpy",

@@ -25,11 +25,11 @@ import triton
 import triton.language as tl
 
 import replayfmt
-from replayfmt import model as m
-from replayfmt.benchmark import Benchmark, BenchmarkOptions, find_region
-from replayfmt.cuda import check, driver
-from replayfmt.execute import Replayer, ReplayOptions
-from replayfmt.plan import build_plan
+from replayfmt.cuda.driver import check, driver
+from replayfmt.format import model as m
+from replayfmt.measure.benchmark import Benchmark, BenchmarkOptions, find_region
+from replayfmt.replay.execute import Replayer, ReplayOptions
+from replayfmt.replay.plan import build_plan
 
 ITERATIONS = 50
 

@@ -23,7 +23,7 @@ import numpy as np
 import zstandard
 
 import replayfmt
-from replayfmt import model as m
+from replayfmt.format import model as m
 
 LEVEL = 3
 

@@ -36,10 +36,10 @@ from pathlib import Path
 import numpy as np
 
 import replayfmt
-from replayfmt import model as m
-from replayfmt.cuda import check, compute_capability, driver
-from replayfmt.execute import Replayer, ReplayOptions
-from replayfmt.plan import build_plan
+from replayfmt.cuda.driver import check, compute_capability, driver
+from replayfmt.format import model as m
+from replayfmt.replay.execute import Replayer, ReplayOptions
+from replayfmt.replay.plan import build_plan
 
 HERE = Path(__file__).resolve().parent
 EMPTY = m.Function(

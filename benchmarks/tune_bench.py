@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 
 import replayfmt
-from replayfmt import model as m
-from replayfmt.cuda import check, compute_capability, driver
-from replayfmt.plan import build_plan
-from replayfmt.tune import CsvLog, SearchSpace, Worker, WorkerConfig, find_targets, prune, search
+from replayfmt.cuda.driver import check, compute_capability, driver
+from replayfmt.format import model as m
+from replayfmt.measure.tune import CsvLog, SearchSpace, Worker, WorkerConfig, find_targets, prune, search
+from replayfmt.replay.plan import build_plan
 
 KERNELS = Path(__file__).resolve().parent.parent / "tests" / "gpu" / "kernels" / "tune_kernels.cu"
 N = 1 << 20

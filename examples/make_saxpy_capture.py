@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 import replayfmt
-from replayfmt import model as m
+from replayfmt.format import model as m
 
 HERE = Path(__file__).resolve().parent
 N = 1 << 12

@@ -11,8 +11,9 @@ Public API::
 
 from __future__ import annotations
 
-from . import model
-from .errors import (
+from replayfmt.container.reader import Capture, PayloadStats, open_capture as open  # noqa: A004 - the documented entry point
+from replayfmt.container.writer import CaptureWriter
+from replayfmt.errors import (
     AbiMismatchError,
     DeviceError,
     DeviceUnavailableError,
@@ -25,14 +26,9 @@ from .errors import (
     UnsupportedOperationError,
     VerificationError,
 )
-from .layout import FORMAT_MAJOR, FORMAT_MINOR, Limits
-from .payloads import CompressionPolicy
-from .reader import (
-    Capture,
-    PayloadStats,
-    open_capture as open,  # noqa: A004 - the documented entry point
-)
-from .writer import CaptureWriter
+from replayfmt.format import model
+from replayfmt.format.layout import FORMAT_MAJOR, FORMAT_MINOR, Limits
+from replayfmt.format.payloads import CompressionPolicy
 
 __version__ = "0.1.0"
 

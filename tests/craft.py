@@ -7,8 +7,8 @@ from pathlib import Path
 import flatbuffers
 import numpy as np
 
-from replayfmt import model as m, records
-from replayfmt.layout import (
+from replayfmt.format import model as m, records
+from replayfmt.format.layout import (
     FILE_HEADER_SIZE,
     FORMAT_MAJOR,
     FORMAT_MINOR,
@@ -83,7 +83,7 @@ def record_batch(**overrides) -> bytes:
 def amplifying_executable_batch(fanout: int) -> bytes:
     """A RecordBatch whose objects, functions and parameters all share one offset, fanout times
     at each level: tiny on disk, fanout**3 tables if walked naively."""
-    from replayfmt.fb import Executable, Function, Object, Parameter, RecordBatch
+    from replayfmt.format.fb import Executable, Function, Object, Parameter, RecordBatch
 
     b = flatbuffers.Builder(1024)
     Parameter.Start(b)

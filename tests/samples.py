@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 import replayfmt
-from replayfmt import model as m
+from replayfmt.format import model as m
 
 KERNELS = Path(__file__).parent / "kernels"
 

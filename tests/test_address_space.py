@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from replayfmt.address_space import page_runs, steer_device_arena
+from replayfmt.cuda.address_space import page_runs, steer_device_arena
 
 MIB2 = 2 << 20
 
@@ -26,7 +26,7 @@ def test_restart_without_aslr_reruns_the_same_command_once(tmp_path):
     script.write_text(
         textwrap.dedent("""
         import ctypes, os, sys
-        from replayfmt.address_space import restart_without_aslr
+        from replayfmt.cuda.address_space import restart_without_aslr
         print("ran", sys.argv[1:], flush=True)
         restart_without_aslr()
         print("personality", ctypes.CDLL(None).personality(0xFFFFFFFF) & 0x40000)

@@ -4,10 +4,10 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from replayfmt.tools.benchmark_replay import _compare, _csv, main
 
 import replayfmt
-from replayfmt.benchmark import BenchmarkResult, KernelTiming, Region, Stats, find_region
+from replayfmt.measure.benchmark import BenchmarkResult, KernelTiming, Region, Stats, find_region
+from replayfmt.tools.benchmark_replay import _compare, _csv, main
 
 
 def scoped(path, markers) -> None:

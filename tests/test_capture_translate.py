@@ -11,12 +11,12 @@ import pytest
 from samples import compiled_cubin
 
 import replayfmt
-from replayfmt import model as m
 from replayfmt.capture import CaptureMode, RecordOptions, TensorLabel, Translator, events as ev
 from replayfmt.capture.enrich import triton_annotation
 from replayfmt.capture.hostfiles import HostFiles, parse_maps
-from replayfmt.plan import PlanOptions, build_plan
-from replayfmt.writer import CaptureWriter
+from replayfmt.container.writer import CaptureWriter
+from replayfmt.format import model as m
+from replayfmt.replay.plan import PlanOptions, build_plan
 
 A, B, C = 0x7F00_0000_0000, 0x7F00_0010_0000, 0x7F00_0020_0000
 SAXPY = ((0, 4), (8, 8), (16, 8), (24, 4))  # float a, const float* x, float* y, int n

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 import replayfmt
-from replayfmt import model as m
+from replayfmt.format import model as m
 
 WRITER = textwrap.dedent(
     """
     import sys, numpy as np, replayfmt
-    from replayfmt import model as m
+    from replayfmt.format import model as m
     with replayfmt.CaptureWriter(sys.argv[1], batch_operations=int(sys.argv[2])) as w:
         exe = w.add_object(m.Executable(functions=(m.Function(name="k"),)))
         i = 0

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import xxhash
 
-from replayfmt.device_digest import SHORTEST
-from replayfmt.payloads import frame_hash
+from replayfmt.cuda.digest import SHORTEST
+from replayfmt.format.payloads import frame_hash
 
-KERNELS = Path(resources.files("replayfmt").joinpath("kernels"))  # type: ignore[arg-type]
+KERNELS = Path(resources.files("replayfmt.cuda").joinpath("kernels"))  # type: ignore[arg-type]
 SOURCE = (KERNELS / "frame_digest.cu").read_text()
 MASK = (1 << 64) - 1
 
@@ -92,5 +92,5 @@ def test_shipped_ptx_is_what_its_source_compiles_to(tmp_path):
         return [line for line in text.splitlines() if not line.startswith("//")]
 
     assert code(out.read_text()) == code((KERNELS / "frame_digest.ptx").read_text()), (
-        "replayfmt/kernels/frame_digest.ptx is stale: regenerate it as frame_digest.cu says"
+        "replayfmt/cuda/kernels/frame_digest.ptx is stale: regenerate it as frame_digest.cu says"
     )

@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from replayfmt.tools.dump_replay import main
 from samples import write_sample
 
 import replayfmt
-from replayfmt import model as m
-from replayfmt.dump import Dumper, DumpFilter, summarize
+from replayfmt.dump.views import Dumper, DumpFilter, summarize
+from replayfmt.format import model as m
+from replayfmt.tools.dump_replay import main
 
 GOLDEN = Path(__file__).parent / "golden"
 ROOT = Path(__file__).resolve().parent.parent

@@ -132,7 +132,7 @@ def real_cubin() -> bytes:
 @given(data=st.data())
 def test_cubin_reader_on_damaged_cubins(real_cubin, data):
     """Substitution files are user input: a damaged cubin gives CubinError, never a crash."""
-    from replayfmt.cubin import CubinError, parse_cubin
+    from replayfmt.format.cubin import CubinError, parse_cubin
 
     damaged = bytearray(real_cubin)
     for _ in range(data.draw(st.integers(1, 8))):

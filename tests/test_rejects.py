@@ -10,10 +10,10 @@ import zstandard
 from craft import FileBuilder, amplifying_executable_batch, record_batch
 
 import replayfmt
-from replayfmt import model as m
-from replayfmt.fbread import decode_buffer
-from replayfmt.layout import FILE_HEADER_SIZE, ChunkFlags, Codec, FileHeader, pack_file_header
-from replayfmt.payloads import frame_hash, payload_hash
+from replayfmt.format import model as m
+from replayfmt.format.decoder import decode_buffer
+from replayfmt.format.layout import FILE_HEADER_SIZE, ChunkFlags, Codec, FileHeader, pack_file_header
+from replayfmt.format.payloads import frame_hash, payload_hash
 
 
 def drain(path, **kw):
@@ -167,7 +167,7 @@ def test_rejects_batch_whose_counts_disagree_with_its_records(tmp_path):
 
 
 def test_rejects_launch_parameters_past_the_parameter_block(tmp_path):
-    launches = np.zeros(1, replayfmt.writer.records.dtype("LaunchRecord"))
+    launches = np.zeros(1, replayfmt.container.writer.records.dtype("LaunchRecord"))
     launches["parameter_offset"], launches["parameter_size"] = 4, 1 << 31
     fb = FileBuilder()
     fb.batch(record_batch(kinds=bytes([m.OperationKind.LAUNCH]), launches=launches), 0, 1)
@@ -230,7 +230,7 @@ def test_rejects_bad_flatbuffer_offsets(buf, message):
 def test_rejects_string_without_terminator_and_invalid_utf8():
     import flatbuffers
 
-    from replayfmt.fb import ScopeBegin
+    from replayfmt.format.fb import ScopeBegin
 
     b = flatbuffers.Builder(64)
     name = b.CreateString("abcd")

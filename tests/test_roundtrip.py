@@ -8,7 +8,7 @@ import pytest
 from samples import SAXPY, compiled_cubin, write_sample
 
 import replayfmt
-from replayfmt import model as m
+from replayfmt.format import model as m
 
 
 def test_sample_round_trips_every_object_and_operation(tmp_path):

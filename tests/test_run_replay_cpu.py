@@ -8,13 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from replayfmt.tools.run_replay import main
 from samples import SAXPY, compiled_cubin, write_sample
 
 import replayfmt
-from replayfmt import model as m
-from replayfmt.files import identity_of
-from replayfmt.plan import LaunchOverride, PlanOptions, Substitution, build_plan
+from replayfmt.container.files import identity_of
+from replayfmt.format import model as m
+from replayfmt.replay.plan import LaunchOverride, PlanOptions, Substitution, build_plan
+from replayfmt.tools.run_replay import main
 
 ROOT = Path(__file__).resolve().parent.parent
 GPU_KERNELS = ROOT / "tests" / "gpu" / "kernels"
@@ -156,7 +156,7 @@ def _file_capture(tmp_path: Path, validation: m.FileValidation) -> tuple[Path, P
     weights = data_dir / "w.bin"
     weights.write_bytes(np.arange(256, dtype=np.float32).tobytes())
     identity = identity_of(str(weights))
-    from replayfmt.files import file_digest
+    from replayfmt.container.files import file_digest
 
     path = tmp_path / "f.kreplay"
     with replayfmt.CaptureWriter(path) as w:
@@ -222,7 +222,7 @@ def test_help_states_the_failure_contract():
 
 
 def test_nvtx_library_missing_is_an_environment_error(monkeypatch):
-    from replayfmt import nvtx
+    from replayfmt.cuda import nvtx
 
     monkeypatch.setattr(nvtx, "_candidates", lambda: ["/nonexistent/libnvToolsExt.so"])
     monkeypatch.setitem(sys.modules, "torch", None)  # no PyTorch to fall back on

@@ -4,12 +4,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from replayfmt.tools.tune_replay import main
 
 import replayfmt
-from replayfmt import model as m
-from replayfmt.plan import build_plan
-from replayfmt.tune import (
+from replayfmt.format import model as m
+from replayfmt.measure.tune import (
     Candidate,
     CandidateResult,
     CsvLog,
@@ -24,6 +22,8 @@ from replayfmt.tune import (
     read_csv,
     search,
 )
+from replayfmt.replay.plan import build_plan
+from replayfmt.tools.tune_replay import main
 
 SCALE = m.Function(name="scale", max_threads_per_block=512, max_dynamic_shared_memory=64 * 1024)
 OTHER = m.Function(name="other")

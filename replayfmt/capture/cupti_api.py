@@ -12,7 +12,7 @@ import ctypes
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import ReplayError, ReplayUsageError
+from replayfmt.errors import ReplayError, ReplayUsageError
 
 DOMAIN_DRIVER_API = 1
 DOMAIN_RESOURCE = 3

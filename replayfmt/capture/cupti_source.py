@@ -23,17 +23,17 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from ..cuda import driver
-from ..errors import ReplayUsageError
-from . import events as ev
-from .cupti_api import (
+from replayfmt.capture import events as ev
+from replayfmt.capture.cupti_api import (
     DOMAIN_DRIVER_API,
     DOMAIN_RESOURCE,
     RESOURCE_MODULE_LOADED,
     RESOURCE_MODULE_UNLOAD_STARTING,
     Cupti,
 )
-from .process_memory import MEMORY, c_string, image_bytes, read, u64
+from replayfmt.capture.process_memory import MEMORY, c_string, image_bytes, read, u64
+from replayfmt.cuda.driver import driver
+from replayfmt.errors import ReplayUsageError
 
 _ENTER, _EXIT = 0, 1
 _LAUNCH_PARAM_BUFFER_POINTER, _LAUNCH_PARAM_BUFFER_SIZE = 1, 2

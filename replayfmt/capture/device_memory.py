@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from ..cuda import check, driver
+from replayfmt.cuda.driver import check, driver
 
 
 class DriverMemory:

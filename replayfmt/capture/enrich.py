@@ -11,8 +11,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from .. import model as m
-from .translate import KernelAnnotation, TensorLabel, Translator
+from replayfmt.capture.translate import KernelAnnotation, TensorLabel, Translator
+from replayfmt.format import model as m
 
 _DTYPES = {
     "bool": m.DType.BOOL, "int8": m.DType.INT8, "uint8": m.DType.UINT8, "int16": m.DType.INT16,

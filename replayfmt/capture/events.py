@@ -14,7 +14,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from .. import model as m
+from replayfmt.format import model as m
 
 
 class MemoryApi(enum.Enum):

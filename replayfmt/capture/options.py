@@ -6,8 +6,8 @@ import enum
 import re
 from dataclasses import dataclass
 
-from .. import model as m
-from ..errors import ReplayUsageError
+from replayfmt.errors import ReplayUsageError
+from replayfmt.format import model as m
 
 
 class CaptureMode(enum.Enum):

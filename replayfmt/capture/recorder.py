@@ -17,15 +17,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .. import model as m
-from ..errors import ReplayUsageError
-from ..writer import CaptureWriter
-from .cupti_api import load_cupti
-from .cupti_source import CuptiSource
-from .device_memory import DriverMemory
-from .options import CaptureMode, RecordOptions
-from .report import Report
-from .translate import KernelAnnotation, Translator
+from replayfmt.capture.cupti_api import load_cupti
+from replayfmt.capture.cupti_source import CuptiSource
+from replayfmt.capture.device_memory import DriverMemory
+from replayfmt.capture.options import CaptureMode, RecordOptions
+from replayfmt.capture.report import Report
+from replayfmt.capture.translate import KernelAnnotation, Translator
+from replayfmt.container.writer import CaptureWriter
+from replayfmt.errors import ReplayUsageError
+from replayfmt.format import model as m
 
 _active: list[Recorder] = []  # the listening recorder (CUPTI has one subscriber per process)
 
@@ -77,7 +77,7 @@ class Recorder:
             self.writer.close()
             raise
         _active.append(self)
-        from .enrich import enrich
+        from replayfmt.capture.enrich import enrich
 
         self._enrichment = enrich(self.translator)
 
@@ -119,7 +119,7 @@ class Recorder:
     def label(self, *tensors: Any, **named: Any) -> None:
         """Type the buffers holding these tensors (PyTorch tensors or anything with data_ptr,
         nbytes, dtype, shape and stride), so that replay verifies them with tolerances."""
-        from .enrich import tensor_label
+        from replayfmt.capture.enrich import tensor_label
 
         for name, tensor in [("", t) for t in tensors] + list(named.items()):
             label = tensor_label(tensor, name)
@@ -219,7 +219,7 @@ def _version() -> str:
 
 def _describe_device(cu: Any) -> m.Device:
     """The device the program works on (the current context's, or cuda:0)."""
-    from ..cuda import check, compute_capability
+    from replayfmt.cuda.driver import check, compute_capability
 
     check(cu.cuInit(0), "cuInit")
     err, ordinal = cu.cuCtxGetDevice()

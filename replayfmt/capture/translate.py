@@ -26,14 +26,14 @@ from typing import Protocol
 
 import numpy as np
 
-from .. import model as m
-from ..cubin import CubinError, detect_format, parse_cubin
-from ..files import file_digest, identity_of
-from ..writer import CaptureWriter
-from . import events as ev
-from .hostfiles import HostFiles
-from .options import CaptureMode, RecordOptions
-from .report import KernelStats, Report
+from replayfmt.capture import events as ev
+from replayfmt.capture.hostfiles import HostFiles
+from replayfmt.capture.options import CaptureMode, RecordOptions
+from replayfmt.capture.report import KernelStats, Report
+from replayfmt.container.files import file_digest, identity_of
+from replayfmt.container.writer import CaptureWriter
+from replayfmt.format import model as m
+from replayfmt.format.cubin import CubinError, detect_format, parse_cubin
 
 _POINTER_LOW = 1 << 32  # below this an 8-byte parameter word is taken for a number, not an address
 _POINTER_HIGH = 1 << 57

@@ -14,14 +14,14 @@ KERNELS = Path(__file__).parent / "kernels"
 @pytest.fixture(scope="session")
 def gpu_arch() -> str:
     """The sm_XY of cuda:0; skips the test when there is no usable GPU or no nvcc."""
-    from replayfmt.execute import environment_ok
+    from replayfmt.replay.execute import environment_ok
 
     reason = environment_ok()
     if reason is not None:
         pytest.skip(f"no GPU: {reason}")
     if shutil.which("nvcc") is None and not Path("/usr/local/cuda/bin/nvcc").exists():
         pytest.skip("nvcc not available to build the test kernels")
-    from replayfmt.cuda import check, compute_capability, driver
+    from replayfmt.cuda.driver import check, compute_capability, driver
 
     major, minor = compute_capability(check(driver().cuDeviceGet(0), "cuDeviceGet"))
     return f"sm_{major}{minor}"

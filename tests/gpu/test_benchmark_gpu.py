@@ -9,10 +9,10 @@ import pytest
 from test_replay_gpu import AXPY, F32, SCALE, Capture, f32, i32, ints
 
 import replayfmt
-from replayfmt import model as m
-from replayfmt.benchmark import Benchmark, BenchmarkOptions, find_region
-from replayfmt.execute import Replayer, ReplayOptions
-from replayfmt.plan import build_plan
+from replayfmt.format import model as m
+from replayfmt.measure.benchmark import Benchmark, BenchmarkOptions, find_region
+from replayfmt.replay.execute import Replayer, ReplayOptions
+from replayfmt.replay.plan import build_plan
 
 pytestmark = pytest.mark.gpu
 N = 1 << 20
@@ -99,7 +99,7 @@ def test_cli_json_trace_and_compare(tmp_path, kernels):
 
 
 def test_nvtx_ranges_wrap_scopes_and_launches(tmp_path, kernels):
-    from replayfmt.nvtx import Nvtx
+    from replayfmt.cuda.nvtx import Nvtx
 
     try:
         Nvtx.load()

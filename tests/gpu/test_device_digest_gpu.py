@@ -4,9 +4,9 @@ class of XXH3's long path, many frames in one launch."""
 import numpy as np
 import pytest
 
-from replayfmt.cuda import check, driver
-from replayfmt.device_digest import SHORTEST, DeviceDigester
-from replayfmt.payloads import frame_hash
+from replayfmt.cuda.digest import SHORTEST, DeviceDigester
+from replayfmt.cuda.driver import check, driver
+from replayfmt.format.payloads import frame_hash
 
 pytestmark = pytest.mark.gpu
 

@@ -13,10 +13,10 @@ import pytest
 from test_replay_gpu import AXPY, F32, FUNCTIONS, SCALE, f32, i32, ints
 
 import replayfmt
-from replayfmt import model as m
 from replayfmt.errors import ReplayUsageError
-from replayfmt.execute import Replayer, ReplayOptions
-from replayfmt.plan import build_plan
+from replayfmt.format import model as m
+from replayfmt.replay.execute import Replayer, ReplayOptions
+from replayfmt.replay.plan import build_plan
 
 pytestmark = pytest.mark.gpu
 N = 1 << 16
@@ -24,7 +24,7 @@ N = 1 << 16
 
 @pytest.fixture(scope="module")
 def two_gpus(kernels) -> dict[str, bytes]:
-    from replayfmt.cuda import check, driver
+    from replayfmt.cuda.driver import check, driver
 
     count = check(driver().cuDeviceGetCount(), "cuDeviceGetCount")
     if count < 2:

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 import replayfmt
-from replayfmt import model as m
-from replayfmt.compare import Tolerance
-from replayfmt.execute import Replayer, ReplayOptions
-from replayfmt.plan import PlanOptions, Substitution, build_plan
+from replayfmt.format import model as m
+from replayfmt.replay.compare import Tolerance
+from replayfmt.replay.execute import Replayer, ReplayOptions
+from replayfmt.replay.plan import PlanOptions, Substitution, build_plan
 
 pytestmark = pytest.mark.gpu
 
@@ -209,7 +209,7 @@ def test_repetitions_and_save_output(tmp_path, kernels):
 
 
 def test_files_are_read_after_remapping(tmp_path, kernels):
-    from replayfmt.files import identity_of
+    from replayfmt.container.files import identity_of
 
     n = 4096
     data = ints(n, 8)
@@ -272,7 +272,7 @@ def test_cubin_for_another_architecture_is_refused_before_running(tmp_path, kern
 
 
 PROBE = """
-from replayfmt.cuda import check, driver
+from replayfmt.cuda.driver import check, driver
 cu = driver()
 ctx = check(cu.cuDevicePrimaryCtxRetain(check(cu.cuDeviceGet(0), "dev")), "ctx")
 check(cu.cuCtxSetCurrent(ctx), "ctx")
@@ -366,7 +366,7 @@ def test_frames_are_checked_on_the_device_or_else_on_the_host(tmp_path, kernels,
         frame = cap.frame_location(cap.payload(pid).frames[40])[0]
     data[frame + 64 + 10] ^= 0x08
     path.write_bytes(bytes(data))
-    import replayfmt.execute as execute
+    import replayfmt.replay.execute as execute
 
     def refused(cu):
         raise execute.CudaCallError("frame digests: cuModuleLoadData: CUDA_ERROR_UNSUPPORTED_PTX_VERSION", "x")

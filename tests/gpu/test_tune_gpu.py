@@ -8,9 +8,9 @@ import pytest
 from test_replay_gpu import F32, Capture, f32, i32, ints
 
 import replayfmt
-from replayfmt import model as m
-from replayfmt.plan import build_plan
-from replayfmt.tune import Candidate, CsvLog, SearchSpace, Worker, WorkerConfig, find_targets, prune, search
+from replayfmt.format import model as m
+from replayfmt.measure.tune import Candidate, CsvLog, SearchSpace, Worker, WorkerConfig, find_targets, prune, search
+from replayfmt.replay.plan import build_plan
 
 pytestmark = pytest.mark.gpu
 P = m.ParameterKind
@@ -109,7 +109,7 @@ def test_register_caps_re_jit_the_ptx(tmp_path, gpu_arch):
     import tempfile
     from pathlib import Path
 
-    from replayfmt.cuda import check, driver
+    from replayfmt.cuda.driver import check, driver
 
     with tempfile.TemporaryDirectory() as tmp:
         ptx = Path(tmp) / "k.ptx"

@@ -1,0 +1,796 @@
+"""Reading .kreplay files: random access, lazy verified decoding, crash recovery.
+
+:func:`open_capture` (exported as ``replayfmt.open``) maps the file and reads its header, footer
+and index: time proportional to the index, not the file. Record batches are decoded (and
+verified) on first use and cached; payloads are decompressed lazily, frame by frame, in parallel
+threads, and every frame is checked against its hash. A file without a valid footer (the writer
+was killed) is recovered by scanning its chunks: everything up to the first damaged chunk is
+readable, and ``recovered`` / ``discarded_bytes`` say so.
+
+Thread-safety: a Capture may be read from several threads at once.
+"""
+
+from __future__ import annotations
+
+import bisect
+import concurrent.futures as cf
+import contextlib
+import gc
+import mmap
+import os
+import stat
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import pairwise, repeat
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from replayfmt.errors import ReplayFormatError, ReplayUsageError
+from replayfmt.format import model as m, records
+from replayfmt.format.decoder import decode_buffer
+from replayfmt.format.layout import (
+    ALIGNMENT,
+    CHUNK_HEADER_SIZE,
+    DEFAULT_LIMITS,
+    FILE_HEADER_SIZE,
+    FOOTER_SIZE,
+    ChunkFlags,
+    ChunkHeader,
+    ChunkKind,
+    Codec,
+    FileHeader,
+    Limits,
+    align_up,
+    checksum64,
+    unpack_chunk_header,
+    unpack_file_header,
+    unpack_footer,
+)
+from replayfmt.format.payloads import decompress, decompress_into, frame_hash, hash_hex, payload_hash
+
+_K = m.OperationKind
+_LAUNCH, _MEMSET = int(_K.LAUNCH), int(_K.MEMSET)
+_COPY_KINDS = {int(k): k for k in (_K.COPY_HOST_TO_DEVICE, _K.COPY_DEVICE_TO_HOST, _K.COPY_DEVICE_TO_DEVICE)}
+_KNOWN_KINDS = {int(k) for k in _K if k != _K.NONE}
+# storage category of each operation kind: 0 launch, 1 copy, 2 memset, 3 id-only records, 4 tables
+_CATEGORY = np.full(256, 4, dtype=np.uint8)
+_CATEGORY[_LAUNCH] = 0
+_CATEGORY[list(_COPY_KINDS)] = 1
+_CATEGORY[_MEMSET] = 2
+_CATEGORY[[int(k) for k in records.ID_OPERATIONS]] = 3
+_CATEGORIES = 5
+_BATCH_CACHE = 8
+_new_tuple = tuple.__new__
+
+
+@dataclass(frozen=True, slots=True)
+class PayloadStats:
+    """Byte accounting over all payloads of a capture."""
+
+    payloads: int
+    logical_bytes: int  # sum of distinct payloads' sizes
+    frame_bytes: int  # logical bytes of distinct stored frames
+    stored_bytes: int  # bytes the frames occupy in the file
+    dedup_saved_bytes: int  # logical bytes not stored again thanks to frame dedup
+    missing_frames: int  # frames referred to but absent (a capture cut short)
+
+    @property
+    def compression_ratio(self) -> float:
+        return self.frame_bytes / self.stored_bytes if self.stored_bytes else 1.0
+
+
+class _Batch:
+    """One decoded, verified RecordBatch."""
+
+    __slots__ = (
+        "copies",
+        "first_object",
+        "first_operation",
+        "first_payload",
+        "id_operations",
+        "kinds",
+        "launches",
+        "memsets",
+        "objects",
+        "parameters",
+        "payloads",
+        "relocations",
+        "table_ops",
+    )  # fmt: skip
+
+    def __init__(self, **fields: Any) -> None:
+        for name, value in fields.items():
+            setattr(self, name, value)
+
+
+class Capture:
+    """An open .kreplay file. Create with :func:`replayfmt.open`; close with :meth:`close` or
+    use as a context manager. Owns the file mapping."""
+
+    def __init__(self, path: str | os.PathLike[str], *, limits: Limits = DEFAULT_LIMITS) -> None:
+        self.path = str(path)
+        self.limits = limits
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[int, _Batch] = OrderedDict()
+        self._pool: cf.ThreadPoolExecutor | None = None
+        self._last_materialized: tuple[int, list[m.Operation]] | None = None
+        self._mm, self._fd = _map_file(self.path)
+        self._view = memoryview(self._mm)
+        self.size = len(self._mm)
+        self.recovered = False
+        self.discarded_bytes = 0
+        self.recovery_reason = ""
+        try:
+            self.header: FileHeader = unpack_file_header(bytes(self._view[:FILE_HEADER_SIZE]), self.path)
+            footer = unpack_footer(bytes(self._view[-FOOTER_SIZE:])) if self.size >= FOOTER_SIZE else None
+            if footer is None or footer[1] != self.size:
+                self._recover("no valid footer (the writer did not close the file)")
+            else:
+                self._load_index(footer[0])
+        except BaseException:
+            self.close()
+            raise
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def __enter__(self) -> Capture:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release the mapping and threads. Idempotent; data already returned stays valid."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        self._cache.clear()
+        self._last_materialized = None
+        view, self._view = getattr(self, "_view", None), memoryview(b"")
+        if view is not None:
+            view.release()
+        try:
+            self._mm.close()
+        except BufferError:
+            pass  # numpy views handed out still use it; the mapping goes with them
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    # -- chunks ----------------------------------------------------------------------------
+
+    def _error(self, message: str, offset: int | None = None, record: str | None = None) -> ReplayFormatError:
+        return ReplayFormatError(message, path=self.path, offset=offset, record=record)
+
+    def _chunk_header(self, offset: int, record: str) -> ChunkHeader:
+        if offset < FILE_HEADER_SIZE or offset % 8 or offset + CHUNK_HEADER_SIZE > self.size:
+            raise self._error("offset is outside the file or misaligned", offset, record)
+        header = unpack_chunk_header(self._view[offset : offset + CHUNK_HEADER_SIZE], offset, self.path)
+        if header.body_offset + header.stored_size > self.size:
+            raise self._error(
+                f"body of {header.stored_size} bytes runs past the end of the file ({self.size} bytes)",
+                offset,
+                record,
+            )
+        return header
+
+    def _chunk_body(self, header: ChunkHeader, limit: int, record: str) -> bytes | memoryview:
+        if header.logical_size > limit:
+            raise self._error(
+                f"declares {header.logical_size} bytes, over the limit of {limit} "
+                "(raise replayfmt.Limits to read a trusted file)",
+                header.offset,
+                record,
+            )
+        stored = self._view[header.body_offset : header.body_offset + header.stored_size]
+        if checksum64(stored) != header.body_checksum:
+            raise self._error("body checksum mismatch (the file is corrupted)", header.offset, record)
+        return decompress(
+            header.codec, stored, header.logical_size, path=self.path, offset=header.offset, record=record
+        )
+
+    def _decode_chunk(self, offset: int, kind: ChunkKind, root: str, limit: int) -> dict[str, Any]:
+        record = f"{kind.name} chunk"
+        header = self._chunk_header(offset, record)
+        if header.kind != kind:
+            raise self._error(f"expected a {record}, found chunk kind {header.kind}", offset)
+        body = bytes(self._chunk_body(header, limit, record))
+        return decode_buffer(body, root, max_depth=self.limits.max_depth, path=self.path, offset=offset, record=record)
+
+    # -- index and recovery ----------------------------------------------------------------
+
+    def _load_index(self, index_offset: int) -> None:
+        index = self._decode_chunk(index_offset, ChunkKind.INDEX, "Index", self.limits.max_index_size)
+        batches = records.struct_array(index["batches"], "BatchEntry")
+        frames = records.struct_array(index["frames"], "FrameEntry")
+        self.metadata = self._read_metadata(index["metadata_offset"])
+        self._set_directory(batches, frames, index["operation_count"], index["object_count"], index["payload_count"])
+
+    def _read_metadata(self, offset: int) -> m.CaptureMetadata:
+        meta = self._decode_chunk(offset, ChunkKind.METADATA, "CaptureMetadata", self.limits.max_metadata_size)
+        return records.decode_metadata(meta)
+
+    def _recover(self, reason: str) -> None:
+        """Rebuild the directory by scanning chunks; stop at the first damaged one."""
+        self.recovered = True
+        offset = align_up(self.header.header_size)
+        batch_rows: list[tuple[int, ...]] = []
+        frame_rows: list[tuple[int, ...]] = []
+        metadata: m.CaptureMetadata | None = None
+        stop_reason = ""
+        while offset < self.size:
+            try:
+                header = self._chunk_header(offset, "chunk")
+                if header.kind == ChunkKind.FRAME:
+                    self._chunk_body_checksum(header)
+                    lo, hi = int.from_bytes(header.key[:8], "little"), int.from_bytes(header.key[8:], "little")
+                    frame_rows.append((lo, hi, offset, header.stored_size, header.logical_size, header.codec))
+                elif header.kind == ChunkKind.RECORDS:
+                    body = bytes(self._chunk_body(header, self.limits.max_record_batch_size, "RECORDS chunk"))
+                    d = decode_buffer(
+                        body,
+                        "RecordBatch",
+                        max_depth=self.limits.max_depth,
+                        path=self.path,
+                        offset=offset,
+                        record="RECORDS chunk",
+                    )
+                    kinds = d["operation_kinds"]
+                    batch_rows.append((
+                        offset, d["first_operation"], 0 if kinds is None else len(kinds),
+                        d["first_object"], len(d["objects"] or ()), d["first_payload"], len(d["payloads"] or ()),
+                    ))  # fmt: skip
+                elif header.kind == ChunkKind.METADATA and metadata is None:
+                    metadata = self._read_metadata(offset)
+                elif header.kind not in iter(ChunkKind) and not header.flags & ChunkFlags.OPTIONAL:
+                    raise self._error(f"unknown chunk kind {header.kind} is not optional", offset)
+            except ReplayFormatError as exc:
+                stop_reason = exc.message
+                break
+            offset = header.end
+        self.discarded_bytes = max(0, self.size - offset)
+        self.recovery_reason = reason + (f"; scan stopped at offset {offset}: {stop_reason}" if stop_reason else "")
+        if metadata is None:
+            raise self._error("no readable capture metadata: the file holds nothing recoverable", offset)
+        self.metadata = metadata
+        # keep the longest run of batches that continues the operation, object and payload numbering
+        rows = sorted(batch_rows, key=lambda r: r[1])
+        kept, next_op, next_obj, next_payload = [], 0, 1, 1
+        for row in rows:
+            if (row[1], row[3], row[5]) != (next_op, next_obj, next_payload):
+                break
+            kept.append(row)
+            next_op, next_obj, next_payload = row[1] + row[2], row[3] + row[4], row[5] + row[6]
+        dt = records.dtype
+        batches = np.array(kept, dtype=dt("BatchEntry")) if kept else np.zeros(0, dt("BatchEntry"))
+        frames = np.zeros(len(frame_rows), dtype=dt("FrameEntry"))
+        if frame_rows:
+            table = np.array(frame_rows, dtype=np.uint64)
+            frames["hash"]["lo"], frames["hash"]["hi"] = table[:, 0], table[:, 1]
+            frames["offset"], frames["stored_size"] = table[:, 2], table[:, 3]
+            frames["logical_size"], frames["codec"] = table[:, 4], table[:, 5]
+        self._set_directory(batches, frames, next_op, next_obj - 1, next_payload - 1)
+
+    def _chunk_body_checksum(self, header: ChunkHeader) -> None:
+        stored = self._view[header.body_offset : header.body_offset + header.stored_size]
+        if checksum64(stored) != header.body_checksum:
+            raise self._error("chunk body checksum mismatch", header.offset)
+
+    def _set_directory(
+        self, batches: np.ndarray, frames: np.ndarray, operation_count: int, object_count: int, payload_count: int
+    ) -> None:
+        """Check the directory's arithmetic and keep it as plain arrays for bisecting."""
+        first = batches["first_operation"].astype(np.int64)
+        count = batches["operation_count"].astype(np.int64)
+        expected_first = np.concatenate(([0], np.cumsum(count)[:-1])) if len(count) else first
+        if len(batches) and not np.array_equal(first, expected_first):
+            raise self._error("index: record batches do not number operations contiguously from 0")
+        if int(count.sum()) != operation_count:
+            raise self._error(f"index: batches hold {int(count.sum())} operations, the index says {operation_count}")
+        for what, first_name, count_name, total in (
+            ("object", "first_object", "object_count", object_count),
+            ("payload", "first_payload", "payload_count", payload_count),
+        ):
+            starts = batches[first_name].astype(np.int64)
+            counts = batches[count_name].astype(np.int64)
+            expected = np.concatenate(([1], 1 + np.cumsum(counts)[:-1])) if len(counts) else starts
+            if not np.array_equal(starts, expected) or int(counts.sum()) != total:
+                raise self._error(f"index: {what} ids are not dense from 1")
+        offsets = batches["offset"].astype(np.int64)
+        if len(offsets) and (offsets.min() < FILE_HEADER_SIZE or offsets.max() > self.size - CHUNK_HEADER_SIZE):
+            raise self._error("index: a record batch offset lies outside the file")
+        self._batch_first_op = first.tolist()
+        self._batch_offsets = offsets.tolist()
+        self._batch_counts = count.tolist()
+        self._batch_first_object = batches["first_object"].astype(np.int64).tolist()
+        self._batch_object_count = batches["object_count"].astype(np.int64).tolist()
+        self._batch_first_payload = batches["first_payload"].astype(np.int64).tolist()
+        self._batch_payload_count = batches["payload_count"].astype(np.int64).tolist()
+        self.operation_count = operation_count
+        self.object_count = object_count
+        self.payload_count = payload_count
+        self._frames = frames
+        digests = np.ascontiguousarray(frames["hash"]).tobytes()  # Hash128 (lo, hi) is the 16-byte digest
+        self._frame_row = {digests[16 * i : 16 * i + 16]: i for i in range(len(frames))}
+        if len(self._frame_row) != len(frames):
+            raise self._error("index: a payload frame is listed twice")
+
+    # -- record batches --------------------------------------------------------------------
+
+    @property
+    def batch_count(self) -> int:
+        return len(self._batch_offsets)
+
+    def _batch(self, i: int) -> _Batch:
+        with self._lock:
+            cached = self._cache.get(i)
+            if cached is not None:
+                self._cache.move_to_end(i)
+                return cached
+        batch = self._decode_batch(i)
+        with self._lock:
+            self._cache[i] = batch
+            while len(self._cache) > _BATCH_CACHE:
+                self._cache.popitem(last=False)
+        return batch
+
+    def _decode_batch(self, i: int) -> _Batch:
+        offset = self._batch_offsets[i]
+        d = self._decode_chunk(offset, ChunkKind.RECORDS, "RecordBatch", self.limits.max_record_batch_size)
+        record = f"record batch {i}"
+
+        def fail(message: str) -> ReplayFormatError:
+            return self._error(message, offset, record)
+
+        kinds = d["operation_kinds"] if d["operation_kinds"] is not None else np.zeros(0, np.uint8)
+        if (d["first_operation"], len(kinds)) != (self._batch_first_op[i], self._batch_counts[i]):
+            raise fail("its operations disagree with the index")
+        objects = d["objects"] or []
+        payloads = d["payloads"] or []
+        if (d["first_object"], len(objects)) != (self._batch_first_object[i], self._batch_object_count[i]) or (
+            d["first_payload"],
+            len(payloads),
+        ) != (self._batch_first_payload[i], self._batch_payload_count[i]):
+            raise fail("its objects or payloads disagree with the index")
+        launches = records.struct_array(d["launches"], "LaunchRecord")
+        copies = records.struct_array(d["copies"], "CopyRecord")
+        memsets = records.struct_array(d["memsets"], "MemsetRecord")
+        id_operations = records.struct_array(d["id_operations"], "IdOperationRecord")
+        relocations = records.struct_array(d["relocations"], "Relocation")
+        parameters = bytes(d["parameter_bytes"]) if d["parameter_bytes"] is not None else b""
+        table_dicts = d["operations"] or []
+        category = _CATEGORY[kinds]
+        record_counts = (("launch", len(launches)), ("copy", len(copies)), ("memset", len(memsets)),
+                         ("id-only", len(id_operations)), ("table", len(table_dicts)))  # fmt: skip
+        for cat, (name, have) in enumerate(record_counts):
+            want = int(np.count_nonzero(category == cat))
+            if want != have:
+                raise fail(f"{want} {name} operations but {have} {name} records")
+        if len(launches):
+            param_end = launches["parameter_offset"].astype(np.uint64) + launches["parameter_size"]
+            reloc_end = launches["relocation_first"].astype(np.uint64) + launches["relocation_count"]
+            if int(param_end.max()) > len(parameters):
+                raise fail("a launch's parameter bytes run past the batch's parameter block")
+            if int(reloc_end.max()) > len(relocations):
+                raise fail("a launch's relocations run past the batch's relocation table")
+        first = d["first_operation"]
+        table_positions = np.flatnonzero(category == 4)
+        table_ops = []
+        for pos, td in zip(table_positions.tolist(), table_dicts, strict=True):
+            code = int(kinds[pos])
+            op = records.decode_table_op(first + pos, code, td)
+            if op is None:
+                raise fail(f"operation {first + pos}: its kind {code} disagrees with its record")
+            if code not in _KNOWN_KINDS and not isinstance(op, m.UnknownOperation):
+                op = m.UnknownOperation(first + pos, code)
+            table_ops.append(op)
+        decoded_objects = []
+        for j, od in enumerate(objects):
+            obj = records.decode_object(od)
+            if obj.id != d["first_object"] + j:
+                raise fail(f"object {obj.id} is out of sequence (expected {d['first_object'] + j})")
+            decoded_objects.append(obj)
+        decoded_payloads = []
+        for j, pd in enumerate(payloads):
+            frames = records.struct_array(pd["frames"], "Hash128").tobytes()
+            frame_hashes = tuple(frames[k : k + 16] for k in range(0, len(frames), 16))
+            info = m.PayloadInfo(
+                d["first_payload"] + j, pd["hash"] or bytes(16), pd["size"], pd["frame_size"], frame_hashes
+            )
+            self._check_payload(info, offset)
+            decoded_payloads.append(info)
+        return _Batch(
+            first_operation=first, kinds=kinds, launches=launches, copies=copies, memsets=memsets,
+            id_operations=id_operations, table_ops=table_ops, relocations=relocations, parameters=parameters,
+            objects=decoded_objects,
+            payloads=decoded_payloads, first_object=d["first_object"], first_payload=d["first_payload"],
+        )  # fmt: skip
+
+    def _check_payload(self, info: m.PayloadInfo, offset: int) -> None:
+        record = f"payload {info.id}"
+        if info.size > self.limits.max_payload_size:
+            raise self._error(
+                f"declares {info.size} bytes, over the limit of {self.limits.max_payload_size}", offset, record
+            )
+        if info.size and not 0 < info.frame_size <= self.limits.max_frame_size:
+            raise self._error(f"invalid frame size {info.frame_size}", offset, record)
+        expected_frames = -(-info.size // info.frame_size) if info.size else 0
+        if len(info.frames) != expected_frames:
+            raise self._error(
+                f"{len(info.frames)} frames for {info.size} bytes (expected {expected_frames})", offset, record
+            )
+        if payload_hash(info.size, info.frames) != info.hash:
+            raise self._error("payload hash does not match its frames", offset, record)
+
+    def _batch_of_operation(self, index: int) -> int:
+        if not 0 <= index < self.operation_count:
+            raise IndexError(f"operation {index} out of range (the capture has {self.operation_count})")
+        return bisect.bisect_right(self._batch_first_op, index) - 1
+
+    # -- operations ------------------------------------------------------------------------
+
+    def operation(self, index: int) -> m.Operation:
+        """The operation numbered ``index`` (0-based, capture order)."""
+        bi = self._batch_of_operation(index)
+        return self._batch_operations(bi)[index - self._batch_first_op[bi]]
+
+    def iter_operations(self, start: int = 0, stop: int | None = None) -> Iterator[m.Operation]:
+        """Operations ``start`` (inclusive) to ``stop`` (exclusive), in capture order."""
+        stop = self.operation_count if stop is None else min(stop, self.operation_count)
+        start = max(0, start)
+        if start >= stop:
+            return
+        bi = self._batch_of_operation(start)
+        while bi < self.batch_count and self._batch_first_op[bi] < stop:
+            first = self._batch_first_op[bi]
+            lo, hi = max(0, start - first), min(self._batch_counts[bi], stop - first)
+            ops = self._batch_operations(bi)
+            yield from ops[lo:hi] if lo or hi < len(ops) else ops
+            bi += 1
+
+    def __iter__(self) -> Iterator[m.Operation]:
+        return self.iter_operations()
+
+    def _batch_operations(self, bi: int) -> list[m.Operation]:
+        """Every operation of batch ``bi`` as model objects, built column-wise and cached."""
+        last = self._last_materialized
+        if last is not None and last[0] == bi:
+            return last[1]
+        b = self._batch(bi)
+        with _collector_paused():
+            ops = self._materialize(b)
+        self._last_materialized = (bi, ops)  # one batch only: many live records slow the GC
+        return ops
+
+    @staticmethod
+    def _materialize(b: _Batch) -> list[m.Operation]:
+        first = b.first_operation
+        category = _CATEGORY[b.kinds]
+        positions = [(np.flatnonzero(category == c) + first).tolist() for c in range(_CATEGORIES)]
+        # Records are made with tuple.__new__ through map(): one C call each, no Python frame.
+        launch_ops: list[m.Operation] = []
+        if len(b.launches):
+            cols = b.launches.view("<u4").reshape(-1, 18).T.tolist()
+            rel = b.relocations
+            relocations = list(
+                map(_new_tuple, repeat(m.Relocation), zip(*(rel[name].tolist() for name in rel.dtype.names)))
+            )
+            params = b.parameters
+            param_slices = [params[start : start + size] for start, size in zip(cols[14], cols[15])]
+            groups = [tuple(relocations[a : a + n]) if n else () for a, n in zip(cols[16], cols[17])]
+            rows = zip(
+                positions[0], cols[0], cols[1], cols[2], zip(cols[4], cols[5], cols[6]),
+                zip(cols[7], cols[8], cols[9]), zip(cols[10], cols[11], cols[12]), cols[13], cols[3],
+                param_slices, groups,
+            )  # fmt: skip
+            launch_ops = list(map(_new_tuple, repeat(m.Launch), rows))
+        copy_kinds = [_COPY_KINDS[k] for k in b.kinds[category == 1].tolist()]
+        copy_cols = (b.copies[name].tolist() for name in b.copies.dtype.names)
+        copy_ops = list(map(_new_tuple, repeat(m.Copy), zip(positions[1], copy_kinds, *copy_cols)))
+        memset_cols = (b.memsets[name].tolist() for name in b.memsets.dtype.names)
+        memset_ops = list(map(_new_tuple, repeat(m.Memset), zip(positions[2], *memset_cols)))
+        id_kinds = [_K(k) for k in b.kinds[category == 3].tolist()]
+        make = records.make_id_operation
+        id_ops = [
+            make(k, i, f, s)
+            for k, i, f, s in zip(
+                id_kinds, positions[3], b.id_operations["first"].tolist(), b.id_operations["second"].tolist()
+            )
+        ]
+        sources = (iter(launch_ops), iter(copy_ops), iter(memset_ops), iter(id_ops), iter(b.table_ops))
+        return [next(sources[c]) for c in category.tolist()]
+
+    def operation_kinds(self) -> np.ndarray:
+        """The kind code of every operation, as one uint8 array (decodes every batch)."""
+        if not self.batch_count:
+            return np.zeros(0, np.uint8)
+        return np.concatenate([self._batch(i).kinds for i in range(self.batch_count)])
+
+    # -- objects ---------------------------------------------------------------------------
+
+    def object(self, object_id: int) -> m.ObjectDef:
+        """The object with this id (ids are dense from 1)."""
+        if not 1 <= object_id <= self.object_count:
+            raise KeyError(f"object {object_id} does not exist (the capture has {self.object_count})")
+        bi = bisect.bisect_right(self._batch_first_object, object_id) - 1
+        while self._batch_object_count[bi] == 0:  # batches without objects share a first_object
+            bi -= 1
+        return self._batch(bi).objects[object_id - self._batch_first_object[bi]]
+
+    def objects(self) -> Iterator[m.ObjectDef]:
+        for bi in range(self.batch_count):
+            if self._batch_object_count[bi]:
+                yield from self._batch(bi).objects
+
+    # -- payloads --------------------------------------------------------------------------
+
+    def payload(self, payload_id: int) -> m.PayloadInfo:
+        if not 1 <= payload_id <= self.payload_count:
+            raise KeyError(f"payload {payload_id} does not exist (the capture has {self.payload_count})")
+        bi = bisect.bisect_right(self._batch_first_payload, payload_id) - 1
+        while self._batch_payload_count[bi] == 0:
+            bi -= 1
+        return self._batch(bi).payloads[payload_id - self._batch_first_payload[bi]]
+
+    def payloads(self) -> Iterator[m.PayloadInfo]:
+        for bi in range(self.batch_count):
+            if self._batch_payload_count[bi]:
+                yield from self._batch(bi).payloads
+
+    def frame_location(self, digest: bytes) -> tuple[int, int, int, int] | None:
+        """(offset, stored_size, logical_size, codec) of a stored frame, or None if absent."""
+        row = self._frame_row.get(digest)
+        if row is None:
+            return None
+        f = self._frames[row]
+        return int(f["offset"]), int(f["stored_size"]), int(f["logical_size"]), int(f["codec"])
+
+    def payload_stored_size(self, info: m.PayloadInfo) -> int:
+        """Bytes the payload's distinct frames occupy in the file."""
+        total = 0
+        for digest in set(info.frames):
+            loc = self.frame_location(digest)
+            total += loc[1] if loc else 0
+        return total
+
+    def frame_ranges(self, payload_id: int) -> list[tuple[int, int]]:
+        """(offset, length) of each frame of a payload: the units that read in parallel."""
+        info = self.payload(payload_id)
+        return [
+            (k * info.frame_size, min(info.frame_size, info.size - k * info.frame_size))
+            for k in range(len(info.frames))
+        ]
+
+    def read_frame_into(self, payload_id: int, k: int, target: Any, *, check: bool = True) -> None:
+        """Decode frame ``k`` of a payload straight into ``target`` (exactly the frame's length),
+        with no intermediate copy: raw frames are read with preadv, zstd frames decompressed in
+        place. Releases the GIL for the heavy parts, so frames read in parallel threads.
+        ``check=False`` skips hashing the content (faster; a corrupted frame then goes unseen,
+        except that a damaged zstd frame still fails to decompress)."""
+        self.read_frames_into(payload_id, k, 1, target, check=check)
+
+    def read_frames_into(self, payload_id: int, first: int, count: int, target: Any, *, check: bool = True) -> None:
+        """Decode frames ``first .. first + count - 1`` of a payload into ``target`` (exactly their
+        total length), as :meth:`read_frame_into` does one. Raw frames stored back to back are
+        read with a single preadv (the chunk headers between them land in a scratch buffer):
+        every call releases and retakes the GIL, and with many reading threads those hand-offs,
+        not the copying, bound the rate."""
+        info = self.payload(payload_id)
+        view = memoryview(target).cast("B")
+        if first < 0 or count < 1 or first + count > len(info.frames):
+            raise ReplayUsageError(f"payload {payload_id}: frames {first}..{first + count - 1} do not exist")
+        frames = [self._frame_header(info, k) for k in range(first, first + count)]
+        if len(view) != sum(header.logical_size for header, _, _ in frames):
+            raise ReplayUsageError(f"payload {payload_id}: target holds {len(view)} bytes, not the frames' total")
+        start = 0
+        run: list[tuple[ChunkHeader, bytes, str, memoryview]] = []  # raw frames stored back to back
+        for header, digest, record in frames:
+            part = view[start : start + header.logical_size]
+            start += header.logical_size
+            if header.codec != Codec.RAW:
+                self._read_raw_run(run, check)
+                run = []
+                self._decompress_frame(header, digest, record, part, check)
+                continue
+            if run and run[-1][0].end != header.offset:
+                self._read_raw_run(run, check)
+                run = []
+            run.append((header, digest, record, part))
+        self._read_raw_run(run, check)
+
+    def check_frame_digest(self, payload_id: int, k: int, digest: bytes) -> None:
+        """Raise the reader's checksum-mismatch error for frame ``k`` of a payload unless
+        ``digest`` (its content's XXH3-128, computed elsewhere: on a device) is the recorded one."""
+        header, expected, record = self._frame_header(self.payload(payload_id), k)
+        if digest != expected:
+            raise self._frame_mismatch(header, record)
+
+    def _read_raw_run(self, run: list[tuple[ChunkHeader, bytes, str, memoryview]], check: bool) -> None:
+        if not run:
+            return
+        gap = memoryview(bytearray(CHUNK_HEADER_SIZE + ALIGNMENT))  # alignment padding, then the next header
+        buffers = [run[0][3]]
+        for (before, _, _, _), (header, _, _, part) in pairwise(run):
+            buffers += [gap[: header.body_offset - (before.body_offset + before.stored_size)], part]
+        first, last = run[0][0], run[-1][0]
+        position, wanted = first.body_offset, last.body_offset + last.stored_size - first.body_offset
+        while wanted:
+            n = os.preadv(self._fd, buffers, position)
+            if n <= 0:
+                raise self._error("frame ends early (the file shrank while it was read)", first.offset, run[0][2])
+            position, wanted = position + n, wanted - n
+            while buffers and n >= len(buffers[0]):  # a short read: go on where it stopped
+                n -= len(buffers.pop(0))
+            if n:
+                buffers[0] = buffers[0][n:]
+        if check:
+            for header, digest, record, part in run:
+                if frame_hash(part) != digest:
+                    raise self._frame_mismatch(header, record)
+
+    def _decompress_frame(self, header: ChunkHeader, digest: bytes, record: str, view: memoryview, check: bool) -> None:
+        stored = self._view[header.body_offset : header.body_offset + header.stored_size]
+        if check and checksum64(stored) != header.body_checksum:
+            raise self._error("body checksum mismatch (the file is corrupted)", header.offset, record)
+        decompress_into(stored, view, path=self.path, offset=header.offset, record=record)
+        if check and frame_hash(view) != digest:
+            raise self._frame_mismatch(header, record)
+
+    def _frame_mismatch(self, header: ChunkHeader, record: str) -> ReplayFormatError:
+        return self._error(
+            "frame content does not match its hash (checksum mismatch: the file is corrupted)", header.offset, record
+        )
+
+    def _frame_header(self, info: m.PayloadInfo, k: int) -> tuple[ChunkHeader, bytes, str]:
+        digest = info.frames[k]
+        record = f"payload {info.id} frame {k}"
+        expected = min(info.frame_size, info.size - k * info.frame_size)
+        loc = self.frame_location(digest)
+        if loc is None:
+            raise self._error(
+                f"frame {hash_hex(digest)} is not in the file (the capture was cut short before "
+                "it was written); recapture, or skip what needs this payload",
+                None,
+                record,
+            )
+        header = self._chunk_header(loc[0], record)
+        if header.kind != ChunkKind.FRAME or header.key != digest:
+            raise self._error("the index points at a chunk that is not this frame", loc[0], record)
+        if header.logical_size != expected:
+            raise self._error(
+                f"frame holds {header.logical_size} bytes, the payload expects {expected}", loc[0], record
+            )
+        if header.logical_size > self.limits.max_frame_size:
+            raise self._error(f"declares {header.logical_size} bytes, over the frame limit", loc[0], record)
+        return header, digest, record
+
+    def _read_frame(self, info: m.PayloadInfo, k: int) -> bytes | memoryview:
+        header, digest, record = self._frame_header(info, k)
+        data = self._chunk_body(header, self.limits.max_frame_size, record)
+        if frame_hash(data) != digest:
+            raise self._frame_mismatch(header, record)
+        return data
+
+    def read_payload(
+        self, payload_id: int, offset: int = 0, size: int | None = None, *, threads: int | None = None
+    ) -> bytes:
+        """Bytes ``[offset, offset + size)`` of a payload, decompressing only the frames needed."""
+        info = self.payload(payload_id)
+        size = info.size - offset if size is None else size
+        out = bytearray(size)
+        self.read_payload_into(payload_id, out, offset, threads=threads)
+        return bytes(out)
+
+    def read_payload_into(self, payload_id: int, out: Any, offset: int = 0, *, threads: int | None = None) -> int:
+        """Fill the writable buffer ``out`` with payload bytes from ``offset``; frames are
+        decompressed and verified in parallel threads. Returns the number of bytes written."""
+        info = self.payload(payload_id)
+        target = memoryview(out).cast("B")
+        size = len(target)
+        if offset < 0 or offset + size > info.size:
+            raise ReplayUsageError(
+                f"payload {payload_id}: range [{offset}, {offset + size}) is outside its {info.size} bytes"
+            )
+        if size == 0:
+            return 0
+        fs = info.frame_size
+        first, last = offset // fs, (offset + size - 1) // fs
+
+        def fill(k: int) -> None:
+            frame_start = k * fs
+            frame_end = min(frame_start + fs, info.size)
+            if offset <= frame_start and frame_end <= offset + size:  # whole frame: decode in place
+                self.read_frame_into(payload_id, k, target[frame_start - offset : frame_end - offset])
+                return
+            data = memoryview(self._read_frame(info, k)).cast("B")
+            lo = max(offset, frame_start)
+            hi = min(offset + size, frame_start + len(data))
+            target[lo - offset : hi - offset] = data[lo - frame_start : hi - frame_start]
+
+        frames = range(first, last + 1)
+        if len(frames) == 1 or threads == 1:
+            for k in frames:
+                fill(k)
+        else:
+            for future in [self._executor(threads).submit(fill, k) for k in frames]:
+                future.result()
+        return size
+
+    def _executor(self, threads: int | None) -> cf.ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = cf.ThreadPoolExecutor(
+                    threads or min(16, os.cpu_count() or 1), thread_name_prefix="kreplay-read"
+                )
+            return self._pool
+
+    def payload_stats(self) -> PayloadStats:
+        """Logical vs stored bytes over every payload (decodes every batch that defines one)."""
+        logical = referenced = 0
+        seen: set[bytes] = set()
+        missing: set[bytes] = set()
+        for info in self.payloads():
+            logical += info.size
+            for k, digest in enumerate(info.frames):
+                length = min(info.frame_size, info.size - k * info.frame_size)
+                referenced += length
+                if digest not in self._frame_row:
+                    missing.add(digest)
+                seen.add(digest)
+        present = [self._frame_row[d] for d in seen if d in self._frame_row]
+        frames = self._frames[present] if present else self._frames[:0]
+        frame_bytes = int(frames["logical_size"].astype(np.int64).sum())
+        stored = int(frames["stored_size"].astype(np.int64).sum())
+        return PayloadStats(
+            self.payload_count, logical, frame_bytes, stored, max(0, referenced - frame_bytes), len(missing)
+        )
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause Python's cyclic GC while a batch's operations are built.
+
+    Building tens of thousands of small records that all stay alive (the batch cache holds them)
+    makes the collector run full passes over the whole heap again and again: measured, it more
+    than doubled the time to iterate a million launches. The records hold no cycles.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _map_file(path: str) -> tuple[mmap.mmap, int]:
+    """The file mapped read-only, and a descriptor kept open for direct reads (preadv)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise ReplayUsageError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise ReplayUsageError(f"{path}: is a directory, not a .kreplay file") from None
+    except OSError as exc:
+        raise ReplayUsageError(f"{path}: cannot open ({exc.strerror})") from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise ReplayUsageError(f"{path}: is a directory, not a .kreplay file")
+        if not stat.S_ISREG(st.st_mode):
+            raise ReplayUsageError(f"{path}: not a regular file")
+        if st.st_size < FILE_HEADER_SIZE:
+            raise ReplayFormatError(f"file is {st.st_size} bytes, too short for a .kreplay header", path=path, offset=0)
+        return mmap.mmap(fd, 0, access=mmap.ACCESS_READ), fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def open_capture(path: str | os.PathLike[str], *, limits: Limits = DEFAULT_LIMITS) -> Capture:
+    """Open a .kreplay file for reading (exported as ``replayfmt.open``)."""
+    return Capture(Path(path), limits=limits)

@@ -1,0 +1,615 @@
+"""CaptureWriter: streams a capture into a .kreplay file.
+
+Memory stays flat however long the capture: operations are gathered into record batches that are
+sealed every ``batch_operations`` operations or ``batch_bytes`` bytes (and by a background thread
+once a batch is ``flush_interval`` seconds old) and written out, and at most ``2 * threads``
+payload frames are in flight at once.
+
+Concurrency: every method may be called from any thread. Operations are numbered in the order
+their calls take the writer's lock. Payload frames are hashed on the calling thread (so identical
+frames are recognised at once and never compressed twice), then compressed and written by a pool
+of worker threads. Record batches are compressed and written, in order, by one more worker, each
+only after the frames it refers to are on disk, so a file cut short by a crash never refers to a
+frame written after the records that use it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import dataclasses
+import os
+import struct
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from replayfmt.errors import ReplayError, ReplayUsageError
+from replayfmt.format import model as m, records
+from replayfmt.format.layout import (
+    FILE_HEADER_SIZE,
+    FORMAT_MAJOR,
+    FORMAT_MINOR,
+    ChunkKind,
+    Codec,
+    FileHeader,
+    align_up,
+    pack_chunk_header,
+    pack_file_header,
+    pack_footer,
+)
+from replayfmt.format.payloads import (
+    DEFAULT_FRAME_SIZE,
+    MIN_FRAME_SIZE,
+    CompressionPolicy,
+    FrameCompressor,
+    frame_hash,
+    payload_hash,
+)
+
+BytesLike = bytes | bytearray | memoryview | np.ndarray
+
+_K = m.OperationKind
+_ZERO_PAD = bytes(8)
+_RECORD_COMPRESSION = CompressionPolicy(level=3, min_saving=0.05)
+# struct.Struct twins of the schema's LaunchRecord and Relocation (a test checks the layouts agree)
+_LAUNCH_STRUCT = struct.Struct("<18I")
+_RELOCATION_STRUCT = struct.Struct("<IIQQB7x")
+_ID_OPERATION_STRUCT = struct.Struct("<II")
+
+
+class _Batch:
+    """Operations, objects and payload definitions gathered since the last seal."""
+
+    def __init__(self, first_operation: int, first_object: int, first_payload: int) -> None:
+        self.first_operation = first_operation
+        self.first_object = first_object
+        self.first_payload = first_payload
+        self.kinds = bytearray()
+        self.launch_bytes = bytearray()  # packed LaunchRecord structs
+        self.copies: list[tuple[int, ...]] = []
+        self.memsets: list[tuple[int, ...]] = []
+        self.id_operations = bytearray()  # packed IdOperationRecord structs
+        self.table_ops: list[Any] = []
+        self.relocation_bytes = bytearray()  # packed Relocation structs
+        self.relocation_count = 0
+        self.parameters = bytearray()
+        self.objects: list[m.ObjectDef] = []
+        self.payloads: list[tuple[bytes, int, int, tuple[bytes, ...]]] = []
+        self.extra_bytes = 0
+        self.started = time.monotonic()
+
+    def __len__(self) -> int:
+        return len(self.kinds)
+
+    def empty(self) -> bool:
+        return not self.kinds and not self.payloads
+
+    def encode(self) -> bytes:
+        dt = records.dtype
+        return records.encode_record_batch(
+            first_operation=self.first_operation,
+            first_object=self.first_object,
+            first_payload=self.first_payload,
+            kinds=bytes(self.kinds),
+            launches=np.frombuffer(bytes(self.launch_bytes), dtype=dt("LaunchRecord")),
+            copies=np.array(self.copies, dtype=dt("CopyRecord")),
+            memsets=np.array(self.memsets, dtype=dt("MemsetRecord")),
+            id_operations=np.frombuffer(bytes(self.id_operations), dtype=dt("IdOperationRecord")),
+            table_ops=self.table_ops,
+            relocations=np.frombuffer(bytes(self.relocation_bytes), dtype=dt("Relocation")),
+            parameter_bytes=bytes(self.parameters),
+            objects=self.objects,
+            payloads=self.payloads,
+        )
+
+
+class _InlineExecutor:
+    """Runs submitted work at once on the caller's thread (``threads=0``)."""
+
+    def submit(self, fn: Any, *args: Any) -> cf.Future:
+        future: cf.Future = cf.Future()
+        try:
+            future.set_result(fn(*args))
+        except BaseException as exc:
+            future.set_exception(exc)
+        return future
+
+    def shutdown(self, wait: bool = True) -> None:
+        pass
+
+
+def _write_all(fd: int, parts: list[bytes | memoryview]) -> int:
+    total = sum(len(p) for p in parts)
+    views = [memoryview(p).cast("B") for p in parts if len(p)]
+    while views:
+        written = os.writev(fd, views)
+        while views and written >= len(views[0]):
+            written -= len(views[0])
+            views.pop(0)
+        if views and written:
+            views[0] = views[0][written:]
+    return total
+
+
+class CaptureWriter:
+    """Writes one .kreplay capture. Use as a context manager, or call :meth:`close`.
+
+    ``path`` must not exist unless ``overwrite=True``: nothing the user had is replaced silently.
+    ``threads`` compress payload frames (0: compress on the calling thread).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        metadata: m.CaptureMetadata | None = None,
+        overwrite: bool = False,
+        compression: CompressionPolicy = CompressionPolicy(),
+        frame_size: int = DEFAULT_FRAME_SIZE,
+        threads: int | None = None,
+        batch_operations: int = 8192,
+        batch_bytes: int = 4 << 20,
+        flush_interval: float = 1.0,
+    ) -> None:
+        if frame_size < MIN_FRAME_SIZE or frame_size > (64 << 20):
+            raise ReplayUsageError(f"frame_size must be within [{MIN_FRAME_SIZE}, {64 << 20}] bytes")
+        if batch_operations < 1:
+            raise ReplayUsageError("batch_operations must be at least 1")
+        self.path = Path(path)
+        flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if overwrite else os.O_EXCL)
+        try:
+            self._fd = os.open(self.path, flags | getattr(os, "O_CLOEXEC", 0), 0o644)
+        except FileExistsError:
+            raise ReplayUsageError(f"{self.path} already exists; choose another path or pass overwrite=True") from None
+        except OSError as exc:
+            raise ReplayUsageError(f"cannot create {self.path}: {exc.strerror}") from None
+        self.frame_size = frame_size
+        self.batch_operations = batch_operations
+        self.batch_bytes = batch_bytes
+        self.flush_interval = flush_interval
+        self._compressor = FrameCompressor(compression)
+        self._record_compressor = FrameCompressor(_RECORD_COMPRESSION)
+        threads = min(8, os.cpu_count() or 1) if threads is None else threads
+        self._frame_pool: Any = (
+            cf.ThreadPoolExecutor(threads, thread_name_prefix="kreplay-frames") if threads else _InlineExecutor()
+        )
+        self._record_pool: Any = (
+            cf.ThreadPoolExecutor(1, thread_name_prefix="kreplay-records") if threads else _InlineExecutor()
+        )
+        self._slots = threading.BoundedSemaphore(max(2, 2 * threads))
+        self._lock = threading.RLock()  # operations, objects, payload ids, the open batch
+        self._file_lock = threading.Lock()  # the file end; taken by workers
+        self._entries_lock = threading.Lock()  # frame and batch entries; taken by workers
+        self._end = 0
+        self._closed = False
+        self._next_operation = 0
+        self._next_object = 1
+        self._next_payload = 1
+        self._frame_keys: set[bytes] = set()
+        self._payload_ids: dict[bytes, int] = {}
+        self._pending_frames: set[cf.Future] = set()
+        self._pending_batches: list[cf.Future] = []
+        self._frames: list[tuple[int, int, int, int, int, int]] = []  # lo, hi, offset, stored, logical, codec
+        self._batches: list[tuple[int, ...]] = []
+        self._batch = _Batch(0, 1, 1)
+        self._stopping = threading.Event()
+        try:
+            header = FileHeader(FORMAT_MAJOR, FORMAT_MINOR, FILE_HEADER_SIZE, 0)
+            self._append_raw([pack_file_header(header)])
+            meta = records.encode_metadata(metadata or m.CaptureMetadata())
+            self._metadata_offset = self._append_chunk(ChunkKind.METADATA, Codec.RAW, meta, len(meta))
+        except BaseException:
+            os.close(self._fd)
+            raise
+        if flush_interval > 0:
+            threading.Thread(target=self._seal_stale_batches, name="kreplay-sealer", daemon=True).start()
+
+    # -- context manager -------------------------------------------------------------------
+
+    def __enter__(self) -> CaptureWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- low-level file output -------------------------------------------------------------
+
+    def _append_raw(self, parts: list[bytes | memoryview]) -> int:
+        with self._file_lock:
+            offset = self._end
+            self._end += _write_all(self._fd, parts)
+            return offset
+
+    def _append_chunk(
+        self,
+        kind: ChunkKind,
+        codec: Codec,
+        body: bytes | memoryview,
+        logical_size: int,
+        key: bytes = bytes(16),
+    ) -> int:
+        header = pack_chunk_header(kind, 0, codec, body, logical_size, key)
+        pad = _ZERO_PAD[: align_up(len(body)) - len(body)]
+        return self._append_raw([header, body, pad])
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ReplayUsageError(f"{self.path}: the writer is closed")
+
+    # -- payloads --------------------------------------------------------------------------
+
+    def add_payload(self, data: BytesLike) -> int:
+        """Store bytes once (content-addressed) and return their payload id (from 1).
+
+        The bytes are copied before this returns, so the caller may reuse its buffer. Writing the
+        same content again returns the same id and stores nothing more.
+        """
+        self._check_open()
+        view = memoryview(data)
+        if not view.c_contiguous:
+            raise ReplayUsageError("payload data must be C-contiguous")
+        view = view.cast("B")
+        size = len(view)
+        hashes = []
+        for start in range(0, size, self.frame_size):
+            part = view[start : start + self.frame_size]
+            digest = frame_hash(part)
+            hashes.append(digest)
+            with self._lock:
+                new = digest not in self._frame_keys
+                self._frame_keys.add(digest)
+            if new:
+                self._slots.acquire()
+                future = self._frame_pool.submit(self._store_frame, digest, bytes(part))
+                with self._lock:
+                    self._pending_frames.add(future)
+                future.add_done_callback(self._frame_done)
+        identity = payload_hash(size, hashes)
+        with self._lock:
+            self._check_open()
+            existing = self._payload_ids.get(identity)
+            if existing is not None:
+                return existing
+            pid = self._next_payload
+            self._next_payload += 1
+            self._payload_ids[identity] = pid
+            self._batch.payloads.append((identity, size, self.frame_size, tuple(hashes)))
+            self._batch.extra_bytes += 64 + 16 * len(hashes)
+            self._after_append()
+            return pid
+
+    def _store_frame(self, digest: bytes, data: bytes) -> None:
+        try:
+            codec, stored = self._compressor.compress(data)
+            offset = self._append_chunk(ChunkKind.FRAME, codec, stored, len(data), digest)
+            lo, hi = int.from_bytes(digest[:8], "little"), int.from_bytes(digest[8:], "little")
+            with self._entries_lock:
+                self._frames.append((lo, hi, offset, len(stored), len(data), int(codec)))
+        finally:
+            self._slots.release()
+
+    def _frame_done(self, future: cf.Future) -> None:
+        with self._lock:
+            if future.exception() is None:
+                self._pending_frames.discard(future)
+
+    # -- objects ---------------------------------------------------------------------------
+
+    def add_object(self, obj: m.ObjectDef) -> int:
+        """Define an object (a CreateObject operation) and return its id (dense from 1)."""
+        if type(obj) not in m.OBJECT_TYPES.values():
+            raise ReplayUsageError(f"cannot write an object of type {type(obj).__name__}")
+        with self._lock:
+            self._check_open()
+            oid = self._next_object
+            self._next_object += 1
+            self._batch.objects.append(dataclasses.replace(obj, id=oid))
+            self._batch.extra_bytes += 256
+            self._append_table_op(m.CreateObject(self._next_operation, oid))
+            return oid
+
+    def destroy(self, object_id: int) -> int:
+        return self._table_op(m.DestroyObject, object_id)
+
+    # -- operations ------------------------------------------------------------------------
+
+    def launch(
+        self,
+        *,
+        executable: int,
+        function: int,
+        grid: m.Dims,
+        block: m.Dims,
+        parameters: bytes = b"",
+        relocations: Iterable[m.Relocation | tuple[int, int, int, int, int]] = (),
+        stream: int = 0,
+        cluster: m.Dims = (0, 0, 0),
+        shared_memory: int = 0,
+        flags: int = 0,
+    ) -> int:
+        """Record a kernel launch; returns its operation index.
+
+        ``function`` is the index of the function in the executable's ``functions``. Each
+        relocation says which pointer (in the parameters, or inside a buffer) to re-point at
+        which buffer + offset on replay.
+        """
+        if type(relocations) is not tuple:
+            relocations = tuple(relocations)
+        with self._lock:
+            if self._closed:
+                self._check_open()
+            batch = self._batch
+            index = self._next_operation
+            self._next_operation = index + 1
+            batch.kinds.append(8)  # OperationKind.LAUNCH
+            batch.launch_bytes += _LAUNCH_STRUCT.pack(
+                executable, function, stream, flags, *grid, *block, *cluster, shared_memory,
+                len(batch.parameters), len(parameters), batch.relocation_count, len(relocations),
+            )  # fmt: skip
+            batch.parameters += parameters
+            if relocations:
+                pack = _RELOCATION_STRUCT.pack
+                for relocation in relocations:
+                    batch.relocation_bytes += pack(*relocation)
+                batch.relocation_count += len(relocations)
+            self._after_append()
+            return index
+
+    def copy_h2d(
+        self,
+        *,
+        dst_buffer: int,
+        data: BytesLike | None = None,
+        payload: int = 0,
+        size: int | None = None,
+        src_file: int = 0,
+        src_offset: int = 0,
+        dst_offset: int = 0,
+        stream: int = 0,
+        flags: int = 0,
+    ) -> int:
+        """Record a host-to-device copy from ``data`` (stored as a payload), an existing
+        ``payload`` id, or ``size`` bytes of the file reference ``src_file`` at ``src_offset``."""
+        if data is not None:
+            payload = self.add_payload(data)
+            size = memoryview(data).nbytes
+        if size is None:
+            raise ReplayUsageError("copy_h2d needs data, or a size with payload or src_file")
+        if bool(payload) == bool(src_file):
+            raise ReplayUsageError("copy_h2d needs exactly one source: data/payload or src_file")
+        row = (stream, 0, dst_buffer, payload, src_file, flags, src_offset, dst_offset, size)
+        return self._copy(_K.COPY_HOST_TO_DEVICE, row)
+
+    def copy_d2h(
+        self,
+        *,
+        src_buffer: int,
+        size: int,
+        src_offset: int = 0,
+        expected: BytesLike | None = None,
+        stream: int = 0,
+        flags: int = 0,
+    ) -> int:
+        """Record a device-to-host copy; ``expected`` (optional) is what the program received."""
+        payload = self.add_payload(expected) if expected is not None else 0
+        row = (stream, src_buffer, 0, payload, 0, flags, src_offset, 0, size)
+        return self._copy(_K.COPY_DEVICE_TO_HOST, row)
+
+    def copy_d2d(
+        self,
+        *,
+        src_buffer: int,
+        dst_buffer: int,
+        size: int,
+        src_offset: int = 0,
+        dst_offset: int = 0,
+        stream: int = 0,
+        flags: int = 0,
+    ) -> int:
+        row = (stream, src_buffer, dst_buffer, 0, 0, flags, src_offset, dst_offset, size)
+        return self._copy(_K.COPY_DEVICE_TO_DEVICE, row)
+
+    def _copy(self, kind: m.OperationKind, row: tuple[int, ...]) -> int:
+        with self._lock:
+            self._check_open()
+            index = self._next_operation
+            self._next_operation += 1
+            self._batch.kinds.append(kind)
+            self._batch.copies.append(row)
+            self._after_append()
+            return index
+
+    def memset(
+        self, *, buffer: int, value: int, count: int, element_size: int = 1, offset: int = 0, stream: int = 0
+    ) -> int:
+        if element_size not in (1, 2, 4):
+            raise ReplayUsageError(f"memset element_size must be 1, 2 or 4, not {element_size}")
+        with self._lock:
+            self._check_open()
+            index = self._next_operation
+            self._next_operation += 1
+            self._batch.kinds.append(_K.MEMSET)
+            self._batch.memsets.append((stream, buffer, value, element_size, offset, count))
+            self._after_append()
+            return index
+
+    def module_load(self, executable: int, device: int = 0) -> int:
+        return self._table_op(m.ModuleLoad, executable, device)
+
+    def event_record(self, event: int, stream: int = 0) -> int:
+        return self._table_op(m.EventRecord, event, stream)
+
+    def stream_wait_event(self, stream: int, event: int) -> int:
+        return self._table_op(m.StreamWaitEvent, stream, event)
+
+    def stream_synchronize(self, stream: int = 0) -> int:
+        return self._table_op(m.StreamSynchronize, stream)
+
+    def device_synchronize(self, device: int = 0) -> int:
+        return self._table_op(m.DeviceSynchronize, device)
+
+    def event_synchronize(self, event: int) -> int:
+        return self._table_op(m.EventSynchronize, event)
+
+    def scope_begin(self, name: str) -> int:
+        return self._table_op(m.ScopeBegin, name)
+
+    def scope_end(self, name: str) -> int:
+        return self._table_op(m.ScopeEnd, name)
+
+    @contextlib.contextmanager
+    def scope(self, name: str) -> Iterator[None]:
+        """Bracket the operations recorded inside the ``with`` block with named scope markers."""
+        self.scope_begin(name)
+        try:
+            yield
+        finally:
+            self.scope_end(name)
+
+    def checkpoint(
+        self,
+        expected: Mapping[int, BytesLike] | Iterable[m.CheckpointEntry],
+        *,
+        name: str = "",
+    ) -> int:
+        """Record what buffers must hold at this point: ``{buffer_id: bytes}`` (from offset 0)
+        or CheckpointEntry(buffer, payload, offset, size) rows."""
+        if isinstance(expected, Mapping):
+            entries = []
+            for buffer, data in expected.items():
+                entries.append(m.CheckpointEntry(buffer, self.add_payload(data), 0, memoryview(data).nbytes))
+        else:
+            entries = [m.CheckpointEntry(*e) for e in expected]
+        return self._table_op(m.Checkpoint, name, tuple(entries))
+
+    def unsupported(self, call: str, reason: str, stream: int = 0) -> int:
+        """Record a call that cannot be reproduced: dump shows it, replay refuses the capture."""
+        return self._table_op(m.Unsupported, call, reason, stream)
+
+    def _table_op(self, cls: type, *fields: Any) -> int:
+        with self._lock:
+            self._check_open()
+            return self._append_table_op(cls(self._next_operation, *fields))
+
+    def _append_table_op(self, op: Any) -> int:
+        index = self._next_operation
+        self._next_operation += 1
+        batch = self._batch
+        batch.kinds.append(op.kind)
+        if op.kind in records.ID_OPERATIONS:
+            batch.id_operations += _ID_OPERATION_STRUCT.pack(*records.id_operation_fields(op))
+        else:
+            batch.table_ops.append(op)
+            batch.extra_bytes += 64
+        self._after_append()
+        return index
+
+    # -- sealing, flushing, closing --------------------------------------------------------
+
+    def _after_append(self) -> None:
+        batch = self._batch
+        count = len(batch.kinds)
+        if count >= self.batch_operations or len(batch.parameters) + 80 * count + batch.extra_bytes >= self.batch_bytes:
+            self._seal()
+
+    def _seal_stale_batches(self) -> None:
+        """Background thread: seal a batch once it is ``flush_interval`` old, so that what was
+        recorded before a crash is on disk even when the program stops recording for a while."""
+        while not self._stopping.wait(self.flush_interval / 2):
+            with self._lock:
+                if self._closed:
+                    return
+                if not self._batch.empty() and time.monotonic() - self._batch.started >= self.flush_interval:
+                    try:
+                        self._seal()
+                    except ReplayError:
+                        return  # reported again by the next flush() or close()
+
+    def _seal(self) -> cf.Future | None:
+        """Hand the open batch to the record writer (called with the lock held)."""
+        batch = self._batch
+        if batch.empty():
+            return None
+        self._batch = _Batch(self._next_operation, self._next_object, self._next_payload)
+        encoded = batch.encode()
+        frames = list(self._pending_frames)
+        entry = (
+            batch.first_operation, len(batch), batch.first_object, len(batch.objects),
+            batch.first_payload, len(batch.payloads),
+        )  # fmt: skip
+        future = self._record_pool.submit(self._write_batch, encoded, frames, entry)
+        self._pending_batches = [f for f in self._pending_batches if not f.done()] + [future]
+        if future.done() and future.exception() is not None:
+            self._raise_worker_error(future.exception())
+        return future
+
+    def _write_batch(self, encoded: bytes, frames: list[cf.Future], entry: tuple[int, ...]) -> None:
+        for future in frames:
+            future.result()  # a failed frame fails the batch that refers to it
+        codec, stored = self._record_compressor.compress(encoded)
+        offset = self._append_chunk(ChunkKind.RECORDS, codec, stored, len(encoded))
+        first_op, count, first_obj, obj_count, first_payload, payload_count = entry
+        with self._entries_lock:
+            self._batches.append((offset, first_op, count, first_obj, obj_count, first_payload, payload_count))
+
+    def _raise_worker_error(self, exc: BaseException | None) -> None:
+        raise ReplayError(f"{self.path}: writing the capture failed: {exc}") from exc
+
+    def flush(self) -> None:
+        """Write everything recorded so far to the file (it survives a crash from here on)."""
+        with self._lock:
+            self._check_open()
+            self._seal()
+            pending = list(self._pending_batches) + list(self._pending_frames)
+        for future in pending:
+            if future.exception() is not None:
+                self._raise_worker_error(future.exception())
+
+    @property
+    def operation_count(self) -> int:
+        return self._next_operation
+
+    def close(self) -> None:
+        """Flush, write the index and footer, and close the file. Idempotent."""
+        if self._closed:
+            return
+        try:
+            self.flush()
+            with self._lock:
+                self._closed = True
+            self._write_index()
+            os.fsync(self._fd)
+        finally:
+            self._closed = True
+            self._stopping.set()
+            self._frame_pool.shutdown(wait=True)
+            self._record_pool.shutdown(wait=True)
+            os.close(self._fd)
+
+    def _write_index(self) -> None:
+        dt = records.dtype
+        frames = np.zeros(len(self._frames), dtype=dt("FrameEntry"))
+        if self._frames:
+            rows = np.array(sorted(self._frames, key=lambda f: f[2]), dtype=np.uint64)
+            frames["hash"]["lo"], frames["hash"]["hi"] = rows[:, 0], rows[:, 1]
+            frames["offset"], frames["stored_size"] = rows[:, 2], rows[:, 3]
+            frames["logical_size"], frames["codec"] = rows[:, 4], rows[:, 5]
+        batches = np.array(sorted(self._batches, key=lambda b: b[1]), dtype=dt("BatchEntry"))
+        body = records.encode_index(
+            metadata_offset=self._metadata_offset,
+            operation_count=self._next_operation,
+            object_count=self._next_object - 1,
+            payload_count=self._next_payload - 1,
+            batches=batches,
+            frames=frames,
+        )
+        codec, stored = self._record_compressor.compress(body)
+        index_offset = self._append_chunk(ChunkKind.INDEX, codec, stored, len(body))
+        with self._file_lock:
+            footer_offset = self._end
+        self._append_raw([pack_footer(index_offset, footer_offset + 32)])

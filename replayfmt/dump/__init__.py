@@ -1,0 +1,1 @@
+"""The views behind ``dump-replay``: summaries, text and JSONL rows, filters and payload export."""

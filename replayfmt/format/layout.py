@@ -1,0 +1,191 @@
+"""Byte layout of the .kreplay container: file header, chunk headers, footer, limits.
+
+No I/O here: only constants, fixed-size structures and their checked (un)packing. The format is
+specified in docs/FORMAT.md; this module is its executable form.
+
+    file   := FileHeader  Chunk*  [INDEX Chunk  Footer]
+    Chunk  := ChunkHeader  body (stored_size bytes)  zero padding to a multiple of 8
+
+All integers are little-endian. Checksums are XXH3-64 (seed 0); content hashes are XXH3-128.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass
+
+import xxhash
+
+from replayfmt.errors import ReplayFormatError, ReplayVersionError
+
+MAGIC = b"KREPLAY\x00"
+FOOTER_MAGIC = b"KRFOOTER"
+CHUNK_MAGIC = b"KRCK"
+FORMAT_MAJOR = 1
+FORMAT_MINOR = 0
+
+ALIGNMENT = 8
+
+_FILE_HEADER = struct.Struct("<8sHHIII8s")  # magic, major, minor, header_size, flags, reserved, checksum
+FILE_HEADER_SIZE = _FILE_HEADER.size  # 32
+_CHUNK_HEADER = struct.Struct("<4sHHB7sQQ16sQQ")
+CHUNK_HEADER_SIZE = _CHUNK_HEADER.size  # 64
+_FOOTER = struct.Struct("<8sQQQ")  # magic, index_offset, file_size, checksum
+FOOTER_SIZE = _FOOTER.size  # 32
+
+_ZERO7 = bytes(7)
+_ZERO16 = bytes(16)
+
+
+class ChunkKind(enum.IntEnum):
+    """What a chunk's body holds. Unknown kinds may be skipped only when flagged OPTIONAL."""
+
+    METADATA = 1  # FlatBuffer CaptureMetadata
+    RECORDS = 2  # FlatBuffer RecordBatch
+    FRAME = 3  # one frame of payload bytes; key = XXH3-128 of the logical bytes
+    INDEX = 4  # FlatBuffer Index, followed by the footer
+
+
+class ChunkFlags(enum.IntFlag):
+    NONE = 0
+    OPTIONAL = 1  # a reader that does not know this chunk kind may skip it
+
+
+KNOWN_CHUNK_FLAGS = ChunkFlags.OPTIONAL
+
+
+class Codec(enum.IntEnum):
+    RAW = 0
+    ZSTD = 1
+
+
+def checksum64(data: bytes | memoryview) -> int:
+    return xxhash.xxh3_64_intdigest(data)
+
+
+def align_up(n: int) -> int:
+    return (n + ALIGNMENT - 1) & ~(ALIGNMENT - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Caps that protect readers from hostile files ("for your safety").
+
+    Every size a file declares is checked against these before memory is allocated or data is
+    decompressed. Raise them only for files you trust.
+    """
+
+    max_metadata_size: int = 16 << 20  # logical bytes of a METADATA or INDEX chunk body
+    max_index_size: int = 1 << 30
+    max_record_batch_size: int = 256 << 20  # logical bytes of one RECORDS chunk body
+    max_frame_size: int = 64 << 20  # logical bytes of one payload frame
+    max_payload_size: int = 1 << 40  # logical bytes of one payload
+    max_depth: int = 8  # FlatBuffers table nesting (the schema itself needs 4)
+
+
+DEFAULT_LIMITS = Limits()
+
+
+@dataclass(frozen=True, slots=True)
+class FileHeader:
+    major: int
+    minor: int
+    header_size: int
+    flags: int
+
+
+def pack_file_header(header: FileHeader) -> bytes:
+    head = _FILE_HEADER.pack(MAGIC, header.major, header.minor, header.header_size, header.flags, 0, _ZERO16[:8])
+    checksum = checksum64(head[:24]).to_bytes(8, "little")
+    return head[:24] + checksum
+
+
+def unpack_file_header(data: bytes, path: str | None = None) -> FileHeader:
+    """Check the fixed file header; refuse other files, damaged headers and newer majors."""
+    if len(data) < FILE_HEADER_SIZE or data[:8] != MAGIC:
+        raise ReplayFormatError("not a .kreplay file (bad magic; expected b'KREPLAY\\x00')", path=path, offset=0)
+    _, major, minor, header_size, flags, reserved, checksum = _FILE_HEADER.unpack_from(data)
+    if checksum != checksum64(data[:24]).to_bytes(8, "little"):
+        raise ReplayFormatError("file header checksum mismatch", path=path, offset=0)
+    if major > FORMAT_MAJOR:
+        raise ReplayVersionError(
+            f"format version {major}.{minor} is newer than this reader's "
+            f"{FORMAT_MAJOR}.{FORMAT_MINOR}: upgrade replayfmt to read it",
+            path=path,
+            offset=8,
+        )
+    if major < 1:
+        raise ReplayFormatError(f"invalid format major version {major}", path=path, offset=8)
+    if header_size < FILE_HEADER_SIZE or header_size > 4096:
+        raise ReplayFormatError(f"invalid header size {header_size}", path=path, offset=12)
+    if major == FORMAT_MAJOR and (flags != 0 or reserved != 0):
+        raise ReplayFormatError("reserved header fields must be zero", path=path, offset=16)
+    return FileHeader(major, minor, header_size, flags)
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkHeader:
+    offset: int  # file offset of this header
+    kind: int
+    flags: int
+    codec: int
+    stored_size: int
+    logical_size: int
+    key: bytes  # 16 bytes; FRAME: XXH3-128 of the logical bytes
+    body_checksum: int
+
+    @property
+    def body_offset(self) -> int:
+        return self.offset + CHUNK_HEADER_SIZE
+
+    @property
+    def end(self) -> int:
+        """Offset of the next chunk."""
+        return align_up(self.body_offset + self.stored_size)
+
+
+def pack_chunk_header(
+    kind: int, flags: int, codec: int, body: bytes | memoryview, logical_size: int, key: bytes = _ZERO16
+) -> bytes:
+    head = _CHUNK_HEADER.pack(
+        CHUNK_MAGIC, kind, flags, codec, _ZERO7, len(body), logical_size, key, checksum64(body), 0
+    )
+    return head[:56] + checksum64(head[:56]).to_bytes(8, "little")
+
+
+def unpack_chunk_header(data: bytes | memoryview, offset: int, path: str | None = None) -> ChunkHeader:
+    """Check one chunk header (magic, checksum, reserved bytes, codec, flags)."""
+    if len(data) < CHUNK_HEADER_SIZE:
+        raise ReplayFormatError("truncated chunk header", path=path, offset=offset)
+    magic, kind, flags, codec, reserved, stored, logical, key, body_sum, head_sum = _CHUNK_HEADER.unpack_from(data)
+    if magic != CHUNK_MAGIC:
+        raise ReplayFormatError("bad chunk magic (expected b'KRCK')", path=path, offset=offset)
+    if head_sum != checksum64(bytes(data[:56])):
+        raise ReplayFormatError("chunk header checksum mismatch", path=path, offset=offset)
+    if reserved != _ZERO7:
+        raise ReplayFormatError("reserved chunk header bytes must be zero", path=path, offset=offset)
+    if flags & ~int(KNOWN_CHUNK_FLAGS):
+        raise ReplayFormatError(f"unknown chunk flags {flags:#x}", path=path, offset=offset)
+    if codec not in (Codec.RAW, Codec.ZSTD):
+        raise ReplayFormatError(f"unknown codec {codec}", path=path, offset=offset)
+    if codec == Codec.RAW and stored != logical:
+        raise ReplayFormatError(
+            f"raw chunk declares {logical} logical bytes but stores {stored}", path=path, offset=offset
+        )
+    return ChunkHeader(offset, kind, flags, codec, stored, logical, key, body_sum)
+
+
+def pack_footer(index_offset: int, file_size: int) -> bytes:
+    head = _FOOTER.pack(FOOTER_MAGIC, index_offset, file_size, 0)
+    return head[:24] + checksum64(head[:24]).to_bytes(8, "little")
+
+
+def unpack_footer(data: bytes) -> tuple[int, int] | None:
+    """Return (index_offset, file_size) of a valid footer, or None when there is none."""
+    if len(data) != FOOTER_SIZE:
+        return None
+    magic, index_offset, file_size, checksum = _FOOTER.unpack(data)
+    if magic != FOOTER_MAGIC or checksum != checksum64(data[:24]):
+        return None
+    return index_offset, file_size

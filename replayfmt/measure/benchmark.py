@@ -1,0 +1,376 @@
+"""Timing replayed work: a scope (or the whole capture), from the same starting state every time.
+
+A :class:`Benchmark` works on a prepared :class:`~replayfmt.replay.execute.Replayer`. Cold work happens
+once: the operations before the region run once (the region's starting state), and every buffer
+the region touches gets a pristine device copy. Each iteration then restores those buffers with
+device-to-device copies (and optionally flushes the L2 cache) outside the timed region, and
+times the region with CUDA events on the timing stream, joined with every captured stream.
+
+In graph mode the region is captured once as a CUDA graph (host synchronisations inside it become
+event edges, which keep the same device-side ordering) and each iteration launches the graph.
+Events inside a graph cannot be timed, so per-operation times (and traces) then come from as many
+extra eager iterations (at most 50), run after the graph's.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from replayfmt.container.reader import Capture
+from replayfmt.cuda.driver import check
+from replayfmt.errors import ReplayError, ReplayUsageError
+from replayfmt.format import model as m
+from replayfmt.replay.execute import Replayer
+
+_K = m.OperationKind
+_DEVICE_KINDS = {_K.LAUNCH, _K.COPY_HOST_TO_DEVICE, _K.COPY_DEVICE_TO_HOST, _K.COPY_DEVICE_TO_DEVICE, _K.MEMSET}
+
+
+@dataclass(frozen=True)
+class Region:
+    """Operations ``[start, stop)`` of a capture; ``scope`` names it (None: the whole capture)."""
+
+    scope: str | None
+    start: int
+    stop: int
+
+
+def find_region(capture: Capture, scope: str | None) -> Region:
+    """The first occurrence of scope ``scope`` (outermost when nested), checking that every scope
+    marker in the capture is balanced; the whole capture when ``scope`` is None."""
+    stack: list[tuple[str, int]] = []
+    found: Region | None = None
+    open_candidate: int | None = None
+    names: list[str] = []
+    for op in capture.iter_operations():
+        if isinstance(op, m.ScopeBegin):
+            stack.append((op.name, op.index))
+            if op.name not in names:
+                names.append(op.name)
+            if op.name == scope and found is None and open_candidate is None:
+                open_candidate = len(stack) - 1
+        elif isinstance(op, m.ScopeEnd):
+            if not stack or stack[-1][0] != op.name:
+                opened = f"'{stack[-1][0]}' is open" if stack else "no scope is open"
+                raise ReplayError(f"operation {op.index}: scope end '{op.name}' matches no open scope ({opened})")
+            name, begin = stack.pop()
+            if open_candidate == len(stack):
+                found, open_candidate = Region(name, begin + 1, op.index), None
+    if stack:
+        name, begin = stack[-1]
+        raise ReplayError(f"operation {begin}: scope '{name}' is never closed")
+    if scope is None:
+        return Region(None, 0, capture.operation_count)
+    if found is None:
+        known = ", ".join(names) or "none"
+        raise ReplayUsageError(f"--scope {scope!r}: the capture has no such scope (scopes: {known})")
+    return found
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Summary of a list of times, in milliseconds."""
+
+    min: float
+    median: float
+    mean: float
+    stddev: float
+    p90: float
+
+    @classmethod
+    def of(cls, values: list[float]) -> Stats:
+        if not values:
+            return cls(0.0, 0.0, 0.0, 0.0, 0.0)
+        return cls(
+            min(values), statistics.median(values), statistics.fmean(values),
+            statistics.stdev(values) if len(values) > 1 else 0.0, float(np.percentile(values, 90)),
+        )  # fmt: skip
+
+
+@dataclass
+class KernelTiming:
+    operation: int
+    name: str
+    stream: int
+    device_ms: Stats
+
+
+@dataclass
+class BenchmarkResult:
+    capture: str
+    device: str
+    scope: str | None
+    operations: tuple[int, int]
+    mode: str
+    iterations: int
+    warmup: int
+    flush_l2: bool
+    device_ms: Stats
+    host_ms: Stats
+    kernels: list[KernelTiming] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class BenchmarkOptions:
+    scope: str | None = None
+    warmup: int = 3
+    repetitions: int | None = None  # None: as many as fit in min_time
+    min_time: float = 1.0  # seconds of timed iterations, when repetitions is None
+    mode: str = "eager"  # or "graph"
+    flush_l2: bool = False
+    per_kernel: bool = False
+    trace: Path | None = None
+
+
+class Benchmark:
+    """Times one region of a prepared replay. Owns the snapshots and graph it creates."""
+
+    def __init__(self, replayer: Replayer, region: Region, options: BenchmarkOptions) -> None:
+        if options.mode not in ("eager", "graph"):
+            raise ReplayUsageError(f"--mode {options.mode!r}: expected eager or graph")
+        if len(replayer.gpus) > 1:
+            raise ReplayUsageError(
+                "benchmark-replay times single-device captures only in this version; run-replay replays this one"
+            )
+        self.r = replayer
+        self.cu = replayer.cu
+        self.region = region
+        self.options = options
+        cu = self.cu
+        plan = replayer.plan
+        steps = replayer.steps
+        self.prefix = [s for s in steps if s[2] < region.start]
+        body = [s for s in steps if region.start <= s[2] < region.stop and s[0] != replayer._checkpoint]
+        self.ops = {op.index: op for op in plan.capture.iter_operations(region.start, region.stop)}
+        self.timed_ops = [i for i, op in self.ops.items() if op.kind in _DEVICE_KINDS]
+        want_events = options.per_kernel or options.trace is not None
+        self._events: dict[int, tuple[Any, Any]] = {}
+        if want_events:
+            for index in self.timed_ops:
+                self._events[index] = (self._event(), self._event())
+        self.body = body
+        self.instrumented = self._instrument(body) if want_events else body
+        # the region's starting state
+        replayer.execute_steps(self.prefix)
+        replayer.synchronize()
+        self._snapshots = self._snapshot(self._touched_buffers())
+        self._flush: tuple[int, int] | None = None
+        if options.flush_l2:
+            attr = cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE
+            l2 = check(cu.cuDeviceGetAttribute(attr, replayer.device), "L2 size")
+            size = max(2 * l2, 1 << 20)
+            ptr = check(cu.cuMemAlloc(size), "L2 flush buffer")
+            replayer.own(lambda: cu.cuMemFree(ptr))
+            self._flush = (int(ptr), size)
+        self._start, self._end = self._event(), self._event()
+        self._graph_exec = self._capture_graph() if options.mode == "graph" else None
+
+    def _event(self) -> Any:
+        cu = self.cu
+        event = check(cu.cuEventCreate(0), "cuEventCreate")
+        self.r.own(lambda: cu.cuEventDestroy(event))
+        return event
+
+    def _instrument(self, body: list[tuple[Callable[..., Any], tuple[Any, ...], int]]) -> list[Any]:
+        """Bracket the device work of each timed operation with events on its stream."""
+        cu = self.cu
+        out = []
+        for i, step in enumerate(body):
+            index = step[2]
+            events = self._events.get(index)
+            first = events is not None and (i == 0 or body[i - 1][2] != index)
+            last = events is not None and (i + 1 == len(body) or body[i + 1][2] != index)
+            stream = self.r.op_streams.get(index)
+            if first:
+                out.append((cu.cuEventRecord, (events[0], stream), index))
+            out.append(step)
+            if last:
+                out.append((cu.cuEventRecord, (events[1], stream), index))
+        return out
+
+    def _touched_buffers(self) -> set[int]:
+        if self.r.plan.options.fixed_addresses:
+            return set(self.r.plan.buffers)  # raw pointers may reach any buffer
+        touched: set[int] = set()
+        for op in self.ops.values():
+            if isinstance(op, m.Launch):
+                for rel in op.relocations:
+                    touched.add(rel.target_buffer)
+                    if rel.site_buffer:
+                        touched.add(rel.site_buffer)
+            elif isinstance(op, m.Copy):
+                touched |= {op.src_buffer, op.dst_buffer} - {0}
+            elif isinstance(op, m.Memset):
+                touched.add(op.buffer)
+        return touched
+
+    def _snapshot(self, buffers: set[int]) -> list[tuple[int, int, int]]:
+        """Pristine device copies of the buffers the region may change: (live, pristine, size)."""
+        cu = self.cu
+        plan = self.r.plan
+        need = sum(max(plan.buffers[b].size, 1) for b in buffers)
+        free, _ = check(cu.cuMemGetInfo(), "cuMemGetInfo")
+        if need > free:
+            raise ReplayError(
+                f"restoring the region's {len(buffers)} buffers needs {need} bytes of device memory for "
+                f"pristine copies; {free} are free"
+            )
+        out = []
+        for b in sorted(buffers):
+            size = max(plan.buffers[b].size, 1)
+            ptr = check(cu.cuMemAlloc(size), f"pristine copy of buffer {b}")
+            self.r.own(lambda p=ptr: cu.cuMemFree(p))
+            check(cu.cuMemcpyDtoD(ptr, self.r.addresses[b], size), f"snapshot of buffer {b}")
+            out.append((self.r.addresses[b], int(ptr), size))
+        return out
+
+    def _restore(self, stream: Any) -> None:
+        """Enqueue the restore (and L2 flush) on the stream that then records the start event.
+
+        No host synchronisation here on purpose: the device stays busy restoring while Python
+        issues the region, so host launch latency never shows up as idle time inside the timing.
+        """
+        cu = self.cu
+        for live, pristine, size in self._snapshots:
+            check(cu.cuMemcpyDtoDAsync(live, pristine, size, stream), "restoring the region's buffers")
+        if self._flush is not None:
+            check(cu.cuMemsetD8Async(self._flush[0], 0, self._flush[1], stream), "flushing the L2 cache")
+
+    def _graph_body(self) -> list[Any]:
+        """The region's steps for stream capture: host synchronisations become event edges."""
+        cu = self.cu
+        r = self.r
+        out = []
+        for step in self.body:
+            fn, index = step[0], step[2]
+            if fn == r._synchronize:
+                op = self.ops[index]
+                source = [r.op_streams[index]] if isinstance(op, m.StreamSynchronize) else list(r.streams.values())
+                for stream in source:
+                    event = check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING), "event")
+                    r.own(lambda e=event: cu.cuEventDestroy(e))
+                    out.append((cu.cuEventRecord, (event, stream), index))
+                    out += [(cu.cuStreamWaitEvent, (other, event, 0), index)
+                            for other in r.streams.values() if other is not stream]  # fmt: skip
+            else:
+                out.append(step)
+        return out
+
+    def _capture_graph(self) -> Any:
+        cu = self.cu
+        r = self.r
+        # stream capture needs a real stream: the legacy default stream's work moves onto it
+        stream = check(cu.cuStreamCreate(1), "capture stream")
+        r.own(lambda: cu.cuStreamDestroy(stream))
+        legacy = r.streams[0]
+        body = [(fn, tuple(stream if a is legacy else a for a in args), i) for fn, args, i in self._graph_body()]
+        self._capture_stream = stream
+        mode = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL
+        check(cu.cuStreamBeginCapture(stream, mode), "cuStreamBeginCapture")
+        fork = self._event()
+        try:
+            check(cu.cuEventRecord(fork, stream), "capture fork")
+            others = [h for h in r.streams.values() if h is not legacy]
+            for h in others:
+                check(cu.cuStreamWaitEvent(h, fork, 0), "capture fork")
+            r.execute_steps(body)
+            for h in others:
+                join = self._event()
+                check(cu.cuEventRecord(join, h), "capture join")
+                check(cu.cuStreamWaitEvent(stream, join, 0), "capture join")
+        finally:
+            graph = check(cu.cuStreamEndCapture(stream), "cuStreamEndCapture")
+        executable = check(cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+        r.own(lambda: cu.cuGraphExecDestroy(executable))
+        r.own(lambda: cu.cuGraphDestroy(graph))
+        return executable
+
+    def iterate(self, eager: bool = False) -> tuple[float, float, dict[int, float]]:
+        """One iteration: restore, then time the region. (device ms, host ms, per-op device ms);
+        per-operation times come from eager iterations only (events inside a graph are not timed)."""
+        cu = self.cu
+        r = self.r
+        graph = self._graph_exec is not None and not eager
+        self._restore(self._capture_stream if graph else r.streams[0])
+        host_start = time.perf_counter()
+        if graph:
+            stream = self._capture_stream
+            check(cu.cuEventRecord(self._start, stream), "cuEventRecord")
+            check(cu.cuGraphLaunch(self._graph_exec, stream), "cuGraphLaunch")
+            check(cu.cuEventRecord(self._end, stream), "cuEventRecord")
+        else:
+            r.fork(self._start)
+            r.execute_steps(self.instrumented)
+            r.join(self._end)
+        r.synchronize()
+        host_ms = 1e3 * (time.perf_counter() - host_start)
+        device_ms = check(cu.cuEventElapsedTime(self._start, self._end), "cuEventElapsedTime")
+        if graph:
+            return device_ms, host_ms, {}
+        per_op = {i: check(cu.cuEventElapsedTime(a, b), "cuEventElapsedTime") for i, (a, b) in self._events.items()}
+        return device_ms, host_ms, per_op
+
+    def trace_events(self) -> list[dict[str, Any]]:
+        """Chrome/Perfetto trace events of the last iteration (needs per-operation events)."""
+        cu = self.cu
+        events = []
+        for index, (a, b) in sorted(self._events.items()):
+            start = check(cu.cuEventElapsedTime(self._start, a), "trace")
+            duration = check(cu.cuEventElapsedTime(a, b), "trace")
+            op = self.ops[index]
+            name = self.r.kernel_name(index) or op.kind.label
+            events.append({"name": name, "cat": op.kind.label, "ph": "X", "ts": round(start * 1e3, 3),
+                           "dur": round(duration * 1e3, 3), "pid": 1, "tid": getattr(op, "stream", 0),
+                           "args": {"operation": index}})  # fmt: skip
+        return events
+
+    def run(self, progress: Callable[[int, int | None, float], None] | None = None) -> BenchmarkResult:
+        options = self.options
+        for _ in range(options.warmup):
+            self.iterate()
+        device, host = [], []
+        per_op: dict[int, list[float]] = {i: [] for i in self._events}
+        started = time.perf_counter()
+        while True:
+            d, h, ops = self.iterate()
+            device.append(d)
+            host.append(h)
+            for i, v in ops.items():
+                per_op[i].append(v)
+            elapsed = time.perf_counter() - started
+            if progress is not None:
+                progress(len(device), options.repetitions, elapsed)
+            if options.repetitions is not None:
+                if len(device) >= options.repetitions:
+                    break
+            elif elapsed >= options.min_time and len(device) >= 3:
+                break
+        if self._graph_exec is not None and self._events:  # per-operation times: eager iterations
+            for _ in range(min(len(device), 50)):
+                for i, v in self.iterate(eager=True)[2].items():
+                    per_op[i].append(v)
+        if options.trace is not None:
+            trace = {"traceEvents": self.trace_events(), "displayTimeUnit": "ms"}
+            options.trace.write_text(json.dumps(trace))
+        kernels = [
+            KernelTiming(i, self.r.kernel_name(i) or self.ops[i].kind.label, getattr(self.ops[i], "stream", 0),
+                         Stats.of(values))
+            for i, values in sorted(per_op.items())
+        ]  # fmt: skip
+        return BenchmarkResult(
+            capture=self.r.plan.capture.path, device=self.r.device_name, scope=self.region.scope,
+            operations=(self.region.start, self.region.stop), mode=options.mode, iterations=len(device),
+            warmup=options.warmup, flush_l2=options.flush_l2, device_ms=Stats.of(device), host_ms=Stats.of(host),
+            kernels=kernels,
+        )  # fmt: skip

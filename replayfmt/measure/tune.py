@@ -1,0 +1,407 @@
+"""Searching launch shapes on a replayed kernel, with every candidate verified and failures isolated.
+
+The search space is the product of grids, blocks and dynamic shared-memory sizes (each optional:
+an absent axis keeps the captured value). Points over the device's or the function's limits are
+pruned before anything runs. Candidates are evaluated by a worker process (replayfmt.measure.tune_worker)
+that owns one prepared replay: for each candidate it sets the target launches' shape, replays the
+whole capture once and verifies every checkpoint, then times the target launches with CUDA events
+(warm-up, repetitions, median). A candidate that faults, hangs or computes a wrong answer is
+recorded as such; a worker that faulted (or timed out) is replaced and the search goes on.
+Results are appended to a CSV as they come, so an interrupted search resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import random
+import re
+import select
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from replayfmt.errors import ReplayError, ReplayUsageError
+from replayfmt.format import model as m
+from replayfmt.replay.plan import MAX_BLOCK, MAX_GRID, MAX_THREADS_PER_BLOCK, Plan
+
+CSV_FIELDS = ["kernel", "operations", "grid", "block", "smem", "max_registers", "median_ms", "stddev_ms",
+              "verified", "error", "baseline"]  # fmt: skip
+DEFAULT_MAX_SHARED = 227 * 1024  # Hopper's opt-in limit; the worker checks the real device
+
+
+def _dims(d: m.Dims | None) -> str:
+    return "" if d is None else f"{d[0]},{d[1]},{d[2]}"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One point: ``None`` keeps the captured value of that axis."""
+
+    grid: m.Dims | None = None
+    block: m.Dims | None = None
+    smem: int | None = None
+    max_registers: int | None = None  # re-JIT the PTX with this register cap
+
+    def key(self) -> tuple[str, str, str, str]:
+        return (_dims(self.grid), _dims(self.block), "" if self.smem is None else str(self.smem),
+                "" if self.max_registers is None else str(self.max_registers))  # fmt: skip
+
+    def describe(self) -> str:
+        parts = [f"grid={_dims(self.grid)}" if self.grid else "", f"block={_dims(self.block)}" if self.block else "",
+                 f"smem={self.smem}" if self.smem is not None else "",
+                 f"max_registers={self.max_registers}" if self.max_registers is not None else ""]  # fmt: skip
+        return ",".join(p for p in parts if p) or "captured shape"
+
+
+@dataclass
+class CandidateResult:
+    candidate: Candidate
+    median_ms: float | None = None
+    stddev_ms: float | None = None
+    verified: bool | None = None  # None: not verified (no checkpoints) or not reached
+    error: str = ""
+    baseline: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.error and self.verified is not False and self.median_ms is not None
+
+
+def parse_dims_list(values: tuple[str, ...] | list[str], flag: str) -> list[m.Dims]:
+    """``--block 64 --block "128;256" --block 32,4,1``: entries are x or x,y,z."""
+    out = []
+    for value in values:
+        for entry in filter(None, (e.strip() for e in re.split(r"[;\s]+", value))):
+            parts = entry.split(",")
+            if len(parts) not in (1, 3) or not all(p.isdigit() and int(p) > 0 for p in parts):
+                raise ReplayUsageError(f"{flag} {entry!r}: expected X or X,Y,Z with positive integers")
+            x, y, z = (int(parts[0]), 1, 1) if len(parts) == 1 else tuple(int(p) for p in parts)
+            out.append((x, y, z))
+    return list(dict.fromkeys(out))
+
+
+def parse_int_list(values: tuple[str, ...] | list[str], flag: str) -> list[int]:
+    out = []
+    for value in values:
+        for entry in filter(None, (e.strip() for e in re.split(r"[;,\s]+", value))):
+            if not entry.isdigit():
+                raise ReplayUsageError(f"{flag} {entry!r}: expected a non-negative integer")
+            out.append(int(entry))
+    return list(dict.fromkeys(out))
+
+
+@dataclass
+class SearchSpace:
+    grids: list[m.Dims] = field(default_factory=list)
+    blocks: list[m.Dims] = field(default_factory=list)
+    smems: list[int] = field(default_factory=list)
+    max_registers: list[int] = field(default_factory=list)
+
+    def points(self) -> list[Candidate]:
+        axes = [self.grids or [None], self.blocks or [None], self.smems or [None], self.max_registers or [None]]
+        return [Candidate(g, b, s, r) for g, b, s, r in itertools.product(*axes)]
+
+
+@dataclass(frozen=True)
+class Targets:
+    """The launches tuned together (one kernel): their operation indices and captured shape."""
+
+    operations: tuple[int, ...]
+    executable: int
+    function: int
+    kernel: str
+    grid: m.Dims
+    block: m.Dims
+    smem: int
+
+
+def find_targets(plan: Plan, *, launch: int | None, kernel: str | None) -> Targets:
+    """``--launch=OP``: that launch; ``--kernel=REGEX``: every launch of the one kernel it matches."""
+    if (launch is None) == (kernel is None):
+        raise ReplayUsageError("give exactly one of --launch=OP and --kernel=REGEX")
+    if len(plan.devices) > 1:
+        raise ReplayUsageError("tune-replay tunes single-device captures only in this version")
+    pattern = re.compile(kernel) if kernel is not None else None
+    found: list[m.Launch] = []
+    for op in plan.capture.iter_operations():
+        if not isinstance(op, m.Launch):
+            continue
+        name = plan.function(op.executable, op.function).name
+        if (launch is not None and op.index == launch) or (pattern is not None and pattern.search(name)):
+            found.append(op)
+    if not found:
+        what = f"operation {launch} is not a launch" if launch is not None else f"no kernel matches {kernel!r}"
+        raise ReplayUsageError(f"tune-replay: {what}")
+    kernels = {(op.executable, op.function) for op in found}
+    if len(kernels) > 1:
+        names = sorted({plan.function(e, f).name for e, f in kernels})
+        raise ReplayUsageError(f"--kernel {kernel!r} matches several kernels ({', '.join(names)}); narrow it")
+    first = found[0]
+    return Targets(tuple(op.index for op in found), first.executable, first.function,
+                   plan.function(first.executable, first.function).name, first.grid, first.block,
+                   first.shared_memory)  # fmt: skip
+
+
+def prune(plan: Plan, targets: Targets, points: list[Candidate], max_shared: int = DEFAULT_MAX_SHARED
+          ) -> tuple[list[Candidate], list[tuple[Candidate, str]]]:  # fmt: skip
+    """Split points into those worth running and those over a limit (with the reason)."""
+    fn = plan.function(targets.executable, targets.function)
+    image = plan.images.get(targets.executable)
+    thread_limit = fn.max_threads_per_block or MAX_THREADS_PER_BLOCK
+    if image is not None and image.cubin is not None and fn.name in image.cubin.kernels:
+        bounds = image.cubin.kernels[fn.name].max_threads
+        if bounds:
+            thread_limit = min(thread_limit, bounds[0] * bounds[1] * bounds[2])
+    smem_limit = min(fn.max_dynamic_shared_memory or max_shared, max_shared)
+    valid, pruned = [], []
+    for c in points:
+        grid, block = c.grid or targets.grid, c.block or targets.block
+        smem = targets.smem if c.smem is None else c.smem
+        reason = ""
+        if any(not 1 <= v <= limit for v, limit in zip(grid, MAX_GRID)):
+            reason = f"grid {_dims(grid)} outside the device's limits"
+        elif any(not 1 <= v <= limit for v, limit in zip(block, MAX_BLOCK)):
+            reason = f"block {_dims(block)} outside the device's limits"
+        elif block[0] * block[1] * block[2] > thread_limit:
+            reason = f"{block[0] * block[1] * block[2]} threads per block, over {fn.name}'s limit of {thread_limit}"
+        elif smem > smem_limit:
+            reason = f"{smem} bytes of dynamic shared memory, over the limit of {smem_limit}"
+        elif c.max_registers is not None and not 16 <= c.max_registers <= 255:
+            reason = f"a register cap of {c.max_registers} is outside [16, 255]"
+        (pruned.append((c, reason)) if reason else valid.append(c))
+    return valid, pruned
+
+
+# ------------------------------------------------------------------------------------------
+# CSV (results, and resuming)
+
+
+def read_csv(path: Path) -> dict[tuple[str, str, str, str], CandidateResult]:
+    if not path.exists():
+        return {}
+    done = {}
+    try:
+        with path.open(newline="") as f:
+            for row in csv.DictReader(f):
+                c = Candidate(_parse_dims(row["grid"]), _parse_dims(row["block"]),
+                              int(row["smem"]) if row["smem"] else None,
+                              int(row["max_registers"]) if row["max_registers"] else None)  # fmt: skip
+                done[c.key()] = CandidateResult(
+                    c, float(row["median_ms"]) if row["median_ms"] else None,
+                    float(row["stddev_ms"]) if row["stddev_ms"] else None,
+                    {"yes": True, "no": False}.get(row["verified"]), row["error"], row.get("baseline") == "yes",
+                )  # fmt: skip
+    except (KeyError, ValueError, csv.Error) as exc:
+        raise ReplayUsageError(
+            f"--csv {path}: not a tune-replay CSV ({exc}); choose another file to start anew"
+        ) from None
+    return done
+
+
+def _parse_dims(text: str) -> m.Dims | None:
+    if not text:
+        return None
+    x, y, z = (int(v) for v in text.split(","))
+    return (x, y, z)
+
+
+class CsvLog:
+    """Appends one row per result, flushed at once (an interrupted search loses nothing)."""
+
+    def __init__(self, path: Path | None, targets: Targets) -> None:
+        self.targets = targets
+        self.file = None
+        if path is not None:
+            new = not path.exists() or path.stat().st_size == 0
+            self.file = path.open("a", newline="")
+            self.writer = csv.writer(self.file)
+            if new:
+                self.writer.writerow(CSV_FIELDS)
+
+    def write(self, r: CandidateResult) -> None:
+        if self.file is None:
+            return
+        verified = {True: "yes", False: "no", None: ""}[r.verified]
+        self.writer.writerow([self.targets.kernel, " ".join(map(str, self.targets.operations)), *r.candidate.key(),
+                              "" if r.median_ms is None else f"{r.median_ms:.6f}",
+                              "" if r.stddev_ms is None else f"{r.stddev_ms:.6f}", verified, r.error,
+                              "yes" if r.baseline else ""])  # fmt: skip
+        self.file.flush()
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
+
+# ------------------------------------------------------------------------------------------
+# The worker process
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    capture: str
+    operations: tuple[int, ...]
+    plan: dict[str, Any]  # PlanOptions arguments as strings (substitutions, remaps, fixed_addresses)
+    device: int = 0
+    warmup: int = 2
+    repetitions: int = 10
+    rtol: float | None = None
+    atol: float | None = None
+    tolerance: bool = False
+
+
+class Worker:
+    """A ``python -m replayfmt.measure.tune_worker`` process evaluating candidates, one JSON line each."""
+
+    def __init__(self, config: WorkerConfig) -> None:
+        self.config = config
+        self.process: subprocess.Popen | None = None
+        self.restarts = 0
+
+    def _start(self) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "replayfmt.measure.tune_worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, text=True, bufsize=1,
+        )  # fmt: skip
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps(asdict(self.config)) + "\n")
+        reply = self._read(120.0)
+        if reply is None or "ready" not in reply:
+            self.stop()
+            raise ReplayError(f"tune-replay: the worker did not start: {reply.get('error') if reply else 'no reply'}")
+
+    def _read(self, timeout: float) -> dict[str, Any] | None:
+        assert self.process is not None and self.process.stdout is not None
+        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
+        if not ready:
+            return None
+        line = self.process.stdout.readline()
+        return json.loads(line) if line else None
+
+    def evaluate(self, candidate: Candidate, timeout: float) -> CandidateResult:
+        if self.process is None or self.process.poll() is not None:
+            self._start()
+        assert self.process is not None and self.process.stdin is not None
+        try:
+            self.process.stdin.write(json.dumps({"grid": candidate.grid, "block": candidate.block,
+                                                 "smem": candidate.smem, "max_registers": candidate.max_registers})
+                                     + "\n")  # fmt: skip
+        except BrokenPipeError:
+            self.stop()
+            return CandidateResult(candidate, error="the worker died")
+        reply = self._read(timeout)
+        if reply is None:
+            self.stop()
+            died = self.process is not None and self.process.poll() is not None
+            return CandidateResult(candidate, error="the worker crashed" if died else f"timed out after {timeout:g} s")
+        if reply.get("fatal"):
+            self.stop()  # the CUDA context is unusable: the next candidate gets a fresh worker
+        return CandidateResult(candidate, reply.get("median_ms"), reply.get("stddev_ms"), reply.get("verified"),
+                               reply.get("error", ""))  # fmt: skip
+
+    def stop(self) -> None:
+        if self.process is not None:
+            if self.process.poll() is None:
+                self.process.kill()
+            self.process.wait()
+            self.process = None
+            self.restarts += 1
+
+    def close(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            assert self.process.stdin is not None
+            try:
+                self.process.stdin.close()
+                self.process.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                self.process.kill()
+        self.process = None
+
+
+def order(points: list[Candidate], strategy: str, budget: int | None, seed: int = 0) -> list[Candidate]:
+    if strategy == "random":
+        points = random.Random(seed).sample(points, len(points))
+    elif strategy != "grid":
+        raise ReplayUsageError(f"--strategy {strategy!r}: expected grid or random")
+    return points[:budget] if budget is not None else points
+
+
+def search(
+    worker: Worker,
+    points: list[Candidate],
+    *,
+    done: dict[tuple[str, str, str, str], CandidateResult],
+    log: CsvLog,
+    timeout: float,
+    progress: Callable[[int, int], None] | None = None,
+) -> Iterator[CandidateResult]:
+    """Evaluate the captured shape first (the baseline), then every point not already done."""
+    baseline = Candidate()
+    todo = [p for p in [baseline, *points] if p.key() not in done]
+    for k, candidate in enumerate(todo):
+        result = worker.evaluate(candidate, timeout)
+        result.baseline = candidate == baseline
+        log.write(result)
+        if progress is not None:
+            progress(k + 1, len(todo))
+        yield result
+
+
+def plot(results: list[CandidateResult], targets: Targets, path: Path) -> None:
+    """A heatmap of the median time over grid x block (grey: failed), the baseline outlined."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ReplayUsageError("--plot needs matplotlib: pip install 'replayfmt[plot]'") from None
+    import numpy as np
+
+    def label(d: m.Dims | None, captured: m.Dims) -> str:
+        d = d or captured
+        return str(d[0]) if d[1:] == (1, 1) else _dims(d)
+
+    grids = sorted(
+        {label(r.candidate.grid, targets.grid) for r in results}, key=lambda s: [int(v) for v in s.split(",")]
+    )
+    blocks = sorted(
+        {label(r.candidate.block, targets.block) for r in results}, key=lambda s: [int(v) for v in s.split(",")]
+    )
+    values = np.full((len(grids), len(blocks)), np.nan)
+    for r in results:
+        if r.ok and r.median_ms is not None:
+            i, j = (
+                grids.index(label(r.candidate.grid, targets.grid)),
+                blocks.index(label(r.candidate.block, targets.block)),
+            )
+            values[i, j] = r.median_ms if np.isnan(values[i, j]) else min(values[i, j], r.median_ms)
+    fig, ax = plt.subplots(figsize=(1.2 + 0.8 * len(blocks), 1.2 + 0.5 * len(grids)))
+    ax.set_facecolor("#bbbbbb")
+    image = ax.imshow(np.ma.masked_invalid(values), cmap="viridis_r", aspect="auto")
+    fig.colorbar(image, ax=ax, label="median device time (ms)")
+    ax.set_xticks(range(len(blocks)), blocks, rotation=45)
+    ax.set_yticks(range(len(grids)), grids)
+    ax.set_xlabel("block")
+    ax.set_ylabel("grid")
+    base_i, base_j = grids.index(label(None, targets.grid)), blocks.index(label(None, targets.block))
+    ax.add_patch(plt.Rectangle((base_j - 0.5, base_i - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=2))
+    ax.set_title(f"{targets.kernel} (red: captured shape; grey: failed or pruned)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def override_flags(targets: Targets, c: Candidate) -> str:
+    """The winning shape as run-replay flags, one --launch per tuned operation."""
+    grid, block = c.grid or targets.grid, c.block or targets.block
+    smem = targets.smem if c.smem is None else c.smem
+    flags = " ".join(f"--launch={op}:grid={_dims(grid)},block={_dims(block)},smem={smem}" for op in targets.operations)
+    if c.max_registers is not None:
+        flags += f"  (and re-JIT executable {targets.executable} with at most {c.max_registers} registers)"
+    return flags

@@ -1,0 +1,92 @@
+"""The tune-replay worker process: reads a WorkerConfig line, then one candidate per line on stdin,
+and answers one JSON line per candidate on stdout. Exits when stdin closes, or after a CUDA error
+that leaves the context unusable (the parent then starts a new worker)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from typing import Any
+
+from replayfmt.container.files import FileRemap
+from replayfmt.container.reader import open_capture
+from replayfmt.cuda.driver import CudaCallError, check
+from replayfmt.errors import DeviceError, ReplayError
+from replayfmt.replay.compare import Tolerance
+from replayfmt.replay.execute import Replayer, ReplayOptions
+from replayfmt.replay.plan import PlanOptions, Substitution, build_plan
+
+
+def _reply(message: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+def main() -> int:
+    config = json.loads(sys.stdin.readline())
+    try:
+        cap = open_capture(config["capture"])
+        options = PlanOptions(
+            substitutions=tuple(Substitution.parse(s) for s in config["plan"].get("substitutions", ())),
+            remaps=tuple(FileRemap.parse(r) for r in config["plan"].get("remaps", ())),
+            fixed_addresses=bool(config["plan"].get("fixed_addresses")),
+        )
+        plan = build_plan(cap, options)
+        tolerance = Tolerance(enabled=config["tolerance"], rtol=config["rtol"], atol=config["atol"])
+        replayer = Replayer(plan, ReplayOptions(devices=(config["device"],), verify=True, tolerance=tolerance))
+        cu = replayer.cu
+        targets = [cap.operation(i) for i in config["operations"]]
+        events = []
+        for op in targets:
+            pair = (check(cu.cuEventCreate(0), "event"), check(cu.cuEventCreate(0), "event"))
+            replayer.wrap_with_events(op.index, *pair)
+            events.append(pair)
+    except ReplayError as exc:
+        _reply({"error": str(exc)})
+        return 1
+    _reply({"ready": True})
+    cap_used = False  # whether a register cap was ever applied (then None must restore the original)
+    for line in sys.stdin:
+        request = json.loads(line)
+        try:
+            if request["max_registers"] is not None or cap_used:
+                block = tuple(request["block"]) if request["block"] else targets[0].block
+                threads = block[0] * block[1] * block[2]
+                replayer.load_with_register_cap(targets[0].executable, request["max_registers"], threads)
+                cap_used = True
+            for op in targets:
+                grid = tuple(request["grid"]) if request["grid"] else op.grid
+                block = tuple(request["block"]) if request["block"] else op.block
+                smem = op.shared_memory if request["smem"] is None else request["smem"]
+                if smem > 48 * 1024:
+                    replayer.opt_in_shared_memory(op.executable, op.function, smem)
+                replayer.set_launch_shape(op.index, grid, block, smem)  # type: ignore[arg-type]
+            replayer.options.verify = True
+            result = replayer.run(1)
+            reports = result.reports
+            verified = all(r.passed for r in reports) if reports else None
+            if verified is False:
+                bad = next(r for r in reports if not r.passed)
+                _reply({"verified": False, "error": f"wrong result: {bad.line()}"})
+                continue
+            replayer.options.verify = False
+            times = []
+            for repetition in range(config["warmup"] + config["repetitions"]):
+                replayer.run(1)
+                if repetition >= config["warmup"]:
+                    times.append(sum(check(cu.cuEventElapsedTime(a, b), "elapsed") for a, b in events))
+            stddev = statistics.stdev(times) if len(times) > 1 else 0.0
+            _reply({"median_ms": statistics.median(times), "stddev_ms": stddev, "verified": verified})
+        except (CudaCallError, DeviceError) as exc:
+            sticky = getattr(exc, "sticky", False) or "unusable" in str(exc)
+            _reply({"error": str(exc), "fatal": sticky})
+            if sticky:
+                return 1
+        except ReplayError as exc:
+            _reply({"error": str(exc)})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,500 @@
+"""A replay plan: everything about a capture that can be decided without a GPU.
+
+``build_plan`` reads a capture once, checks that every operation can be reproduced (strict: an
+unsupported or unknown operation, a dangling id, an out-of-range copy, a missing or changed file,
+an executable substitution with another ABI, an invalid launch override are all refused here,
+before anything runs) and gathers what the executor needs. ``run-replay --dry-run`` stops after
+this step, so CI can exercise all of it without a GPU.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from replayfmt.container.files import FileRemap, ResolvedFile, resolve_file
+from replayfmt.container.reader import Capture
+from replayfmt.errors import AbiMismatchError, ReplayError, ReplayUsageError, UnsupportedOperationError
+from replayfmt.format import model as m
+from replayfmt.format.cubin import CubinError, CubinInfo, detect_format, parse_cubin
+
+_K = m.OperationKind
+MAX_GRID = (2**31 - 1, 65535, 65535)
+MAX_BLOCK = (1024, 1024, 64)
+MAX_THREADS_PER_BLOCK = 1024
+_FORMATS = {"cubin": m.ExecutableFormat.CUBIN, "ptx": m.ExecutableFormat.PTX, "fatbin": m.ExecutableFormat.FATBIN}
+
+
+# ------------------------------------------------------------------------------------------
+# Options
+
+
+@dataclass(frozen=True)
+class Substitution:
+    """``--executable-substitution``: replace executable ``target`` (None: all) by a file."""
+
+    target: int | None
+    path: Path
+    format: m.ExecutableFormat | None = None
+
+    @classmethod
+    def parse(cls, spec: str) -> Substitution:
+        """``ID=PATH``, ``ID@FORMAT=PATH`` (cubin|ptx|fatbin) or ``all=PATH``."""
+        key, sep, path = spec.partition("=")
+        if not sep or not path or not key:
+            raise ReplayUsageError(f"--executable-substitution {spec!r}: expected ID=PATH, ID@FORMAT=PATH or all=PATH")
+        key, _, fmt = key.partition("@")
+        fmt_value = None
+        if fmt:
+            if fmt not in _FORMATS:
+                raise ReplayUsageError(f"--executable-substitution {spec!r}: format must be cubin, ptx or fatbin")
+            fmt_value = _FORMATS[fmt]
+        if key == "all":
+            return cls(None, Path(path), fmt_value)
+        if not key.isdigit() or int(key) == 0:
+            raise ReplayUsageError(
+                f"--executable-substitution {spec!r}: {key!r} is not an executable id "
+                "(ids as dump-replay --kind=executable prints them, or 'all')"
+            )
+        return cls(int(key), Path(path), fmt_value)
+
+
+def check_substitutions(subs: list[Substitution]) -> None:
+    if any(s.target is None for s in subs) and len(subs) > 1:
+        raise ReplayUsageError("--executable-substitution all=PATH cannot be combined with other substitutions")
+    seen: set[int] = set()
+    for s in subs:
+        if s.target is not None:
+            if s.target in seen:
+                raise ReplayUsageError(f"--executable-substitution: executable {s.target} is substituted twice")
+            seen.add(s.target)
+
+
+_DIMS = re.compile(r"^(\d+)(?:,(\d+))?(?:,(\d+))?$")
+
+
+@dataclass(frozen=True)
+class LaunchOverride:
+    """``--launch=OP:grid=X,Y,Z,block=X,Y,Z,smem=N``: change one launch's shape."""
+
+    operation: int
+    grid: m.Dims | None = None
+    block: m.Dims | None = None
+    shared_memory: int | None = None
+
+    @classmethod
+    def parse(cls, spec: str) -> LaunchOverride:
+        op, sep, rest = spec.partition(":")
+        if not sep or not op.isdigit() or not rest:
+            raise ReplayUsageError(f"--launch {spec!r}: expected OP:grid=X,Y,Z,block=X,Y,Z,smem=N")
+        values: dict[str, object] = {}
+        for part in re.split(r",(?=[a-z])", rest):
+            key, eq, value = part.partition("=")
+            if not eq or key not in ("grid", "block", "smem"):
+                raise ReplayUsageError(f"--launch {spec!r}: unknown setting {part!r} (grid, block or smem)")
+            if key == "smem":
+                if not value.isdigit():
+                    raise ReplayUsageError(f"--launch {spec!r}: smem must be a byte count")
+                values["shared_memory"] = int(value)
+            else:
+                match = _DIMS.match(value)
+                if not match:
+                    raise ReplayUsageError(f"--launch {spec!r}: {key} must be X or X,Y or X,Y,Z")
+                dims = tuple(int(v) if v else 1 for v in match.groups())
+                if min(dims) < 1:
+                    raise ReplayUsageError(f"--launch {spec!r}: {key} dimensions must be >= 1")
+                values[key] = dims
+        return cls(int(op), **values)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    substitutions: tuple[Substitution, ...] = ()
+    remaps: tuple[FileRemap, ...] = ()
+    launch_overrides: tuple[LaunchOverride, ...] = ()
+    fixed_addresses: bool = False
+    continue_on_error: bool = False
+
+
+# ------------------------------------------------------------------------------------------
+# The plan
+
+UploadKey = tuple[str, int, int]
+
+
+def upload_key(op: m.Copy) -> UploadKey:
+    """What a host-to-device copy reads: a payload, or a file from an offset (staged once each)."""
+    return ("file", op.src_file, op.src_offset) if op.src_file else ("payload", op.payload, 0)
+
+
+@dataclass
+class ExecutableImage:
+    """The code that will be loaded for one captured executable."""
+
+    executable: m.Executable
+    data: bytes
+    format: m.ExecutableFormat
+    source: str  # "capture" or the substitution file
+    cubin: CubinInfo | None = None  # when the image is a readable cubin
+    abi_checked: bool = False  # checked without a GPU from cubin metadata
+
+
+@dataclass
+class Plan:
+    capture: Capture
+    options: PlanOptions
+    devices: list[m.Device] = field(default_factory=list)
+    streams: dict[int, m.Stream] = field(default_factory=dict)
+    events: dict[int, m.Event] = field(default_factory=dict)
+    buffers: dict[int, m.Buffer] = field(default_factory=dict)
+    globals: dict[int, m.Global] = field(default_factory=dict)
+    images: dict[int, ExecutableImage] = field(default_factory=dict)
+    files: dict[int, ResolvedFile] = field(default_factory=dict)
+    overrides: dict[int, LaunchOverride] = field(default_factory=dict)
+    operation_counts: dict[str, int] = field(default_factory=dict)
+    launches_of: dict[tuple[int, int], int] = field(default_factory=dict)  # (exe, fn) -> launch count
+    max_shared_memory: dict[tuple[int, int], int] = field(default_factory=dict)
+    max_block_threads: dict[tuple[int, int], int] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)  # collected under --continue-on-error
+    uploads: dict[UploadKey, tuple[m.Copy, int]] = field(default_factory=dict)  # first copy of each source, bytes
+    needs_fixed_addresses: bool = False
+
+    @property
+    def buffer_bytes(self) -> int:
+        return sum(b.size for b in self.buffers.values())
+
+    def function(self, executable: int, index: int) -> m.Function:
+        return self.images[executable].executable.functions[index]
+
+    def describe(self) -> list[str]:
+        """Human-readable lines: what the replay will do."""
+        lines = [
+            f"capture       {self.capture.path}",
+            f"devices       {len(self.devices)} captured: "
+            + ", ".join(
+                f"#{d.id} {d.name or '?'} sm_{d.compute_capability[0]}{d.compute_capability[1]}" for d in self.devices
+            ),
+            f"buffers       {len(self.buffers)}, {self.buffer_bytes} bytes"
+            + (" at fixed addresses" if self.options.fixed_addresses else ""),
+            f"streams       {len(self.streams)}   events {len(self.events)}",
+            "operations    " + ", ".join(f"{k} {v}" for k, v in sorted(self.operation_counts.items())),
+        ]
+        for eid, image in sorted(self.images.items()):
+            names = ", ".join(fn.name for fn in image.executable.functions)
+            abi = "ABI checked from cubin metadata" if image.abi_checked else "ABI checked at load"
+            lines.append(f"executable    #{eid} {image.format.name.lower()} from {image.source} ({abi}): {names}")
+        for fid, resolved in sorted(self.files.items()):
+            where = resolved.path or "stored in the capture"
+            lines.append(f"file          #{fid} {resolved.reference.path} -> {where}")
+        for op, o in sorted(self.overrides.items()):
+            lines.append(f"override      operation {op}: grid={o.grid} block={o.block} smem={o.shared_memory}")
+        return lines
+
+
+class _Checker:
+    """Collects problems; raises the first at once unless --continue-on-error."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+
+    def fail(self, error: ReplayError) -> None:
+        if not self.plan.options.continue_on_error:
+            raise error
+        self.plan.problems.append(str(error))
+
+
+def build_plan(capture: Capture, options: PlanOptions = PlanOptions()) -> Plan:
+    """Read and check the whole capture; raise the first problem (or collect them all)."""
+    check_substitutions(list(options.substitutions))
+    plan = Plan(capture, options)
+    checker = _Checker(plan)
+    objects: dict[int, m.ObjectDef] = {}
+    for obj in capture.objects():
+        objects[obj.id] = obj
+        if isinstance(obj, m.Device):
+            plan.devices.append(obj)
+        elif isinstance(obj, m.Stream):
+            plan.streams[obj.id] = obj
+        elif isinstance(obj, m.Event):
+            plan.events[obj.id] = obj
+        elif isinstance(obj, m.Buffer):
+            plan.buffers[obj.id] = obj
+            plan.needs_fixed_addresses |= obj.requires_fixed_address
+        elif isinstance(obj, m.Global):
+            plan.globals[obj.id] = obj
+        elif isinstance(obj, m.FileReference):
+            try:
+                plan.files[obj.id] = resolve_file(obj, options.remaps)
+            except ReplayError as exc:
+                checker.fail(exc)
+        elif isinstance(obj, m.UnknownObject):
+            checker.fail(UnsupportedOperationError(
+                f"object {obj.id} has kind {obj.type_code}, unknown to this replayfmt: upgrade replayfmt"
+            ))  # fmt: skip
+    if plan.needs_fixed_addresses and not options.fixed_addresses:
+        checker.fail(UnsupportedOperationError(
+            "the capture has buffers whose pointers cannot all be relocated (requires_fixed_address): "
+            "replay it with --fixed-addresses"
+        ))  # fmt: skip
+    overrides = {o.operation: o for o in options.launch_overrides}
+    if len(overrides) != len(options.launch_overrides):
+        raise ReplayUsageError("--launch: an operation is overridden twice")
+    counts: dict[str, int] = {}
+    for op in capture.iter_operations():
+        label = op.kind.label if not isinstance(op, m.UnknownOperation) else "unknown"
+        counts[label] = counts.get(label, 0) + 1
+        try:
+            _check_operation(plan, objects, op, overrides.pop(op.index, None))
+        except ReplayError as exc:
+            checker.fail(exc)
+    for op_index in overrides:
+        checker.fail(ReplayUsageError(f"--launch {op_index}: operation {op_index} is not in the capture"))
+    plan.operation_counts = counts
+    launched: dict[int, set[int]] = {}
+    for eid, index in plan.launches_of:
+        launched.setdefault(eid, set()).add(index)
+    _plan_executables(plan, objects, checker, launched)
+    for (eid, fn), threads in plan.max_block_threads.items():
+        _check_function_limits(plan, eid, fn, threads, checker)
+    return plan
+
+
+def _plan_executables(
+    plan: Plan, objects: dict[int, m.ObjectDef], checker: _Checker, launched: dict[int, set[int]]
+) -> None:
+    subs = {s.target: s for s in plan.options.substitutions}
+    executables = {i: o for i, o in objects.items() if isinstance(o, m.Executable)}
+    for target in subs:
+        if target is not None and target not in executables:
+            kind = objects[target].kind.label if target in objects else "nothing"
+            raise ReplayUsageError(
+                f"--executable-substitution {target}: object {target} is {'a ' + kind if target in objects else kind}, "
+                f"not an executable; executables: {', '.join(map(str, sorted(executables))) or 'none'}"
+            )
+    captured_images: dict[tuple[int, int], bytes] = {}  # a recorder writes one executable per kernel of a module
+    for eid, exe in executables.items():
+        sub = subs.get(eid) or subs.get(None)
+        try:
+            if sub is None:
+                key = (exe.payload, exe.file)
+                if key not in captured_images:
+                    captured_images[key] = _captured_image(plan, eid, exe)
+                image = ExecutableImage(exe, captured_images[key], exe.format, "capture")
+            else:
+                try:
+                    data = sub.path.read_bytes()
+                except OSError as exc:
+                    raise ReplayUsageError(
+                        f"--executable-substitution {eid}: cannot read {sub.path} ({exc.strerror})"
+                    ) from None
+                detected = _FORMATS[detect_format(data)]
+                if sub.format is not None and sub.format != detected:
+                    raise ReplayUsageError(
+                        f"--executable-substitution {eid}: {sub.path} is a {detected.name.lower()}, "
+                        f"not a {sub.format.name.lower()}"
+                    )
+                image = ExecutableImage(exe, data, detected, str(sub.path))
+            if image.format == m.ExecutableFormat.CUBIN and image.data[:4] == b"\x7fELF":
+                try:
+                    image.cubin = parse_cubin(image.data)
+                except CubinError:
+                    if sub is not None:
+                        raise
+                    # the captured image is for the driver to judge at load; only substitutes must parse
+                if image.cubin is not None:
+                    _check_cubin_abi(eid, exe, image, launched.get(eid, set()))
+            plan.images[eid] = image
+        except (CubinError, AbiMismatchError) as exc:
+            checker.fail(exc)
+            plan.images[eid] = ExecutableImage(exe, b"", exe.format, "unusable")
+
+
+def _captured_image(plan: Plan, eid: int, exe: m.Executable) -> bytes:
+    """The bytes of a captured executable: its payload, or the file it was loaded from."""
+    if exe.payload or not exe.file:
+        return plan.capture.read_payload(exe.payload) if exe.payload else b""
+    resolved = plan.files.get(exe.file)
+    if resolved is None:
+        raise ReplayUsageError(f"executable {eid}: its file reference {exe.file} is unusable (see above)")
+    ref = resolved.reference
+    if resolved.path is not None:
+        with open(resolved.path, "rb") as f:
+            return f.read()
+    if ref.payload:
+        return plan.capture.read_payload(ref.payload)
+    raise ReplayUsageError(f"executable {eid}: the capture holds no bytes of {ref.path}")
+
+
+def _check_cubin_abi(eid: int, exe: m.Executable, image: ExecutableImage, launched: set[int]) -> None:
+    """Every captured function the capture launches must exist in the image with the same layout
+    (a substitute may leave out kernels the capture never launches)."""
+    assert image.cubin is not None
+    for index, fn in enumerate(exe.functions):
+        if index not in launched:
+            continue
+        kernel = image.cubin.kernels.get(fn.name)
+        if kernel is None:
+            available = ", ".join(sorted(image.cubin.kernels)) or "none"
+            raise AbiMismatchError(
+                f"executable {eid}: function {fn.name} is missing from {image.source} (it has: {available})"
+            )
+        if fn.parameters_known:
+            captured = [(p.offset, p.size) for p in fn.parameters]
+            if captured != kernel.parameters:
+                raise AbiMismatchError(layout_difference(eid, fn.name, captured, kernel.parameters, image.source))
+    image.abi_checked = True
+
+
+def layout_difference(
+    eid: int, name: str, captured: list[tuple[int, int]], loaded: list[tuple[int, int]], source: str
+) -> str:
+    if len(captured) != len(loaded):
+        detail = f"{len(captured)} parameters captured, {len(loaded)} in {source}"
+    else:
+        i = next(k for k, (a, b) in enumerate(zip(captured, loaded)) if a != b)
+        detail = (f"parameter {i}: captured=(offset {captured[i][0]}, size {captured[i][1]}) "
+                  f"loaded=(offset {loaded[i][0]}, size {loaded[i][1]})")  # fmt: skip
+    return f"executable {eid}: function {name} has another ABI: {detail}"
+
+
+def _need(objects: dict[int, m.ObjectDef], oid: int, cls: type, op: m.Operation, role: str) -> m.ObjectDef:
+    obj = objects.get(oid)
+    if not isinstance(obj, cls):
+        what = f"object {oid} is a {obj.kind.label}" if obj is not None else f"object {oid} does not exist"
+        raise ReplayError(f"operation {op.index} ({op.kind.label}): its {role} {what}, not a {cls.__name__.lower()}")
+    return obj
+
+
+def _check_range(op: m.Operation, buffer: m.Buffer, offset: int, size: int, role: str) -> None:
+    if offset < 0 or size < 0 or offset + size > buffer.size:
+        raise ReplayError(
+            f"operation {op.index} ({op.kind.label}): {role} range [{offset}, {offset + size}) lies outside "
+            f"buffer {buffer.id} ({buffer.size} bytes)"
+        )
+
+
+def _check_operation(
+    plan: Plan, objects: dict[int, m.ObjectDef], op: m.Operation, override: LaunchOverride | None
+) -> None:
+    if override is not None and not isinstance(op, m.Launch):
+        raise ReplayUsageError(f"--launch {op.index}: operation {op.index} is a {op.kind.label}, not a launch")
+    if isinstance(op, m.Unsupported):
+        raise UnsupportedOperationError(
+            f"operation {op.index}: {op.call} cannot be replayed ({op.reason}); replay is strict: "
+            "recapture without it, or replay a range that excludes it"
+        )
+    if isinstance(op, m.UnknownOperation):
+        raise UnsupportedOperationError(f"operation {op.index} has kind {op.code}, unknown to this replayfmt: upgrade")
+    stream = getattr(op, "stream", 0)
+    if stream and not isinstance(op, m.Unsupported):
+        _need(objects, stream, m.Stream, op, "stream")
+    if isinstance(op, m.Launch):
+        exe = _need(objects, op.executable, m.Executable, op, "executable")
+        if not 0 <= op.function < len(exe.functions):
+            raise ReplayError(
+                f"operation {op.index} (launch): function {op.function} of executable {exe.id} does not exist"
+            )
+        fn = exe.functions[op.function]
+        grid, block, smem = op.grid, op.block, op.shared_memory
+        if override is not None:
+            grid, block = override.grid or grid, override.block or block
+            smem = smem if override.shared_memory is None else override.shared_memory
+            plan.overrides[op.index] = override
+        for d, (g, limit) in enumerate(zip(grid, MAX_GRID)):
+            if not 1 <= g <= limit:
+                raise ReplayError(f"operation {op.index} ({fn.name}): grid dimension {d} is {g}, outside [1, {limit}]")
+        for d, (b, limit) in enumerate(zip(block, MAX_BLOCK)):
+            if not 1 <= b <= limit:
+                raise ReplayError(f"operation {op.index} ({fn.name}): block dimension {d} is {b}, outside [1, {limit}]")
+        key = (op.executable, op.function)
+        plan.launches_of[key] = plan.launches_of.get(key, 0) + 1
+        plan.max_shared_memory[key] = max(plan.max_shared_memory.get(key, 0), smem)
+        plan.max_block_threads[key] = max(plan.max_block_threads.get(key, 0), block[0] * block[1] * block[2])
+        if fn.parameters_known and fn.parameters:
+            end = max(p.offset + p.size for p in fn.parameters)
+            if len(op.parameters) < end:
+                raise ReplayError(
+                    f"operation {op.index} ({fn.name}): {len(op.parameters)} parameter bytes, the layout needs {end}"
+                )
+        for r in op.relocations:
+            target = _need(objects, r.target_buffer, m.Buffer, op, "relocation target")
+            if r.target_offset > target.size:
+                raise ReplayError(
+                    f"operation {op.index} ({fn.name}): relocation points past the end of buffer {target.id}"
+                )
+            if r.site_buffer:
+                site = _need(objects, r.site_buffer, m.Buffer, op, "relocation site")
+                _check_range(op, site, r.site_offset, 8, "relocation site")
+            elif r.site_offset + (128 if r.kind == m.RelocationKind.TENSOR_MAP else 8) > len(op.parameters):
+                raise ReplayError(f"operation {op.index} ({fn.name}): relocation at parameter offset {r.site_offset} "
+                                  f"lies outside its {len(op.parameters)} parameter bytes")  # fmt: skip
+    elif isinstance(op, m.Copy):
+        if op.kind == _K.COPY_HOST_TO_DEVICE:
+            dst = _need(objects, op.dst_buffer, m.Buffer, op, "destination")
+            _check_range(op, dst, op.dst_offset, op.size, "destination")
+            if op.src_file:
+                resolved = plan.files.get(op.src_file)
+                _need(objects, op.src_file, m.FileReference, op, "source file")
+                if (
+                    resolved is not None
+                    and resolved.path is None
+                    and resolved.reference.policy == m.FilePolicy.CAPTURE_RANGES
+                ):
+                    ranges = resolved.reference.ranges
+                    if not any(
+                        r.offset <= op.src_offset and op.src_offset + op.size <= r.offset + r.size for r in ranges
+                    ):
+                        end = op.src_offset + op.size
+                        raise ReplayError(
+                            f"operation {op.index}: file bytes [{op.src_offset}, {end}) were not captured "
+                            "(policy capture-ranges)"
+                        )
+            elif not 1 <= op.payload <= plan.capture.payload_count or plan.capture.payload(op.payload).size < op.size:
+                raise ReplayError(f"operation {op.index} (copy_h2d): payload {op.payload} is missing or too small")
+            key = upload_key(op)
+            if key not in plan.uploads:
+                plan.uploads[key] = (op, op.size if op.src_file else plan.capture.payload(op.payload).size)
+        elif op.kind == _K.COPY_DEVICE_TO_HOST:
+            src = _need(objects, op.src_buffer, m.Buffer, op, "source")
+            _check_range(op, src, op.src_offset, op.size, "source")
+        else:
+            src = _need(objects, op.src_buffer, m.Buffer, op, "source")
+            dst = _need(objects, op.dst_buffer, m.Buffer, op, "destination")
+            _check_range(op, src, op.src_offset, op.size, "source")
+            _check_range(op, dst, op.dst_offset, op.size, "destination")
+    elif isinstance(op, m.Memset):
+        buf = _need(objects, op.buffer, m.Buffer, op, "buffer")
+        _check_range(op, buf, op.offset, op.count * op.element_size, "memset")
+    elif isinstance(op, m.Checkpoint):
+        for e in op.entries:
+            buf = _need(objects, e.buffer, m.Buffer, op, "checkpoint buffer")
+            _check_range(op, buf, e.offset, e.size, "checkpoint")
+            if not 1 <= e.payload <= plan.capture.payload_count:
+                raise ReplayError(f"operation {op.index} (checkpoint): payload {e.payload} does not exist")
+    elif isinstance(op, m.EventRecord | m.EventSynchronize | m.StreamWaitEvent):
+        _need(objects, op.event, m.Event, op, "event")
+    elif isinstance(op, m.ModuleLoad):
+        _need(objects, op.executable, m.Executable, op, "executable")
+
+
+def _check_function_limits(plan: Plan, eid: int, index: int, threads: int, checker: _Checker) -> None:
+    """Launch shapes (overrides included) must fit the function's captured or cubin limits."""
+    image = plan.images.get(eid)
+    if image is None:
+        return
+    fn = image.executable.functions[index]
+    limit = fn.max_threads_per_block or MAX_THREADS_PER_BLOCK
+    if image.cubin is not None and fn.name in image.cubin.kernels and image.cubin.kernels[fn.name].max_threads:
+        bounds = image.cubin.kernels[fn.name].max_threads
+        limit = min(limit, bounds[0] * bounds[1] * bounds[2])
+    if threads > limit:
+        checker.fail(ReplayError(
+            f"executable {eid}: {fn.name} is launched with {threads} threads per block, over its limit of {limit}"
+        ))  # fmt: skip
+    smem = plan.max_shared_memory.get((eid, index), 0)
+    if fn.max_dynamic_shared_memory and smem > fn.max_dynamic_shared_memory:
+        checker.fail(ReplayError(
+            f"executable {eid}: {fn.name} is launched with {smem} bytes of dynamic shared memory, over the "
+            f"{fn.max_dynamic_shared_memory} it allows"
+        ))  # fmt: skip

@@ -1,0 +1,1 @@
+"""The command-line front-ends (click only): flags, printing and exit codes over the library."""

@@ -1,0 +1,187 @@
+"""benchmark-replay: time replayed work, by scope, from the same starting state every time."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+import replayfmt
+from replayfmt.cuda.address_space import restart_without_aslr
+from replayfmt.errors import ReplayUsageError
+from replayfmt.measure.benchmark import Benchmark, BenchmarkOptions, BenchmarkResult, find_region
+from replayfmt.replay.plan import build_plan
+from replayfmt.tools.common import EXIT_OK, agents_md_option, reports_errors
+from replayfmt.tools.options import parse_device, plan_options, replay_options
+
+EPILOG = """\b
+Setup (allocations, module loads, uploads, the operations before the scope) happens once,
+outside the timed region. Before every iteration the buffers the region touches are restored from
+pristine device copies (and, with --flush-l2, the L2 cache is flushed), outside the timed region.
+Device time comes from CUDA events around the region, joined across every captured stream.
+
+\b
+Examples:
+  benchmark-replay --scope=decode cap.kreplay
+  benchmark-replay --scope=decode --mode=graph --per-kernel --format=json cap.kreplay > base.json
+  benchmark-replay --scope=decode --executable-substitution=5=new.cubin --compare-to=base.json cap.kreplay
+  benchmark-replay --trace=iteration.json --per-kernel cap.kreplay
+"""
+
+
+def _text(result: BenchmarkResult) -> list[str]:
+    where = f"scope '{result.scope}'" if result.scope else "the whole capture"
+    lines = [
+        f"{where}: operations {result.operations[0]}-{result.operations[1] - 1}, {result.mode} mode, "
+        f"{result.iterations} iterations after {result.warmup} warm-up{', L2 flushed' if result.flush_l2 else ''}",
+        f"device        {result.device}",
+    ]
+    for name, s in (("device ms", result.device_ms), ("host ms", result.host_ms)):
+        lines.append(f"{name:<13} min {s.min:.4f}  median {s.median:.4f}  mean {s.mean:.4f}  "
+                     f"stddev {s.stddev:.4f}  p90 {s.p90:.4f}")  # fmt: skip
+    if result.kernels:
+        lines.append("per operation (median device ms):")
+        lines += [f"  op {k.operation:>7} {k.name:<40} {k.device_ms.median:.4f}" for k in result.kernels]
+    return lines
+
+
+def _csv(result: BenchmarkResult) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(["what", "name", "operation", "min_ms", "median_ms", "mean_ms", "stddev_ms", "p90_ms"])
+    s = result.device_ms
+    writer.writerow(["scope", result.scope or "", "", s.min, s.median, s.mean, s.stddev, s.p90])
+    for k in result.kernels:
+        s = k.device_ms
+        writer.writerow(["operation", k.name, k.operation, s.min, s.median, s.mean, s.stddev, s.p90])
+    return out.getvalue()
+
+
+def _compare(result: BenchmarkResult, baseline_path: Path) -> list[str]:
+    try:
+        baseline: dict[str, Any] = json.loads(baseline_path.read_text())
+        base_median = float(baseline["device_ms"]["median"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ReplayUsageError(f"--compare-to {baseline_path}: not a benchmark-replay JSON result ({exc})") from None
+    lines = ["compared with " + str(baseline_path) + " (speedup = baseline / now):"]
+    now = result.device_ms.median
+    lines.append(f"  {'scope ' + repr(result.scope) if result.scope else 'whole capture':<48} "
+                 f"{base_median:.4f} -> {now:.4f} ms  {base_median / now if now else float('inf'):.3f}x")  # fmt: skip
+    by_key = {(k["operation"], k["name"]): k for k in baseline.get("kernels", [])}
+    for k in result.kernels:
+        old = by_key.get((k.operation, k.name))
+        if old:
+            before, after = float(old["device_ms"]["median"]), k.device_ms.median
+            lines.append(f"  op {k.operation:>7} {k.name:<40} {before:.4f} -> {after:.4f} ms  "
+                         f"{before / after if after else float('inf'):.3f}x")  # fmt: skip
+    return lines
+
+
+@click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("capture", type=click.Path(path_type=Path))
+@click.option("--scope", metavar="NAME", help="Time only the work between the scope markers NAME (first occurrence).")
+@click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True, help="Untimed iterations first.")
+@click.option("--repetitions", type=click.IntRange(min=1), help="Timed iterations (default: as many as --min-time).")
+@click.option(
+    "--min-time",
+    type=click.FloatRange(min=0),
+    default=1.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Without --repetitions, time iterations for at least this long.",
+)
+@click.option(
+    "--mode",
+    type=click.Choice(["eager", "graph"]),
+    default="eager",
+    show_default=True,
+    help="graph: capture the region once as a CUDA graph and replay it (no Python launch overhead).",
+)
+@click.option("--flush-l2", is_flag=True, help="Flush the L2 cache before every iteration.")
+@click.option("--per-kernel", is_flag=True, help="Also time every launch and copy of the region.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "csv"]), default="text", show_default=True)
+@click.option(
+    "--compare-to",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="BASELINE.json",
+    help="Print the speedup against an earlier --format=json result, per scope and operation.",
+)
+@click.option(
+    "--trace",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FILE.json",
+    help="Write a Chrome/Perfetto trace of the last iteration (a track per stream).",
+)
+@replay_options
+@agents_md_option("benchmark-replay")
+@reports_errors("benchmark-replay")
+def main(
+    capture: Path, scope: str | None, warmup: int, repetitions: int | None, min_time: float, mode: str,
+    flush_l2: bool, per_kernel: bool, fmt: str, compare_to: Path | None, trace: Path | None,
+    devices: tuple[str, ...], substitutions: tuple[str, ...], remaps: tuple[str, ...], launches: tuple[str, ...],
+    fixed_addresses: bool, nvtx: bool,
+) -> int:  # fmt: skip
+    """Time replayed work faithfully: exactly the scope asked for, from the same starting state
+    every time, with CUDA events; setup stays outside the timed region."""
+    if fixed_addresses:
+        restart_without_aslr()  # recorded addresses are reachable only so (see address_space)
+    options = plan_options(substitutions=substitutions, remaps=remaps, launches=launches,
+                           fixed_addresses=fixed_addresses)  # fmt: skip
+    ordinals = tuple(parse_device(d) for d in devices) or (0,)
+    if trace is not None and trace.exists():
+        raise ReplayUsageError(f"--trace: {trace} already exists; choose another file")
+    with replayfmt.open(capture) as cap:
+        plan = build_plan(cap, options)
+        region = find_region(cap, scope)
+        from replayfmt.replay.execute import Replayer, ReplayOptions
+
+        with Replayer(plan, ReplayOptions(devices=ordinals, uploads_from_host=True, nvtx=nvtx)) as replayer:
+            bench = Benchmark(replayer, region, BenchmarkOptions(
+                scope=scope, warmup=warmup, repetitions=repetitions, min_time=min_time, mode=mode,
+                flush_l2=flush_l2, per_kernel=per_kernel or trace is not None, trace=trace,
+            ))  # fmt: skip
+            result = _run_with_progress(bench)
+    if fmt == "json":
+        click.echo(json.dumps(result.to_json(), indent=2))
+    elif fmt == "csv":
+        click.echo(_csv(result), nl=False)
+    else:
+        for line in _text(result):
+            click.echo(line)
+    if compare_to is not None:
+        for line in _compare(result, compare_to):
+            click.echo(line, err=fmt != "text")
+    return EXIT_OK
+
+
+def _run_with_progress(bench: Benchmark) -> BenchmarkResult:
+    """A progress bar on stderr, shown only once the run has taken more than a second."""
+    if not sys.stderr.isatty():
+        return bench.run()
+    from rich.progress import Progress
+
+    state: dict[str, Any] = {}
+
+    def progress(done: int, total: int | None, elapsed: float) -> None:
+        if elapsed < 1.0 and "bar" not in state:
+            return
+        if "bar" not in state:
+            state["bar"] = Progress(transient=True, console=None)
+            state["bar"].start()
+            state["task"] = state["bar"].add_task("benchmarking", total=total or bench.options.min_time)
+        state["bar"].update(state["task"], completed=done if total else min(elapsed, bench.options.min_time))
+
+    try:
+        return bench.run(progress)
+    finally:
+        if "bar" in state:
+            state["bar"].stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""capture-replay (also ``python -m replayfmt.capture``): run a Python script and record its GPU
+work into a .kreplay file, with no change to the script."""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+
+import click
+
+from replayfmt.capture import CaptureMode, Recorder, RecordOptions
+from replayfmt.cuda.address_space import restart_without_aslr
+from replayfmt.format import model as m
+from replayfmt.tools.common import agents_md_option, reports_errors
+
+
+@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="The .kreplay file to write.")
+@click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists (never done silently).")
+@click.option("--mode", type=click.Choice(["region", "kernel"]), default="region", show_default=True,
+              help="region: all work (or work inside --scope); kernel: selected launches as instances.")  # fmt: skip
+@click.option("--kernels", metavar="REGEX", help="Kernel mode: kernels whose symbol name matches.")
+@click.option("--skip-first", type=click.IntRange(min=0), default=0, help="Kernel mode: launches to skip per kernel.")
+@click.option("--max-per-kernel", type=click.IntRange(min=0), default=1, show_default=True,
+              help="Kernel mode: instances kept per kernel (0: all).")  # fmt: skip
+@click.option("--scope", "scopes", multiple=True, metavar="NAME",
+              help="Region mode: record only inside replayfmt.capture.scope(NAME) blocks (repeatable).")  # fmt: skip
+@click.option("--fixed-addresses", is_flag=True,
+              help="Mark buffers for replay at their recorded addresses (re-runs with ASLR off).")  # fmt: skip
+@click.option("--file-policy", type=click.Choice([p.label for p in m.FilePolicy]), default="reference",
+              show_default=True, help="For copies from file mappings and modules loaded from files.")  # fmt: skip
+@click.option("--file-validation", type=click.Choice(["identity", "digest"]), default="identity", show_default=True)
+@click.option("--label-tensors", is_flag=True, help="Type buffers from every PyTorch op's tensors (slower).")
+@click.option("--quiet", is_flag=True, help="Do not print the report at the end.")
+@agents_md_option("capture-replay")
+@click.argument("script", type=click.Path(exists=True, dir_okay=False))
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@reports_errors("capture-replay")
+def main(output: str, overwrite: bool, mode: str, kernels: str | None, skip_first: int, max_per_kernel: int,
+         scopes: tuple[str, ...], fixed_addresses: bool, file_policy: str, file_validation: str,
+         label_tensors: bool, quiet: bool, script: str, args: tuple[str, ...]) -> int:  # fmt: skip
+    """Run SCRIPT with ARGS and record its GPU work into OUTPUT.
+
+    Region mode records everything from the start (or inside --scope blocks) and checkpoints what
+    it wrote at the end; kernel mode keeps --kernels launches with before and after snapshots.
+    Replay the result with run-replay, benchmark-replay or tune-replay.
+    """
+    if fixed_addresses:
+        restart_without_aslr()  # the driver's address range then lands where a replay finds it
+    options = RecordOptions(
+        mode=CaptureMode(mode), kernels=kernels, skip_first=skip_first, max_per_kernel=max_per_kernel or None,
+        region_scopes=scopes, fixed_addresses=fixed_addresses, label_tensors=label_tensors,
+        file_policy=m.FilePolicy[file_policy.upper().replace("-", "_")],
+        file_validation=m.FileValidation[file_validation.upper()],
+    )  # fmt: skip
+    recorder = Recorder(output, options, overwrite=overwrite, command_line=(script, *args))
+    if options.mode == CaptureMode.REGION and not scopes:
+        recorder.start()
+    code = 0
+    sys.argv = [script, *args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        report = recorder.close()
+        if not quiet:
+            for line in report.lines():
+                click.echo(line, err=True)
+    return code
+
+
+if __name__ == "__main__":
+    main()

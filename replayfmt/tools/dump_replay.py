@@ -1,0 +1,156 @@
+"""dump-replay: text, JSONL and summary views of a .kreplay capture."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import click
+
+import replayfmt
+from replayfmt.dump.views import Dumper, DumpFilter, PayloadMode, render_summary_text, summarize
+from replayfmt.errors import ReplayFormatError, ReplayUsageError
+from replayfmt.tools.common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, ToolExit, agents_md_option, reports_errors
+
+_FLUSH_EVERY = 2048
+
+EPILOG = """\b
+Examples:
+  dump-replay cap.kreplay
+  dump-replay --format=jsonl --kind=launch,copy cap.kreplay
+  dump-replay --jq 'select(.kind=="launch") | .function' cap.kreplay
+  dump-replay --format=json cap.kreplay | jq .replayable
+
+Exit status: 0 ok; 1 the file is damaged or truncated (everything readable is printed first);
+2 usage or unreadable file.
+"""
+
+
+def _parse_payloads(value: str) -> tuple[PayloadMode, Path | None]:
+    mode, _, directory = value.partition(":")
+    try:
+        parsed = PayloadMode(mode)
+    except ValueError:
+        raise click.BadParameter("expected none, hex, base64 or files:DIR", param_hint="--payloads") from None
+    if parsed == PayloadMode.FILES and not directory:
+        raise click.BadParameter("files needs a directory: files:DIR", param_hint="--payloads")
+    if parsed != PayloadMode.FILES and directory:
+        raise click.BadParameter(f"{mode} takes no directory", param_hint="--payloads")
+    return parsed, Path(directory) if directory else None
+
+
+def _write_lines(lines: Iterable[str]) -> None:
+    out = sys.stdout
+    pending: list[str] = []
+    try:
+        for line in lines:
+            pending.append(line)
+            if len(pending) >= _FLUSH_EVERY:
+                out.write("\n".join(pending) + "\n")
+                pending.clear()
+    finally:  # a damaged file stops the lines: what came before it is still printed
+        if pending:
+            out.write("\n".join(pending) + "\n")
+
+
+def _jq_lines(program_text: str, rows: Iterator[str]) -> Iterator[str]:
+    import jq
+
+    try:
+        program = jq.compile(program_text)
+    except ValueError as exc:
+        raise ReplayUsageError(f"--jq: {str(exc).splitlines()[0]}") from None
+    for row in rows:
+        try:
+            text = program.input_text(row).text()
+        except ValueError as exc:
+            raise ReplayUsageError(f"--jq: {str(exc).splitlines()[0]}") from None
+        if text:
+            yield text
+
+
+@click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("capture", type=click.Path(dir_okay=True, path_type=Path))
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "jsonl", "json"]),
+    default="text",
+    show_default=True,
+    help="text: summary then one line per record; jsonl: one JSON object per row; json: the summary alone.",
+)
+@click.option("--summary", "summary_only", is_flag=True, help="Text format: print the summary only.")
+@click.option("--ops", metavar="START:END", help="Only operations with START <= index < END.")
+@click.option("--kind", "kinds", metavar="KIND[,KIND...]", help="Only rows of these kinds (launch, copy, buffer, ...).")
+@click.option("--object", "object_id", type=int, metavar="ID", help="Only the object ID and operations that use it.")
+@click.option("--grep", metavar="REGEX", help="Only rows whose names (kernels, labels, scopes, paths) match.")
+@click.option("--jq", "jq_program", metavar="FILTER", help="Run a jq program on every JSONL row, in-process.")
+@click.option(
+    "--payloads",
+    "payloads",
+    default="none",
+    show_default=True,
+    metavar="none|hex|base64|files:DIR",
+    help="Inline payload bytes in JSONL rows, or write each payload once to DIR/<hash>.bin.",
+)
+@agents_md_option("dump-replay")
+@reports_errors("dump-replay")
+def main(
+    capture: Path,
+    fmt: str,
+    summary_only: bool,
+    ops: str | None,
+    kinds: str | None,
+    object_id: int | None,
+    grep: str | None,
+    jq_program: str | None,
+    payloads: str,
+) -> int:
+    """Show what a .kreplay capture holds: kernels, launch shapes, files, payloads, and whether it
+    can be replayed. Streams in constant memory; jq-friendly."""
+    payload_mode, payload_dir = _parse_payloads(payloads)
+    dump_filter = DumpFilter.parse(ops=ops, kinds=kinds, object_id=object_id, grep=grep)
+    try:
+        cap = replayfmt.open(capture)
+    except ReplayFormatError as exc:
+        raise ToolExit(EXIT_USAGE, f"error: {exc}") from None
+    with cap:
+        dumper = Dumper(cap, filter=dump_filter, payloads=payload_mode, payload_dir=payload_dir)
+        summary = summarize(cap)
+        if fmt == "json" and not jq_program:
+            click.echo(json.dumps(summary.as_row(), indent=2))
+        else:
+            try:
+                if fmt == "text" and not jq_program:
+                    _write_lines(render_summary_text(summary))
+                    if not summary_only:
+                        sys.stdout.write("\n")
+                        _write_lines(dumper.text_lines())
+                else:
+                    encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+                    def rows() -> Iterator[str]:
+                        yield encode(dumper.file_row())
+                        yield encode(summary.as_row())
+                        yield from dumper.jsonl_rows()
+
+                    _write_lines(_jq_lines(jq_program, rows()) if jq_program else rows())
+            except ReplayFormatError as exc:
+                sys.stdout.flush()
+                raise ToolExit(EXIT_PROBLEM, f"error: {exc}") from None
+        sys.stdout.flush()
+        if summary.damaged:
+            raise ToolExit(EXIT_PROBLEM, f"error: {summary.damaged}")
+        if cap.recovered:
+            raise ToolExit(
+                EXIT_PROBLEM,
+                f"error: {capture}: the file was not closed properly and was recovered; "
+                f"{cap.discarded_bytes} bytes at its end were unreadable and discarded ({cap.recovery_reason})",
+            )
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""run-replay: rebuild and execute a .kreplay capture on a CUDA device."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+import replayfmt
+from replayfmt.cuda.address_space import restart_without_aslr
+from replayfmt.errors import ReplayUsageError
+from replayfmt.replay.compare import Tolerance
+from replayfmt.replay.plan import build_plan
+from replayfmt.tools.common import EXIT_OK, EXIT_PROBLEM, ToolExit, agents_md_option, reports_errors
+from replayfmt.tools.options import parse_device, plan_options, replay_options
+
+EPILOG = """\b
+Failure contract: replay is strict. An unsupported operation, a missing or changed file, an
+executable whose ABI differs, a launch shape over a function's limits or a CUDA error stops the
+replay with one line naming the operation index, object id, kernel and CUDA error; nothing is
+skipped silently. --continue-on-error reports every failure it can and still exits non-zero.
+
+\b
+Exit status: 0 replayed (and verified, with --verify); 1 the capture cannot be reproduced here,
+or verification found a mismatch; 2 usage error, unreadable capture, or no GPU/driver.
+
+\b
+Examples:
+  run-replay --verify cap.kreplay
+  run-replay --dry-run --executable-substitution 5=new.cubin cap.kreplay
+  run-replay --file-remap /old/models=/data/models --verify cap.kreplay
+  run-replay --launch 42:grid=128,1,1,block=256 --repetitions 10 cap.kreplay
+"""
+
+
+@click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("capture", type=click.Path(path_type=Path))
+@replay_options
+@click.option("--verify", is_flag=True, help="Compare every checkpoint (and expected download) with the replay.")
+@click.option(
+    "--tolerance",
+    "use_tolerance",
+    is_flag=True,
+    help="Compare floating-point buffers of known dtype with per-dtype tolerances instead of bytes.",
+)
+@click.option("--rtol", type=float, help="Relative tolerance (implies --tolerance).")
+@click.option("--atol", type=float, help="Absolute tolerance (implies --tolerance).")
+@click.option(
+    "--save-output",
+    type=click.Path(file_okay=False, path_type=Path),
+    metavar="DIR",
+    help="Write the replayed checkpoint buffers to DIR (.npy when the dtype is known).",
+)
+@click.option(
+    "--repetitions",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Run the capture N times (inputs restored each time); print each one's device time.",
+)
+@click.option("--continue-on-error", is_flag=True, help="Report every failure, then exit non-zero.")
+@click.option(
+    "--no-payload-checks",
+    is_flag=True,
+    help="Do not check payload frames against their hashes (faster uploads; a corrupted file then goes unseen).",
+)
+@click.option("--dry-run", is_flag=True, help="Parse, resolve files, load substitutions, check ABIs, plan; no GPU.")
+@agents_md_option("run-replay")
+@reports_errors("run-replay")
+def main(
+    capture: Path,
+    devices: tuple[str, ...],
+    substitutions: tuple[str, ...],
+    remaps: tuple[str, ...],
+    launches: tuple[str, ...],
+    fixed_addresses: bool,
+    nvtx: bool,
+    verify: bool,
+    use_tolerance: bool,
+    rtol: float | None,
+    atol: float | None,
+    save_output: Path | None,
+    repetitions: int,
+    continue_on_error: bool,
+    no_payload_checks: bool,
+    dry_run: bool,
+) -> int:
+    """Rebuild a capture on a CUDA device and run it: buffers reallocated and pointers relocated,
+    streams and events rebuilt so captured concurrency is kept, optionally verified against the
+    capture's checkpoints."""
+    if fixed_addresses and not dry_run:
+        restart_without_aslr()  # recorded addresses are reachable only so (see address_space)
+    options = plan_options(substitutions=substitutions, remaps=remaps, launches=launches,
+                           fixed_addresses=fixed_addresses, continue_on_error=continue_on_error)  # fmt: skip
+    device_ordinals = tuple(parse_device(d) for d in devices) or (0,)
+    if len(set(device_ordinals)) != len(device_ordinals):
+        raise ReplayUsageError("--device: the same device is given twice")
+    tolerance = Tolerance(enabled=use_tolerance or rtol is not None or atol is not None, rtol=rtol, atol=atol)
+    with replayfmt.open(capture) as cap:
+        plan = build_plan(cap, options)
+        for line in plan.describe():
+            click.echo(line)
+        if plan.problems:
+            for problem in plan.problems:
+                click.echo(f"run-replay: error: {problem}", err=True)
+        if dry_run:
+            click.echo(f"dry run: plan {'has problems' if plan.problems else 'OK'}; nothing was executed")
+            return EXIT_PROBLEM if plan.problems else EXIT_OK
+        if plan.problems:
+            raise ToolExit(EXIT_PROBLEM, f"{len(plan.problems)} problem(s); nothing was executed")
+        from replayfmt.replay.execute import Replayer, ReplayOptions
+
+        replay_options_ = ReplayOptions(devices=device_ordinals, verify=verify, tolerance=tolerance,
+                                        save_output=save_output, continue_on_error=continue_on_error,
+                                        nvtx=nvtx, check_payloads=not no_payload_checks)  # fmt: skip
+        with Replayer(plan, replay_options_) as replayer:
+            for k, gpu in enumerate(replayer.gpus):
+                major, minor = gpu.compute_capability
+                click.echo(f"device        #{k + 1} on cuda:{gpu.ordinal} {gpu.name} sm_{major}{minor}")
+            if replayer.staging.bytes:
+                click.echo(f"uploads       {replayer.staging.line()}")
+            result = replayer.run(repetitions)
+        for i, ms in enumerate(result.device_ms):
+            click.echo(f"repetition {i + 1}: {ms:.3f} ms device time")
+        for report in result.reports:
+            click.echo(report.line())
+        for error in result.errors:
+            click.echo(f"run-replay: error: {error}", err=True)
+        if verify and not result.reports:
+            click.echo("verify: the capture holds no checkpoints or expected downloads to compare")
+        failed = [r for r in result.reports if not r.passed]
+        if failed:
+            raise ToolExit(EXIT_PROBLEM, f"verification failed for {len(failed)} buffer range(s)")
+        if result.errors:
+            raise ToolExit(EXIT_PROBLEM, f"{len(result.errors)} operation(s) failed")
+        if verify and result.reports:
+            click.echo(f"verified: {len(result.reports)} buffer range(s) match")
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+"""tune-replay: search launch shapes on a replayed kernel, every candidate verified, failures isolated."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+import replayfmt
+from replayfmt.cuda.address_space import restart_without_aslr
+from replayfmt.errors import ReplayUsageError
+from replayfmt.measure.tune import (
+    CsvLog,
+    SearchSpace,
+    Worker,
+    WorkerConfig,
+    find_targets,
+    order,
+    override_flags,
+    parse_dims_list,
+    parse_int_list,
+    plot,
+    prune,
+    read_csv,
+    search,
+)
+from replayfmt.replay.plan import build_plan
+from replayfmt.tools.common import EXIT_OK, EXIT_PROBLEM, ToolExit, agents_md_option, reports_errors
+from replayfmt.tools.options import parse_device, plan_options
+
+EPILOG = """\b
+Every candidate runs in a worker process from the capture's starting state, is verified against
+the capture's checkpoints (a shape that computes a wrong answer is rejected, not just timed), then
+timed with CUDA events. A candidate that faults or hangs is recorded and the worker replaced; the
+search goes on. Results stream into --csv, so a search resumes where it stopped.
+
+\b
+Examples:
+  tune-replay --launch=42 --block "64;128;256;512;1024" --grid "132;264;528" cap.kreplay
+  tune-replay --kernel='^gemm' --block 128 --block 256 --smem "0;65536" --csv=tune.csv --plot=tune.png cap.kreplay
+  tune-replay --launch=42 --block "32;64;128;256;512" --grid "1;2;4;8;16;32;64;128" \\
+      --strategy=random --budget=20 cap.kreplay
+"""
+
+
+@click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("capture", type=click.Path(path_type=Path))
+@click.option("--launch", "launch_op", type=int, metavar="OP", help="Tune this launch operation.")
+@click.option("--kernel", metavar="REGEX", help="Tune every launch of the kernel whose name matches, together.")
+@click.option("--grid", "grids", multiple=True, metavar="LIST", help="Grids to try: X or X,Y,Z, ';'-separated.")
+@click.option("--block", "blocks", multiple=True, metavar="LIST", help="Blocks to try: X or X,Y,Z, ';'-separated.")
+@click.option("--smem", "smems", multiple=True, metavar="LIST", help="Dynamic shared memory sizes (bytes) to try.")
+@click.option(
+    "--max-registers",
+    "registers",
+    multiple=True,
+    metavar="LIST",
+    help="Register caps to try by re-JITting the PTX (the capture must hold the executable as PTX).",
+)
+@click.option("--strategy", type=click.Choice(["grid", "random"]), default="grid", show_default=True)
+@click.option("--budget", type=click.IntRange(min=1), help="Evaluate at most N candidates (after pruning).")
+@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True)
+@click.option("--repetitions", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0.1),
+    default=10.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Give up on a candidate (and replace the worker) after this long.",
+)
+@click.option("--tolerance", "use_tolerance", is_flag=True, help="Verify float buffers with per-dtype tolerances.")
+@click.option("--rtol", type=float)
+@click.option("--atol", type=float)
+@click.option(
+    "--csv",
+    "csv_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FILE",
+    help="Append every result here; an existing file is resumed (done candidates are skipped).",
+)
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FILE.png",
+    help="A heatmap of the median time over grid x block, the captured shape outlined.",
+)
+@click.option("--top", type=click.IntRange(min=1), default=10, show_default=True, help="Rows in the table.")
+@click.option("--device", default="cuda:0", show_default=True, metavar="cuda:N")
+@click.option("--executable-substitution", "substitutions", multiple=True, metavar="ID=PATH")
+@click.option("--file-remap", "remaps", multiple=True, metavar="CAPTURED_PREFIX=NEW_PREFIX")
+@click.option("--fixed-addresses", is_flag=True)
+@agents_md_option("tune-replay")
+@reports_errors("tune-replay")
+def main(
+    capture: Path, launch_op: int | None, kernel: str | None, grids: tuple[str, ...], blocks: tuple[str, ...],
+    smems: tuple[str, ...], registers: tuple[str, ...], strategy: str, budget: int | None, warmup: int,
+    repetitions: int, timeout: float,
+    use_tolerance: bool, rtol: float | None, atol: float | None, csv_path: Path | None, plot_path: Path | None,
+    top: int, device: str, substitutions: tuple[str, ...], remaps: tuple[str, ...], fixed_addresses: bool,
+) -> int:  # fmt: skip
+    """Search grid, block and shared-memory sizes for a replayed kernel; print the best ones and
+    the winning shape as ready run-replay flags."""
+    space = SearchSpace(parse_dims_list(grids, "--grid"), parse_dims_list(blocks, "--block"),
+                        parse_int_list(smems, "--smem"), parse_int_list(registers, "--max-registers"))  # fmt: skip
+    if not (space.grids or space.blocks or space.smems or space.max_registers):
+        raise ReplayUsageError("give a search space: --grid, --block, --smem and/or --max-registers")
+    if plot_path is not None and plot_path.exists():
+        raise ReplayUsageError(f"--plot: {plot_path} already exists; choose another file")
+    if fixed_addresses:
+        restart_without_aslr()  # recorded addresses are reachable only so (see address_space)
+    options = plan_options(substitutions=substitutions, remaps=remaps, launches=(), fixed_addresses=fixed_addresses)
+    with replayfmt.open(capture) as cap:
+        plan = build_plan(cap, options)
+        targets = find_targets(plan, launch=launch_op, kernel=kernel)
+        image_format = plan.images[targets.executable].format
+        if space.max_registers and image_format != replayfmt.format.model.ExecutableFormat.PTX:
+            held = image_format.name.lower()
+            raise ReplayUsageError(
+                f"--max-registers: executable {targets.executable} is held as {held}; only PTX can be re-JITted"
+            )
+    valid, pruned = prune(plan, targets, space.points())
+    points = order(valid, strategy, budget)
+    done = read_csv(csv_path) if csv_path is not None else {}
+    click.echo(f"tuning {targets.kernel} (operations {', '.join(map(str, targets.operations))}), captured "
+               f"grid={targets.grid} block={targets.block} smem={targets.smem}")  # fmt: skip
+    click.echo(f"space: {len(valid) + len(pruned)} points, {len(pruned)} pruned, {len(points)} to evaluate"
+               + (f", {sum(1 for p in points if p.key() in done)} already in {csv_path}" if done else ""))  # fmt: skip
+    for candidate, reason in pruned[:20]:
+        click.echo(f"  pruned {candidate.describe()}: {reason}")
+    config = WorkerConfig(
+        capture=str(capture), operations=targets.operations,
+        plan={"substitutions": list(substitutions), "remaps": list(remaps), "fixed_addresses": fixed_addresses},
+        device=parse_device(device), warmup=warmup, repetitions=repetitions, rtol=rtol, atol=atol,
+        tolerance=use_tolerance or rtol is not None or atol is not None,
+    )  # fmt: skip
+    worker = Worker(config)
+    log = CsvLog(csv_path, targets)
+    results = list(done.values())
+    try:
+        for result in search(worker, points, done=done, log=log, timeout=timeout):
+            results.append(result)
+    finally:
+        worker.close()
+        log.close()
+    good = sorted((r for r in results if r.ok), key=lambda r: r.median_ms or 0.0)
+    failed = [r for r in results if not r.ok]
+    baseline = next((r for r in results if r.baseline), None)
+    click.echo(
+        f"\n{'rank':>4}  {'grid':<14}{'block':<14}{'smem':>8}{'regs':>6}  {'median ms':>10}  {'stddev':>8}  verified"
+    )
+    for rank, r in enumerate(good[:top], 1):
+        c = r.candidate
+        grid, block = c.grid or targets.grid, c.block or targets.block
+        smem = targets.smem if c.smem is None else c.smem
+        mark = "  (captured)" if r.baseline else ""
+        verified = {True: "yes", None: "n/a"}[r.verified]
+        regs = "" if c.max_registers is None else str(c.max_registers)
+        click.echo(f"{rank:>4}  {','.join(map(str, grid)):<14}{','.join(map(str, block)):<14}{smem:>8}{regs:>6}  "
+                   f"{r.median_ms:>10.4f}  {r.stddev_ms or 0:>8.4f}  {verified}{mark}")  # fmt: skip
+    if failed:
+        click.echo(f"\n{len(failed)} candidate(s) failed:")
+        for r in failed[:top]:
+            click.echo(f"  {r.candidate.describe()}: {r.error or 'wrong result'}")
+    if worker.restarts:
+        click.echo(f"(the worker was replaced {worker.restarts} time(s) after faults or timeouts)")
+    if plot_path is not None:
+        plot(results, targets, plot_path)
+        click.echo(f"plot: {plot_path}")
+    if not good:
+        raise ToolExit(EXIT_PROBLEM, "no candidate ran and verified")
+    best = good[0]
+    if baseline is not None and baseline.ok and baseline.median_ms:
+        click.echo(f"\nbest: {best.median_ms:.4f} ms vs captured {baseline.median_ms:.4f} ms "
+                   f"({baseline.median_ms / best.median_ms:.2f}x)")  # fmt: skip
+    click.echo(f"run-replay {override_flags(targets, best.candidate)} --verify {capture}")
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    main()
