@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from samples import write_sample
 
 import replayfmt
-from replayfmt.dump.views import Dumper, DumpFilter, summarize
+from replayfmt.dump import Dumper, DumpFilter, summarize
 from replayfmt.format import model as m
 from replayfmt.tools.dump_replay import main
 

@@ -12,385 +12,21 @@ ReplayFormatError after yielding everything before it; the summary records the d
 from __future__ import annotations
 
 import base64
-import dataclasses
-import enum
-import functools
 import json
 import os
-import re
-import struct
-from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from replayfmt import __version__
 from replayfmt.container.reader import Capture
-from replayfmt.errors import ReplayFormatError, ReplayUsageError
+from replayfmt.dump.fields import field_names, label_of
+from replayfmt.dump.filters import _CACHE_LIMIT, _K, JSONL_VERSION, DumpFilter, PayloadMode
+from replayfmt.dump.launch_json import LaunchTemplate
+from replayfmt.errors import ReplayUsageError
 from replayfmt.format import model as m
 from replayfmt.format.payloads import hash_hex
 from replayfmt.format.records import ID_OPERATIONS
-
-JSONL_VERSION = 1
-_CACHE_LIMIT = 65536
-_K = m.OperationKind
-_COPY_LABELS = {"copy_h2d", "copy_d2h", "copy_d2d"}
-OPERATION_LABELS = {k.label for k in _K if k != _K.NONE}
-OBJECT_LABELS = {k.label for k in m.ObjectKind if k != m.ObjectKind.NONE}
-ROW_KINDS = OPERATION_LABELS | OBJECT_LABELS | {"copy", "unknown", "unknown_object"}
-
-
-class PayloadMode(enum.Enum):
-    NONE = "none"
-    HEX = "hex"
-    BASE64 = "base64"
-    FILES = "files"
-
-
-@dataclass(frozen=True)
-class DumpFilter:
-    """Which rows to produce. ``kinds`` holds row kind labels ("launch", "buffer", "copy", ...)."""
-
-    start: int = 0
-    stop: int | None = None
-    kinds: frozenset[str] | None = None
-    object_id: int | None = None
-    grep: re.Pattern[str] | None = None
-
-    @classmethod
-    def parse(
-        cls, *, ops: str | None = None, kinds: str | None = None, object_id: int | None = None, grep: str | None = None
-    ) -> DumpFilter:
-        """Build a filter from the command-line spellings (``--ops=START:END`` etc.)."""
-        start, stop = 0, None
-        if ops:
-            lo, sep, hi = ops.partition(":")
-            try:
-                start = int(lo) if lo else 0
-                stop = (int(hi) if hi else None) if sep else start + 1
-            except ValueError:
-                raise ReplayUsageError(f"--ops {ops!r}: expected START:END (operation indices)") from None
-            if start < 0 or (stop is not None and stop < start):
-                raise ReplayUsageError(f"--ops {ops!r}: START must be >= 0 and END >= START")
-        kind_set = None
-        if kinds:
-            kind_set = frozenset(k.strip() for k in kinds.split(",") if k.strip())
-            unknown = sorted(kind_set - ROW_KINDS)
-            if unknown:
-                raise ReplayUsageError(
-                    f"--kind: unknown kind(s) {', '.join(unknown)}; known: {', '.join(sorted(ROW_KINDS))}"
-                )
-            if "copy" in kind_set:
-                kind_set |= _COPY_LABELS
-        pattern = None
-        if grep:
-            try:
-                pattern = re.compile(grep)
-            except re.error as exc:
-                raise ReplayUsageError(f"--grep {grep!r}: invalid regular expression ({exc})") from None
-        return cls(start, stop, kind_set, object_id, pattern)
-
-    def wants_kind(self, label: str) -> bool:
-        return self.kinds is None or label in self.kinds
-
-
-# ----------------------------------------------------------------------------------------------
-# Summary
-
-
-@dataclass
-class Summary:
-    format_version: str
-    tool: str
-    tool_version: str
-    created_unix_ns: int
-    host: str
-    gpu: str
-    driver: str
-    command_line: tuple[str, ...]
-    objects: dict[str, int] = field(default_factory=dict)
-    operations: dict[str, int] = field(default_factory=dict)
-    unsupported: dict[str, int] = field(default_factory=dict)
-    scopes: dict[str, int] = field(default_factory=dict)
-    files: dict[str, int] = field(default_factory=dict)  # "policy/validation" -> count
-    payloads: int = 0
-    payload_logical_bytes: int = 0
-    payload_stored_bytes: int = 0
-    compression_ratio: float = 1.0
-    dedup_saved_bytes: int = 0
-    missing_frames: int = 0
-    recovered: bool = False
-    discarded_bytes: int = 0
-    recovery_reason: str = ""
-    damaged: str = ""
-    replayable: bool = True
-    not_replayable_because: list[str] = field(default_factory=list)
-    operation_count: int = 0
-    object_count: int = 0
-
-    def as_row(self) -> dict[str, Any]:
-        row: dict[str, Any] = {"kind": "summary"}
-        for name in self.__dataclass_fields__:
-            value = getattr(self, name)
-            row[name] = list(value) if isinstance(value, tuple) else value
-        return row
-
-
-def summarize(cap: Capture) -> Summary:
-    """Counts and verdicts over a whole capture; a damaged batch ends the count and is noted."""
-    meta = cap.metadata
-    s = Summary(
-        format_version=f"{cap.header.major}.{cap.header.minor}",
-        tool=meta.tool, tool_version=meta.tool_version, created_unix_ns=meta.created_unix_ns,
-        host=meta.host, gpu=meta.gpu, driver=meta.driver, command_line=meta.command_line,
-        recovered=cap.recovered, discarded_bytes=cap.discarded_bytes, recovery_reason=cap.recovery_reason,
-        operation_count=cap.operation_count, object_count=cap.object_count,
-    )  # fmt: skip
-    kind_counts: Counter[int] = Counter()
-    objects: Counter[str] = Counter()
-    unsupported: Counter[str] = Counter()
-    scopes: Counter[str] = Counter()
-    files: Counter[str] = Counter()
-    open_scopes: list[tuple[str, int]] = []
-    problems: list[str] = []
-    try:
-        for bi in range(cap.batch_count):
-            batch = cap._batch(bi)
-            codes, counts = np.unique(batch.kinds, return_counts=True)
-            kind_counts.update(dict(zip(codes.tolist(), counts.tolist())))
-            for op in batch.table_ops:
-                kind = op.kind
-                if kind == _K.UNSUPPORTED:
-                    unsupported[op.call] += 1
-                elif kind == _K.SCOPE_BEGIN:
-                    scopes[op.name] += 1
-                    open_scopes.append((op.name, op.index))
-                elif kind == _K.SCOPE_END:
-                    if not open_scopes or open_scopes[-1][0] != op.name:
-                        problems.append(f"scope end '{op.name}' at operation {op.index} matches no open scope")
-                    else:
-                        open_scopes.pop()
-                elif isinstance(op, m.UnknownOperation):
-                    problems.append(f"operation {op.index} has kind {op.code}, unknown to this reader")
-            for obj in batch.objects:
-                objects[obj.kind.label if not isinstance(obj, m.UnknownObject) else "unknown_object"] += 1
-                if isinstance(obj, m.FileReference):
-                    files[f"{_label(obj.policy)}/{_label(obj.validation)}"] += 1
-                    if obj.policy == m.FilePolicy.FAIL:
-                        problems.append(f"file reference {obj.id} ({obj.path}) was refused at capture (policy fail)")
-                elif isinstance(obj, m.UnknownObject):
-                    problems.append(f"object {obj.id} has kind {obj.type_code}, unknown to this reader")
-        stats = cap.payload_stats()
-        s.payloads, s.payload_logical_bytes = stats.payloads, stats.logical_bytes
-        s.payload_stored_bytes, s.compression_ratio = stats.stored_bytes, round(stats.compression_ratio, 4)
-        s.dedup_saved_bytes, s.missing_frames = stats.dedup_saved_bytes, stats.missing_frames
-    except ReplayFormatError as exc:
-        s.damaged = str(exc)
-        problems.append(f"the file is damaged: {exc}")
-    for name, index in open_scopes:
-        problems.append(f"scope '{name}' opened at operation {index} is never closed")
-    s.operations = {_K(k).label if k in m.OperationKind._value2member_map_ else f"unknown_{k}": n
-                    for k, n in sorted(kind_counts.items())}  # fmt: skip
-    s.objects, s.unsupported, s.scopes, s.files = dict(objects), dict(unsupported), dict(scopes), dict(files)
-    if unsupported:
-        calls = ", ".join(f"{name} x{n}" for name, n in unsupported.most_common())
-        problems.insert(0, f"unsupported operations: {calls}")
-    if s.missing_frames:
-        problems.append(f"{s.missing_frames} payload frame(s) missing (the capture was cut short)")
-    s.not_replayable_because = [p for p in problems if not p.startswith(("scope end", "scope '"))]
-    s.replayable = not s.not_replayable_because
-    s.not_replayable_because += [p for p in problems if p.startswith(("scope end", "scope '"))]
-    return s
-
-
-def _label(value: Any) -> str:
-    """The lower-case name of an enum value; ``unknown_N`` for a value from a newer writer."""
-    if hasattr(value, "label"):
-        return value.label
-    if isinstance(value, enum.Enum):
-        return value.name.lower()
-    return f"unknown_{int(value)}"
-
-
-@functools.cache
-def _fields_of(cls: type) -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(cls) if f.name != "index")
-
-
-def _field_names(op: Any) -> tuple[str, ...]:
-    return _fields_of(type(op))
-
-
-def render_summary_text(s: Summary) -> list[str]:
-    def counts(d: dict[str, int]) -> str:
-        return ", ".join(f"{k} {v}" for k, v in d.items()) or "none"
-
-    lines = [
-        f"format        {s.format_version}",
-        f"captured by   {s.tool or '?'} {s.tool_version}".rstrip(),
-        f"host          {s.host or '?'}   gpu {s.gpu or '?'}   driver {s.driver or '?'}",
-    ]
-    if s.command_line:
-        lines.append(f"command       {' '.join(s.command_line)}")
-    lines += [
-        f"objects       {s.object_count}: {counts(s.objects)}",
-        f"operations    {s.operation_count}: {counts(s.operations)}",
-        f"unsupported   {counts(s.unsupported)}",
-        f"scopes        {counts(s.scopes)}",
-        f"files         {counts(s.files)}",
-        f"payloads      {s.payloads}: {_size(s.payload_logical_bytes)} logical, "
-        f"{_size(s.payload_stored_bytes)} stored, compression {s.compression_ratio:.2f}x, "
-        f"dedup saved {_size(s.dedup_saved_bytes)}",
-    ]
-    if s.recovered:
-        lines.append(f"recovered     yes: {s.discarded_bytes} bytes discarded ({s.recovery_reason})")
-    else:
-        lines.append("recovered     no (index and footer intact)")
-    if s.replayable:
-        lines.append("replayable    yes (strict)")
-    else:
-        lines.append("replayable    no:")
-        lines += [f"  - {reason}" for reason in s.not_replayable_because]
-    return lines
-
-
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
-# ----------------------------------------------------------------------------------------------
-# Rows
-
-_DTYPE_FORMATS = {
-    m.DType.BOOL: "?", m.DType.INT8: "b", m.DType.UINT8: "B", m.DType.INT16: "h", m.DType.UINT16: "H",
-    m.DType.INT32: "i", m.DType.UINT32: "I", m.DType.INT64: "q", m.DType.UINT64: "Q", m.DType.FLOAT16: "e",
-    m.DType.FLOAT32: "f", m.DType.FLOAT64: "d",
-}  # fmt: skip
-_SIZE_FORMATS = {1: "B", 2: "H", 4: "I", 8: "Q"}
-
-
-_POINTER, _TENSOR_MAP = int(m.ParameterKind.POINTER), int(m.ParameterKind.TENSOR_MAP)
-
-
-def _float_json(value: float) -> str:
-    text = repr(value)
-    return text if text[-1].isdigit() else f'"{text}"'  # "nan", "inf", "-inf": strict JSON has no such numbers
-
-
-class _LaunchTemplate:
-    """Renders launch rows of one (executable, function) as JSON text quickly.
-
-    When the function's parameter layout is known, one precompiled struct unpacks every parameter
-    at once and each is written under its name: values typed by dtype, relocated pointers as
-    {"buffer", "offset"}, other pointers as hex strings, opaque blobs (tensor maps) as hex.
-    """
-
-    def __init__(self, dumper: Dumper, executable: int, function: int) -> None:
-        fn = dumper.function(executable, function)
-        self.name = fn.name if fn else ""
-        self.head = f',"executable":{executable},"function":{json.dumps(self.name)},"function_index":{function},'
-        self.render: Any = None
-        self.slots: list[tuple[str, int, int, str]] = []
-        if fn is None or not fn.parameters_known:
-            return
-        fmt, end, seen = "<", 0, set()
-        params = sorted(fn.parameters, key=lambda p: p.offset)
-        for i, p in enumerate(params):
-            if p.offset < end:
-                return  # overlapping parameters: leave this function to the raw-bytes form
-            fmt += "x" * (p.offset - end)
-            name = p.name if p.name and p.name not in seen else f"p{i}"
-            seen.add(name)
-            if p.kind == m.ParameterKind.POINTER and p.size == 8:
-                code, conv = "Q", "pointer"
-            elif p.dtype == m.DType.BFLOAT16 and p.size == 2:
-                code, conv = "H", "bf16"
-            elif p.dtype in _DTYPE_FORMATS and struct.calcsize("<" + _DTYPE_FORMATS[p.dtype]) == p.size:
-                code = _DTYPE_FORMATS[p.dtype]
-                conv = "float" if code in "efd" else ("bool" if code == "?" else "int")
-            elif p.kind != m.ParameterKind.TENSOR_MAP and p.size in _SIZE_FORMATS:
-                code, conv = _SIZE_FORMATS[p.size], "int"
-            else:
-                code, conv = f"{p.size}s", "hex"
-            fmt += code
-            end = p.offset + p.size
-            self.slots.append((json.dumps(name) + ":", p.offset, int(p.kind), conv))
-        self.render = _compile_renderer(struct.Struct(fmt), self.slots)
-
-    def parameters_json(self, op: m.Launch) -> str:
-        raw = op.parameters
-        if self.render is not None:
-            text = self.render(raw, op.relocations)
-            if text is not None:
-                return text
-        return f'"parameter_bytes":"{raw.hex()}"'
-
-
-def _bf16_json(value: int) -> str:
-    return _float_json(struct.unpack("<f", (value << 16).to_bytes(4, "little"))[0])
-
-
-def _target_json(relocation: m.Relocation | None) -> str | None:
-    return f'{{"buffer":{relocation[1]},"offset":{relocation[3]}}}' if relocation else None
-
-
-def _hex_json(value: int | bytes) -> str:
-    return f'"{value:#x}"' if isinstance(value, int) else f'"{value.hex()}"'
-
-
-def _compile_renderer(unpack: struct.Struct, slots: list[tuple[str, int, int, str]]) -> Any:
-    """Build, once per kernel signature, a function that renders the "parameters" object.
-
-    Unrolled code (one unpack, one concatenation) is several times faster than interpreting the
-    layout for every launch: this is what keeps JSONL fast. Which buffer each relocated pointer
-    names depends only on the launch's relocations, which repeat from launch to launch, so that
-    part is worked out once per distinct relocation set. The generated code holds no literals:
-    every string it joins comes from the namespace below.
-    """
-    values = ", ".join(f"v{i}" for i in range(len(slots)))
-    pointers = [(i, offset) for i, (_, offset, kind, _) in enumerate(slots) if kind in (_POINTER, _TENSOR_MAP)]
-    namespace: dict[str, Any] = {
-        "UNPACK": unpack.unpack_from, "SIZE": unpack.size, "FLOAT": _float_json, "BF16": _bf16_json,
-        "HEX": _hex_json, "TARGET": _target_json, "CACHE": {}, "TRUE": "true", "FALSE": "false",
-        "HEAD": '"parameters":', "TAIL": "}",
-    }  # fmt: skip
-    lines = [
-        "def render(raw, relocations):",
-        "    if len(raw) < SIZE:",
-        "        return None",
-        f"    ({values},) = UNPACK(raw)",
-    ]
-    if pointers:
-        targets = ", ".join(f"t{i}" for i, _ in pointers)
-        lines += ["    targets = CACHE.get(relocations)", "    if targets is None:"]
-        lines += [f"        r{i} = None" for i, _ in pointers]
-        lines += ["        for r in relocations:", "            if not r[0]:", "                o = r[2]"]
-        lines += [
-            f"                {'elif' if n else 'if'} o == {off}: r{i} = r" for n, (i, off) in enumerate(pointers)
-        ]
-        lines += [f"        targets = ({', '.join(f'TARGET(r{i})' for i, _ in pointers)},)"]
-        lines += ["        if len(CACHE) > 4096:", "            CACHE.clear()", "        CACHE[relocations] = targets"]
-        lines += [f"    ({targets},) = targets"]
-    pieces = ["HEAD"]
-    for i, (key, _offset, kind, conv) in enumerate(slots):
-        namespace[f"K{i}"] = ("{" if i == 0 else ",") + key
-        if kind in (_POINTER, _TENSOR_MAP):
-            value = f"(t{i} or HEX(v{i}))"
-        else:
-            value = {"int": f"str(v{i})", "float": f"FLOAT(v{i})", "bool": f"(TRUE if v{i} else FALSE)",
-                     "bf16": f"BF16(v{i})"}.get(conv, f"HEX(v{i})")  # fmt: skip
-        pieces += [f"K{i}", value]
-    pieces.append("TAIL" if slots else "'{}'")
-    lines.append("    return " + " + ".join(pieces))
-    exec("\n".join(lines), namespace)
-    return namespace["render"]
 
 
 class Dumper:
@@ -415,7 +51,7 @@ class Dumper:
                 payload_dir.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise ReplayUsageError(f"--payloads=files:{payload_dir}: cannot create ({exc.strerror})") from None
-        self._templates: dict[tuple[int, int], _LaunchTemplate] = {}
+        self._templates: dict[tuple[int, int], LaunchTemplate] = {}
         self._relocations_json: dict[tuple[m.Relocation, ...], str] = {}
         self._shapes: dict[tuple[Any, ...], str] = {}
         self._payload_json: dict[int, str] = {}
@@ -505,11 +141,11 @@ class Dumper:
             row.update(device=obj.device, flags=obj.flags)
         elif isinstance(obj, m.Buffer):
             row.update(device=obj.device, size=obj.size, alignment=obj.alignment, address=f"{obj.address:#x}",
-                       memory=_label(obj.memory), dtype=_label(obj.dtype), shape=list(obj.shape),
+                       memory=label_of(obj.memory), dtype=label_of(obj.dtype), shape=list(obj.shape),
                        strides=list(obj.strides), element_offset=obj.element_offset,
                        requires_fixed_address=obj.requires_fixed_address)  # fmt: skip
         elif isinstance(obj, m.Executable):
-            row.update(format=_label(obj.format), target_arch=obj.target_arch,
+            row.update(format=label_of(obj.format), target_arch=obj.target_arch,
                        payload=self.payload_ref(obj.payload), file=obj.file,
                        functions=[_function_row(i, fn) for i, fn in enumerate(obj.functions)])  # fmt: skip
         elif isinstance(obj, m.Global):
@@ -517,8 +153,8 @@ class Dumper:
                        initial_payload=self.payload_ref(obj.initial_payload))  # fmt: skip
         elif isinstance(obj, m.FileReference):
             row.update(path=obj.path, size=obj.size, device=obj.device, inode=obj.inode, mtime_ns=obj.mtime_ns,
-                       digest=hash_hex(obj.digest) if obj.digest else None, policy=_label(obj.policy),
-                       validation=_label(obj.validation),
+                       digest=hash_hex(obj.digest) if obj.digest else None, policy=label_of(obj.policy),
+                       validation=label_of(obj.validation),
                        ranges=[{"offset": r.offset, "size": r.size, "payload": self.payload_ref(r.payload)}
                                for r in obj.ranges],
                        payload=self.payload_ref(obj.payload))  # fmt: skip
@@ -546,7 +182,7 @@ class Dumper:
         elif isinstance(op, m.UnknownOperation):
             row["code"] = op.code
         else:
-            for name in _field_names(op):
+            for name in field_names(op):
                 row[name] = getattr(op, name)
             if isinstance(op, m.CreateObject | m.DestroyObject):
                 obj = self._object_or_none(op.object)
@@ -557,7 +193,7 @@ class Dumper:
         key = (op.executable, op.function)
         template = self._templates.get(key)
         if template is None:
-            template = self._templates[key] = _LaunchTemplate(self, op.executable, op.function)
+            template = self._templates[key] = LaunchTemplate(self, op.executable, op.function)
         shape_key = (op.grid, op.block, op.cluster, op.shared_memory, op.flags, op.stream)
         shape = self._shapes.get(shape_key)
         if shape is None:
@@ -606,7 +242,7 @@ class Dumper:
                 f'"value":{op.value},"element_size":{op.element_size},"count":{op.count}}}'
             )
         if type(op) in _ID_ROW_PREFIXES and not isinstance(op, m.CreateObject | m.DestroyObject):
-            names = _field_names(op)
+            names = field_names(op)
             prefix = _ID_ROW_PREFIXES[type(op)]
             fields = ",".join(f'"{n}":{getattr(op, n)}' for n in names)
             return f"{prefix}{op.index},{fields}}}"
@@ -716,7 +352,7 @@ class Dumper:
             return f"{head} {op.call}: {op.reason}"
         if isinstance(op, m.UnknownOperation):
             return f"{head} code={op.code}"
-        fields = " ".join(f"{n}={getattr(op, n)}" for n in _field_names(op))
+        fields = " ".join(f"{n}={getattr(op, n)}" for n in field_names(op))
         return f"{head} {fields}"
 
 
@@ -730,8 +366,8 @@ def _xyz(d: tuple[int, int, int]) -> str:
 def _function_row(index: int, fn: m.Function) -> dict[str, Any]:
     return {
         "index": index, "name": fn.name, "parameters_known": fn.parameters_known,
-        "parameters": [{"offset": p.offset, "size": p.size, "kind": _label(p.kind), "name": p.name,
-                        "dtype": _label(p.dtype)} for p in fn.parameters],
+        "parameters": [{"offset": p.offset, "size": p.size, "kind": label_of(p.kind), "name": p.name,
+                        "dtype": label_of(p.dtype)} for p in fn.parameters],
         "registers": fn.registers, "static_shared_memory": fn.static_shared_memory,
         "max_dynamic_shared_memory": fn.max_dynamic_shared_memory,
         "max_threads_per_block": fn.max_threads_per_block, "local_memory": fn.local_memory,
@@ -759,13 +395,14 @@ def _object_text(obj: m.ObjectDef) -> str:
     if isinstance(obj, m.Device):
         return f"{head}{tag} {obj.name} sm_{obj.compute_capability[0]}{obj.compute_capability[1]} ordinal={obj.ordinal}"
     if isinstance(obj, m.Buffer):
-        shape = f" {_label(obj.dtype)}{list(obj.shape)}" if obj.dtype else ""
+        shape = f" {label_of(obj.dtype)}{list(obj.shape)}" if obj.dtype else ""
         return f"{head}{tag} size={obj.size} device={obj.device} address={obj.address:#x}{shape}"
     if isinstance(obj, m.Executable):
         names = ", ".join(fn.name for fn in obj.functions)
-        return f"{head}{tag} {_label(obj.format)} {obj.target_arch} payload#{obj.payload} functions: {names}"
+        return f"{head}{tag} {label_of(obj.format)} {obj.target_arch} payload#{obj.payload} functions: {names}"
     if isinstance(obj, m.FileReference):
-        return f"{head}{tag} {obj.path} size={obj.size} policy={_label(obj.policy)} validation={_label(obj.validation)}"
+        policy, validation = label_of(obj.policy), label_of(obj.validation)
+        return f"{head}{tag} {obj.path} size={obj.size} policy={policy} validation={validation}"
     if isinstance(obj, m.Global):
         return f"{head}{tag} {obj.symbol} exe={obj.executable} size={obj.size}"
     if isinstance(obj, m.Stream | m.Event):
@@ -790,4 +427,4 @@ def _ids_of(op: m.Operation) -> set[int]:
         return {e.buffer for e in op.entries}
     if isinstance(op, m.UnknownOperation | m.ScopeBegin | m.ScopeEnd):
         return set()
-    return {getattr(op, n) for n in _field_names(op) if n in ("object", "executable", "device", "event", "stream")}
+    return {getattr(op, n) for n in field_names(op) if n in ("object", "executable", "device", "event", "stream")}

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 import replayfmt
-from replayfmt.dump.views import Dumper, DumpFilter, PayloadMode, render_summary_text, summarize
+from replayfmt.dump import Dumper, DumpFilter, PayloadMode, render_summary_text, summarize
 from replayfmt.errors import ReplayFormatError, ReplayUsageError
 from replayfmt.tools.common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, ToolExit, agents_md_option, reports_errors
 

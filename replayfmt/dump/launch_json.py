@@ -1,0 +1,140 @@
+"""Fast JSON text for launch rows: per-function templates with a precompiled struct unpack."""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import TYPE_CHECKING, Any
+
+from replayfmt.format import model as m
+
+# ----------------------------------------------------------------------------------------------
+# Rows
+
+_DTYPE_FORMATS = {
+    m.DType.BOOL: "?", m.DType.INT8: "b", m.DType.UINT8: "B", m.DType.INT16: "h", m.DType.UINT16: "H",
+    m.DType.INT32: "i", m.DType.UINT32: "I", m.DType.INT64: "q", m.DType.UINT64: "Q", m.DType.FLOAT16: "e",
+    m.DType.FLOAT32: "f", m.DType.FLOAT64: "d",
+}  # fmt: skip
+_SIZE_FORMATS = {1: "B", 2: "H", 4: "I", 8: "Q"}
+
+
+_POINTER, _TENSOR_MAP = int(m.ParameterKind.POINTER), int(m.ParameterKind.TENSOR_MAP)
+
+
+def _float_json(value: float) -> str:
+    text = repr(value)
+    return text if text[-1].isdigit() else f'"{text}"'  # "nan", "inf", "-inf": strict JSON has no such numbers
+
+
+if TYPE_CHECKING:
+    from replayfmt.dump.views import Dumper
+
+
+class LaunchTemplate:
+    """Renders launch rows of one (executable, function) as JSON text quickly.
+
+    When the function's parameter layout is known, one precompiled struct unpacks every parameter
+    at once and each is written under its name: values typed by dtype, relocated pointers as
+    {"buffer", "offset"}, other pointers as hex strings, opaque blobs (tensor maps) as hex.
+    """
+
+    def __init__(self, dumper: Dumper, executable: int, function: int) -> None:
+        fn = dumper.function(executable, function)
+        self.name = fn.name if fn else ""
+        self.head = f',"executable":{executable},"function":{json.dumps(self.name)},"function_index":{function},'
+        self.render: Any = None
+        self.slots: list[tuple[str, int, int, str]] = []
+        if fn is None or not fn.parameters_known:
+            return
+        fmt, end, seen = "<", 0, set()
+        params = sorted(fn.parameters, key=lambda p: p.offset)
+        for i, p in enumerate(params):
+            if p.offset < end:
+                return  # overlapping parameters: leave this function to the raw-bytes form
+            fmt += "x" * (p.offset - end)
+            name = p.name if p.name and p.name not in seen else f"p{i}"
+            seen.add(name)
+            if p.kind == m.ParameterKind.POINTER and p.size == 8:
+                code, conv = "Q", "pointer"
+            elif p.dtype == m.DType.BFLOAT16 and p.size == 2:
+                code, conv = "H", "bf16"
+            elif p.dtype in _DTYPE_FORMATS and struct.calcsize("<" + _DTYPE_FORMATS[p.dtype]) == p.size:
+                code = _DTYPE_FORMATS[p.dtype]
+                conv = "float" if code in "efd" else ("bool" if code == "?" else "int")
+            elif p.kind != m.ParameterKind.TENSOR_MAP and p.size in _SIZE_FORMATS:
+                code, conv = _SIZE_FORMATS[p.size], "int"
+            else:
+                code, conv = f"{p.size}s", "hex"
+            fmt += code
+            end = p.offset + p.size
+            self.slots.append((json.dumps(name) + ":", p.offset, int(p.kind), conv))
+        self.render = _compile_renderer(struct.Struct(fmt), self.slots)
+
+    def parameters_json(self, op: m.Launch) -> str:
+        raw = op.parameters
+        if self.render is not None:
+            text = self.render(raw, op.relocations)
+            if text is not None:
+                return text
+        return f'"parameter_bytes":"{raw.hex()}"'
+
+
+def _bf16_json(value: int) -> str:
+    return _float_json(struct.unpack("<f", (value << 16).to_bytes(4, "little"))[0])
+
+
+def _target_json(relocation: m.Relocation | None) -> str | None:
+    return f'{{"buffer":{relocation[1]},"offset":{relocation[3]}}}' if relocation else None
+
+
+def _hex_json(value: int | bytes) -> str:
+    return f'"{value:#x}"' if isinstance(value, int) else f'"{value.hex()}"'
+
+
+def _compile_renderer(unpack: struct.Struct, slots: list[tuple[str, int, int, str]]) -> Any:
+    """Build, once per kernel signature, a function that renders the "parameters" object.
+
+    Unrolled code (one unpack, one concatenation) is several times faster than interpreting the
+    layout for every launch: this is what keeps JSONL fast. Which buffer each relocated pointer
+    names depends only on the launch's relocations, which repeat from launch to launch, so that
+    part is worked out once per distinct relocation set. The generated code holds no literals:
+    every string it joins comes from the namespace below.
+    """
+    values = ", ".join(f"v{i}" for i in range(len(slots)))
+    pointers = [(i, offset) for i, (_, offset, kind, _) in enumerate(slots) if kind in (_POINTER, _TENSOR_MAP)]
+    namespace: dict[str, Any] = {
+        "UNPACK": unpack.unpack_from, "SIZE": unpack.size, "FLOAT": _float_json, "BF16": _bf16_json,
+        "HEX": _hex_json, "TARGET": _target_json, "CACHE": {}, "TRUE": "true", "FALSE": "false",
+        "HEAD": '"parameters":', "TAIL": "}",
+    }  # fmt: skip
+    lines = [
+        "def render(raw, relocations):",
+        "    if len(raw) < SIZE:",
+        "        return None",
+        f"    ({values},) = UNPACK(raw)",
+    ]
+    if pointers:
+        targets = ", ".join(f"t{i}" for i, _ in pointers)
+        lines += ["    targets = CACHE.get(relocations)", "    if targets is None:"]
+        lines += [f"        r{i} = None" for i, _ in pointers]
+        lines += ["        for r in relocations:", "            if not r[0]:", "                o = r[2]"]
+        lines += [
+            f"                {'elif' if n else 'if'} o == {off}: r{i} = r" for n, (i, off) in enumerate(pointers)
+        ]
+        lines += [f"        targets = ({', '.join(f'TARGET(r{i})' for i, _ in pointers)},)"]
+        lines += ["        if len(CACHE) > 4096:", "            CACHE.clear()", "        CACHE[relocations] = targets"]
+        lines += [f"    ({targets},) = targets"]
+    pieces = ["HEAD"]
+    for i, (key, _offset, kind, conv) in enumerate(slots):
+        namespace[f"K{i}"] = ("{" if i == 0 else ",") + key
+        if kind in (_POINTER, _TENSOR_MAP):
+            value = f"(t{i} or HEX(v{i}))"
+        else:
+            value = {"int": f"str(v{i})", "float": f"FLOAT(v{i})", "bool": f"(TRUE if v{i} else FALSE)",
+                     "bf16": f"BF16(v{i})"}.get(conv, f"HEX(v{i})")  # fmt: skip
+        pieces += [f"K{i}", value]
+    pieces.append("TAIL" if slots else "'{}'")
+    lines.append("    return " + " + ".join(pieces))
+    exec("\n".join(lines), namespace)
+    return namespace["render"]

@@ -1,0 +1,162 @@
+"""The summary dump-replay prints first: counts, sizes, compression and replayability."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from replayfmt.container.reader import Capture
+from replayfmt.dump.fields import label_of
+from replayfmt.errors import ReplayFormatError
+from replayfmt.format import model as m
+
+_K = m.OperationKind
+
+
+@dataclass
+class Summary:
+    format_version: str
+    tool: str
+    tool_version: str
+    created_unix_ns: int
+    host: str
+    gpu: str
+    driver: str
+    command_line: tuple[str, ...]
+    objects: dict[str, int] = field(default_factory=dict)
+    operations: dict[str, int] = field(default_factory=dict)
+    unsupported: dict[str, int] = field(default_factory=dict)
+    scopes: dict[str, int] = field(default_factory=dict)
+    files: dict[str, int] = field(default_factory=dict)  # "policy/validation" -> count
+    payloads: int = 0
+    payload_logical_bytes: int = 0
+    payload_stored_bytes: int = 0
+    compression_ratio: float = 1.0
+    dedup_saved_bytes: int = 0
+    missing_frames: int = 0
+    recovered: bool = False
+    discarded_bytes: int = 0
+    recovery_reason: str = ""
+    damaged: str = ""
+    replayable: bool = True
+    not_replayable_because: list[str] = field(default_factory=list)
+    operation_count: int = 0
+    object_count: int = 0
+
+    def as_row(self) -> dict[str, Any]:
+        row: dict[str, Any] = {"kind": "summary"}
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            row[name] = list(value) if isinstance(value, tuple) else value
+        return row
+
+
+def summarize(cap: Capture) -> Summary:
+    """Counts and verdicts over a whole capture; a damaged batch ends the count and is noted."""
+    meta = cap.metadata
+    s = Summary(
+        format_version=f"{cap.header.major}.{cap.header.minor}",
+        tool=meta.tool, tool_version=meta.tool_version, created_unix_ns=meta.created_unix_ns,
+        host=meta.host, gpu=meta.gpu, driver=meta.driver, command_line=meta.command_line,
+        recovered=cap.recovered, discarded_bytes=cap.discarded_bytes, recovery_reason=cap.recovery_reason,
+        operation_count=cap.operation_count, object_count=cap.object_count,
+    )  # fmt: skip
+    kind_counts: Counter[int] = Counter()
+    objects: Counter[str] = Counter()
+    unsupported: Counter[str] = Counter()
+    scopes: Counter[str] = Counter()
+    files: Counter[str] = Counter()
+    open_scopes: list[tuple[str, int]] = []
+    problems: list[str] = []
+    try:
+        for bi in range(cap.batch_count):
+            batch = cap._batch(bi)
+            codes, counts = np.unique(batch.kinds, return_counts=True)
+            kind_counts.update(dict(zip(codes.tolist(), counts.tolist())))
+            for op in batch.table_ops:
+                kind = op.kind
+                if kind == _K.UNSUPPORTED:
+                    unsupported[op.call] += 1
+                elif kind == _K.SCOPE_BEGIN:
+                    scopes[op.name] += 1
+                    open_scopes.append((op.name, op.index))
+                elif kind == _K.SCOPE_END:
+                    if not open_scopes or open_scopes[-1][0] != op.name:
+                        problems.append(f"scope end '{op.name}' at operation {op.index} matches no open scope")
+                    else:
+                        open_scopes.pop()
+                elif isinstance(op, m.UnknownOperation):
+                    problems.append(f"operation {op.index} has kind {op.code}, unknown to this reader")
+            for obj in batch.objects:
+                objects[obj.kind.label if not isinstance(obj, m.UnknownObject) else "unknown_object"] += 1
+                if isinstance(obj, m.FileReference):
+                    files[f"{label_of(obj.policy)}/{label_of(obj.validation)}"] += 1
+                    if obj.policy == m.FilePolicy.FAIL:
+                        problems.append(f"file reference {obj.id} ({obj.path}) was refused at capture (policy fail)")
+                elif isinstance(obj, m.UnknownObject):
+                    problems.append(f"object {obj.id} has kind {obj.type_code}, unknown to this reader")
+        stats = cap.payload_stats()
+        s.payloads, s.payload_logical_bytes = stats.payloads, stats.logical_bytes
+        s.payload_stored_bytes, s.compression_ratio = stats.stored_bytes, round(stats.compression_ratio, 4)
+        s.dedup_saved_bytes, s.missing_frames = stats.dedup_saved_bytes, stats.missing_frames
+    except ReplayFormatError as exc:
+        s.damaged = str(exc)
+        problems.append(f"the file is damaged: {exc}")
+    for name, index in open_scopes:
+        problems.append(f"scope '{name}' opened at operation {index} is never closed")
+    s.operations = {_K(k).label if k in m.OperationKind._value2member_map_ else f"unknown_{k}": n
+                    for k, n in sorted(kind_counts.items())}  # fmt: skip
+    s.objects, s.unsupported, s.scopes, s.files = dict(objects), dict(unsupported), dict(scopes), dict(files)
+    if unsupported:
+        calls = ", ".join(f"{name} x{n}" for name, n in unsupported.most_common())
+        problems.insert(0, f"unsupported operations: {calls}")
+    if s.missing_frames:
+        problems.append(f"{s.missing_frames} payload frame(s) missing (the capture was cut short)")
+    s.not_replayable_because = [p for p in problems if not p.startswith(("scope end", "scope '"))]
+    s.replayable = not s.not_replayable_because
+    s.not_replayable_because += [p for p in problems if p.startswith(("scope end", "scope '"))]
+    return s
+
+
+def render_summary_text(s: Summary) -> list[str]:
+    def counts(d: dict[str, int]) -> str:
+        return ", ".join(f"{k} {v}" for k, v in d.items()) or "none"
+
+    lines = [
+        f"format        {s.format_version}",
+        f"captured by   {s.tool or '?'} {s.tool_version}".rstrip(),
+        f"host          {s.host or '?'}   gpu {s.gpu or '?'}   driver {s.driver or '?'}",
+    ]
+    if s.command_line:
+        lines.append(f"command       {' '.join(s.command_line)}")
+    lines += [
+        f"objects       {s.object_count}: {counts(s.objects)}",
+        f"operations    {s.operation_count}: {counts(s.operations)}",
+        f"unsupported   {counts(s.unsupported)}",
+        f"scopes        {counts(s.scopes)}",
+        f"files         {counts(s.files)}",
+        f"payloads      {s.payloads}: {_size(s.payload_logical_bytes)} logical, "
+        f"{_size(s.payload_stored_bytes)} stored, compression {s.compression_ratio:.2f}x, "
+        f"dedup saved {_size(s.dedup_saved_bytes)}",
+    ]
+    if s.recovered:
+        lines.append(f"recovered     yes: {s.discarded_bytes} bytes discarded ({s.recovery_reason})")
+    else:
+        lines.append("recovered     no (index and footer intact)")
+    if s.replayable:
+        lines.append("replayable    yes (strict)")
+    else:
+        lines.append("replayable    no:")
+        lines += [f"  - {reason}" for reason in s.not_replayable_because]
+    return lines
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
