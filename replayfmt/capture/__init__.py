@@ -17,10 +17,11 @@ Needs cupti-python matching the driver's CUPTI: ``pip install 'replayfmt[capture
 
 from __future__ import annotations
 
+from replayfmt.capture.allocations import TensorLabel
 from replayfmt.capture.options import CaptureMode, RecordOptions
 from replayfmt.capture.recorder import Recorder, active, record, scope
 from replayfmt.capture.report import KernelStats, Report
-from replayfmt.capture.translate import KernelAnnotation, TensorLabel, Translator
+from replayfmt.capture.translate import KernelAnnotation, Translator
 
 __all__ = [
     "CaptureMode",

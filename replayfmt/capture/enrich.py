@@ -11,7 +11,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from replayfmt.capture.translate import KernelAnnotation, TensorLabel, Translator
+from replayfmt.capture.allocations import TensorLabel
+from replayfmt.capture.translate import KernelAnnotation, Translator
 from replayfmt.format import model as m
 
 _DTYPES = {

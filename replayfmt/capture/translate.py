@@ -16,29 +16,24 @@ Snapshots synchronise only the launching stream (all the launch depends on has c
 
 from __future__ import annotations
 
-import bisect
 import re
 import struct
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
-import numpy as np
-
 from replayfmt.capture import events as ev
+from replayfmt.capture.allocations import POINTER_HIGH, POINTER_LOW, Allocation, AllocationTable, TensorLabel
+from replayfmt.capture.file_references import FileReferences
 from replayfmt.capture.hostfiles import HostFiles
+from replayfmt.capture.modules import Module, store_module
 from replayfmt.capture.options import CaptureMode, RecordOptions
 from replayfmt.capture.report import KernelStats, Report
-from replayfmt.container.files import file_digest, identity_of
 from replayfmt.container.writer import CaptureWriter
 from replayfmt.format import model as m
-from replayfmt.format.cubin import CubinError, detect_format, parse_cubin
 
-_POINTER_LOW = 1 << 32  # below this an 8-byte parameter word is taken for a number, not an address
-_POINTER_HIGH = 1 << 57
 _DEFAULT_STREAMS = (0, 1, 2)  # 0, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
-_FORMATS = {"cubin": m.ExecutableFormat.CUBIN, "ptx": m.ExecutableFormat.PTX, "fatbin": m.ExecutableFormat.FATBIN}
 _COLLECTIVE = re.compile(r"^_?Z?\d*nccl|^ncclKernel|^ncclDevKernel")
 
 
@@ -55,47 +50,13 @@ class DeviceMemory(Protocol):
         """(base, size) of the device allocation holding ``address`` (one made before recording)."""
 
 
-@dataclass(frozen=True, slots=True)
-class TensorLabel:
-    """What a framework knows about a tensor: used to type the buffer that holds it."""
-
-    address: int
-    size: int
-    dtype: m.DType
-    shape: tuple[int, ...] = ()
-    strides: tuple[int, ...] = ()
-    name: str = ""
-
-
-@dataclass(eq=False)
-class _Allocation:
-    address: int
-    size: int
-    api: ev.MemoryApi
-    call: str
-    buffer: int = 0  # object id once written
-    region: int = -1  # the region in which it was last touched
-    before: int = 0  # payload of its snapshot in that region (0: defined by the region itself)
-    labels: list[TensorLabel] = field(default_factory=list)
-
-
-@dataclass
-class _Module:
-    image: ev.ModuleImage
-    payload: int = 0
-    file: int = 0
-    format: m.ExecutableFormat = m.ExecutableFormat.UNKNOWN
-    arch: str = ""
-    executables: dict[str, int] = field(default_factory=dict)  # function name -> executable id
-
-
 @dataclass
 class _Instance:
     """A kernel-mode launch waiting for its call to return."""
 
     scope: str
     stream: int
-    targets: list[_Allocation]
+    targets: list[Allocation]
 
 
 @dataclass(slots=True)
@@ -107,7 +68,7 @@ class _KernelShape:
     tensor_maps: frozenset[int]  # offsets of its tensor-map parameters
     words: struct.Struct  # its parameter block as 8-byte words
     # the last launch's arguments and what they resolved to, while no allocation changed since
-    last: tuple[bytes, int, tuple[m.Relocation, ...], list[_Allocation]] | None = None
+    last: tuple[bytes, int, tuple[m.Relocation, ...], list[Allocation]] | None = None
 
 
 @dataclass(frozen=True)
@@ -139,27 +100,24 @@ class Translator:
         self._lock = threading.RLock()
         self._host_files = host_files or HostFiles()
         self._device = writer.add_object(device or m.Device())
-        self._starts: list[int] = []
-        self._allocations: dict[int, _Allocation] = {}
-        self._not_pointers: set[int] = set()  # words the driver said are no allocation
-        self._modules: dict[tuple[str, int], _Module] = {}
+        self.allocations = AllocationTable(memory.find_allocation)
+        self._modules: dict[tuple[str, int], Module] = {}
         self._streams: dict[int, int] = {}
         self._stream_info: dict[int, ev.StreamCreated] = {}
         self._events: dict[int, int] = {}
         self._event_flags: dict[int, int] = {}
-        self._files: dict[tuple[str, int], int] = {}  # (path, policy) -> file reference id
+        self._file_references = FileReferences(writer, options)
         self._annotations: dict[tuple[tuple[str, int] | None, str], KernelAnnotation] = {}
         self._pending_labels: list[TensorLabel] = []
         self._kernel_filter = re.compile(options.kernels) if options.kernels else None
         self._seen: dict[str, int] = {}
         self._shapes: dict[tuple[int, str, tuple[str, int] | None], _KernelShape] = {}
-        self._epoch = 0  # changes whenever the allocation table does
         self._instances: dict[int, _Instance] = {}  # thread id -> instance awaiting its LaunchEnd
         self._region = 0
         self._recording = False
         self._region_name = ""
-        self._touched: list[_Allocation] = []
-        self._pending_d2h: dict[int, tuple[int, _Allocation, int, int, int]] = {}
+        self._touched: list[Allocation] = []
+        self._pending_d2h: dict[int, tuple[int, Allocation, int, int, int]] = {}
         self._marked_fixed = False
 
     # -- regions ---------------------------------------------------------------------------
@@ -215,7 +173,7 @@ class Translator:
     def label_tensor(self, label: TensorLabel) -> None:
         """Type the allocation holding a tensor (used when its buffer object is written)."""
         with self._lock:
-            allocation = self._find(label.address)
+            allocation = self.allocations.find(label.address)
             if allocation is not None and allocation.buffer == 0:
                 allocation.labels.append(label)
 
@@ -230,34 +188,18 @@ class Translator:
                 self.report.errors.append(f"{type(event).__name__}: {type(exc).__name__}: {exc}")
 
     def _on_module(self, event: ev.ModuleImage) -> None:
-        self._modules[event.key] = _Module(event)
+        self._modules[event.key] = Module(event)
 
     def _on_module_unload(self, event: ev.ModuleUnload) -> None:
         self._modules.pop(event.key, None)
 
     def _on_allocation(self, event: ev.Allocation) -> None:
-        self._add_allocation(event.address, event.size, event.api, event.call)
+        self.allocations.add(event.address, event.size, event.api, event.call)
         if event.api == ev.MemoryApi.MANAGED and self._recording:
             self._unsupported(event.call, "managed memory cannot be replayed", 0)
 
-    def _add_allocation(self, address: int, size: int, api: ev.MemoryApi, call: str) -> _Allocation:
-        self._remove(address)
-        allocation = _Allocation(address, size, api, call)
-        bisect.insort(self._starts, address)
-        self._allocations[address] = allocation
-        self._not_pointers.clear()
-        self._epoch += 1
-        return allocation
-
-    def _remove(self, address: int) -> _Allocation | None:
-        allocation = self._allocations.pop(address, None)
-        if allocation is not None:
-            del self._starts[bisect.bisect_left(self._starts, address)]
-            self._epoch += 1
-        return allocation
-
     def _on_free(self, event: ev.Free) -> None:
-        allocation = self._remove(event.address)
+        allocation = self.allocations.remove(event.address)
         if allocation is not None and allocation.buffer and self._recording:
             self.writer.destroy(allocation.buffer)
 
@@ -277,11 +219,11 @@ class Translator:
         if function is None:
             return
         last = shape.last
-        if last is not None and last[0] == event.parameters and last[1] == self._epoch:
+        if last is not None and last[0] == event.parameters and last[1] == self.allocations.epoch:
             relocations, targets = last[2], last[3]  # a loop launching on the same buffers
         else:
             relocations, targets = self._relocations(event.parameters, shape)
-            shape.last = (event.parameters, self._epoch, relocations, targets)
+            shape.last = (event.parameters, self.allocations.epoch, relocations, targets)
         for allocation in targets:
             self._touch(allocation, event.stream, kernel.name)
         self._write_launch(event, function, relocations)
@@ -353,8 +295,8 @@ class Translator:
     def _on_copy(self, event: ev.Copy) -> None:
         if not self._recording:
             return
-        dst = self._device_allocation(event.dst)
-        src = self._device_allocation(event.src)
+        dst = self.allocations.device_allocation(event.dst)
+        src = self.allocations.device_allocation(event.src)
         direction = event.direction
         if direction == ev.CopyDirection.DEFAULT:
             direction = {(True, False): ev.CopyDirection.H2D, (False, True): ev.CopyDirection.D2H}.get(
@@ -387,47 +329,20 @@ class Translator:
                                  stream=stream, flags=flags)  # fmt: skip
         return None
 
-    def _copy_from_host(self, event: ev.Copy, dst: _Allocation, stream: int, flags: int) -> None:
+    def _copy_from_host(self, event: ev.Copy, dst: Allocation, stream: int, flags: int) -> None:
         offset = event.dst - dst.address
         mapped = self._host_files.file_range(event.src, event.size) if event.size else None
         if mapped is not None:
-            reference, file_offset = self._file_source(*mapped, event)
+            path, file_offset = mapped
+            reference = self._file_references.for_copy(
+                path, file_offset, event.size, lambda: self.memory.host_bytes(event.src, event.size)
+            )
             if reference:
                 self.writer.copy_h2d(dst_buffer=dst.buffer, src_file=reference, src_offset=file_offset,
                                      size=event.size, dst_offset=offset, stream=stream, flags=flags)  # fmt: skip
                 return
         self.writer.copy_h2d(dst_buffer=dst.buffer, data=self.memory.host_bytes(event.src, event.size),
                              dst_offset=offset, stream=stream, flags=flags)  # fmt: skip
-
-    def _file_source(self, path: str, offset: int, event: ev.Copy) -> tuple[int, int]:
-        """A file reference for bytes the program copied from a file mapping, by the file policy."""
-        policy = self.options.file_policy
-        if policy == m.FilePolicy.CAPTURE_RANGES:
-            payload = self.writer.add_payload(self.memory.host_bytes(event.src, event.size))
-            ranges = (m.FileRange(offset=offset, size=event.size, payload=payload),)
-            return self._file_reference(path, policy, ranges=ranges, key_extra=payload), offset
-        return self._file_reference(path, policy), offset
-
-    def _file_reference(
-        self, path: str, policy: m.FilePolicy, *, ranges: tuple[m.FileRange, ...] = (), key_extra: int = 0
-    ) -> int:
-        key = (path, int(policy) << 48 | key_extra)
-        existing = self._files.get(key)
-        if existing:
-            return existing
-        identity = identity_of(path)
-        validation = self.options.file_validation
-        digest = file_digest(path) if validation == m.FileValidation.DIGEST else None
-        payload = 0
-        if policy == m.FilePolicy.CAPTURE_ALL:
-            with open(path, "rb") as f:
-                payload = self.writer.add_payload(f.read())
-        ref = self.writer.add_object(
-            m.FileReference(path=path, policy=policy, validation=validation, digest=digest, ranges=ranges,
-                            payload=payload, **identity)
-        )  # fmt: skip
-        self._files[key] = ref
-        return ref
 
     def _on_copy_done(self, event: ev.CopyDone) -> None:
         pending = self._pending_d2h.pop(threading.get_ident(), None)
@@ -440,7 +355,7 @@ class Translator:
     def _on_memset(self, event: ev.Memset) -> None:
         if not self._recording:
             return
-        allocation = self._device_allocation(event.address)
+        allocation = self.allocations.device_allocation(event.address)
         if allocation is None:
             return self._unsupported(event.call, f"address {event.address:#x} is in no recorded allocation", 0)
         offset = event.address - allocation.address
@@ -507,7 +422,7 @@ class Translator:
             eid = self._events[handle] = self.writer.add_object(m.Event(device=self._device, flags=flags))
         return eid
 
-    def _buffer(self, allocation: _Allocation) -> int:
+    def _buffer(self, allocation: Allocation) -> int:
         if allocation.buffer:
             return allocation.buffer
         dtype, shape, strides, label = m.DType.UNKNOWN, (), (), ""
@@ -539,7 +454,7 @@ class Translator:
             return None
         eid = module.executables.get(kernel.name)
         if eid is None:
-            self._store_module(module)
+            store_module(module, self.writer, self._file_references, self.options.file_policy)
             annotation = self._annotation(kernel)
             parameters = []
             for i, (offset, size) in enumerate(kernel.layout):
@@ -557,55 +472,7 @@ class Translator:
             ))  # fmt: skip
         return eid, 0
 
-    def _store_module(self, module: _Module) -> None:
-        if module.payload or module.file:
-            return
-        image = module.image
-        data = image.data
-        if data is None and image.path is not None:
-            policy = self.options.file_policy
-            if policy in (m.FilePolicy.REFERENCE, m.FilePolicy.FAIL):
-                module.file = self._file_reference(image.path, policy)
-            with open(image.path, "rb") as f:
-                data = f.read()
-        if data is None:
-            raise ValueError(f"module {image.key} has no image")
-        try:
-            module.format = _FORMATS[detect_format(data)]
-        except CubinError:
-            module.format = m.ExecutableFormat.UNKNOWN
-        if module.format == m.ExecutableFormat.CUBIN:
-            try:
-                module.arch = f"sm_{parse_cubin(data).arch}"
-            except CubinError:
-                pass
-        if not module.file:
-            module.payload = self.writer.add_payload(data)
-        module.image = ev.ModuleImage(image.key, None, image.path, image.call)  # the bytes are stored now
-
     # -- addresses and snapshots -----------------------------------------------------------
-
-    def _find(self, address: int) -> _Allocation | None:
-        i = bisect.bisect_right(self._starts, address) - 1
-        if i >= 0:
-            allocation = self._allocations[self._starts[i]]
-            if address < allocation.address + max(allocation.size, 1):
-                return allocation
-        return None
-
-    def _device_allocation(self, address: int) -> _Allocation | None:
-        """The device allocation holding ``address``, asking the driver about ones made before
-        recording; None for host memory."""
-        allocation = self._find(address)
-        if allocation is None and _POINTER_LOW <= address < _POINTER_HIGH and address not in self._not_pointers:
-            found = self.memory.find_allocation(address)
-            if found is None:
-                self._not_pointers.add(address)
-            else:
-                allocation = self._add_allocation(found[0], found[1], ev.MemoryApi.DEVICE, "allocated before recording")
-        if allocation is None or allocation.api != ev.MemoryApi.DEVICE:
-            return None
-        return allocation
 
     def _annotation(self, kernel: ev.Kernel) -> KernelAnnotation:
         return self._annotations.get((kernel.module, kernel.name)) or self._annotations.get(
@@ -617,19 +484,17 @@ class Translator:
         when the framework says the kernel takes tensor descriptors."""
         return size == 128 and (offset % 64 == 0 or self._annotation(kernel).tensor_maps)
 
-    def _relocations(
-        self, parameters: bytes, shape: _KernelShape
-    ) -> tuple[tuple[m.Relocation, ...], list[_Allocation]]:
+    def _relocations(self, parameters: bytes, shape: _KernelShape) -> tuple[tuple[m.Relocation, ...], list[Allocation]]:
         """Every 8-byte-aligned parameter word that points into a device allocation becomes a
         relocation (structs passed by value hold pointers too); in a tensor map parameter only
         the first word, its global address, is one (a tensor-map relocation)."""
         relocations: list[m.Relocation] = []
-        targets: list[_Allocation] = []
+        targets: list[Allocation] = []
         words = shape.words.unpack_from(parameters) if len(parameters) >= shape.words.size else ()
         maps = shape.tensor_maps
         skip_until = -1
         for i, value in enumerate(words):
-            if value < _POINTER_LOW or value >= _POINTER_HIGH:
+            if value < POINTER_LOW or value >= POINTER_HIGH:
                 continue
             site = i * 8
             if site < skip_until:
@@ -638,7 +503,7 @@ class Translator:
             if site in maps:
                 kind = m.RelocationKind.TENSOR_MAP
                 skip_until = site + 128
-            allocation = self._device_allocation(value)
+            allocation = self.allocations.device_allocation(value)
             if allocation is None:
                 continue
             relocations.append(m.Relocation(0, self._buffer(allocation), site, value - allocation.address, kind))
@@ -646,7 +511,7 @@ class Translator:
                 targets.append(allocation)
         return tuple(relocations), targets
 
-    def _prepare_write(self, allocation: _Allocation, offset: int, size: int, stream: int) -> None:
+    def _prepare_write(self, allocation: Allocation, offset: int, size: int, stream: int) -> None:
         """Before an operation writes ``size`` bytes at ``offset``: a write covering the whole
         allocation needs no snapshot of what it replaces."""
         self._buffer(allocation)
@@ -658,7 +523,7 @@ class Translator:
             return
         self._touch(allocation, stream, "")
 
-    def _touch(self, allocation: _Allocation, stream: int, kernel: str) -> None:
+    def _touch(self, allocation: Allocation, stream: int, kernel: str) -> None:
         """First touch in this region (or kernel instance): upload the allocation's contents."""
         if allocation.region == self._region:
             return  # touched already, so its buffer is written too
@@ -678,38 +543,27 @@ class Translator:
         if self.options.detect_pointers and not self.options.fixed_addresses and not self._marked_fixed:
             self._look_for_stored_pointers(allocation, data)
 
-    def _look_for_stored_pointers(self, allocation: _Allocation, data: bytes | memoryview) -> None:
+    def _look_for_stored_pointers(self, allocation: Allocation, data: bytes | memoryview) -> None:
         """Device memory holding addresses of allocations (pointer arrays, cuBLAS workspaces)
         cannot be relocated: mark the capture as needing --fixed-addresses."""
-        if not self._starts or len(data) < 8:
+        found = self.allocations.stored_device_address(data)
+        if found is None:
             return
-        words = np.frombuffer(data, dtype=np.uint64, count=len(data) // 8)
-        low = self._starts[0]
-        last = self._allocations[self._starts[-1]]
-        candidates = words[(words >= low) & (words < last.address + last.size)]
-        if candidates.size == 0:
-            return
-        for value in np.unique(candidates)[:4096].tolist():
-            target = self._find(value)
-            if target is not None and target.api == ev.MemoryApi.DEVICE:
-                where = int(np.flatnonzero(words == value)[0]) * 8
-                self._marked_fixed = True
-                reason = (
-                    f"buffer {allocation.buffer} holds the address {value:#x} (of buffer "
-                    f"{self._buffer(target)}) at byte {where}"
-                )
-                self.report.needs_fixed_addresses = reason
-                # objects are immutable once written: one alias buffer marks the whole capture
-                self.writer.add_object(m.Buffer(size=allocation.size, device=self._device,
-                                                address=allocation.address, requires_fixed_address=True,
-                                                label=f"fixed-address marker: {reason}"))  # fmt: skip
-                return
+        value, where, target = found
+        self._marked_fixed = True
+        holder, target_buffer = allocation.buffer, self._buffer(target)
+        reason = f"buffer {holder} holds the address {value:#x} (of buffer {target_buffer}) at byte {where}"
+        self.report.needs_fixed_addresses = reason
+        # objects are immutable once written: one alias buffer marks the whole capture
+        marker = m.Buffer(size=allocation.size, device=self._device, address=allocation.address,
+                          requires_fixed_address=True, label=f"fixed-address marker: {reason}")  # fmt: skip
+        self.writer.add_object(marker)
 
-    def _checkpoint(self, allocations: list[_Allocation], *, stream: int | None, name: str) -> None:
+    def _checkpoint(self, allocations: list[Allocation], *, stream: int | None, name: str) -> None:
         """What the allocations hold now, for those that changed and are still alive."""
         entries = []
         for allocation in allocations:
-            if self._allocations.get(allocation.address) is not allocation:
+            if not self.allocations.is_live(allocation):
                 continue  # freed meanwhile
             started = time.perf_counter()
             data = self.memory.read(allocation.address, allocation.size, stream)

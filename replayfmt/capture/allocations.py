@@ -1,0 +1,118 @@
+"""The program's live allocations as the recorder sees them: an address-ordered table that finds
+the allocation holding an address, asks the driver about allocations made before recording, and
+counts its changes (an epoch) so that callers can cache what they resolved against it."""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from replayfmt.capture import events as ev
+from replayfmt.format import model as m
+
+POINTER_LOW = 1 << 32  # below this an 8-byte parameter word is taken for a number, not an address
+POINTER_HIGH = 1 << 57
+
+
+@dataclass(frozen=True, slots=True)
+class TensorLabel:
+    """What a framework knows about a tensor: used to type the buffer that holds it."""
+
+    address: int
+    size: int
+    dtype: m.DType
+    shape: tuple[int, ...] = ()
+    strides: tuple[int, ...] = ()
+    name: str = ""
+
+
+@dataclass(eq=False)
+class Allocation:
+    """One live allocation of the program, and what the capture has written about it."""
+
+    address: int
+    size: int
+    api: ev.MemoryApi
+    call: str
+    buffer: int = 0  # object id once written
+    region: int = -1  # the region in which it was last touched
+    before: int = 0  # payload of its snapshot in that region (0: defined by the region itself)
+    labels: list[TensorLabel] = field(default_factory=list)
+
+
+class AllocationTable:
+    """Live allocations by address. ``find_unknown(address)`` answers (base, size) for device
+    memory allocated before recording started, or None."""
+
+    def __init__(self, find_unknown: Callable[[int], tuple[int, int] | None]) -> None:
+        self._find_unknown = find_unknown
+        self._starts: list[int] = []
+        self._by_address: dict[int, Allocation] = {}
+        self._not_pointers: set[int] = set()  # words the driver said are no allocation
+        self.epoch = 0  # changes whenever the table does
+
+    def add(self, address: int, size: int, api: ev.MemoryApi, call: str) -> Allocation:
+        self.remove(address)
+        allocation = Allocation(address, size, api, call)
+        bisect.insort(self._starts, address)
+        self._by_address[address] = allocation
+        self._not_pointers.clear()
+        self.epoch += 1
+        return allocation
+
+    def remove(self, address: int) -> Allocation | None:
+        allocation = self._by_address.pop(address, None)
+        if allocation is not None:
+            del self._starts[bisect.bisect_left(self._starts, address)]
+            self.epoch += 1
+        return allocation
+
+    def is_live(self, allocation: Allocation) -> bool:
+        return self._by_address.get(allocation.address) is allocation
+
+    def find(self, address: int) -> Allocation | None:
+        """The allocation holding ``address`` (a zero-size one holds its own address)."""
+        i = bisect.bisect_right(self._starts, address) - 1
+        if i >= 0:
+            allocation = self._by_address[self._starts[i]]
+            if address < allocation.address + max(allocation.size, 1):
+                return allocation
+        return None
+
+    def device_allocation(self, address: int) -> Allocation | None:
+        """The device allocation holding ``address``, asking the driver about ones made before
+        recording; None for host memory or a number that is no address."""
+        allocation = self.find(address)
+        if allocation is None and POINTER_LOW <= address < POINTER_HIGH and address not in self._not_pointers:
+            found = self._find_unknown(address)
+            if found is None:
+                self._not_pointers.add(address)
+            else:
+                allocation = self.add(found[0], found[1], ev.MemoryApi.DEVICE, "allocated before recording")
+        if allocation is None or allocation.api != ev.MemoryApi.DEVICE:
+            return None
+        return allocation
+
+    def span(self) -> tuple[int, int] | None:
+        """[lowest start, highest end) over every live allocation, or None when there is none."""
+        if not self._starts:
+            return None
+        last = self._by_address[self._starts[-1]]
+        return self._starts[0], last.address + last.size
+
+    def stored_device_address(self, data: bytes | memoryview) -> tuple[int, int, Allocation] | None:
+        """The first 8-byte-aligned word of ``data`` that is the address of a live device
+        allocation, as (value, byte offset in data, allocation); None when there is none."""
+        span = self.span()
+        if span is None or len(data) < 8:
+            return None
+        words = np.frombuffer(data, dtype=np.uint64, count=len(data) // 8)
+        candidates = words[(words >= span[0]) & (words < span[1])]
+        for value in np.unique(candidates)[:4096].tolist():
+            target = self.find(value)
+            if target is not None and target.api == ev.MemoryApi.DEVICE:
+                return value, int(np.flatnonzero(words == value)[0]) * 8, target
+        return None
