@@ -180,7 +180,7 @@ def test_damaged_batch_prints_what_it_can_then_one_error_line(tmp_path):
         for i in range(40):
             w.scope_begin(f"s{i}")
     with replayfmt.open(path) as cap:
-        offset = cap._batch_offsets[2]
+        offset = cap.directory.batch_offsets[2]
     data = bytearray(path.read_bytes())
     data[offset + 64 + 20] ^= 0xFF  # a body byte of the third batch
     path.write_bytes(bytes(data))

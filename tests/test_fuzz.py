@@ -92,7 +92,7 @@ def batch_body(tmp_path_factory) -> tuple[bytes, tuple[int, ...]]:
     write_sample(path, n=16, threads=0, batch_operations=10_000)
     with replayfmt.open(path) as cap:
         assert cap.batch_count == 1
-        offset = cap._batch_offsets[0]
+        offset = cap.directory.batch_offsets[0]
         body = bytes(cap._chunk_body(cap._chunk_header(offset, "batch"), 1 << 30, "batch"))
         entry = (cap.operation_count, cap.object_count, cap.payload_count)
     return body, entry

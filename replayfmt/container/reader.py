@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import bisect
 import concurrent.futures as cf
-import contextlib
-import gc
 import mmap
 import os
 import stat
@@ -23,12 +21,14 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
-from itertools import pairwise, repeat
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from replayfmt.container.batches import DecodedBatch, collector_paused, decode_batch, materialize
+from replayfmt.container.directory import Directory, build_directory, frame_entries
 from replayfmt.errors import ReplayFormatError, ReplayUsageError
 from replayfmt.format import model as m, records
 from replayfmt.format.decoder import decode_buffer
@@ -50,21 +50,9 @@ from replayfmt.format.layout import (
     unpack_file_header,
     unpack_footer,
 )
-from replayfmt.format.payloads import decompress, decompress_into, frame_hash, hash_hex, payload_hash
+from replayfmt.format.payloads import decompress, decompress_into, frame_hash, hash_hex
 
-_K = m.OperationKind
-_LAUNCH, _MEMSET = int(_K.LAUNCH), int(_K.MEMSET)
-_COPY_KINDS = {int(k): k for k in (_K.COPY_HOST_TO_DEVICE, _K.COPY_DEVICE_TO_HOST, _K.COPY_DEVICE_TO_DEVICE)}
-_KNOWN_KINDS = {int(k) for k in _K if k != _K.NONE}
-# storage category of each operation kind: 0 launch, 1 copy, 2 memset, 3 id-only records, 4 tables
-_CATEGORY = np.full(256, 4, dtype=np.uint8)
-_CATEGORY[_LAUNCH] = 0
-_CATEGORY[list(_COPY_KINDS)] = 1
-_CATEGORY[_MEMSET] = 2
-_CATEGORY[[int(k) for k in records.ID_OPERATIONS]] = 3
-_CATEGORIES = 5
 _BATCH_CACHE = 8
-_new_tuple = tuple.__new__
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,30 +71,6 @@ class PayloadStats:
         return self.frame_bytes / self.stored_bytes if self.stored_bytes else 1.0
 
 
-class _Batch:
-    """One decoded, verified RecordBatch."""
-
-    __slots__ = (
-        "copies",
-        "first_object",
-        "first_operation",
-        "first_payload",
-        "id_operations",
-        "kinds",
-        "launches",
-        "memsets",
-        "objects",
-        "parameters",
-        "payloads",
-        "relocations",
-        "table_ops",
-    )  # fmt: skip
-
-    def __init__(self, **fields: Any) -> None:
-        for name, value in fields.items():
-            setattr(self, name, value)
-
-
 class Capture:
     """An open .kreplay file. Create with :func:`replayfmt.open`; close with :meth:`close` or
     use as a context manager. Owns the file mapping."""
@@ -115,7 +79,7 @@ class Capture:
         self.path = str(path)
         self.limits = limits
         self._lock = threading.Lock()
-        self._cache: OrderedDict[int, _Batch] = OrderedDict()
+        self._cache: OrderedDict[int, DecodedBatch] = OrderedDict()
         self._pool: cf.ThreadPoolExecutor | None = None
         self._last_materialized: tuple[int, list[m.Operation]] | None = None
         self._mm, self._fd = _map_file(self.path)
@@ -267,12 +231,7 @@ class Capture:
             next_op, next_obj, next_payload = row[1] + row[2], row[3] + row[4], row[5] + row[6]
         dt = records.dtype
         batches = np.array(kept, dtype=dt("BatchEntry")) if kept else np.zeros(0, dt("BatchEntry"))
-        frames = np.zeros(len(frame_rows), dtype=dt("FrameEntry"))
-        if frame_rows:
-            table = np.array(frame_rows, dtype=np.uint64)
-            frames["hash"]["lo"], frames["hash"]["hi"] = table[:, 0], table[:, 1]
-            frames["offset"], frames["stored_size"] = table[:, 2], table[:, 3]
-            frames["logical_size"], frames["codec"] = table[:, 4], table[:, 5]
+        frames = frame_entries(frame_rows)
         self._set_directory(batches, frames, next_op, next_obj - 1, next_payload - 1)
 
     def _chunk_body_checksum(self, header: ChunkHeader) -> None:
@@ -283,49 +242,23 @@ class Capture:
     def _set_directory(
         self, batches: np.ndarray, frames: np.ndarray, operation_count: int, object_count: int, payload_count: int
     ) -> None:
-        """Check the directory's arithmetic and keep it as plain arrays for bisecting."""
-        first = batches["first_operation"].astype(np.int64)
-        count = batches["operation_count"].astype(np.int64)
-        expected_first = np.concatenate(([0], np.cumsum(count)[:-1])) if len(count) else first
-        if len(batches) and not np.array_equal(first, expected_first):
-            raise self._error("index: record batches do not number operations contiguously from 0")
-        if int(count.sum()) != operation_count:
-            raise self._error(f"index: batches hold {int(count.sum())} operations, the index says {operation_count}")
-        for what, first_name, count_name, total in (
-            ("object", "first_object", "object_count", object_count),
-            ("payload", "first_payload", "payload_count", payload_count),
-        ):
-            starts = batches[first_name].astype(np.int64)
-            counts = batches[count_name].astype(np.int64)
-            expected = np.concatenate(([1], 1 + np.cumsum(counts)[:-1])) if len(counts) else starts
-            if not np.array_equal(starts, expected) or int(counts.sum()) != total:
-                raise self._error(f"index: {what} ids are not dense from 1")
-        offsets = batches["offset"].astype(np.int64)
-        if len(offsets) and (offsets.min() < FILE_HEADER_SIZE or offsets.max() > self.size - CHUNK_HEADER_SIZE):
-            raise self._error("index: a record batch offset lies outside the file")
-        self._batch_first_op = first.tolist()
-        self._batch_offsets = offsets.tolist()
-        self._batch_counts = count.tolist()
-        self._batch_first_object = batches["first_object"].astype(np.int64).tolist()
-        self._batch_object_count = batches["object_count"].astype(np.int64).tolist()
-        self._batch_first_payload = batches["first_payload"].astype(np.int64).tolist()
-        self._batch_payload_count = batches["payload_count"].astype(np.int64).tolist()
-        self.operation_count = operation_count
-        self.object_count = object_count
-        self.payload_count = payload_count
-        self._frames = frames
-        digests = np.ascontiguousarray(frames["hash"]).tobytes()  # Hash128 (lo, hi) is the 16-byte digest
-        self._frame_row = {digests[16 * i : 16 * i + 16]: i for i in range(len(frames))}
-        if len(self._frame_row) != len(frames):
-            raise self._error("index: a payload frame is listed twice")
+        d = build_directory(batches, frames, operation_count, object_count, payload_count, file_size=self.size,
+                            error=self._error)  # fmt: skip
+        self._directory = d
+        self.operation_count, self.object_count, self.payload_count = operation_count, object_count, payload_count
+
+    @property
+    def directory(self) -> Directory:
+        """Where the record batches and payload frames lie (from the index, or recovered)."""
+        return self._directory
 
     # -- record batches --------------------------------------------------------------------
 
     @property
     def batch_count(self) -> int:
-        return len(self._batch_offsets)
+        return len(self._directory.batch_offsets)
 
-    def _batch(self, i: int) -> _Batch:
+    def _batch(self, i: int) -> DecodedBatch:
         with self._lock:
             cached = self._cache.get(i)
             if cached is not None:
@@ -338,105 +271,22 @@ class Capture:
                 self._cache.popitem(last=False)
         return batch
 
-    def _decode_batch(self, i: int) -> _Batch:
-        offset = self._batch_offsets[i]
-        d = self._decode_chunk(offset, ChunkKind.RECORDS, "RecordBatch", self.limits.max_record_batch_size)
-        record = f"record batch {i}"
-
-        def fail(message: str) -> ReplayFormatError:
-            return self._error(message, offset, record)
-
-        kinds = d["operation_kinds"] if d["operation_kinds"] is not None else np.zeros(0, np.uint8)
-        if (d["first_operation"], len(kinds)) != (self._batch_first_op[i], self._batch_counts[i]):
-            raise fail("its operations disagree with the index")
-        objects = d["objects"] or []
-        payloads = d["payloads"] or []
-        if (d["first_object"], len(objects)) != (self._batch_first_object[i], self._batch_object_count[i]) or (
-            d["first_payload"],
-            len(payloads),
-        ) != (self._batch_first_payload[i], self._batch_payload_count[i]):
-            raise fail("its objects or payloads disagree with the index")
-        launches = records.struct_array(d["launches"], "LaunchRecord")
-        copies = records.struct_array(d["copies"], "CopyRecord")
-        memsets = records.struct_array(d["memsets"], "MemsetRecord")
-        id_operations = records.struct_array(d["id_operations"], "IdOperationRecord")
-        relocations = records.struct_array(d["relocations"], "Relocation")
-        parameters = bytes(d["parameter_bytes"]) if d["parameter_bytes"] is not None else b""
-        table_dicts = d["operations"] or []
-        category = _CATEGORY[kinds]
-        record_counts = (("launch", len(launches)), ("copy", len(copies)), ("memset", len(memsets)),
-                         ("id-only", len(id_operations)), ("table", len(table_dicts)))  # fmt: skip
-        for cat, (name, have) in enumerate(record_counts):
-            want = int(np.count_nonzero(category == cat))
-            if want != have:
-                raise fail(f"{want} {name} operations but {have} {name} records")
-        if len(launches):
-            param_end = launches["parameter_offset"].astype(np.uint64) + launches["parameter_size"]
-            reloc_end = launches["relocation_first"].astype(np.uint64) + launches["relocation_count"]
-            if int(param_end.max()) > len(parameters):
-                raise fail("a launch's parameter bytes run past the batch's parameter block")
-            if int(reloc_end.max()) > len(relocations):
-                raise fail("a launch's relocations run past the batch's relocation table")
-        first = d["first_operation"]
-        table_positions = np.flatnonzero(category == 4)
-        table_ops = []
-        for pos, td in zip(table_positions.tolist(), table_dicts, strict=True):
-            code = int(kinds[pos])
-            op = records.decode_table_op(first + pos, code, td)
-            if op is None:
-                raise fail(f"operation {first + pos}: its kind {code} disagrees with its record")
-            if code not in _KNOWN_KINDS and not isinstance(op, m.UnknownOperation):
-                op = m.UnknownOperation(first + pos, code)
-            table_ops.append(op)
-        decoded_objects = []
-        for j, od in enumerate(objects):
-            obj = records.decode_object(od)
-            if obj.id != d["first_object"] + j:
-                raise fail(f"object {obj.id} is out of sequence (expected {d['first_object'] + j})")
-            decoded_objects.append(obj)
-        decoded_payloads = []
-        for j, pd in enumerate(payloads):
-            frames = records.struct_array(pd["frames"], "Hash128").tobytes()
-            frame_hashes = tuple(frames[k : k + 16] for k in range(0, len(frames), 16))
-            info = m.PayloadInfo(
-                d["first_payload"] + j, pd["hash"] or bytes(16), pd["size"], pd["frame_size"], frame_hashes
-            )
-            self._check_payload(info, offset)
-            decoded_payloads.append(info)
-        return _Batch(
-            first_operation=first, kinds=kinds, launches=launches, copies=copies, memsets=memsets,
-            id_operations=id_operations, table_ops=table_ops, relocations=relocations, parameters=parameters,
-            objects=decoded_objects,
-            payloads=decoded_payloads, first_object=d["first_object"], first_payload=d["first_payload"],
-        )  # fmt: skip
-
-    def _check_payload(self, info: m.PayloadInfo, offset: int) -> None:
-        record = f"payload {info.id}"
-        if info.size > self.limits.max_payload_size:
-            raise self._error(
-                f"declares {info.size} bytes, over the limit of {self.limits.max_payload_size}", offset, record
-            )
-        if info.size and not 0 < info.frame_size <= self.limits.max_frame_size:
-            raise self._error(f"invalid frame size {info.frame_size}", offset, record)
-        expected_frames = -(-info.size // info.frame_size) if info.size else 0
-        if len(info.frames) != expected_frames:
-            raise self._error(
-                f"{len(info.frames)} frames for {info.size} bytes (expected {expected_frames})", offset, record
-            )
-        if payload_hash(info.size, info.frames) != info.hash:
-            raise self._error("payload hash does not match its frames", offset, record)
+    def _decode_batch(self, i: int) -> DecodedBatch:
+        entry = self._directory.entry(i)
+        d = self._decode_chunk(entry.offset, ChunkKind.RECORDS, "RecordBatch", self.limits.max_record_batch_size)
+        return decode_batch(d, entry, self.limits, lambda message, record: self._error(message, entry.offset, record))
 
     def _batch_of_operation(self, index: int) -> int:
         if not 0 <= index < self.operation_count:
             raise IndexError(f"operation {index} out of range (the capture has {self.operation_count})")
-        return bisect.bisect_right(self._batch_first_op, index) - 1
+        return bisect.bisect_right(self._directory.first_operation, index) - 1
 
     # -- operations ------------------------------------------------------------------------
 
     def operation(self, index: int) -> m.Operation:
         """The operation numbered ``index`` (0-based, capture order)."""
         bi = self._batch_of_operation(index)
-        return self._batch_operations(bi)[index - self._batch_first_op[bi]]
+        return self._batch_operations(bi)[index - self._directory.first_operation[bi]]
 
     def iter_operations(self, start: int = 0, stop: int | None = None) -> Iterator[m.Operation]:
         """Operations ``start`` (inclusive) to ``stop`` (exclusive), in capture order."""
@@ -445,9 +295,9 @@ class Capture:
         if start >= stop:
             return
         bi = self._batch_of_operation(start)
-        while bi < self.batch_count and self._batch_first_op[bi] < stop:
-            first = self._batch_first_op[bi]
-            lo, hi = max(0, start - first), min(self._batch_counts[bi], stop - first)
+        while bi < self.batch_count and self._directory.first_operation[bi] < stop:
+            first = self._directory.first_operation[bi]
+            lo, hi = max(0, start - first), min(self._directory.operation_counts[bi], stop - first)
             ops = self._batch_operations(bi)
             yield from ops[lo:hi] if lo or hi < len(ops) else ops
             bi += 1
@@ -461,48 +311,10 @@ class Capture:
         if last is not None and last[0] == bi:
             return last[1]
         b = self._batch(bi)
-        with _collector_paused():
-            ops = self._materialize(b)
+        with collector_paused():
+            ops = materialize(b)
         self._last_materialized = (bi, ops)  # one batch only: many live records slow the GC
         return ops
-
-    @staticmethod
-    def _materialize(b: _Batch) -> list[m.Operation]:
-        first = b.first_operation
-        category = _CATEGORY[b.kinds]
-        positions = [(np.flatnonzero(category == c) + first).tolist() for c in range(_CATEGORIES)]
-        # Records are made with tuple.__new__ through map(): one C call each, no Python frame.
-        launch_ops: list[m.Operation] = []
-        if len(b.launches):
-            cols = b.launches.view("<u4").reshape(-1, 18).T.tolist()
-            rel = b.relocations
-            relocations = list(
-                map(_new_tuple, repeat(m.Relocation), zip(*(rel[name].tolist() for name in rel.dtype.names)))
-            )
-            params = b.parameters
-            param_slices = [params[start : start + size] for start, size in zip(cols[14], cols[15])]
-            groups = [tuple(relocations[a : a + n]) if n else () for a, n in zip(cols[16], cols[17])]
-            rows = zip(
-                positions[0], cols[0], cols[1], cols[2], zip(cols[4], cols[5], cols[6]),
-                zip(cols[7], cols[8], cols[9]), zip(cols[10], cols[11], cols[12]), cols[13], cols[3],
-                param_slices, groups,
-            )  # fmt: skip
-            launch_ops = list(map(_new_tuple, repeat(m.Launch), rows))
-        copy_kinds = [_COPY_KINDS[k] for k in b.kinds[category == 1].tolist()]
-        copy_cols = (b.copies[name].tolist() for name in b.copies.dtype.names)
-        copy_ops = list(map(_new_tuple, repeat(m.Copy), zip(positions[1], copy_kinds, *copy_cols)))
-        memset_cols = (b.memsets[name].tolist() for name in b.memsets.dtype.names)
-        memset_ops = list(map(_new_tuple, repeat(m.Memset), zip(positions[2], *memset_cols)))
-        id_kinds = [_K(k) for k in b.kinds[category == 3].tolist()]
-        make = records.make_id_operation
-        id_ops = [
-            make(k, i, f, s)
-            for k, i, f, s in zip(
-                id_kinds, positions[3], b.id_operations["first"].tolist(), b.id_operations["second"].tolist()
-            )
-        ]
-        sources = (iter(launch_ops), iter(copy_ops), iter(memset_ops), iter(id_ops), iter(b.table_ops))
-        return [next(sources[c]) for c in category.tolist()]
 
     def operation_kinds(self) -> np.ndarray:
         """The kind code of every operation, as one uint8 array (decodes every batch)."""
@@ -516,14 +328,14 @@ class Capture:
         """The object with this id (ids are dense from 1)."""
         if not 1 <= object_id <= self.object_count:
             raise KeyError(f"object {object_id} does not exist (the capture has {self.object_count})")
-        bi = bisect.bisect_right(self._batch_first_object, object_id) - 1
-        while self._batch_object_count[bi] == 0:  # batches without objects share a first_object
+        bi = bisect.bisect_right(self._directory.first_object, object_id) - 1
+        while self._directory.object_counts[bi] == 0:  # batches without objects share a first_object
             bi -= 1
-        return self._batch(bi).objects[object_id - self._batch_first_object[bi]]
+        return self._batch(bi).objects[object_id - self._directory.first_object[bi]]
 
     def objects(self) -> Iterator[m.ObjectDef]:
         for bi in range(self.batch_count):
-            if self._batch_object_count[bi]:
+            if self._directory.object_counts[bi]:
                 yield from self._batch(bi).objects
 
     # -- payloads --------------------------------------------------------------------------
@@ -531,22 +343,22 @@ class Capture:
     def payload(self, payload_id: int) -> m.PayloadInfo:
         if not 1 <= payload_id <= self.payload_count:
             raise KeyError(f"payload {payload_id} does not exist (the capture has {self.payload_count})")
-        bi = bisect.bisect_right(self._batch_first_payload, payload_id) - 1
-        while self._batch_payload_count[bi] == 0:
+        bi = bisect.bisect_right(self._directory.first_payload, payload_id) - 1
+        while self._directory.payload_counts[bi] == 0:
             bi -= 1
-        return self._batch(bi).payloads[payload_id - self._batch_first_payload[bi]]
+        return self._batch(bi).payloads[payload_id - self._directory.first_payload[bi]]
 
     def payloads(self) -> Iterator[m.PayloadInfo]:
         for bi in range(self.batch_count):
-            if self._batch_payload_count[bi]:
+            if self._directory.payload_counts[bi]:
                 yield from self._batch(bi).payloads
 
     def frame_location(self, digest: bytes) -> tuple[int, int, int, int] | None:
         """(offset, stored_size, logical_size, codec) of a stored frame, or None if absent."""
-        row = self._frame_row.get(digest)
+        row = self._directory.frame_row.get(digest)
         if row is None:
             return None
-        f = self._frames[row]
+        f = self._directory.frames[row]
         return int(f["offset"]), int(f["stored_size"]), int(f["logical_size"]), int(f["codec"])
 
     def payload_stored_size(self, info: m.PayloadInfo) -> int:
@@ -738,33 +550,16 @@ class Capture:
             for k, digest in enumerate(info.frames):
                 length = min(info.frame_size, info.size - k * info.frame_size)
                 referenced += length
-                if digest not in self._frame_row:
+                if digest not in self._directory.frame_row:
                     missing.add(digest)
                 seen.add(digest)
-        present = [self._frame_row[d] for d in seen if d in self._frame_row]
-        frames = self._frames[present] if present else self._frames[:0]
+        present = [self._directory.frame_row[d] for d in seen if d in self._directory.frame_row]
+        frames = self._directory.frames[present] if present else self._directory.frames[:0]
         frame_bytes = int(frames["logical_size"].astype(np.int64).sum())
         stored = int(frames["stored_size"].astype(np.int64).sum())
         return PayloadStats(
             self.payload_count, logical, frame_bytes, stored, max(0, referenced - frame_bytes), len(missing)
         )
-
-
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Pause Python's cyclic GC while a batch's operations are built.
-
-    Building tens of thousands of small records that all stay alive (the batch cache holds them)
-    makes the collector run full passes over the whole heap again and again: measured, it more
-    than doubled the time to iterate a million launches. The records hold no cycles.
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _map_file(path: str) -> tuple[mmap.mmap, int]:

@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from replayfmt.container.batches import OpenBatch
+from replayfmt.container.directory import frame_entries
 from replayfmt.errors import ReplayError, ReplayUsageError
 from replayfmt.format import model as m, records
 from replayfmt.format.layout import (
@@ -60,52 +62,6 @@ _RECORD_COMPRESSION = CompressionPolicy(level=3, min_saving=0.05)
 _LAUNCH_STRUCT = struct.Struct("<18I")
 _RELOCATION_STRUCT = struct.Struct("<IIQQB7x")
 _ID_OPERATION_STRUCT = struct.Struct("<II")
-
-
-class _Batch:
-    """Operations, objects and payload definitions gathered since the last seal."""
-
-    def __init__(self, first_operation: int, first_object: int, first_payload: int) -> None:
-        self.first_operation = first_operation
-        self.first_object = first_object
-        self.first_payload = first_payload
-        self.kinds = bytearray()
-        self.launch_bytes = bytearray()  # packed LaunchRecord structs
-        self.copies: list[tuple[int, ...]] = []
-        self.memsets: list[tuple[int, ...]] = []
-        self.id_operations = bytearray()  # packed IdOperationRecord structs
-        self.table_ops: list[Any] = []
-        self.relocation_bytes = bytearray()  # packed Relocation structs
-        self.relocation_count = 0
-        self.parameters = bytearray()
-        self.objects: list[m.ObjectDef] = []
-        self.payloads: list[tuple[bytes, int, int, tuple[bytes, ...]]] = []
-        self.extra_bytes = 0
-        self.started = time.monotonic()
-
-    def __len__(self) -> int:
-        return len(self.kinds)
-
-    def empty(self) -> bool:
-        return not self.kinds and not self.payloads
-
-    def encode(self) -> bytes:
-        dt = records.dtype
-        return records.encode_record_batch(
-            first_operation=self.first_operation,
-            first_object=self.first_object,
-            first_payload=self.first_payload,
-            kinds=bytes(self.kinds),
-            launches=np.frombuffer(bytes(self.launch_bytes), dtype=dt("LaunchRecord")),
-            copies=np.array(self.copies, dtype=dt("CopyRecord")),
-            memsets=np.array(self.memsets, dtype=dt("MemsetRecord")),
-            id_operations=np.frombuffer(bytes(self.id_operations), dtype=dt("IdOperationRecord")),
-            table_ops=self.table_ops,
-            relocations=np.frombuffer(bytes(self.relocation_bytes), dtype=dt("Relocation")),
-            parameter_bytes=bytes(self.parameters),
-            objects=self.objects,
-            payloads=self.payloads,
-        )
 
 
 class _InlineExecutor:
@@ -196,7 +152,7 @@ class CaptureWriter:
         self._pending_batches: list[cf.Future] = []
         self._frames: list[tuple[int, int, int, int, int, int]] = []  # lo, hi, offset, stored, logical, codec
         self._batches: list[tuple[int, ...]] = []
-        self._batch = _Batch(0, 1, 1)
+        self._batch = OpenBatch(0, 1, 1)
         self._stopping = threading.Event()
         try:
             header = FileHeader(FORMAT_MAJOR, FORMAT_MINOR, FILE_HEADER_SIZE, 0)
@@ -535,7 +491,7 @@ class CaptureWriter:
         batch = self._batch
         if batch.empty():
             return None
-        self._batch = _Batch(self._next_operation, self._next_object, self._next_payload)
+        self._batch = OpenBatch(self._next_operation, self._next_object, self._next_payload)
         encoded = batch.encode()
         frames = list(self._pending_frames)
         entry = (
@@ -593,12 +549,7 @@ class CaptureWriter:
 
     def _write_index(self) -> None:
         dt = records.dtype
-        frames = np.zeros(len(self._frames), dtype=dt("FrameEntry"))
-        if self._frames:
-            rows = np.array(sorted(self._frames, key=lambda f: f[2]), dtype=np.uint64)
-            frames["hash"]["lo"], frames["hash"]["hi"] = rows[:, 0], rows[:, 1]
-            frames["offset"], frames["stored_size"] = rows[:, 2], rows[:, 3]
-            frames["logical_size"], frames["codec"] = rows[:, 4], rows[:, 5]
+        frames = frame_entries(sorted(self._frames, key=lambda f: f[2]))
         batches = np.array(sorted(self._batches, key=lambda b: b[1]), dtype=dt("BatchEntry"))
         body = records.encode_index(
             metadata_offset=self._metadata_offset,
