@@ -29,8 +29,7 @@ from replayfmt.errors import (
 from replayfmt.format import model
 from replayfmt.format.layout import FORMAT_MAJOR, FORMAT_MINOR, Limits
 from replayfmt.format.payloads import CompressionPolicy
-
-__version__ = "0.1.0"
+from replayfmt.version import __version__ as __version__
 
 __all__ = [
     "FORMAT_MAJOR",

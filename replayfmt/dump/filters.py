@@ -10,7 +10,6 @@ from replayfmt.errors import ReplayUsageError
 from replayfmt.format import model as m
 
 JSONL_VERSION = 1
-_CACHE_LIMIT = 65536
 _K = m.OperationKind
 _COPY_LABELS = {"copy_h2d", "copy_d2h", "copy_d2d"}
 OPERATION_LABELS = {k.label for k in _K if k != _K.NONE}

@@ -18,15 +18,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from replayfmt import __version__
 from replayfmt.container.reader import Capture
 from replayfmt.dump.fields import field_names, label_of
-from replayfmt.dump.filters import _CACHE_LIMIT, _K, JSONL_VERSION, DumpFilter, PayloadMode
+from replayfmt.dump.filters import JSONL_VERSION, DumpFilter, PayloadMode
 from replayfmt.dump.launch_json import LaunchTemplate
 from replayfmt.errors import ReplayUsageError
 from replayfmt.format import model as m
 from replayfmt.format.payloads import hash_hex
 from replayfmt.format.records import ID_OPERATIONS
+from replayfmt.version import __version__
+
+_CACHE_LIMIT = 65536  # entries in each per-dump render cache
+_K = m.OperationKind
 
 
 class Dumper:

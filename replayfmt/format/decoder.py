@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from replayfmt.errors import ReplayFormatError
-from replayfmt.format.schema import _NUMPY_CODES, SCALAR_SIZES, Schema, TableDef, load_schema
+from replayfmt.format.schema import NUMPY_CODES, SCALAR_SIZES, Schema, TableDef, load_schema
 
 _U8 = struct.Struct("<B")
 _U16 = struct.Struct("<H")
@@ -37,7 +37,7 @@ _STRUCT_CODES = {
     "u1": "B", "i1": "b", "u2": "H", "i2": "h", "u4": "I", "i4": "i", "u8": "Q", "i8": "q",
     "f4": "f", "f8": "d",
 }  # fmt: skip
-_SCALAR_STRUCTS = {name: struct.Struct("<" + _STRUCT_CODES[code]) for name, code in _NUMPY_CODES.items()}
+_SCALAR_STRUCTS = {name: struct.Struct("<" + _STRUCT_CODES[code]) for name, code in NUMPY_CODES.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,7 +184,7 @@ class _Decoder:
             return [self.table(data + 4 * i + self.u32(data + 4 * i), table, depth + 1) for i in range(count)]
         if base in schema.structs:
             return StructVector(base, bytes(self.buf[data:end]), count)
-        array = np.frombuffer(self.buf, dtype="<" + _NUMPY_CODES[scalar], count=count, offset=data)
+        array = np.frombuffer(self.buf, dtype="<" + NUMPY_CODES[scalar], count=count, offset=data)
         return array
 
 

@@ -23,7 +23,7 @@ SCALAR_SIZES = {
     "int": 4, "uint": 4, "int32": 4, "uint32": 4, "float": 4, "float32": 4,
     "long": 8, "ulong": 8, "int64": 8, "uint64": 8, "double": 8, "float64": 8,
 }  # fmt: skip
-_NUMPY_CODES = {
+NUMPY_CODES = {
     "bool": "u1", "byte": "i1", "ubyte": "u1", "int8": "i1", "uint8": "u1",
     "short": "i2", "ushort": "u2", "int16": "i2", "uint16": "u2",
     "int": "i4", "uint": "u4", "int32": "i4", "uint32": "u4", "float": "f4", "float32": "f4",
@@ -93,7 +93,7 @@ class Schema:
         for f in struct.fields:
             names.append(f.name)
             scalar = self.scalar_of(f.type)
-            formats.append("<" + _NUMPY_CODES[scalar] if scalar else self.numpy_dtype(f.type))
+            formats.append("<" + NUMPY_CODES[scalar] if scalar else self.numpy_dtype(f.type))
             offsets.append(f.offset)
         return np.dtype({"names": names, "formats": formats, "offsets": offsets, "itemsize": struct.size})
 
