@@ -1,0 +1,168 @@
+"""The house rules of docs/ARCHITECTURE.md, checked on the source: which package may import which,
+the library never imports the command-line tools, no module takes another's private names, no
+import cycles at module level, and no room grows too big to live in."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "replayfmt"
+GENERATED = PACKAGE / "format" / "fb"
+
+# What each part of the library may import (besides itself). Data flows one way:
+# capture -> writer -> file -> reader -> plan -> replay -> measure/dump/tools.
+ALLOWED: dict[str, set[str]] = {
+    "version": set(),
+    "errors": set(),
+    "format": {"errors", "version"},
+    "container": {"errors", "format"},
+    "cuda": {"errors", "format"},
+    "replay": {"errors", "format", "container", "cuda"},
+    "dump": {"errors", "version", "format", "container"},
+    "measure": {"errors", "format", "container", "cuda", "replay"},
+    "capture": {"errors", "format", "container", "cuda", "replay"},
+    "": {"errors", "version", "format", "container"},  # replayfmt/__init__.py: the public API
+}
+MAX_MODULE_LINES = 600
+MAX_REPLAYER_LINES = 350
+
+
+@dataclass(frozen=True)
+class Import:
+    importer: str  # dotted module name
+    imported: str  # dotted module name (a package or module of replayfmt)
+    names: tuple[str, ...]
+    line: int
+    top_level: bool  # at module level (not inside a function: lazy imports break cycles on purpose)
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def library_files() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if GENERATED not in p.parents)
+
+
+def imports_of(path: Path) -> Iterator[Import]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    importer = module_name(path)
+    top = {id(node) for node in tree.body}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("replayfmt"):
+                    yield Import(importer, alias.name, (), node.lineno, id(node) in top)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module.startswith("replayfmt"):
+                names = tuple(a.name for a in node.names)
+                yield Import(importer, node.module, names, node.lineno, id(node) in top)
+
+
+def part_of(module: str) -> str:
+    """'replayfmt.replay.plan' -> 'replay'; 'replayfmt' -> ''."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def is_entry_point(module: str) -> bool:
+    return module.endswith(".__main__")
+
+
+ALL_IMPORTS = [imp for path in library_files() for imp in imports_of(path)]
+
+
+def test_the_rules_cover_every_part_of_the_library():
+    parts = {part_of(module_name(p)) for p in library_files()} - {"tools"}
+    assert parts <= set(ALLOWED), f"parts without import rules: {sorted(parts - set(ALLOWED))}"
+
+
+def test_no_lower_layer_imports_a_higher_one():
+    wrong = []
+    for imp in ALL_IMPORTS:
+        source, target = part_of(imp.importer), part_of(imp.imported)
+        if source == "tools" or is_entry_point(imp.importer) or source == target:
+            continue
+        targets = [target]
+        if imp.imported == "replayfmt":  # "from replayfmt import x": x is a part
+            targets = [n for n in imp.names if n in ALLOWED or n == "tools"] or [""]
+        for t in targets:
+            if t not in ALLOWED[source] and t != source:
+                wrong.append(f"{imp.importer}:{imp.line} imports {imp.imported} ({source or 'root'} -> {t or 'root'})")
+    assert not wrong, "imports against docs/ARCHITECTURE.md:\n" + "\n".join(wrong)
+
+
+def test_the_library_never_imports_the_command_line_tools():
+    wrong = [
+        f"{imp.importer}:{imp.line} imports {imp.imported}"
+        for imp in ALL_IMPORTS
+        if part_of(imp.importer) != "tools"
+        and not is_entry_point(imp.importer)
+        and (part_of(imp.imported) == "tools" or (imp.imported == "replayfmt" and "tools" in imp.names))
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_module_imports_another_modules_private_names():
+    wrong = [
+        f"{imp.importer}:{imp.line} takes {name} from {imp.imported}"
+        for imp in ALL_IMPORTS
+        for name in imp.names
+        if name.startswith("_") and not name.startswith("__") and imp.imported != imp.importer
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_import_cycles_at_module_level():
+    modules = {module_name(p) for p in library_files()}
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for imp in ALL_IMPORTS:
+        if not imp.top_level:
+            continue
+        targets = {imp.imported}
+        targets |= {f"{imp.imported}.{n}" for n in imp.names if f"{imp.imported}.{n}" in modules}
+        graph[imp.importer] |= {t for t in targets if t in modules and t != imp.importer}
+    # a package's __init__ importing its own modules is how packages export: not a cycle
+    for module, targets in graph.items():
+        graph[module] = {t for t in targets if not module.startswith(t + ".")}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return [*stack[stack.index(nxt) :], nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for module in sorted(graph):
+        if module not in state and (cycle := visit(module)):
+            pytest.fail("import cycle: " + " -> ".join(cycle))
+
+
+@pytest.mark.parametrize("path", library_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_module_is_too_big_to_live_in(path):
+    lines = len(path.read_text().splitlines())
+    assert lines <= MAX_MODULE_LINES, f"{path.relative_to(ROOT)} has {lines} lines (at most {MAX_MODULE_LINES})"
+
+
+def test_the_replayer_stays_short():
+    for path in (PACKAGE / "replay").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and node.name == "Replayer":
+                length = node.end_lineno - node.lineno + 1
+                assert length <= MAX_REPLAYER_LINES, f"Replayer is {length} lines (at most {MAX_REPLAYER_LINES})"
+                return
+    pytest.fail("no Replayer class in replayfmt/replay")
