@@ -60,10 +60,9 @@ def imports_of(path: Path) -> Iterator[Import]:
             for alias in node.names:
                 if alias.name.startswith("replayfmt"):
                     yield Import(importer, alias.name, (), node.lineno, id(node) in top)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if node.module.startswith("replayfmt"):
-                names = tuple(a.name for a in node.names)
-                yield Import(importer, node.module, names, node.lineno, id(node) in top)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("replayfmt"):
+            names = tuple(a.name for a in node.names)
+            yield Import(importer, str(node.module), names, node.lineno, id(node) in top)
 
 
 def part_of(module: str) -> str:
