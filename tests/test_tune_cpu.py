@@ -124,8 +124,9 @@ def test_plot_draws_a_heatmap(tmp_path):
     with replayfmt.open(capture(tmp_path / "t.kreplay")) as cap:
         targets = find_targets(build_plan(cap), launch=1, kernel=None)
     results = [CandidateResult(Candidate(), 1.0, 0.0, True, baseline=True)]
-    results += [CandidateResult(Candidate((g, 1, 1), (b, 1, 1)), float(g * b), 0.0, True)
-                for g in (1, 2, 4) for b in (64, 128)]  # fmt: skip
+    results += [
+        CandidateResult(Candidate((g, 1, 1), (b, 1, 1)), float(g * b), 0.0, True) for g in (1, 2, 4) for b in (64, 128)
+    ]
     results.append(CandidateResult(Candidate((8, 1, 1), (64, 1, 1)), error="fault"))
     out = tmp_path / "t.png"
     plot(results, targets, out)

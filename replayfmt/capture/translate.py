@@ -34,11 +34,11 @@ from replayfmt.container.files import file_digest, identity_of
 from replayfmt.container.writer import CaptureWriter
 from replayfmt.format import model as m
 from replayfmt.format.cubin import CubinError, detect_format, parse_cubin
+from replayfmt.format.model import EXECUTABLE_FORMATS as _FORMATS
 
 _POINTER_LOW = 1 << 32  # below this an 8-byte parameter word is taken for a number, not an address
 _POINTER_HIGH = 1 << 57
 _DEFAULT_STREAMS = (0, 1, 2)  # 0, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
-_FORMATS = {"cubin": m.ExecutableFormat.CUBIN, "ptx": m.ExecutableFormat.PTX, "fatbin": m.ExecutableFormat.FATBIN}
 _COLLECTIVE = re.compile(r"^_?Z?\d*nccl|^ncclKernel|^ncclDevKernel")
 
 
