@@ -246,3 +246,27 @@ def test_nvtx_library_missing_is_an_environment_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # no PyTorch to fall back on
     with pytest.raises(replayfmt.DeviceUnavailableError, match="libnvToolsExt"):
         nvtx.Nvtx.load()
+
+
+def test_a_dangling_object_id_is_a_format_error(tmp_path):
+    path = tmp_path / "d.kreplay"
+    ids = axpy_capture(path, None, extra=lambda w, ids: w.copy_d2d(src_buffer=ids["x"], dst_buffer=99, size=16))
+    code, _, err = run("--dry-run", str(path))
+    assert code == 2 and err.count("\n") == 1
+    assert f"operation {ids['launch'] + 1} (copy_d2d): its destination object 99 does not exist, not a buffer" in err
+
+
+def test_file_bytes_that_were_not_captured_are_a_file_mismatch(tmp_path):
+    path = tmp_path / "r.kreplay"
+    with replayfmt.CaptureWriter(path) as w:
+        buf = w.add_object(m.Buffer(size=64))
+        ranges = (m.FileRange(offset=0, size=64, payload=w.add_payload(bytes(64))),)
+        ref = w.add_object(m.FileReference(path="/gone/w.bin", policy=m.FilePolicy.CAPTURE_RANGES, ranges=ranges))
+        w.copy_h2d(dst_buffer=buf, src_file=ref, src_offset=0, size=64)
+        w.copy_h2d(dst_buffer=buf, src_file=ref, src_offset=32, size=64)
+    with replayfmt.open(path) as cap, pytest.raises(replayfmt.FileMismatchError) as raised:
+        build_plan(cap)
+    assert str(raised.value) == (
+        "operation 3: file bytes [32, 96) of /gone/w.bin were not captured (policy capture-ranges) and the file is "
+        "not here: give it with --file-remap"
+    )

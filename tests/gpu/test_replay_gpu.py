@@ -12,7 +12,7 @@ import pytest
 
 import replayfmt
 from replayfmt.format import model as m
-from replayfmt.replay import Replayer, ReplayOptions
+from replayfmt.replay import Replayer, ReplayOptions, StepKind, open_replay
 from replayfmt.replay.compare import Tolerance
 from replayfmt.replay.plan import PlanOptions, Substitution, build_plan
 
@@ -232,6 +232,22 @@ def test_verification_mismatch_is_reported_per_buffer(tmp_path, kernels):
     assert result.returncode == 0, result.stderr
 
 
+def test_verification_is_chosen_per_run(tmp_path, kernels):
+    path, _ = _axpy_capture(tmp_path, kernels, expected_scale=3.0)  # the checkpoint cannot match
+    with open_replay(path) as session:
+        r = session.start(ReplayOptions(verify=True))
+        assert [s.kind for s in r.steps].count(StepKind.CHECKPOINT) == 1
+        result = r.run(1)
+        assert not result.verified and len(result.mismatches) == 1
+        with pytest.raises(replayfmt.VerificationError, match="verification failed for 1 buffer range"):
+            result.require_verified()
+        assert r.run(2, verify=False).reports == []  # no read-back, no comparison
+    with replayfmt.open(path) as cap, Replayer(build_plan(cap), ReplayOptions()) as r:
+        assert StepKind.CHECKPOINT not in {s.kind for s in r.steps}
+        with pytest.raises(replayfmt.ReplayUsageError, match=r"ReplayOptions\(verify=True\)"):
+            r.run(1, verify=True)
+
+
 def test_repetitions_and_save_output(tmp_path, kernels):
     path, _ = _axpy_capture(tmp_path, kernels)
     out = tmp_path / "out"
@@ -288,10 +304,24 @@ def test_faulting_kernel_gives_a_clean_error_naming_the_launch(tmp_path, kernels
     c = Capture(tmp_path / "fault.kreplay", kernels["replay_kernels"])
     index = c.launch(FAULT, (1, 1, 1), (32, 1, 1), (0x10).to_bytes(8, "little"))  # a null-page pointer
     c.w.device_synchronize(c.dev)
-    result = run_cli(str(c.close()))
+    path = c.close()
+    result = run_cli(str(path))
     assert result.returncode == 1, result.stderr
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
     assert "ILLEGAL_ADDRESS" in result.stderr and f"operation {index} (write_through)" in result.stderr
+    # in the library the error says it is sticky (tune-replay's worker restarts on it); in a child
+    # process, since the context it poisons is unusable afterwards
+    script = (
+        "import sys, replayfmt\n"
+        "from replayfmt.replay import Replayer, build_plan\n"
+        "with replayfmt.open(sys.argv[1]) as cap, Replayer(build_plan(cap)) as r:\n"
+        "    try:\n"
+        "        r.run(1)\n"
+        "    except replayfmt.DeviceError as exc:\n"
+        "        print('sticky' if exc.sticky else 'not sticky', exc)\n"
+    )
+    child = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True)
+    assert child.stdout.startswith("sticky ") and "ILLEGAL_ADDRESS" in child.stdout, child.stdout + child.stderr
 
 
 def test_cubin_for_another_architecture_is_refused_before_running(tmp_path, kernels, gpu_arch):
