@@ -28,7 +28,7 @@ import replayfmt
 from replayfmt.cuda.driver import check, driver
 from replayfmt.format import model as m
 from replayfmt.measure.benchmark import Benchmark, BenchmarkOptions, find_region
-from replayfmt.replay.execute import Replayer, ReplayOptions
+from replayfmt.replay import Replayer, ReplayOptions
 from replayfmt.replay.plan import build_plan
 
 ITERATIONS = 50

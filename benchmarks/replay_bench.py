@@ -38,7 +38,7 @@ import numpy as np
 import replayfmt
 from replayfmt.cuda.driver import check, compute_capability, driver
 from replayfmt.format import model as m
-from replayfmt.replay.execute import Replayer, ReplayOptions
+from replayfmt.replay import Replayer, ReplayOptions
 from replayfmt.replay.plan import build_plan
 
 HERE = Path(__file__).resolve().parent

@@ -73,7 +73,15 @@ class VerificationError(MismatchError):
 
 
 class DeviceError(ReplayError):
-    """A CUDA call failed, or the device cannot host the capture."""
+    """A CUDA call failed, or the device cannot host the capture.
+
+    ``sticky`` is True for the driver's sticky errors (an illegal address, a kernel that faulted):
+    the CUDA context is then unusable and only a new process can use the GPU again.
+    """
+
+    def __init__(self, message: str, *, sticky: bool = False) -> None:
+        super().__init__(message)
+        self.sticky = sticky
 
 
 class DeviceUnavailableError(DeviceError):

@@ -20,12 +20,15 @@ def scoped(path, markers) -> None:
     ("markers", "scope", "region"),
     [
         ([("begin", "a"), ("end", "a")], "a", Region("a", 1, 1)),
-        ([("begin", "a"), ("begin", "b"), ("end", "b"), ("end", "a"), ("begin", "b"), ("end", "b")], "b",
-         Region("b", 2, 2)),
+        (
+            [("begin", "a"), ("begin", "b"), ("end", "b"), ("end", "a"), ("begin", "b"), ("end", "b")],
+            "b",
+            Region("b", 2, 2),
+        ),
         ([("begin", "a"), ("begin", "a"), ("end", "a"), ("end", "a")], "a", Region("a", 1, 3)),
         ([("begin", "a"), ("end", "a")], None, Region(None, 0, 2)),
     ],
-)  # fmt: skip
+)
 def test_find_region(tmp_path, markers, scope, region):
     path = tmp_path / "s.kreplay"
     scoped(path, markers)

@@ -37,15 +37,25 @@ def axpy_capture(path: Path, cubin: bytes | None, *, extra=None) -> dict[str, in
         ids["x"] = w.add_object(m.Buffer(size=x.nbytes, dtype=m.DType.FLOAT32, shape=(n,)))
         ids["y"] = w.add_object(m.Buffer(size=y.nbytes, dtype=m.DType.FLOAT32, shape=(n,)))
         fn = m.Function(name="axpy", parameters=SAXPY.parameters, parameters_known=True)
-        ids["exe"] = w.add_object(m.Executable(format=m.ExecutableFormat.CUBIN, target_arch="sm_90",
-                                               payload=w.add_payload(cubin or b"\x7fELF" + bytes(60)),
-                                               functions=(fn,)))  # fmt: skip
+        ids["exe"] = w.add_object(
+            m.Executable(
+                format=m.ExecutableFormat.CUBIN,
+                target_arch="sm_90",
+                payload=w.add_payload(cubin or b"\x7fELF" + bytes(60)),
+                functions=(fn,),
+            )
+        )
         w.copy_h2d(dst_buffer=ids["x"], data=x)
         w.copy_h2d(dst_buffer=ids["y"], data=y)
         params = np.float32(3).tobytes() + bytes(20) + np.int32(n).tobytes() + bytes(4)
-        ids["launch"] = w.launch(executable=ids["exe"], function=0, grid=(n // 256, 1, 1), block=(256, 1, 1),
-                                 parameters=params, relocations=[m.Relocation(0, ids["x"], 8, 0),
-                                                                 m.Relocation(0, ids["y"], 16, 0)])  # fmt: skip
+        ids["launch"] = w.launch(
+            executable=ids["exe"],
+            function=0,
+            grid=(n // 256, 1, 1),
+            block=(256, 1, 1),
+            parameters=params,
+            relocations=[m.Relocation(0, ids["x"], 8, 0), m.Relocation(0, ids["y"], 16, 0)],
+        )
         if extra:
             extra(w, ids)
         w.checkpoint({ids["y"]: (3 * x + y).astype(np.float32)})
@@ -56,8 +66,10 @@ def axpy_capture(path: Path, cubin: bytes | None, *, extra=None) -> dict[str, in
 def cubins() -> dict[str, bytes]:
     if compiled_cubin("container_kernels.cu") is None:
         pytest.skip("nvcc not available")
-    return {name: compiled_cubin(GPU_KERNELS / f"{name}.cu")
-            for name in ("replay_kernels", "replay_kernels_same_abi", "replay_kernels_other_abi")}  # fmt: skip
+    return {
+        name: compiled_cubin(GPU_KERNELS / f"{name}.cu")
+        for name in ("replay_kernels", "replay_kernels_same_abi", "replay_kernels_other_abi")
+    }
 
 
 def test_dry_run_plans_without_a_gpu(tmp_path, cubins):
@@ -161,8 +173,11 @@ def _file_capture(tmp_path: Path, validation: m.FileValidation) -> tuple[Path, P
     path = tmp_path / "f.kreplay"
     with replayfmt.CaptureWriter(path) as w:
         buf = w.add_object(m.Buffer(size=1024))
-        ref = w.add_object(m.FileReference(path="/captured/root/w.bin", validation=validation,
-                                           digest=file_digest(str(weights)), **identity))  # fmt: skip
+        ref = w.add_object(
+            m.FileReference(
+                path="/captured/root/w.bin", validation=validation, digest=file_digest(str(weights)), **identity
+            )
+        )
         w.copy_h2d(dst_buffer=buf, src_file=ref, src_offset=0, size=1024)
     return path, data_dir
 
@@ -183,8 +198,9 @@ def test_file_remap_then_digest_validation(tmp_path):
     copy = tmp_path / "copy"
     copy.mkdir()
     (copy / "w.bin").write_bytes((data_dir / "w.bin").read_bytes())
-    code, _, err = run("--dry-run", f"--file-remap=/captured={copy.parent}", f"--file-remap=/captured/root={copy}",
-                       str(path))  # fmt: skip
+    code, _, err = run(
+        "--dry-run", f"--file-remap=/captured={copy.parent}", f"--file-remap=/captured/root={copy}", str(path)
+    )
     assert code == 0, err
     (copy / "w.bin").write_bytes(b"\x00" * 1024)
     code, _, err = run("--dry-run", f"--file-remap=/captured/root={copy}", str(path))
@@ -195,8 +211,9 @@ def test_no_gpu_is_a_clean_environment_error(tmp_path):
     path = tmp_path / "a.kreplay"
     axpy_capture(path, None)
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-    result = subprocess.run([sys.executable, "-m", "replayfmt.tools.run_replay", str(path)],
-                            capture_output=True, text=True, env=env)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "replayfmt.tools.run_replay", str(path)], capture_output=True, text=True, env=env
+    )
     if result.returncode == 0:
         pytest.skip("a GPU is visible")
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
@@ -216,8 +233,9 @@ def test_plan_library_api(tmp_path):
 
 
 def test_help_states_the_failure_contract():
-    result = subprocess.run([sys.executable, "-m", "replayfmt.tools.run_replay", "--help"], capture_output=True,
-                            text=True)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "replayfmt.tools.run_replay", "--help"], capture_output=True, text=True
+    )
     assert result.returncode == 0 and "Failure contract" in result.stdout and "--dry-run" in result.stdout
 
 
@@ -228,3 +246,27 @@ def test_nvtx_library_missing_is_an_environment_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # no PyTorch to fall back on
     with pytest.raises(replayfmt.DeviceUnavailableError, match="libnvToolsExt"):
         nvtx.Nvtx.load()
+
+
+def test_a_dangling_object_id_is_a_format_error(tmp_path):
+    path = tmp_path / "d.kreplay"
+    ids = axpy_capture(path, None, extra=lambda w, ids: w.copy_d2d(src_buffer=ids["x"], dst_buffer=99, size=16))
+    code, _, err = run("--dry-run", str(path))
+    assert code == 2 and err.count("\n") == 1
+    assert f"operation {ids['launch'] + 1} (copy_d2d): its destination object 99 does not exist, not a buffer" in err
+
+
+def test_file_bytes_that_were_not_captured_are_a_file_mismatch(tmp_path):
+    path = tmp_path / "r.kreplay"
+    with replayfmt.CaptureWriter(path) as w:
+        buf = w.add_object(m.Buffer(size=64))
+        ranges = (m.FileRange(offset=0, size=64, payload=w.add_payload(bytes(64))),)
+        ref = w.add_object(m.FileReference(path="/gone/w.bin", policy=m.FilePolicy.CAPTURE_RANGES, ranges=ranges))
+        w.copy_h2d(dst_buffer=buf, src_file=ref, src_offset=0, size=64)
+        w.copy_h2d(dst_buffer=buf, src_file=ref, src_offset=32, size=64)
+    with replayfmt.open(path) as cap, pytest.raises(replayfmt.FileMismatchError) as raised:
+        build_plan(cap)
+    assert str(raised.value) == (
+        "operation 3: file bytes [32, 96) of /gone/w.bin were not captured (policy capture-ranges) and the file is "
+        "not here: give it with --file-remap"
+    )

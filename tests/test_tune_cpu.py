@@ -124,8 +124,9 @@ def test_plot_draws_a_heatmap(tmp_path):
     with replayfmt.open(capture(tmp_path / "t.kreplay")) as cap:
         targets = find_targets(build_plan(cap), launch=1, kernel=None)
     results = [CandidateResult(Candidate(), 1.0, 0.0, True, baseline=True)]
-    results += [CandidateResult(Candidate((g, 1, 1), (b, 1, 1)), float(g * b), 0.0, True)
-                for g in (1, 2, 4) for b in (64, 128)]  # fmt: skip
+    results += [
+        CandidateResult(Candidate((g, 1, 1), (b, 1, 1)), float(g * b), 0.0, True) for g in (1, 2, 4) for b in (64, 128)
+    ]
     results.append(CandidateResult(Candidate((8, 1, 1), (64, 1, 1)), error="fault"))
     out = tmp_path / "t.png"
     plot(results, targets, out)
@@ -159,3 +160,18 @@ def test_cli_usage_errors(tmp_path):
     existing.write_bytes(b"")
     result = CliRunner().invoke(main, ["--launch=1", "--block=64", f"--plot={existing}", str(path)])
     assert result.exit_code == 2 and "already exists" in result.stderr
+
+
+def test_tools_share_the_replay_and_tolerance_options_with_their_help():
+    from replayfmt.tools.run_replay import main as run_main
+
+    helps = {}
+    for tool in (main, run_main):
+        params = {p.name: p for p in tool.params}
+        helps[tool] = {
+            name: params[name].help
+            for name in ("substitutions", "remaps", "fixed_addresses", "use_tolerance", "rtol", "atol")
+        }
+    assert helps[main] == helps[run_main] and all(helps[main].values())
+    text = " ".join(CliRunner().invoke(main, ["--help"]).stdout.split())
+    assert "Relative tolerance (implies --tolerance)." in text and "The ABI must match." in text

@@ -33,6 +33,7 @@ from replayfmt.capture.cupti_api import (
 )
 from replayfmt.capture.process_memory import MEMORY, c_string, image_bytes, read, u64
 from replayfmt.cuda.driver import driver
+from replayfmt.cuda.functions import parameter_layout
 from replayfmt.errors import ReplayUsageError
 
 _ENTER, _EXIT = 0, 1
@@ -208,12 +209,7 @@ class CuptiSource:
                 cu.cuKernelGetFunction(handle)  # a lazy module loads now, and the resource domain reports it
         if key is None or key not in self._loaded:
             key = self._lazily_loaded(name)
-        layout = []
-        for i in range(4096):
-            err, offset, size = info(handle, i)
-            if err != cu.CUresult.CUDA_SUCCESS:
-                break
-            layout.append((int(offset), int(size)))
+        layout = parameter_layout(cu, handle, info)
         kernel = self._kernels[handle] = _Kernel(ev.Kernel(handle, name, key, tuple(layout)), symbol)
         return kernel
 

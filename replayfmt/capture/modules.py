@@ -12,8 +12,6 @@ from replayfmt.container.writer import CaptureWriter
 from replayfmt.format import model as m
 from replayfmt.format.cubin import CubinError, detect_format, parse_cubin
 
-_FORMATS = {"cubin": m.ExecutableFormat.CUBIN, "ptx": m.ExecutableFormat.PTX, "fatbin": m.ExecutableFormat.FATBIN}
-
 
 @dataclass
 class Module:
@@ -46,7 +44,7 @@ def store_module(module: Module, writer: CaptureWriter, files: FileReferences, p
     if data is None:
         raise ValueError(f"module {image.key} has no image")
     try:
-        module.format = _FORMATS[detect_format(data)]
+        module.format = m.EXECUTABLE_FORMATS[detect_format(data)]
     except CubinError:
         module.format = m.ExecutableFormat.UNKNOWN
     if module.format == m.ExecutableFormat.CUBIN:

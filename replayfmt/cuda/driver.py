@@ -14,11 +14,19 @@ from typing import Any
 
 from replayfmt.errors import DeviceError, DeviceUnavailableError
 
-STICKY_ERRORS = frozenset({
-    "CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_LAUNCH_FAILED", "CUDA_ERROR_ILLEGAL_INSTRUCTION",
-    "CUDA_ERROR_MISALIGNED_ADDRESS", "CUDA_ERROR_INVALID_ADDRESS_SPACE", "CUDA_ERROR_INVALID_PC",
-    "CUDA_ERROR_HARDWARE_STACK_ERROR", "CUDA_ERROR_ASSERT", "CUDA_ERROR_LAUNCH_TIMEOUT",
-})  # fmt: skip
+STICKY_ERRORS = frozenset(
+    {
+        "CUDA_ERROR_ILLEGAL_ADDRESS",
+        "CUDA_ERROR_LAUNCH_FAILED",
+        "CUDA_ERROR_ILLEGAL_INSTRUCTION",
+        "CUDA_ERROR_MISALIGNED_ADDRESS",
+        "CUDA_ERROR_INVALID_ADDRESS_SPACE",
+        "CUDA_ERROR_INVALID_PC",
+        "CUDA_ERROR_HARDWARE_STACK_ERROR",
+        "CUDA_ERROR_ASSERT",
+        "CUDA_ERROR_LAUNCH_TIMEOUT",
+    }
+)
 """Errors after which the CUDA context is unusable: the process must restart to use the GPU."""
 
 
@@ -26,9 +34,8 @@ class CudaCallError(DeviceError):
     """A driver call returned an error; ``name`` is the CUresult name."""
 
     def __init__(self, message: str, name: str) -> None:
-        super().__init__(message)
+        super().__init__(message, sticky=name in STICKY_ERRORS)
         self.name = name
-        self.sticky = name in STICKY_ERRORS
 
 
 @functools.cache
@@ -47,6 +54,17 @@ def driver() -> ModuleType:
     if err != cu.CUresult.CUDA_SUCCESS:
         raise DeviceUnavailableError(f"cuInit failed: {error_text(cu, err)}; is there a usable NVIDIA GPU?")
     return cu
+
+
+def initialised() -> bool:
+    """Whether this process has started CUDA through :func:`driver` (work that must happen before,
+    such as steering the driver's device address range for --fixed-addresses, is then too late)."""
+    return driver.cache_info().currsize > 0
+
+
+def is_sticky(err: Any) -> bool:
+    """Whether a CUresult is one of the sticky errors that leave the context unusable."""
+    return getattr(err, "name", "") in STICKY_ERRORS
 
 
 def error_text(cu: ModuleType, err: Any) -> str:

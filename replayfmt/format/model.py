@@ -85,6 +85,10 @@ class ExecutableFormat(enum.IntEnum):
     FATBIN = 3
 
 
+EXECUTABLE_FORMATS = {"cubin": ExecutableFormat.CUBIN, "ptx": ExecutableFormat.PTX, "fatbin": ExecutableFormat.FATBIN}
+"""Executable formats by name: as ``format.cubin.detect_format`` returns them and flags spell them."""
+
+
 class ParameterKind(enum.IntEnum):
     UNKNOWN = 0
     VALUE = 1

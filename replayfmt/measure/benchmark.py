@@ -1,6 +1,6 @@
 """Timing replayed work: a scope (or the whole capture), from the same starting state every time.
 
-A :class:`Benchmark` works on a prepared :class:`~replayfmt.replay.execute.Replayer`. Cold work happens
+A :class:`Benchmark` works on a prepared :class:`~replayfmt.replay.replayer.Replayer`. Cold work happens
 once: the operations before the region run once (the region's starting state), and every buffer
 the region touches gets a pristine device copy. Each iteration then restores those buffers with
 device-to-device copies (and optionally flushes the L2 cache) outside the timed region, and
@@ -28,7 +28,8 @@ from replayfmt.container.reader import Capture
 from replayfmt.cuda.driver import check
 from replayfmt.errors import ReplayError, ReplayUsageError
 from replayfmt.format import model as m
-from replayfmt.replay.execute import Replayer
+from replayfmt.replay.replayer import Replayer
+from replayfmt.replay.steps import Step, StepKind, bracket_with_events
 
 _K = m.OperationKind
 _DEVICE_KINDS = {_K.LAUNCH, _K.COPY_HOST_TO_DEVICE, _K.COPY_DEVICE_TO_HOST, _K.COPY_DEVICE_TO_DEVICE, _K.MEMSET}
@@ -90,9 +91,12 @@ class Stats:
         if not values:
             return cls(0.0, 0.0, 0.0, 0.0, 0.0)
         return cls(
-            min(values), statistics.median(values), statistics.fmean(values),
-            statistics.stdev(values) if len(values) > 1 else 0.0, float(np.percentile(values, 90)),
-        )  # fmt: skip
+            min(values),
+            statistics.median(values),
+            statistics.fmean(values),
+            statistics.stdev(values) if len(values) > 1 else 0.0,
+            float(np.percentile(values, 90)),
+        )
 
 
 @dataclass
@@ -150,8 +154,8 @@ class Benchmark:
         cu = self.cu
         plan = replayer.plan
         steps = replayer.steps
-        self.prefix = [s for s in steps if s[2] < region.start]
-        body = [s for s in steps if region.start <= s[2] < region.stop and s[0] != replayer._checkpoint]
+        self.prefix = [s for s in steps if s.operation < region.start]
+        body = [s for s in steps if region.start <= s.operation < region.stop and s.kind is not StepKind.CHECKPOINT]
         self.ops = {op.index: op for op in plan.capture.iter_operations(region.start, region.stop)}
         self.timed_ops = [i for i, op in self.ops.items() if op.kind in _DEVICE_KINDS]
         want_events = options.per_kernel or options.trace is not None
@@ -182,22 +186,9 @@ class Benchmark:
         self.r.own(lambda: cu.cuEventDestroy(event))
         return event
 
-    def _instrument(self, body: list[tuple[Callable[..., Any], tuple[Any, ...], int]]) -> list[Any]:
+    def _instrument(self, body: list[Step]) -> list[Step]:
         """Bracket the device work of each timed operation with events on its stream."""
-        cu = self.cu
-        out = []
-        for i, step in enumerate(body):
-            index = step[2]
-            events = self._events.get(index)
-            first = events is not None and (i == 0 or body[i - 1][2] != index)
-            last = events is not None and (i + 1 == len(body) or body[i + 1][2] != index)
-            stream = self.r.op_streams.get(index)
-            if first:
-                out.append((cu.cuEventRecord, (events[0], stream), index))
-            out.append(step)
-            if last:
-                out.append((cu.cuEventRecord, (events[1], stream), index))
-        return out
+        return bracket_with_events(body, self._events, self.r.op_streams, self.cu.cuEventRecord)
 
     def _touched_buffers(self) -> set[int]:
         if self.r.plan.options.fixed_addresses:
@@ -247,24 +238,27 @@ class Benchmark:
         if self._flush is not None:
             check(cu.cuMemsetD8Async(self._flush[0], 0, self._flush[1], stream), "flushing the L2 cache")
 
-    def _graph_body(self) -> list[Any]:
+    def _graph_body(self) -> list[Step]:
         """The region's steps for stream capture: host synchronisations become event edges."""
         cu = self.cu
         r = self.r
         out = []
         for step in self.body:
-            fn, index = step[0], step[2]
-            if fn == r._synchronize:
-                op = self.ops[index]
-                source = [r.op_streams[index]] if isinstance(op, m.StreamSynchronize) else list(r.streams.values())
-                for stream in source:
-                    event = check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING), "event")
-                    r.own(lambda e=event: cu.cuEventDestroy(e))
-                    out.append((cu.cuEventRecord, (event, stream), index))
-                    out += [(cu.cuStreamWaitEvent, (other, event, 0), index)
-                            for other in r.streams.values() if other is not stream]  # fmt: skip
-            else:
+            if step.kind is not StepKind.SYNCHRONIZE:
                 out.append(step)
+                continue
+            index = step.operation
+            op = self.ops[index]
+            source = [r.op_streams[index]] if isinstance(op, m.StreamSynchronize) else list(r.streams.values())
+            for stream in source:
+                event = check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING), "event")
+                r.own(lambda e=event: cu.cuEventDestroy(e))
+                out.append(Step(StepKind.EVENT_RECORD, cu.cuEventRecord, (event, stream), index))
+                out += [
+                    Step(StepKind.STREAM_WAIT, cu.cuStreamWaitEvent, (other, event, 0), index)
+                    for other in r.streams.values()
+                    if other is not stream
+                ]
         return out
 
     def _capture_graph(self) -> Any:
@@ -274,7 +268,7 @@ class Benchmark:
         stream = check(cu.cuStreamCreate(1), "capture stream")
         r.own(lambda: cu.cuStreamDestroy(stream))
         legacy = r.streams[0]
-        body = [(fn, tuple(stream if a is legacy else a for a in args), i) for fn, args, i in self._graph_body()]
+        body = [step.with_args(tuple(stream if a is legacy else a for a in step.args)) for step in self._graph_body()]
         self._capture_stream = stream
         mode = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL
         check(cu.cuStreamBeginCapture(stream, mode), "cuStreamBeginCapture")
@@ -330,9 +324,18 @@ class Benchmark:
             duration = check(cu.cuEventElapsedTime(a, b), "trace")
             op = self.ops[index]
             name = self.r.kernel_name(index) or op.kind.label
-            events.append({"name": name, "cat": op.kind.label, "ph": "X", "ts": round(start * 1e3, 3),
-                           "dur": round(duration * 1e3, 3), "pid": 1, "tid": getattr(op, "stream", 0),
-                           "args": {"operation": index}})  # fmt: skip
+            events.append(
+                {
+                    "name": name,
+                    "cat": op.kind.label,
+                    "ph": "X",
+                    "ts": round(start * 1e3, 3),
+                    "dur": round(duration * 1e3, 3),
+                    "pid": 1,
+                    "tid": getattr(op, "stream", 0),
+                    "args": {"operation": index},
+                }
+            )
         return events
 
     def run(self, progress: Callable[[int, int | None, float], None] | None = None) -> BenchmarkResult:
@@ -364,13 +367,21 @@ class Benchmark:
             trace = {"traceEvents": self.trace_events(), "displayTimeUnit": "ms"}
             options.trace.write_text(json.dumps(trace))
         kernels = [
-            KernelTiming(i, self.r.kernel_name(i) or self.ops[i].kind.label, getattr(self.ops[i], "stream", 0),
-                         Stats.of(values))
+            KernelTiming(
+                i, self.r.kernel_name(i) or self.ops[i].kind.label, getattr(self.ops[i], "stream", 0), Stats.of(values)
+            )
             for i, values in sorted(per_op.items())
-        ]  # fmt: skip
+        ]
         return BenchmarkResult(
-            capture=self.r.plan.capture.path, device=self.r.device_name, scope=self.region.scope,
-            operations=(self.region.start, self.region.stop), mode=options.mode, iterations=len(device),
-            warmup=options.warmup, flush_l2=options.flush_l2, device_ms=Stats.of(device), host_ms=Stats.of(host),
+            capture=self.r.plan.capture.path,
+            device=self.r.device_name,
+            scope=self.region.scope,
+            operations=(self.region.start, self.region.stop),
+            mode=options.mode,
+            iterations=len(device),
+            warmup=options.warmup,
+            flush_l2=options.flush_l2,
+            device_ms=Stats.of(device),
+            host_ms=Stats.of(host),
             kernels=kernels,
-        )  # fmt: skip
+        )

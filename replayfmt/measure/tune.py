@@ -29,8 +29,19 @@ from replayfmt.errors import ReplayError, ReplayUsageError
 from replayfmt.format import model as m
 from replayfmt.replay.plan import MAX_BLOCK, MAX_GRID, MAX_THREADS_PER_BLOCK, Plan
 
-CSV_FIELDS = ["kernel", "operations", "grid", "block", "smem", "max_registers", "median_ms", "stddev_ms",
-              "verified", "error", "baseline"]  # fmt: skip
+CSV_FIELDS = [
+    "kernel",
+    "operations",
+    "grid",
+    "block",
+    "smem",
+    "max_registers",
+    "median_ms",
+    "stddev_ms",
+    "verified",
+    "error",
+    "baseline",
+]
 DEFAULT_MAX_SHARED = 227 * 1024  # Hopper's opt-in limit; the worker checks the real device
 
 
@@ -48,13 +59,20 @@ class Candidate:
     max_registers: int | None = None  # re-JIT the PTX with this register cap
 
     def key(self) -> tuple[str, str, str, str]:
-        return (_dims(self.grid), _dims(self.block), "" if self.smem is None else str(self.smem),
-                "" if self.max_registers is None else str(self.max_registers))  # fmt: skip
+        return (
+            _dims(self.grid),
+            _dims(self.block),
+            "" if self.smem is None else str(self.smem),
+            "" if self.max_registers is None else str(self.max_registers),
+        )
 
     def describe(self) -> str:
-        parts = [f"grid={_dims(self.grid)}" if self.grid else "", f"block={_dims(self.block)}" if self.block else "",
-                 f"smem={self.smem}" if self.smem is not None else "",
-                 f"max_registers={self.max_registers}" if self.max_registers is not None else ""]  # fmt: skip
+        parts = [
+            f"grid={_dims(self.grid)}" if self.grid else "",
+            f"block={_dims(self.block)}" if self.block else "",
+            f"smem={self.smem}" if self.smem is not None else "",
+            f"max_registers={self.max_registers}" if self.max_registers is not None else "",
+        ]
         return ",".join(p for p in parts if p) or "captured shape"
 
 
@@ -142,13 +160,20 @@ def find_targets(plan: Plan, *, launch: int | None, kernel: str | None) -> Targe
         names = sorted({plan.function(e, f).name for e, f in kernels})
         raise ReplayUsageError(f"--kernel {kernel!r} matches several kernels ({', '.join(names)}); narrow it")
     first = found[0]
-    return Targets(tuple(op.index for op in found), first.executable, first.function,
-                   plan.function(first.executable, first.function).name, first.grid, first.block,
-                   first.shared_memory)  # fmt: skip
+    return Targets(
+        tuple(op.index for op in found),
+        first.executable,
+        first.function,
+        plan.function(first.executable, first.function).name,
+        first.grid,
+        first.block,
+        first.shared_memory,
+    )
 
 
-def prune(plan: Plan, targets: Targets, points: list[Candidate], max_shared: int = DEFAULT_MAX_SHARED
-          ) -> tuple[list[Candidate], list[tuple[Candidate, str]]]:  # fmt: skip
+def prune(
+    plan: Plan, targets: Targets, points: list[Candidate], max_shared: int = DEFAULT_MAX_SHARED
+) -> tuple[list[Candidate], list[tuple[Candidate, str]]]:
     """Split points into those worth running and those over a limit (with the reason)."""
     fn = plan.function(targets.executable, targets.function)
     image = plan.images.get(targets.executable)
@@ -188,14 +213,20 @@ def read_csv(path: Path) -> dict[tuple[str, str, str, str], CandidateResult]:
     try:
         with path.open(newline="") as f:
             for row in csv.DictReader(f):
-                c = Candidate(_parse_dims(row["grid"]), _parse_dims(row["block"]),
-                              int(row["smem"]) if row["smem"] else None,
-                              int(row["max_registers"]) if row["max_registers"] else None)  # fmt: skip
+                c = Candidate(
+                    _parse_dims(row["grid"]),
+                    _parse_dims(row["block"]),
+                    int(row["smem"]) if row["smem"] else None,
+                    int(row["max_registers"]) if row["max_registers"] else None,
+                )
                 done[c.key()] = CandidateResult(
-                    c, float(row["median_ms"]) if row["median_ms"] else None,
+                    c,
+                    float(row["median_ms"]) if row["median_ms"] else None,
                     float(row["stddev_ms"]) if row["stddev_ms"] else None,
-                    {"yes": True, "no": False}.get(row["verified"]), row["error"], row.get("baseline") == "yes",
-                )  # fmt: skip
+                    {"yes": True, "no": False}.get(row["verified"]),
+                    row["error"],
+                    row.get("baseline") == "yes",
+                )
     except (KeyError, ValueError, csv.Error) as exc:
         raise ReplayUsageError(
             f"--csv {path}: not a tune-replay CSV ({exc}); choose another file to start anew"
@@ -227,10 +258,18 @@ class CsvLog:
         if self.file is None:
             return
         verified = {True: "yes", False: "no", None: ""}[r.verified]
-        self.writer.writerow([self.targets.kernel, " ".join(map(str, self.targets.operations)), *r.candidate.key(),
-                              "" if r.median_ms is None else f"{r.median_ms:.6f}",
-                              "" if r.stddev_ms is None else f"{r.stddev_ms:.6f}", verified, r.error,
-                              "yes" if r.baseline else ""])  # fmt: skip
+        self.writer.writerow(
+            [
+                self.targets.kernel,
+                " ".join(map(str, self.targets.operations)),
+                *r.candidate.key(),
+                "" if r.median_ms is None else f"{r.median_ms:.6f}",
+                "" if r.stddev_ms is None else f"{r.stddev_ms:.6f}",
+                verified,
+                r.error,
+                "yes" if r.baseline else "",
+            ]
+        )
         self.file.flush()
 
     def close(self) -> None:
@@ -265,9 +304,13 @@ class Worker:
 
     def _start(self) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "replayfmt.measure.tune_worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL, text=True, bufsize=1,
-        )  # fmt: skip
+            [sys.executable, "-m", "replayfmt.measure.tune_worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            bufsize=1,
+        )
         assert self.process.stdin is not None
         self.process.stdin.write(json.dumps(asdict(self.config)) + "\n")
         reply = self._read(120.0)
@@ -288,9 +331,17 @@ class Worker:
             self._start()
         assert self.process is not None and self.process.stdin is not None
         try:
-            self.process.stdin.write(json.dumps({"grid": candidate.grid, "block": candidate.block,
-                                                 "smem": candidate.smem, "max_registers": candidate.max_registers})
-                                     + "\n")  # fmt: skip
+            self.process.stdin.write(
+                json.dumps(
+                    {
+                        "grid": candidate.grid,
+                        "block": candidate.block,
+                        "smem": candidate.smem,
+                        "max_registers": candidate.max_registers,
+                    }
+                )
+                + "\n"
+            )
         except BrokenPipeError:
             self.stop()
             return CandidateResult(candidate, error="the worker died")
@@ -301,8 +352,9 @@ class Worker:
             return CandidateResult(candidate, error="the worker crashed" if died else f"timed out after {timeout:g} s")
         if reply.get("fatal"):
             self.stop()  # the CUDA context is unusable: the next candidate gets a fresh worker
-        return CandidateResult(candidate, reply.get("median_ms"), reply.get("stddev_ms"), reply.get("verified"),
-                               reply.get("error", ""))  # fmt: skip
+        return CandidateResult(
+            candidate, reply.get("median_ms"), reply.get("stddev_ms"), reply.get("verified"), reply.get("error", "")
+        )
 
     def stop(self) -> None:
         if self.process is not None:

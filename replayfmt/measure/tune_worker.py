@@ -10,12 +10,12 @@ import sys
 from typing import Any
 
 from replayfmt.container.files import FileRemap
-from replayfmt.container.reader import open_capture
-from replayfmt.cuda.driver import CudaCallError, check
+from replayfmt.cuda.driver import check
 from replayfmt.errors import DeviceError, ReplayError
 from replayfmt.replay.compare import Tolerance
-from replayfmt.replay.execute import Replayer, ReplayOptions
-from replayfmt.replay.plan import PlanOptions, Substitution, build_plan
+from replayfmt.replay.options import ReplayOptions
+from replayfmt.replay.plan import PlanOptions, Substitution
+from replayfmt.replay.replayer import ReplaySession, open_replay
 
 
 def _reply(message: dict[str, Any]) -> None:
@@ -26,17 +26,27 @@ def _reply(message: dict[str, Any]) -> None:
 def main() -> int:
     config = json.loads(sys.stdin.readline())
     try:
-        cap = open_capture(config["capture"])
-        options = PlanOptions(
-            substitutions=tuple(Substitution.parse(s) for s in config["plan"].get("substitutions", ())),
-            remaps=tuple(FileRemap.parse(r) for r in config["plan"].get("remaps", ())),
-            fixed_addresses=bool(config["plan"].get("fixed_addresses")),
+        session = open_replay(
+            config["capture"],
+            PlanOptions(
+                substitutions=tuple(Substitution.parse(s) for s in config["plan"].get("substitutions", ())),
+                remaps=tuple(FileRemap.parse(r) for r in config["plan"].get("remaps", ())),
+                fixed_addresses=bool(config["plan"].get("fixed_addresses")),
+            ),
         )
-        plan = build_plan(cap, options)
+    except ReplayError as exc:
+        _reply({"error": str(exc)})
+        return 1
+    with session:
+        return _serve(session, config)
+
+
+def _serve(session: ReplaySession, config: dict[str, Any]) -> int:
+    try:
         tolerance = Tolerance(enabled=config["tolerance"], rtol=config["rtol"], atol=config["atol"])
-        replayer = Replayer(plan, ReplayOptions(devices=(config["device"],), verify=True, tolerance=tolerance))
+        replayer = session.start(ReplayOptions(devices=(config["device"],), verify=True, tolerance=tolerance))
         cu = replayer.cu
-        targets = [cap.operation(i) for i in config["operations"]]
+        targets = [session.capture.operation(i) for i in config["operations"]]
         events = []
         for op in targets:
             pair = (check(cu.cuEventCreate(0), "event"), check(cu.cuEventCreate(0), "event"))
@@ -62,26 +72,21 @@ def main() -> int:
                 if smem > 48 * 1024:
                     replayer.opt_in_shared_memory(op.executable, op.function, smem)
                 replayer.set_launch_shape(op.index, grid, block, smem)  # type: ignore[arg-type]
-            replayer.options.verify = True
-            result = replayer.run(1)
-            reports = result.reports
-            verified = all(r.passed for r in reports) if reports else None
-            if verified is False:
-                bad = next(r for r in reports if not r.passed)
-                _reply({"verified": False, "error": f"wrong result: {bad.line()}"})
+            result = replayer.run(1, verify=True)
+            if result.mismatches:  # a wrong answer is this candidate's result, not the worker's failure
+                _reply({"verified": False, "error": f"wrong result: {result.mismatches[0].line()}"})
                 continue
-            replayer.options.verify = False
+            verified = True if result.reports else None
             times = []
             for repetition in range(config["warmup"] + config["repetitions"]):
-                replayer.run(1)
+                replayer.run(1, verify=False)
                 if repetition >= config["warmup"]:
                     times.append(sum(check(cu.cuEventElapsedTime(a, b), "elapsed") for a, b in events))
             stddev = statistics.stdev(times) if len(times) > 1 else 0.0
             _reply({"median_ms": statistics.median(times), "stddev_ms": stddev, "verified": verified})
-        except (CudaCallError, DeviceError) as exc:
-            sticky = getattr(exc, "sticky", False) or "unusable" in str(exc)
-            _reply({"error": str(exc), "fatal": sticky})
-            if sticky:
+        except DeviceError as exc:
+            _reply({"error": str(exc), "fatal": exc.sticky})
+            if exc.sticky:
                 return 1
         except ReplayError as exc:
             _reply({"error": str(exc)})

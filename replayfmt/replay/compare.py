@@ -14,19 +14,42 @@ import numpy as np
 from replayfmt.format import model as m
 
 NUMPY_DTYPES: dict[m.DType, str] = {
-    m.DType.BOOL: "?", m.DType.INT8: "i1", m.DType.UINT8: "u1", m.DType.INT16: "<i2", m.DType.UINT16: "<u2",
-    m.DType.INT32: "<i4", m.DType.UINT32: "<u4", m.DType.INT64: "<i8", m.DType.UINT64: "<u8",
-    m.DType.FLOAT16: "<f2", m.DType.FLOAT32: "<f4", m.DType.FLOAT64: "<f8", m.DType.COMPLEX64: "<c8",
+    m.DType.BOOL: "?",
+    m.DType.INT8: "i1",
+    m.DType.UINT8: "u1",
+    m.DType.INT16: "<i2",
+    m.DType.UINT16: "<u2",
+    m.DType.INT32: "<i4",
+    m.DType.UINT32: "<u4",
+    m.DType.INT64: "<i8",
+    m.DType.UINT64: "<u8",
+    m.DType.FLOAT16: "<f2",
+    m.DType.FLOAT32: "<f4",
+    m.DType.FLOAT64: "<f8",
+    m.DType.COMPLEX64: "<c8",
     m.DType.COMPLEX128: "<c16",
-}  # fmt: skip
-FLOATING = {m.DType.FLOAT16, m.DType.BFLOAT16, m.DType.FLOAT32, m.DType.FLOAT64, m.DType.COMPLEX64,
-            m.DType.COMPLEX128, m.DType.FLOAT8_E4M3FN, m.DType.FLOAT8_E5M2}  # fmt: skip
+}
+FLOATING = {
+    m.DType.FLOAT16,
+    m.DType.BFLOAT16,
+    m.DType.FLOAT32,
+    m.DType.FLOAT64,
+    m.DType.COMPLEX64,
+    m.DType.COMPLEX128,
+    m.DType.FLOAT8_E4M3FN,
+    m.DType.FLOAT8_E5M2,
+}
 # (rtol, atol) used with --tolerance when --rtol/--atol are not given
 DEFAULT_TOLERANCES: dict[m.DType, tuple[float, float]] = {
-    m.DType.FLOAT16: (1e-3, 1e-3), m.DType.BFLOAT16: (1e-2, 1e-2), m.DType.FLOAT32: (1e-5, 1e-6),
-    m.DType.FLOAT64: (1e-12, 1e-12), m.DType.COMPLEX64: (1e-5, 1e-6), m.DType.COMPLEX128: (1e-12, 1e-12),
-    m.DType.FLOAT8_E4M3FN: (1.25e-1, 1e-2), m.DType.FLOAT8_E5M2: (2.5e-1, 1e-2),
-}  # fmt: skip
+    m.DType.FLOAT16: (1e-3, 1e-3),
+    m.DType.BFLOAT16: (1e-2, 1e-2),
+    m.DType.FLOAT32: (1e-5, 1e-6),
+    m.DType.FLOAT64: (1e-12, 1e-12),
+    m.DType.COMPLEX64: (1e-5, 1e-6),
+    m.DType.COMPLEX128: (1e-12, 1e-12),
+    m.DType.FLOAT8_E4M3FN: (1.25e-1, 1e-2),
+    m.DType.FLOAT8_E5M2: (2.5e-1, 1e-2),
+}
 
 
 @dataclass(frozen=True)
@@ -58,8 +81,10 @@ class BufferReport:
     def line(self) -> str:
         name = f"buffer {self.buffer}" + (f" ({self.label})" if self.label else "")
         verdict = "ok" if self.passed else "MISMATCH"
-        text = (f"op {self.operation:>6} {name}: {verdict} {self.elements} {self.dtype} compared ({self.mode}), "
-                f"{self.mismatches} mismatching")  # fmt: skip
+        text = (
+            f"op {self.operation:>6} {name}: {verdict} {self.elements} {self.dtype} compared ({self.mode}), "
+            f"{self.mismatches} mismatching"
+        )
         if self.max_abs_error or self.max_rel_error:
             text += f", max abs err {self.max_abs_error:.3g}, max rel err {self.max_rel_error:.3g}"
         if self.first_mismatch is not None:
@@ -99,10 +124,30 @@ def compare(expected: bytes, actual: bytes, *, buffer: m.Buffer, operation: int,
             rel = np.where(np.abs(want) > 0, diff / np.abs(want), 0.0)
         max_rel = float(rel[np.isfinite(rel)].max()) if np.isfinite(rel).any() else 0.0
         bad = np.flatnonzero(~close)
-        return BufferReport(operation, buffer.id, buffer.label, dtype.name.lower(), f"rtol={rtol:g},atol={atol:g}",
-                            len(want), len(bad), max_abs, max_rel, int(bad[0]) if len(bad) else None)  # fmt: skip
+        return BufferReport(
+            operation,
+            buffer.id,
+            buffer.label,
+            dtype.name.lower(),
+            f"rtol={rtol:g},atol={atol:g}",
+            len(want),
+            len(bad),
+            max_abs,
+            max_rel,
+            int(bad[0]) if len(bad) else None,
+        )
     a = np.frombuffer(expected, np.uint8)
     b = np.frombuffer(actual, np.uint8)
     bad = np.flatnonzero(a != b)
-    return BufferReport(operation, buffer.id, buffer.label, "bytes", "exact", len(a), len(bad), 0.0, 0.0,
-                        int(bad[0]) if len(bad) else None)  # fmt: skip
+    return BufferReport(
+        operation,
+        buffer.id,
+        buffer.label,
+        "bytes",
+        "exact",
+        len(a),
+        len(bad),
+        0.0,
+        0.0,
+        int(bad[0]) if len(bad) else None,
+    )

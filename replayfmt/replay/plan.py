@@ -15,15 +15,22 @@ from pathlib import Path
 
 from replayfmt.container.files import FileRemap, ResolvedFile, resolve_file
 from replayfmt.container.reader import Capture
-from replayfmt.errors import AbiMismatchError, ReplayError, ReplayUsageError, UnsupportedOperationError
+from replayfmt.errors import (
+    AbiMismatchError,
+    FileMismatchError,
+    ReplayError,
+    ReplayFormatError,
+    ReplayUsageError,
+    UnsupportedOperationError,
+)
 from replayfmt.format import model as m
 from replayfmt.format.cubin import CubinError, CubinInfo, detect_format, parse_cubin
+from replayfmt.format.model import EXECUTABLE_FORMATS
 
 _K = m.OperationKind
 MAX_GRID = (2**31 - 1, 65535, 65535)
 MAX_BLOCK = (1024, 1024, 64)
 MAX_THREADS_PER_BLOCK = 1024
-_FORMATS = {"cubin": m.ExecutableFormat.CUBIN, "ptx": m.ExecutableFormat.PTX, "fatbin": m.ExecutableFormat.FATBIN}
 
 
 # ------------------------------------------------------------------------------------------
@@ -47,9 +54,9 @@ class Substitution:
         key, _, fmt = key.partition("@")
         fmt_value = None
         if fmt:
-            if fmt not in _FORMATS:
+            if fmt not in EXECUTABLE_FORMATS:
                 raise ReplayUsageError(f"--executable-substitution {spec!r}: format must be cubin, ptx or fatbin")
-            fmt_value = _FORMATS[fmt]
+            fmt_value = EXECUTABLE_FORMATS[fmt]
         if key == "all":
             return cls(None, Path(path), fmt_value)
         if not key.isdigit() or int(key) == 0:
@@ -106,6 +113,42 @@ class LaunchOverride:
                     raise ReplayUsageError(f"--launch {spec!r}: {key} dimensions must be >= 1")
                 values[key] = dims
         return cls(int(op), **values)  # type: ignore[arg-type]
+
+    def shape(self, op: m.Launch) -> LaunchShape:
+        """The launch's shape with this override applied (settings it does not give stay captured)."""
+        return LaunchShape(
+            self.grid or op.grid,
+            self.block or op.block,
+            op.shared_memory if self.shared_memory is None else self.shared_memory,
+        )
+
+
+@dataclass(frozen=True)
+class LaunchShape:
+    """Where a launch runs: grid, block and bytes of dynamic shared memory."""
+
+    grid: m.Dims
+    block: m.Dims
+    shared_memory: int
+
+    @property
+    def threads_per_block(self) -> int:
+        return self.block[0] * self.block[1] * self.block[2]
+
+
+def launch_shape(op: m.Launch, override: LaunchOverride | None) -> LaunchShape:
+    """The shape a launch is replayed with: the captured one, or ``override`` applied to it."""
+    if override is None:
+        return LaunchShape(op.grid, op.block, op.shared_memory)
+    return override.shape(op)
+
+
+def captured_file_range(reference: m.FileReference, offset: int, size: int) -> m.FileRange | None:
+    """The captured range of a file that holds all of ``[offset, offset + size)`` (None: none does)."""
+    for r in reference.ranges:
+        if r.offset <= offset and offset + size <= r.offset + r.size:
+            return r
+    return None
 
 
 @dataclass(frozen=True)
@@ -229,14 +272,18 @@ def build_plan(capture: Capture, options: PlanOptions = PlanOptions()) -> Plan:
             except ReplayError as exc:
                 checker.fail(exc)
         elif isinstance(obj, m.UnknownObject):
-            checker.fail(UnsupportedOperationError(
-                f"object {obj.id} has kind {obj.type_code}, unknown to this replayfmt: upgrade replayfmt"
-            ))  # fmt: skip
+            checker.fail(
+                UnsupportedOperationError(
+                    f"object {obj.id} has kind {obj.type_code}, unknown to this replayfmt: upgrade replayfmt"
+                )
+            )
     if plan.needs_fixed_addresses and not options.fixed_addresses:
-        checker.fail(UnsupportedOperationError(
-            "the capture has buffers whose pointers cannot all be relocated (requires_fixed_address): "
-            "replay it with --fixed-addresses"
-        ))  # fmt: skip
+        checker.fail(
+            UnsupportedOperationError(
+                "the capture has buffers whose pointers cannot all be relocated (requires_fixed_address): "
+                "replay it with --fixed-addresses"
+            )
+        )
     overrides = {o.operation: o for o in options.launch_overrides}
     if len(overrides) != len(options.launch_overrides):
         raise ReplayUsageError("--launch: an operation is overridden twice")
@@ -288,7 +335,7 @@ def _plan_executables(
                     raise ReplayUsageError(
                         f"--executable-substitution {eid}: cannot read {sub.path} ({exc.strerror})"
                     ) from None
-                detected = _FORMATS[detect_format(data)]
+                detected = EXECUTABLE_FORMATS[detect_format(data)]
                 if sub.format is not None and sub.format != detected:
                     raise ReplayUsageError(
                         f"--executable-substitution {eid}: {sub.path} is a {detected.name.lower()}, "
@@ -353,8 +400,10 @@ def layout_difference(
         detail = f"{len(captured)} parameters captured, {len(loaded)} in {source}"
     else:
         i = next(k for k, (a, b) in enumerate(zip(captured, loaded)) if a != b)
-        detail = (f"parameter {i}: captured=(offset {captured[i][0]}, size {captured[i][1]}) "
-                  f"loaded=(offset {loaded[i][0]}, size {loaded[i][1]})")  # fmt: skip
+        detail = (
+            f"parameter {i}: captured=(offset {captured[i][0]}, size {captured[i][1]}) "
+            f"loaded=(offset {loaded[i][0]}, size {loaded[i][1]})"
+        )
     return f"executable {eid}: function {name} has another ABI: {detail}"
 
 
@@ -362,13 +411,15 @@ def _need(objects: dict[int, m.ObjectDef], oid: int, cls: type, op: m.Operation,
     obj = objects.get(oid)
     if not isinstance(obj, cls):
         what = f"object {oid} is a {obj.kind.label}" if obj is not None else f"object {oid} does not exist"
-        raise ReplayError(f"operation {op.index} ({op.kind.label}): its {role} {what}, not a {cls.__name__.lower()}")
+        raise ReplayFormatError(
+            f"operation {op.index} ({op.kind.label}): its {role} {what}, not a {cls.__name__.lower()}"
+        )
     return obj
 
 
 def _check_range(op: m.Operation, buffer: m.Buffer, offset: int, size: int, role: str) -> None:
     if offset < 0 or size < 0 or offset + size > buffer.size:
-        raise ReplayError(
+        raise ReplayFormatError(
             f"operation {op.index} ({op.kind.label}): {role} range [{offset}, {offset + size}) lies outside "
             f"buffer {buffer.id} ({buffer.size} bytes)"
         )
@@ -392,43 +443,47 @@ def _check_operation(
     if isinstance(op, m.Launch):
         exe = _need(objects, op.executable, m.Executable, op, "executable")
         if not 0 <= op.function < len(exe.functions):
-            raise ReplayError(
+            raise ReplayFormatError(
                 f"operation {op.index} (launch): function {op.function} of executable {exe.id} does not exist"
             )
         fn = exe.functions[op.function]
-        grid, block, smem = op.grid, op.block, op.shared_memory
+        shape = launch_shape(op, override)
         if override is not None:
-            grid, block = override.grid or grid, override.block or block
-            smem = smem if override.shared_memory is None else override.shared_memory
             plan.overrides[op.index] = override
-        for d, (g, limit) in enumerate(zip(grid, MAX_GRID)):
+        for d, (g, limit) in enumerate(zip(shape.grid, MAX_GRID)):
             if not 1 <= g <= limit:
-                raise ReplayError(f"operation {op.index} ({fn.name}): grid dimension {d} is {g}, outside [1, {limit}]")
-        for d, (b, limit) in enumerate(zip(block, MAX_BLOCK)):
+                raise UnsupportedOperationError(
+                    f"operation {op.index} ({fn.name}): grid dimension {d} is {g}, outside [1, {limit}]"
+                )
+        for d, (b, limit) in enumerate(zip(shape.block, MAX_BLOCK)):
             if not 1 <= b <= limit:
-                raise ReplayError(f"operation {op.index} ({fn.name}): block dimension {d} is {b}, outside [1, {limit}]")
+                raise UnsupportedOperationError(
+                    f"operation {op.index} ({fn.name}): block dimension {d} is {b}, outside [1, {limit}]"
+                )
         key = (op.executable, op.function)
         plan.launches_of[key] = plan.launches_of.get(key, 0) + 1
-        plan.max_shared_memory[key] = max(plan.max_shared_memory.get(key, 0), smem)
-        plan.max_block_threads[key] = max(plan.max_block_threads.get(key, 0), block[0] * block[1] * block[2])
+        plan.max_shared_memory[key] = max(plan.max_shared_memory.get(key, 0), shape.shared_memory)
+        plan.max_block_threads[key] = max(plan.max_block_threads.get(key, 0), shape.threads_per_block)
         if fn.parameters_known and fn.parameters:
             end = max(p.offset + p.size for p in fn.parameters)
             if len(op.parameters) < end:
-                raise ReplayError(
+                raise AbiMismatchError(
                     f"operation {op.index} ({fn.name}): {len(op.parameters)} parameter bytes, the layout needs {end}"
                 )
         for r in op.relocations:
             target = _need(objects, r.target_buffer, m.Buffer, op, "relocation target")
             if r.target_offset > target.size:
-                raise ReplayError(
+                raise ReplayFormatError(
                     f"operation {op.index} ({fn.name}): relocation points past the end of buffer {target.id}"
                 )
             if r.site_buffer:
                 site = _need(objects, r.site_buffer, m.Buffer, op, "relocation site")
                 _check_range(op, site, r.site_offset, 8, "relocation site")
             elif r.site_offset + (128 if r.kind == m.RelocationKind.TENSOR_MAP else 8) > len(op.parameters):
-                raise ReplayError(f"operation {op.index} ({fn.name}): relocation at parameter offset {r.site_offset} "
-                                  f"lies outside its {len(op.parameters)} parameter bytes")  # fmt: skip
+                raise ReplayFormatError(
+                    f"operation {op.index} ({fn.name}): relocation at parameter offset {r.site_offset} "
+                    f"lies outside its {len(op.parameters)} parameter bytes"
+                )
     elif isinstance(op, m.Copy):
         if op.kind == _K.COPY_HOST_TO_DEVICE:
             dst = _need(objects, op.dst_buffer, m.Buffer, op, "destination")
@@ -440,18 +495,17 @@ def _check_operation(
                     resolved is not None
                     and resolved.path is None
                     and resolved.reference.policy == m.FilePolicy.CAPTURE_RANGES
+                    and captured_file_range(resolved.reference, op.src_offset, op.size) is None
                 ):
-                    ranges = resolved.reference.ranges
-                    if not any(
-                        r.offset <= op.src_offset and op.src_offset + op.size <= r.offset + r.size for r in ranges
-                    ):
-                        end = op.src_offset + op.size
-                        raise ReplayError(
-                            f"operation {op.index}: file bytes [{op.src_offset}, {end}) were not captured "
-                            "(policy capture-ranges)"
-                        )
+                    end = op.src_offset + op.size
+                    raise FileMismatchError(
+                        f"operation {op.index}: file bytes [{op.src_offset}, {end}) of {resolved.reference.path} "
+                        "were not captured (policy capture-ranges) and the file is not here: give it with --file-remap"
+                    )
             elif not 1 <= op.payload <= plan.capture.payload_count or plan.capture.payload(op.payload).size < op.size:
-                raise ReplayError(f"operation {op.index} (copy_h2d): payload {op.payload} is missing or too small")
+                raise ReplayFormatError(
+                    f"operation {op.index} (copy_h2d): payload {op.payload} is missing or too small"
+                )
             key = upload_key(op)
             if key not in plan.uploads:
                 plan.uploads[key] = (op, op.size if op.src_file else plan.capture.payload(op.payload).size)
@@ -471,7 +525,7 @@ def _check_operation(
             buf = _need(objects, e.buffer, m.Buffer, op, "checkpoint buffer")
             _check_range(op, buf, e.offset, e.size, "checkpoint")
             if not 1 <= e.payload <= plan.capture.payload_count:
-                raise ReplayError(f"operation {op.index} (checkpoint): payload {e.payload} does not exist")
+                raise ReplayFormatError(f"operation {op.index} (checkpoint): payload {e.payload} does not exist")
     elif isinstance(op, m.EventRecord | m.EventSynchronize | m.StreamWaitEvent):
         _need(objects, op.event, m.Event, op, "event")
     elif isinstance(op, m.ModuleLoad):
@@ -489,12 +543,16 @@ def _check_function_limits(plan: Plan, eid: int, index: int, threads: int, check
         bounds = image.cubin.kernels[fn.name].max_threads
         limit = min(limit, bounds[0] * bounds[1] * bounds[2])
     if threads > limit:
-        checker.fail(ReplayError(
-            f"executable {eid}: {fn.name} is launched with {threads} threads per block, over its limit of {limit}"
-        ))  # fmt: skip
+        checker.fail(
+            UnsupportedOperationError(
+                f"executable {eid}: {fn.name} is launched with {threads} threads per block, over its limit of {limit}"
+            )
+        )
     smem = plan.max_shared_memory.get((eid, index), 0)
     if fn.max_dynamic_shared_memory and smem > fn.max_dynamic_shared_memory:
-        checker.fail(ReplayError(
-            f"executable {eid}: {fn.name} is launched with {smem} bytes of dynamic shared memory, over the "
-            f"{fn.max_dynamic_shared_memory} it allows"
-        ))  # fmt: skip
+        checker.fail(
+            UnsupportedOperationError(
+                f"executable {eid}: {fn.name} is launched with {smem} bytes of dynamic shared memory, over the "
+                f"{fn.max_dynamic_shared_memory} it allows"
+            )
+        )

@@ -11,13 +11,13 @@ from typing import Any
 
 import click
 
-import replayfmt
 from replayfmt.cuda.address_space import restart_without_aslr
 from replayfmt.errors import ReplayUsageError
 from replayfmt.measure.benchmark import Benchmark, BenchmarkOptions, BenchmarkResult, find_region
-from replayfmt.replay.plan import build_plan
+from replayfmt.replay.options import ReplayOptions
+from replayfmt.replay.replayer import open_replay
 from replayfmt.tools.common import EXIT_OK, agents_md_option, reports_errors
-from replayfmt.tools.options import parse_device, plan_options, replay_options
+from replayfmt.tools.options import parse_devices, plan_options, replay_options
 
 EPILOG = """\b
 Setup (allocations, module loads, uploads, the operations before the scope) happens once,
@@ -42,8 +42,10 @@ def _text(result: BenchmarkResult) -> list[str]:
         f"device        {result.device}",
     ]
     for name, s in (("device ms", result.device_ms), ("host ms", result.host_ms)):
-        lines.append(f"{name:<13} min {s.min:.4f}  median {s.median:.4f}  mean {s.mean:.4f}  "
-                     f"stddev {s.stddev:.4f}  p90 {s.p90:.4f}")  # fmt: skip
+        lines.append(
+            f"{name:<13} min {s.min:.4f}  median {s.median:.4f}  mean {s.mean:.4f}  "
+            f"stddev {s.stddev:.4f}  p90 {s.p90:.4f}"
+        )
     if result.kernels:
         lines.append("per operation (median device ms):")
         lines += [f"  op {k.operation:>7} {k.name:<40} {k.device_ms.median:.4f}" for k in result.kernels]
@@ -70,15 +72,19 @@ def _compare(result: BenchmarkResult, baseline_path: Path) -> list[str]:
         raise ReplayUsageError(f"--compare-to {baseline_path}: not a benchmark-replay JSON result ({exc})") from None
     lines = ["compared with " + str(baseline_path) + " (speedup = baseline / now):"]
     now = result.device_ms.median
-    lines.append(f"  {'scope ' + repr(result.scope) if result.scope else 'whole capture':<48} "
-                 f"{base_median:.4f} -> {now:.4f} ms  {base_median / now if now else float('inf'):.3f}x")  # fmt: skip
+    lines.append(
+        f"  {'scope ' + repr(result.scope) if result.scope else 'whole capture':<48} "
+        f"{base_median:.4f} -> {now:.4f} ms  {base_median / now if now else float('inf'):.3f}x"
+    )
     by_key = {(k["operation"], k["name"]): k for k in baseline.get("kernels", [])}
     for k in result.kernels:
         old = by_key.get((k.operation, k.name))
         if old:
             before, after = float(old["device_ms"]["median"]), k.device_ms.median
-            lines.append(f"  op {k.operation:>7} {k.name:<40} {before:.4f} -> {after:.4f} ms  "
-                         f"{before / after if after else float('inf'):.3f}x")  # fmt: skip
+            lines.append(
+                f"  op {k.operation:>7} {k.name:<40} {before:.4f} -> {after:.4f} ms  "
+                f"{before / after if after else float('inf'):.3f}x"
+            )
     return lines
 
 
@@ -121,31 +127,51 @@ def _compare(result: BenchmarkResult, baseline_path: Path) -> list[str]:
 @agents_md_option("benchmark-replay")
 @reports_errors("benchmark-replay")
 def main(
-    capture: Path, scope: str | None, warmup: int, repetitions: int | None, min_time: float, mode: str,
-    flush_l2: bool, per_kernel: bool, fmt: str, compare_to: Path | None, trace: Path | None,
-    devices: tuple[str, ...], substitutions: tuple[str, ...], remaps: tuple[str, ...], launches: tuple[str, ...],
-    fixed_addresses: bool, nvtx: bool,
-) -> int:  # fmt: skip
+    capture: Path,
+    scope: str | None,
+    warmup: int,
+    repetitions: int | None,
+    min_time: float,
+    mode: str,
+    flush_l2: bool,
+    per_kernel: bool,
+    fmt: str,
+    compare_to: Path | None,
+    trace: Path | None,
+    devices: tuple[str, ...],
+    substitutions: tuple[str, ...],
+    remaps: tuple[str, ...],
+    launches: tuple[str, ...],
+    fixed_addresses: bool,
+    nvtx: bool,
+) -> int:
     """Time replayed work faithfully: exactly the scope asked for, from the same starting state
     every time, with CUDA events; setup stays outside the timed region."""
     if fixed_addresses:
         restart_without_aslr()  # recorded addresses are reachable only so (see address_space)
-    options = plan_options(substitutions=substitutions, remaps=remaps, launches=launches,
-                           fixed_addresses=fixed_addresses)  # fmt: skip
-    ordinals = tuple(parse_device(d) for d in devices) or (0,)
+    options = plan_options(
+        substitutions=substitutions, remaps=remaps, launches=launches, fixed_addresses=fixed_addresses
+    )
+    replay = ReplayOptions(devices=parse_devices(devices), uploads_from_host=True, nvtx=nvtx)
     if trace is not None and trace.exists():
         raise ReplayUsageError(f"--trace: {trace} already exists; choose another file")
-    with replayfmt.open(capture) as cap:
-        plan = build_plan(cap, options)
-        region = find_region(cap, scope)
-        from replayfmt.replay.execute import Replayer, ReplayOptions
-
-        with Replayer(plan, ReplayOptions(devices=ordinals, uploads_from_host=True, nvtx=nvtx)) as replayer:
-            bench = Benchmark(replayer, region, BenchmarkOptions(
-                scope=scope, warmup=warmup, repetitions=repetitions, min_time=min_time, mode=mode,
-                flush_l2=flush_l2, per_kernel=per_kernel or trace is not None, trace=trace,
-            ))  # fmt: skip
-            result = _run_with_progress(bench)
+    with open_replay(capture, options) as session:
+        region = find_region(session.capture, scope)  # before any device work: a bad --scope fails fast
+        bench = Benchmark(
+            session.start(replay),
+            region,
+            BenchmarkOptions(
+                scope=scope,
+                warmup=warmup,
+                repetitions=repetitions,
+                min_time=min_time,
+                mode=mode,
+                flush_l2=flush_l2,
+                per_kernel=per_kernel or trace is not None,
+                trace=trace,
+            ),
+        )
+        result = _run_with_progress(bench)
     if fmt == "json":
         click.echo(json.dumps(result.to_json(), indent=2))
     elif fmt == "csv":

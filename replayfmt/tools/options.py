@@ -1,5 +1,5 @@
-"""Options shared by run-replay and benchmark-replay, defined once (as click decorators) and
-turned into the library's option objects in one place."""
+"""Options shared by run-replay, benchmark-replay and tune-replay, defined once (as click
+decorators, with their help) and turned into the library's option objects in one place."""
 
 from __future__ import annotations
 
@@ -11,9 +11,16 @@ import click
 
 from replayfmt.container.files import FileRemap
 from replayfmt.errors import ReplayUsageError
+from replayfmt.replay.compare import Tolerance
 from replayfmt.replay.plan import LaunchOverride, PlanOptions, Substitution
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _apply(fn: F, decorators: list[Callable[[F], F]]) -> F:
+    for decorate in reversed(decorators):
+        fn = decorate(fn)
+    return fn
 
 
 def parse_device(spec: str) -> int:
@@ -23,33 +30,95 @@ def parse_device(spec: str) -> int:
     return int(match.group(1))
 
 
+def parse_devices(specs: tuple[str, ...]) -> tuple[int, ...]:
+    """``--device`` flags (one per captured device, in order) as ordinals; cuda:0 when none."""
+    ordinals = tuple(parse_device(d) for d in specs) or (0,)
+    if len(set(ordinals)) != len(ordinals):
+        raise ReplayUsageError("--device: the same device is given twice")
+    return ordinals
+
+
+def source_options(fn: F) -> F:
+    """--executable-substitution, --file-remap, --fixed-addresses: what the replay is built from."""
+    return _apply(
+        fn,
+        [
+            click.option(
+                "--executable-substitution",
+                "substitutions",
+                multiple=True,
+                metavar="ID=PATH",
+                help="Load PATH instead of executable ID (ID@FORMAT=PATH with cubin|ptx|fatbin; all=PATH alone "
+                "replaces every executable). The ABI must match. Repeatable.",
+            ),
+            click.option(
+                "--file-remap",
+                "remaps",
+                multiple=True,
+                metavar="CAPTURED_PREFIX=NEW_PREFIX",
+                help="Rewrite captured file paths (longest prefix wins), then validate. Repeatable.",
+            ),
+            click.option(
+                "--fixed-addresses", is_flag=True, help="Allocate every buffer at its recorded device address, or fail."
+            ),
+        ],
+    )
+
+
 def replay_options(fn: F) -> F:
-    """--device, --executable-substitution, --file-remap, --launch, --fixed-addresses, --nvtx."""
-    decorators = [
-        click.option("--device", "devices", multiple=True, metavar="cuda:N",
-                     help="Device for each captured device, in order (repeatable; default cuda:0)."),
-        click.option("--executable-substitution", "substitutions", multiple=True, metavar="ID=PATH",
-                     help="Load PATH instead of executable ID (ID@FORMAT=PATH with cubin|ptx|fatbin; all=PATH alone "
-                          "replaces every executable). The ABI must match. Repeatable."),
-        click.option("--file-remap", "remaps", multiple=True, metavar="CAPTURED_PREFIX=NEW_PREFIX",
-                     help="Rewrite captured file paths (longest prefix wins), then validate. Repeatable."),
-        click.option("--launch", "launches", multiple=True, metavar="OP:grid=X,Y,Z,block=X,Y,Z,smem=N",
-                     help="Override one launch's shape, validated against the function's limits. Repeatable."),
-        click.option("--fixed-addresses", is_flag=True,
-                     help="Allocate every buffer at its recorded device address, or fail."),
-        click.option("--nvtx", is_flag=True,
-                     help="Emit NVTX ranges around scopes and launches (for nsys, and ncu --nvtx)."),
-    ]  # fmt: skip
-    for decorate in reversed(decorators):
-        fn = decorate(fn)
-    return fn
+    """--device (repeatable), the source options, --launch, --nvtx."""
+    return _apply(
+        fn,
+        [
+            click.option(
+                "--device",
+                "devices",
+                multiple=True,
+                metavar="cuda:N",
+                help="Device for each captured device, in order (repeatable; default cuda:0).",
+            ),
+            source_options,
+            click.option(
+                "--launch",
+                "launches",
+                multiple=True,
+                metavar="OP:grid=X,Y,Z,block=X,Y,Z,smem=N",
+                help="Override one launch's shape, validated against the function's limits. Repeatable.",
+            ),
+            click.option(
+                "--nvtx", is_flag=True, help="Emit NVTX ranges around scopes and launches (for nsys, and ncu --nvtx)."
+            ),
+        ],
+    )
+
+
+def tolerance_options(fn: F) -> F:
+    """--tolerance, --rtol, --atol: how checkpoints are compared."""
+    return _apply(
+        fn,
+        [
+            click.option(
+                "--tolerance",
+                "use_tolerance",
+                is_flag=True,
+                help="Compare floating-point buffers of known dtype with per-dtype tolerances instead of bytes.",
+            ),
+            click.option("--rtol", type=float, help="Relative tolerance (implies --tolerance)."),
+            click.option("--atol", type=float, help="Absolute tolerance (implies --tolerance)."),
+        ],
+    )
+
+
+def tolerance(*, use_tolerance: bool, rtol: float | None, atol: float | None) -> Tolerance:
+    """The comparison the tolerance options ask for (--rtol or --atol imply --tolerance)."""
+    return Tolerance(enabled=use_tolerance or rtol is not None or atol is not None, rtol=rtol, atol=atol)
 
 
 def plan_options(
     *,
     substitutions: tuple[str, ...],
     remaps: tuple[str, ...],
-    launches: tuple[str, ...],
+    launches: tuple[str, ...] = (),
     fixed_addresses: bool,
     continue_on_error: bool = False,
 ) -> PlanOptions:

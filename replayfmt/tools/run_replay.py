@@ -6,13 +6,11 @@ from pathlib import Path
 
 import click
 
-import replayfmt
 from replayfmt.cuda.address_space import restart_without_aslr
-from replayfmt.errors import ReplayUsageError
-from replayfmt.replay.compare import Tolerance
-from replayfmt.replay.plan import build_plan
+from replayfmt.replay.options import ReplayOptions
+from replayfmt.replay.replayer import open_replay
 from replayfmt.tools.common import EXIT_OK, EXIT_PROBLEM, ToolExit, agents_md_option, reports_errors
-from replayfmt.tools.options import parse_device, plan_options, replay_options
+from replayfmt.tools.options import parse_devices, plan_options, replay_options, tolerance, tolerance_options
 
 EPILOG = """\b
 Failure contract: replay is strict. An unsupported operation, a missing or changed file, an
@@ -37,14 +35,7 @@ Examples:
 @click.argument("capture", type=click.Path(path_type=Path))
 @replay_options
 @click.option("--verify", is_flag=True, help="Compare every checkpoint (and expected download) with the replay.")
-@click.option(
-    "--tolerance",
-    "use_tolerance",
-    is_flag=True,
-    help="Compare floating-point buffers of known dtype with per-dtype tolerances instead of bytes.",
-)
-@click.option("--rtol", type=float, help="Relative tolerance (implies --tolerance).")
-@click.option("--atol", type=float, help="Absolute tolerance (implies --tolerance).")
+@tolerance_options
 @click.option(
     "--save-output",
     type=click.Path(file_okay=False, path_type=Path),
@@ -90,51 +81,53 @@ def main(
     capture's checkpoints."""
     if fixed_addresses and not dry_run:
         restart_without_aslr()  # recorded addresses are reachable only so (see address_space)
-    options = plan_options(substitutions=substitutions, remaps=remaps, launches=launches,
-                           fixed_addresses=fixed_addresses, continue_on_error=continue_on_error)  # fmt: skip
-    device_ordinals = tuple(parse_device(d) for d in devices) or (0,)
-    if len(set(device_ordinals)) != len(device_ordinals):
-        raise ReplayUsageError("--device: the same device is given twice")
-    tolerance = Tolerance(enabled=use_tolerance or rtol is not None or atol is not None, rtol=rtol, atol=atol)
-    with replayfmt.open(capture) as cap:
-        plan = build_plan(cap, options)
+    options = plan_options(
+        substitutions=substitutions,
+        remaps=remaps,
+        launches=launches,
+        fixed_addresses=fixed_addresses,
+        continue_on_error=continue_on_error,
+    )
+    replay = ReplayOptions(
+        devices=parse_devices(devices),
+        verify=verify,
+        tolerance=tolerance(use_tolerance=use_tolerance, rtol=rtol, atol=atol),
+        save_output=save_output,
+        continue_on_error=continue_on_error,
+        nvtx=nvtx,
+        check_payloads=not no_payload_checks,
+    )
+    with open_replay(capture, options) as session:
+        plan = session.plan
         for line in plan.describe():
             click.echo(line)
-        if plan.problems:
-            for problem in plan.problems:
-                click.echo(f"run-replay: error: {problem}", err=True)
+        for problem in plan.problems:
+            click.echo(f"run-replay: error: {problem}", err=True)
         if dry_run:
             click.echo(f"dry run: plan {'has problems' if plan.problems else 'OK'}; nothing was executed")
             return EXIT_PROBLEM if plan.problems else EXIT_OK
         if plan.problems:
             raise ToolExit(EXIT_PROBLEM, f"{len(plan.problems)} problem(s); nothing was executed")
-        from replayfmt.replay.execute import Replayer, ReplayOptions
-
-        replay_options_ = ReplayOptions(devices=device_ordinals, verify=verify, tolerance=tolerance,
-                                        save_output=save_output, continue_on_error=continue_on_error,
-                                        nvtx=nvtx, check_payloads=not no_payload_checks)  # fmt: skip
-        with Replayer(plan, replay_options_) as replayer:
-            for k, gpu in enumerate(replayer.gpus):
-                major, minor = gpu.compute_capability
-                click.echo(f"device        #{k + 1} on cuda:{gpu.ordinal} {gpu.name} sm_{major}{minor}")
-            if replayer.staging.bytes:
-                click.echo(f"uploads       {replayer.staging.line()}")
-            result = replayer.run(repetitions)
-        for i, ms in enumerate(result.device_ms):
-            click.echo(f"repetition {i + 1}: {ms:.3f} ms device time")
-        for report in result.reports:
-            click.echo(report.line())
-        for error in result.errors:
-            click.echo(f"run-replay: error: {error}", err=True)
-        if verify and not result.reports:
-            click.echo("verify: the capture holds no checkpoints or expected downloads to compare")
-        failed = [r for r in result.reports if not r.passed]
-        if failed:
-            raise ToolExit(EXIT_PROBLEM, f"verification failed for {len(failed)} buffer range(s)")
-        if result.errors:
-            raise ToolExit(EXIT_PROBLEM, f"{len(result.errors)} operation(s) failed")
-        if verify and result.reports:
-            click.echo(f"verified: {len(result.reports)} buffer range(s) match")
+        replayer = session.start(replay)
+        for k, gpu in enumerate(replayer.gpus):
+            major, minor = gpu.compute_capability
+            click.echo(f"device        #{k + 1} on cuda:{gpu.ordinal} {gpu.name} sm_{major}{minor}")
+        if replayer.staging.bytes:
+            click.echo(f"uploads       {replayer.staging.line()}")
+        result = replayer.run(repetitions)
+    for i, ms in enumerate(result.device_ms):
+        click.echo(f"repetition {i + 1}: {ms:.3f} ms device time")
+    for report in result.reports:
+        click.echo(report.line())
+    for error in result.errors:
+        click.echo(f"run-replay: error: {error}", err=True)
+    if verify and not result.reports:
+        click.echo("verify: the capture holds no checkpoints or expected downloads to compare")
+    result.require_verified()
+    if result.errors:
+        raise ToolExit(EXIT_PROBLEM, f"{len(result.errors)} operation(s) failed")
+    if verify and result.reports:
+        click.echo(f"verified: {len(result.reports)} buffer range(s) match")
     return EXIT_OK
 
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import click
 
-import replayfmt
 from replayfmt.cuda.address_space import restart_without_aslr
 from replayfmt.errors import ReplayUsageError
+from replayfmt.format import model as m
 from replayfmt.measure.tune import (
     CsvLog,
     SearchSpace,
@@ -24,9 +24,9 @@ from replayfmt.measure.tune import (
     read_csv,
     search,
 )
-from replayfmt.replay.plan import build_plan
+from replayfmt.replay.replayer import open_replay
 from replayfmt.tools.common import EXIT_OK, EXIT_PROBLEM, ToolExit, agents_md_option, reports_errors
-from replayfmt.tools.options import parse_device, plan_options
+from replayfmt.tools.options import parse_device, plan_options, source_options, tolerance, tolerance_options
 
 EPILOG = """\b
 Every candidate runs in a worker process from the capture's starting state, is verified against
@@ -69,9 +69,7 @@ Examples:
     metavar="SECONDS",
     help="Give up on a candidate (and replace the worker) after this long.",
 )
-@click.option("--tolerance", "use_tolerance", is_flag=True, help="Verify float buffers with per-dtype tolerances.")
-@click.option("--rtol", type=float)
-@click.option("--atol", type=float)
+@tolerance_options
 @click.option(
     "--csv",
     "csv_path",
@@ -87,35 +85,55 @@ Examples:
     help="A heatmap of the median time over grid x block, the captured shape outlined.",
 )
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True, help="Rows in the table.")
-@click.option("--device", default="cuda:0", show_default=True, metavar="cuda:N")
-@click.option("--executable-substitution", "substitutions", multiple=True, metavar="ID=PATH")
-@click.option("--file-remap", "remaps", multiple=True, metavar="CAPTURED_PREFIX=NEW_PREFIX")
-@click.option("--fixed-addresses", is_flag=True)
+@click.option("--device", default="cuda:0", show_default=True, metavar="cuda:N", help="The device to tune on.")
+@source_options
 @agents_md_option("tune-replay")
 @reports_errors("tune-replay")
 def main(
-    capture: Path, launch_op: int | None, kernel: str | None, grids: tuple[str, ...], blocks: tuple[str, ...],
-    smems: tuple[str, ...], registers: tuple[str, ...], strategy: str, budget: int | None, warmup: int,
-    repetitions: int, timeout: float,
-    use_tolerance: bool, rtol: float | None, atol: float | None, csv_path: Path | None, plot_path: Path | None,
-    top: int, device: str, substitutions: tuple[str, ...], remaps: tuple[str, ...], fixed_addresses: bool,
-) -> int:  # fmt: skip
+    capture: Path,
+    launch_op: int | None,
+    kernel: str | None,
+    grids: tuple[str, ...],
+    blocks: tuple[str, ...],
+    smems: tuple[str, ...],
+    registers: tuple[str, ...],
+    strategy: str,
+    budget: int | None,
+    warmup: int,
+    repetitions: int,
+    timeout: float,
+    use_tolerance: bool,
+    rtol: float | None,
+    atol: float | None,
+    csv_path: Path | None,
+    plot_path: Path | None,
+    top: int,
+    device: str,
+    substitutions: tuple[str, ...],
+    remaps: tuple[str, ...],
+    fixed_addresses: bool,
+) -> int:
     """Search grid, block and shared-memory sizes for a replayed kernel; print the best ones and
     the winning shape as ready run-replay flags."""
-    space = SearchSpace(parse_dims_list(grids, "--grid"), parse_dims_list(blocks, "--block"),
-                        parse_int_list(smems, "--smem"), parse_int_list(registers, "--max-registers"))  # fmt: skip
+    space = SearchSpace(
+        parse_dims_list(grids, "--grid"),
+        parse_dims_list(blocks, "--block"),
+        parse_int_list(smems, "--smem"),
+        parse_int_list(registers, "--max-registers"),
+    )
     if not (space.grids or space.blocks or space.smems or space.max_registers):
         raise ReplayUsageError("give a search space: --grid, --block, --smem and/or --max-registers")
     if plot_path is not None and plot_path.exists():
         raise ReplayUsageError(f"--plot: {plot_path} already exists; choose another file")
     if fixed_addresses:
         restart_without_aslr()  # recorded addresses are reachable only so (see address_space)
-    options = plan_options(substitutions=substitutions, remaps=remaps, launches=(), fixed_addresses=fixed_addresses)
-    with replayfmt.open(capture) as cap:
-        plan = build_plan(cap, options)
+    options = plan_options(substitutions=substitutions, remaps=remaps, fixed_addresses=fixed_addresses)
+    comparison = tolerance(use_tolerance=use_tolerance, rtol=rtol, atol=atol)
+    with open_replay(capture, options) as session:
+        plan = session.plan
         targets = find_targets(plan, launch=launch_op, kernel=kernel)
         image_format = plan.images[targets.executable].format
-        if space.max_registers and image_format != replayfmt.format.model.ExecutableFormat.PTX:
+        if space.max_registers and image_format != m.ExecutableFormat.PTX:
             held = image_format.name.lower()
             raise ReplayUsageError(
                 f"--max-registers: executable {targets.executable} is held as {held}; only PTX can be re-JITted"
@@ -123,18 +141,27 @@ def main(
     valid, pruned = prune(plan, targets, space.points())
     points = order(valid, strategy, budget)
     done = read_csv(csv_path) if csv_path is not None else {}
-    click.echo(f"tuning {targets.kernel} (operations {', '.join(map(str, targets.operations))}), captured "
-               f"grid={targets.grid} block={targets.block} smem={targets.smem}")  # fmt: skip
-    click.echo(f"space: {len(valid) + len(pruned)} points, {len(pruned)} pruned, {len(points)} to evaluate"
-               + (f", {sum(1 for p in points if p.key() in done)} already in {csv_path}" if done else ""))  # fmt: skip
+    click.echo(
+        f"tuning {targets.kernel} (operations {', '.join(map(str, targets.operations))}), captured "
+        f"grid={targets.grid} block={targets.block} smem={targets.smem}"
+    )
+    click.echo(
+        f"space: {len(valid) + len(pruned)} points, {len(pruned)} pruned, {len(points)} to evaluate"
+        + (f", {sum(1 for p in points if p.key() in done)} already in {csv_path}" if done else "")
+    )
     for candidate, reason in pruned[:20]:
         click.echo(f"  pruned {candidate.describe()}: {reason}")
     config = WorkerConfig(
-        capture=str(capture), operations=targets.operations,
+        capture=str(capture),
+        operations=targets.operations,
         plan={"substitutions": list(substitutions), "remaps": list(remaps), "fixed_addresses": fixed_addresses},
-        device=parse_device(device), warmup=warmup, repetitions=repetitions, rtol=rtol, atol=atol,
-        tolerance=use_tolerance or rtol is not None or atol is not None,
-    )  # fmt: skip
+        device=parse_device(device),
+        warmup=warmup,
+        repetitions=repetitions,
+        rtol=comparison.rtol,
+        atol=comparison.atol,
+        tolerance=comparison.enabled,
+    )
     worker = Worker(config)
     log = CsvLog(csv_path, targets)
     results = list(done.values())
@@ -157,8 +184,10 @@ def main(
         mark = "  (captured)" if r.baseline else ""
         verified = {True: "yes", None: "n/a"}[r.verified]
         regs = "" if c.max_registers is None else str(c.max_registers)
-        click.echo(f"{rank:>4}  {','.join(map(str, grid)):<14}{','.join(map(str, block)):<14}{smem:>8}{regs:>6}  "
-                   f"{r.median_ms:>10.4f}  {r.stddev_ms or 0:>8.4f}  {verified}{mark}")  # fmt: skip
+        click.echo(
+            f"{rank:>4}  {','.join(map(str, grid)):<14}{','.join(map(str, block)):<14}{smem:>8}{regs:>6}  "
+            f"{r.median_ms:>10.4f}  {r.stddev_ms or 0:>8.4f}  {verified}{mark}"
+        )
     if failed:
         click.echo(f"\n{len(failed)} candidate(s) failed:")
         for r in failed[:top]:
@@ -172,8 +201,10 @@ def main(
         raise ToolExit(EXIT_PROBLEM, "no candidate ran and verified")
     best = good[0]
     if baseline is not None and baseline.ok and baseline.median_ms:
-        click.echo(f"\nbest: {best.median_ms:.4f} ms vs captured {baseline.median_ms:.4f} ms "
-                   f"({baseline.median_ms / best.median_ms:.2f}x)")  # fmt: skip
+        click.echo(
+            f"\nbest: {best.median_ms:.4f} ms vs captured {baseline.median_ms:.4f} ms "
+            f"({baseline.median_ms / best.median_ms:.2f}x)"
+        )
     click.echo(f"run-replay {override_flags(targets, best.candidate)} --verify {capture}")
     return EXIT_OK
 

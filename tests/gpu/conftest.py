@@ -14,7 +14,7 @@ KERNELS = Path(__file__).parent / "kernels"
 @pytest.fixture(scope="session")
 def gpu_arch() -> str:
     """The sm_XY of cuda:0; skips the test when there is no usable GPU or no nvcc."""
-    from replayfmt.replay.execute import environment_ok
+    from replayfmt.replay.devices import environment_ok
 
     reason = environment_ok()
     if reason is not None:

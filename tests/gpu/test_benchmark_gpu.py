@@ -11,7 +11,7 @@ from test_replay_gpu import AXPY, F32, SCALE, Capture, f32, i32, ints
 import replayfmt
 from replayfmt.format import model as m
 from replayfmt.measure.benchmark import Benchmark, BenchmarkOptions, find_region
-from replayfmt.replay.execute import Replayer, ReplayOptions
+from replayfmt.replay import Replayer, ReplayOptions
 from replayfmt.replay.plan import build_plan
 
 pytestmark = pytest.mark.gpu
@@ -38,14 +38,20 @@ def in_place_capture(tmp_path, kernels):
         c.w.event_record(ev, s1)
         c.w.stream_wait_event(s2, ev)
         c.w.copy_d2d(src_buffer=by, dst_buffer=bz, size=4 * N, stream=s2)
-        c.launch(AXPY, (N // 256, 1, 1), (256, 1, 1), f32(3) + bytes(20) + i32(N) + bytes(4),
-                 [m.Relocation(0, bx, 8, 0), m.Relocation(0, bz, 16, 0)], stream=s2)  # fmt: skip
+        c.launch(
+            AXPY,
+            (N // 256, 1, 1),
+            (256, 1, 1),
+            f32(3) + bytes(20) + i32(N) + bytes(4),
+            [m.Relocation(0, bx, 8, 0), m.Relocation(0, bz, 16, 0)],
+            stream=s2,
+        )
         c.w.stream_synchronize(s2)
     return c.close(), (bx, by, bz), (x, y)
 
 
 def read(replayer, buffer) -> np.ndarray:
-    return np.frombuffer(replayer._read_back(buffer, 0, 4 * N), np.float32)
+    return np.frombuffer(replayer.read_back(buffer, 0, 4 * N), np.float32)
 
 
 @pytest.mark.parametrize("mode", ["eager", "graph"])
@@ -55,8 +61,9 @@ def test_every_iteration_starts_from_the_same_state(tmp_path, kernels, mode):
         plan = build_plan(cap)
         region = find_region(cap, "step")
         with Replayer(plan, ReplayOptions(uploads_from_host=True)) as r:
-            bench = Benchmark(r, region, BenchmarkOptions(scope="step", warmup=2, repetitions=7, mode=mode,
-                                                          per_kernel=True))  # fmt: skip
+            bench = Benchmark(
+                r, region, BenchmarkOptions(scope="step", warmup=2, repetitions=7, mode=mode, per_kernel=True)
+            )
             result = bench.run()
             # restored before each of the 9 iterations: y was doubled exactly once, not 2**9 times
             assert np.array_equal(read(r, by), 2 * y)
@@ -73,8 +80,9 @@ def test_timing_is_real_work(tmp_path, kernels):
     with replayfmt.open(path) as cap:
         plan = build_plan(cap)
         with Replayer(plan, ReplayOptions(uploads_from_host=True)) as r:
-            result = Benchmark(r, find_region(cap, "step"), BenchmarkOptions(repetitions=20, per_kernel=True,
-                                                                                flush_l2=True)).run()  # fmt: skip
+            result = Benchmark(
+                r, find_region(cap, "step"), BenchmarkOptions(repetitions=20, per_kernel=True, flush_l2=True)
+            ).run()
     scale = result.kernels[0].device_ms.median
     assert scale > 1e-3 and (8 * N) / (scale * 1e-3) < 5e12
 
@@ -83,8 +91,9 @@ def test_cli_json_trace_and_compare(tmp_path, kernels):
     path, _, _ = in_place_capture(tmp_path, kernels)
     trace = tmp_path / "trace.json"
     run = [sys.executable, "-m", "replayfmt.tools.benchmark_replay", "--scope=step", "--repetitions=5"]
-    base = subprocess.run([*run, "--format=json", "--per-kernel", f"--trace={trace}", str(path)],
-                          capture_output=True, text=True)  # fmt: skip
+    base = subprocess.run(
+        [*run, "--format=json", "--per-kernel", f"--trace={trace}", str(path)], capture_output=True, text=True
+    )
     assert base.returncode == 0, base.stderr
     result = json.loads(base.stdout)
     assert result["scope"] == "step" and result["iterations"] == 5 and len(result["kernels"]) == 3
@@ -92,8 +101,9 @@ def test_cli_json_trace_and_compare(tmp_path, kernels):
     assert {e["name"] for e in events} == {"scale", "copy_d2d", "axpy"} and len({e["tid"] for e in events}) == 2
     baseline = tmp_path / "base.json"
     baseline.write_text(base.stdout)
-    graph = subprocess.run([*run, "--mode=graph", "--per-kernel", f"--compare-to={baseline}", str(path)],
-                           capture_output=True, text=True)  # fmt: skip
+    graph = subprocess.run(
+        [*run, "--mode=graph", "--per-kernel", f"--compare-to={baseline}", str(path)], capture_output=True, text=True
+    )
     assert graph.returncode == 0, graph.stderr
     assert "graph mode" in graph.stdout and "speedup = baseline / now" in graph.stdout
 
@@ -106,9 +116,21 @@ def test_nvtx_ranges_wrap_scopes_and_launches(tmp_path, kernels):
     except replayfmt.DeviceUnavailableError as exc:
         pytest.skip(str(exc))
     path, _, _ = in_place_capture(tmp_path, kernels)
-    result = subprocess.run([sys.executable, "-m", "replayfmt.tools.benchmark_replay", "--nvtx", "--scope=step",
-                             "--repetitions=3", str(path)], capture_output=True, text=True)  # fmt: skip
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "replayfmt.tools.benchmark_replay",
+            "--nvtx",
+            "--scope=step",
+            "--repetitions=3",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr
-    result = subprocess.run([sys.executable, "-m", "replayfmt.tools.run_replay", "--nvtx", str(path)],
-                            capture_output=True, text=True)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "replayfmt.tools.run_replay", "--nvtx", str(path)], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stderr

@@ -74,8 +74,19 @@ def test_kernel_mode_big_shared_memory(tmp_path, capture_ready, kernels):
     cubin = tmp_path / "replay_kernels.cubin"
     cubin.write_bytes(kernels["replay_kernels"])
     out = tmp_path / "reverse.kreplay"
-    report = capture(out, SCRIPTS / "big_shared.py", "--mode", "kernel", "--kernels", "reverse",
-                     "--skip-first", "1", "--max-per-kernel", "2", args=(str(cubin),)).stderr  # fmt: skip
+    report = capture(
+        out,
+        SCRIPTS / "big_shared.py",
+        "--mode",
+        "kernel",
+        "--kernels",
+        "reverse",
+        "--skip-first",
+        "1",
+        "--max-per-kernel",
+        "2",
+        args=(str(cubin),),
+    ).stderr
     assert "reverse_in_shared" in report
     text = dump(out)
     assert "reverse_in_shared#1" in text and "reverse_in_shared#2" in text and "reverse_in_shared#0" not in text

@@ -10,8 +10,27 @@ from replayfmt.format.payloads import frame_hash
 
 pytestmark = pytest.mark.gpu
 
-LENGTHS = [SHORTEST, 242, 255, 256, 511, 1023, 1024, 1025, 1087, 1088, 1089, 2047, 2048, 2049, 4097, 65535, 65536,
-           (4 << 20) + 13, 4 << 20]  # fmt: skip
+LENGTHS = [
+    SHORTEST,
+    242,
+    255,
+    256,
+    511,
+    1023,
+    1024,
+    1025,
+    1087,
+    1088,
+    1089,
+    2047,
+    2048,
+    2049,
+    4097,
+    65535,
+    65536,
+    (4 << 20) + 13,
+    4 << 20,
+]
 
 
 @pytest.fixture

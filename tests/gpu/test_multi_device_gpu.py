@@ -15,7 +15,7 @@ from test_replay_gpu import AXPY, F32, FUNCTIONS, SCALE, f32, i32, ints
 import replayfmt
 from replayfmt.errors import ReplayUsageError
 from replayfmt.format import model as m
-from replayfmt.replay.execute import Replayer, ReplayOptions
+from replayfmt.replay import Replayer, ReplayOptions
 from replayfmt.replay.plan import build_plan
 
 pytestmark = pytest.mark.gpu
@@ -38,8 +38,9 @@ class TwoDeviceCapture:
         self.w = replayfmt.CaptureWriter(path, threads=0)
         self.devices = [self.w.add_object(m.Device(name=f"gpu{k}", compute_capability=(9, 0))) for k in range(2)]
         payload = self.w.add_payload(cubin)
-        self.exe = self.w.add_object(m.Executable(format=m.ExecutableFormat.CUBIN, payload=payload,
-                                                  functions=FUNCTIONS))  # fmt: skip
+        self.exe = self.w.add_object(
+            m.Executable(format=m.ExecutableFormat.CUBIN, payload=payload, functions=FUNCTIONS)
+        )
         for device in self.devices:
             self.w.module_load(self.exe, device)
 
@@ -47,8 +48,15 @@ class TwoDeviceCapture:
         return self.w.add_object(m.Buffer(size=4 * N, device=self.devices[device], dtype=F32, shape=(N,)))
 
     def launch(self, kernel: m.Function, params: bytes, relocations, stream: int = 0) -> None:
-        self.w.launch(executable=self.exe, function=FUNCTIONS.index(kernel), grid=(N // 256, 1, 1),
-                      block=(256, 1, 1), parameters=params, relocations=relocations, stream=stream)  # fmt: skip
+        self.w.launch(
+            executable=self.exe,
+            function=FUNCTIONS.index(kernel),
+            grid=(N // 256, 1, 1),
+            block=(256, 1, 1),
+            parameters=params,
+            relocations=relocations,
+            stream=stream,
+        )
 
     def close(self) -> Path:
         self.w.close()
@@ -88,8 +96,21 @@ def test_an_event_edge_and_a_copy_across_two_devices(tmp_path, two_gpus):
         result = replay(path, devices)
         assert len(result.reports) == 2 and result.verified, [r.line() for r in result.reports]
         assert len(result.device_ms) == 2 and all(ms > 0 for ms in result.device_ms)
-    cli = subprocess.run([sys.executable, "-m", "replayfmt.tools.run_replay", str(path), "--verify",
-                          "--device", "cuda:1", "--device", "cuda:0"], capture_output=True, text=True)  # fmt: skip
+    cli = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "replayfmt.tools.run_replay",
+            str(path),
+            "--verify",
+            "--device",
+            "cuda:1",
+            "--device",
+            "cuda:0",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert cli.returncode == 0, cli.stdout + cli.stderr
     assert "#1 on cuda:1" in cli.stdout and "#2 on cuda:0" in cli.stdout and "verified: 2" in cli.stdout
 

@@ -12,8 +12,8 @@ import pytest
 
 import replayfmt
 from replayfmt.format import model as m
+from replayfmt.replay import Replayer, ReplayOptions, StepKind, open_replay
 from replayfmt.replay.compare import Tolerance
-from replayfmt.replay.execute import Replayer, ReplayOptions
 from replayfmt.replay.plan import PlanOptions, Substitution, build_plan
 
 pytestmark = pytest.mark.gpu
@@ -60,16 +60,24 @@ class Capture:
         self.path = path
         self.w = replayfmt.CaptureWriter(path, threads=0, **writer_options)
         self.dev = self.w.add_object(m.Device(name="test", compute_capability=(9, 0)))
-        self.exe = self.w.add_object(m.Executable(format=m.ExecutableFormat.CUBIN, payload=self.w.add_payload(cubin),
-                                                  functions=FUNCTIONS))  # fmt: skip
+        self.exe = self.w.add_object(
+            m.Executable(format=m.ExecutableFormat.CUBIN, payload=self.w.add_payload(cubin), functions=FUNCTIONS)
+        )
         self.w.module_load(self.exe, self.dev)
 
     def buffer(self, size: int, **kw) -> int:
         return self.w.add_object(m.Buffer(size=size, device=self.dev, **kw))
 
     def launch(self, kernel: m.Function, grid, block, params: bytes, relocations=(), **kw) -> int:
-        return self.w.launch(executable=self.exe, function=FUNCTIONS.index(kernel), grid=grid, block=block,
-                             parameters=params, relocations=relocations, **kw)  # fmt: skip
+        return self.w.launch(
+            executable=self.exe,
+            function=FUNCTIONS.index(kernel),
+            grid=grid,
+            block=block,
+            parameters=params,
+            relocations=relocations,
+            **kw,
+        )
 
     def close(self) -> Path:
         self.w.close()
@@ -98,8 +106,14 @@ def test_multi_stream_with_event_edges_memset_and_copies(tmp_path, kernels):
     c.w.copy_h2d(dst_buffer=bx, data=x, stream=s1)
     c.w.copy_h2d(dst_buffer=by, data=y, stream=s1)
     c.w.memset(buffer=by, value=0x40400000, count=1024, element_size=4, stream=s1)  # 3.0f
-    c.launch(AXPY, (n // 256, 1, 1), (256, 1, 1), f32(2) + bytes(20) + i32(n) + bytes(4),
-             [m.Relocation(0, bx, 8, 0), m.Relocation(0, by, 16, 0)], stream=s1)  # fmt: skip
+    c.launch(
+        AXPY,
+        (n // 256, 1, 1),
+        (256, 1, 1),
+        f32(2) + bytes(20) + i32(n) + bytes(4),
+        [m.Relocation(0, bx, 8, 0), m.Relocation(0, by, 16, 0)],
+        stream=s1,
+    )
     c.w.event_record(ev, s1)
     c.w.stream_wait_event(s2, ev)
     c.w.copy_d2d(src_buffer=by, dst_buffer=bz, size=4 * n, stream=s2)
@@ -125,9 +139,18 @@ def test_pointers_inside_buffers_are_relocated(tmp_path, kernels):
     c.w.copy_h2d(dst_buffer=ba, data=a)
     c.w.copy_h2d(dst_buffer=bb, data=b)
     c.w.copy_h2d(dst_buffer=tables, data=np.array([0xDEAD0000, 0xBEEF0000], np.uint64))  # captured addresses
-    c.launch(GATHER, (n // 128, 1, 1), (128, 1, 1), bytes(16) + i32(n) + bytes(4),
-             [m.Relocation(0, tables, 0, 0), m.Relocation(0, out, 8, 0),
-              m.Relocation(tables, ba, 0, 0), m.Relocation(tables, bb, 8, 0)])  # fmt: skip
+    c.launch(
+        GATHER,
+        (n // 128, 1, 1),
+        (128, 1, 1),
+        bytes(16) + i32(n) + bytes(4),
+        [
+            m.Relocation(0, tables, 0, 0),
+            m.Relocation(0, out, 8, 0),
+            m.Relocation(tables, ba, 0, 0),
+            m.Relocation(tables, bb, 8, 0),
+        ],
+    )
     c.w.checkpoint({out: a + 2 * b})
     result = replay(c.close())
     assert result.verified, [r.line() for r in result.reports]
@@ -139,8 +162,14 @@ def test_dynamic_shared_memory_over_48_kib(tmp_path, kernels):
     c = Capture(tmp_path / "smem.kreplay", kernels["replay_kernels"])
     src, dst = (c.buffer(data.nbytes, dtype=F32, shape=(data.size,)) for _ in range(2))
     c.w.copy_h2d(dst_buffer=src, data=data)
-    c.launch(REVERSE, (blocks, 1, 1), (512, 1, 1), bytes(16) + i32(per_block) + bytes(4),
-             [m.Relocation(0, src, 0, 0), m.Relocation(0, dst, 8, 0)], shared_memory=4 * per_block)  # fmt: skip
+    c.launch(
+        REVERSE,
+        (blocks, 1, 1),
+        (512, 1, 1),
+        bytes(16) + i32(per_block) + bytes(4),
+        [m.Relocation(0, src, 0, 0), m.Relocation(0, dst, 8, 0)],
+        shared_memory=4 * per_block,
+    )
     c.w.checkpoint({dst: data.reshape(blocks, per_block)[:, ::-1].ravel()})
     result = replay(c.close())
     assert result.verified, [r.line() for r in result.reports]
@@ -165,8 +194,13 @@ def _axpy_capture(tmp_path: Path, kernels, *, expected_scale: float = 2.0) -> tu
     c.w.copy_h2d(dst_buffer=bx, data=x)
     c.w.copy_h2d(dst_buffer=by, data=y)
     with c.w.scope("axpy"):
-        c.launch(AXPY, (n // 256, 1, 1), (256, 1, 1), f32(2) + bytes(20) + i32(n) + bytes(4),
-                 [m.Relocation(0, bx, 8, 0), m.Relocation(0, by, 16, 0)])  # fmt: skip
+        c.launch(
+            AXPY,
+            (n // 256, 1, 1),
+            (256, 1, 1),
+            f32(2) + bytes(20) + i32(n) + bytes(4),
+            [m.Relocation(0, bx, 8, 0), m.Relocation(0, by, 16, 0)],
+        )
     c.w.checkpoint({by: expected_scale * x + y})
     return c.close(), c.exe
 
@@ -196,6 +230,22 @@ def test_verification_mismatch_is_reported_per_buffer(tmp_path, kernels):
     assert "verification failed" in result.stderr
     result = run_cli("--verify", "--rtol=1e-2", str(path))
     assert result.returncode == 0, result.stderr
+
+
+def test_verification_is_chosen_per_run(tmp_path, kernels):
+    path, _ = _axpy_capture(tmp_path, kernels, expected_scale=3.0)  # the checkpoint cannot match
+    with open_replay(path) as session:
+        r = session.start(ReplayOptions(verify=True))
+        assert [s.kind for s in r.steps].count(StepKind.CHECKPOINT) == 1
+        result = r.run(1)
+        assert not result.verified and len(result.mismatches) == 1
+        with pytest.raises(replayfmt.VerificationError, match="verification failed for 1 buffer range"):
+            result.require_verified()
+        assert r.run(2, verify=False).reports == []  # no read-back, no comparison
+    with replayfmt.open(path) as cap, Replayer(build_plan(cap), ReplayOptions()) as r:
+        assert StepKind.CHECKPOINT not in {s.kind for s in r.steps}
+        with pytest.raises(replayfmt.ReplayUsageError, match=r"ReplayOptions\(verify=True\)"):
+            r.run(1, verify=True)
 
 
 def test_repetitions_and_save_output(tmp_path, kernels):
@@ -254,10 +304,24 @@ def test_faulting_kernel_gives_a_clean_error_naming_the_launch(tmp_path, kernels
     c = Capture(tmp_path / "fault.kreplay", kernels["replay_kernels"])
     index = c.launch(FAULT, (1, 1, 1), (32, 1, 1), (0x10).to_bytes(8, "little"))  # a null-page pointer
     c.w.device_synchronize(c.dev)
-    result = run_cli(str(c.close()))
+    path = c.close()
+    result = run_cli(str(path))
     assert result.returncode == 1, result.stderr
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
     assert "ILLEGAL_ADDRESS" in result.stderr and f"operation {index} (write_through)" in result.stderr
+    # in the library the error says it is sticky (tune-replay's worker restarts on it); in a child
+    # process, since the context it poisons is unusable afterwards
+    script = (
+        "import sys, replayfmt\n"
+        "from replayfmt.replay import Replayer, build_plan\n"
+        "with replayfmt.open(sys.argv[1]) as cap, Replayer(build_plan(cap)) as r:\n"
+        "    try:\n"
+        "        r.run(1)\n"
+        "    except replayfmt.DeviceError as exc:\n"
+        "        print('sticky' if exc.sticky else 'not sticky', exc)\n"
+    )
+    child = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True)
+    assert child.stdout.startswith("sticky ") and "ILLEGAL_ADDRESS" in child.stdout, child.stdout + child.stderr
 
 
 def test_cubin_for_another_architecture_is_refused_before_running(tmp_path, kernels, gpu_arch):
@@ -302,8 +366,11 @@ def test_fixed_addresses_reproduce_unrelocatable_pointers(tmp_path, kernels):
     path = c.close()
     result = run_cli("--verify", str(path))
     assert result.returncode == 1 and "--fixed-addresses" in result.stderr
-    result = subprocess.run([*norandom, sys.executable, "-m", "replayfmt.tools.run_replay", "--verify",
-                             "--fixed-addresses", str(path)], capture_output=True, text=True)  # fmt: skip
+    result = subprocess.run(
+        [*norandom, sys.executable, "-m", "replayfmt.tools.run_replay", "--verify", "--fixed-addresses", str(path)],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr
     assert "verified: 1" in result.stdout
 
@@ -319,9 +386,11 @@ def _many_frames_capture(tmp_path: Path, kernels) -> tuple[Path, list[np.ndarray
     """Three uploads cut into 64 KiB frames (raw noise and zstd-compressible data, ~400 frames in
     all), so that every upload lane carries many pieces, each checked by a checkpoint."""
     rng = np.random.default_rng(11)
-    arrays = [rng.integers(1, 2**32, (9 << 20) // 4, dtype=np.uint32),
-              np.repeat(np.arange(1, (6 << 20) // 64 + 1, dtype=np.uint32), 16),
-              rng.integers(1, 2**32, (11 << 20) // 4 + 7, dtype=np.uint32)]  # fmt: skip
+    arrays = [
+        rng.integers(1, 2**32, (9 << 20) // 4, dtype=np.uint32),
+        np.repeat(np.arange(1, (6 << 20) // 64 + 1, dtype=np.uint32), 16),
+        rng.integers(1, 2**32, (11 << 20) // 4 + 7, dtype=np.uint32),
+    ]
     c = Capture(tmp_path / "frames.kreplay", kernels["replay_kernels"], frame_size=64 << 10)
     buffers = [c.buffer(a.nbytes) for a in arrays]
     for buffer, array in zip(buffers, arrays, strict=True):
@@ -366,13 +435,14 @@ def test_frames_are_checked_on_the_device_or_else_on_the_host(tmp_path, kernels,
         frame = cap.frame_location(cap.payload(pid).frames[40])[0]
     data[frame + 64 + 10] ^= 0x08
     path.write_bytes(bytes(data))
-    import replayfmt.replay.execute as execute
+    import replayfmt.replay.staging as staging
+    from replayfmt.cuda.driver import CudaCallError
 
     def refused(cu):
-        raise execute.CudaCallError("frame digests: cuModuleLoadData: CUDA_ERROR_UNSUPPORTED_PTX_VERSION", "x")
+        raise CudaCallError("frame digests: cuModuleLoadData: CUDA_ERROR_UNSUPPORTED_PTX_VERSION", "x")
 
     for fallback in (False, True):
         if fallback:  # a driver too old for the kernel's PTX: the host hashes instead
-            monkeypatch.setattr(execute, "DeviceDigester", refused)
+            monkeypatch.setattr(staging, "DeviceDigester", refused)
         with replayfmt.open(path) as cap, pytest.raises(replayfmt.ReplayFormatError, match=f"payload {pid} frame 40"):
             Replayer(build_plan(cap), ReplayOptions())

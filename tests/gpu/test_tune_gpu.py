@@ -15,9 +15,15 @@ from replayfmt.replay.plan import build_plan
 pytestmark = pytest.mark.gpu
 P = m.ParameterKind
 N = 1 << 20
-STRIDE = m.Function(name="stride_scale", parameters_known=True, parameters=(
-    m.Parameter(offset=0, size=8, kind=P.POINTER), m.Parameter(offset=8, size=4, kind=P.VALUE, dtype=F32),
-    m.Parameter(offset=12, size=4, kind=P.VALUE, dtype=m.DType.INT32)))  # fmt: skip
+STRIDE = m.Function(
+    name="stride_scale",
+    parameters_known=True,
+    parameters=(
+        m.Parameter(offset=0, size=8, kind=P.POINTER),
+        m.Parameter(offset=8, size=4, kind=P.VALUE, dtype=F32),
+        m.Parameter(offset=12, size=4, kind=P.VALUE, dtype=m.DType.INT32),
+    ),
+)
 REVERSE = m.Function(
     name="reverse_blocks",
     parameters_known=True,
@@ -32,13 +38,17 @@ FAULT = m.Function(name="fault_if_wide", parameters_known=True, parameters=REVER
 def tune_capture(tmp_path, kernels, function: m.Function, grid, block, expected) -> tuple:
     y = ints(N, 21)
     c = Capture(tmp_path / f"{function.name}.kreplay", kernels["tune_kernels"])
-    exe = c.w.add_object(m.Executable(format=m.ExecutableFormat.CUBIN, payload=c.w.add_payload(kernels["tune_kernels"]),
-                                      functions=(function,)))  # fmt: skip
+    exe = c.w.add_object(
+        m.Executable(
+            format=m.ExecutableFormat.CUBIN, payload=c.w.add_payload(kernels["tune_kernels"]), functions=(function,)
+        )
+    )
     buf = c.buffer(4 * N, dtype=F32, shape=(N,))
     c.w.copy_h2d(dst_buffer=buf, data=y)
     params = bytes(8) + (f32(2) + i32(N) if function is STRIDE else i32(N) + bytes(4))
-    op = c.w.launch(executable=exe, function=0, grid=grid, block=block, parameters=params,
-                    relocations=[m.Relocation(0, buf, 0, 0)])  # fmt: skip
+    op = c.w.launch(
+        executable=exe, function=0, grid=grid, block=block, parameters=params, relocations=[m.Relocation(0, buf, 0, 0)]
+    )
     c.w.checkpoint({buf: expected(y)})
     return c.close(), op
 
@@ -91,14 +101,24 @@ def test_faulting_shapes_are_isolated_and_the_search_finishes(tmp_path, kernels)
 def test_cli_csv_plot_and_winning_flags(tmp_path, kernels):
     path, op = tune_capture(tmp_path, kernels, STRIDE, (1, 1, 1), (32, 1, 1), lambda y: 2 * y)
     csv_path, plot_path = tmp_path / "t.csv", tmp_path / "t.png"
-    args = [sys.executable, "-m", "replayfmt.tools.tune_replay", f"--launch={op}", "--grid=1;132;264",
-            "--block=64;256;2048", f"--csv={csv_path}", f"--plot={plot_path}", str(path)]  # fmt: skip
+    args = [
+        sys.executable,
+        "-m",
+        "replayfmt.tools.tune_replay",
+        f"--launch={op}",
+        "--grid=1;132;264",
+        "--block=64;256;2048",
+        f"--csv={csv_path}",
+        f"--plot={plot_path}",
+        str(path),
+    ]
     result = subprocess.run(args, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "pruned" in result.stdout and "run-replay --launch=" in result.stdout and plot_path.exists()
     winner = result.stdout.strip().splitlines()[-1].split()
-    replay = subprocess.run([sys.executable, "-m", "replayfmt.tools.run_replay", *winner[1:]], capture_output=True,
-                            text=True)  # fmt: skip
+    replay = subprocess.run(
+        [sys.executable, "-m", "replayfmt.tools.run_replay", *winner[1:]], capture_output=True, text=True
+    )
     assert replay.returncode == 0, replay.stderr
     # 3 grids x 3 blocks, the 2048-thread blocks pruned: 6 candidates and the captured shape
     assert len(np.loadtxt(csv_path, delimiter=",", dtype=str, skiprows=1, usecols=0, ndmin=1)) == 7
@@ -115,8 +135,9 @@ def test_register_caps_re_jit_the_ptx(tmp_path, gpu_arch):
         ptx = Path(tmp) / "k.ptx"
         nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
         source = Path(__file__).parent / "kernels" / "tune_kernels.cu"
-        subprocess.run([nvcc, "-ptx", f"-arch={gpu_arch.replace('sm', 'compute')}", "-o", str(ptx), str(source)],
-                       check=True)  # fmt: skip
+        subprocess.run(
+            [nvcc, "-ptx", f"-arch={gpu_arch.replace('sm', 'compute')}", "-o", str(ptx), str(source)], check=True
+        )
         text = ptx.read_bytes()
     y = ints(N, 31)
     path = tmp_path / "ptx.kreplay"
@@ -126,8 +147,14 @@ def test_register_caps_re_jit_the_ptx(tmp_path, gpu_arch):
         )
         buf = w.add_object(m.Buffer(size=4 * N, dtype=F32, shape=(N,)))
         w.copy_h2d(dst_buffer=buf, data=y)
-        op = w.launch(executable=exe, function=0, grid=(264, 1, 1), block=(256, 1, 1),
-                      parameters=bytes(8) + f32(2) + i32(N), relocations=[m.Relocation(0, buf, 0, 0)])  # fmt: skip
+        op = w.launch(
+            executable=exe,
+            function=0,
+            grid=(264, 1, 1),
+            block=(256, 1, 1),
+            parameters=bytes(8) + f32(2) + i32(N),
+            relocations=[m.Relocation(0, buf, 0, 0)],
+        )
         w.checkpoint({buf: 2 * y})
     results, _ = run_search(path, op, SearchSpace(max_registers=[16, 32, 64]))
     assert len(results) == 4 and all(r.ok and r.verified for r in results), [r.error for r in results]

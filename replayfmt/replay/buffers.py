@@ -1,0 +1,143 @@
+"""Memory for a replay: the captured buffers on their devices (reallocated, or at their recorded
+addresses with ``--fixed-addresses``) and pinned host memory for staging and downloads."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import mmap
+
+from replayfmt.cuda.address_space import page_runs, steer_device_arena
+from replayfmt.cuda.driver import check, initialised
+from replayfmt.errors import DeviceError
+from replayfmt.format import model as m
+from replayfmt.replay.devices import Devices
+from replayfmt.replay.plan import Plan
+
+_FIXED_PAGE = 2 << 20  # the VMM granularity of current GPUs; the real one is asked of the driver
+_HUGE_PAGE = 2 << 20
+
+
+def recorded_ranges(plan: Plan) -> list[tuple[int, int]]:
+    """(recorded address, size) of every buffer that has a recorded address."""
+    return [(buf.address, buf.size) for buf in plan.buffers.values() if buf.address]
+
+
+def steer_fixed_arena(plan: Plan, ordinals: tuple[int, ...]) -> str | None:
+    """For ``--fixed-addresses``, before CUDA starts in this process: arrange that the driver will
+    grant the recorded range. None when arranged (or not needed), else why not (reported when the
+    reservation then fails)."""
+    if not plan.options.fixed_addresses or initialised():
+        return None
+    regions = page_runs(recorded_ranges(plan), _FIXED_PAGE)
+    if not regions:
+        return None
+    low, high = regions[0][0], regions[-1][1]
+    return steer_device_arena(low, high - low, ordinals[0] if ordinals else 0)
+
+
+def allocate_buffers(devices: Devices, plan: Plan, arena_problem: str | None = None) -> dict[int, int]:
+    """Allocate every captured buffer on its device; buffer id -> device address.
+
+    ``arena_problem`` is what :func:`steer_fixed_arena` answered (named if the recorded range is refused).
+    """
+    if plan.options.fixed_addresses:
+        return _allocate_fixed(devices, plan, arena_problem)
+    cu = devices.cu
+    addresses: dict[int, int] = {}
+    current = 0
+    for bid, buf in plan.buffers.items():
+        if buf.memory != m.MemoryKind.DEVICE:
+            raise DeviceError(f"buffer {bid}: {buf.memory.name.lower()} memory cannot be replayed")
+        if devices.index(buf.device) != current:
+            current = devices.index(buf.device)
+            devices.use(current)
+        size = max(buf.size, 1)
+        extra = max(0, buf.alignment - 256)
+        ptr = check(cu.cuMemAlloc(size + extra), f"buffer {bid}: cuMemAlloc({size + extra})")
+        devices.own(lambda p=ptr: cu.cuMemFree(p))
+        address = int(ptr)
+        if extra:
+            address = (address + buf.alignment - 1) // buf.alignment * buf.alignment
+        addresses[bid] = address
+    devices.use(0)
+    return addresses
+
+
+def _allocate_fixed(devices: Devices, plan: Plan, arena_problem: str | None) -> dict[int, int]:
+    """Give every buffer its recorded address, or fail (never run with other addresses).
+
+    One virtual range spanning all recorded buffers is reserved (the address is only a hint
+    to the driver, so the result is checked), then physical memory is mapped into it, once per
+    run of pages that buffers share (allocators place several tensors in one page).
+    """
+    cu = devices.cu
+    prop = cu.CUmemAllocationProp()
+    prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    prop.location.id = devices.gpus[0].ordinal
+    flags = cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM
+    page = check(cu.cuMemGetAllocationGranularity(prop, flags), "cuMemGetAllocationGranularity")
+    addresses: dict[int, int] = {}
+    for bid, buf in plan.buffers.items():
+        if buf.address == 0:
+            raise DeviceError(f"buffer {bid} has no recorded address; it cannot be replayed with --fixed-addresses")
+        addresses[bid] = buf.address
+    regions = page_runs(recorded_ranges(plan), page)
+    if not regions:
+        return addresses
+    low, high = regions[0][0], regions[-1][1]
+    ptr = check(cu.cuMemAddressReserve(high - low, page, low, 0), "cuMemAddressReserve")
+    devices.own(lambda: cu.cuMemAddressFree(ptr, high - low))
+    if int(ptr) != low:
+        why = f": {arena_problem}" if arena_problem else ""
+        raise DeviceError(
+            f"--fixed-addresses: the driver would not reserve the recorded range [{low:#x}, {high:#x}) (it "
+            f"offered {int(ptr):#x}){why}. Capture and replay with the tools' --fixed-addresses (they run "
+            "with address-space randomisation off), in a fresh process with nothing else on the device"
+        )
+    access = cu.CUmemAccessDesc()
+    access.location = prop.location
+    access.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    for start, end in regions:
+        handle = check(cu.cuMemCreate(end - start, prop, 0), f"cuMemCreate({end - start}) at {start:#x}")
+        devices.own(lambda h=handle: cu.cuMemRelease(h))
+        check(cu.cuMemMap(start, end - start, 0, handle, 0), f"cuMemMap at {start:#x}")
+        devices.own(lambda s=start, n=end - start: cu.cuMemUnmap(s, n))
+        check(cu.cuMemSetAccess(start, end - start, [access], 1), f"cuMemSetAccess at {start:#x}")
+    return addresses
+
+
+def pinned(devices: Devices, size: int, what: str) -> int:
+    """Pinned host memory (portable: pinned for every device's context when there are several)."""
+    cu = devices.cu
+    portable = cu.CU_MEMHOSTALLOC_PORTABLE if devices.several else 0
+    ptr = check(cu.cuMemHostAlloc(max(size, 1), portable), f"{what}: cuMemHostAlloc({size})")
+    devices.own(lambda: cu.cuMemFreeHost(ptr))
+    return int(ptr)
+
+
+def pinned_large(devices: Devices, size: int, what: str) -> int:
+    """Pinned memory for a large buffer: transparent huge pages registered with the driver
+    pin in about half the time of cuMemHostAlloc (fewer pages to lock); cuMemHostAlloc when
+    that is refused."""
+    cu = devices.cu
+    try:
+        region = mmap.mmap(-1, size + _HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except OSError:
+        return pinned(devices, size, what)
+    with contextlib.suppress(AttributeError, OSError):
+        region.madvise(mmap.MADV_HUGEPAGE)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(region))
+    address = (base + _HUGE_PAGE - 1) // _HUGE_PAGE * _HUGE_PAGE
+    # faulted (and zeroed) here, so threads that pin side by side fault side by side: the
+    # driver's pinning is serial
+    for page in range(address - base, address - base + size, _HUGE_PAGE):
+        region[page] = 0
+    flags = cu.CU_MEMHOSTREGISTER_PORTABLE if devices.several else 0
+    if cu.cuMemHostRegister(address, size, flags)[0] != cu.CUresult.CUDA_SUCCESS:
+        region.close()
+        return pinned(devices, size, what)
+    devices.own(region.close)
+    devices.own(lambda: cu.cuMemHostUnregister(address))
+    return address

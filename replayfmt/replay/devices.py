@@ -1,0 +1,197 @@
+"""The devices a replay runs on: their primary contexts, which captured device runs where, whether
+the capture fits them, peer access between them, and every resource made for the replay.
+
+Captured device k runs on ``cuda:ordinals[k]`` (its primary context). A :class:`Devices` is the
+small state object that every setup phase is handed: it switches contexts and owns what the
+phases create (released in reverse order by :meth:`Devices.close`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from replayfmt.cuda.driver import check, compute_capability, driver
+from replayfmt.errors import DeviceError, DeviceUnavailableError, ReplayError, ReplayUsageError
+from replayfmt.format import model as m
+from replayfmt.replay.plan import Plan
+
+_K = m.OperationKind
+
+
+@dataclass(frozen=True)
+class ReplayDevice:
+    """A device the replay runs on: captured device k runs on cuda:ordinal (its primary context)."""
+
+    ordinal: int
+    handle: Any
+    ctx: Any
+    name: str
+    compute_capability: tuple[int, int]
+    max_shared_optin: int
+
+    @property
+    def arch(self) -> int:
+        """The compute capability as one number: 90 for sm_90."""
+        return self.compute_capability[0] * 10 + self.compute_capability[1]
+
+
+class Devices:
+    """The replay's devices (index 0 is where tuning, benchmarks and single-device captures run)
+    and the owner of every resource created on them."""
+
+    def __init__(self, cu: Any) -> None:
+        self.cu = cu
+        self.gpus: list[ReplayDevice] = []
+        self._index_of: dict[int, int] = {}  # captured device id -> index in gpus
+        self._closers: list[Callable[[], Any]] = []
+        self._peers: set[tuple[int, int]] = set()  # (device, device whose memory it may access)
+
+    # -- ownership ---------------------------------------------------------------------------
+
+    def own(self, release: Callable[[], Any]) -> None:
+        """Register the release of a resource made for this replay (run by :meth:`close`)."""
+        self._closers.append(release)
+
+    def close(self) -> None:
+        """Release every resource owned (in reverse order), the contexts last. Idempotent."""
+        while self._closers:
+            closer = self._closers.pop()
+            try:
+                closer()
+            except Exception:
+                pass
+
+    # -- which device ------------------------------------------------------------------------
+
+    @property
+    def several(self) -> bool:
+        return len(self.gpus) > 1
+
+    def use(self, gpu: int) -> None:
+        """Make device ``gpu``'s context current (setup work, and runs, happen on it)."""
+        device = self.gpus[gpu]
+        check(self.cu.cuCtxSetCurrent(device.ctx), f"cuda:{device.ordinal}: cuCtxSetCurrent")
+
+    def index(self, device_id: int) -> int:
+        """The device index a captured device id runs on (0 for objects that name none)."""
+        return self._index_of.get(device_id, 0)
+
+    # -- opening -----------------------------------------------------------------------------
+
+    def open(self, plan: Plan, ordinals: tuple[int, ...]) -> None:
+        """Retain the primary context of each device the capture needs; the first becomes current."""
+        cu = self.cu
+        wanted = max(1, len(plan.devices))
+        if wanted > len(ordinals):
+            raise ReplayUsageError(
+                f"the capture uses {len(plan.devices)} devices; give as many --device flags (got {len(ordinals)})"
+            )
+        if wanted > 1 and plan.options.fixed_addresses:
+            raise DeviceError("--fixed-addresses replays single-device captures only")
+        count = check(cu.cuDeviceGetCount(), "cuDeviceGetCount")
+        optin = cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+        for ordinal in ordinals[:wanted]:
+            if ordinal >= count:
+                raise DeviceUnavailableError(f"--device cuda:{ordinal}: this machine has {count} CUDA device(s)")
+            handle = check(cu.cuDeviceGet(ordinal), f"cuDeviceGet({ordinal})")
+            ctx = check(cu.cuDevicePrimaryCtxRetain(handle), f"cuda:{ordinal}: cuDevicePrimaryCtxRetain")
+            self.own(lambda h=handle: cu.cuDevicePrimaryCtxRelease(h))
+            name = check(cu.cuDeviceGetName(256, handle), "cuDeviceGetName").split(b"\0")[0].decode()
+            shared = check(cu.cuDeviceGetAttribute(optin, handle), "shared memory opt-in")
+            self.gpus.append(ReplayDevice(ordinal, handle, ctx, name, compute_capability(handle), shared))
+        self._index_of = {device.id: k for k, device in enumerate(plan.devices)}
+        self.use(0)
+
+    def check_fit(self, plan: Plan) -> None:
+        """Every captured cubin must run on its device, and every device must hold its buffers."""
+        cu = self.cu
+        need: dict[int, int] = {}
+        for buf in plan.buffers.values():
+            k = self.index(buf.device)
+            need[k] = need.get(k, 0) + buf.size
+        for k, gpu in enumerate(self.gpus):
+            for eid, image in plan.images.items():
+                built = image.cubin.arch if image.cubin is not None else None
+                if built is not None and (built // 10 != gpu.arch // 10 or built > gpu.arch):
+                    raise DeviceError(
+                        f"executable {eid} is a cubin for sm_{built}; cuda:{gpu.ordinal} ({gpu.name}) is "
+                        f"sm_{gpu.arch}: it cannot run it (substitute a build for sm_{gpu.arch} with "
+                        "--executable-substitution)"
+                    )
+            self.use(k)
+            free, _total = check(cu.cuMemGetInfo(), "cuMemGetInfo")
+            if need.get(k, 0) > free:
+                raise DeviceError(
+                    f"the capture needs {need[k]} bytes of device memory on cuda:{gpu.ordinal}; {gpu.name} has "
+                    f"{free} free"
+                )
+        self.use(0)
+
+    # -- running -----------------------------------------------------------------------------
+
+    def enable_peer_access(self, gpu: int, owner: int, op: m.Operation) -> None:
+        """Let kernels on ``gpu`` dereference memory of ``owner`` (a pointer into its buffer)."""
+        if (gpu, owner) in self._peers:
+            return
+        cu = self.cu
+        here, there = self.gpus[gpu], self.gpus[owner]
+        if not check(cu.cuDeviceCanAccessPeer(here.handle, there.handle), "cuDeviceCanAccessPeer"):
+            raise DeviceError(
+                f"operation {op.index}: a kernel on cuda:{here.ordinal} uses memory of cuda:{there.ordinal}, and "
+                "these devices cannot access each other's memory: replay on devices with peer access"
+            )
+        self.use(gpu)
+        result = cu.cuCtxEnablePeerAccess(there.ctx, 0)
+        if result[0] not in (cu.CUresult.CUDA_SUCCESS, cu.CUresult.CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED):
+            check(result, f"operation {op.index}: cuCtxEnablePeerAccess(cuda:{here.ordinal} -> cuda:{there.ordinal})")
+        self._peers.add((gpu, owner))
+        self.use(0)
+
+    def synchronize_all(self) -> Any:
+        """cuCtxSynchronize on every device; the first error's result, if any (else success). The
+        first device stays current."""
+        cu = self.cu
+        out: Any = (cu.CUresult.CUDA_SUCCESS,)
+        for k in reversed(range(len(self.gpus))):
+            if self.several:
+                self.use(k)
+            result = cu.cuCtxSynchronize()
+            if result[0] != cu.CUresult.CUDA_SUCCESS and out[0] == cu.CUresult.CUDA_SUCCESS:
+                out = result
+        return out
+
+    def operation_device(self, op: m.Operation, plan: Plan, stream_device: dict[int, int]) -> int | None:
+        """The device an operation's work runs on (None: no device work, or any device);
+        ``stream_device`` maps captured stream ids to device indices."""
+        stream = getattr(op, "stream", None)
+        if stream:
+            return stream_device.get(stream, 0)
+        buffers = plan.buffers
+        if isinstance(op, m.Launch):
+            targets = [r.target_buffer for r in op.relocations if not r.site_buffer]
+            return self.index(buffers[targets[0]].device) if targets else 0
+        if isinstance(op, m.Copy):
+            buffer = op.src_buffer if op.kind == _K.COPY_DEVICE_TO_HOST else op.dst_buffer
+            return self.index(buffers[buffer].device)
+        if isinstance(op, m.Memset):
+            return self.index(buffers[op.buffer].device)
+        if isinstance(op, m.DeviceSynchronize):
+            return self.index(op.device)
+        if isinstance(op, m.EventRecord | m.StreamWaitEvent):
+            return self.index(plan.events[op.event].device)
+        return None
+
+
+def environment_ok() -> str | None:
+    """None when a CUDA device can be used here, else why not (for tests that must skip)."""
+    if os.environ.get("REPLAYFMT_NO_GPU"):
+        return "REPLAYFMT_NO_GPU is set"
+    try:
+        cu = driver()
+        count = check(cu.cuDeviceGetCount(), "cuDeviceGetCount")
+    except ReplayError as exc:
+        return str(exc)
+    return None if count else "no CUDA device"

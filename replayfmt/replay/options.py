@@ -1,0 +1,45 @@
+"""What a replay is asked to do (:class:`ReplayOptions`) and what one run of it answers (:class:`RunResult`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from replayfmt.errors import VerificationError
+from replayfmt.replay.compare import BufferReport, Tolerance
+
+
+@dataclass
+class ReplayOptions:
+    devices: tuple[int, ...] = (0,)  # captured device k runs on cuda:devices[k]
+    verify: bool = False  # prepare verification, and verify every run unless a run says otherwise
+    tolerance: Tolerance = field(default_factory=Tolerance)
+    save_output: Path | None = None
+    continue_on_error: bool = False
+    uploads_from_host: bool = False  # keep uploads as host-to-device copies (timing fidelity)
+    nvtx: bool = False  # NVTX ranges around scopes and launches, for nsys and ncu
+    check_payloads: bool = True  # check every payload frame against its hash (off: faster, corruption unseen)
+
+
+@dataclass
+class RunResult:
+    device_ms: list[float] = field(default_factory=list)  # one per repetition
+    reports: list[BufferReport] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def verified(self) -> bool:
+        return all(r.passed for r in self.reports)
+
+    @property
+    def mismatches(self) -> list[BufferReport]:
+        """The reports of buffer ranges that differ from the capture."""
+        return [r for r in self.reports if not r.passed]
+
+    def require_verified(self) -> None:
+        """Raise VerificationError naming the first buffer range that differs from the capture."""
+        failed = self.mismatches
+        if failed:
+            raise VerificationError(
+                f"verification failed for {len(failed)} buffer range(s); first: {failed[0].line().strip()}"
+            )

@@ -1,0 +1,214 @@
+"""Steps: the capture turned into driver calls ready to issue, in capture order.
+
+Each :class:`Step` is one call (``fn(*args)``) with its kind and the index of the operation it
+comes from; a run issues them one after another. Building them is setup work: streams, events,
+buffers, staged uploads and packed launches are all resolved here, so a run does no lookups.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from replayfmt.errors import ReplayUsageError
+from replayfmt.format import model as m
+from replayfmt.replay.buffers import pinned
+from replayfmt.replay.devices import Devices
+from replayfmt.replay.launches import PreparedLaunch, prepare_launch
+from replayfmt.replay.modules import Modules
+from replayfmt.replay.plan import Plan, upload_key
+from replayfmt.replay.staging import Staged
+from replayfmt.replay.streams import Streams
+from replayfmt.replay.verify import Verifier
+
+_K = m.OperationKind
+
+
+class StepKind(enum.Enum):
+    """What a step does."""
+
+    SET_CONTEXT = "set context"  # make another device's context current
+    POINTER_SITE = "pointer site"  # write a relocated pointer that lives in device memory
+    LAUNCH = "launch"  # cuLaunchKernel
+    LAUNCH_EX = "launch with config"  # cuLaunchKernelEx: clusters, cooperative launches
+    UPLOAD = "upload"  # from a staged copy (device or pinned host memory)
+    DOWNLOAD = "download"
+    CHECK_DOWNLOAD = "check download"  # compare a download with the captured bytes (verification)
+    COPY = "copy"  # device to device
+    MEMSET = "memset"
+    EVENT_RECORD = "event record"
+    STREAM_WAIT = "stream wait"
+    SYNCHRONIZE = "synchronize"  # a captured host synchronisation (stream, event or device)
+    CHECKPOINT = "checkpoint"  # compare or save buffers (verification, --save-output)
+    NVTX_PUSH = "nvtx push"
+    NVTX_POP = "nvtx pop"
+
+    @property
+    def is_launch(self) -> bool:
+        return self in (StepKind.LAUNCH, StepKind.LAUNCH_EX)
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One call of a replay: ``fn(*args)``, from operation ``operation``."""
+
+    kind: StepKind
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    operation: int
+
+    def with_args(self, args: tuple[Any, ...]) -> Step:
+        return dataclasses.replace(self, args=args)
+
+
+@dataclass
+class BuiltSteps:
+    """The steps of a capture, and what they point into (kept alive as long as they are)."""
+
+    steps: list[Step]
+    launches: list[PreparedLaunch]
+    kernel_names: dict[int, str]  # launch operation index -> kernel name
+    op_streams: dict[int, Any]  # operation index -> the stream its steps run on
+
+
+def build_steps(
+    devices: Devices,
+    plan: Plan,
+    *,
+    modules: Modules,
+    addresses: dict[int, int],
+    streams: Streams,
+    staged: dict[Any, Staged],
+    verifier: Verifier,
+    verify: bool,
+    save_output: bool,
+    nvtx: Any | None,
+) -> BuiltSteps:
+    """Turn every operation of the capture into steps (checkpoints only when verifying or saving,
+    download checks only when verifying, NVTX ranges only with an ``nvtx`` library)."""
+    cu = devices.cu
+    built = BuiltSteps([], [], {}, {})
+    steps = built.steps
+    A = addresses
+    current = 0  # the device whose context is current when this step runs (runs start on the first)
+    for op in plan.capture.iter_operations():
+        index = op.index
+
+        def add(kind: StepKind, fn: Callable[..., Any], args: tuple[Any, ...], index: int = index) -> None:
+            steps.append(Step(kind, fn, args, index))
+
+        gpu = devices.operation_device(op, plan, streams.device_of) if devices.several else 0
+        if gpu is not None and gpu != current:
+            add(StepKind.SET_CONTEXT, cu.cuCtxSetCurrent, (devices.gpus[gpu].ctx,))
+            current = gpu
+        stream = streams.stream(getattr(op, "stream", 0), gpu or 0)
+        built.op_streams[index] = stream
+        if isinstance(op, m.Launch):
+            launch = prepare_launch(devices, plan, modules, A, op, stream, gpu or 0)
+            built.launches.append(launch)
+            for site, value in launch.buffer_sites:
+                add(StepKind.POINTER_SITE, cu.cuMemcpyHtoDAsync, (site, value, 8, stream))
+            if nvtx is not None:
+                add(StepKind.NVTX_PUSH, nvtx.push, (launch.name.encode(),))
+            if launch.extended:
+                add(StepKind.LAUNCH_EX, cu.cuLaunchKernelEx, launch.args)
+            else:
+                add(StepKind.LAUNCH, cu.cuLaunchKernel, launch.args)
+            if nvtx is not None:
+                add(StepKind.NVTX_POP, nvtx.pop, ())
+            built.kernel_names[index] = launch.name
+        elif isinstance(op, m.Copy):
+            if op.kind == _K.COPY_HOST_TO_DEVICE:
+                source = staged[upload_key(op)]
+                copy = cu.cuMemcpyDtoDAsync if source.on_device else cu.cuMemcpyHtoDAsync
+                add(StepKind.UPLOAD, copy, (A[op.dst_buffer] + op.dst_offset, source.address, op.size, stream))
+            elif op.kind == _K.COPY_DEVICE_TO_HOST:
+                host = pinned(devices, op.size, f"operation {index}")
+                add(StepKind.DOWNLOAD, cu.cuMemcpyDtoHAsync, (host, A[op.src_buffer] + op.src_offset, op.size, stream))
+                if op.payload and verify:
+                    add(StepKind.CHECK_DOWNLOAD, verifier.check_download, (op, host))
+                    current = 0  # it synchronises every device
+            else:
+                args = (A[op.dst_buffer] + op.dst_offset, A[op.src_buffer] + op.src_offset, op.size, stream)
+                add(StepKind.COPY, cu.cuMemcpyDtoDAsync, args)
+        elif isinstance(op, m.Memset):
+            fn = {1: cu.cuMemsetD8Async, 2: cu.cuMemsetD16Async, 4: cu.cuMemsetD32Async}[op.element_size]
+            add(StepKind.MEMSET, fn, (A[op.buffer] + op.offset, op.value, op.count, stream))
+        elif isinstance(op, m.EventRecord):
+            add(StepKind.EVENT_RECORD, cu.cuEventRecord, (streams.events[op.event], stream))
+        elif isinstance(op, m.StreamWaitEvent):
+            add(StepKind.STREAM_WAIT, cu.cuStreamWaitEvent, (stream, streams.events[op.event], 0))
+        elif isinstance(op, m.StreamSynchronize):
+            add(StepKind.SYNCHRONIZE, cu.cuStreamSynchronize, (stream,))
+        elif isinstance(op, m.DeviceSynchronize):
+            add(StepKind.SYNCHRONIZE, cu.cuCtxSynchronize, ())
+        elif isinstance(op, m.EventSynchronize):
+            add(StepKind.SYNCHRONIZE, cu.cuEventSynchronize, (streams.events[op.event],))
+        elif isinstance(op, m.Checkpoint) and (verify or save_output):
+            add(StepKind.CHECKPOINT, verifier.checkpoint, (op,))
+            current = 0  # it synchronises every device
+        elif isinstance(op, m.ScopeBegin) and nvtx is not None:
+            add(StepKind.NVTX_PUSH, nvtx.push, (op.name.encode(),))
+        elif isinstance(op, m.ScopeEnd) and nvtx is not None:
+            add(StepKind.NVTX_POP, nvtx.pop, ())
+        # create, destroy, module load: done at setup; scopes: markers only
+    return built
+
+
+def set_launch_shape(steps: list[Step], index: int, grid: m.Dims, block: m.Dims, shared_memory: int) -> None:
+    """Change the shape of launch operation ``index`` in ``steps`` (for tuning)."""
+    for k, step in enumerate(steps):
+        if step.operation != index:
+            continue
+        if step.kind is StepKind.LAUNCH:
+            handle, *_, stream, params, extra = step.args
+            steps[k] = step.with_args((handle, *grid, *block, shared_memory, stream, params, extra))
+            return
+        if step.kind is StepKind.LAUNCH_EX:
+            config = step.args[0]
+            config.gridDimX, config.gridDimY, config.gridDimZ = grid
+            config.blockDimX, config.blockDimY, config.blockDimZ = block
+            config.sharedMemBytes = shared_memory
+            return
+    raise ReplayUsageError(f"operation {index} is not a launch of this replay")
+
+
+def retarget_functions(steps: list[Step], old_to_new: dict[int, Any]) -> None:
+    """Point launches at other functions: ``id(old handle) -> new handle`` (a re-JITted module)."""
+    for k, step in enumerate(steps):
+        if step.kind is StepKind.LAUNCH and id(step.args[0]) in old_to_new:
+            steps[k] = step.with_args((old_to_new[id(step.args[0])], *step.args[1:]))
+        elif step.kind is StepKind.LAUNCH_EX and id(step.args[1]) in old_to_new:
+            steps[k] = step.with_args((step.args[0], old_to_new[id(step.args[1])], *step.args[2:]))
+
+
+def wrap_with_events(steps: list[Step], index: int, stream: Any, before: Any, after: Any, record: Any) -> None:
+    """Record ``before``/``after`` on ``stream`` around operation ``index``'s steps (``record``:
+    cuEventRecord)."""
+    positions = [k for k, step in enumerate(steps) if step.operation == index]
+    if not positions:
+        raise ReplayUsageError(f"operation {index} has no device work to time")
+    steps.insert(positions[-1] + 1, Step(StepKind.EVENT_RECORD, record, (after, stream), index))
+    steps.insert(positions[0], Step(StepKind.EVENT_RECORD, record, (before, stream), index))
+
+
+def bracket_with_events(
+    steps: Sequence[Step], events: dict[int, tuple[Any, Any]], streams: dict[int, Any], record: Any
+) -> list[Step]:
+    """``steps`` with each run of steps of an operation in ``events`` bracketed by recording its
+    (before, after) events on the operation's stream (``record``: cuEventRecord)."""
+    out = []
+    for i, step in enumerate(steps):
+        index = step.operation
+        pair = events.get(index)
+        first = pair is not None and (i == 0 or steps[i - 1].operation != index)
+        last = pair is not None and (i + 1 == len(steps) or steps[i + 1].operation != index)
+        if first:
+            out.append(Step(StepKind.EVENT_RECORD, record, (pair[0], streams.get(index)), index))
+        out.append(step)
+        if last:
+            out.append(Step(StepKind.EVENT_RECORD, record, (pair[1], streams.get(index)), index))
+    return out
