@@ -15,6 +15,7 @@ from __future__ import annotations
 import csv
 import itertools
 import json
+import os
 import random
 import re
 import select
@@ -25,8 +26,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from replayfmt.errors import ReplayError, ReplayUsageError
+from replayfmt.errors import DeviceUnavailableError, ReplayError, ReplayUsageError
 from replayfmt.format import model as m
+from replayfmt.format.names import demangle
 from replayfmt.replay.plan import MAX_BLOCK, MAX_GRID, MAX_THREADS_PER_BLOCK, Plan
 
 CSV_FIELDS = ["kernel", "operations", "grid", "block", "smem", "max_registers", "median_ms", "stddev_ms",
@@ -126,25 +128,36 @@ def find_targets(plan: Plan, *, launch: int | None, kernel: str | None) -> Targe
         raise ReplayUsageError("give exactly one of --launch=OP and --kernel=REGEX")
     if len(plan.devices) > 1:
         raise ReplayUsageError("tune-replay tunes single-device captures only in this version")
-    pattern = re.compile(kernel) if kernel is not None else None
+    pattern = compile_kernel_pattern(kernel) if kernel is not None else None
     found: list[m.Launch] = []
     for op in plan.capture.iter_operations():
         if not isinstance(op, m.Launch):
             continue
         name = plan.function(op.executable, op.function).name
-        if (launch is not None and op.index == launch) or (pattern is not None and pattern.search(name)):
+        if (launch is not None and op.index == launch) or (
+            pattern is not None and (pattern.search(name) or pattern.search(demangle(name)))
+        ):
             found.append(op)
     if not found:
-        what = f"operation {launch} is not a launch" if launch is not None else f"no kernel matches {kernel!r}"
-        raise ReplayUsageError(f"tune-replay: {what}")
+        what = f"--launch {launch}: operation {launch} is not a launch" if launch is not None else (
+            f"--kernel {kernel!r}: no kernel matches (names: dump-replay --kind=executable CAPTURE)")  # fmt: skip
+        raise ReplayUsageError(what)
     kernels = {(op.executable, op.function) for op in found}
     if len(kernels) > 1:
-        names = sorted({plan.function(e, f).name for e, f in kernels})
+        names = sorted({demangle(plan.function(e, f).name) for e, f in kernels})
         raise ReplayUsageError(f"--kernel {kernel!r} matches several kernels ({', '.join(names)}); narrow it")
     first = found[0]
     return Targets(tuple(op.index for op in found), first.executable, first.function,
                    plan.function(first.executable, first.function).name, first.grid, first.block,
                    first.shared_memory)  # fmt: skip
+
+
+def compile_kernel_pattern(kernel: str) -> re.Pattern[str]:
+    """``--kernel REGEX``, matched against raw and demangled names; a bad pattern is a usage error."""
+    try:
+        return re.compile(kernel)
+    except re.error as exc:
+        raise ReplayUsageError(f"--kernel {kernel!r}: not a regular expression ({exc})") from None
 
 
 def prune(plan: Plan, targets: Targets, points: list[Candidate], max_shared: int = DEFAULT_MAX_SHARED
@@ -210,22 +223,43 @@ def _parse_dims(text: str) -> m.Dims | None:
     return (x, y, z)
 
 
+def check_writable(path: Path, flag: str) -> None:
+    """Fail before any work when ``path`` could not be written (missing or read-only directory)."""
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        what = "is not a directory" if parent.exists() else "does not exist"
+        raise ReplayUsageError(f"{flag} {path}: {parent} {what}")
+    target = path if path.exists() else parent
+    if not os.access(target, os.W_OK):
+        raise ReplayUsageError(f"{flag} {path}: {'the file' if path.exists() else 'the directory'} is not writable")
+
+
 class CsvLog:
-    """Appends one row per result, flushed at once (an interrupted search loses nothing)."""
+    """Appends one row per result, flushed at once (an interrupted search loses nothing). The file
+    is created with the first result, so a search that never ran leaves no header-only CSV."""
 
     def __init__(self, path: Path | None, targets: Targets) -> None:
         self.targets = targets
-        self.file = None
+        self.path = path
+        self.file: Any = None
         if path is not None:
-            new = not path.exists() or path.stat().st_size == 0
+            check_writable(path, "--csv")
+
+    def _open(self, path: Path) -> None:
+        new = not path.exists() or path.stat().st_size == 0
+        try:
             self.file = path.open("a", newline="")
-            self.writer = csv.writer(self.file)
-            if new:
-                self.writer.writerow(CSV_FIELDS)
+        except OSError as exc:
+            raise ReplayUsageError(f"--csv {path}: cannot write ({exc.strerror})") from None
+        self.writer = csv.writer(self.file)
+        if new:
+            self.writer.writerow(CSV_FIELDS)
 
     def write(self, r: CandidateResult) -> None:
-        if self.file is None:
+        if self.path is None:
             return
+        if self.file is None:
+            self._open(self.path)
         verified = {True: "yes", False: "no", None: ""}[r.verified]
         self.writer.writerow([self.targets.kernel, " ".join(map(str, self.targets.operations)), *r.candidate.key(),
                               "" if r.median_ms is None else f"{r.median_ms:.6f}",
@@ -273,7 +307,8 @@ class Worker:
         reply = self._read(120.0)
         if reply is None or "ready" not in reply:
             self.stop()
-            raise ReplayError(f"tune-replay: the worker did not start: {reply.get('error') if reply else 'no reply'}")
+            why = f"the worker did not start: {reply.get('error') if reply else 'no reply'}"
+            raise (DeviceUnavailableError if reply and reply.get("unavailable") else ReplayError)(why)
 
     def _read(self, timeout: float) -> dict[str, Any] | None:
         assert self.process is not None and self.process.stdout is not None

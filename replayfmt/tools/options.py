@@ -3,6 +3,7 @@ turned into the library's option objects in one place."""
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -21,6 +22,14 @@ def parse_device(spec: str) -> int:
     if not match:
         raise ReplayUsageError(f"--device {spec!r}: expected cuda:N")
     return int(match.group(1))
+
+
+def tolerance_value(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    """Callback for --rtol/--atol: a finite, non-negative number (a negative one would fail every
+    comparison, NaN would pass every one)."""
+    if value is not None and not (math.isfinite(value) and value >= 0):
+        raise click.BadParameter(f"{value:g} is not a finite number >= 0", ctx=ctx, param=param)
+    return value
 
 
 def replay_options(fn: F) -> F:

@@ -12,7 +12,7 @@ from replayfmt.errors import ReplayUsageError
 from replayfmt.replay.compare import Tolerance
 from replayfmt.replay.plan import build_plan
 from replayfmt.tools.common import EXIT_OK, EXIT_PROBLEM, ToolExit, agents_md_option, reports_errors
-from replayfmt.tools.options import parse_device, plan_options, replay_options
+from replayfmt.tools.options import parse_device, plan_options, replay_options, tolerance_value
 
 EPILOG = """\b
 Failure contract: replay is strict. An unsupported operation, a missing or changed file, an
@@ -43,8 +43,8 @@ Examples:
     is_flag=True,
     help="Compare floating-point buffers of known dtype with per-dtype tolerances instead of bytes.",
 )
-@click.option("--rtol", type=float, help="Relative tolerance (implies --tolerance).")
-@click.option("--atol", type=float, help="Absolute tolerance (implies --tolerance).")
+@click.option("--rtol", type=float, callback=tolerance_value, help="Relative tolerance (implies --tolerance).")
+@click.option("--atol", type=float, callback=tolerance_value, help="Absolute tolerance (implies --tolerance).")
 @click.option(
     "--save-output",
     type=click.Path(file_okay=False, path_type=Path),

@@ -9,11 +9,14 @@ import click
 import replayfmt
 from replayfmt.cuda.address_space import restart_without_aslr
 from replayfmt.errors import ReplayUsageError
+from replayfmt.format.names import demangle
 from replayfmt.measure.tune import (
     CsvLog,
     SearchSpace,
     Worker,
     WorkerConfig,
+    check_writable,
+    compile_kernel_pattern,
     find_targets,
     order,
     override_flags,
@@ -26,7 +29,7 @@ from replayfmt.measure.tune import (
 )
 from replayfmt.replay.plan import build_plan
 from replayfmt.tools.common import EXIT_OK, EXIT_PROBLEM, ToolExit, agents_md_option, reports_errors
-from replayfmt.tools.options import parse_device, plan_options
+from replayfmt.tools.options import parse_device, plan_options, tolerance_value
 
 EPILOG = """\b
 Every candidate runs in a worker process from the capture's starting state, is verified against
@@ -57,10 +60,28 @@ Examples:
     metavar="LIST",
     help="Register caps to try by re-JITting the PTX (the capture must hold the executable as PTX).",
 )
-@click.option("--strategy", type=click.Choice(["grid", "random"]), default="grid", show_default=True)
+@click.option(
+    "--strategy",
+    type=click.Choice(["grid", "random"]),
+    default="grid",
+    show_default=True,
+    help="grid: every point in order; random: a shuffled order (with --budget, a random sample).",
+)
 @click.option("--budget", type=click.IntRange(min=1), help="Evaluate at most N candidates (after pruning).")
-@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True)
-@click.option("--repetitions", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option(
+    "--warmup",
+    type=click.IntRange(min=0),
+    default=2,
+    show_default=True,
+    help="Untimed runs of each candidate before timing.",
+)
+@click.option(
+    "--repetitions",
+    type=click.IntRange(min=1),
+    default=10,
+    show_default=True,
+    help="Timed runs of each candidate (the median is reported).",
+)
 @click.option(
     "--timeout",
     type=click.FloatRange(min=0.1),
@@ -70,8 +91,8 @@ Examples:
     help="Give up on a candidate (and replace the worker) after this long.",
 )
 @click.option("--tolerance", "use_tolerance", is_flag=True, help="Verify float buffers with per-dtype tolerances.")
-@click.option("--rtol", type=float)
-@click.option("--atol", type=float)
+@click.option("--rtol", type=float, callback=tolerance_value, help="Relative tolerance (implies --tolerance).")
+@click.option("--atol", type=float, callback=tolerance_value, help="Absolute tolerance (implies --tolerance).")
 @click.option(
     "--csv",
     "csv_path",
@@ -84,13 +105,26 @@ Examples:
     "plot_path",
     type=click.Path(dir_okay=False, path_type=Path),
     metavar="FILE.png",
-    help="A heatmap of the median time over grid x block, the captured shape outlined.",
+    help="Draw the results: a line chart over the one swept axis, a heatmap over grid x block; "
+    "the captured shape marked, failures shown.",
 )
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True, help="Rows in the table.")
-@click.option("--device", default="cuda:0", show_default=True, metavar="cuda:N")
-@click.option("--executable-substitution", "substitutions", multiple=True, metavar="ID=PATH")
-@click.option("--file-remap", "remaps", multiple=True, metavar="CAPTURED_PREFIX=NEW_PREFIX")
-@click.option("--fixed-addresses", is_flag=True)
+@click.option("--device", default="cuda:0", show_default=True, metavar="cuda:N", help="The device to tune on.")
+@click.option(
+    "--executable-substitution",
+    "substitutions",
+    multiple=True,
+    metavar="ID=PATH",
+    help="Load PATH instead of executable ID, as in run-replay (the ABI must match). Repeatable.",
+)
+@click.option(
+    "--file-remap",
+    "remaps",
+    multiple=True,
+    metavar="CAPTURED_PREFIX=NEW_PREFIX",
+    help="Rewrite captured file paths (longest prefix wins), as in run-replay. Repeatable.",
+)
+@click.option("--fixed-addresses", is_flag=True, help="Allocate every buffer at its recorded device address, or fail.")
 @agents_md_option("tune-replay")
 @reports_errors("tune-replay")
 def main(
@@ -108,6 +142,12 @@ def main(
         raise ReplayUsageError("give a search space: --grid, --block, --smem and/or --max-registers")
     if plot_path is not None and plot_path.exists():
         raise ReplayUsageError(f"--plot: {plot_path} already exists; choose another file")
+    if plot_path is not None:
+        check_writable(plot_path, "--plot")
+    if csv_path is not None:
+        check_writable(csv_path, "--csv")  # before any work: a search must not fail at its first result
+    if kernel is not None:
+        compile_kernel_pattern(kernel)
     if fixed_addresses:
         restart_without_aslr()  # recorded addresses are reachable only so (see address_space)
     options = plan_options(substitutions=substitutions, remaps=remaps, launches=(), fixed_addresses=fixed_addresses)
@@ -123,7 +163,7 @@ def main(
     valid, pruned = prune(plan, targets, space.points())
     points = order(valid, strategy, budget)
     done = read_csv(csv_path) if csv_path is not None else {}
-    click.echo(f"tuning {targets.kernel} (operations {', '.join(map(str, targets.operations))}), captured "
+    click.echo(f"tuning {demangle(targets.kernel)} (operations {', '.join(map(str, targets.operations))}), captured "
                f"grid={targets.grid} block={targets.block} smem={targets.smem}")  # fmt: skip
     click.echo(f"space: {len(valid) + len(pruned)} points, {len(pruned)} pruned, {len(points)} to evaluate"
                + (f", {sum(1 for p in points if p.key() in done)} already in {csv_path}" if done else ""))  # fmt: skip
