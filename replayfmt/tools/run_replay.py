@@ -8,6 +8,7 @@ import click
 
 import replayfmt
 from replayfmt.cuda.address_space import restart_without_aslr
+from replayfmt.dump import recovery_problem
 from replayfmt.errors import ReplayUsageError
 from replayfmt.replay.compare import Tolerance
 from replayfmt.replay.plan import build_plan
@@ -100,14 +101,14 @@ def main(
         plan = build_plan(cap, options)
         for line in plan.describe():
             click.echo(line)
-        if plan.problems:
-            for problem in plan.problems:
-                click.echo(f"run-replay: error: {problem}", err=True)
+        problems = [*plan.problems, *_recovery_lines(cap)]
+        for problem in problems:
+            click.echo(f"run-replay: error: {problem}", err=True)
         if dry_run:
-            click.echo(f"dry run: plan {'has problems' if plan.problems else 'OK'}; nothing was executed")
-            return EXIT_PROBLEM if plan.problems else EXIT_OK
-        if plan.problems:
-            raise ToolExit(EXIT_PROBLEM, f"{len(plan.problems)} problem(s); nothing was executed")
+            click.echo(f"dry run: plan {'has problems' if problems else 'OK'}; nothing was executed")
+            return EXIT_PROBLEM if problems else EXIT_OK
+        if problems:
+            raise ToolExit(EXIT_PROBLEM, f"{len(problems)} problem(s); nothing was executed")
         from replayfmt.replay.execute import Replayer, ReplayOptions
 
         replay_options_ = ReplayOptions(devices=device_ordinals, verify=verify, tolerance=tolerance,
@@ -136,6 +137,16 @@ def main(
         if verify and result.reports:
             click.echo(f"verified: {len(result.reports)} buffer range(s) match")
     return EXIT_OK
+
+
+def _recovery_lines(cap: replayfmt.Capture) -> list[str]:
+    """Say that a file was recovered (a prefix of the capture replays); a problem when nothing survived."""
+    if not cap.recovered:
+        return []
+    kept = f"; only the {cap.operation_count} recovered operations replay" if cap.operation_count else ""
+    click.echo(f"recovered     yes: the file was not closed properly; {cap.discarded_bytes} bytes at its end were "
+               f"discarded ({cap.recovery_reason}){kept}")  # fmt: skip
+    return [] if cap.operation_count else [recovery_problem(cap.discarded_bytes)]
 
 
 if __name__ == "__main__":
