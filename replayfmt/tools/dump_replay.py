@@ -81,7 +81,9 @@ def _jq_message(exc: ValueError) -> str:
     return "\n".join(lines) or "jq failed"
 
 
-def _check_usage(cap: replayfmt.Capture, fmt: str, payloads: str, object_id: int | None, jq_program: str | None) -> None:
+def _check_usage(
+    cap: replayfmt.Capture, fmt: str, payloads: str, object_id: int | None, jq_program: str | None
+) -> None:
     """Flags that would otherwise do nothing, silently."""
     if payloads != "none" and fmt != "jsonl" and not jq_program:
         raise ReplayUsageError(f"--payloads={payloads} applies to JSONL rows: add --format=jsonl (or use --jq)")
