@@ -388,7 +388,8 @@ def search(
 
 
 def plot(results: list[CandidateResult], targets: Targets, path: Path) -> None:
-    """A heatmap of the median time over grid x block (grey: failed), the baseline outlined."""
+    """Draw the results to ``path`` (PNG): a line chart over one swept axis, a heatmap over two
+    (see replayfmt.measure.tune_plot)."""
     try:
         import matplotlib
 
@@ -396,40 +397,15 @@ def plot(results: list[CandidateResult], targets: Targets, path: Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         raise ReplayUsageError("--plot needs matplotlib: pip install 'replayfmt[plot]'") from None
-    import numpy as np
+    from replayfmt.measure.tune_plot import figure
 
-    def label(d: m.Dims | None, captured: m.Dims) -> str:
-        d = d or captured
-        return str(d[0]) if d[1:] == (1, 1) else _dims(d)
-
-    grids = sorted(
-        {label(r.candidate.grid, targets.grid) for r in results}, key=lambda s: [int(v) for v in s.split(",")]
-    )
-    blocks = sorted(
-        {label(r.candidate.block, targets.block) for r in results}, key=lambda s: [int(v) for v in s.split(",")]
-    )
-    values = np.full((len(grids), len(blocks)), np.nan)
-    for r in results:
-        if r.ok and r.median_ms is not None:
-            i, j = (
-                grids.index(label(r.candidate.grid, targets.grid)),
-                blocks.index(label(r.candidate.block, targets.block)),
-            )
-            values[i, j] = r.median_ms if np.isnan(values[i, j]) else min(values[i, j], r.median_ms)
-    fig, ax = plt.subplots(figsize=(1.2 + 0.8 * len(blocks), 1.2 + 0.5 * len(grids)))
-    ax.set_facecolor("#bbbbbb")
-    image = ax.imshow(np.ma.masked_invalid(values), cmap="viridis_r", aspect="auto")
-    fig.colorbar(image, ax=ax, label="median device time (ms)")
-    ax.set_xticks(range(len(blocks)), blocks, rotation=45)
-    ax.set_yticks(range(len(grids)), grids)
-    ax.set_xlabel("block")
-    ax.set_ylabel("grid")
-    base_i, base_j = grids.index(label(None, targets.grid)), blocks.index(label(None, targets.block))
-    ax.add_patch(plt.Rectangle((base_j - 0.5, base_i - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=2))
-    ax.set_title(f"{targets.kernel} (red: captured shape; grey: failed or pruned)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    fig = figure(results, targets)
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as exc:
+        raise ReplayUsageError(f"--plot {path}: cannot write ({exc.strerror})") from None
+    finally:
+        plt.close(fig)
 
 
 def override_flags(targets: Targets, c: Candidate) -> str:
