@@ -26,12 +26,13 @@ GPU_ONLY = {
     "python -m replayfmt.capture": capture_replay.main,
 }
 IN_PROCESS = {"dump-replay": dump_replay.main, "run-replay": run_replay.main}
-NEEDS_NVCC = ("nvcc", "new.cubin", "saxpy.cubin", "mine.kreplay")  # made by nvcc, or from what it made
+NEEDS_NVCC = ("nvcc", "new.cubin", "saxpy.cubin", "mine.kreplay", "my_saxpy.cubin")  # nvcc, or what it made
 
 
-def blocks() -> list[tuple[str, str]]:
-    """(language, body) of every fenced block of the shared page and each tool's notes, in order."""
-    text = SHARED + "".join(TOOLS.values())
+def blocks(text: str = "") -> list[tuple[str, str]]:
+    """(language, body) of every fenced block of ``text`` (default: the shared page and each tool's
+    notes), in order."""
+    text = text or SHARED + "".join(TOOLS.values())
     return re.findall(r"^```(\w+)\n(.*?)^```", text, flags=re.S | re.M)
 
 
@@ -61,10 +62,27 @@ def _env() -> dict[str, str]:
 
 
 def test_every_command_and_snippet_runs_as_written(tmp_path, monkeypatch):
+    ran, parsed, skipped = run_blocks(blocks(), tmp_path, monkeypatch)
+    assert ran >= 20 and parsed >= 8, (ran, parsed, skipped)
+    if skipped:
+        pytest.skip(f"ran {ran}, parsed {parsed}; skipped (missing programs): {skipped}")  # the rest passed
+
+
+def test_readme_commands_run_as_written(tmp_path, monkeypatch):
+    readme = (ROOT / "README.md").read_text()
+    ran, parsed, skipped = run_blocks(blocks(readme), tmp_path, monkeypatch)
+    assert ran >= 8 and parsed >= 5, (ran, parsed, skipped)
+    if skipped:
+        pytest.skip(f"ran {ran}, parsed {parsed}; skipped (missing programs): {skipped}")
+
+
+def run_blocks(found: list[tuple[str, str]], tmp_path: Path, monkeypatch) -> tuple[int, int, list[str]]:
+    """Run (or, for GPU-only tools, parse) every command and snippet; (ran, parsed, skipped)."""
     (tmp_path / "examples").symlink_to(ROOT / "examples")
     has_nvcc = shutil.which("nvcc") is not None
     ran, parsed, skipped = 0, 0, []
-    for lang, body in blocks():
+    gpu_made: set[str] = set()  # files that GPU-only commands would write
+    for lang, body in found:
         if lang == "python":
             if not has_nvcc and any(word in body for word in NEEDS_NVCC):
                 skipped.append("python snippet (needs nvcc)")
@@ -77,13 +95,19 @@ def test_every_command_and_snippet_runs_as_written(tmp_path, monkeypatch):
             ran += 1
             continue
         for command in commands(body):
+            if command.startswith(("pip ", "python -m pytest")):
+                continue  # installing, and this suite itself, are its own preconditions
             if not has_nvcc and any(word in command for word in NEEDS_NVCC):
                 skipped.append(command)
                 continue
             tool = next((t for t in GPU_ONLY if command.startswith(t + " ")), None)
+            if tool is None and command.startswith("run-replay ") and any(o in command for o in gpu_made):
+                tool = "run-replay"  # its input is made on a GPU (by a capture above)
             if tool is not None:  # needs a GPU: let the tool parse and check every flag
                 args = shlex.split(command[len(tool) :])
-                GPU_ONLY[tool].make_context(tool, args)
+                context = {**GPU_ONLY, "run-replay": run_replay.main}[tool].make_context(tool, args)
+                if context.params.get("output"):
+                    gpu_made.add(str(context.params["output"]))
                 parsed += 1
                 continue
             if command.startswith("run-replay ") and "--dry-run" not in command:
@@ -108,9 +132,7 @@ def test_every_command_and_snippet_runs_as_written(tmp_path, monkeypatch):
             assert done.returncode == 0, f"{command}\nexit {done.returncode}: {done.stderr}"
             assert "Traceback" not in done.stderr
             ran += 1
-    assert ran >= 20 and parsed >= 8, (ran, parsed, skipped)
-    if skipped:
-        pytest.skip(f"ran {ran}, parsed {parsed}; skipped (missing programs): {skipped}")  # the rest passed
+    return ran, parsed, skipped
 
 
 def test_payload_recipe_writes_files(tmp_path):
