@@ -108,7 +108,14 @@ def _compare(result: BenchmarkResult, baseline_path: Path) -> list[str]:
 )
 @click.option("--flush-l2", is_flag=True, help="Flush the L2 cache before every iteration.")
 @click.option("--per-kernel", is_flag=True, help="Also time every launch and copy of the region.")
-@click.option("--format", "fmt", type=click.Choice(["text", "json", "csv"]), default="text", show_default=True)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json", "csv"]),
+    default="text",
+    show_default=True,
+    help="json: the result for --compare-to and scripts; csv: one row for the scope and one per operation.",
+)
 @click.option(
     "--compare-to",
     type=click.Path(dir_okay=False, path_type=Path),
