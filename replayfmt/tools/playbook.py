@@ -279,7 +279,7 @@ TOOLS = {
   event edges (same device-side order).
 * Uploads inside the scope stay host-to-device copies from pinned memory, as in the program.
 * `--nvtx` wraps scopes and launches in NVTX ranges, so Nsight tools can select them:
-  `ncu --nvtx --nvtx-include "step/" benchmark-replay --nvtx --scope=step --repetitions=1 cap.kreplay`.
+  `ncu --nvtx --nvtx-include "saxpy/" benchmark-replay --nvtx --scope=saxpy --repetitions=1 cap.kreplay`.
   `--trace` writes a per-stream timeline of one iteration without any profiler.
 """,
 }

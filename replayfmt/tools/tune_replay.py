@@ -49,7 +49,9 @@ Examples:
 @click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("capture", type=click.Path(path_type=Path))
 @click.option("--launch", "launch_op", type=int, metavar="OP", help="Tune this launch operation.")
-@click.option("--kernel", metavar="REGEX", help="Tune every launch of the kernel whose name matches, together.")
+@click.option(
+    "--kernel", metavar="REGEX", help="Tune every launch of the kernel whose name (raw or demangled) matches, together."
+)
 @click.option("--grid", "grids", multiple=True, metavar="LIST", help="Grids to try: X or X,Y,Z, ';'-separated.")
 @click.option("--block", "blocks", multiple=True, metavar="LIST", help="Blocks to try: X or X,Y,Z, ';'-separated.")
 @click.option("--smem", "smems", multiple=True, metavar="LIST", help="Dynamic shared memory sizes (bytes) to try.")
@@ -105,7 +107,7 @@ Examples:
     "plot_path",
     type=click.Path(dir_okay=False, path_type=Path),
     metavar="FILE.png",
-    help="Draw the results: a line chart over the one swept axis, a heatmap over grid x block; "
+    help="Draw the results: a line chart when one axis is swept, a heatmap over two (e.g. grid x block); "
     "the captured shape marked, failures shown.",
 )
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True, help="Rows in the table.")
