@@ -269,14 +269,17 @@ def test_pyproject_packages_every_directory_and_uses_an_spdx_license():
 
 
 def test_skips_are_summarised_once_per_reason(tmp_path):
-    (tmp_path / "test_x.py").write_text(
-        "import pytest\n\n\n@pytest.mark.parametrize('i', range(5))\ndef test_a(i):\n    pytest.skip('no GPU here')\n"
-    )
+    """With the project's own pytest configuration and conftest, skips sharing a reason print once
+    (-ra printed one line per skipping test: 47 identical "no GPU" lines)."""
+    shutil.copy(ROOT / "tests" / "conftest.py", tmp_path / "conftest.py")
+    tests = "import pytest\n" + "".join(f"\n\ndef test_{i}():\n    pytest.skip('no GPU here')\n" for i in range(5))
+    (tmp_path / "test_x.py").write_text(tests)
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'tests'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "skip_summary", "-rfE", "-p",
-                           "no:cacheprovider", str(tmp_path)], capture_output=True, text=True, env=env,
-                          cwd=tmp_path, timeout=120)  # fmt: skip
-    assert done.stdout.count("no GPU here") == 1 and "5 skipped: no GPU here" in done.stdout
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-c", str(ROOT / "pyproject.toml"), "--rootdir",
+                           str(tmp_path), "-p", "no:cacheprovider", str(tmp_path)], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=120)  # fmt: skip
+    assert "5 skipped" in done.stdout and done.stdout.count("no GPU here") == 1, done.stdout
+    assert "5 skipped: no GPU here" in done.stdout
 
 
 # -- names ------------------------------------------------------------------------------------------
