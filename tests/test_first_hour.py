@@ -333,6 +333,8 @@ def test_capture_report_benchmark_and_tune_show_demangled_names(tmp_path):
     path = mangled_capture(tmp_path / "t.kreplay")
     _, out, _ = invoke(tune_replay.main, "--kernel=FillFunctor", "--block=64", "--budget=1", str(path))
     assert out.startswith(f"tuning {FILL_READ} (operations 1)")
+    code, out, _ = invoke(run_replay.main, "--dry-run", str(path))
+    assert code == 0 and f"(ABI checked at load): {FILL_READ}, add_kernel" in out
 
 
 # -- plots ------------------------------------------------------------------------------------------

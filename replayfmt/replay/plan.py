@@ -18,6 +18,7 @@ from replayfmt.container.reader import Capture
 from replayfmt.errors import AbiMismatchError, ReplayError, ReplayUsageError, UnsupportedOperationError
 from replayfmt.format import model as m
 from replayfmt.format.cubin import CubinError, CubinInfo, detect_format, parse_cubin
+from replayfmt.format.names import demangle
 
 _K = m.OperationKind
 MAX_GRID = (2**31 - 1, 65535, 65535)
@@ -181,7 +182,7 @@ class Plan:
             "operations    " + ", ".join(f"{k} {v}" for k, v in sorted(self.operation_counts.items())),
         ]
         for eid, image in sorted(self.images.items()):
-            names = ", ".join(fn.name for fn in image.executable.functions)
+            names = ", ".join(demangle(fn.name) for fn in image.executable.functions)
             abi = "ABI checked from cubin metadata" if image.abi_checked else "ABI checked at load"
             lines.append(f"executable    #{eid} {image.format.name.lower()} from {image.source} ({abi}): {names}")
         for fid, resolved in sorted(self.files.items()):
