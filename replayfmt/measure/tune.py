@@ -181,7 +181,8 @@ def prune(plan: Plan, targets: Targets, points: list[Candidate], max_shared: int
         elif any(not 1 <= v <= limit for v, limit in zip(block, MAX_BLOCK)):
             reason = f"block {_dims(block)} outside the device's limits"
         elif block[0] * block[1] * block[2] > thread_limit:
-            reason = f"{block[0] * block[1] * block[2]} threads per block, over {fn.name}'s limit of {thread_limit}"
+            threads = block[0] * block[1] * block[2]
+            reason = f"{threads} threads per block, over {demangle(fn.name)}'s limit of {thread_limit}"
         elif smem > smem_limit:
             reason = f"{smem} bytes of dynamic shared memory, over the limit of {smem_limit}"
         elif c.max_registers is not None and not 16 <= c.max_registers <= 255:
