@@ -207,8 +207,9 @@ def test_a_cubin_for_another_architecture_fails_the_dry_run(cap, tmp_path, sm80_
     code, out, err = invoke(run_replay.main, "--dry-run", f"--executable-substitution=5={tmp_path / 's80.cubin'}",
                             str(cap))  # fmt: skip
     assert code == 1 and "plan OK" not in out
-    assert err.strip() == (f"run-replay: error: executable 5: {tmp_path / 's80.cubin'} is built for sm_80, but the "
-                           "captured executable targets sm_90: rebuild it with -arch=sm_90")  # fmt: skip
+    expected = (f"run-replay: error: executable 5: {tmp_path / 's80.cubin'} is a cubin for sm_80, but the "
+                "captured executable targets sm_90: it cannot run it (rebuild it with -arch=sm_90)")  # fmt: skip
+    assert err.strip() == expected
     code, out, _ = invoke(run_replay.main, "--dry-run", f"--executable-substitution=5={tmp_path / 's90.cubin'}",
                           str(cap))  # fmt: skip
     assert code == 0 and "plan OK" in out

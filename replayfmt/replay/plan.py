@@ -332,8 +332,8 @@ def _check_substitute_arch(plan: Plan, eid: int, exe: m.Executable, image: Execu
                 else f"the capture's device is sm_{major}{minor}"
             )
             raise AbiMismatchError(
-                f"executable {eid}: {image.source} is built for sm_{have[0]}{have[1]}, but {where}: "
-                f"rebuild it with -arch=sm_{major}{minor}"
+                f"executable {eid}: {image.source} is a cubin for sm_{have[0]}{have[1]}, but {where}: "
+                f"it cannot run it (rebuild it with -arch=sm_{major}{minor})"
             )
 
 
