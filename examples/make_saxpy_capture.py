@@ -10,6 +10,8 @@ result replays on any GPU that can run the chosen architecture (sm_90: H100, H20
 from __future__ import annotations
 
 import argparse
+import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -39,7 +41,18 @@ def main() -> int:
     parser.add_argument("--output", type=Path, default=HERE / "saxpy.kreplay")
     parser.add_argument("--force", action="store_true", help="replace an existing output file")
     args = parser.parse_args()
-    cubin = compile_cubin(args.arch)
+    if args.output.exists() and not args.force:  # before the compile: say so at once
+        parser.exit(2, f"{parser.prog}: error: {args.output} already exists; pass --force to replace it\n")
+    arch = re.fullmatch(r"sm_(\d+)(\d)a?", args.arch)
+    if arch is None:
+        parser.exit(2, f"{parser.prog}: error: --arch {args.arch!r}: expected sm_XY, e.g. sm_90\n")
+    capability = (int(arch[1]), int(arch[2]))
+    if shutil.which("nvcc") is None:
+        parser.exit(2, f"{parser.prog}: error: nvcc is not on PATH (install the CUDA toolkit; no GPU is needed)\n")
+    try:
+        cubin = compile_cubin(args.arch)
+    except subprocess.CalledProcessError as exc:
+        parser.exit(1, f"{parser.prog}: error: nvcc failed (exit {exc.returncode}) for -arch={args.arch}\n")
     rng = np.random.default_rng(2024)
     # integer-valued inputs: a * x + y is exact with or without FMA contraction, so the replay can
     # be verified bit for bit on any GPU
@@ -59,7 +72,7 @@ def main() -> int:
     meta = m.CaptureMetadata(tool="examples/make_saxpy_capture.py", tool_version=replayfmt.__version__,
                              command_line=tuple(sys.argv))  # fmt: skip
     with replayfmt.CaptureWriter(args.output, metadata=meta, overwrite=args.force) as w:
-        dev = w.add_object(m.Device(ordinal=0, name="any sm_90 device", compute_capability=(9, 0)))
+        dev = w.add_object(m.Device(ordinal=0, name=f"any {args.arch} device", compute_capability=capability))
         stream = w.add_object(m.Stream(device=dev, label="main"))
         bx = w.add_object(
             m.Buffer(size=x.nbytes, device=dev, dtype=m.DType.FLOAT32, shape=(N,), strides=(1,), label="x")

@@ -7,6 +7,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from samples import write_sample
 
+pytest_plugins = ["skip_summary"]  # one line per skip reason (see tests/skip_summary.py)
+
 
 @pytest.fixture
 def sample(tmp_path: Path) -> Path:

@@ -95,7 +95,10 @@ def test_jq_through_the_real_binary_if_present(sample):
 
 def test_bad_jq_program_is_a_usage_error(sample):
     code, _, err = dump("--jq", "select(", str(sample))
-    assert code == 2 and err.startswith("dump-replay: error: --jq:") and err.count("\n") == 1
+    # the message, then jq's program and caret lines saying where (issue 17: the caret was lost)
+    lines = err.splitlines()
+    assert code == 2 and lines[0].startswith("dump-replay: error: --jq: syntax error") and len(lines) == 3
+    assert lines[1].strip() == "select(" and lines[2].strip() == "^"
 
 
 @pytest.mark.parametrize(

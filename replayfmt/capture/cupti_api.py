@@ -12,7 +12,7 @@ import ctypes
 from collections.abc import Callable
 from typing import Any
 
-from replayfmt.errors import ReplayError, ReplayUsageError
+from replayfmt.errors import DeviceUnavailableError, ReplayError, ReplayUsageError
 
 DOMAIN_DRIVER_API = 1
 DOMAIN_RESOURCE = 3
@@ -42,7 +42,18 @@ def _cupti_python() -> Any:
             f"capture needs cupti-python matching the driver's CUPTI ({exc}); install it with "
             "pip install 'replayfmt[capture]'"
         ) from None
+    except Exception as exc:  # importing it loads libcupti, which fails its own way without a driver
+        raise _unavailable(exc) from None
     return cupti
+
+
+def _unavailable(exc: Exception) -> DeviceUnavailableError:
+    """cupti-python could not start CUPTI: no driver or GPU here, or a CUPTI older than the package."""
+    what = (str(exc).strip().splitlines() or [""])[0]
+    return DeviceUnavailableError(
+        f"cannot start CUPTI ({type(exc).__name__}{': ' + what if what else ''}); capture needs an NVIDIA "
+        "driver and a GPU, and cupti-python matching the driver's CUDA version"
+    )
 
 
 def _loaded_library_path() -> str | None:
@@ -71,7 +82,10 @@ class Cupti:
 
     def __init__(self) -> None:
         module = _cupti_python()
-        module.get_callback_name(DOMAIN_DRIVER_API, 1)  # makes cupti-python load its libcupti
+        try:
+            module.get_callback_name(DOMAIN_DRIVER_API, 1)  # makes cupti-python load its libcupti
+        except Exception as exc:  # cupti-python's own classes (NotSupportedError, cuptiError...) vary by version
+            raise _unavailable(exc) from None
         path = _loaded_library_path()
         self.lib = _open(path)
         for name in ("cuptiSubscribe", "cuptiEnableCallback", "cuptiEnableDomain", "cuptiUnsubscribe"):

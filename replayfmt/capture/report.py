@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from replayfmt.format.names import demangle
+
 
 @dataclass
 class KernelStats:
@@ -32,10 +34,11 @@ class Report:
     def lines(self, limit: int = 20) -> list[str]:
         out = [f"replayfmt capture: {self.path}: {self.operations} operations"]
         if self.kernels:
-            width = min(60, max(len(n) for n in self.kernels))
+            width = min(60, max(len(demangle(n)) for n in self.kernels))
             out.append(f"  {'kernel':<{width}}  {'seen':>7}  {'captured':>8}  {'bytes stored':>12}")
             ranked = sorted(self.kernels.items(), key=lambda kv: (-kv[1].captured, -kv[1].occurrences, kv[0]))
-            for name, s in ranked[:limit]:
+            for symbol, s in ranked[:limit]:
+                name = demangle(symbol)  # mangled symbols are keys (what --kernels matches), not for reading
                 short = name if len(name) <= width else name[: width - 3] + "..."
                 out.append(f"  {short:<{width}}  {s.occurrences:>7}  {s.captured:>8}  {s.bytes_stored:>12}")
             if len(ranked) > limit:

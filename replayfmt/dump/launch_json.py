@@ -7,6 +7,7 @@ import struct
 from typing import TYPE_CHECKING, Any
 
 from replayfmt.format import model as m
+from replayfmt.format.names import demangle
 
 # ----------------------------------------------------------------------------------------------
 # Rows
@@ -42,7 +43,9 @@ class LaunchTemplate:
     def __init__(self, dumper: Dumper, executable: int, function: int) -> None:
         fn = dumper.function(executable, function)
         self.name = fn.name if fn else ""
-        self.head = f',"executable":{executable},"function":{json.dumps(self.name)},"function_index":{function},'
+        readable = demangle(self.name)  # the raw symbol stays in "function": the driver looks it up so
+        shown = f',"function_demangled":{json.dumps(readable)}' if readable != self.name else ""
+        self.head = f',"executable":{executable},"function":{json.dumps(self.name)}{shown},"function_index":{function},'
         self.render: Any = None
         self.slots: list[tuple[str, int, int, str]] = []
         if fn is None or not fn.parameters_known:

@@ -115,10 +115,20 @@ def summarize(cap: Capture) -> Summary:
         problems.insert(0, f"unsupported operations: {calls}")
     if s.missing_frames:
         problems.append(f"{s.missing_frames} payload frame(s) missing (the capture was cut short)")
+    if s.recovered and not s.operation_count:
+        problems.append(recovery_problem(s.discarded_bytes))
     s.not_replayable_because = [p for p in problems if not p.startswith(("scope end", "scope '"))]
     s.replayable = not s.not_replayable_because
     s.not_replayable_because += [p for p in problems if p.startswith(("scope end", "scope '"))]
     return s
+
+
+def recovery_problem(discarded_bytes: int) -> str:
+    """Why a recovered file that kept no operation cannot be replayed (dump-replay and run-replay say it alike)."""
+    return (
+        f"the file was recovered and no operation survived ({discarded_bytes} bytes at its end were discarded): "
+        "not replayable as captured"
+    )
 
 
 def render_summary_text(s: Summary) -> list[str]:
@@ -147,7 +157,7 @@ def render_summary_text(s: Summary) -> list[str]:
     else:
         lines.append("recovered     no (index and footer intact)")
     if s.replayable:
-        lines.append("replayable    yes (strict)")
+        lines.append("replayable    yes (strict)" + (": the recovered operations only" if s.recovered else ""))
     else:
         lines.append("replayable    no:")
         lines += [f"  - {reason}" for reason in s.not_replayable_because]

@@ -24,6 +24,7 @@ from replayfmt.dump.filters import JSONL_VERSION, DumpFilter, PayloadMode
 from replayfmt.dump.launch_json import LaunchTemplate
 from replayfmt.errors import ReplayUsageError
 from replayfmt.format import model as m
+from replayfmt.format.names import demangle
 from replayfmt.format.payloads import hash_hex
 from replayfmt.format.records import ID_OPERATIONS
 from replayfmt.version import __version__
@@ -279,7 +280,7 @@ class Dumper:
     def _names_of(self, op: m.Operation) -> list[str]:
         if isinstance(op, m.Launch):
             fn = self.function(op.executable, op.function)
-            return [fn.name] if fn else []
+            return [fn.name, demangle(fn.name)] if fn else []
         if isinstance(op, m.ScopeBegin | m.ScopeEnd):
             return [op.name]
         if isinstance(op, m.Checkpoint):
@@ -332,7 +333,7 @@ class Dumper:
         head = f"op {op.index:>7} {label:<18}"
         if isinstance(op, m.Launch):
             fn = self.function(op.executable, op.function)
-            name = fn.name if fn else f"function#{op.function}"
+            name = demangle(fn.name) if fn else f"function#{op.function}"
             extra = f" cluster={_xyz(op.cluster)}" if any(op.cluster) else ""
             return (f"{head} {name} exe={op.executable} stream={op.stream} grid={_xyz(op.grid)} "
                     f"block={_xyz(op.block)}{extra} smem={op.shared_memory} params={len(op.parameters)}B "
@@ -367,8 +368,10 @@ def _xyz(d: tuple[int, int, int]) -> str:
 
 
 def _function_row(index: int, fn: m.Function) -> dict[str, Any]:
+    readable = demangle(fn.name)
     return {
-        "index": index, "name": fn.name, "parameters_known": fn.parameters_known,
+        "index": index, "name": fn.name, **({"demangled": readable} if readable != fn.name else {}),
+        "parameters_known": fn.parameters_known,
         "parameters": [{"offset": p.offset, "size": p.size, "kind": label_of(p.kind), "name": p.name,
                         "dtype": label_of(p.dtype)} for p in fn.parameters],
         "registers": fn.registers, "static_shared_memory": fn.static_shared_memory,
@@ -383,9 +386,9 @@ def _object_names(obj: m.ObjectDef) -> list[str]:
     if isinstance(obj, m.Device):
         names.append(obj.name)
     elif isinstance(obj, m.Executable):
-        names += [fn.name for fn in obj.functions]
+        names += [fn.name for fn in obj.functions] + [demangle(fn.name) for fn in obj.functions]
     elif isinstance(obj, m.Global):
-        names.append(obj.symbol)
+        names += [obj.symbol, demangle(obj.symbol)]
     elif isinstance(obj, m.FileReference):
         names.append(obj.path)
     return names
@@ -401,13 +404,13 @@ def _object_text(obj: m.ObjectDef) -> str:
         shape = f" {label_of(obj.dtype)}{list(obj.shape)}" if obj.dtype else ""
         return f"{head}{tag} size={obj.size} device={obj.device} address={obj.address:#x}{shape}"
     if isinstance(obj, m.Executable):
-        names = ", ".join(fn.name for fn in obj.functions)
+        names = ", ".join(demangle(fn.name) for fn in obj.functions)
         return f"{head}{tag} {label_of(obj.format)} {obj.target_arch} payload#{obj.payload} functions: {names}"
     if isinstance(obj, m.FileReference):
         policy, validation = label_of(obj.policy), label_of(obj.validation)
         return f"{head}{tag} {obj.path} size={obj.size} policy={policy} validation={validation}"
     if isinstance(obj, m.Global):
-        return f"{head}{tag} {obj.symbol} exe={obj.executable} size={obj.size}"
+        return f"{head}{tag} {demangle(obj.symbol)} exe={obj.executable} size={obj.size}"
     if isinstance(obj, m.Stream | m.Event):
         return f"{head}{tag} device={obj.device} flags={obj.flags}"
     return f"{head}{tag}"

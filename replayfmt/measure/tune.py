@@ -15,6 +15,7 @@ from __future__ import annotations
 import csv
 import itertools
 import json
+import os
 import random
 import re
 import select
@@ -25,8 +26,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from replayfmt.errors import ReplayError, ReplayUsageError
+from replayfmt.errors import DeviceUnavailableError, ReplayError, ReplayUsageError
 from replayfmt.format import model as m
+from replayfmt.format.names import demangle
 from replayfmt.replay.plan import MAX_BLOCK, MAX_GRID, MAX_THREADS_PER_BLOCK, Plan
 
 CSV_FIELDS = [
@@ -144,20 +146,23 @@ def find_targets(plan: Plan, *, launch: int | None, kernel: str | None) -> Targe
         raise ReplayUsageError("give exactly one of --launch=OP and --kernel=REGEX")
     if len(plan.devices) > 1:
         raise ReplayUsageError("tune-replay tunes single-device captures only in this version")
-    pattern = re.compile(kernel) if kernel is not None else None
+    pattern = compile_kernel_pattern(kernel) if kernel is not None else None
     found: list[m.Launch] = []
     for op in plan.capture.iter_operations():
         if not isinstance(op, m.Launch):
             continue
         name = plan.function(op.executable, op.function).name
-        if (launch is not None and op.index == launch) or (pattern is not None and pattern.search(name)):
+        if (launch is not None and op.index == launch) or (
+            pattern is not None and (pattern.search(name) or pattern.search(demangle(name)))
+        ):
             found.append(op)
     if not found:
-        what = f"operation {launch} is not a launch" if launch is not None else f"no kernel matches {kernel!r}"
-        raise ReplayUsageError(f"tune-replay: {what}")
+        what = f"--launch {launch}: operation {launch} is not a launch" if launch is not None else (
+            f"--kernel {kernel!r}: no kernel matches (names: dump-replay --kind=executable CAPTURE)")  # fmt: skip
+        raise ReplayUsageError(what)
     kernels = {(op.executable, op.function) for op in found}
     if len(kernels) > 1:
-        names = sorted({plan.function(e, f).name for e, f in kernels})
+        names = sorted({demangle(plan.function(e, f).name) for e, f in kernels})
         raise ReplayUsageError(f"--kernel {kernel!r} matches several kernels ({', '.join(names)}); narrow it")
     first = found[0]
     return Targets(
@@ -169,6 +174,14 @@ def find_targets(plan: Plan, *, launch: int | None, kernel: str | None) -> Targe
         first.block,
         first.shared_memory,
     )
+
+
+def compile_kernel_pattern(kernel: str) -> re.Pattern[str]:
+    """``--kernel REGEX``, matched against raw and demangled names; a bad pattern is a usage error."""
+    try:
+        return re.compile(kernel)
+    except re.error as exc:
+        raise ReplayUsageError(f"--kernel {kernel!r}: not a regular expression ({exc})") from None
 
 
 def prune(
@@ -193,7 +206,8 @@ def prune(
         elif any(not 1 <= v <= limit for v, limit in zip(block, MAX_BLOCK)):
             reason = f"block {_dims(block)} outside the device's limits"
         elif block[0] * block[1] * block[2] > thread_limit:
-            reason = f"{block[0] * block[1] * block[2]} threads per block, over {fn.name}'s limit of {thread_limit}"
+            threads = block[0] * block[1] * block[2]
+            reason = f"{threads} threads per block, over {demangle(fn.name)}'s limit of {thread_limit}"
         elif smem > smem_limit:
             reason = f"{smem} bytes of dynamic shared memory, over the limit of {smem_limit}"
         elif c.max_registers is not None and not 16 <= c.max_registers <= 255:
@@ -241,22 +255,43 @@ def _parse_dims(text: str) -> m.Dims | None:
     return (x, y, z)
 
 
+def check_writable(path: Path, flag: str) -> None:
+    """Fail before any work when ``path`` could not be written (missing or read-only directory)."""
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        what = "is not a directory" if parent.exists() else "does not exist"
+        raise ReplayUsageError(f"{flag} {path}: {parent} {what}")
+    target = path if path.exists() else parent
+    if not os.access(target, os.W_OK):
+        raise ReplayUsageError(f"{flag} {path}: {'the file' if path.exists() else 'the directory'} is not writable")
+
+
 class CsvLog:
-    """Appends one row per result, flushed at once (an interrupted search loses nothing)."""
+    """Appends one row per result, flushed at once (an interrupted search loses nothing). The file
+    is created with the first result, so a search that never ran leaves no header-only CSV."""
 
     def __init__(self, path: Path | None, targets: Targets) -> None:
         self.targets = targets
-        self.file = None
+        self.path = path
+        self.file: Any = None
         if path is not None:
-            new = not path.exists() or path.stat().st_size == 0
+            check_writable(path, "--csv")
+
+    def _open(self, path: Path) -> None:
+        new = not path.exists() or path.stat().st_size == 0
+        try:
             self.file = path.open("a", newline="")
-            self.writer = csv.writer(self.file)
-            if new:
-                self.writer.writerow(CSV_FIELDS)
+        except OSError as exc:
+            raise ReplayUsageError(f"--csv {path}: cannot write ({exc.strerror})") from None
+        self.writer = csv.writer(self.file)
+        if new:
+            self.writer.writerow(CSV_FIELDS)
 
     def write(self, r: CandidateResult) -> None:
-        if self.file is None:
+        if self.path is None:
             return
+        if self.file is None:
+            self._open(self.path)
         verified = {True: "yes", False: "no", None: ""}[r.verified]
         self.writer.writerow(
             [
@@ -316,7 +351,8 @@ class Worker:
         reply = self._read(120.0)
         if reply is None or "ready" not in reply:
             self.stop()
-            raise ReplayError(f"tune-replay: the worker did not start: {reply.get('error') if reply else 'no reply'}")
+            why = f"the worker did not start: {reply.get('error') if reply else 'no reply'}"
+            raise (DeviceUnavailableError if reply and reply.get("unavailable") else ReplayError)(why)
 
     def _read(self, timeout: float) -> dict[str, Any] | None:
         assert self.process is not None and self.process.stdout is not None
@@ -405,7 +441,8 @@ def search(
 
 
 def plot(results: list[CandidateResult], targets: Targets, path: Path) -> None:
-    """A heatmap of the median time over grid x block (grey: failed), the baseline outlined."""
+    """Draw the results to ``path`` (PNG): a line chart over one swept axis, a heatmap over two
+    (see replayfmt.measure.tune_plot)."""
     try:
         import matplotlib
 
@@ -413,40 +450,15 @@ def plot(results: list[CandidateResult], targets: Targets, path: Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         raise ReplayUsageError("--plot needs matplotlib: pip install 'replayfmt[plot]'") from None
-    import numpy as np
+    from replayfmt.measure.tune_plot import figure
 
-    def label(d: m.Dims | None, captured: m.Dims) -> str:
-        d = d or captured
-        return str(d[0]) if d[1:] == (1, 1) else _dims(d)
-
-    grids = sorted(
-        {label(r.candidate.grid, targets.grid) for r in results}, key=lambda s: [int(v) for v in s.split(",")]
-    )
-    blocks = sorted(
-        {label(r.candidate.block, targets.block) for r in results}, key=lambda s: [int(v) for v in s.split(",")]
-    )
-    values = np.full((len(grids), len(blocks)), np.nan)
-    for r in results:
-        if r.ok and r.median_ms is not None:
-            i, j = (
-                grids.index(label(r.candidate.grid, targets.grid)),
-                blocks.index(label(r.candidate.block, targets.block)),
-            )
-            values[i, j] = r.median_ms if np.isnan(values[i, j]) else min(values[i, j], r.median_ms)
-    fig, ax = plt.subplots(figsize=(1.2 + 0.8 * len(blocks), 1.2 + 0.5 * len(grids)))
-    ax.set_facecolor("#bbbbbb")
-    image = ax.imshow(np.ma.masked_invalid(values), cmap="viridis_r", aspect="auto")
-    fig.colorbar(image, ax=ax, label="median device time (ms)")
-    ax.set_xticks(range(len(blocks)), blocks, rotation=45)
-    ax.set_yticks(range(len(grids)), grids)
-    ax.set_xlabel("block")
-    ax.set_ylabel("grid")
-    base_i, base_j = grids.index(label(None, targets.grid)), blocks.index(label(None, targets.block))
-    ax.add_patch(plt.Rectangle((base_j - 0.5, base_i - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=2))
-    ax.set_title(f"{targets.kernel} (red: captured shape; grey: failed or pruned)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    fig = figure(results, targets)
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as exc:
+        raise ReplayUsageError(f"--plot {path}: cannot write ({exc.strerror})") from None
+    finally:
+        plt.close(fig)
 
 
 def override_flags(targets: Targets, c: Candidate) -> str:

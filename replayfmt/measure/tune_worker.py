@@ -11,7 +11,7 @@ from typing import Any
 
 from replayfmt.container.files import FileRemap
 from replayfmt.cuda.driver import check
-from replayfmt.errors import DeviceError, ReplayError
+from replayfmt.errors import DeviceError, DeviceUnavailableError, ReplayError
 from replayfmt.replay.compare import Tolerance
 from replayfmt.replay.options import ReplayOptions
 from replayfmt.replay.plan import PlanOptions, Substitution
@@ -52,8 +52,8 @@ def _serve(session: ReplaySession, config: dict[str, Any]) -> int:
             pair = (check(cu.cuEventCreate(0), "event"), check(cu.cuEventCreate(0), "event"))
             replayer.wrap_with_events(op.index, *pair)
             events.append(pair)
-    except ReplayError as exc:
-        _reply({"error": str(exc)})
+    except ReplayError as exc:  # "unavailable": no driver or GPU here (the tool exits 2, as the others do)
+        _reply({"error": str(exc), "unavailable": isinstance(exc, DeviceUnavailableError)})
         return 1
     _reply({"ready": True})
     cap_used = False  # whether a register cap was ever applied (then None must restore the original)

@@ -26,6 +26,7 @@ from replayfmt.errors import (
 from replayfmt.format import model as m
 from replayfmt.format.cubin import CubinError, CubinInfo, detect_format, parse_cubin
 from replayfmt.format.model import EXECUTABLE_FORMATS
+from replayfmt.format.names import demangle
 
 _K = m.OperationKind
 MAX_GRID = (2**31 - 1, 65535, 65535)
@@ -224,7 +225,7 @@ class Plan:
             "operations    " + ", ".join(f"{k} {v}" for k, v in sorted(self.operation_counts.items())),
         ]
         for eid, image in sorted(self.images.items()):
-            names = ", ".join(fn.name for fn in image.executable.functions)
+            names = ", ".join(demangle(fn.name) for fn in image.executable.functions)
             abi = "ABI checked from cubin metadata" if image.abi_checked else "ABI checked at load"
             lines.append(f"executable    #{eid} {image.format.name.lower()} from {image.source} ({abi}): {names}")
         for fid, resolved in sorted(self.files.items()):
@@ -314,10 +315,11 @@ def _plan_executables(
     executables = {i: o for i, o in objects.items() if isinstance(o, m.Executable)}
     for target in subs:
         if target is not None and target not in executables:
-            kind = objects[target].kind.label if target in objects else "nothing"
+            what = f"object {target} is a {objects[target].kind.label}, not an executable" if target in objects else (
+                f"the capture has no object {target}")  # fmt: skip
             raise ReplayUsageError(
-                f"--executable-substitution {target}: object {target} is {'a ' + kind if target in objects else kind}, "
-                f"not an executable; executables: {', '.join(map(str, sorted(executables))) or 'none'}"
+                f"--executable-substitution {target}: {what}; "
+                f"executables: {', '.join(map(str, sorted(executables))) or 'none'}"
             )
     captured_images: dict[tuple[int, int], bytes] = {}  # a recorder writes one executable per kernel of a module
     for eid, exe in executables.items():
@@ -335,7 +337,10 @@ def _plan_executables(
                     raise ReplayUsageError(
                         f"--executable-substitution {eid}: cannot read {sub.path} ({exc.strerror})"
                     ) from None
-                detected = EXECUTABLE_FORMATS[detect_format(data)]
+                try:
+                    detected = EXECUTABLE_FORMATS[detect_format(data)]
+                except CubinError as exc:
+                    raise CubinError(f"--executable-substitution {eid}: {sub.path}: {exc}") from None
                 if sub.format is not None and sub.format != detected:
                     raise ReplayUsageError(
                         f"--executable-substitution {eid}: {sub.path} is a {detected.name.lower()}, "
@@ -345,16 +350,38 @@ def _plan_executables(
             if image.format == m.ExecutableFormat.CUBIN and image.data[:4] == b"\x7fELF":
                 try:
                     image.cubin = parse_cubin(image.data)
-                except CubinError:
+                except CubinError as exc:
                     if sub is not None:
-                        raise
+                        raise CubinError(f"--executable-substitution {eid}: {sub.path}: {exc}") from None
                     # the captured image is for the driver to judge at load; only substitutes must parse
                 if image.cubin is not None:
+                    if sub is not None:
+                        _check_substitute_arch(plan, eid, exe, image)
                     _check_cubin_abi(eid, exe, image, launched.get(eid, set()))
             plan.images[eid] = image
         except (CubinError, AbiMismatchError) as exc:
             checker.fail(exc)
             plan.images[eid] = ExecutableImage(exe, b"", exe.format, "unusable")
+
+
+def _check_substitute_arch(plan: Plan, eid: int, exe: m.Executable, image: ExecutableImage) -> None:
+    """A cubin runs only on its own major architecture, at its minor version or newer: compare a
+    substitute's with the captured executable's target (or, without one, the captured devices')."""
+    assert image.cubin is not None
+    have = divmod(image.cubin.arch, 10)
+    target = re.fullmatch(r"sm_(\d+)(\d)[a-z]?", exe.target_arch or "")
+    wanted = [(int(target[1]), int(target[2]))] if target else [d.compute_capability for d in plan.devices]
+    for major, minor in wanted:
+        if major and (have[0] != major or have[1] > minor):
+            where = (
+                f"the captured executable targets sm_{major}{minor}"
+                if target
+                else f"the capture's device is sm_{major}{minor}"
+            )
+            raise AbiMismatchError(
+                f"executable {eid}: {image.source} is a cubin for sm_{have[0]}{have[1]}, but {where}: "
+                f"it cannot run it (rebuild it with -arch=sm_{major}{minor})"
+            )
 
 
 def _captured_image(plan: Plan, eid: int, exe: m.Executable) -> bytes:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,7 @@ import click
 
 from replayfmt.cuda.address_space import restart_without_aslr
 from replayfmt.errors import ReplayUsageError
+from replayfmt.format.names import demangle
 from replayfmt.measure.benchmark import Benchmark, BenchmarkOptions, BenchmarkResult, find_region
 from replayfmt.replay.options import ReplayOptions
 from replayfmt.replay.replayer import open_replay
@@ -28,7 +31,7 @@ Device time comes from CUDA events around the region, joined across every captur
 \b
 Examples:
   benchmark-replay --scope=decode cap.kreplay
-  benchmark-replay --scope=decode --mode=graph --per-kernel --format=json cap.kreplay > base.json
+  benchmark-replay --scope=decode --mode=graph --per-kernel --format=json --output=base.json cap.kreplay
   benchmark-replay --scope=decode --executable-substitution=5=new.cubin --compare-to=base.json cap.kreplay
   benchmark-replay --trace=iteration.json --per-kernel cap.kreplay
 """
@@ -48,19 +51,20 @@ def _text(result: BenchmarkResult) -> list[str]:
         )
     if result.kernels:
         lines.append("per operation (median device ms):")
-        lines += [f"  op {k.operation:>7} {k.name:<40} {k.device_ms.median:.4f}" for k in result.kernels]
+        lines += [f"  op {k.operation:>7} {demangle(k.name):<40} {k.device_ms.median:.4f}" for k in result.kernels]
     return lines
 
 
 def _csv(result: BenchmarkResult) -> str:
     out = io.StringIO()
     writer = csv.writer(out)
-    writer.writerow(["what", "name", "operation", "min_ms", "median_ms", "mean_ms", "stddev_ms", "p90_ms"])
+    writer.writerow(["what", "name", "operation", "min_ms", "median_ms", "mean_ms", "stddev_ms", "p90_ms",
+                     "name_demangled"])  # fmt: skip
     s = result.device_ms
-    writer.writerow(["scope", result.scope or "", "", s.min, s.median, s.mean, s.stddev, s.p90])
+    writer.writerow(["scope", result.scope or "", "", s.min, s.median, s.mean, s.stddev, s.p90, ""])
     for k in result.kernels:
         s = k.device_ms
-        writer.writerow(["operation", k.name, k.operation, s.min, s.median, s.mean, s.stddev, s.p90])
+        writer.writerow(["operation", k.name, k.operation, s.min, s.median, s.mean, s.stddev, s.p90, demangle(k.name)])
     return out.getvalue()
 
 
@@ -82,7 +86,7 @@ def _compare(result: BenchmarkResult, baseline_path: Path) -> list[str]:
         if old:
             before, after = float(old["device_ms"]["median"]), k.device_ms.median
             lines.append(
-                f"  op {k.operation:>7} {k.name:<40} {before:.4f} -> {after:.4f} ms  "
+                f"  op {k.operation:>7} {demangle(k.name):<40} {before:.4f} -> {after:.4f} ms  "
                 f"{before / after if after else float('inf'):.3f}x"
             )
     return lines
@@ -110,12 +114,27 @@ def _compare(result: BenchmarkResult, baseline_path: Path) -> list[str]:
 )
 @click.option("--flush-l2", is_flag=True, help="Flush the L2 cache before every iteration.")
 @click.option("--per-kernel", is_flag=True, help="Also time every launch and copy of the region.")
-@click.option("--format", "fmt", type=click.Choice(["text", "json", "csv"]), default="text", show_default=True)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json", "csv"]),
+    default="text",
+    show_default=True,
+    help="json: the result for --compare-to and scripts; csv: one row for the scope and one per operation.",
+)
 @click.option(
     "--compare-to",
     type=click.Path(dir_okay=False, path_type=Path),
     metavar="BASELINE.json",
     help="Print the speedup against an earlier --format=json result, per scope and operation.",
+)
+@click.option(
+    "--output",
+    "output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FILE",
+    help="Write the result (in --format) to FILE instead of stdout, only once the run succeeded "
+    "(a failed run leaves no file, where a shell's > would leave an empty one).",
 )
 @click.option(
     "--trace",
@@ -136,6 +155,7 @@ def main(
     flush_l2: bool,
     per_kernel: bool,
     fmt: str,
+    output: Path | None,
     compare_to: Path | None,
     trace: Path | None,
     devices: tuple[str, ...],
@@ -155,6 +175,8 @@ def main(
     replay = ReplayOptions(devices=parse_devices(devices), uploads_from_host=True, nvtx=nvtx)
     if trace is not None and trace.exists():
         raise ReplayUsageError(f"--trace: {trace} already exists; choose another file")
+    if output is not None:
+        check_output(output)
     with open_replay(capture, options) as session:
         region = find_region(session.capture, scope)  # before any device work: a bad --scope fails fast
         bench = Benchmark(
@@ -173,16 +195,57 @@ def main(
         )
         result = _run_with_progress(bench)
     if fmt == "json":
-        click.echo(json.dumps(result.to_json(), indent=2))
+        text = json.dumps(result_json(result), indent=2) + "\n"
     elif fmt == "csv":
-        click.echo(_csv(result), nl=False)
+        text = _csv(result)
     else:
-        for line in _text(result):
-            click.echo(line)
+        text = "".join(line + "\n" for line in _text(result))
+    if output is None:
+        click.echo(text, nl=False)
+    else:
+        write_atomically(output, text)
+        click.echo(f"result: {output}", err=True)
     if compare_to is not None:
         for line in _compare(result, compare_to):
-            click.echo(line, err=fmt != "text")
+            click.echo(line, err=fmt != "text" and output is None)
     return EXIT_OK
+
+
+def result_json(result: BenchmarkResult) -> dict[str, Any]:
+    """The JSON result; each kernel's raw symbol stays in ``name`` (what --compare-to matches), a
+    mangled one gains ``name_demangled``."""
+    row = result.to_json()
+    for kernel in row.get("kernels", []):
+        readable = demangle(kernel["name"])
+        if readable != kernel["name"]:
+            kernel["name_demangled"] = readable
+    return row
+
+
+def check_output(path: Path) -> None:
+    """--output: refuse, before any work, a file that exists or a directory that cannot take it."""
+    if path.exists():
+        raise ReplayUsageError(f"--output: {path} already exists; choose another file")
+    parent = path.parent
+    if not parent.is_dir():
+        raise ReplayUsageError(
+            f"--output {path}: {parent} {'is not a directory' if parent.exists() else 'does not exist'}"
+        )
+    if not os.access(parent, os.W_OK):
+        raise ReplayUsageError(f"--output {path}: the directory {parent} is not writable")
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same directory, renamed into place:
+    a reader never sees a partial result, and a failure leaves nothing behind."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise ReplayUsageError(f"--output {path}: cannot write ({exc.strerror})") from None
 
 
 def _run_with_progress(bench: Benchmark) -> BenchmarkResult:

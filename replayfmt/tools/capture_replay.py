@@ -30,7 +30,8 @@ from replayfmt.tools.common import agents_md_option, reports_errors
               help="Mark buffers for replay at their recorded addresses (re-runs with ASLR off).")  # fmt: skip
 @click.option("--file-policy", type=click.Choice([p.label for p in m.FilePolicy]), default="reference",
               show_default=True, help="For copies from file mappings and modules loaded from files.")  # fmt: skip
-@click.option("--file-validation", type=click.Choice(["identity", "digest"]), default="identity", show_default=True)
+@click.option("--file-validation", type=click.Choice(["identity", "digest"]), default="identity", show_default=True,
+              help="How replay checks referenced files: identity (the same file) or digest (same bytes).")  # fmt: skip
 @click.option("--label-tensors", is_flag=True, help="Type buffers from every PyTorch op's tensors (slower).")
 @click.option("--quiet", is_flag=True, help="Do not print the report at the end.")
 @agents_md_option("capture-replay")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -61,14 +62,34 @@ def _jq_lines(program_text: str, rows: Iterator[str]) -> Iterator[str]:
     try:
         program = jq.compile(program_text)
     except ValueError as exc:
-        raise ReplayUsageError(f"--jq: {str(exc).splitlines()[0]}") from None
+        raise ReplayUsageError(f"--jq: {_jq_message(exc)}") from None
     for row in rows:
         try:
             text = program.input_text(row).text()
         except ValueError as exc:
-            raise ReplayUsageError(f"--jq: {str(exc).splitlines()[0]}") from None
+            raise ReplayUsageError(f"--jq: {_jq_message(exc)}") from None
         if text:
             yield text
+
+
+def _jq_message(exc: ValueError) -> str:
+    """jq's message with its program and caret lines (where the error is), without its own
+    ``jq: error:`` prefix and ``jq: N compile error`` trailer."""
+    lines = [line for line in str(exc).splitlines() if not re.fullmatch(r"jq: \d+ compile errors?", line)]
+    if lines:
+        lines[0] = lines[0].removeprefix("jq: error: ")
+    return "\n".join(lines) or "jq failed"
+
+
+def _check_usage(
+    cap: replayfmt.Capture, fmt: str, payloads: str, object_id: int | None, jq_program: str | None
+) -> None:
+    """Flags that would otherwise do nothing, silently."""
+    if payloads != "none" and fmt != "jsonl" and not jq_program:
+        raise ReplayUsageError(f"--payloads={payloads} applies to JSONL rows: add --format=jsonl (or use --jq)")
+    if object_id is not None and not 1 <= object_id <= cap.object_count:
+        have = f"objects 1 to {cap.object_count}" if cap.object_count else "no objects"
+        raise ReplayUsageError(f"--object {object_id}: the capture has {have}")
 
 
 @click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
@@ -117,6 +138,7 @@ def main(
     except ReplayFormatError as exc:
         raise ToolExit(EXIT_USAGE, f"error: {exc}") from None
     with cap:
+        _check_usage(cap, fmt, payloads, object_id, jq_program)
         dumper = Dumper(cap, filter=dump_filter, payloads=payload_mode, payload_dir=payload_dir)
         summary = summarize(cap)
         if fmt == "json" and not jq_program:

@@ -3,6 +3,7 @@ decorators, with their help) and turned into the library's option objects in one
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -65,6 +66,14 @@ def source_options(fn: F) -> F:
     )
 
 
+def tolerance_value(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    """Callback for --rtol/--atol: a finite, non-negative number (a negative one would fail every
+    comparison, NaN would pass every one)."""
+    if value is not None and not (math.isfinite(value) and value >= 0):
+        raise click.BadParameter(f"{value:g} is not a finite number >= 0", ctx=ctx, param=param)
+    return value
+
+
 def replay_options(fn: F) -> F:
     """--device (repeatable), the source options, --launch, --nvtx."""
     return _apply(
@@ -103,8 +112,12 @@ def tolerance_options(fn: F) -> F:
                 is_flag=True,
                 help="Compare floating-point buffers of known dtype with per-dtype tolerances instead of bytes.",
             ),
-            click.option("--rtol", type=float, help="Relative tolerance (implies --tolerance)."),
-            click.option("--atol", type=float, help="Absolute tolerance (implies --tolerance)."),
+            click.option(
+                "--rtol", type=float, callback=tolerance_value, help="Relative tolerance (implies --tolerance)."
+            ),
+            click.option(
+                "--atol", type=float, callback=tolerance_value, help="Absolute tolerance (implies --tolerance)."
+            ),
         ],
     )
 

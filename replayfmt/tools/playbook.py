@@ -1,6 +1,8 @@
 """The Markdown playbook that every tool prints with ``--agents-md``: one shared part, plus each
-tool's own notes. It says only what this version of replayfmt does; what is still to come is
-marked as such."""
+tool's own notes. It says only what this version of replayfmt does.
+
+Every fenced command and snippet here runs as written from a checkout (tests/test_playbook.py
+executes those that need no GPU and parses the flags of the others)."""
 
 from __future__ import annotations
 
@@ -8,33 +10,86 @@ SHARED = """\
 # replayfmt playbook
 
 replayfmt captures GPU work into one `.kreplay` file and works on it without the original
-program. Tools: `dump-replay` (inspect), `run-replay` (rebuild and execute on a GPU),
-`benchmark-replay` (time it). Every tool prints this page with `--agents-md`.
+program. Five tools, each printing this page with `--agents-md`:
+
+| tool | does | needs a GPU |
+|---|---|---|
+| `capture-replay` (also `python -m replayfmt.capture`) | record a Python program's GPU work | yes |
+| `dump-replay` | inspect: summary, one line or JSON row per record, jq | no |
+| `run-replay` | rebuild and run it, verify checkpoints; `--dry-run` checks everything else | yes (not `--dry-run`) |
+| `benchmark-replay` | time a scope of it from the same starting state | yes |
+| `tune-replay` | search launch shapes, every candidate verified | yes |
+
+Every command on this page runs as written, from a checkout of replayfmt, on the example
+capture (a saxpy kernel: executable 5, launch operation 9, scope `saxpy`):
+
+```sh
+cp examples/saxpy.kreplay cap.kreplay    # or rebuild it: python examples/make_saxpy_capture.py --output cap.kreplay
+```
 
 ## The failure contract
 
 * Exit 0: success. Exit 1: the work ran but found a problem (damaged or truncated file, a
-  mismatch, failed verification). Exit 2: usage, format or environment error.
+  mismatch, failed verification). Exit 2: usage, format or environment error (no GPU or driver).
 * Errors are one line on stderr, never a traceback: what failed, where (file offset, record,
   operation index, object id) and what to try.
 * Replay is strict: anything that cannot be reproduced (an `unsupported` operation, a missing or
   changed file, a corrupted payload) fails loudly instead of being skipped.
 * Nothing you have is overwritten without asking.
+* Kernel names are shown demangled; JSON keeps the raw symbol (`function`) and adds
+  `function_demangled` when they differ.
 
 ## Capture
 
-From Python, with the writer (the CUPTI recorder `python -m replayfmt.capture` is still to come):
+With the recorder, from any Python program, no code change (needs a GPU and
+`pip install -e '.[capture]'`):
+
+```sh
+python -m replayfmt.capture -o add.kreplay examples/capture/triton_add.py
+python -m replayfmt.capture -o k.kreplay --mode kernel --kernels add_kernel examples/capture/triton_add.py
+```
+
+Or with the writer, from Python, no GPU (a complete script: `examples/make_saxpy_capture.py`;
+this one needs nvcc to build the kernel):
 
 ```python
+import subprocess
+
+import numpy as np
+
 import replayfmt
 from replayfmt.format import model as m
-with replayfmt.CaptureWriter("out.kreplay") as w:
-    buf = w.add_object(m.Buffer(size=4096, dtype=m.DType.FLOAT32, shape=(1024,)))
-    w.copy_h2d(dst_buffer=buf, data=host_array)
+
+subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-o", "saxpy.cubin", "examples/kernels/saxpy.cu"], check=True)
+n = 4096
+x = np.arange(n, dtype=np.float32)
+y = np.ones(n, dtype=np.float32)
+saxpy = m.Function(name="saxpy", parameters_known=True, parameters=(
+    m.Parameter(offset=0, size=4, kind=m.ParameterKind.VALUE, name="a", dtype=m.DType.FLOAT32),
+    m.Parameter(offset=8, size=8, kind=m.ParameterKind.POINTER, name="x"),
+    m.Parameter(offset=16, size=8, kind=m.ParameterKind.POINTER, name="y"),
+    m.Parameter(offset=24, size=4, kind=m.ParameterKind.VALUE, name="n", dtype=m.DType.INT32),
+))
+with replayfmt.CaptureWriter("mine.kreplay") as w:
+    dev = w.add_object(m.Device(name="NVIDIA H100", compute_capability=(9, 0)))
+    bx = w.add_object(m.Buffer(size=x.nbytes, device=dev, dtype=m.DType.FLOAT32, shape=(n,)))
+    by = w.add_object(m.Buffer(size=y.nbytes, device=dev, dtype=m.DType.FLOAT32, shape=(n,)))
+    with open("saxpy.cubin", "rb") as f:
+        image = w.add_payload(f.read())
+    exe = w.add_object(m.Executable(format=m.ExecutableFormat.CUBIN, target_arch="sm_90", payload=image,
+                                    functions=(saxpy,)))
+    w.module_load(exe, dev)
+    w.copy_h2d(dst_buffer=bx, data=x)
+    w.copy_h2d(dst_buffer=by, data=y)
+    params = np.float32(2.0).tobytes() + bytes(20) + np.int32(n).tobytes() + bytes(4)  # a, x, y, n
     with w.scope("step"):
-        w.launch(executable=exe, function=0, grid=(4, 1, 1), block=(256, 1, 1),
-                 parameters=param_bytes, relocations=[m.Relocation(0, buf, 8, 0)])
-    w.checkpoint({buf: expected_bytes})   # what replay must reproduce
+        w.launch(executable=exe, function=0, grid=(n // 256, 1, 1), block=(256, 1, 1), parameters=params,
+                 relocations=[m.Relocation(0, bx, 8, 0), m.Relocation(0, by, 16, 0)])  # x at 8, y at 16
+    w.checkpoint({by: (np.float32(2.0) * x + y).astype(np.float32)})  # what replay must reproduce
+```
+
+```sh
+run-replay --dry-run mine.kreplay
 ```
 
 ## Inspect
@@ -43,8 +98,8 @@ with replayfmt.CaptureWriter("out.kreplay") as w:
 dump-replay cap.kreplay                         # summary (replayable? why not?) + one line per record
 dump-replay --format=json cap.kreplay           # the summary alone, for scripts
 dump-replay --format=jsonl cap.kreplay          # row 1 file, row 2 summary, then objects and operations
-dump-replay --kind=launch --grep=gemm cap.kreplay
-dump-replay --ops=100:200 --object=7 cap.kreplay
+dump-replay --kind=launch --grep=saxpy cap.kreplay
+dump-replay --ops=0:10 --object=5 cap.kreplay
 ```
 
 jq recipes (`--jq` runs jq in-process; no jq binary needed):
@@ -52,17 +107,17 @@ jq recipes (`--jq` runs jq in-process; no jq binary needed):
 ```sh
 # kernel names and launch shapes
 dump-replay --jq 'select(.kind=="launch") | [.function, .grid, .block] | @json' cap.kreplay
-# how many launches per kernel (aggregations need the whole stream: pipe into jq -s)
+# how many launches per kernel (aggregations need the whole stream: pipe into the jq binary, jq -s)
 dump-replay --format=jsonl --kind=launch cap.kreplay \\
   | jq -s 'map(select(.kind=="launch")) | group_by(.function) | map({kernel: .[0].function, n: length})'
 # executables and their functions (ids for --executable-substitution)
 dump-replay --jq 'select(.kind=="executable") | {id, functions: [.functions[].name]}' cap.kreplay
 # files the capture needs (paths for --file-remap)
 dump-replay --jq 'select(.kind=="file_reference") | {id, path, policy, validation}' cap.kreplay
-# why the capture cannot be replayed
-dump-replay --format=json cap.kreplay | jq '.not_replayable_because'
-# payload bytes of one copy, as files
-dump-replay --kind=copy_h2d --payloads=files:out/ cap.kreplay
+# why the capture cannot be replayed (empty when it can)
+dump-replay --jq 'select(.kind=="summary") | .not_replayable_because' cap.kreplay
+# payload bytes of the uploads, one file per payload (JSONL only: --payloads works on rows)
+dump-replay --format=jsonl --kind=copy_h2d --payloads=files:payloads/ cap.kreplay
 ```
 
 ## Run
@@ -82,13 +137,14 @@ Find the executable id, build a replacement with the same kernel names and param
 
 ```sh
 dump-replay --jq 'select(.kind=="executable") | {id, functions: [.functions[].name]}' cap.kreplay
-nvcc -cubin -arch=sm_90 -o new.cubin kernel.cu
-run-replay --dry-run --executable-substitution=5=new.cubin cap.kreplay   # ABI checked without a GPU
+nvcc -cubin -arch=sm_90 -o new.cubin examples/kernels/saxpy.cu
+run-replay --dry-run --executable-substitution=5=new.cubin cap.kreplay   # ABI and architecture checked without a GPU
 run-replay --verify --executable-substitution=5@cubin=new.cubin cap.kreplay
 ```
 
 Every launched function must exist in the substitute with the same parameter offsets and sizes;
-the first difference is printed as `captured=(...) loaded=(...)`. `all=PATH` substitutes every
+the first difference is printed as `captured=(...) loaded=(...)`. A cubin must be built for the
+captured architecture (sm_80 code does not run on an sm_90 device). `all=PATH` substitutes every
 executable (alone only).
 
 ## Remap files
@@ -106,7 +162,7 @@ capture made with digest validation.
 ## Change a launch's shape
 
 ```sh
-run-replay --launch=42:grid=128,1,1,block=256,smem=0 --verify --repetitions=10 cap.kreplay
+run-replay --launch=9:grid=32,1,1,block=128,smem=0 --verify --repetitions=10 cap.kreplay
 ```
 
 Overrides are checked against the grid/block limits and the function's threads-per-block and
@@ -116,21 +172,31 @@ computes the right answer with that shape.
 ## Benchmark
 
 ```sh
-benchmark-replay --scope=step cap.kreplay                     # min/median/mean/stddev/p90, device and host
-benchmark-replay --scope=step --per-kernel --format=json cap.kreplay > base.json
-benchmark-replay --scope=step --executable-substitution=5=new.cubin --compare-to=base.json cap.kreplay
-benchmark-replay --scope=step --mode=graph --flush-l2 --repetitions=100 cap.kreplay
-benchmark-replay --scope=step --trace=iteration.json cap.kreplay   # open in ui.perfetto.dev
+benchmark-replay --scope=saxpy cap.kreplay                    # min/median/mean/stddev/p90, device and host
+benchmark-replay --scope=saxpy --per-kernel --format=json --output=base.json cap.kreplay
+benchmark-replay --scope=saxpy --executable-substitution=5=new.cubin --compare-to=base.json cap.kreplay
+benchmark-replay --scope=saxpy --mode=graph --flush-l2 --repetitions=100 cap.kreplay
+benchmark-replay --scope=saxpy --trace=iteration.json cap.kreplay   # open in ui.perfetto.dev
 ```
 
-Scope names are in the summary (`dump-replay --summary`).
+`--output` writes the result only once the run succeeded (a shell's `> base.json` would leave an
+empty file behind a failed run). Scope names are in the summary (`dump-replay --summary`).
+
+## Tune
+
+```sh
+tune-replay --launch=9 --block "64;128;256;512" --csv=tune.csv --plot=tune.png cap.kreplay
+tune-replay --kernel=saxpy --grid "8;16;32" --block "128;256" --plot=grid-block.png cap.kreplay
+```
+
+The best shape is printed as ready `run-replay --launch=...` flags.
 """
 
 TOOLS = {
     "capture-replay": """\
 ## capture-replay notes (python -m replayfmt.capture)
 
-* Needs cupti-python matching the driver's CUPTI (`pip install 'replayfmt[capture]'`); CUPTI
+* Needs cupti-python matching the driver's CUPTI (`pip install -e '.[capture]'`); CUPTI
   allows one subscriber, so torch.profiler, nsys or ncu in the same process is a clear error.
 * Region mode (default) records everything; `--scope NAME` only inside
   `replayfmt.capture.scope(NAME)` blocks. The first touch of an allocation uploads its contents;
@@ -198,8 +264,9 @@ TOOLS = {
   `--strategy=random --budget=N` for large spaces.
 * Every candidate is verified against the checkpoints: a shape that computes the wrong answer is
   reported as such, however fast. Faults and hangs (`--timeout`) are isolated in a worker process.
-* `--csv` streams results and resumes; `--plot` draws grid x block; the winner is printed as
-  `run-replay --launch=...` flags.
+* `--csv` streams results and resumes; `--plot` draws a line chart over one swept axis or a
+  heatmap over two, the captured shape marked; the winner is printed as `run-replay --launch=...`
+  flags.
 """,
     "benchmark-replay": """\
 ## benchmark-replay notes
@@ -212,7 +279,7 @@ TOOLS = {
   event edges (same device-side order).
 * Uploads inside the scope stay host-to-device copies from pinned memory, as in the program.
 * `--nvtx` wraps scopes and launches in NVTX ranges, so Nsight tools can select them:
-  `ncu --nvtx --nvtx-include "step/" benchmark-replay --nvtx --scope=step --repetitions=1 cap.kreplay`.
+  `ncu --nvtx --nvtx-include "saxpy/" benchmark-replay --nvtx --scope=saxpy --repetitions=1 cap.kreplay`.
   `--trace` writes a per-stream timeline of one iteration without any profiler.
 """,
 }

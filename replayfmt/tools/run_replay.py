@@ -6,7 +6,9 @@ from pathlib import Path
 
 import click
 
+from replayfmt.container.reader import Capture
 from replayfmt.cuda.address_space import restart_without_aslr
+from replayfmt.dump import recovery_problem
 from replayfmt.replay.options import ReplayOptions
 from replayfmt.replay.replayer import open_replay
 from replayfmt.tools.common import EXIT_OK, EXIT_PROBLEM, ToolExit, agents_md_option, reports_errors
@@ -101,13 +103,14 @@ def main(
         plan = session.plan
         for line in plan.describe():
             click.echo(line)
-        for problem in plan.problems:
+        problems = [*plan.problems, *_recovery_lines(session.capture)]
+        for problem in problems:
             click.echo(f"run-replay: error: {problem}", err=True)
         if dry_run:
-            click.echo(f"dry run: plan {'has problems' if plan.problems else 'OK'}; nothing was executed")
-            return EXIT_PROBLEM if plan.problems else EXIT_OK
-        if plan.problems:
-            raise ToolExit(EXIT_PROBLEM, f"{len(plan.problems)} problem(s); nothing was executed")
+            click.echo(f"dry run: plan {'has problems' if problems else 'OK'}; nothing was executed")
+            return EXIT_PROBLEM if problems else EXIT_OK
+        if problems:
+            raise ToolExit(EXIT_PROBLEM, f"{len(problems)} problem(s); nothing was executed")
         replayer = session.start(replay)
         for k, gpu in enumerate(replayer.gpus):
             major, minor = gpu.compute_capability
@@ -129,6 +132,16 @@ def main(
     if verify and result.reports:
         click.echo(f"verified: {len(result.reports)} buffer range(s) match")
     return EXIT_OK
+
+
+def _recovery_lines(cap: Capture) -> list[str]:
+    """Say that a file was recovered (a prefix of the capture replays); a problem when nothing survived."""
+    if not cap.recovered:
+        return []
+    kept = f"; only the {cap.operation_count} recovered operations replay" if cap.operation_count else ""
+    click.echo(f"recovered     yes: the file was not closed properly; {cap.discarded_bytes} bytes at its end were "
+               f"discarded ({cap.recovery_reason}){kept}")  # fmt: skip
+    return [] if cap.operation_count else [recovery_problem(cap.discarded_bytes)]
 
 
 if __name__ == "__main__":

@@ -9,11 +9,14 @@ import click
 from replayfmt.cuda.address_space import restart_without_aslr
 from replayfmt.errors import ReplayUsageError
 from replayfmt.format import model as m
+from replayfmt.format.names import demangle
 from replayfmt.measure.tune import (
     CsvLog,
     SearchSpace,
     Worker,
     WorkerConfig,
+    check_writable,
+    compile_kernel_pattern,
     find_targets,
     order,
     override_flags,
@@ -46,7 +49,9 @@ Examples:
 @click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("capture", type=click.Path(path_type=Path))
 @click.option("--launch", "launch_op", type=int, metavar="OP", help="Tune this launch operation.")
-@click.option("--kernel", metavar="REGEX", help="Tune every launch of the kernel whose name matches, together.")
+@click.option(
+    "--kernel", metavar="REGEX", help="Tune every launch of the kernel whose name (raw or demangled) matches, together."
+)
 @click.option("--grid", "grids", multiple=True, metavar="LIST", help="Grids to try: X or X,Y,Z, ';'-separated.")
 @click.option("--block", "blocks", multiple=True, metavar="LIST", help="Blocks to try: X or X,Y,Z, ';'-separated.")
 @click.option("--smem", "smems", multiple=True, metavar="LIST", help="Dynamic shared memory sizes (bytes) to try.")
@@ -57,10 +62,28 @@ Examples:
     metavar="LIST",
     help="Register caps to try by re-JITting the PTX (the capture must hold the executable as PTX).",
 )
-@click.option("--strategy", type=click.Choice(["grid", "random"]), default="grid", show_default=True)
+@click.option(
+    "--strategy",
+    type=click.Choice(["grid", "random"]),
+    default="grid",
+    show_default=True,
+    help="grid: every point in order; random: a shuffled order (with --budget, a random sample).",
+)
 @click.option("--budget", type=click.IntRange(min=1), help="Evaluate at most N candidates (after pruning).")
-@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True)
-@click.option("--repetitions", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option(
+    "--warmup",
+    type=click.IntRange(min=0),
+    default=2,
+    show_default=True,
+    help="Untimed runs of each candidate before timing.",
+)
+@click.option(
+    "--repetitions",
+    type=click.IntRange(min=1),
+    default=10,
+    show_default=True,
+    help="Timed runs of each candidate (the median is reported).",
+)
 @click.option(
     "--timeout",
     type=click.FloatRange(min=0.1),
@@ -82,7 +105,8 @@ Examples:
     "plot_path",
     type=click.Path(dir_okay=False, path_type=Path),
     metavar="FILE.png",
-    help="A heatmap of the median time over grid x block, the captured shape outlined.",
+    help="Draw the results: a line chart when one axis is swept, a heatmap over two (e.g. grid x block); "
+    "the captured shape marked, failures shown.",
 )
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True, help="Rows in the table.")
 @click.option("--device", default="cuda:0", show_default=True, metavar="cuda:N", help="The device to tune on.")
@@ -125,6 +149,12 @@ def main(
         raise ReplayUsageError("give a search space: --grid, --block, --smem and/or --max-registers")
     if plot_path is not None and plot_path.exists():
         raise ReplayUsageError(f"--plot: {plot_path} already exists; choose another file")
+    if plot_path is not None:
+        check_writable(plot_path, "--plot")
+    if csv_path is not None:
+        check_writable(csv_path, "--csv")  # before any work: a search must not fail at its first result
+    if kernel is not None:
+        compile_kernel_pattern(kernel)
     if fixed_addresses:
         restart_without_aslr()  # recorded addresses are reachable only so (see address_space)
     options = plan_options(substitutions=substitutions, remaps=remaps, fixed_addresses=fixed_addresses)
@@ -142,7 +172,7 @@ def main(
     points = order(valid, strategy, budget)
     done = read_csv(csv_path) if csv_path is not None else {}
     click.echo(
-        f"tuning {targets.kernel} (operations {', '.join(map(str, targets.operations))}), captured "
+        f"tuning {demangle(targets.kernel)} (operations {', '.join(map(str, targets.operations))}), captured "
         f"grid={targets.grid} block={targets.block} smem={targets.smem}"
     )
     click.echo(
