@@ -454,7 +454,7 @@ class Translator:
             return None
         eid = module.executables.get(kernel.name)
         if eid is None:
-            store_module(module, self.writer, self._file_references, self.options.file_policy)
+            store_module(module, self.writer)
             annotation = self._annotation(kernel)
             parameters = []
             for i, (offset, size) in enumerate(kernel.layout):
