@@ -323,6 +323,10 @@ class CuptiSource:
             stream, event = _unpack_from("<QQ", MEMORY, p)
             self._sink(ev.StreamWaited(stream, event))
 
+    def _on_host_function(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
+        if site == _ENTER:  # (hStream, fn, userData[, flags]): the stream comes first in both calls
+            self._sink(ev.HostFunction(u64(p), call))
+
     def _on_stream_sync(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
         if site == _EXIT:
             self._sink(ev.StreamSynchronized(u64(p)))
@@ -456,7 +460,7 @@ for _names, _decoder in [
     (["cuLibraryLoadFromFile"], _module_load_decoder("library", True)),
     (["cuModuleUnload"], _module_unload_decoder("module")),
     (["cuLibraryUnload"], _module_unload_decoder("library")),
-    (_variants("cuLaunchHostFunc", "cuStreamAddCallback"), _refusal_decoder("a host function runs in the stream")),
+    (_variants("cuLaunchHostFunc", "cuStreamAddCallback"), _S._on_host_function),
     (_variants("cuGraphLaunch"), _refusal_decoder("CUDA graph launches are not decomposed into their nodes")),
     (["cuIpcOpenMemHandle", "cuIpcOpenMemHandle_v2", "cuIpcGetMemHandle"],
      _refusal_decoder("memory shared between processes (IPC)")),

@@ -165,6 +165,15 @@ class EventSynchronized:
 
 
 @dataclass(slots=True)
+class HostFunction:
+    """A host function enqueued in ``stream`` (cuLaunchHostFunc, cuStreamAddCallback): it keeps
+    its place in the stream's order; its code, the program's own, is not captured."""
+
+    stream: int
+    call: str = "cuLaunchHostFunc"
+
+
+@dataclass(slots=True)
 class NotReproducible:
     """A call replay cannot reproduce (host functions, IPC, managed memory, graphs, ...)."""
 
@@ -190,5 +199,6 @@ Event = (
     | StreamSynchronized
     | ContextSynchronized
     | EventSynchronized
+    | HostFunction
     | NotReproducible
 )

@@ -393,6 +393,10 @@ class Translator:
         if self._recording:
             self.writer.event_synchronize(self._event(event.event))
 
+    def _on_host_function(self, event: ev.HostFunction) -> None:
+        if self._recording:
+            self.writer.host_function(self._stream(event.stream))
+
     def _on_not_reproducible(self, event: ev.NotReproducible) -> None:
         if self._recording:
             self._unsupported(event.call, event.reason, event.stream)
@@ -591,5 +595,6 @@ class Translator:
         ev.StreamSynchronized: _on_stream_synchronized,
         ev.ContextSynchronized: _on_context_synchronized,
         ev.EventSynchronized: _on_event_synchronized,
+        ev.HostFunction: _on_host_function,
         ev.NotReproducible: _on_not_reproducible,
     }
