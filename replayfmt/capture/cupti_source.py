@@ -295,9 +295,29 @@ class CuptiSource:
             self._sink(ev.Free(u64(p), call))
 
     def _on_mem_map(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
-        if site == _EXIT and self._succeeded(result):
+        if site == _EXIT and self._succeeded(result):  # (ptr, size, offset, handle, flags)
             address, size = _unpack_from("<QQ", MEMORY, p)
-            self._sink(ev.Allocation(address, size, ev.MemoryApi.DEVICE, call))
+            self._sink(ev.Mapped(address, size, call))
+
+    def _on_mem_unmap(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
+        if site == _ENTER:  # (ptr, size)
+            address, size = _unpack_from("<QQ", MEMORY, p)
+            self._sink(ev.Unmapped(address, size, call))
+
+    def _on_address_reserve(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
+        if site == _EXIT and self._succeeded(result):  # (CUdeviceptr* ptr, size, alignment, addr, flags)
+            out, size = _unpack_from("<QQ", MEMORY, p)
+            self._sink(ev.AddressReserved(u64(out), size, call))
+
+    def _on_address_free(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
+        if site == _ENTER:  # (ptr, size)
+            address, size = _unpack_from("<QQ", MEMORY, p)
+            self._sink(ev.AddressFreed(address, size, call))
+
+    def _on_host_register(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
+        if site == _EXIT and self._succeeded(result):  # (void* p, size, flags): the pointer itself
+            address, size = _unpack_from("<QQ", MEMORY, p)
+            self._sink(ev.Allocation(address, size, ev.MemoryApi.HOST_PINNED, call))
 
     # -- streams, events, synchronisation ----------------------------------------------------
 
@@ -429,10 +449,14 @@ for _names, _decoder in [
     *_LAUNCHES,
     (_variants("cuMemAlloc_v2", "cuMemAllocAsync", "cuMemAllocFromPoolAsync"), _alloc_decoder(ev.MemoryApi.DEVICE)),
     (["cuMemAllocPitch_v2"], _S._on_alloc_pitch),
-    (["cuMemHostAlloc", "cuMemAllocHost_v2"], _alloc_decoder(ev.MemoryApi.HOST_PINNED)),
+    (["cuMemHostAlloc", "cuMemHostAlloc_v2", "cuMemAllocHost_v2"], _alloc_decoder(ev.MemoryApi.HOST_PINNED)),
+    (["cuMemHostRegister", "cuMemHostRegister_v2"], _S._on_host_register),
     (["cuMemAllocManaged"], _alloc_decoder(ev.MemoryApi.MANAGED)),
-    (_variants("cuMemFree_v2", "cuMemFreeAsync", "cuMemFreeHost", "cuMemUnmap"), _S._on_free),
+    (_variants("cuMemFree_v2", "cuMemFreeAsync", "cuMemFreeHost", "cuMemHostUnregister"), _S._on_free),
+    (["cuMemAddressReserve"], _S._on_address_reserve),
+    (["cuMemAddressFree"], _S._on_address_free),
     (["cuMemMap"], _S._on_mem_map),
+    (["cuMemUnmap"], _S._on_mem_unmap),
     (_variants("cuMemcpy"), _copy_decoder(_D, False)),
     (_variants("cuMemcpyAsync"), _copy_decoder(_D, True)),
     (_variants("cuMemcpyHtoD_v2"), _copy_decoder(_H2D, False)),

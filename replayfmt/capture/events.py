@@ -20,9 +20,9 @@ from replayfmt.format import model as m
 class MemoryApi(enum.Enum):
     """How an allocation was made; decides whether it can be replayed."""
 
-    DEVICE = "device"  # cuMemAlloc*, stream-ordered pools, VMM maps
-    HOST_PINNED = "host_pinned"  # cuMemHostAlloc / cuMemAllocHost: host memory, copies come from it
-    MANAGED = "managed"  # cuMemAllocManaged: not reproducible
+    DEVICE = "device"  # cuMemAlloc*, stream-ordered pools (cuMemAllocAsync), VMM maps (cuMemMap)
+    HOST_PINNED = "host_pinned"  # cuMemHostAlloc / cuMemAllocHost / cuMemHostRegister: kernels may read it
+    MANAGED = "managed"  # cuMemAllocManaged: the host and the device both use it
 
 
 @dataclass(slots=True)
@@ -63,6 +63,43 @@ class Allocation:
 class Free:
     address: int
     call: str = "cuMemFree_v2"
+
+
+@dataclass(slots=True)
+class AddressReserved:
+    """A virtual address range reserved (cuMemAddressReserve); memory is mapped into it later."""
+
+    address: int
+    size: int
+    call: str = "cuMemAddressReserve"
+
+
+@dataclass(slots=True)
+class AddressFreed:
+    """A reserved range given back (cuMemAddressFree)."""
+
+    address: int
+    size: int
+    call: str = "cuMemAddressFree"
+
+
+@dataclass(slots=True)
+class Mapped:
+    """Physical memory mapped at ``address`` (cuMemMap): device memory from now on. Allocators
+    grow a reserved range piece by piece (PyTorch's expandable segments)."""
+
+    address: int
+    size: int
+    call: str = "cuMemMap"
+
+
+@dataclass(slots=True)
+class Unmapped:
+    """``size`` bytes at ``address`` unmapped (cuMemUnmap)."""
+
+    address: int
+    size: int
+    call: str = "cuMemUnmap"
 
 
 @dataclass(slots=True)
@@ -187,6 +224,10 @@ Event = (
     | ModuleUnload
     | Allocation
     | Free
+    | AddressReserved
+    | AddressFreed
+    | Mapped
+    | Unmapped
     | LaunchBegin
     | LaunchEnd
     | Copy

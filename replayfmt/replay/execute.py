@@ -39,6 +39,7 @@ from replayfmt.cuda.nvtx import Nvtx
 from replayfmt.errors import AbiMismatchError, DeviceError, DeviceUnavailableError, ReplayError, ReplayUsageError
 from replayfmt.format import model as m
 from replayfmt.replay.compare import NUMPY_DTYPES, BufferReport, Tolerance, compare
+from replayfmt.replay.memory_kinds import allocate
 from replayfmt.replay.plan import ExecutableImage, Plan, UploadKey, layout_difference, upload_key
 
 _K = m.OperationKind
@@ -320,16 +321,13 @@ class Replayer:
             return
         current = 0
         for bid, buf in self.plan.buffers.items():
-            if buf.memory != m.MemoryKind.DEVICE:
-                raise DeviceError(f"buffer {bid}: {buf.memory.name.lower()} memory cannot be replayed")
             if self._gpu(buf.device) != current:
                 current = self._gpu(buf.device)
                 self._use(current)
             size = max(buf.size, 1)
             extra = max(0, buf.alignment - 256)
-            ptr = check(cu.cuMemAlloc(size + extra), f"buffer {bid}: cuMemAlloc({size + extra})")
-            self._closers.append(lambda p=ptr: cu.cuMemFree(p))
-            address = int(ptr)
+            address, free = allocate(cu, buf.memory, size + extra, f"buffer {bid}")  # by memory kind
+            self._closers.append(free)
             if extra:
                 address = (address + buf.alignment - 1) // buf.alignment * buf.alignment
             self.addresses[bid] = address
@@ -352,6 +350,9 @@ class Replayer:
         for bid, buf in self.plan.buffers.items():
             if buf.address == 0:
                 raise DeviceError(f"buffer {bid} has no recorded address; it cannot be replayed with --fixed-addresses")
+            if buf.memory != m.MemoryKind.DEVICE:
+                raise DeviceError(f"buffer {bid}: {buf.memory.name.lower()} memory cannot be replayed with "
+                                  "--fixed-addresses")  # fmt: skip
             self.addresses[bid] = buf.address
         regions = page_runs(_recorded_ranges(self.plan), page)
         if not regions:
