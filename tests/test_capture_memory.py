@@ -92,7 +92,7 @@ def test_stream_ordered_allocations_from_a_pool_reuse_addresses(tmp_path, cubin)
         ev.Free(a, "cuMemFreeAsync"),
         ev.Allocation(a, 128, ev.MemoryApi.DEVICE, "cuMemAllocAsync"), launch,  # the pool hands it out again
     ]  # fmt: skip
-    path, t = record(tmp_path, events, mem)
+    path, _ = record(tmp_path, events, mem)
     with replayfmt.open(path) as cap:
         pooled, again = buffers_of(cap)
         assert (pooled.size, pooled.label, again.size, again.label) == (256, "cuMemAllocFromPoolAsync", 128,
