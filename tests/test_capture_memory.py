@@ -131,6 +131,25 @@ def test_host_visible_memory_kernels_read_is_uploaded_again_when_the_host_change
         assert not build_plan(cap, PlanOptions()).problems
 
 
+def test_registered_memory_kernels_reach_at_another_device_address(tmp_path, cubin):
+    mem = FakeMemory()
+    device_view, out = 0x7F50_0000_0000, 0x7F40_0000_0000
+    mem.device[device_view] = bytearray(np.full(1024, 3, np.float32).tobytes())
+    mem.device[out] = bytearray(64)
+    events = [ev.ModuleImage(MODULE, cubin, None), ev.Allocation(HOST, 4096, ev.MemoryApi.HOST_PINNED,
+              "cuMemHostRegister_v2"), ev.HostDevicePointer(HOST + 64, device_view + 64), ev.Allocation(out, 64),
+              ev.LaunchBegin(kernel(), (1, 1, 1), (16, 1, 1), 0, 0, saxpy_params(1.0, device_view, out, 16)),
+              ev.Free(HOST, "cuMemHostUnregister")]  # fmt: skip
+    path, t = record(tmp_path, events, mem)
+    with replayfmt.open(path) as cap:
+        view = next(b for b in buffers_of(cap) if b.address == device_view)
+        assert view.memory == m.MemoryKind.HOST_PINNED and view.size == 4096
+        launch = next(op for op in cap.iter_operations() if op.kind == m.OperationKind.LAUNCH)
+        assert view.id in {r.target_buffer for r in launch.relocations}
+        assert not build_plan(cap, PlanOptions()).problems
+    assert t.allocations.find(device_view) is None and t.allocations.find(HOST) is None  # both gone
+
+
 def test_host_functions_keep_their_place_in_the_stream(tmp_path):
     mem = FakeMemory()
     path, _ = record(tmp_path, [ev.StreamCreated(0x10), ev.EventCreated(0x30), ev.EventRecorded(0x30, 0x10),
@@ -148,7 +167,8 @@ def test_host_functions_keep_their_place_in_the_stream(tmp_path):
 
 IDS = {"cuMemAddressReserve": 900, "cuMemAddressFree": 901, "cuMemMap": 902, "cuMemUnmap": 903,
        "cuMemHostRegister_v2": 904, "cuMemHostUnregister": 905, "cuLaunchHostFunc": 906,
-       "cuStreamAddCallback_ptsz": 907, "cuMemAllocAsync": 908, "cuMemFreeAsync": 909}  # fmt: skip
+       "cuStreamAddCallback_ptsz": 907, "cuMemAllocAsync": 908, "cuMemFreeAsync": 909,
+       "cuMemHostGetDevicePointer_v2": 910}  # fmt: skip
 
 
 def test_the_source_decodes_vmm_host_memory_pools_and_host_functions():
@@ -165,6 +185,7 @@ def test_the_source_decodes_vmm_host_memory_pools_and_host_functions():
     call("cuMemUnmap", 0, struct.pack("<QQ", BASE, 2 * MiB))
     call("cuMemAddressFree", 0, struct.pack("<QQ", BASE, 1 << 30))
     call("cuMemHostRegister_v2", 1, struct.pack("<QQI4x", HOST, 4096, 2))
+    call("cuMemHostGetDevicePointer_v2", 1, struct.pack("<QQI4x", keep.put(struct.pack("<Q", BASE)), HOST, 0))
     call("cuMemHostUnregister", 0, struct.pack("<Q", HOST))
     call("cuLaunchHostFunc", 0, struct.pack("<QQQ", 0x10, 0xF00, 0))
     call("cuStreamAddCallback_ptsz", 0, struct.pack("<QQQI4x", 0x20, 0xF00, 0, 0))
@@ -176,6 +197,7 @@ def test_the_source_decodes_vmm_host_memory_pools_and_host_functions():
         ev.Unmapped(BASE, 2 * MiB, "cuMemUnmap"),
         ev.AddressFreed(BASE, 1 << 30, "cuMemAddressFree"),
         ev.Allocation(HOST, 4096, ev.MemoryApi.HOST_PINNED, "cuMemHostRegister_v2"),
+        ev.HostDevicePointer(HOST, BASE, "cuMemHostGetDevicePointer_v2"),
         ev.Free(HOST, "cuMemHostUnregister"),
         ev.HostFunction(0x10, "cuLaunchHostFunc"),
         ev.HostFunction(0x20, "cuStreamAddCallback_ptsz"),

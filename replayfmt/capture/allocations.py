@@ -55,6 +55,7 @@ class AllocationTable:
         self._not_pointers: set[int] = set()  # words the driver said are no allocation
         self.epoch = 0  # changes whenever the table does
         self.mapped = MappedRanges()  # virtual memory management: reserved ranges and mapped pieces
+        self.device_aliases: dict[int, int] = {}  # host allocation -> its device address, where they differ
 
     def add(self, address: int, size: int, api: ev.MemoryApi, call: str) -> Allocation:
         self.remove(address)

@@ -304,6 +304,11 @@ class CuptiSource:
             address, size = _unpack_from("<QQ", MEMORY, p)
             self._sink(ev.Unmapped(address, size, call))
 
+    def _on_host_device_pointer(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
+        if site == _EXIT and self._succeeded(result):  # (CUdeviceptr* pdptr, void* p, flags)
+            out, host = _unpack_from("<QQ", MEMORY, p)
+            self._sink(ev.HostDevicePointer(host, u64(out), call))
+
     def _on_address_reserve(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
         if site == _EXIT and self._succeeded(result):  # (CUdeviceptr* ptr, size, alignment, addr, flags)
             out, size = _unpack_from("<QQ", MEMORY, p)
@@ -451,6 +456,7 @@ for _names, _decoder in [
     (["cuMemAllocPitch_v2"], _S._on_alloc_pitch),
     (["cuMemHostAlloc", "cuMemHostAlloc_v2", "cuMemAllocHost_v2"], _alloc_decoder(ev.MemoryApi.HOST_PINNED)),
     (["cuMemHostRegister", "cuMemHostRegister_v2"], _S._on_host_register),
+    (["cuMemHostGetDevicePointer", "cuMemHostGetDevicePointer_v2"], _S._on_host_device_pointer),
     (["cuMemAllocManaged"], _alloc_decoder(ev.MemoryApi.MANAGED)),
     (_variants("cuMemFree_v2", "cuMemFreeAsync", "cuMemFreeHost", "cuMemHostUnregister"), _S._on_free),
     (["cuMemAddressReserve"], _S._on_address_reserve),

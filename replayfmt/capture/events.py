@@ -66,6 +66,16 @@ class Free:
 
 
 @dataclass(slots=True)
+class HostDevicePointer:
+    """The device address of host memory (cuMemHostGetDevicePointer): registered memory may be
+    reached by kernels at an address other than the host's."""
+
+    host: int
+    device: int
+    call: str = "cuMemHostGetDevicePointer_v2"
+
+
+@dataclass(slots=True)
 class AddressReserved:
     """A virtual address range reserved (cuMemAddressReserve); memory is mapped into it later."""
 
@@ -224,6 +234,7 @@ Event = (
     | ModuleUnload
     | Allocation
     | Free
+    | HostDevicePointer
     | AddressReserved
     | AddressFreed
     | Mapped

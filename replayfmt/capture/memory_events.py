@@ -54,6 +54,20 @@ class MemoryEvents:
         allocation = self.allocations.remove(event.address)
         if allocation is not None and allocation.buffer and self._recording:
             self.writer.destroy(allocation.buffer)
+        alias = self.allocations.device_aliases.pop(event.address, None)
+        if alias is not None:
+            self._on_free(ev.Free(alias, event.call))
+
+    def _on_host_device_pointer(self, event: ev.HostDevicePointer) -> None:
+        """Registered host memory whose device address differs from its host address: kernels
+        reach it there, so that range is the allocation they use (its bytes are the same)."""
+        host = self.allocations.find(event.host)
+        if host is None or host.api == ev.MemoryApi.DEVICE or event.device == event.host:
+            return
+        base = event.device - (event.host - host.address)
+        if self.allocations.device_aliases.get(host.address) != base:
+            self.allocations.device_aliases[host.address] = base
+            self.allocations.add(base, host.size, host.api, event.call)
 
     def _on_address_reserved(self, event: ev.AddressReserved) -> None:
         self.allocations.mapped.reserve(event.address, event.size)

@@ -574,6 +574,7 @@ class Translator(MemoryEvents):
         ev.ModuleUnload: _on_module_unload,
         ev.Allocation: MemoryEvents._on_allocation,
         ev.Free: MemoryEvents._on_free,
+        ev.HostDevicePointer: MemoryEvents._on_host_device_pointer,
         ev.AddressReserved: MemoryEvents._on_address_reserved,
         ev.AddressFreed: MemoryEvents._on_address_freed,
         ev.Mapped: MemoryEvents._on_mapped,
