@@ -31,6 +31,7 @@ from replayfmt.capture.cupti_api import (
     RESOURCE_MODULE_UNLOAD_STARTING,
     Cupti,
 )
+from replayfmt.capture.graphs import GraphCalls
 from replayfmt.capture.process_memory import MEMORY, c_string, image_bytes, read, u64
 from replayfmt.cuda.driver import driver
 from replayfmt.errors import ReplayUsageError
@@ -85,7 +86,7 @@ class _Kernel:
         return b""
 
 
-class CuptiSource:
+class CuptiSource(GraphCalls):
     """Subscribes to CUPTI and feeds decoded driver events to ``sink`` (the translator).
 
     ``launch_results``: also report each launch's return (kernel mode needs it to close an
@@ -115,6 +116,10 @@ class CuptiSource:
         self._library_modules: dict[tuple[str, int], int] = {}  # library key -> its module handle
         self._lazy_images: dict[int, bytes] = {}  # CUPTI module id -> cubin, loaded with no call of its own
         self._lazy_sent: set[int] = set()
+        self._graph_of: dict[int, int] = {}  # executable graph -> the graph it was instantiated from
+        self._graphs = None  # a GraphReader, made at the first graph launch
+        self._captures = 0  # stream captures in progress: work enqueued then is recorded into graphs, not run
+        self._deliver = sink
 
     # -- subscription ----------------------------------------------------------------------
 
@@ -491,7 +496,17 @@ for _names, _decoder in [
     (["cuModuleUnload"], _module_unload_decoder("module")),
     (["cuLibraryUnload"], _module_unload_decoder("library")),
     (_variants("cuLaunchHostFunc", "cuStreamAddCallback"), _S._on_host_function),
-    (_variants("cuGraphLaunch"), _refusal_decoder("CUDA graph launches are not decomposed into their nodes")),
+    (_variants("cuGraphLaunch"), GraphCalls._on_graph_launch),
+    (["cuGraphInstantiate", "cuGraphInstantiate_v2", "cuGraphInstantiateWithFlags",
+      *_variants("cuGraphInstantiateWithParams")], GraphCalls._on_graph_instantiate),
+    (["cuGraphExecUpdate", "cuGraphExecUpdate_v2"], GraphCalls._on_graph_exec_update),
+    (_variants("cuStreamBeginCapture", "cuStreamBeginCapture_v2", "cuStreamBeginCaptureToGraph"),
+     GraphCalls._on_capture_begin),
+    (_variants("cuStreamEndCapture"), GraphCalls._on_capture_end),
+    (["cuGraphExecKernelNodeSetParams", "cuGraphExecKernelNodeSetParams_v2", "cuGraphExecMemcpyNodeSetParams",
+      "cuGraphExecMemsetNodeSetParams", "cuGraphExecHostNodeSetParams", "cuGraphExecChildGraphNodeSetParams",
+      "cuGraphExecNodeSetParams", "cuGraphExecEventRecordNodeSetEvent", "cuGraphExecEventWaitNodeSetEvent"],
+     _refusal_decoder("node parameters changed on an executable graph are not followed yet")),
     (["cuIpcOpenMemHandle", "cuIpcOpenMemHandle_v2", "cuIpcGetMemHandle"],
      _refusal_decoder("memory shared between processes (IPC)")),
     (_variants("cuMemcpyPeer", "cuMemcpyPeerAsync", "cuMemcpy2D_v2", "cuMemcpy2DAsync_v2", "cuMemcpy3D_v2",

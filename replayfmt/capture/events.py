@@ -221,6 +221,21 @@ class HostFunction:
 
 
 @dataclass(slots=True)
+class GraphLaunchBegin:
+    """A CUDA graph launch (cuGraphLaunch): its nodes follow as events, in a topological order,
+    on ``stream``, until :class:`GraphLaunchEnd`."""
+
+    graph_exec: int
+    stream: int
+
+
+@dataclass(slots=True)
+class GraphLaunchEnd:
+    graph_exec: int
+    stream: int
+
+
+@dataclass(slots=True)
 class NotReproducible:
     """A call replay cannot reproduce (host functions, IPC, managed memory, graphs, ...)."""
 
@@ -252,5 +267,7 @@ Event = (
     | ContextSynchronized
     | EventSynchronized
     | HostFunction
+    | GraphLaunchBegin
+    | GraphLaunchEnd
     | NotReproducible
 )

@@ -26,6 +26,7 @@ from typing import Protocol
 from replayfmt.capture import events as ev
 from replayfmt.capture.allocations import POINTER_HIGH, POINTER_LOW, Allocation, AllocationTable, TensorLabel
 from replayfmt.capture.file_references import FileReferences
+from replayfmt.capture.graph_events import GraphEvents
 from replayfmt.capture.hostfiles import HostFiles
 from replayfmt.capture.memory_events import MEMORY_KINDS, MemoryEvents
 from replayfmt.capture.modules import Module, store_module
@@ -82,7 +83,7 @@ class KernelAnnotation:
     tensor_maps: bool = False  # its 128-byte parameters are tensor maps (Triton tensor descriptors)
 
 
-class Translator(MemoryEvents):
+class Translator(MemoryEvents, GraphEvents):
     """Consumes :mod:`events` in program order and writes them to ``writer``. Thread-safe."""
 
     def __init__(
@@ -592,5 +593,7 @@ class Translator(MemoryEvents):
         ev.ContextSynchronized: _on_context_synchronized,
         ev.EventSynchronized: _on_event_synchronized,
         ev.HostFunction: _on_host_function,
+        ev.GraphLaunchBegin: GraphEvents._on_graph_begin,
+        ev.GraphLaunchEnd: GraphEvents._on_graph_end,
         ev.NotReproducible: _on_not_reproducible,
     }
