@@ -27,7 +27,9 @@ ENTER, EXIT = 0, 1  # CUPTI callback sites
 KERNEL, MEMCPY, MEMSET, HOST, GRAPH, EMPTY, WAIT_EVENT, EVENT_RECORD = range(8)
 NODE_TYPE_NAMES = {8: "external semaphore signal", 9: "external semaphore wait", 10: "memory allocation",
                    11: "memory free", 12: "batch memory operation", 13: "conditional"}  # fmt: skip
-_KERNEL_PARAMS = struct.Struct("<Q7I4xQQQQ")  # CUDA_KERNEL_NODE_PARAMS_v2: func, grid, block, smem, params, extra, kern
+_KERNEL_PARAMS = struct.Struct(
+    "<Q7I4xQQQQ"
+)  # CUDA_KERNEL_NODE_PARAMS_v2: func, grid, block, smem, params, extra, kern, ctx
 _MEMSET_PARAMS = struct.Struct("<QQIIQQ")  # CUDA_MEMSET_NODE_PARAMS: dst, pitch, value, elementSize, width, height
 _MEMCPY_SIDE = struct.Struct("<QQQQI4xQQQQQQ")  # x, y, z, lod, memoryType, host, device, array, reserved, pitch, height
 _MEMCPY_SIZE = 2 * _MEMCPY_SIDE.size + 24
@@ -95,7 +97,7 @@ class GraphReader:
     def _kernel_node(self, node: int, stream: int) -> ev.Event:
         params = ctypes.create_string_buffer(_KERNEL_PARAMS.size)
         self._call("cuGraphKernelNodeGetParams_v2", ctypes.c_void_p(node), params)
-        func, gx, gy, gz, bx, by, bz, smem, kernel_params, extra, kern = _KERNEL_PARAMS.unpack_from(params.raw)
+        func, gx, gy, gz, bx, by, bz, smem, kernel_params, extra, kern, _ctx = _KERNEL_PARAMS.unpack_from(params.raw)
         handle = func or kern
         name = ctypes.c_char_p()
         getter = "cuFuncGetName" if func else "cuKernelGetName"
