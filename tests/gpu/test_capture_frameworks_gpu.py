@@ -106,3 +106,39 @@ def test_an_unreplayable_capture_exits_1_unless_kept(tmp_path):
     assert "cannot be replayed (" in refused.stderr and "--keep-partial" in refused.stderr
     kept = run([*base, "--keep-partial", str(script)])
     assert kept.returncode == 0 and out.exists() and "replayable: no: " in kept.stderr, kept.stderr[-2000:]
+
+
+def graph_scopes(path: Path) -> int:
+    text = dump(path, "--format=jsonl")
+    return sum(1 for line in text.splitlines() if '"scope_begin"' in line and "cuda_graph 0x" in line)
+
+
+def test_torch_reduce_overhead_graph_launches(tmp_path):
+    needs("torch")
+    out = tmp_path / "graphs.kreplay"
+    report = captured(out, EXAMPLES / "torch_reduce_overhead.py")
+    assert "cuGraphLaunch" not in report  # nothing unsupported
+    assert graph_scopes(out) >= 2, dump(out, "--summary")
+    verified(out, "--tolerance")
+    benchmarked(out)
+
+
+def test_cupy_stream_capture_graph(tmp_path):
+    needs("cupy")
+    out = tmp_path / "captured_graph.kreplay"
+    captured(out, EXAMPLES / "cupy_stream_capture.py")
+    assert graph_scopes(out) == 2
+    verified(out)
+
+
+def test_cuda_python_explicit_graph(tmp_path, capture_ready):
+    out = tmp_path / "graph.kreplay"
+    result = run([sys.executable, "-m", "replayfmt.capture", "-o", str(out), str(EXAMPLES / "cuda_python_graph.py"),
+                  capture_ready])  # fmt: skip
+    assert result.returncode == 0 and "replayable: yes" in result.stderr, result.stderr[-3000:]
+    assert graph_scopes(out) == 2
+    text = dump(out)
+    for kind in ("memset", "launch", "copy_d2d", "event_record"):
+        assert kind in text, text
+    verified(out)
+    benchmarked(out)
