@@ -131,10 +131,11 @@ def test_cupy_stream_capture_graph(tmp_path):
     verified(out)
 
 
-def test_cuda_python_explicit_graph(tmp_path, capture_ready):
+def test_cuda_python_explicit_graph(tmp_path, request):
+    arch = request.getfixturevalue("capture_ready")
     out = tmp_path / "graph.kreplay"
     result = run([sys.executable, "-m", "replayfmt.capture", "-o", str(out), str(EXAMPLES / "cuda_python_graph.py"),
-                  capture_ready])  # fmt: skip
+                  arch])  # fmt: skip
     assert result.returncode == 0 and "replayable: yes" in result.stderr, result.stderr[-3000:]
     assert graph_scopes(out) == 2
     text = dump(out)
