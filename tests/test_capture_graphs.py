@@ -60,6 +60,15 @@ class FakeGraphs:
         self.kernel_params = keep.put(struct.pack("<4Q", *arguments))
         self.name = ctypes.c_char_p(b"saxpy")
         self.capturing: set[int] = set()
+        self.destroyed: list[int] = []
+
+    def cuGraphClone(self, out, graph):
+        out._obj.value = graph.value + 1  # the recorder's copy: same nodes
+        self.nodes[graph.value + 1] = self.nodes[graph.value]
+        self.edges[graph.value + 1] = self.edges[graph.value]
+
+    def cuGraphDestroy(self, graph):
+        self.destroyed.append(graph.value)
 
     def cuGraphGetNodes(self, graph, out, count):
         nodes = self.nodes[graph.value]
@@ -119,8 +128,8 @@ class Lib:
         return call
 
 
-IDS = {"cuGraphInstantiateWithFlags": 950, "cuGraphLaunch": 951, "cuStreamBeginCapture_v2": 952,
-       "cuStreamEndCapture": 953, "cuLaunchKernel": 307, "cuGraphExecKernelNodeSetParams_v2": 954}  # fmt: skip
+IDS = {"cuGraphExecDestroy": 955, "cuGraphInstantiateWithFlags": 950, "cuGraphLaunch": 951,
+       "cuStreamBeginCapture_v2": 952, "cuStreamEndCapture": 953, "cuLaunchKernel": 307, "cuGraphExecKernelNodeSetParams_v2": 954}  # fmt: skip
 
 
 def graph_source():
@@ -133,7 +142,7 @@ def graph_source():
 
 
 def test_a_graph_launch_is_its_nodes_in_order_with_child_graphs_inlined():
-    keep, source, seen, _ = graph_source()
+    keep, source, seen, fake = graph_source()
 
     def call(name: str, site: int, params: bytes) -> None:
         source._callback(None, DOMAIN_DRIVER_API, IDS[name], callback_data(keep, site, keep.put(params)))
@@ -141,8 +150,11 @@ def test_a_graph_launch_is_its_nodes_in_order_with_child_graphs_inlined():
     call("cuGraphLaunch", 0, struct.pack("<QQ", EXEC, 0x10))  # instantiated before recording: refused
     out = keep.put(struct.pack("<Q", EXEC))
     call("cuGraphInstantiateWithFlags", 1, struct.pack("<QQQ", out, GRAPH, 0))
+    del fake.nodes[GRAPH]  # the program destroys its graph once instantiated: the recorder's copy remains
     call("cuGraphLaunch", 0, struct.pack("<QQ", EXEC, 0x10))
     call("cuGraphExecKernelNodeSetParams_v2", 0, struct.pack("<QQQ", EXEC, 11, 0))
+    call("cuGraphExecDestroy", 0, struct.pack("<Q", EXEC))
+    assert fake.destroyed == [GRAPH + 1]
     assert isinstance(seen[0], ev.NotReproducible) and "before recording started" in seen[0].reason
     graph = seen[1:-1]
     assert [type(e).__name__ for e in graph] == ["GraphLaunchBegin", "EventRecorded", "LaunchBegin", "Memset",

@@ -500,6 +500,7 @@ for _names, _decoder in [
     (["cuGraphInstantiate", "cuGraphInstantiate_v2", "cuGraphInstantiateWithFlags",
       *_variants("cuGraphInstantiateWithParams")], GraphCalls._on_graph_instantiate),
     (["cuGraphExecUpdate", "cuGraphExecUpdate_v2"], GraphCalls._on_graph_exec_update),
+    (["cuGraphExecDestroy"], GraphCalls._on_graph_exec_destroy),
     (_variants("cuStreamBeginCapture", "cuStreamBeginCapture_v2", "cuStreamBeginCaptureToGraph"),
      GraphCalls._on_capture_begin),
     (_variants("cuStreamEndCapture"), GraphCalls._on_capture_end),

@@ -49,6 +49,15 @@ class GraphReader:
         if result != 0:
             raise RuntimeError(f"{name} failed (CUresult {result})")
 
+    def clone(self, graph: int) -> int:
+        """A copy of ``graph`` (its nodes and their parameters), owned by the recorder."""
+        copy = ctypes.c_void_p(0)
+        self._call("cuGraphClone", ctypes.byref(copy), ctypes.c_void_p(graph))
+        return int(copy.value or 0)
+
+    def destroy(self, graph: int) -> None:
+        self.lib.cuGraphDestroy(ctypes.c_void_p(graph))
+
     def nodes_in_order(self, graph: int) -> list[tuple[int, int]]:
         """(node, type) of every node of ``graph``, dependencies first."""
         count = ctypes.c_size_t(0)
@@ -191,15 +200,35 @@ class GraphCalls:
     @staticmethod
     def _succeeded(result: int) -> bool: ...
 
+    def _reader(self) -> GraphReader:
+        if self._graphs is None:
+            self._graphs = GraphReader(self._kernel)
+        return self._graphs
+
+    def _follow(self, graph_exec: int, graph: int) -> None:
+        """Keep a copy of the graph an executable graph runs: programs destroy the graph once it
+        is instantiated (PyTorch does)."""
+        reader = self._reader()
+        old = self._graph_of.pop(graph_exec, None)
+        if old is not None:
+            reader.destroy(old)
+        self._graph_of[graph_exec] = reader.clone(graph)
+
     def _on_graph_instantiate(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
         if site == EXIT and self._succeeded(result):  # (CUgraphExec* out, CUgraph graph, ...)
             out, graph = struct.unpack_from("<QQ", MEMORY, p)
-            self._graph_of[u64(out)] = graph
+            self._follow(u64(out), graph)
 
     def _on_graph_exec_update(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
         if site == EXIT and self._succeeded(result):  # (CUgraphExec exec, CUgraph graph, ...)
             graph_exec, graph = struct.unpack_from("<QQ", MEMORY, p)
-            self._graph_of[graph_exec] = graph
+            self._follow(graph_exec, graph)
+
+    def _on_graph_exec_destroy(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
+        if site == ENTER:
+            copy = self._graph_of.pop(u64(p), None)
+            if copy is not None:
+                self._reader().destroy(copy)
 
     def _on_graph_launch(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
         if site != ENTER:
@@ -212,9 +241,7 @@ class GraphCalls:
         if self._launch_results:
             self._sink(ev.NotReproducible(call, "kernel mode does not reach into graphs yet", stream))
             return
-        if self._graphs is None:
-            self._graphs = GraphReader(self._kernel)
-        events = list(self._graphs.events(graph, stream, call))  # read all before writing any
+        events = list(self._reader().events(graph, stream, call))  # read all before writing any
         self._sink(ev.GraphLaunchBegin(graph_exec, stream))
         for event in events:
             self._sink(event)
