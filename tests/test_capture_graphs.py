@@ -129,7 +129,8 @@ class Lib:
 
 
 IDS = {"cuGraphExecDestroy": 955, "cuGraphInstantiateWithFlags": 950, "cuGraphLaunch": 951,
-       "cuStreamBeginCapture_v2": 952, "cuStreamEndCapture": 953, "cuLaunchKernel": 307, "cuGraphExecKernelNodeSetParams_v2": 954}  # fmt: skip
+       "cuStreamBeginCapture_v2": 952, "cuStreamEndCapture": 953, "cuLaunchKernel": 307,
+       "cuGraphExecKernelNodeSetParams_v2": 954}  # fmt: skip
 
 
 def graph_source():
