@@ -54,8 +54,9 @@ class FakeGraphs:
 
     def __init__(self, keep: Keep) -> None:
         self.keep = keep
-        self.nodes = {GRAPH: [(11, 0), (12, 2), (13, 4), (14, 7), (15, 5)], CHILD: [(21, 3), (22, 10)]}
-        self.edges = {GRAPH: [(14, 11), (11, 12), (12, 13)], CHILD: [(21, 22)]}
+        self.nodes = {GRAPH: [(11, 0), (12, 2), (13, 4), (14, 7), (15, 5), (16, 4)], CHILD: [(21, 3), (22, 10)],
+                      CHILD + 5: [(31, 5)]}  # fmt: skip
+        self.edges = {GRAPH: [(14, 11), (11, 12), (12, 13)], CHILD: [(21, 22)], CHILD + 5: []}
         arguments = [keep.put(a) for a in SAXPY_ARGS]
         self.kernel_params = keep.put(struct.pack("<4Q", *arguments))
         self.name = ctypes.c_char_p(b"saxpy")
@@ -79,6 +80,8 @@ class FakeGraphs:
 
     def cuGraphGetEdges_v2(self, graph, sources, targets, data, count):
         edges = self.edges[graph.value]
+        if sources is not None and not count._obj.value:
+            return 1  # as libcuda: arrays with a count of 0 are an invalid value
         count._obj.value = len(edges)
         if sources is not None:
             for i, (s, t) in enumerate(edges):
@@ -99,7 +102,7 @@ class FakeGraphs:
         ctypes.memmove(params, data, len(data))
 
     def cuGraphChildGraphNodeGetGraph(self, node, out):
-        out._obj.value = CHILD
+        out._obj.value = CHILD if node.value == 13 else CHILD + 5  # a child with one node and no edges
 
     def cuGraphEventRecordNodeGetEvent(self, node, out):
         out._obj.value = 0x30

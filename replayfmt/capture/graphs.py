@@ -62,15 +62,19 @@ class GraphReader:
         """(node, type) of every node of ``graph``, dependencies first."""
         count = ctypes.c_size_t(0)
         self._call("cuGraphGetNodes", ctypes.c_void_p(graph), None, ctypes.byref(count))
-        nodes = (ctypes.c_void_p * max(count.value, 1))()
+        if not count.value:
+            return []
+        nodes = (ctypes.c_void_p * count.value)()
         self._call("cuGraphGetNodes", ctypes.c_void_p(graph), nodes, ctypes.byref(count))
         handles = [int(n or 0) for n in nodes[: count.value]]
         edges = ctypes.c_size_t(0)
         self._call("cuGraphGetEdges_v2", ctypes.c_void_p(graph), None, None, None, ctypes.byref(edges))
-        sources = (ctypes.c_void_p * max(edges.value, 1))()
-        targets = (ctypes.c_void_p * max(edges.value, 1))()
-        self._call("cuGraphGetEdges_v2", ctypes.c_void_p(graph), sources, targets, None, ctypes.byref(edges))
-        pairs = [(int(sources[i] or 0), int(targets[i] or 0)) for i in range(edges.value)]
+        pairs: list[tuple[int, int]] = []
+        if edges.value:  # (arrays with a count of 0 are refused: CUDA_ERROR_INVALID_VALUE)
+            sources = (ctypes.c_void_p * edges.value)()
+            targets = (ctypes.c_void_p * edges.value)()
+            self._call("cuGraphGetEdges_v2", ctypes.c_void_p(graph), sources, targets, None, ctypes.byref(edges))
+            pairs = [(int(sources[i] or 0), int(targets[i] or 0)) for i in range(edges.value)]
         kinds = {}
         for node in handles:
             kind = ctypes.c_int(0)

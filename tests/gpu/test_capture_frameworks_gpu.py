@@ -127,7 +127,7 @@ def test_cupy_stream_capture_graph(tmp_path):
     needs("cupy")
     out = tmp_path / "captured_graph.kreplay"
     captured(out, EXAMPLES / "cupy_stream_capture.py")
-    assert graph_scopes(out) == 2
+    assert graph_scopes(out) >= 2
     verified(out)
 
 
