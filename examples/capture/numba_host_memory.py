@@ -1,9 +1,12 @@
-"""Kernels that read host memory through its address: mapped pinned memory (cuMemHostAlloc),
-registered memory (cuMemHostRegister) and managed memory (cuMemAllocManaged), with the host
-changing the mapped array between launches.
+"""Kernels that read host memory through its address: mapped pinned memory (cuMemHostAlloc) and
+managed memory (cuMemAllocManaged), with the host changing the mapped array between launches;
+with --registered, also registered memory (cuMemHostRegister, numba's cuda.mapped).
 
-python -m replayfmt.capture -o hostmem.kreplay examples/capture/numba_host_memory.py
+python -m replayfmt.capture -o hostmem.kreplay examples/capture/numba_host_memory.py [--registered]
 """
+
+import contextlib
+import sys
 
 import numpy as np
 
@@ -27,7 +30,11 @@ managed = cuda.managed_array(n, dtype=np.float32)  # cuMemAllocManaged
 managed[:] = np.arange(n, dtype=np.float32)
 plain = np.full(n, 10, dtype=np.float32)
 out = cuda.to_device(np.zeros(n, dtype=np.float32))
-with cuda.mapped(plain) as registered:  # cuMemHostRegister(DEVICEMAP)
+if "--registered" in sys.argv:
+    pinning = cuda.mapped(plain)  # cuMemHostRegister(DEVICEMAP)
+else:
+    pinning = contextlib.nullcontext(cuda.to_device(plain))
+with pinning as registered:
     combine[(n + 255) // 256, 256](mapped, registered, managed, out)
     cuda.synchronize()
     mapped[:] = 5  # the host changes it: the next launch must read 5

@@ -68,13 +68,24 @@ def test_cupy_host_function(tmp_path):
     benchmarked(out)
 
 
-def test_numba_host_memory(tmp_path):
+@pytest.mark.parametrize(
+    "flags",
+    [
+        (),
+        pytest.param(("--registered",), marks=pytest.mark.xfail(reason=(
+            "issue 16, open: on the H100 the kernel reads numba's cuda.mapped (cuMemHostRegister) array at an "
+            "address in no recorded allocation, and replay faults (illegal address); cause not found yet"))),
+    ],
+)  # fmt: skip
+def test_numba_host_memory(tmp_path, flags):
     needs("numba")
-    plain = run([sys.executable, str(EXAMPLES / "numba_host_memory.py")])
+    plain = run([sys.executable, str(EXAMPLES / "numba_host_memory.py"), *flags])
     if plain.returncode != 0:
         pytest.skip(f"numba-cuda cannot run it here: {plain.stderr.strip().splitlines()[-1]}")
     out = tmp_path / "hostmem.kreplay"
-    captured(out, EXAMPLES / "numba_host_memory.py")
+    result = run([sys.executable, "-m", "replayfmt.capture", "-o", str(out), str(EXAMPLES / "numba_host_memory.py"),
+                  *flags])  # fmt: skip
+    assert result.returncode == 0 and "replayable: yes" in result.stderr, result.stderr[-3000:]
     text = dump(out, "--format=jsonl")
     assert '"memory":"host_pinned"' in text and '"memory":"managed"' in text, text[:3000]
     verified(out)
