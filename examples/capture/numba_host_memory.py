@@ -30,10 +30,8 @@ managed = cuda.managed_array(n, dtype=np.float32)  # cuMemAllocManaged
 managed[:] = np.arange(n, dtype=np.float32)
 plain = np.full(n, 10, dtype=np.float32)
 out = cuda.to_device(np.zeros(n, dtype=np.float32))
-if "--registered" in sys.argv:
-    pinning = cuda.mapped(plain)  # cuMemHostRegister(DEVICEMAP)
-else:
-    pinning = contextlib.nullcontext(cuda.to_device(plain))
+registering = "--registered" in sys.argv  # cuMemHostRegister(DEVICEMAP), or an ordinary device copy
+pinning = cuda.mapped(plain) if registering else contextlib.nullcontext(cuda.to_device(plain))
 with pinning as registered:
     combine[(n + 255) // 256, 256](mapped, registered, managed, out)
     cuda.synchronize()
