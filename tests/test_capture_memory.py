@@ -150,6 +150,26 @@ def test_registered_memory_kernels_reach_at_another_device_address(tmp_path, cub
     assert t.allocations.find(device_view) is None and t.allocations.find(HOST) is None  # both gone
 
 
+def test_registered_memory_below_4_gib_is_still_found(tmp_path, cubin):
+    """A non-PIE interpreter's heap lies below 4 GiB; a small word there is a number unless host
+    memory kernels read lies there (numba's cuda.mapped registers a NumPy array on that heap)."""
+    mem = FakeMemory()
+    heap, out = 0x0260_0000, 0x7F40_0000_0000
+    mem.device[heap] = bytearray(np.full(16, 3, np.float32).tobytes())
+    mem.device[out] = bytearray(64)
+    launch = ev.LaunchBegin(kernel(), (1, 1, 1), (16, 1, 1), 0, 0, saxpy_params(1.0, heap, out, 16))
+    events = [ev.ModuleImage(MODULE, cubin, None), ev.Allocation(heap, 64, ev.MemoryApi.HOST_PINNED,
+              "cuMemHostRegister_v2"), ev.Allocation(out, 64), launch]  # fmt: skip
+    path, t = record(tmp_path, events, mem)
+    with replayfmt.open(path) as cap:
+        registered = next(b for b in buffers_of(cap) if b.address == heap)
+        op = next(op for op in cap.iter_operations() if op.kind == m.OperationKind.LAUNCH)
+        assert (8, registered.id) in {(r.site_offset, r.target_buffer) for r in op.relocations}
+    assert t.allocations.pointer_low == heap
+    t.handle(ev.Free(heap, "cuMemHostUnregister"))
+    assert t.allocations.pointer_low == 1 << 32  # numbers below 4 GiB are numbers again
+
+
 def test_host_functions_keep_their_place_in_the_stream(tmp_path):
     mem = FakeMemory()
     path, _ = record(tmp_path, [ev.StreamCreated(0x10), ev.EventCreated(0x30), ev.EventRecorded(0x30, 0x10),

@@ -56,6 +56,9 @@ class AllocationTable:
         self.epoch = 0  # changes whenever the table does
         self.mapped = MappedRanges()  # virtual memory management: reserved ranges and mapped pieces
         self.device_aliases: dict[int, int] = {}  # host allocation -> its device address, where they differ
+        # parameter words below this are numbers: POINTER_LOW, or lower where host memory that kernels
+        # read lies lower (a non-PIE interpreter's heap, registered with cuMemHostRegister)
+        self.pointer_low = POINTER_LOW
 
     def add(self, address: int, size: int, api: ev.MemoryApi, call: str) -> Allocation:
         self.remove(address)
@@ -64,6 +67,8 @@ class AllocationTable:
         self._by_address[address] = allocation
         self._not_pointers.clear()
         self.epoch += 1
+        if api != ev.MemoryApi.DEVICE:
+            self.pointer_low = min(self.pointer_low, address)
         return allocation
 
     def remove(self, address: int) -> Allocation | None:
@@ -71,6 +76,9 @@ class AllocationTable:
         if allocation is not None:
             del self._starts[bisect.bisect_left(self._starts, address)]
             self.epoch += 1
+            if address == self.pointer_low:
+                hosts = [a.address for a in self._by_address.values() if a.api != ev.MemoryApi.DEVICE]
+                self.pointer_low = min([POINTER_LOW, *hosts])
         return allocation
 
     def is_live(self, allocation: Allocation) -> bool:

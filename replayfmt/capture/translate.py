@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from replayfmt.capture import events as ev
-from replayfmt.capture.allocations import POINTER_HIGH, POINTER_LOW, Allocation, AllocationTable, TensorLabel
+from replayfmt.capture.allocations import POINTER_HIGH, Allocation, AllocationTable, TensorLabel
 from replayfmt.capture.file_references import FileReferences
 from replayfmt.capture.graph_events import GraphEvents
 from replayfmt.capture.hostfiles import HostFiles
@@ -490,7 +490,7 @@ class Translator(MemoryEvents, GraphEvents):
         maps = shape.tensor_maps
         skip_until = -1
         for i, value in enumerate(words):
-            if value < POINTER_LOW or value >= POINTER_HIGH:
+            if value < self.allocations.pointer_low or value >= POINTER_HIGH:
                 continue
             site = i * 8
             if site < skip_until:
