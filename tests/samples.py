@@ -93,6 +93,7 @@ def write_sample(path: Path, *, n: int = 1024, cubin: bytes | None = None, **wri
         w.checkpoint({ids["y"]: expected.astype(np.float32)}, name="after-step")
         w.copy_d2h(src_buffer=ids["y"], size=4 * n, expected=expected.astype(np.float32), stream=ids["stream"])
         w.device_synchronize(ids["device"])
+        w.host_function(ids["stream"])
         w.unsupported("cuLaunchHostFunc", "host callbacks cannot be replayed", stream=ids["stream"])
         w.destroy(ids["event"])
     return ids

@@ -191,7 +191,7 @@ def test_copies_memsets_events_and_partial_writes(tmp_path, cubin):
     assert next(r[0] for r in mem.reads) == B  # the partial memset's snapshot
 
 
-def test_unknown_module_and_nccl_and_host_functions_are_unsupported(tmp_path, cubin):
+def test_unknown_module_and_nccl_are_unsupported(tmp_path, cubin):
     mem = FakeMemory()
     events = [
         ev.LaunchBegin(ev.Kernel(1, "mystery", ("library", 9), ()), (1, 1, 1), (1, 1, 1), 0, 0, b""),
@@ -199,15 +199,15 @@ def test_unknown_module_and_nccl_and_host_functions_are_unsupported(tmp_path, cu
         ev.LaunchBegin(
             ev.Kernel(2, "ncclDevKernel_AllReduce_Sum_f32_RING_LL", MODULE, ()), (1, 1, 1), (1, 1, 1), 0, 0, b""
         ),
-        ev.NotReproducible("cuLaunchHostFunc", "a host function runs in the stream"),
+        ev.NotReproducible("cuIpcOpenMemHandle", "memory shared between processes (IPC)"),
     ]
     path, t = record(tmp_path, events, mem)
-    assert set(t.report.unsupported) == {"cuLaunchKernel", "cuLaunchHostFunc"}
+    assert set(t.report.unsupported) == {"cuLaunchKernel", "cuIpcOpenMemHandle"}
     with replayfmt.open(path) as cap:
         reasons = [op.reason for op in cap.iter_operations() if op.kind == m.OperationKind.UNSUPPORTED]
         assert "loaded before recording started" in reasons[0] and "collective" in reasons[1]
         plan = build_plan(cap, PlanOptions(continue_on_error=True))
-        assert any("unsupported" in p or "cuLaunchHostFunc" in p for p in plan.problems)
+        assert any("cuIpcOpenMemHandle cannot be replayed" in p for p in plan.problems)
 
 
 def test_allocations_made_before_recording_are_found_through_the_driver(tmp_path, cubin):

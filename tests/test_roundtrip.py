@@ -52,6 +52,8 @@ def test_sample_round_trips_every_object_and_operation(tmp_path):
         assert [op.name for op in ops if op.kind == m.OperationKind.SCOPE_BEGIN] == ["step"]
         unsupported = next(op for op in ops if op.kind == m.OperationKind.UNSUPPORTED)
         assert unsupported.call == "cuLaunchHostFunc"
+        host = next(op for op in ops if op.kind == m.OperationKind.HOST_FUNCTION)
+        assert host == m.HostFunction(host.index, ids["stream"]) and host.kind.label == "host_function"
 
 
 def test_random_access_matches_iteration(tmp_path):

@@ -40,6 +40,7 @@ class Allocation:
     buffer: int = 0  # object id once written
     region: int = -1  # the region in which it was last touched
     before: int = 0  # payload of its snapshot in that region (0: defined by the region itself)
+    latest: int = 0  # host-visible memory: payload of its contents when last uploaded or read
     labels: list[TensorLabel] = field(default_factory=list)
 
 
@@ -53,6 +54,11 @@ class AllocationTable:
         self._by_address: dict[int, Allocation] = {}
         self._not_pointers: set[int] = set()  # words the driver said are no allocation
         self.epoch = 0  # changes whenever the table does
+        self.mapped = MappedRanges()  # virtual memory management: reserved ranges and mapped pieces
+        self.device_aliases: dict[int, int] = {}  # host allocation -> its device address, where they differ
+        # parameter words below this are numbers: POINTER_LOW, or lower where host memory that kernels
+        # read lies lower (a non-PIE interpreter's heap, registered with cuMemHostRegister)
+        self.pointer_low = POINTER_LOW
 
     def add(self, address: int, size: int, api: ev.MemoryApi, call: str) -> Allocation:
         self.remove(address)
@@ -61,6 +67,8 @@ class AllocationTable:
         self._by_address[address] = allocation
         self._not_pointers.clear()
         self.epoch += 1
+        if api != ev.MemoryApi.DEVICE:
+            self.pointer_low = min(self.pointer_low, address)
         return allocation
 
     def remove(self, address: int) -> Allocation | None:
@@ -68,6 +76,9 @@ class AllocationTable:
         if allocation is not None:
             del self._starts[bisect.bisect_left(self._starts, address)]
             self.epoch += 1
+            if address == self.pointer_low:
+                hosts = [a.address for a in self._by_address.values() if a.api != ev.MemoryApi.DEVICE]
+                self.pointer_low = min([POINTER_LOW, *hosts])
         return allocation
 
     def is_live(self, allocation: Allocation) -> bool:
@@ -96,6 +107,15 @@ class AllocationTable:
             return None
         return allocation
 
+    def kernel_allocation(self, address: int) -> Allocation | None:
+        """The allocation a kernel reaches through ``address``: device memory (as
+        :meth:`device_allocation`), or pinned, registered or managed memory the program made
+        while the recorder listened (kernels read those through the same addresses)."""
+        allocation = self.find(address)
+        if allocation is not None and allocation.api != ev.MemoryApi.DEVICE:
+            return allocation
+        return self.device_allocation(address)
+
     def span(self) -> tuple[int, int] | None:
         """[lowest start, highest end) over every live allocation, or None when there is none."""
         if not self._starts:
@@ -116,3 +136,75 @@ class AllocationTable:
             if target is not None and target.api == ev.MemoryApi.DEVICE:
                 return value, int(np.flatnonzero(words == value)[0]) * 8, target
         return None
+
+
+Extent = tuple[int, int]  # (address, size)
+
+
+class MappedRanges:
+    """Virtual memory management as the recorder follows it: reserved ranges, and the pieces of
+    physical memory mapped into them. A replay buffer covers one contiguous run of mapped pieces
+    inside one reservation (an *extent*): pieces mapped next to each other, as an allocator
+    grows a range, make one extent, so an access that spans two pieces stays inside one buffer.
+
+    ``map`` and ``unmap`` answer which extents ended and which began (an extent that grows is one
+    that ends and a larger one that begins: buffers are immutable once written)."""
+
+    def __init__(self) -> None:
+        self._reserved: dict[int, int] = {}  # base -> size
+        self._pieces: dict[int, int] = {}  # mapped address -> size
+
+    def reserve(self, address: int, size: int) -> None:
+        self._reserved[address] = size
+
+    def release(self, address: int) -> None:
+        self._reserved.pop(address, None)
+
+    def map(self, address: int, size: int) -> tuple[list[Extent], list[Extent]]:
+        """Record a mapping; (extents that ended, extents that began)."""
+        before = self._extents(address)
+        self._pieces[address] = size
+        return self._changes(before, self._extents(address))
+
+    def unmap(self, address: int, size: int) -> tuple[list[Extent], list[Extent]]:
+        """Remove ``[address, address + size)`` from the mapped pieces (splitting any it cuts)."""
+        before = self._extents(address)
+        end = address + size
+        for start, length in list(self._pieces.items()):
+            stop = start + length
+            if stop <= address or start >= end:
+                continue
+            del self._pieces[start]
+            if start < address:
+                self._pieces[start] = address - start
+            if stop > end:
+                self._pieces[end] = stop - end
+        return self._changes(before, self._extents(address))
+
+    def _reservation(self, address: int) -> Extent | None:
+        for base, size in self._reserved.items():
+            if base <= address < base + size:
+                return base, size
+        return None
+
+    def _extents(self, address: int) -> list[Extent]:
+        """The extents in the reservation holding ``address`` (every piece when none is known:
+        a range reserved before recording started)."""
+        reservation = self._reservation(address)
+        if reservation is None:
+            pieces = sorted(p for p in self._pieces.items() if self._reservation(p[0]) is None)
+        else:
+            low, high = reservation[0], reservation[0] + reservation[1]
+            pieces = sorted(p for p in self._pieces.items() if low <= p[0] < high)
+        extents: list[Extent] = []
+        for start, size in pieces:
+            if extents and extents[-1][0] + extents[-1][1] == start:
+                extents[-1] = (extents[-1][0], extents[-1][1] + size)
+            else:
+                extents.append((start, size))
+        return extents
+
+    @staticmethod
+    def _changes(before: list[Extent], after: list[Extent]) -> tuple[list[Extent], list[Extent]]:
+        old, new = set(before), set(after)
+        return sorted(old - new), sorted(new - old)

@@ -31,6 +31,7 @@ from replayfmt.capture.cupti_api import (
     RESOURCE_MODULE_UNLOAD_STARTING,
     Cupti,
 )
+from replayfmt.capture.graphs import GraphCalls
 from replayfmt.capture.process_memory import MEMORY, c_string, image_bytes, read, u64
 from replayfmt.cuda.driver import driver
 from replayfmt.cuda.functions import parameter_layout
@@ -86,7 +87,7 @@ class _Kernel:
         return b""
 
 
-class CuptiSource:
+class CuptiSource(GraphCalls):
     """Subscribes to CUPTI and feeds decoded driver events to ``sink`` (the translator).
 
     ``launch_results``: also report each launch's return (kernel mode needs it to close an
@@ -116,6 +117,10 @@ class CuptiSource:
         self._library_modules: dict[tuple[str, int], int] = {}  # library key -> its module handle
         self._lazy_images: dict[int, bytes] = {}  # CUPTI module id -> cubin, loaded with no call of its own
         self._lazy_sent: set[int] = set()
+        self._graph_of: dict[int, int] = {}  # executable graph -> the graph it was instantiated from
+        self._graphs = None  # a GraphReader, made at the first graph launch
+        self._captures = 0  # stream captures in progress: work enqueued then is recorded into graphs, not run
+        self._deliver = sink
 
     # -- subscription ----------------------------------------------------------------------
 
@@ -291,9 +296,34 @@ class CuptiSource:
             self._sink(ev.Free(u64(p), call))
 
     def _on_mem_map(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
-        if site == _EXIT and self._succeeded(result):
+        if site == _EXIT and self._succeeded(result):  # (ptr, size, offset, handle, flags)
             address, size = _unpack_from("<QQ", MEMORY, p)
-            self._sink(ev.Allocation(address, size, ev.MemoryApi.DEVICE, call))
+            self._sink(ev.Mapped(address, size, call))
+
+    def _on_mem_unmap(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
+        if site == _ENTER:  # (ptr, size)
+            address, size = _unpack_from("<QQ", MEMORY, p)
+            self._sink(ev.Unmapped(address, size, call))
+
+    def _on_host_device_pointer(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
+        if site == _EXIT and self._succeeded(result):  # (CUdeviceptr* pdptr, void* p, flags)
+            out, host = _unpack_from("<QQ", MEMORY, p)
+            self._sink(ev.HostDevicePointer(host, u64(out), call))
+
+    def _on_address_reserve(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
+        if site == _EXIT and self._succeeded(result):  # (CUdeviceptr* ptr, size, alignment, addr, flags)
+            out, size = _unpack_from("<QQ", MEMORY, p)
+            self._sink(ev.AddressReserved(u64(out), size, call))
+
+    def _on_address_free(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
+        if site == _ENTER:  # (ptr, size)
+            address, size = _unpack_from("<QQ", MEMORY, p)
+            self._sink(ev.AddressFreed(address, size, call))
+
+    def _on_host_register(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
+        if site == _EXIT and self._succeeded(result):  # (void* p, size, flags): the pointer itself
+            address, size = _unpack_from("<QQ", MEMORY, p)
+            self._sink(ev.Allocation(address, size, ev.MemoryApi.HOST_PINNED, call))
 
     # -- streams, events, synchronisation ----------------------------------------------------
 
@@ -318,6 +348,10 @@ class CuptiSource:
         if site == _ENTER:
             stream, event = _unpack_from("<QQ", MEMORY, p)
             self._sink(ev.StreamWaited(stream, event))
+
+    def _on_host_function(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
+        if site == _ENTER:  # (hStream, fn, userData[, flags]): the stream comes first in both calls
+            self._sink(ev.HostFunction(u64(p), call))
 
     def _on_stream_sync(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
         if site == _EXIT:
@@ -421,10 +455,15 @@ for _names, _decoder in [
     *_LAUNCHES,
     (_variants("cuMemAlloc_v2", "cuMemAllocAsync", "cuMemAllocFromPoolAsync"), _alloc_decoder(ev.MemoryApi.DEVICE)),
     (["cuMemAllocPitch_v2"], _S._on_alloc_pitch),
-    (["cuMemHostAlloc", "cuMemAllocHost_v2"], _alloc_decoder(ev.MemoryApi.HOST_PINNED)),
+    (["cuMemHostAlloc", "cuMemHostAlloc_v2", "cuMemAllocHost_v2"], _alloc_decoder(ev.MemoryApi.HOST_PINNED)),
+    (["cuMemHostRegister", "cuMemHostRegister_v2"], _S._on_host_register),
+    (["cuMemHostGetDevicePointer", "cuMemHostGetDevicePointer_v2"], _S._on_host_device_pointer),
     (["cuMemAllocManaged"], _alloc_decoder(ev.MemoryApi.MANAGED)),
-    (_variants("cuMemFree_v2", "cuMemFreeAsync", "cuMemFreeHost", "cuMemUnmap"), _S._on_free),
+    (_variants("cuMemFree_v2", "cuMemFreeAsync", "cuMemFreeHost", "cuMemHostUnregister"), _S._on_free),
+    (["cuMemAddressReserve"], _S._on_address_reserve),
+    (["cuMemAddressFree"], _S._on_address_free),
     (["cuMemMap"], _S._on_mem_map),
+    (["cuMemUnmap"], _S._on_mem_unmap),
     (_variants("cuMemcpy"), _copy_decoder(_D, False)),
     (_variants("cuMemcpyAsync"), _copy_decoder(_D, True)),
     (_variants("cuMemcpyHtoD_v2"), _copy_decoder(_H2D, False)),
@@ -452,8 +491,19 @@ for _names, _decoder in [
     (["cuLibraryLoadFromFile"], _module_load_decoder("library", True)),
     (["cuModuleUnload"], _module_unload_decoder("module")),
     (["cuLibraryUnload"], _module_unload_decoder("library")),
-    (_variants("cuLaunchHostFunc", "cuStreamAddCallback"), _refusal_decoder("a host function runs in the stream")),
-    (_variants("cuGraphLaunch"), _refusal_decoder("CUDA graph launches are not decomposed into their nodes")),
+    (_variants("cuLaunchHostFunc", "cuStreamAddCallback"), _S._on_host_function),
+    (_variants("cuGraphLaunch"), GraphCalls._on_graph_launch),
+    (["cuGraphInstantiate", "cuGraphInstantiate_v2", "cuGraphInstantiateWithFlags",
+      *_variants("cuGraphInstantiateWithParams")], GraphCalls._on_graph_instantiate),
+    (["cuGraphExecUpdate", "cuGraphExecUpdate_v2"], GraphCalls._on_graph_exec_update),
+    (["cuGraphExecDestroy"], GraphCalls._on_graph_exec_destroy),
+    (_variants("cuStreamBeginCapture", "cuStreamBeginCapture_v2", "cuStreamBeginCaptureToGraph"),
+     GraphCalls._on_capture_begin),
+    (_variants("cuStreamEndCapture"), GraphCalls._on_capture_end),
+    (["cuGraphExecKernelNodeSetParams", "cuGraphExecKernelNodeSetParams_v2", "cuGraphExecMemcpyNodeSetParams",
+      "cuGraphExecMemsetNodeSetParams", "cuGraphExecHostNodeSetParams", "cuGraphExecChildGraphNodeSetParams",
+      "cuGraphExecNodeSetParams", "cuGraphExecEventRecordNodeSetEvent", "cuGraphExecEventWaitNodeSetEvent"],
+     _refusal_decoder("node parameters changed on an executable graph are not followed yet")),
     (["cuIpcOpenMemHandle", "cuIpcOpenMemHandle_v2", "cuIpcGetMemHandle"],
      _refusal_decoder("memory shared between processes (IPC)")),
     (_variants("cuMemcpyPeer", "cuMemcpyPeerAsync", "cuMemcpy2D_v2", "cuMemcpy2DAsync_v2", "cuMemcpy3D_v2",

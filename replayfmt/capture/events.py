@@ -20,9 +20,9 @@ from replayfmt.format import model as m
 class MemoryApi(enum.Enum):
     """How an allocation was made; decides whether it can be replayed."""
 
-    DEVICE = "device"  # cuMemAlloc*, stream-ordered pools, VMM maps
-    HOST_PINNED = "host_pinned"  # cuMemHostAlloc / cuMemAllocHost: host memory, copies come from it
-    MANAGED = "managed"  # cuMemAllocManaged: not reproducible
+    DEVICE = "device"  # cuMemAlloc*, stream-ordered pools (cuMemAllocAsync), VMM maps (cuMemMap)
+    HOST_PINNED = "host_pinned"  # cuMemHostAlloc / cuMemAllocHost / cuMemHostRegister: kernels may read it
+    MANAGED = "managed"  # cuMemAllocManaged: the host and the device both use it
 
 
 @dataclass(slots=True)
@@ -63,6 +63,53 @@ class Allocation:
 class Free:
     address: int
     call: str = "cuMemFree_v2"
+
+
+@dataclass(slots=True)
+class HostDevicePointer:
+    """The device address of host memory (cuMemHostGetDevicePointer): registered memory may be
+    reached by kernels at an address other than the host's."""
+
+    host: int
+    device: int
+    call: str = "cuMemHostGetDevicePointer_v2"
+
+
+@dataclass(slots=True)
+class AddressReserved:
+    """A virtual address range reserved (cuMemAddressReserve); memory is mapped into it later."""
+
+    address: int
+    size: int
+    call: str = "cuMemAddressReserve"
+
+
+@dataclass(slots=True)
+class AddressFreed:
+    """A reserved range given back (cuMemAddressFree)."""
+
+    address: int
+    size: int
+    call: str = "cuMemAddressFree"
+
+
+@dataclass(slots=True)
+class Mapped:
+    """Physical memory mapped at ``address`` (cuMemMap): device memory from now on. Allocators
+    grow a reserved range piece by piece (PyTorch's expandable segments)."""
+
+    address: int
+    size: int
+    call: str = "cuMemMap"
+
+
+@dataclass(slots=True)
+class Unmapped:
+    """``size`` bytes at ``address`` unmapped (cuMemUnmap)."""
+
+    address: int
+    size: int
+    call: str = "cuMemUnmap"
 
 
 @dataclass(slots=True)
@@ -165,6 +212,30 @@ class EventSynchronized:
 
 
 @dataclass(slots=True)
+class HostFunction:
+    """A host function enqueued in ``stream`` (cuLaunchHostFunc, cuStreamAddCallback): it keeps
+    its place in the stream's order; its code, the program's own, is not captured."""
+
+    stream: int
+    call: str = "cuLaunchHostFunc"
+
+
+@dataclass(slots=True)
+class GraphLaunchBegin:
+    """A CUDA graph launch (cuGraphLaunch): its nodes follow as events, in a topological order,
+    on ``stream``, until :class:`GraphLaunchEnd`."""
+
+    graph_exec: int
+    stream: int
+
+
+@dataclass(slots=True)
+class GraphLaunchEnd:
+    graph_exec: int
+    stream: int
+
+
+@dataclass(slots=True)
 class NotReproducible:
     """A call replay cannot reproduce (host functions, IPC, managed memory, graphs, ...)."""
 
@@ -178,6 +249,11 @@ Event = (
     | ModuleUnload
     | Allocation
     | Free
+    | HostDevicePointer
+    | AddressReserved
+    | AddressFreed
+    | Mapped
+    | Unmapped
     | LaunchBegin
     | LaunchEnd
     | Copy
@@ -190,5 +266,8 @@ Event = (
     | StreamSynchronized
     | ContextSynchronized
     | EventSynchronized
+    | HostFunction
+    | GraphLaunchBegin
+    | GraphLaunchEnd
     | NotReproducible
 )

@@ -1,13 +1,17 @@
-"""Module images the program loaded, as the recorder keeps them: each image is stored once (its
-bytes as a payload, or a file reference by the file policy) the first time a kernel of it runs,
-and every launched kernel of it becomes an executable sharing that payload."""
+"""Module images the program loaded, as the recorder keeps them: each image is stored once, its
+bytes as a payload, the first time a kernel of it runs, and every launched kernel of it becomes
+an executable sharing that payload.
+
+Images are always stored, whatever the file policy: a module loaded from a file (Triton's and
+Inductor's cubins in their compile caches) is small, and a capture that references it stops
+replaying as soon as the cache moves. File references are for large data files (mapped weights).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from replayfmt.capture import events as ev
-from replayfmt.capture.file_references import FileReferences
 from replayfmt.container.writer import CaptureWriter
 from replayfmt.format import model as m
 from replayfmt.format.cubin import CubinError, detect_format, parse_cubin
@@ -29,16 +33,14 @@ class Module:
         return bool(self.payload or self.file)
 
 
-def store_module(module: Module, writer: CaptureWriter, files: FileReferences, policy: m.FilePolicy) -> None:
-    """Write the module's image into the capture (once): a file reference under the reference
-    and fail policies, otherwise a payload; its format and architecture read from the bytes."""
+def store_module(module: Module, writer: CaptureWriter) -> None:
+    """Write the module's image into the capture as a payload (once, whatever the file policy);
+    its format and architecture read from the bytes."""
     if module.stored:
         return
     image = module.image
     data = image.data
     if data is None and image.path is not None:
-        if policy in (m.FilePolicy.REFERENCE, m.FilePolicy.FAIL):
-            module.file = files.reference(image.path, policy)
         with open(image.path, "rb") as f:
             data = f.read()
     if data is None:
@@ -52,6 +54,5 @@ def store_module(module: Module, writer: CaptureWriter, files: FileReferences, p
             module.arch = f"sm_{parse_cubin(data).arch}"
         except CubinError:
             pass
-    if not module.file:
-        module.payload = writer.add_payload(data)
+    module.payload = writer.add_payload(data)
     module.image = ev.ModuleImage(image.key, None, image.path, image.call)  # the bytes are stored now

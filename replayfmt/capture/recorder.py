@@ -23,6 +23,7 @@ from replayfmt.capture.device_memory import DriverMemory
 from replayfmt.capture.options import CaptureMode, RecordOptions
 from replayfmt.capture.report import Report
 from replayfmt.capture.translate import KernelAnnotation, Translator
+from replayfmt.capture.verdict import check_capture
 from replayfmt.container.writer import CaptureWriter
 from replayfmt.errors import ReplayUsageError
 from replayfmt.format import model as m
@@ -130,7 +131,8 @@ class Recorder:
         self.translator.annotate_kernel(None, kernel, annotation)
 
     def close(self) -> Report:
-        """Stop listening, close any open region, write the index; returns the report."""
+        """Stop listening, close any open region, write the index, and check the file as
+        run-replay's plan would (``report.verdict``); returns the report."""
         if self._closed:
             return self.report
         self._closed = True
@@ -145,6 +147,7 @@ class Recorder:
             self.memory.close()
             self.writer.close()
             self.report.operations = self.writer.operation_count
+        self.report.verdict = check_capture(self.path, fixed_addresses=self.options.fixed_addresses)
         return self.report
 
     def __enter__(self) -> Recorder:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from replayfmt.capture.verdict import Verdict
 from replayfmt.format.names import demangle
 
 
@@ -24,6 +25,7 @@ class Report:
     unsupported: dict[str, int] = field(default_factory=dict)  # call -> count
     errors: list[str] = field(default_factory=list)  # problems met inside callbacks
     needs_fixed_addresses: str = ""  # why, when the capture needs --fixed-addresses
+    verdict: Verdict | None = None  # run-replay's plan on the closed file (None: not checked)
 
     def kernel(self, name: str) -> KernelStats:
         stats = self.kernels.get(name)
@@ -50,6 +52,9 @@ class Report:
             out.append(f"  unsupported: {call} x{count} (recorded; replay will refuse the capture)")
         if self.needs_fixed_addresses:
             out.append(f"  needs --fixed-addresses: {self.needs_fixed_addresses}")
+        if self.verdict is not None:
+            out.append(f"  {self.verdict.host_line()}")
+            out.append(f"  {self.verdict.line()}")
         for error in self.errors[:limit]:
             out.append(f"  error: {error}")
         if len(self.errors) > limit:

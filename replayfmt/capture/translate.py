@@ -24,9 +24,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from replayfmt.capture import events as ev
-from replayfmt.capture.allocations import POINTER_HIGH, POINTER_LOW, Allocation, AllocationTable, TensorLabel
+from replayfmt.capture.allocations import POINTER_HIGH, Allocation, AllocationTable, TensorLabel
 from replayfmt.capture.file_references import FileReferences
+from replayfmt.capture.graph_events import GraphEvents
 from replayfmt.capture.hostfiles import HostFiles
+from replayfmt.capture.memory_events import MEMORY_KINDS, MemoryEvents
 from replayfmt.capture.modules import Module, store_module
 from replayfmt.capture.options import CaptureMode, RecordOptions
 from replayfmt.capture.report import KernelStats, Report
@@ -81,7 +83,7 @@ class KernelAnnotation:
     tensor_maps: bool = False  # its 128-byte parameters are tensor maps (Triton tensor descriptors)
 
 
-class Translator:
+class Translator(MemoryEvents, GraphEvents):
     """Consumes :mod:`events` in program order and writes them to ``writer``. Thread-safe."""
 
     def __init__(
@@ -193,16 +195,6 @@ class Translator:
     def _on_module_unload(self, event: ev.ModuleUnload) -> None:
         self._modules.pop(event.key, None)
 
-    def _on_allocation(self, event: ev.Allocation) -> None:
-        self.allocations.add(event.address, event.size, event.api, event.call)
-        if event.api == ev.MemoryApi.MANAGED and self._recording:
-            self._unsupported(event.call, "managed memory cannot be replayed", 0)
-
-    def _on_free(self, event: ev.Free) -> None:
-        allocation = self.allocations.remove(event.address)
-        if allocation is not None and allocation.buffer and self._recording:
-            self.writer.destroy(allocation.buffer)
-
     def _on_launch(self, event: ev.LaunchBegin) -> None:
         kernel = event.kernel
         shape = self._shape(kernel)
@@ -225,7 +217,7 @@ class Translator:
             relocations, targets = self._relocations(event.parameters, shape)
             shape.last = (event.parameters, self.allocations.epoch, relocations, targets)
         for allocation in targets:
-            self._touch(allocation, event.stream, kernel.name)
+            self._touch_for_launch(allocation, event.stream, kernel.name)
         self._write_launch(event, function, relocations)
         shape.stats.captured += 1
 
@@ -355,7 +347,7 @@ class Translator:
     def _on_memset(self, event: ev.Memset) -> None:
         if not self._recording:
             return
-        allocation = self.allocations.device_allocation(event.address)
+        allocation = self.allocations.kernel_allocation(event.address)
         if allocation is None:
             return self._unsupported(event.call, f"address {event.address:#x} is in no recorded allocation", 0)
         offset = event.address - allocation.address
@@ -392,6 +384,10 @@ class Translator:
     def _on_event_synchronized(self, event: ev.EventSynchronized) -> None:
         if self._recording:
             self.writer.event_synchronize(self._event(event.event))
+
+    def _on_host_function(self, event: ev.HostFunction) -> None:
+        if self._recording:
+            self.writer.host_function(self._stream(event.stream))
 
     def _on_not_reproducible(self, event: ev.NotReproducible) -> None:
         if self._recording:
@@ -435,7 +431,7 @@ class Translator:
         allocation.buffer = self.writer.add_object(m.Buffer(
             size=allocation.size, device=self._device, address=allocation.address, dtype=dtype,
             shape=shape, strides=strides, label=label or allocation.call,
-            requires_fixed_address=self.options.fixed_addresses,
+            requires_fixed_address=self.options.fixed_addresses, memory=MEMORY_KINDS[allocation.api],
         ))  # fmt: skip
         return allocation.buffer
 
@@ -454,7 +450,7 @@ class Translator:
             return None
         eid = module.executables.get(kernel.name)
         if eid is None:
-            store_module(module, self.writer, self._file_references, self.options.file_policy)
+            store_module(module, self.writer)
             annotation = self._annotation(kernel)
             parameters = []
             for i, (offset, size) in enumerate(kernel.layout):
@@ -494,7 +490,7 @@ class Translator:
         maps = shape.tensor_maps
         skip_until = -1
         for i, value in enumerate(words):
-            if value < POINTER_LOW or value >= POINTER_HIGH:
+            if value < self.allocations.pointer_low or value >= POINTER_HIGH:
                 continue
             site = i * 8
             if site < skip_until:
@@ -503,7 +499,7 @@ class Translator:
             if site in maps:
                 kind = m.RelocationKind.TENSOR_MAP
                 skip_until = site + 128
-            allocation = self.allocations.device_allocation(value)
+            allocation = self.allocations.kernel_allocation(value)
             if allocation is None:
                 continue
             relocations.append(m.Relocation(0, self._buffer(allocation), site, value - allocation.address, kind))
@@ -577,8 +573,13 @@ class Translator:
     _dispatch = {
         ev.ModuleImage: _on_module,
         ev.ModuleUnload: _on_module_unload,
-        ev.Allocation: _on_allocation,
-        ev.Free: _on_free,
+        ev.Allocation: MemoryEvents._on_allocation,
+        ev.Free: MemoryEvents._on_free,
+        ev.HostDevicePointer: MemoryEvents._on_host_device_pointer,
+        ev.AddressReserved: MemoryEvents._on_address_reserved,
+        ev.AddressFreed: MemoryEvents._on_address_freed,
+        ev.Mapped: MemoryEvents._on_mapped,
+        ev.Unmapped: MemoryEvents._on_unmapped,
         ev.LaunchBegin: _on_launch,
         ev.LaunchEnd: _on_launch_end,
         ev.Copy: _on_copy,
@@ -591,5 +592,8 @@ class Translator:
         ev.StreamSynchronized: _on_stream_synchronized,
         ev.ContextSynchronized: _on_context_synchronized,
         ev.EventSynchronized: _on_event_synchronized,
+        ev.HostFunction: _on_host_function,
+        ev.GraphLaunchBegin: GraphEvents._on_graph_begin,
+        ev.GraphLaunchEnd: GraphEvents._on_graph_end,
         ev.NotReproducible: _on_not_reproducible,
     }

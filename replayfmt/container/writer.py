@@ -412,6 +412,10 @@ class CaptureWriter:
     def event_synchronize(self, event: int) -> int:
         return self._table_op(m.EventSynchronize, event)
 
+    def host_function(self, stream: int = 0) -> int:
+        """A host function the program ran in ``stream``'s order (replayed as a no-op host step)."""
+        return self._table_op(m.HostFunction, stream)
+
     def scope_begin(self, name: str) -> int:
         return self._table_op(m.ScopeBegin, name)
 

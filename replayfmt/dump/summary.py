@@ -31,6 +31,7 @@ class Summary:
     unsupported: dict[str, int] = field(default_factory=dict)
     scopes: dict[str, int] = field(default_factory=dict)
     files: dict[str, int] = field(default_factory=dict)  # "policy/validation" -> count
+    needs_from_host: list[str] = field(default_factory=list)  # files replay reads from the host
     payloads: int = 0
     payload_logical_bytes: int = 0
     payload_stored_bytes: int = 0
@@ -94,6 +95,8 @@ def summarize(cap: Capture) -> Summary:
                 objects[obj.kind.label if not isinstance(obj, m.UnknownObject) else "unknown_object"] += 1
                 if isinstance(obj, m.FileReference):
                     files[f"{label_of(obj.policy)}/{label_of(obj.validation)}"] += 1
+                    if obj.policy == m.FilePolicy.REFERENCE and obj.path not in s.needs_from_host:
+                        s.needs_from_host.append(obj.path)
                     if obj.policy == m.FilePolicy.FAIL:
                         problems.append(f"file reference {obj.id} ({obj.path}) was refused at capture (policy fail)")
                 elif isinstance(obj, m.UnknownObject):
@@ -148,6 +151,7 @@ def render_summary_text(s: Summary) -> list[str]:
         f"unsupported   {counts(s.unsupported)}",
         f"scopes        {counts(s.scopes)}",
         f"files         {counts(s.files)}",
+        "host needs    " + (", ".join(s.needs_from_host) or "nothing (the capture holds everything replay reads)"),
         f"payloads      {s.payloads}: {_size(s.payload_logical_bytes)} logical, "
         f"{_size(s.payload_stored_bytes)} stored, compression {s.compression_ratio:.2f}x, "
         f"dedup saved {_size(s.dedup_saved_bytes)}",

@@ -32,6 +32,7 @@ class OperationKind(enum.IntEnum):
     SCOPE_END = 15
     CHECKPOINT = 16
     UNSUPPORTED = 17
+    HOST_FUNCTION = 18
 
     @property
     def label(self) -> str:
@@ -58,6 +59,7 @@ _OPERATION_LABELS = {
     OperationKind.SCOPE_END: "scope_end",
     OperationKind.CHECKPOINT: "checkpoint",
     OperationKind.UNSUPPORTED: "unsupported",
+    OperationKind.HOST_FUNCTION: "host_function",
 }
 
 
@@ -449,6 +451,17 @@ class Unsupported:
 
 
 @dataclass(frozen=True, slots=True)
+class HostFunction:
+    """A host function the program ran in ``stream``'s order (cuLaunchHostFunc,
+    cuStreamAddCallback). Its code is the program's own and is not captured: replay keeps its
+    place in the stream as a host step that does nothing."""
+
+    index: int
+    stream: int
+    kind: ClassVar[OperationKind] = OperationKind.HOST_FUNCTION
+
+
+@dataclass(frozen=True, slots=True)
 class UnknownOperation:
     """An operation of a kind this reader does not know (written by a newer minor version)."""
 
@@ -473,6 +486,7 @@ Operation = (
     | ScopeEnd
     | Checkpoint
     | Unsupported
+    | HostFunction
     | UnknownOperation
 )
 

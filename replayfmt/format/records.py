@@ -393,6 +393,7 @@ ID_OPERATIONS: dict[m.OperationKind, tuple[type, tuple[str, ...]]] = {
     _K.STREAM_SYNCHRONIZE: (m.StreamSynchronize, ("stream",)),
     _K.DEVICE_SYNCHRONIZE: (m.DeviceSynchronize, ("device",)),
     _K.EVENT_SYNCHRONIZE: (m.EventSynchronize, ("event",)),
+    _K.HOST_FUNCTION: (m.HostFunction, ("stream",)),
 }
 # The kinds stored as Operation tables, and their union member names (a test checks the schema).
 UNION_MEMBER_OF_KIND: dict[m.OperationKind, str] = {

@@ -12,6 +12,7 @@ from replayfmt.cuda.driver import check, initialised
 from replayfmt.errors import DeviceError
 from replayfmt.format import model as m
 from replayfmt.replay.devices import Devices
+from replayfmt.replay.memory_kinds import allocate
 from replayfmt.replay.plan import Plan
 
 _FIXED_PAGE = 2 << 20  # the VMM granularity of current GPUs; the real one is asked of the driver
@@ -47,16 +48,13 @@ def allocate_buffers(devices: Devices, plan: Plan, arena_problem: str | None = N
     addresses: dict[int, int] = {}
     current = 0
     for bid, buf in plan.buffers.items():
-        if buf.memory != m.MemoryKind.DEVICE:
-            raise DeviceError(f"buffer {bid}: {buf.memory.name.lower()} memory cannot be replayed")
         if devices.index(buf.device) != current:
             current = devices.index(buf.device)
             devices.use(current)
         size = max(buf.size, 1)
         extra = max(0, buf.alignment - 256)
-        ptr = check(cu.cuMemAlloc(size + extra), f"buffer {bid}: cuMemAlloc({size + extra})")
-        devices.own(lambda p=ptr: cu.cuMemFree(p))
-        address = int(ptr)
+        address, free = allocate(cu, buf.memory, size + extra, f"buffer {bid}")  # by memory kind
+        devices.own(free)
         if extra:
             address = (address + buf.alignment - 1) // buf.alignment * buf.alignment
         addresses[bid] = address
@@ -82,6 +80,10 @@ def _allocate_fixed(devices: Devices, plan: Plan, arena_problem: str | None) -> 
     for bid, buf in plan.buffers.items():
         if buf.address == 0:
             raise DeviceError(f"buffer {bid} has no recorded address; it cannot be replayed with --fixed-addresses")
+        if buf.memory != m.MemoryKind.DEVICE:
+            raise DeviceError(
+                f"buffer {bid}: {buf.memory.name.lower()} memory cannot be replayed with --fixed-addresses"
+            )
         addresses[bid] = buf.address
     regions = page_runs(recorded_ranges(plan), page)
     if not regions:

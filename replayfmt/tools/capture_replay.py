@@ -6,13 +6,14 @@ from __future__ import annotations
 import os
 import runpy
 import sys
+from pathlib import Path
 
 import click
 
 from replayfmt.capture import CaptureMode, Recorder, RecordOptions
 from replayfmt.cuda.address_space import restart_without_aslr
 from replayfmt.format import model as m
-from replayfmt.tools.common import agents_md_option, reports_errors
+from replayfmt.tools.common import EXIT_PROBLEM, ToolExit, agents_md_option, reports_errors
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -29,10 +30,14 @@ from replayfmt.tools.common import agents_md_option, reports_errors
 @click.option("--fixed-addresses", is_flag=True,
               help="Mark buffers for replay at their recorded addresses (re-runs with ASLR off).")  # fmt: skip
 @click.option("--file-policy", type=click.Choice([p.label for p in m.FilePolicy]), default="reference",
-              show_default=True, help="For copies from file mappings and modules loaded from files.")  # fmt: skip
+              show_default=True,
+              help="For copies from file mappings (weights); module images are always stored.")  # fmt: skip
 @click.option("--file-validation", type=click.Choice(["identity", "digest"]), default="identity", show_default=True,
               help="How replay checks referenced files: identity (the same file) or digest (same bytes).")  # fmt: skip
 @click.option("--label-tensors", is_flag=True, help="Type buffers from every PyTorch op's tensors (slower).")
+@click.option("--keep-partial", is_flag=True,
+              help="Keep OUTPUT and exit 0 when the capture cannot be replayed (default: remove it, exit 1).",
+              )  # fmt: skip
 @click.option("--quiet", is_flag=True, help="Do not print the report at the end.")
 @agents_md_option("capture-replay")
 @click.argument("script", type=click.Path(exists=True, dir_okay=False))
@@ -40,12 +45,16 @@ from replayfmt.tools.common import agents_md_option, reports_errors
 @reports_errors("capture-replay")
 def main(output: str, overwrite: bool, mode: str, kernels: str | None, skip_first: int, max_per_kernel: int,
          scopes: tuple[str, ...], fixed_addresses: bool, file_policy: str, file_validation: str,
-         label_tensors: bool, quiet: bool, script: str, args: tuple[str, ...]) -> int:  # fmt: skip
+         label_tensors: bool, keep_partial: bool, quiet: bool, script: str, args: tuple[str, ...]) -> int:  # fmt: skip
     """Run SCRIPT with ARGS and record its GPU work into OUTPUT.
 
     Region mode records everything from the start (or inside --scope blocks) and checkpoints what
     it wrote at the end; kernel mode keeps --kernels launches with before and after snapshots.
     Replay the result with run-replay, benchmark-replay or tune-replay.
+
+    At the end the capture is checked as run-replay's plan checks it: `replayable: yes`, or the
+    first reason why not, in which case OUTPUT is removed and the exit status is 1 (--keep-partial
+    keeps the file and exits 0). The report also says what replay needs from this host.
     """
     if fixed_addresses:
         restart_without_aslr()  # the driver's address range then lands where a replay finds it
@@ -70,7 +79,15 @@ def main(output: str, overwrite: bool, mode: str, kernels: str | None, skip_firs
         if not quiet:
             for line in report.lines():
                 click.echo(line, err=True)
-    return code
+    verdict = report.verdict
+    if code or verdict is None or verdict.replayable:
+        return code
+    if keep_partial:
+        click.echo(f"capture-replay: kept {output} although it cannot be replayed (--keep-partial)", err=True)
+        return code
+    Path(output).unlink(missing_ok=True)
+    raise ToolExit(EXIT_PROBLEM, f"error: {output} cannot be replayed ({verdict.reason}); removed it "
+                                 "(--keep-partial keeps it)")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,0 +1,160 @@
+"""The recorder's close-time verdict (run-replay's plan on its own file), what a capture needs
+from the host, and module images stored whatever the file policy; no GPU."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+from test_capture_translate import MODULE, A, FakeMemory, kernel, record, saxpy_params
+
+import replayfmt
+from replayfmt.capture import RecordOptions, Translator, events as ev
+from replayfmt.capture.hostfiles import HostFiles
+from replayfmt.capture.verdict import check_capture
+from replayfmt.container.writer import CaptureWriter
+from replayfmt.dump.summary import render_summary_text, summarize
+from replayfmt.format import model as m
+from replayfmt.replay.plan import PlanOptions, build_plan
+from replayfmt.tools import capture_replay
+
+
+@pytest.fixture
+def cubin() -> bytes:
+    from samples import compiled_cubin
+
+    data = compiled_cubin("container_kernels.cu")
+    if data is None:
+        pytest.skip("nvcc not available")
+    return data
+
+
+def saxpy_events(image: ev.ModuleImage) -> list:
+    return [image, ev.Allocation(A, 64), ev.LaunchBegin(kernel(), (1, 1, 1), (16, 1, 1), 0, 0,
+                                                         saxpy_params(1.0, A, A, 16))]  # fmt: skip
+
+
+def test_a_clean_capture_is_replayable_and_needs_nothing_from_the_host(tmp_path, cubin):
+    mem = FakeMemory()
+    mem.device[A] = bytearray(64)
+    path, t = record(tmp_path, saxpy_events(ev.ModuleImage(MODULE, cubin, None)), mem)
+    verdict = check_capture(path)
+    assert verdict.replayable and verdict.line() == "replayable: yes"
+    assert verdict.host_line() == "needs nothing from the host"
+    t.report.verdict = verdict
+    assert t.report.lines()[-2:] == ["  needs nothing from the host", "  replayable: yes"]
+
+
+def test_the_first_reason_is_given_when_replay_would_refuse(tmp_path, cubin):
+    mem = FakeMemory()
+    mem.device[A] = bytearray(64)
+    events = [*saxpy_events(ev.ModuleImage(MODULE, cubin, None)), ev.NotReproducible("cuIpcOpenMemHandle", "IPC")]
+    path, _ = record(tmp_path, events, mem)
+    verdict = check_capture(path)
+    assert not verdict.replayable
+    assert verdict.line().startswith("replayable: no: ") and "cuIpcOpenMemHandle" in verdict.line()
+    with replayfmt.open(path) as cap, pytest.raises(replayfmt.errors.ReplayError) as exc:
+        build_plan(cap, PlanOptions())
+    assert verdict.reason == str(exc.value)  # exactly what run-replay says
+
+
+@pytest.mark.parametrize("policy", [m.FilePolicy.REFERENCE, m.FilePolicy.FAIL, m.FilePolicy.CAPTURE_ALL])
+def test_module_images_loaded_from_files_are_stored_whatever_the_file_policy(tmp_path, cubin, policy):
+    cache = tmp_path / "inductor-cache"
+    cache.mkdir()
+    image_file = cache / "kernel.cubin"
+    image_file.write_bytes(cubin)
+    mem = FakeMemory()
+    mem.device[A] = bytearray(64)
+    path = tmp_path / "c.kreplay"
+    with CaptureWriter(path) as writer:
+        t = Translator(writer, RecordOptions(file_policy=policy), mem, host_files=HostFiles(tmp_path / "no-maps"))
+        t.start()
+        for e in saxpy_events(ev.ModuleImage(MODULE, None, str(image_file), "cuModuleLoad")):
+            t.handle(e)
+        t.stop()
+    image_file.unlink()
+    cache.rmdir()  # the compile cache is gone, as on any other machine
+    with replayfmt.open(path) as cap:
+        exe = next(o for o in cap.objects() if isinstance(o, m.Executable))
+        assert exe.payload and not exe.file and cap.read_payload(exe.payload) == cubin
+        assert exe.label == str(image_file)  # where it came from, for the reader
+        assert not [o for o in cap.objects() if isinstance(o, m.FileReference)]
+        assert summarize(cap).needs_from_host == []
+    assert check_capture(path).replayable
+
+
+def test_referenced_data_files_are_listed_as_host_needs(tmp_path, cubin):
+    weights = tmp_path / "w.bin"
+    weights.write_bytes(bytes(4096))
+    maps = tmp_path / "maps"
+    maps.write_text(f"10000-11000 r--p 00000000 08:01 {weights.stat().st_ino} {weights}\n")
+    mem = FakeMemory()
+    mem.device[A] = bytearray(4096)
+    mem.host[0x10000] = bytes(4096)
+    path = tmp_path / "c.kreplay"
+    with CaptureWriter(path) as writer:
+        t = Translator(writer, RecordOptions(), mem, host_files=HostFiles(maps))
+        t.handle(ev.Allocation(A, 4096))
+        t.start()
+        t.handle(ev.Copy(ev.CopyDirection.H2D, A, 0x10000, 4096, 0, False, "cuMemcpyHtoD_v2"))
+        t.stop()
+    verdict = check_capture(path)
+    assert verdict.replayable and verdict.host_files == [str(weights)]
+    assert verdict.host_line() == f"needs 1 file(s) from the host: {weights}"
+    with replayfmt.open(path) as cap:
+        assert f"host needs    {weights}" in render_summary_text(summarize(cap))
+    weights.unlink()
+    assert check_capture(path).reason.startswith("file reference ")
+
+
+class _FakeRecorder:
+    """Stands in for the CUPTI recorder: records one launch and, when asked, an unsupported call."""
+
+    unsupported = False
+
+    def __init__(self, output, options, *, overwrite, command_line) -> None:
+        self.writer = CaptureWriter(output, overwrite=overwrite)
+        mem = FakeMemory()
+        mem.device[A] = bytearray(64)
+        self.translator = Translator(self.writer, options, mem, host_files=HostFiles("/nonexistent-maps"))
+        self.image = _FakeRecorder.image
+
+    def start(self) -> None:
+        self.translator.start()
+
+    def close(self):
+        t = self.translator
+        for e in saxpy_events(ev.ModuleImage(MODULE, self.image, None)):
+            t.handle(e)
+        if self.unsupported:
+            t.handle(ev.NotReproducible("cuIpcOpenMemHandle", "memory shared between processes (IPC)"))
+        t.stop()
+        self.writer.close()
+        t.report.verdict = check_capture(self.writer.path)
+        return t.report
+
+
+@pytest.mark.parametrize("unsupported", [False, True])
+@pytest.mark.parametrize("keep", [False, True])
+def test_capture_replay_exits_1_and_removes_an_unreplayable_capture_unless_kept(
+    tmp_path, cubin, monkeypatch, unsupported, keep
+):
+    script = tmp_path / "prog.py"
+    script.write_text("print('hello')\n")
+    out = tmp_path / "out.kreplay"
+    _FakeRecorder.image = cubin
+    monkeypatch.setattr(_FakeRecorder, "unsupported", unsupported)
+    monkeypatch.setattr(capture_replay, "Recorder", _FakeRecorder)
+    args = ["-o", str(out), *(["--keep-partial"] if keep else []), str(script)]
+    result = CliRunner().invoke(capture_replay.main, args)
+    stderr = result.stderr if hasattr(result, "stderr") else result.output
+    if not unsupported:
+        assert result.exit_code == 0 and "replayable: yes" in stderr and out.exists()
+    elif keep:
+        assert result.exit_code == 0 and out.exists()
+        assert "replayable: no: " in stderr and "kept" in stderr and "--keep-partial" in stderr
+    else:
+        assert result.exit_code == 1 and not out.exists()
+        last = stderr.strip().splitlines()[-1]
+        assert last.startswith(f"capture-replay: error: {out} cannot be replayed (")
+        assert last.endswith("removed it (--keep-partial keeps it)") and "cuIpcOpenMemHandle" in last
