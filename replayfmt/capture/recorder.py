@@ -21,6 +21,7 @@ from replayfmt.capture.cupti_api import load_cupti
 from replayfmt.capture.cupti_source import CuptiSource
 from replayfmt.capture.device_memory import DriverMemory
 from replayfmt.capture.options import CaptureMode, RecordOptions
+from replayfmt.capture.original_times import OriginalTimes
 from replayfmt.capture.report import Report
 from replayfmt.capture.translate import KernelAnnotation, Translator
 from replayfmt.container.writer import CaptureWriter
@@ -66,14 +67,18 @@ class Recorder:
         )  # fmt: skip
         self.writer = CaptureWriter(path, metadata=metadata, overwrite=overwrite)
         self.translator = Translator(self.writer, options, self.memory, device=device)
+        # the original program's device times (CUPTI activity records), bound to operations as written
+        self.times = OriginalTimes(self.writer, self.translator.report, cupti.lib)
         self.source = CuptiSource(
-            cupti, self.translator.handle, guard, launch_results=options.mode == CaptureMode.KERNEL
+            cupti, self.times.wrap(self.translator.handle), guard, launch_results=options.mode == CaptureMode.KERNEL
         )
+        self.times.correlation = self.source.correlation_id
         self._enrichment: list[Any] = []
         self._closed = False
         try:
             self.source.start()
         except BaseException:
+            self.times.close()
             self.writer.close()
             raise
         _active.append(self)
@@ -93,11 +98,13 @@ class Recorder:
         """Begin a region (region mode)."""
         if self.options.mode != CaptureMode.REGION:
             raise ReplayUsageError("start()/stop() apply to mode='region'")
-        self.translator.start(name)
+        with self.times.lock:
+            self.translator.start(name)
 
     def stop(self) -> None:
         """End the region: checkpoint what it wrote."""
-        self.translator.stop()
+        with self.times.lock:
+            self.translator.stop()
 
     @contextlib.contextmanager
     def region(self, name: str = "") -> Iterator[None]:
@@ -110,11 +117,13 @@ class Recorder:
     @contextlib.contextmanager
     def scope(self, name: str) -> Iterator[None]:
         """Named scope markers around the operations recorded inside the block."""
-        self.translator.scope_begin(name)
+        with self.times.lock:
+            self.translator.scope_begin(name)
         try:
             yield
         finally:
-            self.translator.scope_end(name)
+            with self.times.lock:
+                self.translator.scope_end(name)
 
     def label(self, *tensors: Any, **named: Any) -> None:
         """Type the buffers holding these tensors (PyTorch tensors or anything with data_ptr,
@@ -135,13 +144,14 @@ class Recorder:
             return self.report
         self._closed = True
         try:
-            self.translator.stop()
+            self.stop()
         finally:
             for undo in self._enrichment:
                 undo()
             self.source.stop()
             if _active and _active[-1] is self:
                 _active.pop()
+            self.times.close()  # before the writer closes: the times go in at close
             self.memory.close()
             self.writer.close()
             self.report.operations = self.writer.operation_count

@@ -22,6 +22,7 @@ class Report:
     unsupported: dict[str, int] = field(default_factory=dict)  # call -> count
     errors: list[str] = field(default_factory=list)  # problems met inside callbacks
     needs_fixed_addresses: str = ""  # why, when the capture needs --fixed-addresses
+    timing: str = ""  # whether the original program's device times were recorded (CUPTI)
 
     def kernel(self, name: str) -> KernelStats:
         stats = self.kernels.get(name)
@@ -47,6 +48,8 @@ class Report:
             out.append(f"  unsupported: {call} x{count} (recorded; replay will refuse the capture)")
         if self.needs_fixed_addresses:
             out.append(f"  needs --fixed-addresses: {self.needs_fixed_addresses}")
+        if self.timing:
+            out.append(f"  {self.timing}")
         for error in self.errors[:limit]:
             out.append(f"  error: {error}")
         if len(self.errors) > limit:
