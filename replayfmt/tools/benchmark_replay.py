@@ -14,6 +14,7 @@ import click
 import replayfmt
 from replayfmt.cuda.address_space import restart_without_aslr
 from replayfmt.errors import ReplayUsageError
+from replayfmt.measure import kernel_times as kt
 from replayfmt.measure.benchmark import Benchmark, BenchmarkOptions, BenchmarkResult, find_region
 from replayfmt.replay.plan import build_plan
 from replayfmt.tools.common import EXIT_OK, agents_md_option, reports_errors
@@ -24,6 +25,11 @@ Setup (allocations, module loads, uploads, the operations before the scope) happ
 outside the timed region. Before every iteration the buffers the region touches are restored from
 pristine device copies (and, with --flush-l2, the L2 cache is flushed), outside the timed region.
 Device time comes from CUDA events around the region, joined across every captured stream.
+Per-operation times and the region's GPU busy time (the union of its kernels' and copies'
+execution intervals) come from CUPTI activity records, the clock Nsight Systems and torch.profiler
+show, with nothing inserted between kernels; without CUPTI they come from CUDA events around each
+operation (a note says so). A capture recorded with the original program's device times prints
+them beside the replay's, with the ratio.
 
 \b
 Examples:
@@ -44,10 +50,11 @@ def _text(result: BenchmarkResult) -> list[str]:
     for name, s in (("device ms", result.device_ms), ("host ms", result.host_ms)):
         lines.append(f"{name:<13} min {s.min:.4f}  median {s.median:.4f}  mean {s.mean:.4f}  "
                      f"stddev {s.stddev:.4f}  p90 {s.p90:.4f}")  # fmt: skip
-    if result.kernels:
-        lines.append("per operation (median device ms):")
-        lines += [f"  op {k.operation:>7} {k.name:<40} {k.device_ms.median:.4f}" for k in result.kernels]
-    return lines
+    busy = result.busy_ms.median if result.busy_ms else None
+    lines += kt.side_by_side_lines(elapsed_ms=result.device_ms.median, busy_ms=busy, original=result.original,
+                                   clock=result.clock, clock_note=result.clock_note)  # fmt: skip
+    rows = [(k.operation, k.name, k.device_ms.median, k.original_ns) for k in result.kernels]
+    return lines + kt.operation_lines(rows, result.clock)
 
 
 def _csv(result: BenchmarkResult) -> str:
@@ -56,6 +63,9 @@ def _csv(result: BenchmarkResult) -> str:
     writer.writerow(["what", "name", "operation", "min_ms", "median_ms", "mean_ms", "stddev_ms", "p90_ms"])
     s = result.device_ms
     writer.writerow(["scope", result.scope or "", "", s.min, s.median, s.mean, s.stddev, s.p90])
+    if result.busy_ms is not None:
+        b = result.busy_ms
+        writer.writerow(["busy", result.scope or "", "", b.min, b.median, b.mean, b.stddev, b.p90])
     for k in result.kernels:
         s = k.device_ms
         writer.writerow(["operation", k.name, k.operation, s.min, s.median, s.mean, s.stddev, s.p90])
@@ -104,6 +114,13 @@ def _compare(result: BenchmarkResult, baseline_path: Path) -> list[str]:
 )
 @click.option("--flush-l2", is_flag=True, help="Flush the L2 cache before every iteration.")
 @click.option("--per-kernel", is_flag=True, help="Also time every launch and copy of the region.")
+@click.option(
+    "--clock",
+    type=click.Choice(["auto", "cupti", "events"]),
+    default="auto",
+    show_default=True,
+    help="Per-operation and busy times: CUPTI activity records (auto: when present) or CUDA events.",
+)
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "csv"]), default="text", show_default=True)
 @click.option(
     "--compare-to",
@@ -122,7 +139,7 @@ def _compare(result: BenchmarkResult, baseline_path: Path) -> list[str]:
 @reports_errors("benchmark-replay")
 def main(
     capture: Path, scope: str | None, warmup: int, repetitions: int | None, min_time: float, mode: str,
-    flush_l2: bool, per_kernel: bool, fmt: str, compare_to: Path | None, trace: Path | None,
+    flush_l2: bool, per_kernel: bool, clock: str, fmt: str, compare_to: Path | None, trace: Path | None,
     devices: tuple[str, ...], substitutions: tuple[str, ...], remaps: tuple[str, ...], launches: tuple[str, ...],
     fixed_addresses: bool, nvtx: bool,
 ) -> int:  # fmt: skip
@@ -143,7 +160,7 @@ def main(
         with Replayer(plan, ReplayOptions(devices=ordinals, uploads_from_host=True, nvtx=nvtx)) as replayer:
             bench = Benchmark(replayer, region, BenchmarkOptions(
                 scope=scope, warmup=warmup, repetitions=repetitions, min_time=min_time, mode=mode,
-                flush_l2=flush_l2, per_kernel=per_kernel or trace is not None, trace=trace,
+                flush_l2=flush_l2, per_kernel=per_kernel or trace is not None, trace=trace, clock=clock,
             ))  # fmt: skip
             result = _run_with_progress(bench)
     if fmt == "json":
