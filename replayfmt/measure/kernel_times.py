@@ -222,10 +222,11 @@ def side_by_side_lines(
             lines.append(f"{'':<13} {elapsed_ms - busy_ms:11.4f} {(original.span_ns - original.busy_ns) / 1e6:12.4f}"
                          "  device idle inside the region (host launch gaps, synchronisations)")  # fmt: skip
         if original.untimed_device_ops:
-            lines.append(
-                f"note: {original.untimed_device_ops} device operations of the region have no original "
-                "time (uploads of starting state the recorder added); the replay's busy time includes them"
-            )
+            n = original.untimed_device_ops
+            verb = "has" if n == 1 else "have"
+            what = f"{n} device operation{'' if n == 1 else 's'} of the region {verb} no original time"
+            lines.append(f"note: {what} (uploads of starting state the recorder added); the replay's busy time "
+                         "includes them")  # fmt: skip
     lines.append(f"clock: {CLOCK_NAMES.get(clock, clock)}")
     return lines
 
