@@ -121,6 +121,7 @@ class BenchmarkResult:
     clock: str = kt.EVENTS  # what timed the operations (and the busy time): cupti or events
     clock_note: str = ""  # why CUPTI was not used, when it was asked for and is absent
     busy_ms: Stats | None = None  # region GPU busy time: union of its device work (CUPTI only)
+    kernel_busy_ms: Stats | None = None  # the same, over its kernels alone
     original: kt.OriginalSide | None = None  # the original program's times for the region
 
     def to_json(self) -> dict[str, Any]:
@@ -382,7 +383,7 @@ class Benchmark:
                 for i, v in self.iterate(eager=True)[2].items():
                     per_op[i].append(v)
         self._iteration = 0
-        busy = self._cupti_times(per_op, len(device)) if self.clock is not None else None
+        busy, kernel_busy = self._cupti_times(per_op, len(device)) if self.clock is not None else (None, None)
         if options.trace is not None:
             events = kt.trace_events(self.clock.iterations, self._names()) if self.clock else self.trace_events()
             trace = {"traceEvents": events, "displayTimeUnit": "ms"}
@@ -399,7 +400,7 @@ class Benchmark:
             operations=(self.region.start, self.region.stop), mode=options.mode, iterations=len(device),
             warmup=options.warmup, flush_l2=options.flush_l2, device_ms=Stats.of(device), host_ms=Stats.of(host),
             kernels=kernels, clock=kt.CUPTI if self.clock is not None else kt.EVENTS, clock_note=self.clock_note,
-            busy_ms=busy, original=original,
+            busy_ms=busy, kernel_busy_ms=kernel_busy, original=original,
         )  # fmt: skip
 
     def _names(self) -> dict[int, tuple[str, str, int]]:
@@ -407,8 +408,8 @@ class Benchmark:
         return {i: (self.r.kernel_name(i) or self.ops[i].kind.label, self.ops[i].kind.label,
                     getattr(self.ops[i], "stream", 0)) for i in self.timed_ops}  # fmt: skip
 
-    def _cupti_times(self, per_op: dict[int, list[float]], timed: int) -> Stats:
-        """Busy time of the timed iterations; per-operation times (ms) from the tagged ones."""
+    def _cupti_times(self, per_op: dict[int, list[float]], timed: int) -> tuple[Stats, Stats]:
+        """Busy times of the timed iterations (all work, kernels alone); per-operation times (ms)."""
         clock = self.clock
         assert clock is not None
         clock.stop()
@@ -419,4 +420,7 @@ class Benchmark:
                 if self._graph_exec is None or n > timed:  # graph iterations do not tag operations
                     for i, (start, end) in entry.operations.items():
                         per_op.setdefault(i, []).append((end - start) / 1e6)
-        return Stats.of([iterations[n].busy_ns / 1e6 for n in range(1, timed + 1) if n in iterations])
+        timed_entries = [iterations[n] for n in range(1, timed + 1) if n in iterations]
+        return Stats.of([e.busy_ns / 1e6 for e in timed_entries]), Stats.of(
+            [e.kernel_busy_ns / 1e6 for e in timed_entries]
+        )

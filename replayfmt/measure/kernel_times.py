@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from replayfmt.cuda.activity import ActivityBatch, ExternalKind, KernelActivity, kernel_activity
+from replayfmt.cuda.activity import ActivityBatch, ActivityKind, ExternalKind, KernelActivity, kernel_activity
 from replayfmt.errors import DeviceError, ReplayUsageError
 from replayfmt.format.timings import OriginalTimes, busy_ns
 
@@ -37,6 +37,7 @@ class IterationTimes:
     """One iteration's device work as CUPTI saw it (ns)."""
 
     busy_ns: int = 0  # union of its kernels', copies' and memsets' intervals
+    kernel_busy_ns: int = 0  # union of its kernels' intervals only
     span_ns: int = 0  # first start to last end
     operations: dict[int, tuple[int, int]] = field(default_factory=dict)  # op index -> (start, end)
 
@@ -107,11 +108,14 @@ def attribute(batch: ActivityBatch, into: dict[int, IterationTimes]) -> None:
     iterations = batch.external.get(_ITERATION, {})
     operations = batch.external.get(_OPERATION, {})
     grouped: dict[int, list[tuple[int, int]]] = {}
+    kernels: dict[int, list[tuple[int, int]]] = {}
     for record in batch.records:
         iteration = iterations.get(record.correlation_id)
         if iteration is None:
             continue  # warm-up, restores, the recorder's own work
         grouped.setdefault(iteration, []).append((record.start_ns, record.end_ns))
+        if record.kind == ActivityKind.CONCURRENT_KERNEL:
+            kernels.setdefault(iteration, []).append((record.start_ns, record.end_ns))
         index = operations.get(record.correlation_id)
         if index is not None:
             times = into.setdefault(iteration, IterationTimes()).operations
@@ -120,6 +124,7 @@ def attribute(batch: ActivityBatch, into: dict[int, IterationTimes]) -> None:
     for iteration, intervals in grouped.items():
         entry = into.setdefault(iteration, IterationTimes())
         entry.busy_ns = busy_ns(intervals)
+        entry.kernel_busy_ns = busy_ns(kernels.get(iteration, ()))
         entry.span_ns = max(e for _, e in intervals) - min(s for s, _ in intervals)
 
 
@@ -201,6 +206,7 @@ def side_by_side_lines(
     elapsed_ms: float,
     busy_ms: float | None,
     original: OriginalSide | None,
+    kernel_busy_ms: float | None = None,
     clock: str,
     clock_note: str,
 ) -> list[str]:
@@ -215,6 +221,8 @@ def side_by_side_lines(
         orig = f"{original.busy_ns / 1e6:12.4f}" if original else f"{'-':>12}"
         lines.append(f"{'GPU busy':<13} {busy_ms:11.4f} {orig} "
                      f"{ratio(busy_ms, original.busy_ns / 1e6) if original else '-':>16}")  # fmt: skip
+    if kernel_busy_ms is not None and busy_ms is not None and kernel_busy_ms < busy_ms:
+        lines.append(f"{'  kernels':<13} {kernel_busy_ms:11.4f} {'':>12} {'':>16}  (busy time of the kernels alone)")
     if original is not None:
         lines.append(f"{'elapsed':<13} {elapsed_ms:11.4f} {original.span_ns / 1e6:12.4f} "
                      f"{ratio(elapsed_ms, original.span_ns / 1e6):>16}")  # fmt: skip
