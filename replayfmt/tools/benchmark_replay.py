@@ -52,8 +52,14 @@ def _text(result: BenchmarkResult) -> list[str]:
                      f"stddev {s.stddev:.4f}  p90 {s.p90:.4f}")  # fmt: skip
     busy = result.busy_ms.median if result.busy_ms else None
     kernel_busy = result.kernel_busy_ms.median if result.kernel_busy_ms else None
-    lines += kt.side_by_side_lines(elapsed_ms=result.device_ms.median, busy_ms=busy, kernel_busy_ms=kernel_busy,
-                                   original=result.original, clock=result.clock, clock_note=result.clock_note)  # fmt: skip
+    lines += kt.side_by_side_lines(
+        elapsed_ms=result.device_ms.median,
+        busy_ms=busy,
+        kernel_busy_ms=kernel_busy,
+        original=result.original,
+        clock=result.clock,
+        clock_note=result.clock_note,
+    )
     rows = [(k.operation, k.name, k.device_ms.median, k.original_ns) for k in result.kernels]
     return lines + kt.operation_lines(rows, result.clock)
 
