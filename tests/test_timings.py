@@ -228,6 +228,7 @@ def test_recorder_binds_the_program_operation_not_the_snapshot(tmp_path):
     buf = writer.add_object(m.Buffer(size=64, device=dev))
     report = Report()
     times = OriginalTimes(writer, report, activity=activity)
+    times.start()
     correlation = iter([7, 8])
     times.correlation = lambda: next(correlation)
 

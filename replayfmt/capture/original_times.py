@@ -43,11 +43,19 @@ class OriginalTimes:
         self.activity: KernelActivity | None = None
         self.note = ""
         try:
-            if activity is None:  # tests hand in a stand-in
-                activity = KernelActivity(library, kinds=DEVICE_WORK)
-            activity.start()
-            self.activity = activity
+            self.activity = activity if activity is not None else KernelActivity(library, kinds=DEVICE_WORK)
         except (ReplayError, OSError, AttributeError) as exc:
+            self.note = f"the original program's device times are not recorded: {exc}"
+
+    def start(self) -> None:
+        """Start the activity records: once the CUPTI subscription succeeded, so that a refused
+        recorder never touches another client's (torch.profiler's) activity settings."""
+        if self.activity is None:
+            return
+        try:
+            self.activity.start()
+        except (ReplayError, OSError) as exc:
+            self.activity = None
             self.note = f"the original program's device times are not recorded: {exc}"
 
     def wrap(self, handle: Callable[[ev.Event], None]) -> Callable[[ev.Event], None]:

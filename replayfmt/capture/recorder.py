@@ -78,9 +78,9 @@ class Recorder:
         try:
             self.source.start()
         except BaseException:
-            self.times.close()
             self.writer.close()
             raise
+        self.times.start()
         _active.append(self)
         from replayfmt.capture.enrich import enrich
 
