@@ -203,7 +203,21 @@ def load_library() -> ctypes.CDLL:
             return ctypes.CDLL(candidate)
         except OSError as exc:
             problems.append(str(exc).split(":")[0])
+    located = _cupti_python_path()
+    if located:
+        return ctypes.CDLL(located)
     raise DeviceUnavailableError(f"no CUPTI library here (tried {', '.join(problems) or 'nothing'})")
+
+
+def _cupti_python_path() -> str | None:
+    """The libcupti cupti-python loads (it finds the nvidia-cuda-cupti wheel's), if installed."""
+    try:
+        from cupti import cupti  # type: ignore[import-not-found]
+
+        cupti.get_callback_name(1, 1)  # makes cupti-python load its libcupti
+    except Exception:
+        return None
+    return _loaded_path()
 
 
 _REQUEST = ctypes.CFUNCTYPE(None, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_size_t),
