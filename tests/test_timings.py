@@ -220,9 +220,11 @@ class _Activity:
 
 def test_recorder_binds_the_program_operation_not_the_snapshot(tmp_path):
     k = ActivityKind
-    activity = _Activity([ActivityRecord(k.MEMSET, "memset", 100, 130, 0, 1, 7),
-                          ActivityRecord(k.MEMCPY, "memcpy DtoH", 500, 900, 0, 1, 99),  # the recorder's own read
-                          ActivityRecord(k.CONCURRENT_KERNEL, "k", 200, 260, 0, 1, 8)])  # fmt: skip
+    activity = _Activity([ActivityRecord(k.MEMSET, "memset", 100, 130, 0, 1, 7, bytes=64),
+                          ActivityRecord(k.MEMCPY, "memcpy DtoH", 150, 190, 0, 1, 8, bytes=64),  # a snapshot read
+                          ActivityRecord(k.CONCURRENT_KERNEL, "k", 200, 260, 0, 1, 8),
+                          ActivityRecord(k.CONCURRENT_KERNEL, "digest", 300, 310, 0, 1, 8),  # the recorder's
+                          ActivityRecord(k.MEMCPY, "memcpy DtoH", 500, 900, 0, 1, 99)])  # fmt: skip
     writer = replayfmt.CaptureWriter(tmp_path / "r.kreplay", threads=0)
     dev = writer.add_object(m.Device())
     buf = writer.add_object(m.Buffer(size=64, device=dev))
@@ -254,10 +256,12 @@ def test_recorder_binds_the_program_operation_not_the_snapshot(tmp_path):
         assert {i: (t.start_ns, t.duration_ns) for i, t in got.operations.items()} == {3: (100, 30), 5: (200, 60)}
 
 
-def test_operation_times_span_every_record_of_a_call():
+def test_operation_times_take_the_program_record_of_a_call():
     k = ActivityKind.MEMCPY
-    records = [ActivityRecord(k, "memcpy HtoD", 10, 20, 0, 1, 5), ActivityRecord(k, "memcpy HtoD", 25, 40, 0, 1, 5)]
-    assert operation_times(records, {5: 3}) == [OperationTime(3, 10, 30)]
+    records = [ActivityRecord(k, "memcpy DtoH", 10, 20, 0, 1, 5, bytes=4096),  # the snapshot, same size
+               ActivityRecord(k, "memcpy DtoH", 25, 40, 0, 1, 5, bytes=4096),  # the program's copy
+               ActivityRecord(k, "memcpy DtoH", 45, 60, 0, 1, 5, bytes=1 << 20)]  # fmt: skip
+    assert operation_times(records, {5: (3, k, 4096)}) == [OperationTime(3, 25, 15)]
 
 
 # -- benchmark-replay's text --------------------------------------------------------------------

@@ -18,7 +18,7 @@ from typing import Any
 from replayfmt.capture import events as ev
 from replayfmt.capture.report import Report
 from replayfmt.container.writer import CaptureWriter
-from replayfmt.cuda.activity import DEVICE_WORK, ActivityRecord, KernelActivity
+from replayfmt.cuda.activity import DEVICE_WORK, ActivityKind, ActivityRecord, KernelActivity
 from replayfmt.errors import ReplayError
 from replayfmt.format.timings import OperationTime
 
@@ -34,14 +34,19 @@ class OriginalTimes:
     written last is the one just handled.
     """
 
-    def __init__(self, writer: CaptureWriter, report: Report, library: Any = None, *, activity: Any = None) -> None:
+    def __init__(
+        self, writer: CaptureWriter, report: Report, library: Any = None, *, activity: Any = None, enabled: bool = True
+    ) -> None:
         self.writer = writer
         self.report = report
         self.correlation: Callable[[], int] = lambda: 0
         self.lock = threading.RLock()
-        self._bound: dict[int, int] = {}  # correlation id -> operation index
+        # correlation id -> (operation index, the record kind it issues, kernel name or bytes)
+        self._bound: dict[int, tuple[int, ActivityKind, str | int]] = {}
         self.activity: KernelActivity | None = None
         self.note = ""
+        if not enabled:
+            return
         try:
             self.activity = activity if activity is not None else KernelActivity(library, kinds=DEVICE_WORK)
         except (ReplayError, OSError, AttributeError) as exc:
@@ -63,26 +68,30 @@ class OriginalTimes:
         if self.activity is None:
             return handle
         writer, report, bound, lock = self.writer, self.report, self._bound, self.lock
+        kernels, unsupported = report.kernels, report.unsupported
+        launch, kernel_kind = ev.LaunchBegin, ActivityKind.CONCURRENT_KERNEL
 
         def sink(event: ev.Event) -> None:
             with lock:
+                if type(event) is launch:  # the hot path: only a launch written raises `captured`
+                    name = event.kernel.name  # type: ignore[attr-defined]
+                    stats = kernels.get(name)
+                    captured = stats.captured if stats is not None else 0
+                    handle(event)
+                    stats = kernels.get(name)
+                    if stats is not None and stats.captured != captured:
+                        bound[self.correlation()] = (writer.operation_count - 1, kernel_kind, name)
+                    return
                 if not isinstance(event, _DEVICE_EVENTS):
                     handle(event)
                     return
-                before = writer.operation_count
-                refused = sum(report.unsupported.values())
-                stats = report.kernels.get(event.kernel.name) if isinstance(event, ev.LaunchBegin) else None
-                captured = stats.captured if stats is not None else 0
+                before, refused = writer.operation_count, sum(unsupported.values())
                 handle(event)
-                if writer.operation_count == before or sum(report.unsupported.values()) != refused:
-                    return
-                if isinstance(event, ev.LaunchBegin):
-                    stats = report.kernels.get(event.kernel.name)
-                    if stats is None or stats.captured == captured:
-                        return
-                # the program's operation is the last one the translator wrote (objects and
-                # snapshots it needed come first); a synchronous D2H is rebound at its CopyDone
-                bound[self.correlation()] = writer.operation_count - 1
+                if writer.operation_count != before and sum(unsupported.values()) == refused:
+                    # the program's operation is the last one the translator wrote (objects and
+                    # snapshots it needed come first); a synchronous D2H is rebound at its CopyDone
+                    kind, size = _expected(event)
+                    bound[self.correlation()] = (writer.operation_count - 1, kind, size)
 
         return sink
 
@@ -107,18 +116,28 @@ class OriginalTimes:
         self.report.timing = f"original device times: {len(times)} operations timed with CUPTI{lost}"
 
 
-def operation_times(records: list[ActivityRecord], bound: dict[int, int]) -> list[OperationTime]:
-    """One time per bound operation: its records' first start to last end (a call that issued
-    several records, such as a copy split by the driver, spans them all)."""
-    spans: dict[int, tuple[int, int]] = {}
+def _expected(event: ev.Event) -> tuple[ActivityKind, int]:
+    if isinstance(event, ev.Memset):
+        return ActivityKind.MEMSET, event.count * event.element_size
+    return ActivityKind.MEMCPY, event.size  # type: ignore[attr-defined]
+
+
+def operation_times(
+    records: list[ActivityRecord], bound: dict[int, tuple[int, ActivityKind, str | int]]
+) -> list[OperationTime]:
+    """One time per bound operation: the record its call issued. The recorder's own work inside
+    the callback (snapshot reads) shares the call's correlation id, so a record must match the
+    operation's kind and kernel name or byte count; of several, the program's is the last to start
+    (the callback runs before the call it reports)."""
+    chosen: dict[int, ActivityRecord] = {}
     for record in records:
-        index = bound.get(record.correlation_id)
-        if index is None:
+        entry = bound.get(record.correlation_id)
+        if entry is None:
             continue
-        span = spans.get(index)
-        spans[index] = (
-            (record.start_ns, record.end_ns)
-            if span is None
-            else (min(span[0], record.start_ns), max(span[1], record.end_ns))
-        )
-    return [OperationTime(i, start, end - start) for i, (start, end) in sorted(spans.items())]
+        index, kind, key = entry
+        if record.kind != kind or (record.name if kind == ActivityKind.CONCURRENT_KERNEL else record.bytes) != key:
+            continue
+        best = chosen.get(index)
+        if best is None or record.start_ns > best.start_ns:
+            chosen[index] = record
+    return [OperationTime(i, r.start_ns, r.duration_ns) for i, r in sorted(chosen.items())]

@@ -68,7 +68,7 @@ class Recorder:
         self.writer = CaptureWriter(path, metadata=metadata, overwrite=overwrite)
         self.translator = Translator(self.writer, options, self.memory, device=device)
         # the original program's device times (CUPTI activity records), bound to operations as written
-        self.times = OriginalTimes(self.writer, self.translator.report, cupti.lib)
+        self.times = OriginalTimes(self.writer, self.translator.report, cupti.lib, enabled=options.original_times)
         self.source = CuptiSource(
             cupti, self.times.wrap(self.translator.handle), guard, launch_results=options.mode == CaptureMode.KERNEL
         )
@@ -178,18 +178,21 @@ def record(
     file_validation: m.FileValidation | str = m.FileValidation.IDENTITY,
     start: bool = True,
     overwrite: bool = False,
+    original_times: bool = True,
 ) -> Recorder:
     """Record GPU work into ``path``: ``with replayfmt.capture.record("out.kreplay") as rec: ...``.
 
     ``mode="region"`` writes everything between start and stop (``start=True`` starts at once;
     ``region_scopes`` limits recording to scopes of those names); ``mode="kernel"`` writes each
     selected launch (``kernels`` regex, ``skip_first``, ``max_per_kernel``) as a self-contained
-    instance with before and after snapshots.
+    instance with before and after snapshots. ``original_times``: also record how long the device
+    ran each recorded launch, copy and memset in this program (CUPTI activity records).
     """
     options = RecordOptions(
         mode=CaptureMode(mode), kernels=kernels, skip_first=skip_first, max_per_kernel=max_per_kernel,
         region_scopes=tuple(region_scopes), fixed_addresses=fixed_addresses, label_tensors=label_tensors,
         file_policy=_enum(m.FilePolicy, file_policy), file_validation=_enum(m.FileValidation, file_validation),
+        original_times=original_times,
     )  # fmt: skip
     recorder = Recorder(path, options, overwrite=overwrite)
     if start and options.mode == CaptureMode.REGION and not options.region_scopes:

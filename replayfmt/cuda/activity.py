@@ -47,7 +47,8 @@ class ActivityKind(enum.IntEnum):
 
     MEMCPY = 1
     MEMSET = 2
-    DRIVER = 4  # driver API records: needed for external correlation records to be emitted
+    DRIVER = 4  # driver and runtime API records: external correlation records are emitted with them
+    RUNTIME = 5
     CONCURRENT_KERNEL = 10
     EXTERNAL_CORRELATION = 39
 
@@ -280,7 +281,8 @@ class KernelActivity:
     ``library``: a loaded libcupti (the recorder passes the one its callbacks use); default
     :func:`load_library`. ``kinds``: what to record (default kernels, copies and memsets);
     ``external=True`` also records external correlation ids (:meth:`push` / :meth:`pop`), which
-    needs CUPTI's driver-API records too.
+    needs CUPTI's driver- and runtime-API records too (a kernel the runtime launches carries the
+    runtime call's correlation id).
     """
 
     def __init__(
@@ -300,7 +302,8 @@ class KernelActivity:
                                                         ctypes.POINTER(ctypes.c_void_p)]  # fmt: skip
         self.lib.cuptiActivityPushExternalCorrelationId.argtypes = [ctypes.c_int, ctypes.c_uint64]
         self.lib.cuptiActivityPopExternalCorrelationId.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_uint64)]
-        self.kinds = tuple(kinds) + ((ActivityKind.DRIVER, ActivityKind.EXTERNAL_CORRELATION) if external else ())
+        api = (ActivityKind.DRIVER, ActivityKind.RUNTIME, ActivityKind.EXTERNAL_CORRELATION)
+        self.kinds = tuple(kinds) + (api if external else ())
         self._push = self.lib.cuptiActivityPushExternalCorrelationId
         self._pop = self.lib.cuptiActivityPopExternalCorrelationId
         self._popped = ctypes.c_uint64()
