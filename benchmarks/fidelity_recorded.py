@@ -35,6 +35,7 @@ def measure_original(work: Callable[[], object], iterations: int = ITERATIONS) -
     from replayfmt.cuda.activity import ActivityKind, ExternalKind, KernelActivity
     from replayfmt.format.timings import busy_ns
 
+    flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")  # the L2 flushed before each run, as replay does
     for _ in range(3):
         work()
     torch.cuda.synchronize()
@@ -43,6 +44,7 @@ def measure_original(work: Callable[[], object], iterations: int = ITERATIONS) -
     activity = KernelActivity(external=True)
     with activity:
         for i in range(iterations):
+            flush.zero_()
             starts[i].record()
             activity.push(ExternalKind.CUSTOM0, i + 1)
             work()
@@ -79,7 +81,7 @@ def replay(path: Path, scope: str, mode: str) -> tuple:
         plan = build_plan(cap)
         with Replayer(plan, ReplayOptions(uploads_from_host=True)) as r:
             options = BenchmarkOptions(scope=scope, warmup=3, repetitions=ITERATIONS, mode=mode, per_kernel=True,
-                                       clock="cupti")  # fmt: skip
+                                       clock="cupti", flush_l2=True)  # fmt: skip
             bench = Benchmark(r, find_region(cap, scope), options)
             result = bench.run()
             launches = [i for i in bench.timed_ops if r.kernel_name(i)]
@@ -90,7 +92,10 @@ def replay(path: Path, scope: str, mode: str) -> tuple:
 def compare(label: str, path: Path, scope: str, original: dict) -> bool:
     """Print replay vs original; True when every target is met."""
     ok = True
-    print(f"\n== {label}: scope {scope!r}, {ITERATIONS} iterations each, clock: CUPTI activity records")
+    print(
+        f"\n== {label}: scope {scope!r}, {ITERATIONS} iterations each, L2 flushed before each on both sides, "
+        "clock: CUPTI activity records"
+    )
     results = {}
     for mode in ("eager", "graph"):
         try:
