@@ -129,6 +129,11 @@ def compare(label: str, path: Path, scope: str, original: dict) -> bool:
         print(
             f"  per kernel: the original ran {counts} kernels per iteration, the capture {len(launches)}: not matched"
         )
+        first = original["kernels"][0] if original["kernels"] else []
+        for position in range(min(8, max(len(first), len(launches)))):
+            a = first[position][0][:50] if position < len(first) else "-"
+            b = names[launches[position]][:50] if position < len(launches) else "-"
+            print(f"    {position:>3} original {a:<52} capture {b}")
         return False
     by_op = {k.operation: k for k in eager.kernels}
     long_dev, short_dev, mismatched = [], [], 0
