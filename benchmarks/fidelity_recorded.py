@@ -86,6 +86,12 @@ def replay(path: Path, scope: str, mode: str) -> tuple:
             result = bench.run()
             launches = [i for i in bench.timed_ops if r.kernel_name(i)]
             names = {i: r.kernel_name(i) for i in launches}
+            clock = bench.clock
+            counts = [clock.iterations[n].kernels for n in range(1, result.iterations + 1) if n in clock.iterations]
+            print(
+                f"  {mode}: {statistics.median(counts) if counts else 0} kernel records per timed iteration, "
+                f"{clock.untagged_kernels} untagged, {clock.dropped} dropped; {len(launches)} launches in the region"
+            )
     return result, launches, names
 
 

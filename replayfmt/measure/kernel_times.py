@@ -38,6 +38,7 @@ class IterationTimes:
 
     busy_ns: int = 0  # union of its kernels', copies' and memsets' intervals
     kernel_busy_ns: int = 0  # union of its kernels' intervals only
+    kernels: int = 0  # kernel records
     span_ns: int = 0  # first start to last end
     operations: dict[int, tuple[int, int]] = field(default_factory=dict)  # op index -> (start, end)
 
@@ -52,6 +53,7 @@ class CuptiClock:
         self._batch = ActivityBatch()
         self._pending = 0
         self._open = False
+        self.untagged_kernels = 0  # kernel records of no timed iteration (warm-up, setup, restores)
 
     def start(self) -> None:
         self.activity.start()
@@ -90,7 +92,7 @@ class CuptiClock:
         batch = self.activity.take()
         self._pending = 0
         self._batch.dropped = batch.dropped
-        attribute(batch, self.iterations)
+        self.untagged_kernels += attribute(batch, self.iterations)
 
     def stop(self) -> None:
         try:
@@ -103,15 +105,18 @@ class CuptiClock:
         return self._batch.dropped
 
 
-def attribute(batch: ActivityBatch, into: dict[int, IterationTimes]) -> None:
-    """Add ``batch``'s device records to the iterations (and operations) their tags name."""
+def attribute(batch: ActivityBatch, into: dict[int, IterationTimes]) -> int:
+    """Add ``batch``'s device records to the iterations (and operations) their tags name; returns
+    how many kernel records no iteration claimed."""
     iterations = batch.external.get(_ITERATION, {})
     operations = batch.external.get(_OPERATION, {})
     grouped: dict[int, list[tuple[int, int]]] = {}
     kernels: dict[int, list[tuple[int, int]]] = {}
+    untagged = 0
     for record in batch.records:
         iteration = iterations.get(record.correlation_id)
         if iteration is None:
+            untagged += record.kind == ActivityKind.CONCURRENT_KERNEL
             continue  # warm-up, restores, the recorder's own work
         grouped.setdefault(iteration, []).append((record.start_ns, record.end_ns))
         if record.kind == ActivityKind.CONCURRENT_KERNEL:
@@ -125,6 +130,8 @@ def attribute(batch: ActivityBatch, into: dict[int, IterationTimes]) -> None:
         entry = into.setdefault(iteration, IterationTimes())
         entry.busy_ns = busy_ns(intervals)
         entry.kernel_busy_ns = busy_ns(kernels.get(iteration, ()))
+        entry.kernels = len(kernels.get(iteration, ()))
+    return untagged
         entry.span_ns = max(e for _, e in intervals) - min(s for s, _ in intervals)
 
 
