@@ -131,8 +131,8 @@ def attribute(batch: ActivityBatch, into: dict[int, IterationTimes]) -> int:
         entry.busy_ns = busy_ns(intervals)
         entry.kernel_busy_ns = busy_ns(kernels.get(iteration, ()))
         entry.kernels = len(kernels.get(iteration, ()))
-    return untagged
         entry.span_ns = max(e for _, e in intervals) - min(s for s, _ in intervals)
+    return untagged
 
 
 def choose_clock(requested: str, *, per_operation: bool) -> tuple[CuptiClock | None, str]:
