@@ -290,6 +290,11 @@ class Benchmark:
         r.own(lambda: cu.cuStreamDestroy(stream))
         legacy = r.streams[0]
         body = [(fn, tuple(stream if a is legacy else a for a in args), i) for fn, args, i in self._graph_body()]
+        # extended launches (clusters, cooperative) carry their stream inside the launch config: left on
+        # the legacy stream they would run once, outside the capture, and be missing from the graph
+        moved = [args[0] for fn, args, _ in body if fn == r._launch_ex and int(args[0].hStream) == int(legacy)]
+        for config in moved:
+            config.hStream = stream
         self._capture_stream = stream
         mode = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL
         check(cu.cuStreamBeginCapture(stream, mode), "cuStreamBeginCapture")
@@ -305,6 +310,8 @@ class Benchmark:
                 check(cu.cuEventRecord(join, h), "capture join")
                 check(cu.cuStreamWaitEvent(stream, join, 0), "capture join")
         finally:
+            for config in moved:
+                config.hStream = legacy  # eager iterations launch them on the legacy stream again
             graph = check(cu.cuStreamEndCapture(stream), "cuStreamEndCapture")
         executable = check(cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
         r.own(lambda: cu.cuGraphExecDestroy(executable))
