@@ -194,8 +194,12 @@ def _wheel_paths() -> list[str]:
 def load_library() -> ctypes.CDLL:
     """libcupti: the copy already loaded, else the CUDA toolkit's, the wheel's or the linker's.
 
-    Raises DeviceUnavailableError (one line, every place tried) when there is none.
+    Raises DeviceUnavailableError (one line, every place tried) when there is none. Once activity
+    buffers are registered, the library they were registered with (two copies of CUPTI in one
+    process refuse each other: CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED).
     """
+    if _callbacks:
+        return _callbacks[0].lib
     loaded = _loaded_path()
     candidates = [loaded] if loaded else [*_CANDIDATES, *(f"{d}/libcupti.so" for d in _TOOLKIT_DIRS), *_wheel_paths()]
     problems = []
@@ -292,7 +296,8 @@ class KernelActivity:
         kinds: tuple[ActivityKind, ...] = DEVICE_WORK,
         external: bool = False,
     ) -> None:
-        self.lib = library if library is not None else load_library()
+        # the process's registered library wins over ``library``: CUPTI copies refuse each other
+        self.lib = _callbacks[0].lib if _callbacks else library if library is not None else load_library()
         for name in ("cuptiActivityEnable", "cuptiActivityDisable", "cuptiActivityFlushAll",
                      "cuptiActivityRegisterCallbacks", "cuptiActivityPushExternalCorrelationId",
                      "cuptiActivityPopExternalCorrelationId", "cuptiActivityGetNextRecord",
