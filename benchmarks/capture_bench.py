@@ -67,12 +67,18 @@ def main() -> None:
     parser.add_argument("--snapshot-mib", type=int, default=1024)
     parser.add_argument("--bare", action="store_true", help="time without the recorder; print JSON")
     parser.add_argument("--profile", action="store_true", help="also profile the recorded launches (cProfile)")
+    parser.add_argument(
+        "--no-original-times",
+        action="store_true",
+        help="record without the original program's device times (CUPTI activity records)",
+    )
     args = parser.parse_args()
     if not args.bare:
         child = [sys.executable, __file__, "--bare", "--launches", str(args.launches), "--snapshot-mib", "16"]
         bare = json.loads(subprocess.run(child, check=True, capture_output=True, text=True).stdout)
         tmp = tempfile.TemporaryDirectory()
-        rec = replayfmt.capture.record(Path(tmp.name) / "bench.kreplay", start=False)
+        rec = replayfmt.capture.record(Path(tmp.name) / "bench.kreplay", start=False,
+                                       original_times=not args.no_original_times)  # fmt: skip
     x = torch.zeros(4096, device="cuda")
     big = torch.rand(args.snapshot_mib << 18, device="cuda")  # random data: never time all-zero copies
 

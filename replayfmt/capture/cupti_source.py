@@ -48,6 +48,7 @@ _LAUNCH_COOPERATIVE = struct.Struct("<Q7I4xQQ")
 _LAUNCH_EX = struct.Struct("<QQQQ")  # config, f, kernelParams, extra
 _LAUNCH_CONFIG = struct.Struct("<7I4xQQI")  # grid, block, sharedMemBytes, hStream, attrs, numAttrs
 _MODULE_RESOURCE = struct.Struct("<I4xQQ")  # moduleId, cubinSize, pCubin
+_CORRELATION_ID = 64  # offset of CUpti_CallbackData.correlationId (the id activity records carry)
 _unpack_from = struct.unpack_from
 
 # (self, callback site, functionParams, functionReturnValue, call name, symbolName)
@@ -164,6 +165,7 @@ class CuptiSource(GraphCalls):
                 return
             guard.busy = True
             try:
+                guard.correlation = data  # read only when asked (correlation_id): most calls never are
                 site, params, result, symbol = _CALLBACK_DATA.unpack_from(MEMORY, data)
                 entry[0](self, site, params, result, entry[1], symbol)
             finally:
@@ -175,6 +177,12 @@ class CuptiSource(GraphCalls):
             self._sink(
                 ev.NotReproducible(call, f"the recorder failed to decode it ({type(exc).__name__}: {exc}, {where})")
             )
+
+    def correlation_id(self) -> int:
+        """CUPTI's correlation id of the driver call whose callback runs on this thread (the id
+        its kernel, copy or memset activity record carries); 0 outside a callback."""
+        data = getattr(self._guard, "correlation", 0)
+        return _unpack_from("<I", MEMORY, data + _CORRELATION_ID)[0] if data and self._guard.busy else 0
 
     @staticmethod
     def _succeeded(result: int) -> bool:

@@ -31,6 +31,7 @@ class RecordOptions:
     detect_pointers: bool = True  # scan snapshots for stored device pointers (then require fixed addresses)
     file_policy: m.FilePolicy = m.FilePolicy.REFERENCE
     file_validation: m.FileValidation = m.FileValidation.IDENTITY
+    original_times: bool = True  # record the original program's device times (CUPTI activity records)
 
     def __post_init__(self) -> None:
         if self.skip_first < 0:

@@ -21,6 +21,7 @@ from replayfmt.capture.cupti_api import load_cupti
 from replayfmt.capture.cupti_source import CuptiSource
 from replayfmt.capture.device_memory import DriverMemory
 from replayfmt.capture.options import CaptureMode, RecordOptions
+from replayfmt.capture.original_times import OriginalTimes
 from replayfmt.capture.report import Report
 from replayfmt.capture.translate import KernelAnnotation, Translator
 from replayfmt.capture.verdict import check_capture
@@ -67,9 +68,12 @@ class Recorder:
         )  # fmt: skip
         self.writer = CaptureWriter(path, metadata=metadata, overwrite=overwrite)
         self.translator = Translator(self.writer, options, self.memory, device=device)
+        # the original program's device times (CUPTI activity records), bound to operations as written
+        self.times = OriginalTimes(self.writer, self.translator.report, cupti.lib, enabled=options.original_times)
         self.source = CuptiSource(
-            cupti, self.translator.handle, guard, launch_results=options.mode == CaptureMode.KERNEL
+            cupti, self.times.wrap(self.translator.handle), guard, launch_results=options.mode == CaptureMode.KERNEL
         )
+        self.times.correlation = self.source.correlation_id
         self._enrichment: list[Any] = []
         self._closed = False
         try:
@@ -77,6 +81,7 @@ class Recorder:
         except BaseException:
             self.writer.close()
             raise
+        self.times.start()
         _active.append(self)
         from replayfmt.capture.enrich import enrich
 
@@ -94,11 +99,13 @@ class Recorder:
         """Begin a region (region mode)."""
         if self.options.mode != CaptureMode.REGION:
             raise ReplayUsageError("start()/stop() apply to mode='region'")
-        self.translator.start(name)
+        with self.times.lock:
+            self.translator.start(name)
 
     def stop(self) -> None:
         """End the region: checkpoint what it wrote."""
-        self.translator.stop()
+        with self.times.lock:
+            self.translator.stop()
 
     @contextlib.contextmanager
     def region(self, name: str = "") -> Iterator[None]:
@@ -111,11 +118,13 @@ class Recorder:
     @contextlib.contextmanager
     def scope(self, name: str) -> Iterator[None]:
         """Named scope markers around the operations recorded inside the block."""
-        self.translator.scope_begin(name)
+        with self.times.lock:
+            self.translator.scope_begin(name)
         try:
             yield
         finally:
-            self.translator.scope_end(name)
+            with self.times.lock:
+                self.translator.scope_end(name)
 
     def label(self, *tensors: Any, **named: Any) -> None:
         """Type the buffers holding these tensors (PyTorch tensors or anything with data_ptr,
@@ -137,13 +146,14 @@ class Recorder:
             return self.report
         self._closed = True
         try:
-            self.translator.stop()
+            self.stop()
         finally:
             for undo in self._enrichment:
                 undo()
             self.source.stop()
             if _active and _active[-1] is self:
                 _active.pop()
+            self.times.close()  # before the writer closes: the times go in at close
             self.memory.close()
             self.writer.close()
             self.report.operations = self.writer.operation_count
@@ -171,18 +181,21 @@ def record(
     file_validation: m.FileValidation | str = m.FileValidation.IDENTITY,
     start: bool = True,
     overwrite: bool = False,
+    original_times: bool = True,
 ) -> Recorder:
     """Record GPU work into ``path``: ``with replayfmt.capture.record("out.kreplay") as rec: ...``.
 
     ``mode="region"`` writes everything between start and stop (``start=True`` starts at once;
     ``region_scopes`` limits recording to scopes of those names); ``mode="kernel"`` writes each
     selected launch (``kernels`` regex, ``skip_first``, ``max_per_kernel``) as a self-contained
-    instance with before and after snapshots.
+    instance with before and after snapshots. ``original_times``: also record how long the device
+    ran each recorded launch, copy and memset in this program (CUPTI activity records).
     """
     options = RecordOptions(
         mode=CaptureMode(mode), kernels=kernels, skip_first=skip_first, max_per_kernel=max_per_kernel,
         region_scopes=tuple(region_scopes), fixed_addresses=fixed_addresses, label_tensors=label_tensors,
         file_policy=_enum(m.FilePolicy, file_policy), file_validation=_enum(m.FileValidation, file_validation),
+        original_times=original_times,
     )  # fmt: skip
     recorder = Recorder(path, options, overwrite=overwrite)
     if start and options.mode == CaptureMode.REGION and not options.region_scopes:

@@ -26,6 +26,7 @@ class Report:
     errors: list[str] = field(default_factory=list)  # problems met inside callbacks
     needs_fixed_addresses: str = ""  # why, when the capture needs --fixed-addresses
     verdict: Verdict | None = None  # run-replay's plan on the closed file (None: not checked)
+    timing: str = ""  # whether the original program's device times were recorded (CUPTI)
 
     def kernel(self, name: str) -> KernelStats:
         stats = self.kernels.get(name)
@@ -52,6 +53,8 @@ class Report:
             out.append(f"  unsupported: {call} x{count} (recorded; replay will refuse the capture)")
         if self.needs_fixed_addresses:
             out.append(f"  needs --fixed-addresses: {self.needs_fixed_addresses}")
+        if self.timing:
+            out.append(f"  {self.timing}")
         if self.verdict is not None:
             out.append(f"  {self.verdict.host_line()}")
             out.append(f"  {self.verdict.line()}")

@@ -51,6 +51,7 @@ from replayfmt.format.layout import (
     unpack_footer,
 )
 from replayfmt.format.payloads import decompress, decompress_into, frame_hash, hash_hex
+from replayfmt.format.timings import OriginalTimes, decode_timings
 
 _BATCH_CACHE = 8
 
@@ -88,6 +89,7 @@ class Capture:
         self.recovered = False
         self.discarded_bytes = 0
         self.recovery_reason = ""
+        self._timings_offset = 0  # the TIMINGS chunk (the original program's device times), if any
         try:
             self.header: FileHeader = unpack_file_header(bytes(self._view[:FILE_HEADER_SIZE]), self.path)
             footer = unpack_footer(bytes(self._view[-FOOTER_SIZE:])) if self.size >= FOOTER_SIZE else None
@@ -172,6 +174,7 @@ class Capture:
         batches = records.struct_array(index["batches"], "BatchEntry")
         frames = records.struct_array(index["frames"], "FrameEntry")
         self.metadata = self._read_metadata(index["metadata_offset"])
+        self._timings_offset = int(index.get("timings_offset") or 0)
         self._set_directory(batches, frames, index["operation_count"], index["object_count"], index["payload_count"])
 
     def _read_metadata(self, offset: int) -> m.CaptureMetadata:
@@ -195,14 +198,8 @@ class Capture:
                     frame_rows.append((lo, hi, offset, header.stored_size, header.logical_size, header.codec))
                 elif header.kind == ChunkKind.RECORDS:
                     body = bytes(self._chunk_body(header, self.limits.max_record_batch_size, "RECORDS chunk"))
-                    d = decode_buffer(
-                        body,
-                        "RecordBatch",
-                        max_depth=self.limits.max_depth,
-                        path=self.path,
-                        offset=offset,
-                        record="RECORDS chunk",
-                    )
+                    d = decode_buffer(body, "RecordBatch", max_depth=self.limits.max_depth, path=self.path,
+                                      offset=offset, record="RECORDS chunk")  # fmt: skip
                     kinds = d["operation_kinds"]
                     batch_rows.append((
                         offset, d["first_operation"], 0 if kinds is None else len(kinds),
@@ -210,6 +207,8 @@ class Capture:
                     ))  # fmt: skip
                 elif header.kind == ChunkKind.METADATA and metadata is None:
                     metadata = self._read_metadata(offset)
+                elif header.kind == ChunkKind.TIMINGS:
+                    self._timings_offset = offset
                 elif header.kind not in iter(ChunkKind) and not header.flags & ChunkFlags.OPTIONAL:
                     raise self._error(f"unknown chunk kind {header.kind} is not optional", offset)
             except ReplayFormatError as exc:
@@ -321,6 +320,14 @@ class Capture:
         if not self.batch_count:
             return np.zeros(0, np.uint8)
         return np.concatenate([self._batch(i).kinds for i in range(self.batch_count)])
+
+    def original_times(self) -> OriginalTimes:
+        """The original program's device times (the recorder's CUPTI records); empty when none."""
+        at = self._timings_offset
+        if not at:
+            return OriginalTimes()
+        d = self._decode_chunk(at, ChunkKind.TIMINGS, "Timings", self.limits.max_index_size)
+        return decode_timings(d, self.operation_count, path=self.path, offset=at)
 
     # -- objects ---------------------------------------------------------------------------
 

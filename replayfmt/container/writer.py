@@ -30,12 +30,14 @@ import numpy as np
 
 from replayfmt.container.batches import OpenBatch
 from replayfmt.container.directory import frame_entries
+from replayfmt.container.inline_executor import InlineExecutor
 from replayfmt.errors import ReplayError, ReplayUsageError
-from replayfmt.format import model as m, records
+from replayfmt.format import model as m, records, timings
 from replayfmt.format.layout import (
     FILE_HEADER_SIZE,
     FORMAT_MAJOR,
     FORMAT_MINOR,
+    ChunkFlags,
     ChunkKind,
     Codec,
     FileHeader,
@@ -62,21 +64,6 @@ _RECORD_COMPRESSION = CompressionPolicy(level=3, min_saving=0.05)
 _LAUNCH_STRUCT = struct.Struct("<18I")
 _RELOCATION_STRUCT = struct.Struct("<IIQQB7x")
 _ID_OPERATION_STRUCT = struct.Struct("<II")
-
-
-class _InlineExecutor:
-    """Runs submitted work at once on the caller's thread (``threads=0``)."""
-
-    def submit(self, fn: Any, *args: Any) -> cf.Future:
-        future: cf.Future = cf.Future()
-        try:
-            future.set_result(fn(*args))
-        except BaseException as exc:
-            future.set_exception(exc)
-        return future
-
-    def shutdown(self, wait: bool = True) -> None:
-        pass
 
 
 def _write_all(fd: int, parts: list[bytes | memoryview]) -> int:
@@ -132,10 +119,10 @@ class CaptureWriter:
         self._record_compressor = FrameCompressor(_RECORD_COMPRESSION)
         threads = min(8, os.cpu_count() or 1) if threads is None else threads
         self._frame_pool: Any = (
-            cf.ThreadPoolExecutor(threads, thread_name_prefix="kreplay-frames") if threads else _InlineExecutor()
+            cf.ThreadPoolExecutor(threads, thread_name_prefix="kreplay-frames") if threads else InlineExecutor()
         )
         self._record_pool: Any = (
-            cf.ThreadPoolExecutor(1, thread_name_prefix="kreplay-records") if threads else _InlineExecutor()
+            cf.ThreadPoolExecutor(1, thread_name_prefix="kreplay-records") if threads else InlineExecutor()
         )
         self._slots = threading.BoundedSemaphore(max(2, 2 * threads))
         self._lock = threading.RLock()  # operations, objects, payload ids, the open batch
@@ -154,6 +141,9 @@ class CaptureWriter:
         self._batches: list[tuple[int, ...]] = []
         self._batch = OpenBatch(0, 1, 1)
         self._stopping = threading.Event()
+        self._original_times: timings.OriginalTimes | None = None
+        self._scope_stack: list[int] = []  # open ScopeBegin indices; (begin, end) pairs once closed
+        self._scope_pairs: list[tuple[int, int]] = []
         try:
             header = FileHeader(FORMAT_MAJOR, FORMAT_MINOR, FILE_HEADER_SIZE, 0)
             self._append_raw([pack_file_header(header)])
@@ -188,8 +178,9 @@ class CaptureWriter:
         body: bytes | memoryview,
         logical_size: int,
         key: bytes = bytes(16),
+        flags: int = 0,
     ) -> int:
-        header = pack_chunk_header(kind, 0, codec, body, logical_size, key)
+        header = pack_chunk_header(kind, flags, codec, body, logical_size, key)
         pad = _ZERO_PAD[: align_up(len(body)) - len(body)]
         return self._append_raw([header, body, pad])
 
@@ -417,10 +408,27 @@ class CaptureWriter:
         return self._table_op(m.HostFunction, stream)
 
     def scope_begin(self, name: str) -> int:
-        return self._table_op(m.ScopeBegin, name)
+        with self._lock:
+            index = self._table_op(m.ScopeBegin, name)
+            self._scope_stack.append(index)
+            return index
 
     def scope_end(self, name: str) -> int:
-        return self._table_op(m.ScopeEnd, name)
+        with self._lock:
+            index = self._table_op(m.ScopeEnd, name)
+            if self._scope_stack:
+                self._scope_pairs.append((self._scope_stack.pop(), index))
+            return index
+
+    def set_original_times(self, operations: Iterable[timings.OperationTime], clock: str = timings.CUPTI_CLOCK) -> None:
+        """The original program's device times of recorded operations, written at close as an
+        optional TIMINGS chunk with each scope's device time (from the operations inside it)."""
+        ops = {t.operation: t for t in operations}
+        with self._lock:
+            self._check_open()
+            if any(i >= self._next_operation for i in ops):
+                raise ReplayUsageError(f"a time for operation {max(ops)}, which is not recorded yet")
+            self._original_times = timings.OriginalTimes(clock, ops)
 
     @contextlib.contextmanager
     def scope(self, name: str) -> Iterator[None]:
@@ -555,6 +563,7 @@ class CaptureWriter:
         dt = records.dtype
         frames = frame_entries(sorted(self._frames, key=lambda f: f[2]))
         batches = np.array(sorted(self._batches, key=lambda b: b[1]), dtype=dt("BatchEntry"))
+        timings_offset = self._write_original_times()
         body = records.encode_index(
             metadata_offset=self._metadata_offset,
             operation_count=self._next_operation,
@@ -562,9 +571,20 @@ class CaptureWriter:
             payload_count=self._next_payload - 1,
             batches=batches,
             frames=frames,
+            timings_offset=timings_offset,
         )
         codec, stored = self._record_compressor.compress(body)
         index_offset = self._append_chunk(ChunkKind.INDEX, codec, stored, len(body))
         with self._file_lock:
             footer_offset = self._end
         self._append_raw([pack_footer(index_offset, footer_offset + 32)])
+
+    def _write_original_times(self) -> int:
+        """The TIMINGS chunk (optional: older readers skip it), or 0 when there are no times."""
+        times = self._original_times
+        if not times:
+            return 0
+        scopes = tuple(timings.scope_times(times.operations, self._scope_pairs))
+        body = timings.encode_timings(timings.OriginalTimes(times.clock, times.operations, scopes))
+        codec, stored = self._record_compressor.compress(body)
+        return self._append_chunk(ChunkKind.TIMINGS, codec, stored, len(body), flags=ChunkFlags.OPTIONAL)

@@ -62,6 +62,8 @@ class Dumper:
         self._encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
         self._payload_refs: dict[int, dict[str, Any] | None] = {}
         self._executables: dict[int, m.Executable | None] = {}
+        # the original program's device times: with them, launch, copy and memset rows carry original_ns
+        self._original = cap.original_times()
 
     # -- lookups -----------------------------------------------------------------------------
 
@@ -174,9 +176,13 @@ class Dumper:
             row.update(stream=op.stream, src_buffer=op.src_buffer, dst_buffer=op.dst_buffer, src_offset=op.src_offset,
                        dst_offset=op.dst_offset, size=op.size, src_file=op.src_file, flags=op.flags,
                        payload=self.payload_ref(op.payload))  # fmt: skip
+            if self._original:
+                row["original_ns"] = self._original.duration_ns(op.index)
         elif isinstance(op, m.Memset):
             row.update(stream=op.stream, buffer=op.buffer, offset=op.offset, value=op.value,
                        element_size=op.element_size, count=op.count)  # fmt: skip
+            if self._original:
+                row["original_ns"] = self._original.duration_ns(op.index)
         elif isinstance(op, m.Checkpoint):
             entries = [
                 {"buffer": e.buffer, "offset": e.offset, "size": e.size, "payload": self.payload_ref(e.payload)}
@@ -219,8 +225,15 @@ class Dumper:
             )
         return (
             f'{{"kind":"launch","index":{op.index}{template.head}{shape}{template.parameters_json(op)},'
-            f'"relocations":[{relocs}]}}'
+            f'"relocations":[{relocs}]{self._original_json(op.index)}}}'
         )
+
+    def _original_json(self, index: int) -> str:
+        """``,"original_ns":N`` (null: not timed) when the capture carries the original's times."""
+        if not self._original:
+            return ""
+        value = self._original.duration_ns(index)
+        return f',"original_ns":{"null" if value is None else value}'
 
     def payload_json(self, pid: int) -> str:
         text = self._payload_json.get(pid)
@@ -238,12 +251,13 @@ class Dumper:
             return (
                 f'{{"kind":"{op.op.label}","index":{op.index},"stream":{op.stream},"src_buffer":{op.src_buffer},'
                 f'"dst_buffer":{op.dst_buffer},"src_offset":{op.src_offset},"dst_offset":{op.dst_offset},'
-                f'"size":{op.size},"src_file":{op.src_file},"flags":{op.flags},"payload":{self.payload_json(op.payload)}}}'
+                f'"size":{op.size},"src_file":{op.src_file},"flags":{op.flags},"payload":{self.payload_json(op.payload)}'
+                f"{self._original_json(op.index)}}}"
             )
         if isinstance(op, m.Memset):
             return (
                 f'{{"kind":"memset","index":{op.index},"stream":{op.stream},"buffer":{op.buffer},"offset":{op.offset},'
-                f'"value":{op.value},"element_size":{op.element_size},"count":{op.count}}}'
+                f'"value":{op.value},"element_size":{op.element_size},"count":{op.count}{self._original_json(op.index)}}}'
             )
         if type(op) in _ID_ROW_PREFIXES and not isinstance(op, m.CreateObject | m.DestroyObject):
             names = field_names(op)
@@ -337,15 +351,15 @@ class Dumper:
             extra = f" cluster={_xyz(op.cluster)}" if any(op.cluster) else ""
             return (f"{head} {name} exe={op.executable} stream={op.stream} grid={_xyz(op.grid)} "
                     f"block={_xyz(op.block)}{extra} smem={op.shared_memory} params={len(op.parameters)}B "
-                    f"relocs={len(op.relocations)}")  # fmt: skip
+                    f"relocs={len(op.relocations)}{self._original_text(op.index)}")  # fmt: skip
         if isinstance(op, m.Copy):
             src = f"file#{op.src_file}+{op.src_offset}" if op.src_file else (
                 f"buffer#{op.src_buffer}+{op.src_offset}" if op.src_buffer else f"payload#{op.payload}")  # fmt: skip
             dst = f"buffer#{op.dst_buffer}+{op.dst_offset}" if op.dst_buffer else "host"
-            return f"{head} {src} -> {dst} size={op.size} stream={op.stream}"
+            return f"{head} {src} -> {dst} size={op.size} stream={op.stream}{self._original_text(op.index)}"
         if isinstance(op, m.Memset):
             return (f"{head} buffer#{op.buffer}+{op.offset} value={op.value:#x} x{op.count} "
-                    f"({op.element_size}B) stream={op.stream}")  # fmt: skip
+                    f"({op.element_size}B) stream={op.stream}{self._original_text(op.index)}")  # fmt: skip
         if isinstance(op, m.CreateObject | m.DestroyObject):
             obj = self._object_or_none(op.object)
             return f"{head} {obj.kind.label if obj else 'object'}#{op.object}"
@@ -358,6 +372,10 @@ class Dumper:
             return f"{head} code={op.code}"
         fields = " ".join(f"{n}={getattr(op, n)}" for n in field_names(op))
         return f"{head} {fields}"
+
+    def _original_text(self, index: int) -> str:
+        value = self._original.duration_ns(index) if self._original else None
+        return "" if value is None else f" original={value / 1e3:.3f}us"
 
 
 _ID_ROW_PREFIXES = {cls: f'{{"kind":"{kind.label}","index":' for kind, (cls, _) in ID_OPERATIONS.items()}

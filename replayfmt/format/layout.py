@@ -45,6 +45,7 @@ class ChunkKind(enum.IntEnum):
     RECORDS = 2  # FlatBuffer RecordBatch
     FRAME = 3  # one frame of payload bytes; key = XXH3-128 of the logical bytes
     INDEX = 4  # FlatBuffer Index, followed by the footer
+    TIMINGS = 5  # FlatBuffer Timings: the original program's device times (written OPTIONAL)
 
 
 class ChunkFlags(enum.IntFlag):

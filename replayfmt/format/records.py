@@ -541,6 +541,7 @@ def encode_index(
     payload_count: int,
     batches: np.ndarray,
     frames: np.ndarray,
+    timings_offset: int = 0,
 ) -> bytes:
     b = flatbuffers.Builder(1024 + batches.nbytes + frames.nbytes)
     batch_vec = _struct_vector(b, "BatchEntry", batches)
@@ -552,5 +553,7 @@ def encode_index(
     FbIndex.AddPayloadCount(b, payload_count)
     FbIndex.AddBatches(b, batch_vec)
     FbIndex.AddFrames(b, frame_vec)
+    if timings_offset:
+        FbIndex.AddTimingsOffset(b, timings_offset)
     b.Finish(FbIndex.End(b))
     return bytes(b.Output())

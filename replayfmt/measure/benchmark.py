@@ -28,6 +28,7 @@ from replayfmt.container.reader import Capture
 from replayfmt.cuda.driver import check
 from replayfmt.errors import ReplayError, ReplayUsageError
 from replayfmt.format import model as m
+from replayfmt.measure import kernel_times as kt
 from replayfmt.replay.replayer import Replayer
 from replayfmt.replay.steps import Step, StepKind, bracket_with_events
 
@@ -105,6 +106,7 @@ class KernelTiming:
     name: str
     stream: int
     device_ms: Stats
+    original_ns: int | None = None  # the original program's device time (the capture's), if recorded
 
 
 @dataclass
@@ -120,6 +122,11 @@ class BenchmarkResult:
     device_ms: Stats
     host_ms: Stats
     kernels: list[KernelTiming] = field(default_factory=list)
+    clock: str = kt.EVENTS  # what timed the operations (and the busy time): cupti or events
+    clock_note: str = ""  # why CUPTI was not used, when it was asked for and is absent
+    busy_ms: Stats | None = None  # region GPU busy time: union of its device work (CUPTI only)
+    kernel_busy_ms: Stats | None = None  # the same, over its kernels alone
+    original: kt.OriginalSide | None = None  # the original program's times for the region
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -135,6 +142,7 @@ class BenchmarkOptions:
     flush_l2: bool = False
     per_kernel: bool = False
     trace: Path | None = None
+    clock: str = "auto"  # per-operation and busy times: auto (CUPTI when present), cupti or events
 
 
 class Benchmark:
@@ -158,13 +166,20 @@ class Benchmark:
         body = [s for s in steps if region.start <= s.operation < region.stop and s.kind is not StepKind.CHECKPOINT]
         self.ops = {op.index: op for op in plan.capture.iter_operations(region.start, region.stop)}
         self.timed_ops = [i for i, op in self.ops.items() if op.kind in _DEVICE_KINDS]
-        want_events = options.per_kernel or options.trace is not None
+        per_operation = options.per_kernel or options.trace is not None
+        self.clock, self.clock_note = kt.choose_clock(options.clock, per_operation=per_operation)
+        if self.clock is not None:
+            replayer.own(self.clock.activity.stop)
+        want_events = (options.per_kernel or options.trace is not None) and self.clock is None
         self._events: dict[int, tuple[Any, Any]] = {}
         if want_events:
             for index in self.timed_ops:
                 self._events[index] = (self._event(), self._event())
         self.body = body
         self.instrumented = self._instrument(body) if want_events else body
+        if self.clock is not None:
+            self.instrumented = self.clock.instrument(body)
+        self._iteration = 0  # CUPTI tags: timed iterations from 1; 0 leaves one untagged
         # the region's starting state
         replayer.execute_steps(self.prefix)
         replayer.synchronize()
@@ -269,6 +284,15 @@ class Benchmark:
         r.own(lambda: cu.cuStreamDestroy(stream))
         legacy = r.streams[0]
         body = [step.with_args(tuple(stream if a is legacy else a for a in step.args)) for step in self._graph_body()]
+        # extended launches (clusters, cooperative) carry their stream inside the launch config: left on
+        # the legacy stream they would run once, outside the capture, and be missing from the graph
+        moved = [
+            step.args[0]
+            for step in body
+            if step.kind is StepKind.LAUNCH_EX and int(step.args[0].hStream) == int(legacy)
+        ]
+        for config in moved:
+            config.hStream = stream
         self._capture_stream = stream
         mode = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL
         check(cu.cuStreamBeginCapture(stream, mode), "cuStreamBeginCapture")
@@ -284,6 +308,8 @@ class Benchmark:
                 check(cu.cuEventRecord(join, h), "capture join")
                 check(cu.cuStreamWaitEvent(stream, join, 0), "capture join")
         finally:
+            for config in moved:
+                config.hStream = legacy  # eager iterations launch them on the legacy stream again
             graph = check(cu.cuStreamEndCapture(stream), "cuStreamEndCapture")
         executable = check(cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
         r.own(lambda: cu.cuGraphExecDestroy(executable))
@@ -297,6 +323,8 @@ class Benchmark:
         r = self.r
         graph = self._graph_exec is not None and not eager
         self._restore(self._capture_stream if graph else r.streams[0])
+        if self.clock is not None and self._iteration:
+            self.clock.begin(self._iteration)
         host_start = time.perf_counter()
         if graph:
             stream = self._capture_stream
@@ -309,6 +337,8 @@ class Benchmark:
             r.join(self._end)
         r.synchronize()
         host_ms = 1e3 * (time.perf_counter() - host_start)
+        if self.clock is not None:
+            self.clock.end()
         device_ms = check(cu.cuEventElapsedTime(self._start, self._end), "cuEventElapsedTime")
         if graph:
             return device_ms, host_ms, {}
@@ -346,6 +376,7 @@ class Benchmark:
         per_op: dict[int, list[float]] = {i: [] for i in self._events}
         started = time.perf_counter()
         while True:
+            self._iteration = len(device) + 1
             d, h, ops = self.iterate()
             device.append(d)
             host.append(h)
@@ -359,16 +390,27 @@ class Benchmark:
                     break
             elif elapsed >= options.min_time and len(device) >= 3:
                 break
-        if self._graph_exec is not None and self._events:  # per-operation times: eager iterations
-            for _ in range(min(len(device), 50)):
+        graph_iterations = len(device) if self._graph_exec is not None else 0
+        if self._graph_exec is not None and (self._events or (self.clock and options.per_kernel)):
+            for k in range(min(len(device), 50)):  # per-operation times: eager iterations
+                self._iteration = graph_iterations + k + 1
                 for i, v in self.iterate(eager=True)[2].items():
                     per_op[i].append(v)
+        self._iteration = 0
+        busy, kernel_busy = self._cupti_times(per_op, len(device)) if self.clock is not None else (None, None)
         if options.trace is not None:
-            trace = {"traceEvents": self.trace_events(), "displayTimeUnit": "ms"}
+            events = kt.trace_events(self.clock.iterations, self._names()) if self.clock else self.trace_events()
+            trace = {"traceEvents": events, "displayTimeUnit": "ms"}
             options.trace.write_text(json.dumps(trace))
+        original = kt.original_side(self.r.plan.capture.original_times(), self.region.start, self.region.stop,
+                                    self.timed_ops)  # fmt: skip
         kernels = [
             KernelTiming(
-                i, self.r.kernel_name(i) or self.ops[i].kind.label, getattr(self.ops[i], "stream", 0), Stats.of(values)
+                i,
+                self.r.kernel_name(i) or self.ops[i].kind.label,
+                getattr(self.ops[i], "stream", 0),
+                Stats.of(values),
+                original.operations.get(i) if original else None,
             )
             for i, values in sorted(per_op.items())
         ]
@@ -384,4 +426,37 @@ class Benchmark:
             device_ms=Stats.of(device),
             host_ms=Stats.of(host),
             kernels=kernels,
+            clock=kt.CUPTI if self.clock is not None else kt.EVENTS,
+            clock_note=self.clock_note,
+            busy_ms=busy,
+            kernel_busy_ms=kernel_busy,
+            original=original,
+        )
+
+    def _names(self) -> dict[int, tuple[str, str, int]]:
+        """(name, kind label, stream) of each timed operation, for traces."""
+        return {
+            i: (
+                self.r.kernel_name(i) or self.ops[i].kind.label,
+                self.ops[i].kind.label,
+                getattr(self.ops[i], "stream", 0),
+            )
+            for i in self.timed_ops
+        }
+
+    def _cupti_times(self, per_op: dict[int, list[float]], timed: int) -> tuple[Stats, Stats]:
+        """Busy times of the timed iterations (all work, kernels alone); per-operation times (ms)."""
+        clock = self.clock
+        assert clock is not None
+        clock.stop()
+        iterations = clock.iterations
+        if clock.per_operation:
+            per_op.update({i: [] for i in self.timed_ops})
+            for n, entry in iterations.items():
+                if self._graph_exec is None or n > timed:  # graph iterations do not tag operations
+                    for i, (start, end) in entry.operations.items():
+                        per_op.setdefault(i, []).append((end - start) / 1e6)
+        timed_entries = [iterations[n] for n in range(1, timed + 1) if n in iterations]
+        return Stats.of([e.busy_ns / 1e6 for e in timed_entries]), Stats.of(
+            [e.kernel_busy_ns / 1e6 for e in timed_entries]
         )

@@ -16,6 +16,7 @@ import click
 from replayfmt.cuda.address_space import restart_without_aslr
 from replayfmt.errors import ReplayUsageError
 from replayfmt.format.names import demangle
+from replayfmt.measure import kernel_times as kt
 from replayfmt.measure.benchmark import Benchmark, BenchmarkOptions, BenchmarkResult, find_region
 from replayfmt.replay.options import ReplayOptions
 from replayfmt.replay.replayer import open_replay
@@ -27,6 +28,11 @@ Setup (allocations, module loads, uploads, the operations before the scope) happ
 outside the timed region. Before every iteration the buffers the region touches are restored from
 pristine device copies (and, with --flush-l2, the L2 cache is flushed), outside the timed region.
 Device time comes from CUDA events around the region, joined across every captured stream.
+Per-operation times and the region's GPU busy time (the union of its kernels' and copies'
+execution intervals) come from CUPTI activity records, the clock Nsight Systems and torch.profiler
+show, with nothing inserted between kernels; without CUPTI they come from CUDA events around each
+operation (a note says so). A capture recorded with the original program's device times prints
+them beside the replay's, with the ratio.
 
 \b
 Examples:
@@ -49,10 +55,18 @@ def _text(result: BenchmarkResult) -> list[str]:
             f"{name:<13} min {s.min:.4f}  median {s.median:.4f}  mean {s.mean:.4f}  "
             f"stddev {s.stddev:.4f}  p90 {s.p90:.4f}"
         )
-    if result.kernels:
-        lines.append("per operation (median device ms):")
-        lines += [f"  op {k.operation:>7} {demangle(k.name):<40} {k.device_ms.median:.4f}" for k in result.kernels]
-    return lines
+    busy = result.busy_ms.median if result.busy_ms else None
+    kernel_busy = result.kernel_busy_ms.median if result.kernel_busy_ms else None
+    lines += kt.side_by_side_lines(
+        elapsed_ms=result.device_ms.median,
+        busy_ms=busy,
+        kernel_busy_ms=kernel_busy,
+        original=result.original,
+        clock=result.clock,
+        clock_note=result.clock_note,
+    )
+    rows = [(k.operation, demangle(k.name), k.device_ms.median, k.original_ns) for k in result.kernels]
+    return lines + kt.operation_lines(rows, result.clock)
 
 
 def _csv(result: BenchmarkResult) -> str:
@@ -62,6 +76,9 @@ def _csv(result: BenchmarkResult) -> str:
                      "name_demangled"])  # fmt: skip
     s = result.device_ms
     writer.writerow(["scope", result.scope or "", "", s.min, s.median, s.mean, s.stddev, s.p90, ""])
+    if result.busy_ms is not None:
+        b = result.busy_ms
+        writer.writerow(["busy", result.scope or "", "", b.min, b.median, b.mean, b.stddev, b.p90, ""])
     for k in result.kernels:
         s = k.device_ms
         writer.writerow(["operation", k.name, k.operation, s.min, s.median, s.mean, s.stddev, s.p90, demangle(k.name)])
@@ -115,6 +132,13 @@ def _compare(result: BenchmarkResult, baseline_path: Path) -> list[str]:
 @click.option("--flush-l2", is_flag=True, help="Flush the L2 cache before every iteration.")
 @click.option("--per-kernel", is_flag=True, help="Also time every launch and copy of the region.")
 @click.option(
+    "--clock",
+    type=click.Choice(["auto", "cupti", "events"]),
+    default="auto",
+    show_default=True,
+    help="Per-operation and busy times: CUPTI activity records (auto: when present) or CUDA events.",
+)
+@click.option(
     "--format",
     "fmt",
     type=click.Choice(["text", "json", "csv"]),
@@ -154,6 +178,7 @@ def main(
     mode: str,
     flush_l2: bool,
     per_kernel: bool,
+    clock: str,
     fmt: str,
     output: Path | None,
     compare_to: Path | None,
@@ -191,6 +216,7 @@ def main(
                 flush_l2=flush_l2,
                 per_kernel=per_kernel or trace is not None,
                 trace=trace,
+                clock=clock,
             ),
         )
         result = _run_with_progress(bench)

@@ -205,6 +205,10 @@ def main(
     failed = [r for r in results if not r.ok]
     baseline = next((r for r in results if r.baseline), None)
     click.echo(
+        "\nclock: CUDA events around each launch of the targets (about 2-3 us above CUPTI's kernel time "
+        "for small kernels; benchmark-replay --per-kernel reads CUPTI)"
+    )
+    click.echo(
         f"\n{'rank':>4}  {'grid':<14}{'block':<14}{'smem':>8}{'regs':>6}  {'median ms':>10}  {'stddev':>8}  verified"
     )
     for rank, r in enumerate(good[:top], 1):

@@ -100,8 +100,15 @@ class Index(object):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
         return o == 0
 
+    # Index
+    def TimingsOffset(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Uint64Flags, o + self._tab.Pos)
+        return 0
+
 def IndexStart(builder):
-    builder.StartObject(6)
+    builder.StartObject(7)
 
 def Start(builder):
     IndexStart(builder)
@@ -153,6 +160,12 @@ def IndexStartFramesVector(builder, numElems):
 
 def StartFramesVector(builder, numElems):
     return IndexStartFramesVector(builder, numElems)
+
+def IndexAddTimingsOffset(builder, timingsOffset):
+    builder.PrependUint64Slot(6, timingsOffset, 0)
+
+def AddTimingsOffset(builder, timingsOffset):
+    IndexAddTimingsOffset(builder, timingsOffset)
 
 def IndexEnd(builder):
     return builder.EndObject()

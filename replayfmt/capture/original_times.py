@@ -1,0 +1,143 @@
+"""The original program's device times, taken while recording (CUPTI activity records).
+
+CUPTI gives every driver call a correlation id, in its callback data and in the activity record of
+the kernel, copy or memset the call issued. :class:`OriginalTimes` sits between the CUPTI source and
+the translator: after the translator has written a launch, copy or memset the program made, it
+binds the call's correlation id to that operation's index. At close it flushes the records and
+hands the writer each bound operation's device start and duration. Records of the recorder's own
+calls (snapshot reads) have no binding and are dropped; so are the snapshot uploads the recorder
+writes, which the program never made.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from replayfmt.capture import events as ev
+from replayfmt.capture.report import Report
+from replayfmt.container.writer import CaptureWriter
+from replayfmt.cuda.activity import DEVICE_WORK, ActivityKind, ActivityRecord, KernelActivity
+from replayfmt.errors import ReplayError
+from replayfmt.format.timings import OperationTime
+
+_DEVICE_EVENTS = (ev.LaunchBegin, ev.Copy, ev.CopyDone, ev.Memset)
+
+
+class OriginalTimes:
+    """Binds program operations to CUPTI correlation ids and writes their device times at close.
+
+    ``library``: the libcupti the callbacks use. Set :attr:`correlation` to the CUPTI source's
+    ``correlation_id`` (the id of the driver call whose callback runs on this thread). ``lock``
+    serialises every call into the translator that writes operations, so that the operation
+    written last is the one just handled.
+    """
+
+    def __init__(
+        self, writer: CaptureWriter, report: Report, library: Any = None, *, activity: Any = None, enabled: bool = True
+    ) -> None:
+        self.writer = writer
+        self.report = report
+        self.correlation: Callable[[], int] = lambda: 0
+        self.lock = threading.RLock()
+        # correlation id -> (operation index, the record kind it issues, kernel name or bytes)
+        self._bound: dict[int, tuple[int, ActivityKind, str | int]] = {}
+        self.activity: KernelActivity | None = None
+        self.note = ""
+        if not enabled:
+            return
+        try:
+            self.activity = activity if activity is not None else KernelActivity(library, kinds=DEVICE_WORK)
+        except (ReplayError, OSError, AttributeError) as exc:
+            self.note = f"the original program's device times are not recorded: {exc}"
+
+    def start(self) -> None:
+        """Start the activity records: once the CUPTI subscription succeeded, so that a refused
+        recorder never touches another client's (torch.profiler's) activity settings."""
+        if self.activity is None:
+            return
+        try:
+            self.activity.start()
+        except (ReplayError, OSError) as exc:
+            self.activity = None
+            self.note = f"the original program's device times are not recorded: {exc}"
+
+    def wrap(self, handle: Callable[[ev.Event], None]) -> Callable[[ev.Event], None]:
+        """``handle`` (the translator's), binding the operations it writes for the program."""
+        if self.activity is None:
+            return handle
+        writer, report, bound, lock = self.writer, self.report, self._bound, self.lock
+        kernels, unsupported = report.kernels, report.unsupported
+        launch, kernel_kind = ev.LaunchBegin, ActivityKind.CONCURRENT_KERNEL
+
+        def sink(event: ev.Event) -> None:
+            with lock:
+                if type(event) is launch:  # the hot path: only a launch written raises `captured`
+                    name = event.kernel.name  # type: ignore[attr-defined]
+                    stats = kernels.get(name)
+                    captured = stats.captured if stats is not None else 0
+                    handle(event)
+                    stats = kernels.get(name)
+                    if stats is not None and stats.captured != captured:
+                        bound[self.correlation()] = (writer.operation_count - 1, kernel_kind, name)
+                    return
+                if not isinstance(event, _DEVICE_EVENTS):
+                    handle(event)
+                    return
+                before, refused = writer.operation_count, sum(unsupported.values())
+                handle(event)
+                if writer.operation_count != before and sum(unsupported.values()) == refused:
+                    # the program's operation is the last one the translator wrote (objects and
+                    # snapshots it needed come first); a synchronous D2H is rebound at its CopyDone
+                    kind, size = _expected(event)
+                    bound[self.correlation()] = (writer.operation_count - 1, kind, size)
+
+        return sink
+
+    def close(self) -> None:
+        """Flush CUPTI's records and give the writer the bound operations' times (before it closes)."""
+        activity = self.activity
+        if activity is None:
+            if self.note:
+                self.report.timing = self.note
+            return
+        self.activity = None
+        try:
+            activity.stop()
+            batch = activity.take()
+        except ReplayError as exc:
+            self.report.timing = f"the original program's device times are not recorded: {exc}"
+            return
+        times = operation_times(batch.records, self._bound)
+        if times:
+            self.writer.set_original_times(times)
+        lost = f", {batch.dropped} records dropped by CUPTI" if batch.dropped else ""
+        self.report.timing = f"original device times: {len(times)} operations timed with CUPTI{lost}"
+
+
+def _expected(event: ev.Event) -> tuple[ActivityKind, int]:
+    if isinstance(event, ev.Memset):
+        return ActivityKind.MEMSET, event.count * event.element_size
+    return ActivityKind.MEMCPY, event.size  # type: ignore[attr-defined]
+
+
+def operation_times(
+    records: list[ActivityRecord], bound: dict[int, tuple[int, ActivityKind, str | int]]
+) -> list[OperationTime]:
+    """One time per bound operation: the record its call issued. The recorder's own work inside
+    the callback (snapshot reads) shares the call's correlation id, so a record must match the
+    operation's kind and kernel name or byte count; of several, the program's is the last to start
+    (the callback runs before the call it reports)."""
+    chosen: dict[int, ActivityRecord] = {}
+    for record in records:
+        entry = bound.get(record.correlation_id)
+        if entry is None:
+            continue
+        index, kind, key = entry
+        if record.kind != kind or (record.name if kind == ActivityKind.CONCURRENT_KERNEL else record.bytes) != key:
+            continue
+        best = chosen.get(index)
+        if best is None or record.start_ns > best.start_ns:
+            chosen[index] = record
+    return [OperationTime(i, r.start_ns, r.duration_ns) for i, r in sorted(chosen.items())]
