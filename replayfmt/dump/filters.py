@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from replayfmt.errors import ReplayUsageError
 from replayfmt.format import model as m
 
-JSONL_VERSION = 1
+JSONL_VERSION = 2  # 2: state rows, buffer ranges, summary state_bytes and upload_bytes
 _CACHE_LIMIT = 65536
 _K = m.OperationKind
 _COPY_LABELS = {"copy_h2d", "copy_d2h", "copy_d2d"}

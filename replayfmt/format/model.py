@@ -32,6 +32,7 @@ class OperationKind(enum.IntEnum):
     SCOPE_END = 15
     CHECKPOINT = 16
     UNSUPPORTED = 17
+    STATE = 18  # format 1.1
 
     @property
     def label(self) -> str:
@@ -58,6 +59,7 @@ _OPERATION_LABELS = {
     OperationKind.SCOPE_END: "scope_end",
     OperationKind.CHECKPOINT: "checkpoint",
     OperationKind.UNSUPPORTED: "unsupported",
+    OperationKind.STATE: "state",
 }
 
 
@@ -190,6 +192,14 @@ class Event(ObjectDef):
     flags: int = 0
 
 
+class TypedRange(NamedTuple):
+    """The element type of ``size`` bytes at ``offset`` of a buffer (format 1.1)."""
+
+    offset: int
+    size: int
+    dtype: DType
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Buffer(ObjectDef):
     kind: ClassVar[ObjectKind] = ObjectKind.BUFFER
@@ -203,6 +213,18 @@ class Buffer(ObjectDef):
     strides: tuple[int, ...] = ()
     element_offset: int = 0
     requires_fixed_address: bool = False
+    ranges: tuple[TypedRange, ...] = ()  # typed sub-ranges, when its tensors have several dtypes
+
+    def dtype_at(self, offset: int, size: int) -> DType:
+        """The element type of bytes [offset, offset + size): the typed range holding them all,
+        else the buffer's dtype when no typed range overlaps them, else UNKNOWN."""
+        end = offset + size
+        for r in self.ranges:
+            if r.offset <= offset and end <= r.offset + r.size:
+                return r.dtype
+            if r.offset < end and offset < r.offset + r.size:
+                return DType.UNKNOWN
+        return self.dtype
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -436,6 +458,19 @@ class Checkpoint:
 
 
 @dataclass(frozen=True, slots=True)
+class State:
+    """What buffer bytes [offset, offset + size) hold when the enclosing region begins (format
+    1.1): starting state the capture restores, not a copy the program made. See docs/FORMAT.md."""
+
+    index: int
+    buffer: int
+    payload: int
+    offset: int
+    size: int
+    kind: ClassVar[OperationKind] = OperationKind.STATE
+
+
+@dataclass(frozen=True, slots=True)
 class Unsupported:
     index: int
     call: str
@@ -469,6 +504,7 @@ Operation = (
     | ScopeEnd
     | Checkpoint
     | Unsupported
+    | State
     | UnknownOperation
 )
 
