@@ -150,8 +150,11 @@ class Benchmark:
         cu = self.cu
         plan = replayer.plan
         steps = replayer.steps
-        self.prefix = [s for s in steps if s[2] < region.start]
-        body = [s for s in steps if region.start <= s[2] < region.stop and s[0] != replayer._checkpoint]
+        # the region's own starting state (hoisted to its first operation) is set up, never timed
+        setup = [s for s in steps if s[2] < region.start or (s[2] == region.start and s[0] == replayer.apply_state)]
+        self.prefix = setup
+        body = [s for s in steps if region.start <= s[2] < region.stop and s[0] != replayer._checkpoint
+                and not (s[2] == region.start and s[0] == replayer.apply_state)]  # fmt: skip
         self.ops = {op.index: op for op in plan.capture.iter_operations(region.start, region.stop)}
         self.timed_ops = [i for i, op in self.ops.items() if op.kind in _DEVICE_KINDS]
         want_events = options.per_kernel or options.trace is not None
@@ -211,7 +214,7 @@ class Benchmark:
                         touched.add(rel.site_buffer)
             elif isinstance(op, m.Copy):
                 touched |= {op.src_buffer, op.dst_buffer} - {0}
-            elif isinstance(op, m.Memset):
+            elif isinstance(op, m.Memset | m.State):
                 touched.add(op.buffer)
         return touched
 
@@ -254,6 +257,9 @@ class Benchmark:
         out = []
         for step in self.body:
             fn, index = step[0], step[2]
+            if fn == r.apply_state:
+                raise ReplayUsageError("--mode graph: the range spans several captured regions, whose starting "
+                                       "state is set between them; time one of them (--scope)")  # fmt: skip
             if fn == r._synchronize:
                 op = self.ops[index]
                 source = [r.op_streams[index]] if isinstance(op, m.StreamSynchronize) else list(r.streams.values())

@@ -708,6 +708,9 @@ class Replayer:
         several = len(self.gpus) > 1
         current = 0  # the device whose context is current when this step runs (runs start on the first)
         for op in self.plan.capture.iter_operations():
+            if op.index in self.plan.state:  # the starting state of the region beginning here
+                steps.append((self.apply_state, (self.plan.state[op.index],), op.index))
+                current = 0
             gpu = self._op_gpu(op) if several else 0
             if gpu is not None and gpu != current:
                 steps.append((cu.cuCtxSetCurrent, (self.gpus[gpu].ctx,), op.index))
@@ -763,6 +766,23 @@ class Replayer:
             elif isinstance(op, m.ScopeEnd) and nvtx is not None:
                 steps.append((nvtx.pop, (), op.index))
             # create, destroy, module load: done at setup; scopes: markers only
+
+    def apply_state(self, copies: list[m.Copy]) -> None:
+        """Set the starting state of the region about to begin (format 1.1 state, hoisted): after
+        all work before it, before any of its own, on the legacy stream joined with every stream."""
+        cu = self.cu
+        if not hasattr(self, "_state_events"):
+            flags = cu.CUevent_flags.CU_EVENT_DISABLE_TIMING
+            self._state_events = [check(cu.cuEventCreate(flags), "state event") for _ in range(2)]
+            for event in self._state_events:
+                self.own(lambda e=event: cu.cuEventDestroy(e))
+        self.join(self._state_events[0])
+        for copy in copies:
+            staged = self._staged[upload_key(copy)]
+            fn = cu.cuMemcpyDtoDAsync if staged.on_device else cu.cuMemcpyHtoDAsync
+            args = (self.addresses[copy.dst_buffer] + copy.dst_offset, staged.address, copy.size, self.streams[0])
+            check(fn(*args), f"operation {copy.index} (state)")
+        self.fork(self._state_events[1])
 
     def _prepare_launch(self, op: m.Launch, stream: Any, gpu: int = 0) -> _Launch:
         cu = self.cu

@@ -159,6 +159,13 @@ class Plan:
     problems: list[str] = field(default_factory=list)  # collected under --continue-on-error
     uploads: dict[UploadKey, tuple[m.Copy, int]] = field(default_factory=dict)  # first copy of each source, bytes
     needs_fixed_addresses: bool = False
+    # starting state, hoisted: operation index a region begins at -> the state to apply before it,
+    # as host-to-device copies (stream 0) that are staged like uploads but are not the program's work
+    state: dict[int, list[m.Copy]] = field(default_factory=dict)
+
+    @property
+    def state_bytes(self) -> int:
+        return sum(c.size for copies in self.state.values() for c in copies)
 
     @property
     def buffer_bytes(self) -> int:
@@ -187,6 +194,10 @@ class Plan:
         for fid, resolved in sorted(self.files.items()):
             where = resolved.path or "stored in the capture"
             lines.append(f"file          #{fid} {resolved.reference.path} -> {where}")
+        if self.state:
+            ranges = sum(len(c) for c in self.state.values())
+            lines.append(f"state         {ranges} range(s), {self.state_bytes} bytes, in {len(self.state)} region(s): "
+                         "applied before each region begins, outside any timing")  # fmt: skip
         for op, o in sorted(self.overrides.items()):
             lines.append(f"override      operation {op}: grid={o.grid} block={o.block} smem={o.shared_memory}")
         return lines
@@ -241,11 +252,16 @@ def build_plan(capture: Capture, options: PlanOptions = PlanOptions()) -> Plan:
     if len(overrides) != len(options.launch_overrides):
         raise ReplayUsageError("--launch: an operation is overridden twice")
     counts: dict[str, int] = {}
+    regions = RegionTracker()
     for op in capture.iter_operations():
         label = op.kind.label if not isinstance(op, m.UnknownOperation) else "unknown"
         counts[label] = counts.get(label, 0) + 1
+        hoist = regions.step(op)
         try:
-            _check_operation(plan, objects, op, overrides.pop(op.index, None))
+            if isinstance(op, m.State):
+                _plan_state(plan, objects, op, hoist)
+            else:
+                _check_operation(plan, objects, op, overrides.pop(op.index, None))
         except ReplayError as exc:
             checker.fail(exc)
     for op_index in overrides:
@@ -258,6 +274,46 @@ def build_plan(capture: Capture, options: PlanOptions = PlanOptions()) -> Plan:
     for (eid, fn), threads in plan.max_block_threads.items():
         _check_function_limits(plan, eid, fn, threads, checker)
     return plan
+
+
+class RegionTracker:
+    """Where the region of each operation begins, for hoisting state (docs/FORMAT.md 4.2).
+
+    A region is an outermost scope (it begins at its ScopeBegin) or a stretch of operations
+    outside every scope (it begins at its first operation, just after the previous outermost
+    scope ends, or at the capture's start). Feed every operation in order to :meth:`step`."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.begin: int | None = None  # where the current region began
+
+    def step(self, op: m.Operation) -> int:
+        """The index at which ``op``'s region begins."""
+        if isinstance(op, m.ScopeBegin):
+            if self.depth == 0:
+                self.begin = op.index
+            self.depth += 1
+        elif self.depth == 0 and self.begin is None:
+            self.begin = op.index  # a stretch outside every scope
+        begin = self.begin if self.begin is not None else op.index
+        if isinstance(op, m.ScopeEnd) and self.depth > 0:
+            self.depth -= 1
+            if self.depth == 0:
+                self.begin = None  # the next operation begins a new region
+        return begin
+
+
+def _plan_state(plan: Plan, objects: dict[int, m.ObjectDef], op: m.State, hoist: int) -> None:
+    """Check a state operation and schedule it before its region begins."""
+    buffer = _need(objects, op.buffer, m.Buffer, op, "buffer")
+    _check_range(op, buffer, op.offset, op.size, "state")
+    if not 1 <= op.payload <= plan.capture.payload_count or plan.capture.payload(op.payload).size < op.size:
+        raise ReplayError(f"operation {op.index} (state): payload {op.payload} is missing or too small")
+    copy = m.Copy(op.index, _K.COPY_HOST_TO_DEVICE, 0, 0, op.buffer, op.payload, 0, 0, 0, op.offset, op.size)
+    plan.state.setdefault(hoist, []).append(copy)
+    key = upload_key(copy)
+    if key not in plan.uploads:
+        plan.uploads[key] = (copy, plan.capture.payload(op.payload).size)
 
 
 def _plan_executables(
