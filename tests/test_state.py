@@ -52,9 +52,9 @@ def test_state_round_trips_and_is_no_copy(tmp_path):
 
 
 def test_writer_state_needs_bytes(tmp_path):
-    with replayfmt.CaptureWriter(tmp_path / "w.kreplay") as w:
-        with pytest.raises(replayfmt.ReplayUsageError, match="^state needs data, or a payload id with a size$"):
-            w.state(buffer=1, payload=0, size=8)
+    message = r"^state needs data, or a payload id with a size$"
+    with replayfmt.CaptureWriter(tmp_path / "w.kreplay") as w, pytest.raises(replayfmt.ReplayUsageError, match=message):
+        w.state(buffer=1, payload=0, size=8)
 
 
 def test_format_1_0_golden_still_opens_and_means_copies():
@@ -131,6 +131,6 @@ def test_plan_refuses_state_outside_its_buffer(tmp_path):
         buf = w.add_object(m.Buffer(size=64, device=dev))
         w.state(buffer=buf, data=bytes(32), offset=48)
 
-    with replayfmt.open(write(tmp_path / "bad.kreplay", build)) as cap:
-        with pytest.raises(ReplayError, match=r"^operation 2 \(state\): state range \[48, 80\) lies outside buffer 2 "):
-            build_plan(cap)
+    message = r"^operation 2 \(state\): state range \[48, 80\) lies outside buffer 2 "
+    with replayfmt.open(write(tmp_path / "bad.kreplay", build)) as cap, pytest.raises(ReplayError, match=message):
+        build_plan(cap)
