@@ -184,6 +184,7 @@ class Replayer:
         self.pristine_on_device = False
         self.staging = StagingStats()
         self.setup_seconds: dict[str, float] = {}  # setup phase -> seconds it took
+        self.observer: Any = None  # sees every verified range's bytes (a NondeterminismTracker)
         try:
             self._setup()
         except BaseException:
@@ -1102,9 +1103,10 @@ class Replayer:
             buffer = self.plan.buffers[entry.buffer]
             if self.options.verify:
                 expected = self._expected_bytes(entry.payload, entry.size)
-                self._report(
-                    compare(expected, actual, buffer=buffer, operation=op.index, tolerance=self.options.tolerance)
-                )
+                self._report(compare(expected, actual, buffer=buffer, operation=op.index,
+                                     tolerance=self.options.tolerance, offset=entry.offset))  # fmt: skip
+                if self.observer is not None:
+                    self.observer.observe(op.index, buffer, entry.offset, expected, actual)
             if saving:
                 self._save(op, buffer, entry.offset, actual)
         return None
@@ -1128,7 +1130,10 @@ class Replayer:
         actual = ctypes.string_at(host, op.size)
         expected = self._expected_bytes(op.payload, op.size)
         buffer = self.plan.buffers[op.src_buffer]
-        self._report(compare(expected, actual, buffer=buffer, operation=op.index, tolerance=self.options.tolerance))
+        self._report(compare(expected, actual, buffer=buffer, operation=op.index, tolerance=self.options.tolerance,
+                             offset=op.src_offset))  # fmt: skip
+        if self.observer is not None:
+            self.observer.observe(op.index, buffer, op.src_offset, expected, actual)
         return None
 
     def _save(self, op: m.Checkpoint, buffer: m.Buffer, offset: int, data: bytes) -> None:

@@ -10,6 +10,7 @@ import replayfmt
 from replayfmt.cuda.address_space import restart_without_aslr
 from replayfmt.errors import ReplayUsageError
 from replayfmt.replay.compare import Tolerance
+from replayfmt.replay.nondeterminism import NondeterminismTracker
 from replayfmt.replay.plan import build_plan
 from replayfmt.tools.common import EXIT_OK, EXIT_PROBLEM, ToolExit, agents_md_option, reports_errors
 from replayfmt.tools.options import parse_device, plan_options, replay_options
@@ -58,6 +59,15 @@ Examples:
     show_default=True,
     help="Run the capture N times (inputs restored each time); print each one's device time.",
 )
+@click.option(
+    "--nondeterminism-runs",
+    type=click.IntRange(min=0),
+    default=0,
+    metavar="N",
+    help="With --verify: replay N times (at least 2) and report bytes that differ between replays as "
+    "nondeterministic, judging only the others. Default 0: replay once more only when a mismatch is found; "
+    "1: never.",
+)
 @click.option("--continue-on-error", is_flag=True, help="Report every failure, then exit non-zero.")
 @click.option(
     "--no-payload-checks",
@@ -81,6 +91,7 @@ def main(
     atol: float | None,
     save_output: Path | None,
     repetitions: int,
+    nondeterminism_runs: int,
     continue_on_error: bool,
     no_payload_checks: bool,
     dry_run: bool,
@@ -119,20 +130,34 @@ def main(
                 click.echo(f"device        #{k + 1} on cuda:{gpu.ordinal} {gpu.name} sm_{major}{minor}")
             if replayer.staging.bytes:
                 click.echo(f"uploads       {replayer.staging.line()}")
+            tracker, more = None, None
+            if verify and nondeterminism_runs >= 2:  # every replay's bytes are kept to compare them
+                tracker = replayer.observer = NondeterminismTracker(tolerance)
             result = replayer.run(repetitions)
+            if verify and nondeterminism_runs == 0 and any(not r.passed for r in result.reports):
+                tracker = replayer.observer = NondeterminismTracker(tolerance)  # a mismatch: two replays more
+                more = replayer.run(2)
+            elif tracker is not None and nondeterminism_runs > repetitions:
+                more = replayer.run(nondeterminism_runs - repetitions)
         for i, ms in enumerate(result.device_ms):
             click.echo(f"repetition {i + 1}: {ms:.3f} ms device time")
-        for report in result.reports:
-            click.echo(report.line())
-        for error in result.errors:
+        errors = result.errors + (more.errors if more is not None else [])
+        verdicts = tracker.verdicts() if tracker is not None and tracker.replays > 1 else None
+        for line in [v.line() for v in verdicts] if verdicts is not None else [r.line() for r in result.reports]:
+            click.echo(line)
+        for error in errors:
             click.echo(f"run-replay: error: {error}", err=True)
         if verify and not result.reports:
             click.echo("verify: the capture holds no checkpoints or expected downloads to compare")
-        failed = [r for r in result.reports if not r.passed]
+        failed = (
+            [v for v in verdicts if not v.passed]
+            if verdicts is not None
+            else [r for r in result.reports if not r.passed]
+        )
         if failed:
             raise ToolExit(EXIT_PROBLEM, f"verification failed for {len(failed)} buffer range(s)")
-        if result.errors:
-            raise ToolExit(EXIT_PROBLEM, f"{len(result.errors)} operation(s) failed")
+        if errors:
+            raise ToolExit(EXIT_PROBLEM, f"{len(errors)} operation(s) failed")
         if verify and result.reports:
             click.echo(f"verified: {len(result.reports)} buffer range(s) match")
     return EXIT_OK
