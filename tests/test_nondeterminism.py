@@ -53,7 +53,7 @@ def test_a_wrong_answer_outside_the_varying_bytes_still_fails():
         tracker.observe(12, buffer, 256, expected.tobytes(), actual)
     (verdict,) = tracker.verdicts()
     assert not verdict.passed and verdict.mismatching_bytes == 2 and verdict.first_mismatch == 100
-    assert verdict.offset == 256 and verdict.line().endswith("2 bytes mismatching outside them, first at byte 100")
+    assert verdict.offset == 256 and verdict.line().endswith("2 mismatching bytes outside them, first at byte 100")
 
 
 def test_identical_replays_report_nothing_nondeterministic():

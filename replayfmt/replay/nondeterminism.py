@@ -58,7 +58,7 @@ class RangeVerdict:
             more = f" and {len(self.varying) - _SHOWN_RANGES} more" if len(self.varying) > _SHOWN_RANGES else ""
             text += (f", {self.varying_bytes} of {self.size} bytes nondeterministic (differ between replays) "
                      f"in {len(self.varying)} range(s): {shown}{more}")  # fmt: skip
-        text += f", {self.mismatching_bytes} bytes mismatching outside them"
+        text += f", {self.mismatching_bytes} mismatching bytes outside them"
         if self.first_mismatch is not None:
             text += f", first at byte {self.first_mismatch}"
         return text
