@@ -134,3 +134,23 @@ def test_plan_refuses_state_outside_its_buffer(tmp_path):
     message = r"^operation 2 \(state\): state range \[48, 80\) lies outside buffer 2 "
     with replayfmt.open(write(tmp_path / "bad.kreplay", build)) as cap, pytest.raises(ReplayError, match=message):
         build_plan(cap)
+
+
+RECORDED = Path(__file__).resolve().parent.parent / "examples" / "triton_softmax.kreplay"
+
+
+def test_recorded_example_dumps_and_plans_without_a_gpu():
+    """The README's example, recorded by the recorder from a Triton program in kernel mode."""
+    assert RECORDED.stat().st_size < 2 << 20
+    with replayfmt.open(RECORDED) as cap:
+        assert cap.metadata.tool == "replayfmt.capture" and dict(cap.metadata.properties)["mode"] == "kernel"
+        kinds = [op.kind for op in cap]
+        assert m.OperationKind.STATE in kinds and m.OperationKind.COPY_HOST_TO_DEVICE not in kinds
+        plan = build_plan(cap)
+        begins = [op.index for op in cap if isinstance(op, m.ScopeBegin)]
+        assert sorted(plan.state) == begins and not plan.problems
+    runner = CliRunner()
+    text = runner.invoke(dump_main, [str(RECORDED)]).stdout
+    assert "softmax_kernel" in text and "(starting state)" in text
+    result = runner.invoke(run_main, ["--dry-run", str(RECORDED)])
+    assert result.exit_code == 0 and "dry run: plan OK" in result.stdout
