@@ -107,8 +107,11 @@ def test_region_snapshots_first_touch_and_checkpoints_what_changed(tmp_path, cub
         assert {(r.site_offset, r.target_buffer, r.target_offset) for r in launch.relocations} == {
             (8, buffers[A].id, 0), (16, buffers[B].id, 0)}  # fmt: skip
         checkpoint = next(op for op in ops if op.kind == m.OperationKind.CHECKPOINT)
-        assert [e.buffer for e in checkpoint.entries] == [buffers[B].id]  # x did not change
-        assert np.array_equal(np.frombuffer(cap.read_payload(checkpoint.entries[0].payload), np.float32), 2 * x + y)
+        entries = {e.buffer: e for e in checkpoint.entries}
+        assert sorted(entries) == [buffers[A].id, buffers[B].id]  # every buffer the region touched
+        states = {op.buffer: op.payload for op in ops if isinstance(op, m.State)}
+        assert entries[buffers[A].id].payload == states[buffers[A].id]  # x did not change: its state's bytes
+        assert np.array_equal(np.frombuffer(cap.read_payload(entries[buffers[B].id].payload), np.float32), 2 * x + y)
         exe = next(o for o in cap.objects() if isinstance(o, m.Executable))
         assert exe.format == m.ExecutableFormat.CUBIN and exe.target_arch == "sm_90"
         assert exe.functions[0].name == "saxpy" and exe.functions[0].parameters_known
@@ -151,7 +154,7 @@ def test_kernel_mode_instances_are_self_contained(tmp_path, cubin):
         scopes = [op.name for op in ops if op.kind == m.OperationKind.SCOPE_BEGIN]
         assert scopes == ["saxpy#1", "saxpy#2"]
         checkpoints = [op for op in ops if op.kind == m.OperationKind.CHECKPOINT]
-        assert len(checkpoints) == 2 and all(len(c.entries) == 1 for c in checkpoints)  # only B changed
+        assert len(checkpoints) == 2 and all(len(c.entries) == 2 for c in checkpoints)  # A and B, B changed
         assert not any(op.kind == m.OperationKind.COPY_HOST_TO_DEVICE for op in ops)
         states = [op for op in ops if op.kind == m.OperationKind.STATE]
         assert len(states) == 4  # A and B: each instance's starting state
@@ -413,12 +416,17 @@ def test_scopes_inside_a_region_checkpoint_what_they_wrote(tmp_path, cubin):
         buffers = {o.address: o.id for o in cap.objects() if isinstance(o, m.Buffer)}
         checkpoints = [op for op in ops if isinstance(op, m.Checkpoint)]
         assert [c.name for c in checkpoints] == ["step", "open", "region"]
-        assert [e.buffer for e in checkpoints[0].entries] == [buffers[B]]  # A unchanged, C not in the scope
-        assert {e.buffer for e in checkpoints[2].entries} == {buffers[B], buffers[C]}
+        assert [e.buffer for e in checkpoints[0].entries] == [buffers[A], buffers[B]]  # not C: not in the scope
+        assert read(cap, checkpoints[0], buffers[B])[0] == 7
+        assert {e.buffer for e in checkpoints[2].entries} == {buffers[A], buffers[B], buffers[C]}
         labels = [op.kind.label for op in ops]
         assert labels.index("checkpoint") == labels.index("scope_end") - 1  # inside the scope
         assert labels[-2:] == ["scope_end", "checkpoint"]
         assert not build_plan(cap, PlanOptions()).problems
+
+
+def read(cap, checkpoint: m.Checkpoint, buffer: int) -> bytes:
+    return cap.read_payload(next(e.payload for e in checkpoint.entries if e.buffer == buffer))
 
 
 def test_a_second_unnamed_region_is_a_scope_of_its_own(tmp_path, cubin):
@@ -459,3 +467,24 @@ def test_tensors_of_several_dtypes_type_sub_ranges(tmp_path, cubin):
         buffer = next(o for o in cap.objects() if isinstance(o, m.Buffer))
         assert buffer.dtype == m.DType.UNKNOWN
         assert buffer.ranges == (m.TypedRange(0, 512, m.DType.FLOAT16), m.TypedRange(512, 256, m.DType.INT32))
+
+
+def test_framework_hooks_install_once_the_program_imports_the_framework(tmp_path, monkeypatch):
+    """Under python -m replayfmt.capture the program imports torch and triton after the recorder
+    started: their hooks install right after the import (a finder on sys.meta_path)."""
+    import sys
+
+    from replayfmt.capture.enrich import _AfterImport
+
+    (tmp_path / "late_framework_f14.py").write_text("VALUE = 42\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+    hook = _AfterImport("late_framework_f14", lambda: seen.append(sys.modules["late_framework_f14"].VALUE))
+    sys.meta_path.insert(0, hook)
+    try:
+        import late_framework_f14  # noqa: F401
+
+        assert seen == [42] and hook not in sys.meta_path
+    finally:
+        hook.remove()
+        sys.modules.pop("late_framework_f14", None)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from replayfmt.format import model as m
-from replayfmt.replay.compare import Tolerance, mismatch_mask
+from replayfmt.replay.compare import NUMPY_DTYPES, Tolerance, mismatch_mask, segments
 
 _SHOWN_RANGES = 4
 
@@ -27,6 +27,20 @@ def byte_ranges(mask: np.ndarray) -> list[tuple[int, int]]:
     padded = np.concatenate(([False], mask, [False])).astype(np.int8)
     edges = np.flatnonzero(np.diff(padded))
     return list(zip(edges[0::2].tolist(), edges[1::2].tolist()))
+
+
+def whole_elements(mask: np.ndarray, buffer: m.Buffer, offset: int) -> np.ndarray:
+    """A byte mask widened to whole elements: of each typed run's dtype, 4-byte words where the
+    dtype is unknown (the common element size of GPU data)."""
+    out = mask.copy()
+    for start, end, dtype in segments(buffer, offset, len(mask)):
+        code = NUMPY_DTYPES.get(dtype)
+        size = 2 if dtype == m.DType.BFLOAT16 else (np.dtype(code).itemsize if code else 4)
+        whole = (end - start) // size * size
+        if size > 1 and whole:
+            words = mask[start : start + whole].reshape(-1, size).any(axis=1)
+            out[start : start + whole] = np.repeat(words, size)
+    return out
 
 
 @dataclass
@@ -102,12 +116,15 @@ class NondeterminismTracker:
         return min((o.replays for o in self._ranges.values()), default=0)
 
     def verdicts(self) -> list[RangeVerdict]:
+        """Each range judged: an element with a varying byte varies whole (its other bytes can
+        agree between replays and still differ from the capture's run)."""
         out = []
         for (operation, buffer_id, offset), o in self._ranges.items():
-            bad = np.flatnonzero(o.wrong & ~o.varying)
-            varying = byte_ranges(o.varying)
+            varying_mask = whole_elements(o.varying, o.buffer, offset)
+            bad = np.flatnonzero(o.wrong & ~varying_mask)
+            varying = byte_ranges(varying_mask)
             out.append(RangeVerdict(
                 operation, buffer_id, o.buffer.label, offset, len(o.first), o.mode, o.replays, varying,
-                int(o.varying.sum()), len(bad), int(bad[0]) if len(bad) else None,
+                int(varying_mask.sum()), len(bad), int(bad[0]) if len(bad) else None,
             ))  # fmt: skip
         return out

@@ -143,8 +143,12 @@ def main(
             click.echo(f"repetition {i + 1}: {ms:.3f} ms device time")
         errors = result.errors + (more.errors if more is not None else [])
         verdicts = tracker.verdicts() if tracker is not None and tracker.replays > 1 else None
-        for line in [v.line() for v in verdicts] if verdicts is not None else [r.line() for r in result.reports]:
-            click.echo(line)
+        for report in result.reports:
+            click.echo(report.line())
+        if verdicts is not None:  # judged again, the bytes that differ between replays set apart
+            click.echo(f"nondeterminism: {tracker.replays} replays compared with each other and with the capture")
+            for verdict in verdicts:
+                click.echo(verdict.line())
         for error in errors:
             click.echo(f"run-replay: error: {error}", err=True)
         if verify and not result.reports:

@@ -31,7 +31,7 @@ def test_kernel_mode_triton_capture_holds_state_and_verifies(tmp_path, capture_r
     out = tmp_path / "softmax.kreplay"
     capture(out, EXAMPLES / "triton_softmax.py", "--mode", "kernel", "--kernels", "softmax_kernel")
     s = summary(out)
-    assert s["operations"].get("state", 0) >= 2 and "copy_h2d" not in s["operations"]
+    assert s["operations"].get("state", 0) >= 1 and "copy_h2d" not in s["operations"]  # x, out: one segment
     assert s["state_bytes"] > 0 and s["upload_bytes"] == 0
     assert "softmax_kernel#0" in s["scopes"]
     assert "verified:" in verified(out)
@@ -75,10 +75,10 @@ def test_a_scope_inside_a_whole_program_capture_checkpoints_its_writes(tmp_path,
 def test_nondeterministic_bytes_are_reported_not_failed(tmp_path, capture_ready):
     needs("torch")
     out = tmp_path / "atomics.kreplay"
-    capture(out, SCRIPTS / "atomic_sums.py")
+    capture(out, SCRIPTS / "atomic_sums.py", "--label-tensors")  # float32 sums: tolerances apply
     text = verified(out, "--tolerance", "--nondeterminism-runs", "3")
-    assert "over 3 replays" in text
+    assert "nondeterminism: 3 replays compared" in text and "over 3 replays" in text
     result = run([sys.executable, "-m", "replayfmt.tools.run_replay", "--verify", "--nondeterminism-runs", "3",
                   str(out)])  # fmt: skip
-    print(result.stdout[-3000:])
     assert "nondeterministic (differ between replays)" in result.stdout, result.stdout[-3000:]
+    assert result.returncode == 0, result.stdout[-3000:]  # whole floats vary: no byte of them is a mismatch
