@@ -92,7 +92,8 @@ class StagingStats:
 
 @dataclass
 class RunResult:
-    device_ms: list[float] = field(default_factory=list)  # one per repetition
+    device_ms: list[float] = field(default_factory=list)  # one per repetition, its starting state left out
+    state_ms: list[float] = field(default_factory=list)  # one per repetition: setting its starting state
     reports: list[BufferReport] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
@@ -185,6 +186,8 @@ class Replayer:
         self.staging = StagingStats()
         self.setup_seconds: dict[str, float] = {}  # setup phase -> seconds it took
         self.observer: Any = None  # sees every verified range's bytes (a NondeterminismTracker)
+        self._state_events: dict[int, tuple[Any, Any]] = {}  # region start -> events around its state
+        self.states_applied: list[tuple[Any, Any]] = []  # since the repetition began
         try:
             self._setup()
         except BaseException:
@@ -710,7 +713,7 @@ class Replayer:
         current = 0  # the device whose context is current when this step runs (runs start on the first)
         for op in self.plan.capture.iter_operations():
             if op.index in self.plan.state:  # the starting state of the region beginning here
-                steps.append((self.apply_state, (self.plan.state[op.index],), op.index))
+                steps.append((self.apply_state, (op.index, self.plan.state[op.index]), op.index))
                 current = 0
             gpu = self._op_gpu(op) if several else 0
             if gpu is not None and gpu != current:
@@ -768,22 +771,26 @@ class Replayer:
                 steps.append((nvtx.pop, (), op.index))
             # create, destroy, module load: done at setup; scopes: markers only
 
-    def apply_state(self, copies: list[m.Copy]) -> None:
-        """Set the starting state of the region about to begin (format 1.1 state, hoisted): after
-        all work before it, before any of its own, on the legacy stream joined with every stream."""
+    def apply_state(self, index: int, copies: list[m.Copy]) -> None:
+        """Set the starting state of the region beginning at operation ``index`` (format 1.1 state,
+        hoisted): after all work before it, before any of its own, on the legacy stream joined with
+        every stream, between two timed events (``run`` leaves that interval out of device time)."""
         cu = self.cu
-        if not hasattr(self, "_state_events"):
-            flags = cu.CUevent_flags.CU_EVENT_DISABLE_TIMING
-            self._state_events = [check(cu.cuEventCreate(flags), "state event") for _ in range(2)]
-            for event in self._state_events:
+        self._use(0)  # its events and the legacy stream it joins belong to the first device
+        events = self._state_events.get(index)
+        if events is None:
+            events = self._state_events[index] = (check(cu.cuEventCreate(0), "state event"),
+                                                  check(cu.cuEventCreate(0), "state event"))  # fmt: skip
+            for event in events:
                 self.own(lambda e=event: cu.cuEventDestroy(e))
-        self.join(self._state_events[0])
+        self.join(events[0])
         for copy in copies:
             staged = self._staged[upload_key(copy)]
             fn = cu.cuMemcpyDtoDAsync if staged.on_device else cu.cuMemcpyHtoDAsync
             args = (self.addresses[copy.dst_buffer] + copy.dst_offset, staged.address, copy.size, self.streams[0])
             check(fn(*args), f"operation {copy.index} (state)")
-        self.fork(self._state_events[1])
+        self.fork(events[1])
+        self.states_applied.append(events)
 
     def _prepare_launch(self, op: m.Launch, stream: Any, gpu: int = 0) -> _Launch:
         cu = self.cu
@@ -1064,18 +1071,21 @@ class Replayer:
         """Execute the capture ``repetitions`` times; device time per repetition (CUDA events).
 
         Each repetition re-runs the captured uploads, so inputs are restored between repetitions.
+        Device time leaves out the setting of starting state (it is not the program's work).
         """
         cu = self.cu
         result = self._result = RunResult()
         for repetition in range(repetitions):
             self._repetition = repetition
+            self.states_applied = []
             self.fork(self._timing[0])
             result.errors += self.execute_steps(self._steps)
             self.join(self._timing[1])
             self.synchronize()
-            result.device_ms.append(
-                check(cu.cuEventElapsedTime(self._timing[0], self._timing[1]), "cuEventElapsedTime")
-            )
+            total = check(cu.cuEventElapsedTime(self._timing[0], self._timing[1]), "cuEventElapsedTime")
+            state = sum(check(cu.cuEventElapsedTime(a, b), "cuEventElapsedTime") for a, b in self.states_applied)
+            result.device_ms.append(total - state)
+            result.state_ms.append(state)
         return result
 
     # -- verification ------------------------------------------------------------------------

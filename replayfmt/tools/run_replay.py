@@ -139,8 +139,9 @@ def main(
                 more = replayer.run(2)
             elif tracker is not None and nondeterminism_runs > repetitions:
                 more = replayer.run(nondeterminism_runs - repetitions)
-        for i, ms in enumerate(result.device_ms):
-            click.echo(f"repetition {i + 1}: {ms:.3f} ms device time")
+        for i, (ms, state_ms) in enumerate(zip(result.device_ms, result.state_ms, strict=True)):
+            state = f" (starting state set apart: {state_ms:.3f} ms)" if plan.state else ""
+            click.echo(f"repetition {i + 1}: {ms:.3f} ms device time{state}")
         errors = result.errors + (more.errors if more is not None else [])
         verdicts = tracker.verdicts() if tracker is not None and tracker.replays > 1 else None
         for report in result.reports:
