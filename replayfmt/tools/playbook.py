@@ -32,6 +32,7 @@ with replayfmt.CaptureWriter("out.kreplay") as w:
     buf = w.add_object(m.Buffer(size=4096, dtype=m.DType.FLOAT32, shape=(1024,)))
     w.copy_h2d(dst_buffer=buf, data=host_array)
     with w.scope("step"):
+        w.state(buffer=buf, data=step_input)  # what buf holds as the step begins: restored, never timed
         w.launch(executable=exe, function=0, grid=(4, 1, 1), block=(256, 1, 1),
                  parameters=param_bytes, relocations=[m.Relocation(0, buf, 8, 0)])
     w.checkpoint({buf: expected_bytes})   # what replay must reproduce
@@ -74,6 +75,7 @@ run-replay --verify --tolerance cap.kreplay         # per-dtype tolerances for f
 run-replay --verify --rtol=1e-3 --atol=1e-5 cap.kreplay
 run-replay --repetitions=10 cap.kreplay   # device time of each run (CUDA events)
 run-replay --verify --save-output=out/ cap.kreplay  # replayed checkpoint buffers as .npy
+run-replay --verify --nondeterminism-runs=3 cap.kreplay  # atomics: bytes differing between replays set apart
 ```
 
 ## Substitute a newly compiled kernel
@@ -133,8 +135,10 @@ TOOLS = {
 * Needs cupti-python matching the driver's CUPTI (`pip install 'replayfmt[capture]'`); CUPTI
   allows one subscriber, so torch.profiler, nsys or ncu in the same process is a clear error.
 * Region mode (default) records everything; `--scope NAME` only inside
-  `replayfmt.capture.scope(NAME)` blocks. The first touch of an allocation uploads its contents;
-  the allocations a region wrote are checkpointed at its end, so `run-replay --verify` checks them.
+  `replayfmt.capture.scope(NAME)` blocks. The first touch of an allocation records its contents
+  as the region's starting state (`state` rows: replay sets them before the region begins and
+  never times them); the allocations a region, or a scope inside it, touched are checkpointed at
+  its end, so `run-replay --verify` checks them.
 * Kernel mode: `--mode kernel --kernels REGEX [--skip-first N] [--max-per-kernel N]`; each
   instance is a scope `NAME#K` with its inputs, the launch and a checkpoint of what it changed:
   `benchmark-replay --scope 'NAME#K'`, `tune-replay --launch OP`.
