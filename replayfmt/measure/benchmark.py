@@ -151,10 +151,10 @@ class Benchmark:
         plan = replayer.plan
         steps = replayer.steps
         # the region's own starting state (hoisted to its first operation) is set up, never timed
-        setup = [s for s in steps if s[2] < region.start or (s[2] == region.start and s[0] == replayer.apply_state)]
-        self.prefix = setup
+        own_state = [s for s in steps if s[2] == region.start and s[0] == replayer.apply_state]
+        self.prefix = [s for s in steps if s[2] < region.start] + own_state
         body = [s for s in steps if region.start <= s[2] < region.stop and s[0] != replayer._checkpoint
-                and not (s[2] == region.start and s[0] == replayer.apply_state)]  # fmt: skip
+                and s not in own_state]  # fmt: skip
         self.ops = {op.index: op for op in plan.capture.iter_operations(region.start, region.stop)}
         self.timed_ops = [i for i, op in self.ops.items() if op.kind in _DEVICE_KINDS]
         want_events = options.per_kernel or options.trace is not None
