@@ -63,7 +63,9 @@ def write_sample(path: Path, *, n: int = 1024, cubin: bytes | None = None, **wri
         ids["stream2"] = w.add_object(m.Stream(device=ids["device"], priority=-1, label="side"))
         ids["event"] = w.add_object(m.Event(device=ids["device"]))
         ids["x"] = w.add_object(m.Buffer(size=4 * n, device=ids["device"], address=0x7F0000000000,
-                                         dtype=m.DType.FLOAT32, shape=(n,), strides=(1,), label="x"))  # fmt: skip
+                                         dtype=m.DType.FLOAT32, shape=(n,), strides=(1,), label="x",
+                                         ranges=(m.TypedRange(0, 2 * n, m.DType.FLOAT32),
+                                                 m.TypedRange(2 * n, 2 * n, m.DType.FLOAT32))))  # fmt: skip
         ids["y"] = w.add_object(m.Buffer(size=4 * n, device=ids["device"], address=0x7F0000010000,
                                          dtype=m.DType.FLOAT32, shape=(n,), strides=(1,), label="y"))  # fmt: skip
         image = cubin if cubin is not None else b"\x7fELF" + bytes(252)
@@ -80,6 +82,7 @@ def write_sample(path: Path, *, n: int = 1024, cubin: bytes | None = None, **wri
         w.copy_h2d(dst_buffer=ids["y"], data=y, stream=ids["stream"])
         w.memset(buffer=ids["y"], value=0, count=16, element_size=4, offset=0, stream=ids["stream"])
         with w.scope("step"):
+            w.state(buffer=ids["x"], data=x)  # what x holds when the step begins (uploaded above)
             params = np.float32(2.0).tobytes() + bytes(4) + bytes(16) + np.int32(n).tobytes() + bytes(4)
             relocations = [m.Relocation(0, ids["x"], 8, 0), m.Relocation(0, ids["y"], 16, 0)]
             w.launch(executable=ids["exe"], function=0, grid=((n + 255) // 256, 1, 1), block=(256, 1, 1),

@@ -100,14 +100,18 @@ def test_region_snapshots_first_touch_and_checkpoints_what_changed(tmp_path, cub
     with replayfmt.open(path) as cap:
         ops = list(cap.iter_operations())
         kinds = [op.kind.label for op in ops]
-        assert kinds.count("copy_h2d") == 2  # x and y snapshotted at first touch
+        assert kinds.count("state") == 2 and "copy_h2d" not in kinds  # x and y: starting state, not copies
+        assert kinds.index("state") > kinds.index("scope_begin")  # found in the region, hoisted by replay
         launch = next(op for op in ops if op.kind == m.OperationKind.LAUNCH)
         buffers = {o.address: o for o in cap.objects() if isinstance(o, m.Buffer)}
         assert {(r.site_offset, r.target_buffer, r.target_offset) for r in launch.relocations} == {
             (8, buffers[A].id, 0), (16, buffers[B].id, 0)}  # fmt: skip
         checkpoint = next(op for op in ops if op.kind == m.OperationKind.CHECKPOINT)
-        assert [e.buffer for e in checkpoint.entries] == [buffers[B].id]  # x did not change
-        assert np.array_equal(np.frombuffer(cap.read_payload(checkpoint.entries[0].payload), np.float32), 2 * x + y)
+        entries = {e.buffer: e for e in checkpoint.entries}
+        assert sorted(entries) == [buffers[A].id, buffers[B].id]  # every buffer the region touched
+        states = {op.buffer: op.payload for op in ops if isinstance(op, m.State)}
+        assert entries[buffers[A].id].payload == states[buffers[A].id]  # x did not change: its state's bytes
+        assert np.array_equal(np.frombuffer(cap.read_payload(entries[buffers[B].id].payload), np.float32), 2 * x + y)
         exe = next(o for o in cap.objects() if isinstance(o, m.Executable))
         assert exe.format == m.ExecutableFormat.CUBIN and exe.target_arch == "sm_90"
         assert exe.functions[0].name == "saxpy" and exe.functions[0].parameters_known
@@ -150,13 +154,17 @@ def test_kernel_mode_instances_are_self_contained(tmp_path, cubin):
         scopes = [op.name for op in ops if op.kind == m.OperationKind.SCOPE_BEGIN]
         assert scopes == ["saxpy#1", "saxpy#2"]
         checkpoints = [op for op in ops if op.kind == m.OperationKind.CHECKPOINT]
-        assert len(checkpoints) == 2 and all(len(c.entries) == 1 for c in checkpoints)  # only B changed
-        uploads = [op for op in ops if op.kind == m.OperationKind.COPY_HOST_TO_DEVICE]
-        assert len(uploads) == 4  # A and B before each instance
+        assert len(checkpoints) == 2 and all(len(c.entries) == 2 for c in checkpoints)  # A and B, B changed
+        assert not any(op.kind == m.OperationKind.COPY_HOST_TO_DEVICE for op in ops)
+        states = [op for op in ops if op.kind == m.OperationKind.STATE]
+        assert len(states) == 4  # A and B: each instance's starting state
         stream = next(o for o in cap.objects() if isinstance(o, m.Stream))
         assert stream.captured_handle == 0x77 and stream.flags == 1
-        assert all(op.stream == stream.id for op in uploads)
-        assert not build_plan(cap, PlanOptions()).problems
+        plan = build_plan(cap, PlanOptions())
+        assert not plan.problems
+        begins = [op.index for op in ops if op.kind == m.OperationKind.SCOPE_BEGIN]
+        assert sorted(plan.state) == begins  # each instance's state is applied before it begins
+        assert [len(plan.state[b]) for b in begins] == [2, 2]
     assert {stream for _, _, stream in mem.reads} == {0x77}  # only the launching stream is waited for
 
 
@@ -180,7 +188,7 @@ def test_copies_memsets_events_and_partial_writes(tmp_path, cubin):
     path, t = record(tmp_path, events, mem)
     with replayfmt.open(path) as cap:
         labels = [op.kind.label for op in cap.iter_operations() if op.kind.label != "create"]
-        assert labels == ["scope_begin", "copy_h2d", "copy_h2d", "memset", "event_record", "stream_wait_event",
+        assert labels == ["scope_begin", "copy_h2d", "state", "memset", "event_record", "stream_wait_event",
                           "copy_d2d", "copy_d2h", "stream_synchronize", "device_synchronize", "unsupported",
                           "checkpoint", "scope_end"]  # fmt: skip
         d2h = next(op for op in cap.iter_operations() if op.kind == m.OperationKind.COPY_DEVICE_TO_HOST)
@@ -371,3 +379,112 @@ def test_triton_tensor_descriptors_mark_unaligned_tensor_maps(tmp_path, cubin):
     with replayfmt.open(path) as cap:
         launch = next(op for op in cap.iter_operations() if op.kind == m.OperationKind.LAUNCH)
         assert [(r.site_offset, r.kind) for r in launch.relocations] == [(16, m.RelocationKind.TENSOR_MAP)]
+
+
+def test_scopes_inside_a_region_checkpoint_what_they_wrote(tmp_path, cubin):
+    """A whole-program region with the program's own scope inside: the scope's end checkpoints
+    the allocations it touched that changed, so a scope of a longer capture verifies alone."""
+    mem = FakeMemory()
+    mem.device[A] = bytearray(np.arange(4, dtype=np.float32).tobytes())
+    mem.device[B] = bytearray(16)
+    mem.device[C] = bytearray(16)
+
+    def write(base, value):
+        def done():
+            mem.device[base][0] = value
+            return ev.LaunchEnd(0)
+
+        return done
+
+    path = tmp_path / "c.kreplay"
+    with CaptureWriter(path) as writer:
+        t = Translator(writer, RecordOptions(), mem, host_files=HostFiles(tmp_path / "no-maps"))
+        t.start()
+        for e in (ev.ModuleImage(MODULE, cubin, None), ev.Allocation(A, 16), ev.Allocation(B, 16),
+                  ev.Allocation(C, 16)):  # fmt: skip
+            t.handle(e)
+        t.handle(ev.LaunchBegin(kernel(), (1, 1, 1), (4, 1, 1), 0, 0, saxpy_params(1.0, A, C, 4)))
+        t.handle(write(C, 9)())
+        t.scope_begin("step")
+        t.handle(ev.LaunchBegin(kernel(), (1, 1, 1), (4, 1, 1), 0, 0, saxpy_params(1.0, A, B, 4)))
+        t.handle(write(B, 7)())
+        t.scope_end("step")
+        t.scope_begin("open")  # left open by the program: closed (and checkpointed) with the region
+        t.stop()
+    with replayfmt.open(path) as cap:
+        ops = list(cap.iter_operations())
+        buffers = {o.address: o.id for o in cap.objects() if isinstance(o, m.Buffer)}
+        checkpoints = [op for op in ops if isinstance(op, m.Checkpoint)]
+        assert [c.name for c in checkpoints] == ["step", "open", "region"]
+        assert [e.buffer for e in checkpoints[0].entries] == [buffers[A], buffers[B]]  # not C: not in the scope
+        assert read(cap, checkpoints[0], buffers[B])[0] == 7
+        assert {e.buffer for e in checkpoints[2].entries} == {buffers[A], buffers[B], buffers[C]}
+        labels = [op.kind.label for op in ops]
+        assert labels.index("checkpoint") == labels.index("scope_end") - 1  # inside the scope
+        assert labels[-2:] == ["scope_end", "checkpoint"]
+        assert not build_plan(cap, PlanOptions()).problems
+
+
+def read(cap, checkpoint: m.Checkpoint, buffer: int) -> bytes:
+    return cap.read_payload(next(e.payload for e in checkpoint.entries if e.buffer == buffer))
+
+
+def test_a_second_unnamed_region_is_a_scope_of_its_own(tmp_path, cubin):
+    mem = FakeMemory()
+    mem.device[A] = bytearray(16)
+    path = tmp_path / "c.kreplay"
+    with CaptureWriter(path) as writer:
+        t = Translator(writer, RecordOptions(), mem, host_files=HostFiles(tmp_path / "no-maps"))
+        t.handle(ev.ModuleImage(MODULE, cubin, None))
+        t.handle(ev.Allocation(A, 16))
+        for _ in range(2):
+            t.start()
+            t.handle(ev.LaunchBegin(kernel(), (1, 1, 1), (4, 1, 1), 0, 0, saxpy_params(1.0, A, A, 4)))
+            t.stop()
+    with replayfmt.open(path) as cap:
+        ops = list(cap.iter_operations())
+        assert [op.name for op in ops if isinstance(op, m.ScopeBegin)] == ["region#2"]
+        plan = build_plan(cap, PlanOptions())
+        second = next(op.index for op in ops if isinstance(op, m.ScopeBegin))
+        assert sorted(plan.state) == [0, second]  # each region's snapshot applies where it begins
+
+
+def test_tensors_of_several_dtypes_type_sub_ranges(tmp_path, cubin):
+    mem = FakeMemory()
+    mem.device[A] = bytearray(1024)
+    path = tmp_path / "c.kreplay"
+    with CaptureWriter(path) as writer:
+        t = Translator(writer, RecordOptions(), mem, host_files=HostFiles(tmp_path / "no-maps"))
+        t.handle(ev.ModuleImage(MODULE, cubin, None))
+        t.handle(ev.Allocation(A, 1024))  # a caching-allocator segment
+        t.label_tensor(TensorLabel(A + 512, 256, m.DType.INT32, (64,), (1,), "index"))
+        t.label_tensor(TensorLabel(A, 512, m.DType.FLOAT16, (256,), (1,), "h"))
+        t.label_tensor(TensorLabel(A + 600, 64, m.DType.FLOAT32, (16,), (1,), "overlapping view"))
+        t.start()
+        t.handle(ev.LaunchBegin(kernel(), (1, 1, 1), (4, 1, 1), 0, 0, saxpy_params(1.0, A, A, 4)))
+        t.stop()
+    with replayfmt.open(path) as cap:
+        buffer = next(o for o in cap.objects() if isinstance(o, m.Buffer))
+        assert buffer.dtype == m.DType.UNKNOWN
+        assert buffer.ranges == (m.TypedRange(0, 512, m.DType.FLOAT16), m.TypedRange(512, 256, m.DType.INT32))
+
+
+def test_framework_hooks_install_once_the_program_imports_the_framework(tmp_path, monkeypatch):
+    """Under python -m replayfmt.capture the program imports torch and triton after the recorder
+    started: their hooks install right after the import (a finder on sys.meta_path)."""
+    import sys
+
+    from replayfmt.capture.enrich import _AfterImport
+
+    (tmp_path / "late_framework_f14.py").write_text("VALUE = 42\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+    hook = _AfterImport("late_framework_f14", lambda: seen.append(sys.modules["late_framework_f14"].VALUE))
+    sys.meta_path.insert(0, hook)
+    try:
+        import late_framework_f14  # noqa: F401
+
+        assert seen == [42] and hook not in sys.meta_path
+    finally:
+        hook.remove()
+        sys.modules.pop("late_framework_f14", None)

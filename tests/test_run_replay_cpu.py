@@ -13,7 +13,8 @@ from samples import SAXPY, compiled_cubin, write_sample
 import replayfmt
 from replayfmt.container.files import identity_of
 from replayfmt.format import model as m
-from replayfmt.replay.plan import LaunchOverride, PlanOptions, Substitution, build_plan
+from replayfmt.replay.plan import build_plan
+from replayfmt.replay.plan_options import LaunchOverride, PlanOptions, Substitution
 from replayfmt.tools.run_replay import main
 
 ROOT = Path(__file__).resolve().parent.parent

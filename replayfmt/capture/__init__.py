@@ -18,10 +18,11 @@ Needs cupti-python matching the driver's CUPTI: ``pip install 'replayfmt[capture
 from __future__ import annotations
 
 from replayfmt.capture.allocations import TensorLabel
+from replayfmt.capture.labels import KernelAnnotation
 from replayfmt.capture.options import CaptureMode, RecordOptions
 from replayfmt.capture.recorder import Recorder, active, record, scope
 from replayfmt.capture.report import KernelStats, Report
-from replayfmt.capture.translate import KernelAnnotation, Translator
+from replayfmt.capture.translate import Translator
 
 __all__ = [
     "CaptureMode",

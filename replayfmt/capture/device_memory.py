@@ -9,9 +9,22 @@ import ctypes
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
 from replayfmt.cuda.driver import check, driver
+
+
+class DeviceMemory(Protocol):
+    """Device access the translator needs; the CUPTI source implements it with the driver."""
+
+    def read(self, address: int, size: int, stream: int | None) -> bytes | memoryview:
+        """``size`` bytes at ``address`` once ``stream`` (a raw handle; None: the whole device) is idle."""
+
+    def host_bytes(self, address: int, size: int) -> bytes:
+        """A copy of host memory the program handed to a copy."""
+
+    def find_allocation(self, address: int) -> tuple[int, int] | None:
+        """(base, size) of the device allocation holding ``address`` (one made before recording)."""
 
 
 class DriverMemory:

@@ -7,12 +7,15 @@ installer returns the function that removes it, so other tools keep working.
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from replayfmt.capture.allocations import TensorLabel
-from replayfmt.capture.translate import KernelAnnotation, Translator
+from replayfmt.capture.labels import KernelAnnotation
+from replayfmt.capture.translate import Translator
 from replayfmt.format import model as m
 
 _DTYPES = {
@@ -129,15 +132,55 @@ def _install_torch(translator: Translator) -> Callable[[], None] | None:
     return lambda: mode.__exit__(None, None, None)
 
 
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``install`` once module ``name`` is imported: under ``python -m replayfmt.capture``
+    the recorder starts before the program imports its frameworks."""
+
+    def __init__(self, name: str, install: Callable[[], None]) -> None:
+        self.name, self.install = name, install
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != self.name:
+            return None
+        self.remove()
+        spec = importlib.util.find_spec(fullname)  # from the other finders
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        run = loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            run(module)
+            self.install()
+
+        loader.exec_module = exec_module
+        return spec
+
+    def remove(self) -> None:
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+
+
 def enrich(translator: Translator) -> list[Callable[[], None]]:
-    """Install the hooks of the frameworks present; returns their removers."""
-    removers = []
-    for install in (_install_triton, _install_torch):
+    """Install the hooks of the frameworks present, and of the others once the program imports
+    them; returns their removers (the list grows as frameworks are imported)."""
+    removers: list[Callable[[], None]] = []
+
+    def install(installer: Callable[[Translator], Callable[[], None] | None]) -> None:
         try:
-            remove = install(translator)
+            remove = installer(translator)
         except Exception as exc:
-            translator.report.errors.append(f"{install.__name__}: {type(exc).__name__}: {exc}")
-            continue
+            translator.report.errors.append(f"{installer.__name__}: {type(exc).__name__}: {exc}")
+            return
         if remove is not None:
             removers.append(remove)
+
+    wanted = [("triton", _install_triton)] + ([("torch", _install_torch)] if translator.options.label_tensors else [])
+    for name, installer in wanted:
+        if name in sys.modules:
+            install(installer)
+        else:
+            hook = _AfterImport(name, lambda installer=installer: install(installer))
+            sys.meta_path.insert(0, hook)
+            removers.append(hook.remove)
     return removers

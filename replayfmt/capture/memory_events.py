@@ -22,8 +22,8 @@ from replayfmt.capture.allocations import Allocation, AllocationTable, Extent
 from replayfmt.format import model as m
 
 if TYPE_CHECKING:
+    from replayfmt.capture.device_memory import DeviceMemory
     from replayfmt.capture.report import Report
-    from replayfmt.capture.translate import DeviceMemory
     from replayfmt.container.writer import CaptureWriter
 
 MEMORY_KINDS = {

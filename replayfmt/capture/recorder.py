@@ -20,10 +20,11 @@ from typing import Any
 from replayfmt.capture.cupti_api import load_cupti
 from replayfmt.capture.cupti_source import CuptiSource
 from replayfmt.capture.device_memory import DriverMemory
+from replayfmt.capture.labels import KernelAnnotation
 from replayfmt.capture.options import CaptureMode, RecordOptions
 from replayfmt.capture.original_times import OriginalTimes
 from replayfmt.capture.report import Report
-from replayfmt.capture.translate import KernelAnnotation, Translator
+from replayfmt.capture.translate import Translator
 from replayfmt.capture.verdict import check_capture
 from replayfmt.container.writer import CaptureWriter
 from replayfmt.errors import ReplayUsageError

@@ -6,9 +6,10 @@ parameter words that point into allocations into relocations, and takes snapshot
 :class:`DeviceMemory` so that a capture is self-contained:
 
 * region mode: the first time an operation touches an allocation inside the region its
-  contents are uploaded (a snapshot copy), and the allocations written are checkpointed at the
-  end of the region;
-* kernel mode: each selected launch becomes a scope holding before-snapshots, the launch and a
+  contents are recorded as starting state (a ``state`` operation: what it held when the region
+  began, never a copy the program made), and the allocations written are checkpointed at the
+  end of the region and at the end of every scope inside it;
+* kernel mode: each selected launch becomes a scope holding its starting state, the launch and a
   checkpoint of what it changed.
 
 Snapshots synchronise only the launching stream (all the launch depends on has completed then).
@@ -21,13 +22,14 @@ import struct
 import threading
 import time
 from dataclasses import dataclass
-from typing import Protocol
 
 from replayfmt.capture import events as ev
 from replayfmt.capture.allocations import POINTER_HIGH, Allocation, AllocationTable, TensorLabel
+from replayfmt.capture.device_memory import DeviceMemory
 from replayfmt.capture.file_references import FileReferences
 from replayfmt.capture.graph_events import GraphEvents
 from replayfmt.capture.hostfiles import HostFiles
+from replayfmt.capture.labels import KernelAnnotation, typed_ranges
 from replayfmt.capture.memory_events import MEMORY_KINDS, MemoryEvents
 from replayfmt.capture.modules import Module, store_module
 from replayfmt.capture.options import CaptureMode, RecordOptions
@@ -37,19 +39,6 @@ from replayfmt.format import model as m
 
 _DEFAULT_STREAMS = (0, 1, 2)  # 0, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
 _COLLECTIVE = re.compile(r"^_?Z?\d*nccl|^ncclKernel|^ncclDevKernel")
-
-
-class DeviceMemory(Protocol):
-    """Device access the translator needs; the CUPTI source implements it with the driver."""
-
-    def read(self, address: int, size: int, stream: int | None) -> bytes | memoryview:
-        """``size`` bytes at ``address`` once ``stream`` (a raw handle; None: the whole device) is idle."""
-
-    def host_bytes(self, address: int, size: int) -> bytes:
-        """A copy of host memory the program handed to a copy."""
-
-    def find_allocation(self, address: int) -> tuple[int, int] | None:
-        """(base, size) of the device allocation holding ``address`` (one made before recording)."""
 
 
 @dataclass
@@ -71,16 +60,6 @@ class _KernelShape:
     words: struct.Struct  # its parameter block as 8-byte words
     # the last launch's arguments and what they resolved to, while no allocation changed since
     last: tuple[bytes, int, tuple[m.Relocation, ...], list[Allocation]] | None = None
-
-
-@dataclass(frozen=True)
-class KernelAnnotation:
-    """Names and kinds of a kernel's parameters, from a framework (Triton's launcher)."""
-
-    names: tuple[str, ...] = ()
-    kinds: tuple[m.ParameterKind, ...] = ()
-    dtypes: tuple[m.DType, ...] = ()
-    tensor_maps: bool = False  # its 128-byte parameters are tensor maps (Triton tensor descriptors)
 
 
 class Translator(MemoryEvents, GraphEvents):
@@ -119,6 +98,7 @@ class Translator(MemoryEvents, GraphEvents):
         self._recording = False
         self._region_name = ""
         self._touched: list[Allocation] = []
+        self._scopes: list[tuple[str, dict[int, Allocation]]] = []  # open scopes in a region: what they touch
         self._pending_d2h: dict[int, tuple[int, Allocation, int, int, int]] = {}
         self._marked_fixed = False
 
@@ -135,6 +115,7 @@ class Translator(MemoryEvents, GraphEvents):
                 return
             self._region += 1
             self._recording = True
+            name = name or (f"region#{self._region}" if self._region > 1 else "")  # where its state applies
             self._region_name = name
             self._touched = []
             if name:
@@ -145,6 +126,8 @@ class Translator(MemoryEvents, GraphEvents):
         with self._lock:
             if not self._recording:
                 return
+            while self._scopes:  # scopes the program left open
+                self.scope_end(self._scopes[-1][0])
             self._recording = False
             self._checkpoint(self._touched, stream=None, name=self._region_name or "region")
             if self._region_name:
@@ -157,12 +140,16 @@ class Translator(MemoryEvents, GraphEvents):
                 self.start(name)
             elif self._recording:
                 self.writer.scope_begin(name)
+                self._scopes.append((name, {}))
 
-    def scope_end(self, name: str) -> None:
+    def scope_end(self, name: str) -> None:  # a scope in a region checkpoints what it wrote
         with self._lock:
             if self._recording and name == self._region_name and name in self.options.region_scopes:
                 self.stop()
             elif self._recording:
+                if self._scopes and self._scopes[-1][0] == name:
+                    touched = self._scopes.pop()[1]
+                    self._checkpoint(list(touched.values()), stream=None, name=name)
                 self.writer.scope_end(name)
 
     # -- enrichment ------------------------------------------------------------------------
@@ -430,7 +417,7 @@ class Translator(MemoryEvents, GraphEvents):
             label = ", ".join(sorted({t.name for t in allocation.labels if t.name}))[:200]
         allocation.buffer = self.writer.add_object(m.Buffer(
             size=allocation.size, device=self._device, address=allocation.address, dtype=dtype,
-            shape=shape, strides=strides, label=label or allocation.call,
+            shape=shape, strides=strides, label=label or allocation.call, ranges=typed_ranges(allocation),
             requires_fixed_address=self.options.fixed_addresses, memory=MEMORY_KINDS[allocation.api],
         ))  # fmt: skip
         return allocation.buffer
@@ -511,6 +498,7 @@ class Translator(MemoryEvents, GraphEvents):
         """Before an operation writes ``size`` bytes at ``offset``: a write covering the whole
         allocation needs no snapshot of what it replaces."""
         self._buffer(allocation)
+        self._note_scoped(allocation)
         if allocation.region == self._region:
             return
         if offset == 0 and size >= allocation.size:
@@ -520,7 +508,8 @@ class Translator(MemoryEvents, GraphEvents):
         self._touch(allocation, stream, "")
 
     def _touch(self, allocation: Allocation, stream: int, kernel: str) -> None:
-        """First touch in this region (or kernel instance): upload the allocation's contents."""
+        """First touch in this region (or kernel instance): its contents become starting state."""
+        self._note_scoped(allocation)
         if allocation.region == self._region:
             return  # touched already, so its buffer is written too
         buffer = self._buffer(allocation)
@@ -529,8 +518,7 @@ class Translator(MemoryEvents, GraphEvents):
         data = self.memory.read(allocation.address, allocation.size, stream)
         self.report.snapshot_seconds += time.perf_counter() - started
         allocation.before = self.writer.add_payload(data)
-        self.writer.copy_h2d(dst_buffer=buffer, payload=allocation.before, size=allocation.size,
-                             stream=self._stream(stream))  # fmt: skip
+        self.writer.state(buffer=buffer, payload=allocation.before, size=allocation.size)
         self.report.snapshot_bytes += allocation.size
         if kernel:
             self.report.kernel(kernel).bytes_stored += allocation.size
@@ -538,6 +526,10 @@ class Translator(MemoryEvents, GraphEvents):
             self._touched.append(allocation)
         if self.options.detect_pointers and not self.options.fixed_addresses and not self._marked_fixed:
             self._look_for_stored_pointers(allocation, data)
+
+    def _note_scoped(self, allocation: Allocation) -> None:
+        for _, touched in self._scopes:  # each open scope checkpoints it at its end
+            touched[allocation.address] = allocation
 
     def _look_for_stored_pointers(self, allocation: Allocation, data: bytes | memoryview) -> None:
         """Device memory holding addresses of allocations (pointer arrays, cuBLAS workspaces)
@@ -556,7 +548,9 @@ class Translator(MemoryEvents, GraphEvents):
         self.writer.add_object(marker)
 
     def _checkpoint(self, allocations: list[Allocation], *, stream: int | None, name: str) -> None:
-        """What the allocations hold now, for those that changed and are still alive."""
+        """What the allocations hold now, for those still alive: unchanged ones too (a step run
+        again on the same inputs rewrites its outputs with the bytes they held), at no cost in
+        the file, where their payload is their state's."""
         entries = []
         for allocation in allocations:
             if not self.allocations.is_live(allocation):
@@ -565,9 +559,7 @@ class Translator(MemoryEvents, GraphEvents):
             data = self.memory.read(allocation.address, allocation.size, stream)
             self.report.snapshot_seconds += time.perf_counter() - started
             self.report.snapshot_bytes += allocation.size
-            payload = self.writer.add_payload(data)
-            if payload != allocation.before:
-                entries.append(m.CheckpointEntry(allocation.buffer, payload, 0, allocation.size))
+            entries.append(m.CheckpointEntry(allocation.buffer, self.writer.add_payload(data), 0, allocation.size))
         self.writer.checkpoint(entries, name=name)
 
     _dispatch = {

@@ -455,6 +455,18 @@ class CaptureWriter:
             entries = [m.CheckpointEntry(*e) for e in expected]
         return self._table_op(m.Checkpoint, name, tuple(entries))
 
+    def state(
+        self, *, buffer: int, data: BytesLike | None = None, payload: int = 0, size: int | None = None, offset: int = 0
+    ) -> int:
+        """Record what ``buffer`` holds at ``offset`` when the enclosing region begins (format 1.1):
+        starting state, which replay restores outside timing, never a copy the program made. No
+        earlier operation of the region may touch the range (docs/FORMAT.md 4.2)."""
+        if data is not None:
+            payload, size = self.add_payload(data), memoryview(data).nbytes
+        if not payload or size is None:
+            raise ReplayUsageError("state needs data, or a payload id with a size")
+        return self._table_op(m.State, buffer, payload, offset, size)
+
     def unsupported(self, call: str, reason: str, stream: int = 0) -> int:
         """Record a call that cannot be reproduced: dump shows it, replay refuses the capture."""
         return self._table_op(m.Unsupported, call, reason, stream)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from replayfmt.errors import ReplayUsageError
 from replayfmt.format import model as m
 
-JSONL_VERSION = 1
+JSONL_VERSION = 2  # 2: state rows, buffer ranges, summary state/upload bytes, original_ns, demangled names
 _K = m.OperationKind
 _COPY_LABELS = {"copy_h2d", "copy_d2h", "copy_d2d"}
 OPERATION_LABELS = {k.label for k in _K if k != _K.NONE}

@@ -14,6 +14,7 @@ from replayfmt.errors import ReplayFormatError
 from replayfmt.format import model as m
 
 _K = m.OperationKind
+_COPY_CODES = [int(_K.COPY_HOST_TO_DEVICE), int(_K.COPY_DEVICE_TO_HOST), int(_K.COPY_DEVICE_TO_DEVICE)]
 
 
 @dataclass
@@ -46,6 +47,8 @@ class Summary:
     not_replayable_because: list[str] = field(default_factory=list)
     operation_count: int = 0
     object_count: int = 0
+    state_bytes: int = 0  # starting state (format 1.1 state operations): restored, not work
+    upload_bytes: int = 0  # host-to-device copies the program made
 
     def as_row(self) -> dict[str, Any]:
         row: dict[str, Any] = {"kind": "summary"}
@@ -77,9 +80,13 @@ def summarize(cap: Capture) -> Summary:
             batch = cap._batch(bi)
             codes, counts = np.unique(batch.kinds, return_counts=True)
             kind_counts.update(dict(zip(codes.tolist(), counts.tolist())))
+            copy_kinds = batch.kinds[np.isin(batch.kinds, _COPY_CODES)]
+            s.upload_bytes += int(batch.copies["size"][copy_kinds == int(_K.COPY_HOST_TO_DEVICE)].sum())
             for op in batch.table_ops:
                 kind = op.kind
-                if kind == _K.UNSUPPORTED:
+                if kind == _K.STATE:
+                    s.state_bytes += op.size
+                elif kind == _K.UNSUPPORTED:
                     unsupported[op.call] += 1
                 elif kind == _K.SCOPE_BEGIN:
                     scopes[op.name] += 1
@@ -155,6 +162,8 @@ def render_summary_text(s: Summary) -> list[str]:
         f"payloads      {s.payloads}: {_size(s.payload_logical_bytes)} logical, "
         f"{_size(s.payload_stored_bytes)} stored, compression {s.compression_ratio:.2f}x, "
         f"dedup saved {_size(s.dedup_saved_bytes)}",
+        f"state         {_size(s.state_bytes)} starting state (restored, not timed); "
+        f"{_size(s.upload_bytes)} uploaded by the program",
     ]
     if s.recovered:
         lines.append(f"recovered     yes: {s.discarded_bytes} bytes discarded ({s.recovery_reason})")

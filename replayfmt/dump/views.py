@@ -149,7 +149,9 @@ class Dumper:
             row.update(device=obj.device, size=obj.size, alignment=obj.alignment, address=f"{obj.address:#x}",
                        memory=label_of(obj.memory), dtype=label_of(obj.dtype), shape=list(obj.shape),
                        strides=list(obj.strides), element_offset=obj.element_offset,
-                       requires_fixed_address=obj.requires_fixed_address)  # fmt: skip
+                       requires_fixed_address=obj.requires_fixed_address,
+                       ranges=[{"offset": r.offset, "size": r.size, "dtype": label_of(r.dtype)}
+                               for r in obj.ranges])  # fmt: skip
         elif isinstance(obj, m.Executable):
             row.update(format=label_of(obj.format), target_arch=obj.target_arch,
                        payload=self.payload_ref(obj.payload), file=obj.file,
@@ -183,6 +185,8 @@ class Dumper:
                        element_size=op.element_size, count=op.count)  # fmt: skip
             if self._original:
                 row["original_ns"] = self._original.duration_ns(op.index)
+        elif isinstance(op, m.State):
+            row.update(buffer=op.buffer, offset=op.offset, size=op.size, payload=self.payload_ref(op.payload))
         elif isinstance(op, m.Checkpoint):
             entries = [
                 {"buffer": e.buffer, "offset": e.offset, "size": e.size, "payload": self.payload_ref(e.payload)}
@@ -363,6 +367,8 @@ class Dumper:
         if isinstance(op, m.CreateObject | m.DestroyObject):
             obj = self._object_or_none(op.object)
             return f"{head} {obj.kind.label if obj else 'object'}#{op.object}"
+        if isinstance(op, m.State):
+            return f"{head} payload#{op.payload} -> buffer#{op.buffer}+{op.offset} size={op.size} (starting state)"
         if isinstance(op, m.Checkpoint):
             entries = ", ".join(f"buffer#{e.buffer}+{e.offset}:{e.size}" for e in op.entries)
             return f"{head} {op.name!r} {entries}"
@@ -420,6 +426,8 @@ def _object_text(obj: m.ObjectDef) -> str:
         return f"{head}{tag} {obj.name} sm_{obj.compute_capability[0]}{obj.compute_capability[1]} ordinal={obj.ordinal}"
     if isinstance(obj, m.Buffer):
         shape = f" {label_of(obj.dtype)}{list(obj.shape)}" if obj.dtype else ""
+        if obj.ranges:
+            shape += " ranges=" + ",".join(f"[{r.offset},{r.offset + r.size}):{label_of(r.dtype)}" for r in obj.ranges)
         return f"{head}{tag} size={obj.size} device={obj.device} address={obj.address:#x}{shape}"
     if isinstance(obj, m.Executable):
         names = ", ".join(demangle(fn.name) for fn in obj.functions)
@@ -449,6 +457,8 @@ def _ids_of(op: m.Operation) -> set[int]:
         return {op.stream, op.buffer}
     if isinstance(op, m.Checkpoint):
         return {e.buffer for e in op.entries}
+    if isinstance(op, m.State):
+        return {op.buffer}
     if isinstance(op, m.UnknownOperation | m.ScopeBegin | m.ScopeEnd):
         return set()
     return {getattr(op, n) for n in field_names(op) if n in ("object", "executable", "device", "event", "stream")}

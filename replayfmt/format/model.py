@@ -32,7 +32,8 @@ class OperationKind(enum.IntEnum):
     SCOPE_END = 15
     CHECKPOINT = 16
     UNSUPPORTED = 17
-    HOST_FUNCTION = 18
+    STATE = 18  # format 1.1
+    HOST_FUNCTION = 19  # format 1.1
 
     @property
     def label(self) -> str:
@@ -60,6 +61,7 @@ _OPERATION_LABELS = {
     OperationKind.CHECKPOINT: "checkpoint",
     OperationKind.UNSUPPORTED: "unsupported",
     OperationKind.HOST_FUNCTION: "host_function",
+    OperationKind.STATE: "state",
 }
 
 
@@ -196,6 +198,14 @@ class Event(ObjectDef):
     flags: int = 0
 
 
+class TypedRange(NamedTuple):
+    """The element type of ``size`` bytes at ``offset`` of a buffer (format 1.1)."""
+
+    offset: int
+    size: int
+    dtype: DType
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Buffer(ObjectDef):
     kind: ClassVar[ObjectKind] = ObjectKind.BUFFER
@@ -209,6 +219,18 @@ class Buffer(ObjectDef):
     strides: tuple[int, ...] = ()
     element_offset: int = 0
     requires_fixed_address: bool = False
+    ranges: tuple[TypedRange, ...] = ()  # typed sub-ranges, when its tensors have several dtypes
+
+    def dtype_at(self, offset: int, size: int) -> DType:
+        """The element type of bytes [offset, offset + size): the typed range holding them all,
+        else the buffer's dtype when no typed range overlaps them, else UNKNOWN."""
+        end = offset + size
+        for r in self.ranges:
+            if r.offset <= offset and end <= r.offset + r.size:
+                return r.dtype
+            if r.offset < end and offset < r.offset + r.size:
+                return DType.UNKNOWN
+        return self.dtype
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -442,6 +464,19 @@ class Checkpoint:
 
 
 @dataclass(frozen=True, slots=True)
+class State:
+    """What buffer bytes [offset, offset + size) hold when the enclosing region begins (format
+    1.1): starting state the capture restores, not a copy the program made. See docs/FORMAT.md."""
+
+    index: int
+    buffer: int
+    payload: int
+    offset: int
+    size: int
+    kind: ClassVar[OperationKind] = OperationKind.STATE
+
+
+@dataclass(frozen=True, slots=True)
 class Unsupported:
     index: int
     call: str
@@ -487,6 +522,7 @@ Operation = (
     | Checkpoint
     | Unsupported
     | HostFunction
+    | State
     | UnknownOperation
 )
 

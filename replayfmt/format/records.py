@@ -36,6 +36,7 @@ from replayfmt.format.fb import (
     RecordBatch as FbRecordBatch,
     ScopeBegin as FbScopeBegin,
     ScopeEnd as FbScopeEnd,
+    State as FbState,
     Stream as FbStream,
     Unsupported as FbUnsupported,
 )
@@ -199,6 +200,10 @@ def _encode_body(b: flatbuffers.Builder, obj: m.ObjectDef) -> int:
     if isinstance(obj, m.Buffer):
         shape = _int64_vector(b, obj.shape) if obj.shape else 0
         strides = _int64_vector(b, obj.strides) if obj.strides else 0
+        ranges = 0
+        if obj.ranges:
+            array = np.array([(r.offset, r.size, int(r.dtype)) for r in obj.ranges], dtype=dtype("TypedRange"))
+            ranges = _struct_vector(b, "TypedRange", array)
         FbBuffer.Start(b)
         FbBuffer.AddDevice(b, obj.device)
         FbBuffer.AddSize(b, obj.size)
@@ -212,6 +217,8 @@ def _encode_body(b: flatbuffers.Builder, obj: m.ObjectDef) -> int:
             FbBuffer.AddStrides(b, strides)
         FbBuffer.AddElementOffset(b, obj.element_offset)
         FbBuffer.AddRequiresFixedAddress(b, obj.requires_fixed_address)
+        if ranges:
+            FbBuffer.AddRanges(b, ranges)
         return FbBuffer.End(b)
     if isinstance(obj, m.Executable):
         arch = _string(b, obj.target_arch)
@@ -319,6 +326,10 @@ def decode_object(d: dict[str, Any]) -> m.ObjectDef:
             strides=tuple(int(x) for x in v["strides"]) if v["strides"] is not None else (),
             element_offset=v["element_offset"],
             requires_fixed_address=v["requires_fixed_address"],
+            ranges=tuple(
+                m.TypedRange(o, s, _enum(m.DType, d))
+                for o, s, d in struct_array(v.get("ranges"), "TypedRange").tolist()
+            ),
             **common,
         )
     if member == "Executable":
@@ -401,6 +412,7 @@ UNION_MEMBER_OF_KIND: dict[m.OperationKind, str] = {
     _K.SCOPE_END: "ScopeEnd",
     _K.CHECKPOINT: "Checkpoint",
     _K.UNSUPPORTED: "Unsupported",
+    _K.STATE: "State",
 }
 KIND_OF_UNION_MEMBER = {member: kind for kind, member in UNION_MEMBER_OF_KIND.items()}
 STRUCT_KINDS = frozenset(
@@ -441,6 +453,13 @@ def encode_table_op(b: flatbuffers.Builder, op: Any) -> int:
         FbCheckpoint.AddName(b, name)
         FbCheckpoint.AddEntries(b, entries)
         body = FbCheckpoint.End(b)
+    elif kind == _K.STATE:
+        FbState.Start(b)
+        FbState.AddBuffer(b, op.buffer)
+        FbState.AddPayload(b, op.payload)
+        FbState.AddOffset(b, op.offset)
+        FbState.AddSize(b, op.size)
+        body = FbState.End(b)
     elif kind == _K.UNSUPPORTED:
         call, reason = _string(b, op.call), _string(b, op.reason)
         FbUnsupported.Start(b)
@@ -472,6 +491,8 @@ def decode_table_op(index: int, kind_code: int, d: dict[str, Any]) -> Any:
     if kind == _K.CHECKPOINT:
         entries = struct_array(v["entries"], "CheckpointEntry").tolist()
         return m.Checkpoint(index, v["name"], tuple(m.CheckpointEntry(*e) for e in entries))
+    if kind == _K.STATE:
+        return m.State(index, v["buffer"], v["payload"], v["offset"], v["size"])
     return m.Unsupported(index, v["call"], v["reason"], v["stream"])
 
 

@@ -162,8 +162,14 @@ class Benchmark:
         cu = self.cu
         plan = replayer.plan
         steps = replayer.steps
-        self.prefix = [s for s in steps if s.operation < region.start]
-        body = [s for s in steps if region.start <= s.operation < region.stop and s.kind is not StepKind.CHECKPOINT]
+        # the region's own starting state (hoisted to its first operation) is set up, never timed
+        own_state = [s for s in steps if s.operation == region.start and s.kind is StepKind.STATE]
+        self.prefix = [s for s in steps if s.operation < region.start] + own_state
+        body = [
+            s
+            for s in steps
+            if region.start <= s.operation < region.stop and s.kind is not StepKind.CHECKPOINT and s not in own_state
+        ]
         self.ops = {op.index: op for op in plan.capture.iter_operations(region.start, region.stop)}
         self.timed_ops = [i for i, op in self.ops.items() if op.kind in _DEVICE_KINDS]
         per_operation = options.per_kernel or options.trace is not None
@@ -217,7 +223,7 @@ class Benchmark:
                         touched.add(rel.site_buffer)
             elif isinstance(op, m.Copy):
                 touched |= {op.src_buffer, op.dst_buffer} - {0}
-            elif isinstance(op, m.Memset):
+            elif isinstance(op, m.Memset | m.State):
                 touched.add(op.buffer)
         return touched
 
@@ -259,6 +265,11 @@ class Benchmark:
         r = self.r
         out = []
         for step in self.body:
+            if step.kind is StepKind.STATE:
+                raise ReplayUsageError(
+                    "--mode graph: the range spans several captured regions, whose starting state is set "
+                    "between them; time one of them (--scope)"
+                )
             if step.kind is not StepKind.SYNCHRONIZE:
                 out.append(step)
                 continue

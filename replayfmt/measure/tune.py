@@ -29,7 +29,8 @@ from typing import Any
 from replayfmt.errors import DeviceUnavailableError, ReplayError, ReplayUsageError
 from replayfmt.format import model as m
 from replayfmt.format.names import demangle
-from replayfmt.replay.plan import MAX_BLOCK, MAX_GRID, MAX_THREADS_PER_BLOCK, Plan
+from replayfmt.replay.plan import Plan
+from replayfmt.replay.plan_options import MAX_BLOCK, MAX_GRID, MAX_THREADS_PER_BLOCK
 
 CSV_FIELDS = [
     "kernel",

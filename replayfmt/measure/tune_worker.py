@@ -14,7 +14,7 @@ from replayfmt.cuda.driver import check
 from replayfmt.errors import DeviceError, DeviceUnavailableError, ReplayError
 from replayfmt.replay.compare import Tolerance
 from replayfmt.replay.options import ReplayOptions
-from replayfmt.replay.plan import PlanOptions, Substitution
+from replayfmt.replay.plan_options import PlanOptions, Substitution
 from replayfmt.replay.replayer import ReplaySession, open_replay
 
 

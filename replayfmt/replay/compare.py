@@ -103,15 +103,72 @@ def _as_float(data: bytes, dtype: m.DType) -> np.ndarray | None:
     return np.frombuffer(data[: len(data) // itemsize * itemsize], code)
 
 
-def compare(expected: bytes, actual: bytes, *, buffer: m.Buffer, operation: int, tolerance: Tolerance) -> BufferReport:
-    """Compare one buffer range; never raises on a mismatch (the caller decides)."""
+def segments(buffer: m.Buffer, offset: int, size: int) -> list[tuple[int, int, m.DType]]:
+    """Bytes [offset, offset + size) of a buffer as (start, end, dtype) runs relative to offset:
+    its typed ranges where it has them (UNKNOWN between them), else one run of its dtype."""
+    if not buffer.ranges:
+        return [(0, size, buffer.dtype)]
+    out: list[tuple[int, int, m.DType]] = []
+    pos = 0
+    for r in sorted(buffer.ranges):
+        a, b = max(r.offset - offset, pos), min(r.offset + r.size - offset, size)
+        if b <= a:
+            continue
+        if a > pos:
+            out.append((pos, a, m.DType.UNKNOWN))
+        out.append((a, b, r.dtype))
+        pos = b
+    if pos < size:
+        out.append((pos, size, m.DType.UNKNOWN))
+    return out
+
+
+def mismatch_mask(
+    expected: bytes, actual: bytes, *, buffer: m.Buffer, offset: int = 0, tolerance: Tolerance = Tolerance()
+) -> tuple[np.ndarray, str]:
+    """A boolean mask of the bytes judged wrong, and the comparison's mode: each typed run is
+    compared by its dtype with tolerances (when enabled and floating), every other byte exactly."""
+    a = np.frombuffer(expected, np.uint8)
+    b = np.frombuffer(actual, np.uint8)
+    wrong = a != b
+    modes = {"exact"}
+    if not tolerance.enabled:
+        return wrong, "exact"
+    for start, end, dtype in segments(buffer, offset, len(a)):
+        want, have = _as_float(expected[start:end], dtype), _as_float(actual[start:end], dtype)
+        if dtype not in FLOATING or want is None or have is None or not len(want):
+            continue
+        rtol, atol = _tolerances(dtype, tolerance)
+        close = np.isclose(have.astype(np.complex128 if have.dtype.kind == "c" else np.float64),
+                           want.astype(np.complex128 if want.dtype.kind == "c" else np.float64),
+                           rtol=rtol, atol=atol, equal_nan=True)  # fmt: skip
+        itemsize = (end - start) // len(want)
+        wrong[start : start + len(want) * itemsize] = np.repeat(~close, itemsize)
+        modes.add(f"{dtype.name.lower()} rtol={rtol:g},atol={atol:g}")
+    return wrong, "; ".join(sorted(modes - {"exact"})) + ("; others exact" if len(modes) > 1 else "exact")
+
+
+def _tolerances(dtype: m.DType, tolerance: Tolerance) -> tuple[float, float]:
+    rtol_default, atol_default = DEFAULT_TOLERANCES[dtype]
+    rtol = rtol_default if tolerance.rtol is None else tolerance.rtol
+    return rtol, atol_default if tolerance.atol is None else tolerance.atol
+
+
+def compare(
+    expected: bytes, actual: bytes, *, buffer: m.Buffer, operation: int, tolerance: Tolerance, offset: int = 0
+) -> BufferReport:
+    """Compare one buffer range (starting ``offset`` bytes into the buffer); never raises on a
+    mismatch (the caller decides). A buffer with typed ranges is compared range by range."""
+    if buffer.ranges and tolerance.enabled:
+        wrong, mode = mismatch_mask(expected, actual, buffer=buffer, offset=offset, tolerance=tolerance)
+        bad = np.flatnonzero(wrong)
+        return BufferReport(operation, buffer.id, buffer.label, "bytes of typed ranges", mode, len(wrong), len(bad),
+                            0.0, 0.0, int(bad[0]) if len(bad) else None)  # fmt: skip
     dtype = buffer.dtype
     if tolerance.enabled and dtype in FLOATING and (values := _as_float(expected, dtype)) is not None:
         got = _as_float(actual, dtype)
         assert got is not None
-        rtol_default, atol_default = DEFAULT_TOLERANCES[dtype]
-        rtol = rtol_default if tolerance.rtol is None else tolerance.rtol
-        atol = atol_default if tolerance.atol is None else tolerance.atol
+        rtol, atol = _tolerances(dtype, tolerance)
         want, have = (
             values.astype(np.complex128 if values.dtype.kind == "c" else np.float64),
             got.astype(np.complex128 if got.dtype.kind == "c" else np.float64),

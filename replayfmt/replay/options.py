@@ -23,7 +23,8 @@ class ReplayOptions:
 
 @dataclass
 class RunResult:
-    device_ms: list[float] = field(default_factory=list)  # one per repetition
+    device_ms: list[float] = field(default_factory=list)  # one per repetition, its starting state left out
+    state_ms: list[float] = field(default_factory=list)  # one per repetition: setting its starting state
     reports: list[BufferReport] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from replayfmt.container.files import FileRemap, ResolvedFile, resolve_file
+from replayfmt.container.files import ResolvedFile, resolve_file
 from replayfmt.container.reader import Capture
 from replayfmt.errors import (
     AbiMismatchError,
@@ -27,138 +26,18 @@ from replayfmt.format import model as m
 from replayfmt.format.cubin import CubinError, CubinInfo, detect_format, parse_cubin
 from replayfmt.format.model import EXECUTABLE_FORMATS
 from replayfmt.format.names import demangle
+from replayfmt.replay.plan_options import (
+    MAX_BLOCK,
+    MAX_GRID,
+    MAX_THREADS_PER_BLOCK,
+    LaunchOverride,
+    PlanOptions,
+    captured_file_range,
+    check_substitutions,
+    launch_shape,
+)
 
 _K = m.OperationKind
-MAX_GRID = (2**31 - 1, 65535, 65535)
-MAX_BLOCK = (1024, 1024, 64)
-MAX_THREADS_PER_BLOCK = 1024
-
-
-# ------------------------------------------------------------------------------------------
-# Options
-
-
-@dataclass(frozen=True)
-class Substitution:
-    """``--executable-substitution``: replace executable ``target`` (None: all) by a file."""
-
-    target: int | None
-    path: Path
-    format: m.ExecutableFormat | None = None
-
-    @classmethod
-    def parse(cls, spec: str) -> Substitution:
-        """``ID=PATH``, ``ID@FORMAT=PATH`` (cubin|ptx|fatbin) or ``all=PATH``."""
-        key, sep, path = spec.partition("=")
-        if not sep or not path or not key:
-            raise ReplayUsageError(f"--executable-substitution {spec!r}: expected ID=PATH, ID@FORMAT=PATH or all=PATH")
-        key, _, fmt = key.partition("@")
-        fmt_value = None
-        if fmt:
-            if fmt not in EXECUTABLE_FORMATS:
-                raise ReplayUsageError(f"--executable-substitution {spec!r}: format must be cubin, ptx or fatbin")
-            fmt_value = EXECUTABLE_FORMATS[fmt]
-        if key == "all":
-            return cls(None, Path(path), fmt_value)
-        if not key.isdigit() or int(key) == 0:
-            raise ReplayUsageError(
-                f"--executable-substitution {spec!r}: {key!r} is not an executable id "
-                "(ids as dump-replay --kind=executable prints them, or 'all')"
-            )
-        return cls(int(key), Path(path), fmt_value)
-
-
-def check_substitutions(subs: list[Substitution]) -> None:
-    if any(s.target is None for s in subs) and len(subs) > 1:
-        raise ReplayUsageError("--executable-substitution all=PATH cannot be combined with other substitutions")
-    seen: set[int] = set()
-    for s in subs:
-        if s.target is not None:
-            if s.target in seen:
-                raise ReplayUsageError(f"--executable-substitution: executable {s.target} is substituted twice")
-            seen.add(s.target)
-
-
-_DIMS = re.compile(r"^(\d+)(?:,(\d+))?(?:,(\d+))?$")
-
-
-@dataclass(frozen=True)
-class LaunchOverride:
-    """``--launch=OP:grid=X,Y,Z,block=X,Y,Z,smem=N``: change one launch's shape."""
-
-    operation: int
-    grid: m.Dims | None = None
-    block: m.Dims | None = None
-    shared_memory: int | None = None
-
-    @classmethod
-    def parse(cls, spec: str) -> LaunchOverride:
-        op, sep, rest = spec.partition(":")
-        if not sep or not op.isdigit() or not rest:
-            raise ReplayUsageError(f"--launch {spec!r}: expected OP:grid=X,Y,Z,block=X,Y,Z,smem=N")
-        values: dict[str, object] = {}
-        for part in re.split(r",(?=[a-z])", rest):
-            key, eq, value = part.partition("=")
-            if not eq or key not in ("grid", "block", "smem"):
-                raise ReplayUsageError(f"--launch {spec!r}: unknown setting {part!r} (grid, block or smem)")
-            if key == "smem":
-                if not value.isdigit():
-                    raise ReplayUsageError(f"--launch {spec!r}: smem must be a byte count")
-                values["shared_memory"] = int(value)
-            else:
-                match = _DIMS.match(value)
-                if not match:
-                    raise ReplayUsageError(f"--launch {spec!r}: {key} must be X or X,Y or X,Y,Z")
-                dims = tuple(int(v) if v else 1 for v in match.groups())
-                if min(dims) < 1:
-                    raise ReplayUsageError(f"--launch {spec!r}: {key} dimensions must be >= 1")
-                values[key] = dims
-        return cls(int(op), **values)  # type: ignore[arg-type]
-
-    def shape(self, op: m.Launch) -> LaunchShape:
-        """The launch's shape with this override applied (settings it does not give stay captured)."""
-        return LaunchShape(
-            self.grid or op.grid,
-            self.block or op.block,
-            op.shared_memory if self.shared_memory is None else self.shared_memory,
-        )
-
-
-@dataclass(frozen=True)
-class LaunchShape:
-    """Where a launch runs: grid, block and bytes of dynamic shared memory."""
-
-    grid: m.Dims
-    block: m.Dims
-    shared_memory: int
-
-    @property
-    def threads_per_block(self) -> int:
-        return self.block[0] * self.block[1] * self.block[2]
-
-
-def launch_shape(op: m.Launch, override: LaunchOverride | None) -> LaunchShape:
-    """The shape a launch is replayed with: the captured one, or ``override`` applied to it."""
-    if override is None:
-        return LaunchShape(op.grid, op.block, op.shared_memory)
-    return override.shape(op)
-
-
-def captured_file_range(reference: m.FileReference, offset: int, size: int) -> m.FileRange | None:
-    """The captured range of a file that holds all of ``[offset, offset + size)`` (None: none does)."""
-    for r in reference.ranges:
-        if r.offset <= offset and offset + size <= r.offset + r.size:
-            return r
-    return None
-
-
-@dataclass(frozen=True)
-class PlanOptions:
-    substitutions: tuple[Substitution, ...] = ()
-    remaps: tuple[FileRemap, ...] = ()
-    launch_overrides: tuple[LaunchOverride, ...] = ()
-    fixed_addresses: bool = False
-    continue_on_error: bool = False
 
 
 # ------------------------------------------------------------------------------------------
@@ -203,6 +82,13 @@ class Plan:
     problems: list[str] = field(default_factory=list)  # collected under --continue-on-error
     uploads: dict[UploadKey, tuple[m.Copy, int]] = field(default_factory=dict)  # first copy of each source, bytes
     needs_fixed_addresses: bool = False
+    # starting state, hoisted: operation index a region begins at -> the state to apply before it,
+    # as host-to-device copies (stream 0) that are staged like uploads but are not the program's work
+    state: dict[int, list[m.Copy]] = field(default_factory=dict)
+
+    @property
+    def state_bytes(self) -> int:
+        return sum(c.size for copies in self.state.values() for c in copies)
 
     @property
     def buffer_bytes(self) -> int:
@@ -231,6 +117,10 @@ class Plan:
         for fid, resolved in sorted(self.files.items()):
             where = resolved.path or "stored in the capture"
             lines.append(f"file          #{fid} {resolved.reference.path} -> {where}")
+        if self.state:
+            ranges = sum(len(c) for c in self.state.values())
+            lines.append(f"state         {ranges} range(s), {self.state_bytes} bytes, in {len(self.state)} region(s): "
+                         "applied before each region begins, outside any timing")  # fmt: skip
         for op, o in sorted(self.overrides.items()):
             lines.append(f"override      operation {op}: grid={o.grid} block={o.block} smem={o.shared_memory}")
         return lines
@@ -289,11 +179,16 @@ def build_plan(capture: Capture, options: PlanOptions = PlanOptions()) -> Plan:
     if len(overrides) != len(options.launch_overrides):
         raise ReplayUsageError("--launch: an operation is overridden twice")
     counts: dict[str, int] = {}
+    regions = RegionTracker()
     for op in capture.iter_operations():
         label = op.kind.label if not isinstance(op, m.UnknownOperation) else "unknown"
         counts[label] = counts.get(label, 0) + 1
+        hoist = regions.step(op)
         try:
-            _check_operation(plan, objects, op, overrides.pop(op.index, None))
+            if isinstance(op, m.State):
+                _plan_state(plan, objects, op, hoist)
+            else:
+                _check_operation(plan, objects, op, overrides.pop(op.index, None))
         except ReplayError as exc:
             checker.fail(exc)
     for op_index in overrides:
@@ -306,6 +201,46 @@ def build_plan(capture: Capture, options: PlanOptions = PlanOptions()) -> Plan:
     for (eid, fn), threads in plan.max_block_threads.items():
         _check_function_limits(plan, eid, fn, threads, checker)
     return plan
+
+
+class RegionTracker:
+    """Where the region of each operation begins, for hoisting state (docs/FORMAT.md 4.2).
+
+    A region is an outermost scope (it begins at its ScopeBegin) or a stretch of operations
+    outside every scope (it begins at its first operation, just after the previous outermost
+    scope ends, or at the capture's start). Feed every operation in order to :meth:`step`."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.begin: int | None = None  # where the current region began
+
+    def step(self, op: m.Operation) -> int:
+        """The index at which ``op``'s region begins."""
+        if isinstance(op, m.ScopeBegin):
+            if self.depth == 0:
+                self.begin = op.index
+            self.depth += 1
+        elif self.depth == 0 and self.begin is None:
+            self.begin = op.index  # a stretch outside every scope
+        begin = self.begin if self.begin is not None else op.index
+        if isinstance(op, m.ScopeEnd) and self.depth > 0:
+            self.depth -= 1
+            if self.depth == 0:
+                self.begin = None  # the next operation begins a new region
+        return begin
+
+
+def _plan_state(plan: Plan, objects: dict[int, m.ObjectDef], op: m.State, hoist: int) -> None:
+    """Check a state operation and schedule it before its region begins."""
+    buffer = _need(objects, op.buffer, m.Buffer, op, "buffer")
+    _check_range(op, buffer, op.offset, op.size, "state")
+    if not 1 <= op.payload <= plan.capture.payload_count or plan.capture.payload(op.payload).size < op.size:
+        raise ReplayFormatError(f"operation {op.index} (state): payload {op.payload} is missing or too small")
+    copy = m.Copy(op.index, _K.COPY_HOST_TO_DEVICE, 0, 0, op.buffer, op.payload, 0, 0, 0, op.offset, op.size)
+    plan.state.setdefault(hoist, []).append(copy)
+    key = upload_key(copy)
+    if key not in plan.uploads:
+        plan.uploads[key] = (copy, plan.capture.payload(op.payload).size)
 
 
 def _plan_executables(

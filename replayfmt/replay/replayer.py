@@ -35,9 +35,10 @@ from replayfmt.replay.options import ReplayOptions, RunResult
 from replayfmt.replay.plan import Plan, PlanOptions, build_plan
 from replayfmt.replay.running import StepRunner
 from replayfmt.replay.staging import Staging, StagingStats, stage_uploads
+from replayfmt.replay.state import StateSetter
 from replayfmt.replay.steps import BuiltSteps, Step, build_steps, retarget_functions, set_launch_shape, wrap_with_events
 from replayfmt.replay.streams import Streams
-from replayfmt.replay.verify import Verifier
+from replayfmt.replay.verify import RangeObserver, Verifier
 
 
 class Replayer:
@@ -73,6 +74,7 @@ class Replayer:
             ),
         )
         self._verifier = Verifier(devices, plan, self.addresses, options.tolerance, options.save_output)
+        self._state = StateSetter(devices, self._streams, self._staging.staged, self.addresses)
         self._built: BuiltSteps = self._phase("build_steps", self._build_steps)
         self._runner = StepRunner(devices, plan, self._built.kernel_names, continue_on_error=options.continue_on_error)
 
@@ -92,6 +94,7 @@ class Replayer:
             streams=self._streams,
             staged=self._staging.staged,
             verifier=self._verifier,
+            state=self._state,
             verify=options.verify,
             save_output=options.save_output is not None,
             nvtx=Nvtx.load() if options.nvtx else None,
@@ -114,6 +117,15 @@ class Replayer:
         self._devices.close()
 
     # -- what was set up ---------------------------------------------------------------------
+
+    @property
+    def observer(self) -> RangeObserver | None:
+        """Watches every verified range across runs (nondeterminism), or None."""
+        return self._verifier.observer
+
+    @observer.setter
+    def observer(self, value: RangeObserver | None) -> None:
+        self._verifier.observer = value
 
     @property
     def cu(self) -> Any:
@@ -231,7 +243,8 @@ class Replayer:
     def run(self, repetitions: int = 1, *, verify: bool | None = None) -> RunResult:
         """Execute the capture ``repetitions`` times; device time per repetition (CUDA events).
 
-        Each repetition re-runs the captured uploads, so inputs are restored between repetitions.
+        Each repetition re-runs the captured uploads, so inputs are restored between repetitions;
+        device time leaves out the setting of starting state (it is not the program's work).
         ``verify`` chooses whether this run compares checkpoints and expected downloads (None: as
         ``options.verify`` says); verifying needs a replayer set up with ``verify=True``.
         """
@@ -244,11 +257,15 @@ class Replayer:
         result = RunResult()
         for repetition in range(repetitions):
             self._verifier.begin(result, repetition, verify=verify)
+            self._state.begin()
             self.fork(start)
             result.errors += self.execute_steps(self._built.steps)
             self.join(end)
             self.synchronize()
-            result.device_ms.append(check(cu.cuEventElapsedTime(start, end), "cuEventElapsedTime"))
+            total = check(cu.cuEventElapsedTime(start, end), "cuEventElapsedTime")
+            state = self._state.elapsed_ms()
+            result.device_ms.append(total - state)
+            result.state_ms.append(state)
         return result
 
 

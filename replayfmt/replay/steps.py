@@ -21,6 +21,7 @@ from replayfmt.replay.launches import PreparedLaunch, prepare_launch
 from replayfmt.replay.modules import Modules
 from replayfmt.replay.plan import Plan, upload_key
 from replayfmt.replay.staging import Staged
+from replayfmt.replay.state import StateSetter
 from replayfmt.replay.streams import Streams
 from replayfmt.replay.verify import Verifier
 
@@ -43,6 +44,7 @@ class StepKind(enum.Enum):
     STREAM_WAIT = "stream wait"
     SYNCHRONIZE = "synchronize"  # a captured host synchronisation (stream, event or device)
     CHECKPOINT = "checkpoint"  # compare or save buffers (verification, --save-output)
+    STATE = "state"  # set the starting state of the region beginning here (not the program's work)
     NVTX_PUSH = "nvtx push"
     NVTX_POP = "nvtx pop"
 
@@ -83,6 +85,7 @@ def build_steps(
     streams: Streams,
     staged: dict[Any, Staged],
     verifier: Verifier,
+    state: StateSetter,
     verify: bool,
     save_output: bool,
     nvtx: Any | None,
@@ -99,6 +102,10 @@ def build_steps(
 
         def add(kind: StepKind, fn: Callable[..., Any], args: tuple[Any, ...], index: int = index) -> None:
             steps.append(Step(kind, fn, args, index))
+
+        if index in plan.state:  # the starting state of the region beginning here (hoisted)
+            add(StepKind.STATE, state.apply, (index, plan.state[index]))
+            current = 0  # it leaves the first device's context current
 
         gpu = devices.operation_device(op, plan, streams.device_of) if devices.several else 0
         if gpu is not None and gpu != current:

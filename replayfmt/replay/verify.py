@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -18,6 +19,12 @@ from replayfmt.replay.options import RunResult
 from replayfmt.replay.plan import Plan
 
 _EXPECTED_CACHE = 1 << 30  # bytes of decoded checkpoint payloads kept between runs
+
+
+class RangeObserver(Protocol):
+    """Something that watches every verified range (expected and actual bytes) across replays."""
+
+    def observe(self, operation: int, buffer: m.Buffer, offset: int, expected: bytes, actual: bytes) -> None: ...
 
 
 class Verifier:
@@ -41,6 +48,8 @@ class Verifier:
         self._result = RunResult()
         self._repetition = 0
         self._verify = False
+        # sees every verified range's bytes (a replay.nondeterminism.NondeterminismTracker), or None
+        self.observer: RangeObserver | None = None
 
     def begin(self, result: RunResult, repetition: int, *, verify: bool) -> None:
         """The next steps belong to repetition ``repetition`` of a run reporting into ``result``."""
@@ -70,7 +79,12 @@ class Verifier:
             buffer = self.plan.buffers[entry.buffer]
             if self._verify:
                 expected = self._expected_bytes(entry.payload, entry.size)
-                self._report(compare(expected, actual, buffer=buffer, operation=op.index, tolerance=self.tolerance))
+                tolerance, offset = self.tolerance, entry.offset
+                self._report(
+                    compare(expected, actual, buffer=buffer, operation=op.index, tolerance=tolerance, offset=offset)
+                )
+                if self.observer is not None:
+                    self.observer.observe(op.index, buffer, entry.offset, expected, actual)
             if saving:
                 self._save(op, buffer, entry.offset, actual)
 
@@ -82,7 +96,11 @@ class Verifier:
         actual = ctypes.string_at(host, op.size)
         expected = self._expected_bytes(op.payload, op.size)
         buffer = self.plan.buffers[op.src_buffer]
-        self._report(compare(expected, actual, buffer=buffer, operation=op.index, tolerance=self.tolerance))
+        self._report(
+            compare(expected, actual, buffer=buffer, operation=op.index, tolerance=self.tolerance, offset=op.src_offset)
+        )
+        if self.observer is not None:
+            self.observer.observe(op.index, buffer, op.src_offset, expected, actual)
 
     def _expected_bytes(self, payload: int, size: int) -> bytes:
         """Expected bytes, decoded once: repetitions and tuning candidates compare against them."""

@@ -13,7 +13,7 @@ import click
 from replayfmt.container.files import FileRemap
 from replayfmt.errors import ReplayUsageError
 from replayfmt.replay.compare import Tolerance
-from replayfmt.replay.plan import LaunchOverride, PlanOptions, Substitution
+from replayfmt.replay.plan_options import LaunchOverride, PlanOptions, Substitution
 
 F = TypeVar("F", bound=Callable[..., Any])
 

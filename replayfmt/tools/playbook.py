@@ -80,9 +80,9 @@ with replayfmt.CaptureWriter("mine.kreplay") as w:
                                     functions=(saxpy,)))
     w.module_load(exe, dev)
     w.copy_h2d(dst_buffer=bx, data=x)
-    w.copy_h2d(dst_buffer=by, data=y)
     params = np.float32(2.0).tobytes() + bytes(20) + np.int32(n).tobytes() + bytes(4)  # a, x, y, n
     with w.scope("step"):
+        w.state(buffer=by, data=y)  # what y holds as the step begins: restored, never timed
         w.launch(executable=exe, function=0, grid=(n // 256, 1, 1), block=(256, 1, 1), parameters=params,
                  relocations=[m.Relocation(0, bx, 8, 0), m.Relocation(0, by, 16, 0)])  # x at 8, y at 16
     w.checkpoint({by: (np.float32(2.0) * x + y).astype(np.float32)})  # what replay must reproduce
@@ -129,6 +129,7 @@ run-replay --verify --tolerance cap.kreplay         # per-dtype tolerances for f
 run-replay --verify --rtol=1e-3 --atol=1e-5 cap.kreplay
 run-replay --repetitions=10 cap.kreplay   # device time of each run (CUDA events)
 run-replay --verify --save-output=out/ cap.kreplay  # replayed checkpoint buffers as .npy
+run-replay --verify --nondeterminism-runs=3 cap.kreplay  # atomics: bytes differing between replays set apart
 ```
 
 ## Substitute a newly compiled kernel
@@ -199,8 +200,10 @@ TOOLS = {
 * Needs cupti-python matching the driver's CUPTI (`pip install -e '.[capture]'`); CUPTI
   allows one subscriber, so torch.profiler, nsys or ncu in the same process is a clear error.
 * Region mode (default) records everything; `--scope NAME` only inside
-  `replayfmt.capture.scope(NAME)` blocks. The first touch of an allocation uploads its contents;
-  the allocations a region wrote are checkpointed at its end, so `run-replay --verify` checks them.
+  `replayfmt.capture.scope(NAME)` blocks. The first touch of an allocation records its contents
+  as the region's starting state (`state` rows: replay sets them before the region begins and
+  never times them); the allocations a region, or a scope inside it, touched are checkpointed at
+  its end, so `run-replay --verify` checks them.
 * Kernel mode: `--mode kernel --kernels REGEX [--skip-first N] [--max-per-kernel N]`; each
   instance is a scope `NAME#K` with its inputs, the launch and a checkpoint of what it changed:
   `benchmark-replay --scope 'NAME#K'`, `tune-replay --launch OP`.

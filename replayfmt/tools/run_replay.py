@@ -9,6 +9,8 @@ import click
 from replayfmt.container.reader import Capture
 from replayfmt.cuda.address_space import restart_without_aslr
 from replayfmt.dump import recovery_problem
+from replayfmt.errors import VerificationError
+from replayfmt.replay.nondeterminism import NondeterminismTracker
 from replayfmt.replay.options import ReplayOptions
 from replayfmt.replay.replayer import open_replay
 from replayfmt.tools.common import EXIT_OK, EXIT_PROBLEM, ToolExit, agents_md_option, reports_errors
@@ -51,6 +53,15 @@ Examples:
     show_default=True,
     help="Run the capture N times (inputs restored each time); print each one's device time.",
 )
+@click.option(
+    "--nondeterminism-runs",
+    type=click.IntRange(min=0),
+    default=0,
+    metavar="N",
+    help="With --verify: replay N times (at least 2) and report bytes that differ between replays as "
+    "nondeterministic, judging only the others. Default 0: replay once more only when a mismatch is found; "
+    "1: never.",
+)
 @click.option("--continue-on-error", is_flag=True, help="Report every failure, then exit non-zero.")
 @click.option(
     "--no-payload-checks",
@@ -74,6 +85,7 @@ def main(
     atol: float | None,
     save_output: Path | None,
     repetitions: int,
+    nondeterminism_runs: int,
     continue_on_error: bool,
     no_payload_checks: bool,
     dry_run: bool,
@@ -117,20 +129,44 @@ def main(
             click.echo(f"device        #{k + 1} on cuda:{gpu.ordinal} {gpu.name} sm_{major}{minor}")
         if replayer.staging.bytes:
             click.echo(f"uploads       {replayer.staging.line()}")
+        tracker, more = None, None
+        if verify and nondeterminism_runs >= 2:  # every replay's bytes are kept to compare them
+            tracker = replayer.observer = NondeterminismTracker(replay.tolerance)
         result = replayer.run(repetitions)
-    for i, ms in enumerate(result.device_ms):
-        click.echo(f"repetition {i + 1}: {ms:.3f} ms device time")
+        if verify and nondeterminism_runs == 0 and result.mismatches:
+            tracker = replayer.observer = NondeterminismTracker(replay.tolerance)  # a mismatch: two replays more
+            more = replayer.run(2)
+        elif tracker is not None and nondeterminism_runs > repetitions:
+            more = replayer.run(nondeterminism_runs - repetitions)
+    for i, (ms, state_ms) in enumerate(zip(result.device_ms, result.state_ms, strict=True)):
+        state = f" (starting state set apart: {state_ms:.3f} ms)" if plan.state else ""
+        click.echo(f"repetition {i + 1}: {ms:.3f} ms device time{state}")
+    errors = result.errors + (more.errors if more is not None else [])
+    verdicts = tracker.verdicts() if tracker is not None and tracker.replays > 1 else None
     for report in result.reports:
         click.echo(report.line())
-    for error in result.errors:
+    if tracker is not None and verdicts is not None:  # judged again, bytes that differ between replays set apart
+        click.echo(f"nondeterminism: {tracker.replays} replays compared with each other and with the capture")
+        for verdict in verdicts:
+            click.echo(verdict.line())
+    for error in errors:
         click.echo(f"run-replay: error: {error}", err=True)
     if verify and not result.reports:
         click.echo("verify: the capture holds no checkpoints or expected downloads to compare")
-    result.require_verified()
-    if result.errors:
-        raise ToolExit(EXIT_PROBLEM, f"{len(result.errors)} operation(s) failed")
+    if verdicts is None:
+        result.require_verified()
+    else:
+        failed = [v for v in verdicts if not v.passed]
+        if failed:
+            raise VerificationError(
+                f"verification failed for {len(failed)} buffer range(s) outside their nondeterministic bytes; "
+                f"first: {failed[0].line().strip()}"
+            )
+    if errors:
+        raise ToolExit(EXIT_PROBLEM, f"{len(errors)} operation(s) failed")
     if verify and result.reports:
-        click.echo(f"verified: {len(result.reports)} buffer range(s) match")
+        apart = " (outside their nondeterministic bytes)" if verdicts is not None and result.mismatches else ""
+        click.echo(f"verified: {len(result.reports)} buffer range(s) match{apart}")
     return EXIT_OK
 
 

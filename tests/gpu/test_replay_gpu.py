@@ -14,7 +14,8 @@ import replayfmt
 from replayfmt.format import model as m
 from replayfmt.replay import Replayer, ReplayOptions, StepKind, open_replay
 from replayfmt.replay.compare import Tolerance
-from replayfmt.replay.plan import PlanOptions, Substitution, build_plan
+from replayfmt.replay.plan import build_plan
+from replayfmt.replay.plan_options import PlanOptions, Substitution
 
 pytestmark = pytest.mark.gpu
 

@@ -134,8 +134,32 @@ class Buffer(object):
             return bool(self._tab.Get(flatbuffers.number_types.BoolFlags, o + self._tab.Pos))
         return False
 
+    # Buffer
+    def Ranges(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(24))
+        if o != 0:
+            x = self._tab.Vector(o)
+            x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 24
+            from replayfmt.format.fb.TypedRange import TypedRange
+            obj = TypedRange()
+            obj.Init(self._tab.Bytes, x)
+            return obj
+        return None
+
+    # Buffer
+    def RangesLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(24))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # Buffer
+    def RangesIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(24))
+        return o == 0
+
 def BufferStart(builder):
-    builder.StartObject(10)
+    builder.StartObject(11)
 
 def Start(builder):
     BufferStart(builder)
@@ -211,6 +235,18 @@ def BufferAddRequiresFixedAddress(builder, requiresFixedAddress):
 
 def AddRequiresFixedAddress(builder, requiresFixedAddress):
     BufferAddRequiresFixedAddress(builder, requiresFixedAddress)
+
+def BufferAddRanges(builder, ranges):
+    builder.PrependUOffsetTRelativeSlot(10, flatbuffers.number_types.UOffsetTFlags.py_type(ranges), 0)
+
+def AddRanges(builder, ranges):
+    BufferAddRanges(builder, ranges)
+
+def BufferStartRangesVector(builder, numElems):
+    return builder.StartVector(24, numElems, 8)
+
+def StartRangesVector(builder, numElems):
+    return BufferStartRangesVector(builder, numElems)
 
 def BufferEnd(builder):
     return builder.EndObject()

@@ -8,3 +8,4 @@ class OperationBody(object):
     ScopeEnd = 2
     Checkpoint = 3
     Unsupported = 4
+    State = 5

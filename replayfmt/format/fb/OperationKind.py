@@ -21,4 +21,5 @@ class OperationKind(object):
     ScopeEnd = 15
     Checkpoint = 16
     Unsupported = 17
-    HostFunction = 18
+    State = 18
+    HostFunction = 19

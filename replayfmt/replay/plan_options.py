@@ -1,0 +1,140 @@
+"""What a replay plan is asked for: executable substitutions, launch-shape overrides, file
+remaps and strictness (``PlanOptions``), each parsed from its flag with a one-line error."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from replayfmt.container.files import FileRemap
+from replayfmt.errors import ReplayUsageError
+from replayfmt.format import model as m
+from replayfmt.format.model import EXECUTABLE_FORMATS
+
+MAX_GRID = (2**31 - 1, 65535, 65535)
+MAX_BLOCK = (1024, 1024, 64)
+MAX_THREADS_PER_BLOCK = 1024
+
+
+@dataclass(frozen=True)
+class Substitution:
+    """``--executable-substitution``: replace executable ``target`` (None: all) by a file."""
+
+    target: int | None
+    path: Path
+    format: m.ExecutableFormat | None = None
+
+    @classmethod
+    def parse(cls, spec: str) -> Substitution:
+        """``ID=PATH``, ``ID@FORMAT=PATH`` (cubin|ptx|fatbin) or ``all=PATH``."""
+        key, sep, path = spec.partition("=")
+        if not sep or not path or not key:
+            raise ReplayUsageError(f"--executable-substitution {spec!r}: expected ID=PATH, ID@FORMAT=PATH or all=PATH")
+        key, _, fmt = key.partition("@")
+        fmt_value = None
+        if fmt:
+            if fmt not in EXECUTABLE_FORMATS:
+                raise ReplayUsageError(f"--executable-substitution {spec!r}: format must be cubin, ptx or fatbin")
+            fmt_value = EXECUTABLE_FORMATS[fmt]
+        if key == "all":
+            return cls(None, Path(path), fmt_value)
+        if not key.isdigit() or int(key) == 0:
+            raise ReplayUsageError(
+                f"--executable-substitution {spec!r}: {key!r} is not an executable id "
+                "(ids as dump-replay --kind=executable prints them, or 'all')"
+            )
+        return cls(int(key), Path(path), fmt_value)
+
+
+def check_substitutions(subs: list[Substitution]) -> None:
+    if any(s.target is None for s in subs) and len(subs) > 1:
+        raise ReplayUsageError("--executable-substitution all=PATH cannot be combined with other substitutions")
+    seen: set[int] = set()
+    for s in subs:
+        if s.target is not None:
+            if s.target in seen:
+                raise ReplayUsageError(f"--executable-substitution: executable {s.target} is substituted twice")
+            seen.add(s.target)
+
+
+_DIMS = re.compile(r"^(\d+)(?:,(\d+))?(?:,(\d+))?$")
+
+
+@dataclass(frozen=True)
+class LaunchOverride:
+    """``--launch=OP:grid=X,Y,Z,block=X,Y,Z,smem=N``: change one launch's shape."""
+
+    operation: int
+    grid: m.Dims | None = None
+    block: m.Dims | None = None
+    shared_memory: int | None = None
+
+    @classmethod
+    def parse(cls, spec: str) -> LaunchOverride:
+        op, sep, rest = spec.partition(":")
+        if not sep or not op.isdigit() or not rest:
+            raise ReplayUsageError(f"--launch {spec!r}: expected OP:grid=X,Y,Z,block=X,Y,Z,smem=N")
+        values: dict[str, object] = {}
+        for part in re.split(r",(?=[a-z])", rest):
+            key, eq, value = part.partition("=")
+            if not eq or key not in ("grid", "block", "smem"):
+                raise ReplayUsageError(f"--launch {spec!r}: unknown setting {part!r} (grid, block or smem)")
+            if key == "smem":
+                if not value.isdigit():
+                    raise ReplayUsageError(f"--launch {spec!r}: smem must be a byte count")
+                values["shared_memory"] = int(value)
+            else:
+                match = _DIMS.match(value)
+                if not match:
+                    raise ReplayUsageError(f"--launch {spec!r}: {key} must be X or X,Y or X,Y,Z")
+                dims = tuple(int(v) if v else 1 for v in match.groups())
+                if min(dims) < 1:
+                    raise ReplayUsageError(f"--launch {spec!r}: {key} dimensions must be >= 1")
+                values[key] = dims
+        return cls(int(op), **values)  # type: ignore[arg-type]
+
+    def shape(self, op: m.Launch) -> LaunchShape:
+        """The launch's shape with this override applied (settings it does not give stay captured)."""
+        return LaunchShape(
+            self.grid or op.grid,
+            self.block or op.block,
+            op.shared_memory if self.shared_memory is None else self.shared_memory,
+        )
+
+
+@dataclass(frozen=True)
+class LaunchShape:
+    """Where a launch runs: grid, block and bytes of dynamic shared memory."""
+
+    grid: m.Dims
+    block: m.Dims
+    shared_memory: int
+
+    @property
+    def threads_per_block(self) -> int:
+        return self.block[0] * self.block[1] * self.block[2]
+
+
+def launch_shape(op: m.Launch, override: LaunchOverride | None) -> LaunchShape:
+    """The shape a launch is replayed with: the captured one, or ``override`` applied to it."""
+    if override is None:
+        return LaunchShape(op.grid, op.block, op.shared_memory)
+    return override.shape(op)
+
+
+def captured_file_range(reference: m.FileReference, offset: int, size: int) -> m.FileRange | None:
+    """The captured range of a file that holds all of ``[offset, offset + size)`` (None: none does)."""
+    for r in reference.ranges:
+        if r.offset <= offset and offset + size <= r.offset + r.size:
+            return r
+    return None
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    substitutions: tuple[Substitution, ...] = ()
+    remaps: tuple[FileRemap, ...] = ()
+    launch_overrides: tuple[LaunchOverride, ...] = ()
+    fixed_addresses: bool = False
+    continue_on_error: bool = False
