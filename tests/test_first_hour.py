@@ -407,3 +407,14 @@ def test_json_rows_keep_one_line_each(tmp_path):
     launch = next(r for r in rows if r["kind"] == "launch")
     assert code == 0 and launch["function"] == FILL and launch["function_demangled"] == FILL_READ
     assert "function_demangled" not in next(r for r in rows if r["kind"] == "launch" and r["function"] == "add_kernel")
+
+
+def test_capture_kernels_pattern_matches_demangled_names_too():
+    import re
+
+    from replayfmt.format.names import matches_kernel
+
+    symbol = "_ZN2at6native29vectorized_elementwise_kernelILi4ENS0_11FillFunctorIfEEEEviT0_"
+    assert matches_kernel(re.compile(r"^_ZN2at"), symbol)
+    assert matches_kernel(re.compile(r"at::native::vectorized_elementwise_kernel"), symbol)
+    assert not matches_kernel(re.compile(r"softmax"), symbol)

@@ -36,6 +36,7 @@ from replayfmt.capture.options import CaptureMode, RecordOptions
 from replayfmt.capture.report import KernelStats, Report
 from replayfmt.container.writer import CaptureWriter
 from replayfmt.format import model as m
+from replayfmt.format.names import matches_kernel
 
 _DEFAULT_STREAMS = (0, 1, 2)  # 0, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
 _COLLECTIVE = re.compile(r"^_?Z?\d*nccl|^ncclKernel|^ncclDevKernel")
@@ -224,7 +225,7 @@ class Translator(MemoryEvents, GraphEvents):
 
     def _kernel_instance(self, event: ev.LaunchBegin) -> None:
         name = event.kernel.name
-        if self._kernel_filter is not None and not self._kernel_filter.search(name):
+        if self._kernel_filter is not None and not matches_kernel(self._kernel_filter, name):
             return
         seen = self._seen[name] = self._seen.get(name, 0) + 1
         stats = self.report.kernel(name)

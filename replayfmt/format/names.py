@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import re
 import shutil
 import subprocess
 
@@ -25,6 +26,13 @@ def demangle(symbol: str) -> str:
     if not symbol.startswith("_Z") or len(symbol) > MAX_MANGLED or "\0" in symbol:
         return symbol
     return _demangle_cached(symbol)
+
+
+def matches_kernel(pattern: re.Pattern[str], symbol: str) -> bool:
+    """Whether a ``--kernel``/``--kernels`` pattern finds ``symbol``, raw or demangled."""
+    return pattern.search(symbol) is not None or (
+        symbol.startswith("_Z") and pattern.search(demangle(symbol)) is not None
+    )
 
 
 def is_mangled(symbol: str) -> bool:

@@ -28,6 +28,7 @@ from replayfmt.container.reader import Capture
 from replayfmt.cuda.driver import check
 from replayfmt.errors import ReplayError, ReplayUsageError
 from replayfmt.format import model as m
+from replayfmt.format.names import demangle
 from replayfmt.measure import kernel_times as kt
 from replayfmt.replay.replayer import Replayer
 from replayfmt.replay.steps import Step, StepKind, bracket_with_events
@@ -364,7 +365,7 @@ class Benchmark:
             start = check(cu.cuEventElapsedTime(self._start, a), "trace")
             duration = check(cu.cuEventElapsedTime(a, b), "trace")
             op = self.ops[index]
-            name = self.r.kernel_name(index) or op.kind.label
+            name = demangle(self.r.kernel_name(index) or op.kind.label)
             events.append(
                 {
                     "name": name,

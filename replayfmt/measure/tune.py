@@ -28,7 +28,7 @@ from typing import Any
 
 from replayfmt.errors import DeviceUnavailableError, ReplayError, ReplayUsageError
 from replayfmt.format import model as m
-from replayfmt.format.names import demangle
+from replayfmt.format.names import demangle, matches_kernel
 from replayfmt.replay.plan import Plan
 from replayfmt.replay.plan_options import MAX_BLOCK, MAX_GRID, MAX_THREADS_PER_BLOCK
 
@@ -153,9 +153,7 @@ def find_targets(plan: Plan, *, launch: int | None, kernel: str | None) -> Targe
         if not isinstance(op, m.Launch):
             continue
         name = plan.function(op.executable, op.function).name
-        if (launch is not None and op.index == launch) or (
-            pattern is not None and (pattern.search(name) or pattern.search(demangle(name)))
-        ):
+        if (launch is not None and op.index == launch) or (pattern is not None and matches_kernel(pattern, name)):
             found.append(op)
     if not found:
         what = f"--launch {launch}: operation {launch} is not a launch" if launch is not None else (
