@@ -176,18 +176,32 @@ def test_rejects_launch_parameters_past_the_parameter_block(tmp_path):
         drain(path)
 
 
-def test_unknown_optional_chunk_is_skipped_and_unknown_required_chunk_stops_recovery(tmp_path):
+@pytest.mark.parametrize("index", [True, False], ids=["indexed", "recovered"])
+def test_unknown_optional_chunk_is_skipped_and_unknown_required_chunk_is_refused(tmp_path, index):
+    """FORMAT.md §3.2: a strict reader skips an unknown OPTIONAL chunk and fails on any other,
+    whether the index lists it or not (it never does) and whether the file is recovered."""
     fb = FileBuilder()
     fb.chunk(99, b"from the future", flags=ChunkFlags.OPTIONAL)
     fb.batch(record_batch(), 0, 0)
-    with replayfmt.open(fb.finish(tmp_path / "opt.kreplay", index=False)) as cap:
-        assert cap.recovered and cap.batch_count == 1 and cap.discarded_bytes == 0
+    with replayfmt.open(fb.finish(tmp_path / "opt.kreplay", index=index)) as cap:
+        assert cap.recovered is not index and cap.batch_count == 1 and cap.discarded_bytes == 0
+        list(cap)
     fb = FileBuilder()
-    fb.chunk(99, b"from the future")
+    where = fb.chunk(99, b"from the future")
     fb.batch(record_batch(), 0, 0)
-    with replayfmt.open(fb.finish(tmp_path / "req.kreplay", index=False)) as cap:
-        assert cap.batch_count == 0 and cap.discarded_bytes > 0
-        assert "unknown chunk kind 99 is not optional" in cap.recovery_reason
+    with pytest.raises(replayfmt.ReplayFormatError, match=rf"offset {where}: unknown chunk kind 99 is not optional"):
+        drain(fb.finish(tmp_path / "req.kreplay", index=index))
+
+
+def test_unknown_required_chunk_after_a_record_batch_is_refused_when_the_batch_is_read(tmp_path):
+    fb = FileBuilder()
+    scope = record_batch(kinds=bytes([m.OperationKind.SCOPE_BEGIN]), table_ops=[m.ScopeBegin(0, "x")])
+    fb.batch(scope, 0, 1)
+    where = fb.chunk(77, b"x" * 10)
+    fb.batch(scope, 0, 1)
+    path = fb.finish(tmp_path / "gap.kreplay", batches=fb.batches[:1])
+    with pytest.raises(replayfmt.ReplayFormatError, match=rf"offset {where}: unknown chunk kind 77 is not optional"):
+        drain(path)
 
 
 def test_unknown_operation_kind_is_kept_as_unknown(tmp_path):
@@ -201,7 +215,7 @@ def test_unknown_operation_kind_is_kept_as_unknown(tmp_path):
 def test_rejects_shared_offset_amplification_quickly(tmp_path):
     body = amplifying_executable_batch(400)  # 400**3 = 64 million tables if walked naively
     started = time.perf_counter()
-    with pytest.raises(replayfmt.ReplayFormatError, match="too many references"):
+    with pytest.raises(replayfmt.ReplayFormatError, match=r"shared offsets amplify"):
         decode_buffer(body, "RecordBatch", max_depth=8)
     assert time.perf_counter() - started < 5
 
