@@ -180,15 +180,16 @@ def test_rejects_launch_parameters_past_the_parameter_block(tmp_path):
 def test_unknown_optional_chunk_is_skipped_and_unknown_required_chunk_is_refused(tmp_path, index):
     """FORMAT.md §3.2: a strict reader skips an unknown OPTIONAL chunk and fails on any other,
     whether the index lists it or not (it never does) and whether the file is recovered."""
+    scope = record_batch(kinds=bytes([m.OperationKind.SCOPE_BEGIN]), table_ops=[m.ScopeBegin(0, "x")])
     fb = FileBuilder()
     fb.chunk(99, b"from the future", flags=ChunkFlags.OPTIONAL)
-    fb.batch(record_batch(), 0, 0)
+    fb.batch(scope, 0, 1)
     with replayfmt.open(fb.finish(tmp_path / "opt.kreplay", index=index)) as cap:
         assert cap.recovered is not index and cap.batch_count == 1 and cap.discarded_bytes == 0
         list(cap)
     fb = FileBuilder()
     where = fb.chunk(99, b"from the future")
-    fb.batch(record_batch(), 0, 0)
+    fb.batch(scope, 0, 1)
     with pytest.raises(replayfmt.ReplayFormatError, match=rf"offset {where}: unknown chunk kind 99 is not optional"):
         drain(fb.finish(tmp_path / "req.kreplay", index=index))
 
