@@ -147,7 +147,9 @@ class Capture:
                 header.offset,
                 record,
             )
-        if header.codec != Codec.RAW and (why := self.limits.check_expansion(header.stored_size, header.logical_size)):
+        if header.codec != Codec.RAW and header.kind != ChunkKind.FRAME and (
+            why := self.limits.check_expansion(header.stored_size, header.logical_size)
+        ):  # FlatBuffers chunks; a frame is decoded into a buffer its payload's size already took
             raise self._error(why + " (raise replayfmt.Limits to read a trusted file)", header.offset, record)
         stored = self._file.read(header.body_offset, header.stored_size, record)
         if checksum64(stored) != header.body_checksum:

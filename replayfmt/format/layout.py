@@ -100,7 +100,7 @@ class Limits:
     # with read_payload_into
     max_read_size: int = 16 << 30
     # an executable image read whole to plan a replay (captured payload or referenced file)
-    max_executable_size: int = 1 << 30
+    max_executable_size: int = 256 << 20
 
     def check_expansion(self, stored: int, logical: int) -> str | None:
         """Why a chunk of ``stored`` bytes may not declare ``logical`` bytes, or None."""
