@@ -147,9 +147,8 @@ class Capture:
                 header.offset,
                 record,
             )
-        if header.codec != Codec.RAW and header.kind != ChunkKind.FRAME and (
-            why := self.limits.check_expansion(header.stored_size, header.logical_size)
-        ):  # FlatBuffers chunks; a frame is decoded into a buffer its payload's size already took
+        why = self.limits.check_expansion(header.stored_size, header.logical_size) if header.codec else None
+        if why and header.kind != ChunkKind.FRAME:  # a frame goes into a buffer its payload's size took
             raise self._error(why + " (raise replayfmt.Limits to read a trusted file)", header.offset, record)
         stored = self._file.read(header.body_offset, header.stored_size, record)
         if checksum64(stored) != header.body_checksum:
