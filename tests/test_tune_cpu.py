@@ -19,6 +19,7 @@ from replayfmt.measure.tune import (
     parse_int_list,
     plot,
     prune,
+    capture_identity,
     read_csv,
     search,
 )
@@ -111,6 +112,31 @@ def test_csv_streams_results_and_resumes(tmp_path):
     bad.write_text("something,else\n1,2\n")
     with pytest.raises(replayfmt.ReplayUsageError, match="not a tune-replay CSV"):
         read_csv(bad)
+
+
+def test_csv_of_another_kernel_or_capture_is_refused(tmp_path):
+    """Resuming ranks the CSV's rows with this search's: rows of another kernel, other
+    operations or another capture are refused with one line naming --csv."""
+    with replayfmt.open(capture(tmp_path / "t.kreplay")) as cap:
+        plan = build_plan(cap)
+        scale, other = find_targets(plan, launch=1, kernel=None), find_targets(plan, launch=None, kernel="other")
+        identity = capture_identity(cap.metadata, cap.operation_count)
+    path = tmp_path / "tune.csv"
+    log = CsvLog(path, scale, identity)
+    list(search(FakeWorker(), [Candidate(grid=(2, 1, 1))], done={}, log=log, timeout=1))
+    log.close()
+    assert len(read_csv(path, scale, identity)) == 2
+    with pytest.raises(replayfmt.ReplayUsageError) as info:
+        read_csv(path, other, identity)
+    assert str(info.value) == (
+        f"--csv {path}: line 2 is for kernel scale (operations 1), not this search's other (operations 4); "
+        "choose another --csv file"
+    )
+    with replayfmt.open(capture(tmp_path / "u.kreplay")) as cap:  # the same program, captured again
+        again = capture_identity(cap.metadata, cap.operation_count)
+    assert again != identity
+    with pytest.raises(replayfmt.ReplayUsageError, match=rf"line 2 was measured on another capture \({identity}"):
+        read_csv(path, scale, again)
 
 
 def test_order_random_with_budget():

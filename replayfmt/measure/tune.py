@@ -25,12 +25,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import xxhash
+
 from replayfmt.errors import ReplayError, ReplayUsageError
 from replayfmt.format import model as m
 from replayfmt.replay.plan import MAX_BLOCK, MAX_GRID, MAX_THREADS_PER_BLOCK, Plan
 
 CSV_FIELDS = ["kernel", "operations", "grid", "block", "smem", "max_registers", "median_ms", "stddev_ms",
-              "verified", "error", "baseline"]  # fmt: skip
+              "verified", "error", "baseline", "capture"]  # fmt: skip
 DEFAULT_MAX_SHARED = 227 * 1024  # Hopper's opt-in limit; the worker checks the real device
 
 
@@ -181,13 +183,37 @@ def prune(plan: Plan, targets: Targets, points: list[Candidate], max_shared: int
 # CSV (results, and resuming)
 
 
-def read_csv(path: Path) -> dict[tuple[str, str, str, str], CandidateResult]:
+def capture_identity(metadata: m.CaptureMetadata, operation_count: int) -> str:
+    """A short fingerprint of a capture (when, where and by what it was recorded, and its size in
+    operations), written in every CSV row so that a search resumes only from its own capture."""
+    fields = (metadata.created_unix_ns, metadata.host, metadata.tool, metadata.gpu, metadata.command_line,
+              operation_count)  # fmt: skip
+    return f"{xxhash.xxh3_64_intdigest(repr(fields).encode()):016x}"
+
+
+def read_csv(
+    path: Path, targets: Targets | None = None, capture: str = ""
+) -> dict[tuple[str, str, str, str], CandidateResult]:
+    """The results already in ``path``. With ``targets`` (and ``capture``, a
+    :func:`capture_identity`), every row must be of this kernel, these operations and this
+    capture: resuming from another search's CSV would rank its timings as this one's."""
     if not path.exists():
         return {}
     done = {}
+    operations = " ".join(map(str, targets.operations)) if targets is not None else ""
     try:
         with path.open(newline="") as f:
-            for row in csv.DictReader(f):
+            for line, row in enumerate(csv.DictReader(f), start=2):
+                if targets is not None and (row["kernel"], row["operations"]) != (targets.kernel, operations):
+                    raise ReplayUsageError(
+                        f"--csv {path}: line {line} is for kernel {row['kernel']} (operations {row['operations']}), "
+                        f"not this search's {targets.kernel} (operations {operations}); choose another --csv file"
+                    )
+                if capture and row.get("capture") and row["capture"] != capture:
+                    raise ReplayUsageError(
+                        f"--csv {path}: line {line} was measured on another capture ({row['capture']}, this one is "
+                        f"{capture}); choose another --csv file"
+                    )
                 c = Candidate(_parse_dims(row["grid"]), _parse_dims(row["block"]),
                               int(row["smem"]) if row["smem"] else None,
                               int(row["max_registers"]) if row["max_registers"] else None)  # fmt: skip
@@ -213,8 +239,9 @@ def _parse_dims(text: str) -> m.Dims | None:
 class CsvLog:
     """Appends one row per result, flushed at once (an interrupted search loses nothing)."""
 
-    def __init__(self, path: Path | None, targets: Targets) -> None:
+    def __init__(self, path: Path | None, targets: Targets, capture: str = "") -> None:
         self.targets = targets
+        self.capture = capture
         self.file = None
         if path is not None:
             new = not path.exists() or path.stat().st_size == 0
@@ -230,7 +257,7 @@ class CsvLog:
         self.writer.writerow([self.targets.kernel, " ".join(map(str, self.targets.operations)), *r.candidate.key(),
                               "" if r.median_ms is None else f"{r.median_ms:.6f}",
                               "" if r.stddev_ms is None else f"{r.stddev_ms:.6f}", verified, r.error,
-                              "yes" if r.baseline else ""])  # fmt: skip
+                              "yes" if r.baseline else "", self.capture])  # fmt: skip
         self.file.flush()
 
     def close(self) -> None:

@@ -14,6 +14,7 @@ from replayfmt.measure.tune import (
     SearchSpace,
     Worker,
     WorkerConfig,
+    capture_identity,
     find_targets,
     order,
     override_flags,
@@ -114,6 +115,7 @@ def main(
     with replayfmt.open(capture) as cap:
         plan = build_plan(cap, options)
         targets = find_targets(plan, launch=launch_op, kernel=kernel)
+        identity = capture_identity(cap.metadata, cap.operation_count)
         image_format = plan.images[targets.executable].format
         if space.max_registers and image_format != replayfmt.format.model.ExecutableFormat.PTX:
             held = image_format.name.lower()
@@ -122,7 +124,7 @@ def main(
             )
     valid, pruned = prune(plan, targets, space.points())
     points = order(valid, strategy, budget)
-    done = read_csv(csv_path) if csv_path is not None else {}
+    done = read_csv(csv_path, targets, identity) if csv_path is not None else {}
     click.echo(f"tuning {targets.kernel} (operations {', '.join(map(str, targets.operations))}), captured "
                f"grid={targets.grid} block={targets.block} smem={targets.smem}")  # fmt: skip
     click.echo(f"space: {len(valid) + len(pruned)} points, {len(pruned)} pruned, {len(points)} to evaluate"
@@ -136,7 +138,7 @@ def main(
         tolerance=use_tolerance or rtol is not None or atol is not None,
     )  # fmt: skip
     worker = Worker(config)
-    log = CsvLog(csv_path, targets)
+    log = CsvLog(csv_path, targets, identity)
     results = list(done.values())
     try:
         for result in search(worker, points, done=done, log=log, timeout=timeout):
