@@ -27,6 +27,7 @@ from typing import Any
 
 import xxhash
 
+from replayfmt.container.reader import Capture
 from replayfmt.errors import ReplayError, ReplayUsageError
 from replayfmt.format import model as m
 from replayfmt.replay.plan import MAX_BLOCK, MAX_GRID, MAX_THREADS_PER_BLOCK, Plan
@@ -183,12 +184,16 @@ def prune(plan: Plan, targets: Targets, points: list[Candidate], max_shared: int
 # CSV (results, and resuming)
 
 
-def capture_identity(metadata: m.CaptureMetadata, operation_count: int) -> str:
-    """A short fingerprint of a capture (when, where and by what it was recorded, and its size in
-    operations), written in every CSV row so that a search resumes only from its own capture."""
-    fields = (metadata.created_unix_ns, metadata.host, metadata.tool, metadata.gpu, metadata.command_line,
-              operation_count)  # fmt: skip
-    return f"{xxhash.xxh3_64_intdigest(repr(fields).encode()):016x}"
+def capture_identity(cap: Capture) -> str:
+    """A short fingerprint of a capture's content (its metadata, counts and every payload's hash),
+    written in every CSV row so that a search resumes only from results of the same capture."""
+    h = xxhash.xxh3_64()
+    md = cap.metadata
+    h.update(repr((md.created_unix_ns, md.host, md.tool, md.gpu, md.command_line, cap.operation_count,
+                   cap.object_count, cap.payload_count)).encode())  # fmt: skip
+    for info in cap.payloads():
+        h.update(info.hash)
+    return h.hexdigest()
 
 
 def read_csv(

@@ -115,7 +115,7 @@ def main(
     with replayfmt.open(capture) as cap:
         plan = build_plan(cap, options)
         targets = find_targets(plan, launch=launch_op, kernel=kernel)
-        identity = capture_identity(cap.metadata, cap.operation_count)
+        identity = capture_identity(cap)
         image_format = plan.images[targets.executable].format
         if space.max_registers and image_format != replayfmt.format.model.ExecutableFormat.PTX:
             held = image_format.name.lower()
