@@ -32,7 +32,8 @@ def replay_options(fn: F) -> F:
                      help="Load PATH instead of executable ID (ID@FORMAT=PATH with cubin|ptx|fatbin; all=PATH alone "
                           "replaces every executable). The ABI must match. Repeatable."),
         click.option("--file-remap", "remaps", multiple=True, metavar="CAPTURED_PREFIX=NEW_PREFIX",
-                     help="Rewrite captured file paths (longest prefix wins), then validate. Repeatable."),
+                     help="Rewrite captured file paths (longest prefix wins; the result must stay inside "
+                          "NEW_PREFIX), then validate. Repeatable."),
         click.option("--launch", "launches", multiple=True, metavar="OP:grid=X,Y,Z,block=X,Y,Z,smem=N",
                      help="Override one launch's shape, validated against the function's limits. Repeatable."),
         click.option("--fixed-addresses", is_flag=True,
