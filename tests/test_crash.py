@@ -216,3 +216,41 @@ def test_durable_flush_fsyncs_the_file_and_once_its_directory(tmp_path, monkeypa
         w.add_payload(b"y" * 100)
         w.flush()
         assert len(synced) == before + 2
+
+
+FSIZE_WRITER = textwrap.dedent(
+    """
+    import resource, signal, sys, numpy as np, replayfmt
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the limit, writes fail with EFBIG
+    resource.setrlimit(resource.RLIMIT_FSIZE, (300_000, 300_000))
+    w = replayfmt.CaptureWriter(sys.argv[1], frame_size=64 << 10, threads=2, flush_interval=0)
+    try:
+        for i in range(100):
+            w.add_payload(np.random.default_rng(i).bytes(40_000))
+            w.flush()
+            print(i, flush=True)
+    except replayfmt.ReplayError as exc:
+        print("error:", exc, flush=True)
+    try:
+        w.close()
+    except replayfmt.ReplayError:
+        pass
+    """
+)
+
+
+def test_a_real_file_size_limit_is_a_one_line_error_and_keeps_what_was_flushed(tmp_path):
+    """RLIMIT_FSIZE makes the kernel refuse writes (EFBIG) as a full disk would (ENOSPC)."""
+    path = tmp_path / "fsize.kreplay"
+    result = subprocess.run([sys.executable, "-c", FSIZE_WRITER, str(path)], capture_output=True, text=True,
+                            timeout=60)  # fmt: skip
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    *flushed, error = result.stdout.splitlines()
+    assert error.startswith(f"error: {path}: cannot write ") and error.endswith(
+        "File too large; everything flushed before is kept (replayfmt.open recovers it)"
+    )
+    assert len(flushed) >= 5 and path.stat().st_size <= 300_000
+    with replayfmt.open(path) as cap:
+        assert cap.recovered
+        for i in map(int, flushed):
+            assert cap.read_payload(i + 1) == np.random.default_rng(i).bytes(40_000)
