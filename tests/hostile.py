@@ -167,6 +167,17 @@ def zstd_metadata_bomb(root: Path) -> Hostile:
     return Hostile("zstd-metadata-bomb", fb.finish(root / "zstd-metadata.kreplay"))
 
 
+def spread_bomb(root: Path) -> Hostile:
+    """3,000 RECORDS chunks of ~600 bytes, each a valid batch padded to 16 MiB (within the per-
+    chunk slack): 48 GB to decompress from 2 MB, unless the file as a whole is bounded too. No
+    index: the recovery scan decodes every chunk."""
+    body = _zstd_of_zeros(16 << 20, _scope_batch())
+    fb = FileBuilder()
+    for _ in range(3000):
+        fb.chunk(ChunkKind.RECORDS, body, codec=Codec.ZSTD, logical=16 << 20)
+    return Hostile("spread-bomb", fb.finish(root / "spread.kreplay", index=False))
+
+
 def parameter_bomb(root: Path) -> Hostile:
     """200 launches whose parameters all span one 16 MiB block: 3.2 GB of parameter copies
     from a ~20 KB zstd RECORDS chunk."""
@@ -377,7 +388,7 @@ def planted_other_content(root: Path) -> Hostile:
 
 BUILDERS: tuple[Callable[[Path], Hostile], ...] = (
     amplified_tables, amplified_strings, amplified_strings_zstd, zstd_index_bomb, zstd_records_bomb,
-    zstd_metadata_bomb, parameter_bomb, dedup_gib, dedup_tib, dedup_real_writer, index_flood, index_flood_raw,
+    zstd_metadata_bomb, spread_bomb, parameter_bomb, dedup_gib, dedup_tib, dedup_real_writer, index_flood, index_flood_raw,
     frame_flood, reference_to_device, reference_to_fifo, remap_escape, secret_digest, planted_symlink,
     planted_other_content,
 )  # fmt: skip

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 from collections.abc import Callable
 
 import numpy as np
@@ -22,6 +23,7 @@ from replayfmt.format.layout import (
     KNOWN_CHUNK_KINDS,
     ChunkFlags,
     ChunkHeader,
+    Limits,
 )
 
 
@@ -153,3 +155,35 @@ class ChunkGaps:
                     offset=offset,
                 )
             offset = header.end
+
+
+class ExpansionBudget:
+    """How far zstd may expand a file's FlatBuffers chunks (METADATA, RECORDS, INDEX), per chunk
+    and per file: each chunk may declare at most ``max_expansion`` x its stored bytes +
+    ``expansion_slack``, and all distinct chunks together at most ``max_expansion`` x the file's
+    size + ``expansion_slack``, so that many small chunks each within the slack cannot add up to
+    a bomb. Re-reading a chunk (the batch cache is small) costs nothing more."""
+
+    def __init__(self, limits: Limits, file_size: int) -> None:
+        self.limits = limits
+        self.left = limits.max_expansion * file_size + limits.expansion_slack
+        self.file_size = file_size
+        self.seen: set[int] = set()
+        self.lock = threading.Lock()
+
+    def admit(self, offset: int, stored: int, logical: int) -> str | None:
+        """None when the chunk at ``offset`` may be decompressed, else why not."""
+        why = self.limits.check_expansion(stored, logical)
+        if why:
+            return why
+        with self.lock:
+            if offset in self.seen:
+                return None
+            if logical > self.left:
+                return (
+                    f"the file's compressed chunks declare more than max_expansion x its {self.file_size} bytes "
+                    "in all (a decompression bomb spread over many chunks?)"
+                )
+            self.left -= logical
+            self.seen.add(offset)
+        return None

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from replayfmt.container.batches import DecodedBatch, collector_paused, decode_batch, materialize
-from replayfmt.container.bounded import BoundedFile, ChunkGaps
+from replayfmt.container.bounded import BoundedFile, ChunkGaps, ExpansionBudget
 from replayfmt.container.directory import Directory, build_directory, frame_entries
 from replayfmt.errors import ReplayFormatError, ReplayUsageError
 from replayfmt.format import model as m, records
@@ -92,6 +92,7 @@ class Capture:
         self.recovered = False
         self.discarded_bytes = 0
         self.recovery_reason = ""
+        self._expansion = ExpansionBudget(self.limits, self.size)
         try:
             self.header: FileHeader = unpack_file_header(self._file.read(0, FILE_HEADER_SIZE), self.path)
             tail = self._file.read(self.size - FOOTER_SIZE, FOOTER_SIZE) if self.size >= FOOTER_SIZE else b""
@@ -147,9 +148,10 @@ class Capture:
                 header.offset,
                 record,
             )
-        why = self.limits.check_expansion(header.stored_size, header.logical_size) if header.codec else None
-        if why and header.kind != ChunkKind.FRAME:  # a frame goes into a buffer its payload's size took
-            raise self._error(why + " (raise replayfmt.Limits to read a trusted file)", header.offset, record)
+        if header.codec and header.kind != ChunkKind.FRAME:  # a frame goes into a buffer its payload took
+            why = self._expansion.admit(header.offset, header.stored_size, header.logical_size)
+            if why:
+                raise self._error(why + " (raise replayfmt.Limits to read a trusted file)", header.offset, record)
         stored = self._file.read(header.body_offset, header.stored_size, record)
         if checksum64(stored) != header.body_checksum:
             raise self._error("body checksum mismatch (the file is corrupted)", header.offset, record)
