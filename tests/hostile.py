@@ -29,7 +29,8 @@ from replayfmt.format import model as m, records
 from replayfmt.format.layout import ChunkKind, Codec
 from replayfmt.format.payloads import frame_hash, payload_hash
 
-DUMPS = (("dump-replay",), ("dump-replay", "--format=jsonl"), ("dump-replay", "--format=jsonl", "--payloads=hex"))
+# the text summary, and JSONL rows with payloads inlined (which decodes everything plain JSONL does)
+DUMPS = (("dump-replay",), ("dump-replay", "--format=jsonl", "--payloads=hex"))
 DRY_RUN = (("run-replay", "--dry-run", "--continue-on-error"),)
 ALL = DUMPS + DRY_RUN
 
@@ -388,7 +389,7 @@ def planted_other_content(root: Path) -> Hostile:
 
 BUILDERS: tuple[Callable[[Path], Hostile], ...] = (
     amplified_tables, amplified_strings, amplified_strings_zstd, zstd_index_bomb, zstd_records_bomb,
-    zstd_metadata_bomb, spread_bomb, parameter_bomb, dedup_gib, dedup_tib, dedup_real_writer, index_flood, index_flood_raw,
-    frame_flood, reference_to_device, reference_to_fifo, remap_escape, secret_digest, planted_symlink,
+    zstd_metadata_bomb, spread_bomb, parameter_bomb, dedup_gib, dedup_tib, dedup_real_writer, index_flood,
+    index_flood_raw, frame_flood, reference_to_device, reference_to_fifo, remap_escape, secret_digest, planted_symlink,
     planted_other_content,
 )  # fmt: skip

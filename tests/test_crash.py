@@ -93,7 +93,7 @@ THREADED_WRITER = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed", range(3))
 def test_killed_threaded_writer_keeps_every_flushed_payload(tmp_path, seed):
     """Several threads store the same frames at once; killed right after a flush returns, every
     payload flushed so far reads back (it used to lose the frame another thread was writing)."""

@@ -220,7 +220,7 @@ def sample_parts(tmp_path_factory):
             "index_sites": flatbuffer_sites(index, "Index")}  # fmt: skip
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_structure_aware_record_batch_mutations(sample_parts, tmp_path, data):
     import zstandard
@@ -240,7 +240,7 @@ def test_structure_aware_record_batch_mutations(sample_parts, tmp_path, data):
     read_everything(builder.finish(tmp_path / "mutated.kreplay"))
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_structure_aware_index_mutations(sample_parts, tmp_path, data):
     """The index is rewritten with mutated offsets, counts and vtables; chunk and footer valid."""
@@ -257,7 +257,7 @@ def test_structure_aware_index_mutations(sample_parts, tmp_path, data):
     read_everything(path)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_chunk_header_field_mutations_with_valid_checksums(sample_parts, tmp_path, data):
     """A chunk header's kind, flags, codec, sizes or key changed, its checksum recomputed."""

@@ -1,16 +1,16 @@
-"""Hostile inputs (tests/hostile.py) through the real command-line tools, each in a subprocess
-capped at 1.5 GiB of address space: every run must end in 10 s with exit 0, 1 or 2, at most one
-line on stderr and no traceback, peak memory under 1 GiB, nothing printed about host files the
-capture does not hold, and nothing outside the request read or written."""
+"""Hostile inputs (tests/hostile.py) through the real command-line tools, the commands on each
+file in one subprocess capped at 1.5 GiB of address space: every run must end in 10 s with exit
+0, 1 or 2, at most one line on stderr and no traceback, peak memory under 1 GiB, nothing printed
+about host files the capture does not hold, and nothing outside the request read or written."""
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import json
 import os
 import resource
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,30 +40,48 @@ def _limit() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
 
 
-def run_tool(command: tuple[str, ...], path: Path, cwd: Path) -> Outcome:
-    """One tool run in a fresh interpreter with a capped address space; its own peak RSS (from
-    wait4, so that concurrent runs do not mix)."""
-    tool, *args = command
-    argv = [sys.executable, "-m", TOOLS[tool], *args, *([] if args and args[-1].endswith(".kreplay") else [str(path)])]
+DRIVER = """
+import contextlib, io, json, sys, time, traceback, resource
+from replayfmt.tools.dump_replay import main as dump
+from replayfmt.tools.run_replay import main as run
+mains = {"dump-replay": dump, "run-replay": run}
+for command in json.loads(sys.argv[1]):
+    out, err = io.StringIO(), io.StringIO()
+    started = time.perf_counter()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            mains[command[0]].main(command[1:], prog_name=command[0], standalone_mode=False)
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps([command, code, time.perf_counter() - started, peak, out.getvalue(), err.getvalue()]),
+          file=sys.__stdout__, flush=True)
+"""
+
+
+def run_tools(commands: list[list[str]], cwd: Path) -> list[Outcome]:
+    """The commands run one after another in one fresh interpreter (imports paid once) with a
+    capped address space; each reports its exit code, time, output and the peak RSS so far. A
+    run killed or timed out shows as an outcome with that exit status."""
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     started = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, env=env,
-                            preexec_fn=_limit)  # fmt: skip
-    with cf.ThreadPoolExecutor(2) as readers:
-        out, err = readers.submit(proc.stdout.read), readers.submit(proc.stderr.read)
-        killer = threading.Timer(TIME_LIMIT * 2, proc.kill)
-        killer.start()
-        try:
-            _, status, usage = os.wait4(proc.pid, 0)
-        finally:
-            killer.cancel()
-        stdout, stderr = out.result(), err.result()
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    proc.stdout.close()
-    proc.stderr.close()
-    seconds = time.perf_counter() - started
-    return Outcome(argv[3:], proc.returncode, seconds, usage.ru_maxrss * 1024, stdout.decode(errors="replace"),
-                   stderr.decode(errors="replace"))  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER, json.dumps(commands)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=cwd, env=env, preexec_fn=_limit)  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=TIME_LIMIT * len(commands) + 10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+    outcomes = [Outcome(*json.loads(line)) for line in out.decode().splitlines()]
+    if len(outcomes) < len(commands):  # the interpreter itself died (a signal, the limit) or hung
+        command = commands[len(outcomes)]
+        outcomes.append(Outcome(command, proc.returncode or 1, time.perf_counter() - started, 0, "",
+                                err.decode(errors="replace") or "(killed)\n(no message)"))  # fmt: skip
+    return outcomes
 
 
 def check(outcome: Outcome, must_not_print: tuple[str, ...]) -> list[str]:
@@ -88,14 +106,17 @@ def check(outcome: Outcome, must_not_print: tuple[str, ...]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory) -> dict[str, tuple[Hostile, list[Outcome]]]:
-    """Every hostile input built, and every command on it run, concurrently."""
+    """Every hostile input built, and the commands on each run (files concurrently)."""
     built = [build(tmp_path_factory.mktemp(build.__name__)) for build in BUILDERS]
-    jobs = [(h, c) for h in built for c in h.commands]
-    with cf.ThreadPoolExecutor(2 * (os.cpu_count() or 1)) as pool:
-        ran = list(pool.map(lambda job: run_tool(job[1], job[0].path, job[0].path.parent), jobs))
-    results: dict[str, tuple[Hostile, list[Outcome]]] = {h.name: (h, []) for h in built}
-    for (h, _), outcome in zip(jobs, ran):
-        results[h.name][1].append(outcome)
+
+    def commands(h: Hostile) -> list[list[str]]:
+        return [[*c, *([] if c[-1].endswith(".kreplay") else [str(h.path)])] for c in h.commands]
+
+    with cf.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        ran_by_file = list(pool.map(lambda h: run_tools(commands(h), h.path.parent), built))
+    results: dict[str, tuple[Hostile, list[Outcome]]] = {h.name: (h, o) for h, o in zip(built, ran_by_file)}
+    jobs = [(h, None) for h, o in zip(built, ran_by_file) for _ in o]
+    ran = [o for outcomes in ran_by_file for o in outcomes]
     clean = sum(not check(o, h.must_not_print) for h, o in zip((j[0] for j in jobs), ran))
     print(
         f"\nhostile inputs: {len(built)} files, {len(ran)} runs, {clean} clean; "
