@@ -269,3 +269,60 @@ def test_rejects_chunk_kind_mismatch_at_index_offset(tmp_path):
     path = fb.finish(tmp_path / "k.kreplay", batches=[(frame_offset, 0, 1, 1, 0, 1, 0)])
     with pytest.raises(replayfmt.ReplayFormatError, match="expected a RECORDS chunk, found chunk kind 3"):
         drain(path)
+
+
+def test_shared_offsets_are_decoded_once_and_charged_at_every_reference():
+    """A value reached through many offsets is decoded once (the same object comes back) and its
+    bytes count at each reference, so the budget bounds what consumers see, not just the work."""
+    from hostile import _shared_name_batch
+
+    small = _shared_name_batch(50, 100)  # 50 references to one 100-byte name: within budget
+    d = decode_buffer(small, "RecordBatch", max_depth=8)
+    functions = d["objects"][0]["body"][1]["functions"]
+    assert len(functions) == 50 and all(f is functions[0] for f in functions)
+    body = _shared_name_batch(20_000, 60_000)  # 1.2 GB of names from 140 KB
+    started = time.perf_counter()
+    with pytest.raises(replayfmt.ReplayFormatError) as info:
+        decode_buffer(body, "RecordBatch", max_depth=8, offset=64, record="RECORDS chunk")
+    assert time.perf_counter() - started < 1
+    assert str(info.value).startswith("offset 64: RECORDS chunk, byte ")
+    assert str(info.value).endswith(
+        ": decoding produces more than the decode budget allows (shared offsets amplify it)"
+    )
+
+
+def test_overlapping_launch_parameters_are_refused(tmp_path):
+    from hostile import parameter_bomb
+
+    with pytest.raises(replayfmt.ReplayFormatError, match=r"launches' parameter ranges overlap"):
+        drain(parameter_bomb(tmp_path).path)
+
+
+@pytest.mark.parametrize("limit", ["count", "order", "empty"])
+def test_index_entries_are_distinct_chunks_in_file_order(tmp_path, limit):
+    fb = FileBuilder()
+    scope = record_batch(kinds=bytes([m.OperationKind.SCOPE_BEGIN]), table_ops=[m.ScopeBegin(0, "x")])
+    first = fb.batch(scope, 0, 1)
+    rows = {"count": [],
+            "order": [(first, 0, 1, 1, 0, 1, 0), (first, 1, 1, 1, 0, 1, 0)],
+            "empty": [(first, 0, 1, 1, 0, 1, 0), (first + 8, 1, 0, 1, 0, 1, 0)]}[limit]  # fmt: skip
+    if limit == "count":
+        from hostile import index_flood_raw
+
+        path = index_flood_raw(tmp_path).path
+        message = r"index: lists 20000 chunks, more than a \d+-byte file can hold"
+    else:
+        path = fb.finish(tmp_path / "i.kreplay", batches=rows)
+        message = {"order": "not listed in file order", "empty": "holds no operation and no payload"}[limit]
+    with pytest.raises(replayfmt.ReplayFormatError, match=message):
+        replayfmt.open(path)
+
+
+def test_zstd_chunks_may_not_expand_past_the_per_chunk_or_per_file_bound(tmp_path):
+    from hostile import spread_bomb, zstd_records_bomb
+
+    with pytest.raises(replayfmt.ReplayFormatError, match=r"declares 262144000 bytes from \d+ stored, more than "
+                                                          r"max_expansion \(1024x \+ 16777216\) allows"):  # fmt: skip
+        drain(zstd_records_bomb(tmp_path).path)
+    with replayfmt.open(spread_bomb(tmp_path).path) as cap:  # recovered: the scan stops at the bound
+        assert cap.recovered and "compressed chunks declare more than max_expansion" in cap.recovery_reason
