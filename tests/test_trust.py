@@ -35,6 +35,10 @@ def test_remap_is_confined_to_its_target_after_normalisation():
     assert remap_path("/data/w/../x.bin", remaps) == "/safe/models/x.bin"
     assert remap_path("/data", remaps) == "/safe/models"
     assert remap_path("/elsewhere/../etc/passwd", remaps) == "/elsewhere/../etc/passwd"  # no remap applies
+    assert remap_path("/data/w.bin", [FileRemap.parse("/data=.")]) == "w.bin"  # a relative target
+    assert remap_path("/data/w.bin", [FileRemap.parse("/data=models/")]) == "models/w.bin"
+    with pytest.raises(ReplayUsageError, match=r"would leave models \(it normalises to x\)"):
+        remap_path("/data/../x", [FileRemap.parse("/data=models")])
     for escape, lands in (("/data/../../../etc/passwd", "/etc/passwd"), ("/data/../models2/x", "/safe/models2/x")):
         with pytest.raises(ReplayUsageError) as info:
             remap_path(escape, remaps)

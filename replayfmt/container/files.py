@@ -62,12 +62,13 @@ def remap_path(path: str, remaps: Iterable[FileRemap]) -> str:
     if best is None:
         return path
     remapped = best.new_prefix + path[len(best.captured_prefix) :]
-    root = os.path.normpath(best.new_prefix or ".")
     normal = os.path.normpath(remapped)
-    if normal != root and not normal.startswith(root.rstrip("/") + "/"):
+    root = os.path.abspath(best.new_prefix or "/")  # compared absolute: NEW may be relative
+    target = os.path.abspath(normal)
+    if target != root and not target.startswith(root.rstrip("/") + "/"):
         raise ReplayUsageError(
             f"--file-remap {best.captured_prefix}={best.new_prefix}: the captured path {path} would leave "
-            f"{root} (it normalises to {normal}); refused"
+            f"{os.path.normpath(best.new_prefix)} (it normalises to {normal}); refused"
         )
     return normal
 
