@@ -143,3 +143,148 @@ def test_cubin_reader_on_damaged_cubins(real_cubin, data):
         parse_cubin(bytes(damaged[:cut] if data.draw(st.booleans()) else damaged))
     except CubinError as exc:
         assert "\n" not in str(exc)
+
+
+# -- structure-aware mutations ---------------------------------------------------------------
+# Byte flips mostly break a checksum and stop there. These mutations know the structure: they
+# change FlatBuffers offsets, counts, lengths and vtable entries (found by walking the real
+# buffer with the verifier), redirect offsets to other objects (sharing: amplification) and
+# rewrite chunk header fields, and then recompute every checksum, so that the hostile content
+# reaches the decoders.
+
+
+def flatbuffer_sites(body: bytes, root: str) -> dict[str, list[int]]:
+    """Positions of the root offset, uoffsets, vector counts and string lengths (every u32 the
+    verifier reads), of tables and of vtable entries, in a valid buffer."""
+    from replayfmt.format import decoder
+    from replayfmt.format.schema import load_schema
+
+    sites: dict[str, list[int]] = {"u32": [], "table": [], "vtable": []}
+    walker = decoder._Decoder(body, load_schema(), 8, decoder.DEFAULT_LIMITS)
+    u32, table = walker.u32, walker._table
+
+    def record_u32(pos: int) -> int:
+        sites["u32"].append(pos)
+        return u32(pos)
+
+    def record_table(pos, definition, depth):
+        sites["table"].append(pos)
+        vtable = pos - int.from_bytes(body[pos : pos + 4], "little", signed=True)
+        vsize = int.from_bytes(body[vtable : vtable + 2], "little")
+        sites["vtable"] += range(vtable, vtable + vsize, 2)
+        return table(pos, definition, depth)
+
+    walker.u32, walker._table = record_u32, record_table
+    walker.table(walker.u32(0), load_schema().tables[root], 0)
+    return {k: sorted(set(v)) for k, v in sites.items()}
+
+
+@st.composite
+def mutated_flatbuffer(draw, body: bytes, sites: dict[str, list[int]]) -> bytes:
+    out = bytearray(body)
+    targets = sites["u32"] + sites["table"]
+    for _ in range(draw(st.integers(1, 4))):
+        kind = draw(st.sampled_from(["u32", "u32", "redirect", "table", "vtable"]))
+        if kind == "vtable" and sites["vtable"]:
+            at = draw(st.sampled_from(sites["vtable"]))
+            value = draw(st.sampled_from([0, 2, 3, 4, 0xFFFF, len(body) & 0xFFFF, draw(st.integers(0, 0xFFFF))]))
+            out[at : at + 2] = value.to_bytes(2, "little")
+            continue
+        at = draw(st.sampled_from(sites["table"] if kind == "table" else sites["u32"]))
+        old = int.from_bytes(out[at : at + 4], "little")
+        if kind == "redirect":  # point this offset at another object: shared offsets
+            value = (draw(st.sampled_from(targets)) - at) % (1 << 32)
+        else:
+            value = draw(st.sampled_from([0, 1, 4, old + 4, old - 4, old * 2, old + 0x10000, 0x7FFFFFFF, 0xFFFFFFFF,
+                                          len(body), len(body) - at, draw(st.integers(0, (1 << 32) - 1))]))  # fmt: skip
+        out[at : at + 4] = (value % (1 << 32)).to_bytes(4, "little")
+    return bytes(out)
+
+
+@pytest.fixture(scope="module")
+def sample_parts(tmp_path_factory):
+    """The sample file, its single RecordBatch body and entry, and its Index body and offset."""
+    from replayfmt.format.layout import FOOTER_SIZE, unpack_footer
+
+    path = tmp_path_factory.mktemp("structure") / "one.kreplay"
+    write_sample(path, n=16, threads=0, batch_operations=10_000)
+    data = path.read_bytes()
+    index_offset, _ = unpack_footer(data[-FOOTER_SIZE:])
+    with replayfmt.open(path) as cap:
+        assert cap.batch_count == 1
+        batch = bytes(cap._chunk_body(cap._chunk_header(cap.directory.batch_offsets[0], "b"), 1 << 30, "b"))
+        index = bytes(cap._chunk_body(cap._chunk_header(index_offset, "i"), 1 << 30, "i"))
+        entry = (cap.operation_count, cap.object_count, cap.payload_count)
+    return {"file": data, "batch": batch, "entry": entry, "index": index, "index_offset": index_offset,
+            "batch_sites": flatbuffer_sites(batch, "RecordBatch"),
+            "index_sites": flatbuffer_sites(index, "Index")}  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_structure_aware_record_batch_mutations(sample_parts, tmp_path, data):
+    import zstandard
+    from craft import FileBuilder
+
+    from replayfmt.format.layout import ChunkKind, Codec
+
+    body = data.draw(mutated_flatbuffer(sample_parts["batch"], sample_parts["batch_sites"]))
+    ops, objs, payloads = sample_parts["entry"]
+    builder = FileBuilder()
+    if data.draw(st.booleans()):
+        offset = builder.chunk(ChunkKind.RECORDS, zstandard.ZstdCompressor().compress(body), codec=Codec.ZSTD,
+                               logical=len(body))  # fmt: skip
+        builder.batches.append((offset, 0, ops, 1, objs, 1, payloads))
+    else:
+        builder.batch(body, 0, ops, 1, objs, 1, payloads)
+    read_everything(builder.finish(tmp_path / "mutated.kreplay"))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_structure_aware_index_mutations(sample_parts, tmp_path, data):
+    """The index is rewritten with mutated offsets, counts and vtables; chunk and footer valid."""
+    from replayfmt.format.layout import ChunkKind, Codec, align_up, pack_chunk_header, pack_footer
+
+    index = data.draw(mutated_flatbuffer(sample_parts["index"], sample_parts["index_sites"]))
+    head = bytearray(sample_parts["file"][: sample_parts["index_offset"]])
+    offset = len(head)
+    head += pack_chunk_header(ChunkKind.INDEX, 0, Codec.RAW, index, len(index)) + index
+    head += bytes(align_up(len(head)) - len(head))
+    head += pack_footer(offset, len(head) + 32)
+    path = tmp_path / "index.kreplay"
+    path.write_bytes(bytes(head))
+    read_everything(path)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_chunk_header_field_mutations_with_valid_checksums(sample_parts, tmp_path, data):
+    """A chunk header's kind, flags, codec, sizes or key changed, its checksum recomputed."""
+    import struct
+
+    from replayfmt.format.layout import CHUNK_HEADER_SIZE, FILE_HEADER_SIZE, checksum64, unpack_chunk_header
+
+    file = bytearray(sample_parts["file"])
+    offsets, at = [], FILE_HEADER_SIZE
+    while at + CHUNK_HEADER_SIZE <= len(file) - 32:
+        offsets.append(at)
+        at = unpack_chunk_header(bytes(file[at : at + CHUNK_HEADER_SIZE]), at).end
+    at = data.draw(st.sampled_from(offsets))
+    layout = struct.Struct("<4sHHB7sQQ16sQQ")
+    fields = list(layout.unpack_from(file, at))
+    for _ in range(data.draw(st.integers(1, 3))):
+        which = data.draw(st.sampled_from([1, 2, 3, 5, 6, 6, 7]))
+        if which == 7:
+            fields[7] = data.draw(st.binary(min_size=16, max_size=16))
+        else:
+            base = fields[which]
+            fields[which] = data.draw(st.sampled_from([0, 1, 2, 5, 99, base + 1, base * 1024, base + (1 << 30),
+                                                       (1 << 40), data.draw(st.integers(0, 255))]))  # fmt: skip
+            fields[which] &= {1: 0xFFFF, 2: 0xFFFF, 3: 0xFF}.get(which, (1 << 64) - 1)
+    packed = bytearray(layout.pack(*fields))
+    packed[56:] = checksum64(bytes(packed[:56])).to_bytes(8, "little")
+    file[at : at + CHUNK_HEADER_SIZE] = packed
+    path = tmp_path / "header.kreplay"
+    path.write_bytes(bytes(file))
+    read_everything(path)

@@ -176,18 +176,33 @@ def test_rejects_launch_parameters_past_the_parameter_block(tmp_path):
         drain(path)
 
 
-def test_unknown_optional_chunk_is_skipped_and_unknown_required_chunk_stops_recovery(tmp_path):
+@pytest.mark.parametrize("index", [True, False], ids=["indexed", "recovered"])
+def test_unknown_optional_chunk_is_skipped_and_unknown_required_chunk_is_refused(tmp_path, index):
+    """FORMAT.md §3.2: a strict reader skips an unknown OPTIONAL chunk and fails on any other,
+    whether the index lists it or not (it never does) and whether the file is recovered."""
+    scope = record_batch(kinds=bytes([m.OperationKind.SCOPE_BEGIN]), table_ops=[m.ScopeBegin(0, "x")])
     fb = FileBuilder()
     fb.chunk(99, b"from the future", flags=ChunkFlags.OPTIONAL)
-    fb.batch(record_batch(), 0, 0)
-    with replayfmt.open(fb.finish(tmp_path / "opt.kreplay", index=False)) as cap:
-        assert cap.recovered and cap.batch_count == 1 and cap.discarded_bytes == 0
+    fb.batch(scope, 0, 1)
+    with replayfmt.open(fb.finish(tmp_path / "opt.kreplay", index=index)) as cap:
+        assert cap.recovered is not index and cap.batch_count == 1 and cap.discarded_bytes == 0
+        list(cap)
     fb = FileBuilder()
-    fb.chunk(99, b"from the future")
-    fb.batch(record_batch(), 0, 0)
-    with replayfmt.open(fb.finish(tmp_path / "req.kreplay", index=False)) as cap:
-        assert cap.batch_count == 0 and cap.discarded_bytes > 0
-        assert "unknown chunk kind 99 is not optional" in cap.recovery_reason
+    where = fb.chunk(99, b"from the future")
+    fb.batch(scope, 0, 1)
+    with pytest.raises(replayfmt.ReplayFormatError, match=rf"offset {where}: unknown chunk kind 99 is not optional"):
+        drain(fb.finish(tmp_path / "req.kreplay", index=index))
+
+
+def test_unknown_required_chunk_after_a_record_batch_is_refused_when_the_batch_is_read(tmp_path):
+    fb = FileBuilder()
+    scope = record_batch(kinds=bytes([m.OperationKind.SCOPE_BEGIN]), table_ops=[m.ScopeBegin(0, "x")])
+    fb.batch(scope, 0, 1)
+    where = fb.chunk(77, b"x" * 10)
+    fb.batch(scope, 0, 1)
+    path = fb.finish(tmp_path / "gap.kreplay", batches=fb.batches[:1])
+    with pytest.raises(replayfmt.ReplayFormatError, match=rf"offset {where}: unknown chunk kind 77 is not optional"):
+        drain(path)
 
 
 def test_unknown_operation_kind_is_kept_as_unknown(tmp_path):
@@ -201,7 +216,7 @@ def test_unknown_operation_kind_is_kept_as_unknown(tmp_path):
 def test_rejects_shared_offset_amplification_quickly(tmp_path):
     body = amplifying_executable_batch(400)  # 400**3 = 64 million tables if walked naively
     started = time.perf_counter()
-    with pytest.raises(replayfmt.ReplayFormatError, match="too many references"):
+    with pytest.raises(replayfmt.ReplayFormatError, match=r"shared offsets amplify"):
         decode_buffer(body, "RecordBatch", max_depth=8)
     assert time.perf_counter() - started < 5
 
@@ -254,3 +269,60 @@ def test_rejects_chunk_kind_mismatch_at_index_offset(tmp_path):
     path = fb.finish(tmp_path / "k.kreplay", batches=[(frame_offset, 0, 1, 1, 0, 1, 0)])
     with pytest.raises(replayfmt.ReplayFormatError, match="expected a RECORDS chunk, found chunk kind 3"):
         drain(path)
+
+
+def test_shared_offsets_are_decoded_once_and_charged_at_every_reference():
+    """A value reached through many offsets is decoded once (the same object comes back) and its
+    bytes count at each reference, so the budget bounds what consumers see, not just the work."""
+    from hostile import _shared_name_batch
+
+    small = _shared_name_batch(50, 100)  # 50 references to one 100-byte name: within budget
+    d = decode_buffer(small, "RecordBatch", max_depth=8)
+    functions = d["objects"][0]["body"][1]["functions"]
+    assert len(functions) == 50 and all(f is functions[0] for f in functions)
+    body = _shared_name_batch(20_000, 60_000)  # 1.2 GB of names from 140 KB
+    started = time.perf_counter()
+    with pytest.raises(replayfmt.ReplayFormatError) as info:
+        decode_buffer(body, "RecordBatch", max_depth=8, offset=64, record="RECORDS chunk")
+    assert time.perf_counter() - started < 1
+    assert str(info.value).startswith("offset 64: RECORDS chunk, byte ")
+    assert str(info.value).endswith(
+        ": decoding produces more than the decode budget allows (shared offsets amplify it)"
+    )
+
+
+def test_overlapping_launch_parameters_are_refused(tmp_path):
+    from hostile import parameter_bomb
+
+    with pytest.raises(replayfmt.ReplayFormatError, match=r"launches' parameter ranges overlap"):
+        drain(parameter_bomb(tmp_path).path)
+
+
+@pytest.mark.parametrize("limit", ["count", "order", "empty"])
+def test_index_entries_are_distinct_chunks_in_file_order(tmp_path, limit):
+    fb = FileBuilder()
+    scope = record_batch(kinds=bytes([m.OperationKind.SCOPE_BEGIN]), table_ops=[m.ScopeBegin(0, "x")])
+    first = fb.batch(scope, 0, 1)
+    rows = {"count": [],
+            "order": [(first, 0, 1, 1, 0, 1, 0), (first, 1, 1, 1, 0, 1, 0)],
+            "empty": [(first, 0, 1, 1, 0, 1, 0), (first + 8, 1, 0, 1, 0, 1, 0)]}[limit]  # fmt: skip
+    if limit == "count":
+        from hostile import index_flood_raw
+
+        path = index_flood_raw(tmp_path).path
+        message = r"index: lists 20000 chunks, more than a \d+-byte file can hold"
+    else:
+        path = fb.finish(tmp_path / "i.kreplay", batches=rows)
+        message = {"order": "not listed in file order", "empty": "holds no operation and no payload"}[limit]
+    with pytest.raises(replayfmt.ReplayFormatError, match=message):
+        replayfmt.open(path)
+
+
+def test_zstd_chunks_may_not_expand_past_the_per_chunk_or_per_file_bound(tmp_path):
+    from hostile import spread_bomb, zstd_records_bomb
+
+    with pytest.raises(replayfmt.ReplayFormatError, match=r"declares 262144000 bytes from \d+ stored, more than "
+                                                          r"max_expansion \(1024x \+ 16777216\) allows"):  # fmt: skip
+        drain(zstd_records_bomb(tmp_path).path)
+    with replayfmt.open(spread_bomb(tmp_path).path) as cap:  # recovered: the scan stops at the bound
+        assert cap.recovered and "compressed chunks declare more than max_expansion" in cap.recovery_reason

@@ -12,6 +12,7 @@ from replayfmt.measure.tune import (
     CandidateResult,
     CsvLog,
     SearchSpace,
+    capture_identity,
     find_targets,
     order,
     override_flags,
@@ -111,6 +112,39 @@ def test_csv_streams_results_and_resumes(tmp_path):
     bad.write_text("something,else\n1,2\n")
     with pytest.raises(replayfmt.ReplayUsageError, match="not a tune-replay CSV"):
         read_csv(bad)
+
+
+def test_csv_of_another_kernel_or_capture_is_refused(tmp_path):
+    """Resuming ranks the CSV's rows with this search's: rows of another kernel, other
+    operations or another capture are refused with one line naming --csv."""
+    with replayfmt.open(capture(tmp_path / "t.kreplay")) as cap:
+        plan = build_plan(cap)
+        scale, other = find_targets(plan, launch=1, kernel=None), find_targets(plan, launch=None, kernel="other")
+        identity = capture_identity(cap)
+    path = tmp_path / "tune.csv"
+    log = CsvLog(path, scale, identity)
+    list(search(FakeWorker(), [Candidate(grid=(2, 1, 1))], done={}, log=log, timeout=1))
+    log.close()
+    assert len(read_csv(path, scale, identity)) == 2
+    with pytest.raises(replayfmt.ReplayUsageError) as info:
+        read_csv(path, other, identity)
+    assert str(info.value) == (
+        f"--csv {path}: line 2 is for kernel scale (operations 1), not this search's other (operations 4); "
+        "choose another --csv file"
+    )
+    with replayfmt.open(capture(tmp_path / "same.kreplay")) as cap:  # the same content: its results apply
+        assert capture_identity(cap) == identity
+    with replayfmt.CaptureWriter(tmp_path / "u.kreplay") as w:  # the same program on other data
+        exe = w.add_object(m.Executable(functions=(SCALE, OTHER)))
+        w.add_payload(b"other input")
+        for _ in range(3):
+            w.launch(executable=exe, function=0, grid=(64, 1, 1), block=(256, 1, 1))
+        w.launch(executable=exe, function=1, grid=(1, 1, 1), block=(32, 1, 1))
+    with replayfmt.open(tmp_path / "u.kreplay") as cap:
+        again = capture_identity(cap)
+    assert again != identity
+    with pytest.raises(replayfmt.ReplayUsageError, match=rf"line 2 was measured on another capture \({identity}"):
+        read_csv(path, scale, again)
 
 
 def test_order_random_with_budget():

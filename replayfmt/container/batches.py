@@ -162,6 +162,12 @@ def decode_batch(d: dict[str, Any], entry: BatchEntry, limits: Limits, error: Er
             raise fail("a launch's parameter bytes run past the batch's parameter block")
         if int(reloc_end.max()) > len(relocations):
             raise fail("a launch's relocations run past the batch's relocation table")
+        # each launch gets its own copy of its parameters and relocations: ranges that overlap
+        # would amplify a small block into gigabytes (the writer never shares them)
+        if int(launches["parameter_size"].astype(np.uint64).sum()) > len(parameters):
+            raise fail("launches' parameter ranges overlap (they add up to more than the parameter block)")
+        if int(launches["relocation_count"].astype(np.uint64).sum()) > len(relocations):
+            raise fail("launches' relocation ranges overlap (they add up to more than the relocation table)")
     first = d["first_operation"]
     table_positions = np.flatnonzero(category == 4)
     table_ops = []

@@ -84,6 +84,14 @@ def build_directory(
     offsets = batches["offset"].astype(np.int64)
     if len(offsets) and (offsets.min() < FILE_HEADER_SIZE or offsets.max() > file_size - CHUNK_HEADER_SIZE):
         raise error("index: a record batch offset lies outside the file")
+    # work stays proportional to the file: every entry is a distinct chunk of >= 64 bytes, and
+    # batches (written in order) are distinct and hold something
+    if len(batches) + len(frames) > file_size // CHUNK_HEADER_SIZE:
+        raise error(f"index: lists {len(batches) + len(frames)} chunks, more than a {file_size}-byte file can hold")
+    if len(offsets) > 1 and not bool((np.diff(offsets) > 0).all()):
+        raise error("index: record batches are not listed in file order (or one chunk is listed twice)")
+    if len(batches) and not bool(((count + batches["payload_count"].astype(np.int64)) > 0).all()):
+        raise error("index: a record batch holds no operation and no payload")
     digests = np.ascontiguousarray(frames["hash"]).tobytes()  # Hash128 (lo, hi) is the 16-byte digest
     frame_row = {digests[16 * i : 16 * i + 16]: i for i in range(len(frames))}
     if len(frame_row) != len(frames):

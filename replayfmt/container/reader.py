@@ -1,11 +1,15 @@
 """Reading .kreplay files: random access, lazy verified decoding, crash recovery.
 
-:func:`open_capture` (exported as ``replayfmt.open``) maps the file and reads its header, footer
+:func:`open_capture` (exported as ``replayfmt.open``) opens the file and reads its header, footer
 and index: time proportional to the index, not the file. Record batches are decoded (and
 verified) on first use and cached; payloads are decompressed lazily, frame by frame, in parallel
 threads, and every frame is checked against its hash. A file without a valid footer (the writer
 was killed) is recovered by scanning its chunks: everything up to the first damaged chunk is
 readable, and ``recovered`` / ``discarded_bytes`` say so.
+
+Hostile files (docs/FORMAT.md §9): bytes are read with pread, never through a mapping (a file that
+shrinks while open is an error, not SIGBUS); every declared size is checked against ``Limits``
+before anything is allocated or decompressed.
 
 Thread-safety: a Capture may be read from several threads at once.
 """
@@ -14,9 +18,7 @@ from __future__ import annotations
 
 import bisect
 import concurrent.futures as cf
-import mmap
 import os
-import stat
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -28,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from replayfmt.container.batches import DecodedBatch, collector_paused, decode_batch, materialize
+from replayfmt.container.bounded import BoundedFile, ChunkGaps, ExpansionBudget
 from replayfmt.container.directory import Directory, build_directory, frame_entries
 from replayfmt.errors import ReplayFormatError, ReplayUsageError
 from replayfmt.format import model as m, records
@@ -38,6 +41,7 @@ from replayfmt.format.layout import (
     DEFAULT_LIMITS,
     FILE_HEADER_SIZE,
     FOOTER_SIZE,
+    KNOWN_CHUNK_KINDS,
     ChunkFlags,
     ChunkHeader,
     ChunkKind,
@@ -83,16 +87,18 @@ class Capture:
         self._cache: OrderedDict[int, DecodedBatch] = OrderedDict()
         self._pool: cf.ThreadPoolExecutor | None = None
         self._last_materialized: tuple[int, list[m.Operation]] | None = None
-        self._mm, self._fd = _map_file(self.path)
-        self._view = memoryview(self._mm)
-        self.size = len(self._mm)
+        self._file = BoundedFile(self.path)
+        self._fd = self._file.fd
+        self.size = self._file.size
         self.recovered = False
         self.discarded_bytes = 0
         self.recovery_reason = ""
         self._timings_offset = 0  # the TIMINGS chunk (the original program's device times), if any
+        self._expansion = ExpansionBudget(self.limits, self.size)
         try:
-            self.header: FileHeader = unpack_file_header(bytes(self._view[:FILE_HEADER_SIZE]), self.path)
-            footer = unpack_footer(bytes(self._view[-FOOTER_SIZE:])) if self.size >= FOOTER_SIZE else None
+            self.header: FileHeader = unpack_file_header(self._file.read(0, FILE_HEADER_SIZE), self.path)
+            tail = self._file.read(self.size - FOOTER_SIZE, FOOTER_SIZE) if self.size >= FOOTER_SIZE else b""
+            footer = unpack_footer(tail) if tail else None
             if footer is None or footer[1] != self.size:
                 self._recover("no valid footer (the writer did not close the file)")
             else:
@@ -110,22 +116,14 @@ class Capture:
         self.close()
 
     def close(self) -> None:
-        """Release the mapping and threads. Idempotent; data already returned stays valid."""
+        """Release the file and threads. Idempotent; data already returned stays valid."""
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
         self._cache.clear()
         self._last_materialized = None
-        view, self._view = getattr(self, "_view", None), memoryview(b"")
-        if view is not None:
-            view.release()
-        try:
-            self._mm.close()
-        except BufferError:
-            pass  # numpy views handed out still use it; the mapping goes with them
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        self._file.close()
+        self._fd = -1
 
     # -- chunks ----------------------------------------------------------------------------
 
@@ -135,7 +133,7 @@ class Capture:
     def _chunk_header(self, offset: int, record: str) -> ChunkHeader:
         if offset < FILE_HEADER_SIZE or offset % 8 or offset + CHUNK_HEADER_SIZE > self.size:
             raise self._error("offset is outside the file or misaligned", offset, record)
-        header = unpack_chunk_header(self._view[offset : offset + CHUNK_HEADER_SIZE], offset, self.path)
+        header = unpack_chunk_header(self._file.read(offset, CHUNK_HEADER_SIZE, record), offset, self.path)
         if header.body_offset + header.stored_size > self.size:
             raise self._error(
                 f"body of {header.stored_size} bytes runs past the end of the file ({self.size} bytes)",
@@ -152,7 +150,11 @@ class Capture:
                 header.offset,
                 record,
             )
-        stored = self._view[header.body_offset : header.body_offset + header.stored_size]
+        if header.codec and header.kind != ChunkKind.FRAME:  # a frame goes into a buffer its payload took
+            why = self._expansion.admit(header.offset, header.stored_size, header.logical_size)
+            if why:
+                raise self._error(why + " (raise replayfmt.Limits to read a trusted file)", header.offset, record)
+        stored = self._file.read(header.body_offset, header.stored_size, record)
         if checksum64(stored) != header.body_checksum:
             raise self._error("body checksum mismatch (the file is corrupted)", header.offset, record)
         return decompress(
@@ -165,17 +167,27 @@ class Capture:
         if header.kind != kind:
             raise self._error(f"expected a {record}, found chunk kind {header.kind}", offset)
         body = bytes(self._chunk_body(header, limit, record))
-        return decode_buffer(body, root, max_depth=self.limits.max_depth, path=self.path, offset=offset, record=record)
+        return decode_buffer(body, root, max_depth=self.limits.max_depth, limits=self.limits, path=self.path,
+                             offset=offset, record=record)  # fmt: skip
 
     # -- index and recovery ----------------------------------------------------------------
 
     def _load_index(self, index_offset: int) -> None:
-        index = self._decode_chunk(index_offset, ChunkKind.INDEX, "Index", self.limits.max_index_size)
+        # the index lists chunks of this file (>= 64 bytes each, <= 48 bytes of entry each)
+        limit = min(self.limits.max_index_size, 2 * self.size + (64 << 10))
+        index = self._decode_chunk(index_offset, ChunkKind.INDEX, "Index", limit)
         batches = records.struct_array(index["batches"], "BatchEntry")
         frames = records.struct_array(index["frames"], "FrameEntry")
         self.metadata = self._read_metadata(index["metadata_offset"])
         self._timings_offset = int(index.get("timings_offset") or 0)
         self._set_directory(batches, frames, index["operation_count"], index["object_count"], index["payload_count"])
+        self._check_unlisted(index["metadata_offset"], index_offset)
+
+    def _check_unlisted(self, metadata_offset: int, index_offset: int) -> None:
+        """Chunks the index does not list must be of a kind marked OPTIONAL (FORMAT.md §3.2)."""
+        self._gaps = ChunkGaps(self._directory.frames, self._directory.batch_offsets, metadata_offset, index_offset,
+                               self.size, self._chunk_header, self.path)  # fmt: skip
+        self._gaps.check(align_up(self.header.header_size), self._chunk_header(metadata_offset, "METADATA chunk").end)
 
     def _read_metadata(self, offset: int) -> m.CaptureMetadata:
         meta = self._decode_chunk(offset, ChunkKind.METADATA, "CaptureMetadata", self.limits.max_metadata_size)
@@ -189,6 +201,7 @@ class Capture:
         frame_rows: list[tuple[int, ...]] = []
         metadata: m.CaptureMetadata | None = None
         stop_reason = ""
+        unknown = 0
         while offset < self.size:
             try:
                 header = self._chunk_header(offset, "chunk")
@@ -198,8 +211,8 @@ class Capture:
                     frame_rows.append((lo, hi, offset, header.stored_size, header.logical_size, header.codec))
                 elif header.kind == ChunkKind.RECORDS:
                     body = bytes(self._chunk_body(header, self.limits.max_record_batch_size, "RECORDS chunk"))
-                    d = decode_buffer(body, "RecordBatch", max_depth=self.limits.max_depth, path=self.path,
-                                      offset=offset, record="RECORDS chunk")  # fmt: skip
+                    d = decode_buffer(body, "RecordBatch", max_depth=self.limits.max_depth, limits=self.limits,
+                                      path=self.path, offset=offset, record="RECORDS chunk")  # fmt: skip
                     kinds = d["operation_kinds"]
                     batch_rows.append((
                         offset, d["first_operation"], 0 if kinds is None else len(kinds),
@@ -209,12 +222,15 @@ class Capture:
                     metadata = self._read_metadata(offset)
                 elif header.kind == ChunkKind.TIMINGS:
                     self._timings_offset = offset
-                elif header.kind not in iter(ChunkKind) and not header.flags & ChunkFlags.OPTIONAL:
-                    raise self._error(f"unknown chunk kind {header.kind} is not optional", offset)
+                elif header.kind not in KNOWN_CHUNK_KINDS and not header.flags & ChunkFlags.OPTIONAL:
+                    unknown = header.kind
+                    break
             except ReplayFormatError as exc:
                 stop_reason = exc.message
                 break
             offset = header.end
+        if unknown:  # a newer writer's required chunk: refuse, do not drop the rest as damage
+            raise self._error(f"unknown chunk kind {unknown} is not optional (upgrade replayfmt)", offset)
         self.discarded_bytes = max(0, self.size - offset)
         self.recovery_reason = reason + (f"; scan stopped at offset {offset}: {stop_reason}" if stop_reason else "")
         if metadata is None:
@@ -234,7 +250,7 @@ class Capture:
         self._set_directory(batches, frames, next_op, next_obj - 1, next_payload - 1)
 
     def _chunk_body_checksum(self, header: ChunkHeader) -> None:
-        stored = self._view[header.body_offset : header.body_offset + header.stored_size]
+        stored = self._file.read(header.body_offset, header.stored_size, "FRAME chunk")
         if checksum64(stored) != header.body_checksum:
             raise self._error("chunk body checksum mismatch", header.offset)
 
@@ -273,6 +289,8 @@ class Capture:
     def _decode_batch(self, i: int) -> DecodedBatch:
         entry = self._directory.entry(i)
         d = self._decode_chunk(entry.offset, ChunkKind.RECORDS, "RecordBatch", self.limits.max_record_batch_size)
+        if not self.recovered:  # the gap after a batch (its end is known once its header is read)
+            self._gaps.walk(self._chunk_header(entry.offset, f"record batch {i}").end)
         return decode_batch(d, entry, self.limits, lambda message, record: self._error(message, entry.offset, record))
 
     def _batch_of_operation(self, index: int) -> int:
@@ -452,7 +470,7 @@ class Capture:
                     raise self._frame_mismatch(header, record)
 
     def _decompress_frame(self, header: ChunkHeader, digest: bytes, record: str, view: memoryview, check: bool) -> None:
-        stored = self._view[header.body_offset : header.body_offset + header.stored_size]
+        stored = self._file.read(header.body_offset, header.stored_size, record)
         if check and checksum64(stored) != header.body_checksum:
             raise self._error("body checksum mismatch (the file is corrupted)", header.offset, record)
         decompress_into(stored, view, path=self.path, offset=header.offset, record=record)
@@ -500,7 +518,12 @@ class Capture:
         """Bytes ``[offset, offset + size)`` of a payload, decompressing only the frames needed."""
         info = self.payload(payload_id)
         size = info.size - offset if size is None else size
-        out = bytearray(size)
+        if size > self.limits.max_read_size:
+            raise ReplayUsageError(
+                f"payload {payload_id}: {size} bytes are more than read_payload returns at once "
+                f"(Limits.max_read_size {self.limits.max_read_size}); read it in pieces with read_payload_into"
+            )
+        out = bytearray(max(0, size))
         self.read_payload_into(payload_id, out, offset, threads=threads)
         return bytes(out)
 
@@ -567,30 +590,6 @@ class Capture:
         return PayloadStats(
             self.payload_count, logical, frame_bytes, stored, max(0, referenced - frame_bytes), len(missing)
         )
-
-
-def _map_file(path: str) -> tuple[mmap.mmap, int]:
-    """The file mapped read-only, and a descriptor kept open for direct reads (preadv)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        raise ReplayUsageError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise ReplayUsageError(f"{path}: is a directory, not a .kreplay file") from None
-    except OSError as exc:
-        raise ReplayUsageError(f"{path}: cannot open ({exc.strerror})") from None
-    try:
-        st = os.fstat(fd)
-        if stat.S_ISDIR(st.st_mode):
-            raise ReplayUsageError(f"{path}: is a directory, not a .kreplay file")
-        if not stat.S_ISREG(st.st_mode):
-            raise ReplayUsageError(f"{path}: not a regular file")
-        if st.st_size < FILE_HEADER_SIZE:
-            raise ReplayFormatError(f"file is {st.st_size} bytes, too short for a .kreplay header", path=path, offset=0)
-        return mmap.mmap(fd, 0, access=mmap.ACCESS_READ), fd
-    except BaseException:
-        os.close(fd)
-        raise
 
 
 def open_capture(path: str | os.PathLike[str], *, limits: Limits = DEFAULT_LIMITS) -> Capture:

@@ -11,6 +11,18 @@ frames are recognised at once and never compressed twice), then compressed and w
 of worker threads. Record batches are compressed and written, in order, by one more worker, each
 only after the frames it refers to are on disk, so a file cut short by a crash never refers to a
 frame written after the records that use it.
+
+What ``flush()`` promises: when it returns, every operation, object and payload recorded before
+the call is in the file (written with pwritev, in the page cache), so a crash of the process
+from then on loses none of it; the first thread to store a frame claims it, and a batch that
+refers to a frame another thread is still writing waits for it. An OS crash or power loss can
+still lose what the kernel had not written back: ``flush(durable=True)``, or
+``CaptureWriter(durable=True)`` for every flush, also fsyncs the file (and, once, its directory).
+
+Errors while writing (a full disk, an I/O error) are ReplayErrors naming the file and offset. Every
+chunk is written at an offset the writer owns, so a failed write leaves at most a torn last chunk:
+the file stays readable up to it (the reader recovers it), and a writer that fails before its
+first chunk is complete removes the file, so a retry is never refused as "already exists".
 """
 
 from __future__ import annotations
@@ -30,7 +42,7 @@ import numpy as np
 
 from replayfmt.container.batches import OpenBatch
 from replayfmt.container.directory import frame_entries
-from replayfmt.container.inline_executor import InlineExecutor
+from replayfmt.container.output import InlineExecutor, sync_file, write_all
 from replayfmt.errors import ReplayError, ReplayUsageError
 from replayfmt.format import model as m, records, timings
 from replayfmt.format.layout import (
@@ -66,19 +78,6 @@ _RELOCATION_STRUCT = struct.Struct("<IIQQB7x")
 _ID_OPERATION_STRUCT = struct.Struct("<II")
 
 
-def _write_all(fd: int, parts: list[bytes | memoryview]) -> int:
-    total = sum(len(p) for p in parts)
-    views = [memoryview(p).cast("B") for p in parts if len(p)]
-    while views:
-        written = os.writev(fd, views)
-        while views and written >= len(views[0]):
-            written -= len(views[0])
-            views.pop(0)
-        if views and written:
-            views[0] = views[0][written:]
-    return total
-
-
 class CaptureWriter:
     """Writes one .kreplay capture. Use as a context manager, or call :meth:`close`.
 
@@ -98,6 +97,7 @@ class CaptureWriter:
         batch_operations: int = 8192,
         batch_bytes: int = 4 << 20,
         flush_interval: float = 1.0,
+        durable: bool = False,
     ) -> None:
         if frame_size < MIN_FRAME_SIZE or frame_size > (64 << 20):
             raise ReplayUsageError(f"frame_size must be within [{MIN_FRAME_SIZE}, {64 << 20}] bytes")
@@ -115,6 +115,8 @@ class CaptureWriter:
         self.batch_operations = batch_operations
         self.batch_bytes = batch_bytes
         self.flush_interval = flush_interval
+        self.durable = durable
+        self._synced_directory = False
         self._compressor = FrameCompressor(compression)
         self._record_compressor = FrameCompressor(_RECORD_COMPRESSION)
         threads = min(8, os.cpu_count() or 1) if threads is None else threads
@@ -133,7 +135,7 @@ class CaptureWriter:
         self._next_operation = 0
         self._next_object = 1
         self._next_payload = 1
-        self._frame_keys: set[bytes] = set()
+        self._frame_keys: set[bytes] = set()  # frames claimed by a thread (written, or being written)
         self._payload_ids: dict[bytes, int] = {}
         self._pending_frames: set[cf.Future] = set()
         self._pending_batches: list[cf.Future] = []
@@ -149,8 +151,12 @@ class CaptureWriter:
             self._append_raw([pack_file_header(header)])
             meta = records.encode_metadata(metadata or m.CaptureMetadata())
             self._metadata_offset = self._append_chunk(ChunkKind.METADATA, Codec.RAW, meta, len(meta))
-        except BaseException:
+        except BaseException as exc:
             os.close(self._fd)
+            with contextlib.suppress(OSError):
+                self.path.unlink()  # ours (created just now): nothing was recorded; a retry must not be refused
+            if isinstance(exc, ReplayError):
+                raise ReplayError(f"{exc} (nothing was recorded; {self.path} was removed)") from None
             raise
         if flush_interval > 0:
             threading.Thread(target=self._seal_stale_batches, name="kreplay-sealer", daemon=True).start()
@@ -168,7 +174,13 @@ class CaptureWriter:
     def _append_raw(self, parts: list[bytes | memoryview]) -> int:
         with self._file_lock:
             offset = self._end
-            self._end += _write_all(self._fd, parts)
+            try:
+                self._end += write_all(self._fd, parts, offset)
+            except OSError as exc:
+                raise ReplayError(
+                    f"{self.path}: cannot write {sum(len(p) for p in parts)} bytes at offset {offset}: "
+                    f"{exc.strerror}; everything flushed before is kept (replayfmt.open recovers it)"
+                ) from None
             return offset
 
     def _append_chunk(
@@ -207,15 +219,21 @@ class CaptureWriter:
             part = view[start : start + self.frame_size]
             digest = frame_hash(part)
             hashes.append(digest)
-            with self._lock:
+            with self._lock:  # claim the frame and make it pending at once: see flush()
                 new = digest not in self._frame_keys
-                self._frame_keys.add(digest)
+                if new:
+                    self._frame_keys.add(digest)
+                    claim: cf.Future = cf.Future()
+                    self._pending_frames.add(claim)
             if new:
+                claim.add_done_callback(self._frame_done)
                 self._slots.acquire()
-                future = self._frame_pool.submit(self._store_frame, digest, bytes(part))
-                with self._lock:
-                    self._pending_frames.add(future)
-                future.add_done_callback(self._frame_done)
+                try:
+                    self._frame_pool.submit(self._store_frame, digest, bytes(part), claim)
+                except BaseException as exc:
+                    self._slots.release()
+                    claim.set_exception(exc)
+                    raise
         identity = payload_hash(size, hashes)
         with self._lock:
             self._check_open()
@@ -230,13 +248,17 @@ class CaptureWriter:
             self._after_append()
             return pid
 
-    def _store_frame(self, digest: bytes, data: bytes) -> None:
+    def _store_frame(self, digest: bytes, data: bytes, claim: cf.Future) -> None:
         try:
             codec, stored = self._compressor.compress(data)
             offset = self._append_chunk(ChunkKind.FRAME, codec, stored, len(data), digest)
             lo, hi = int.from_bytes(digest[:8], "little"), int.from_bytes(digest[8:], "little")
             with self._entries_lock:
                 self._frames.append((lo, hi, offset, len(stored), len(data), int(codec)))
+        except BaseException as exc:
+            claim.set_exception(exc)
+        else:
+            claim.set_result(None)
         finally:
             self._slots.release()
 
@@ -538,10 +560,14 @@ class CaptureWriter:
             self._batches.append((offset, first_op, count, first_obj, obj_count, first_payload, payload_count))
 
     def _raise_worker_error(self, exc: BaseException | None) -> None:
+        if isinstance(exc, ReplayError):
+            raise ReplayError(str(exc)) from exc
         raise ReplayError(f"{self.path}: writing the capture failed: {exc}") from exc
 
-    def flush(self) -> None:
-        """Write everything recorded so far to the file (it survives a crash from here on)."""
+    def flush(self, *, durable: bool | None = None) -> None:
+        """Write everything recorded so far to the file: when this returns, a crash of the process
+        loses none of it. ``durable=True`` (default: the writer's ``durable`` option) also fsyncs
+        the file, so that it survives an OS crash or power loss too (slower: milliseconds)."""
         with self._lock:
             self._check_open()
             self._seal()
@@ -549,6 +575,15 @@ class CaptureWriter:
         for future in pending:
             if future.exception() is not None:
                 self._raise_worker_error(future.exception())
+        if self.durable if durable is None else durable:
+            self._sync()
+
+    def _sync(self) -> None:
+        try:
+            sync_file(self._fd, None if self._synced_directory else self.path.parent)
+            self._synced_directory = True
+        except OSError as exc:
+            raise ReplayError(f"{self.path}: cannot make the capture durable (fsync): {exc.strerror}") from None
 
     @property
     def operation_count(self) -> int:
@@ -563,7 +598,7 @@ class CaptureWriter:
             with self._lock:
                 self._closed = True
             self._write_index()
-            os.fsync(self._fd)
+            self._sync()
         finally:
             self._closed = True
             self._stopping.set()
@@ -590,6 +625,10 @@ class CaptureWriter:
         with self._file_lock:
             footer_offset = self._end
         self._append_raw([pack_footer(index_offset, footer_offset + 32)])
+        try:
+            os.ftruncate(self._fd, footer_offset + 32)  # the tail of a torn write, if any, goes
+        except OSError as exc:
+            raise ReplayError(f"{self.path}: cannot truncate the capture after its footer: {exc.strerror}") from None
 
     def _write_original_times(self) -> int:
         """The TIMINGS chunk (optional: older readers skip it), or 0 when there are no times."""

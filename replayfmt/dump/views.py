@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from replayfmt.container.reader import Capture
+from replayfmt.dump.export import check_writable, export_payload
 from replayfmt.dump.fields import field_names, label_of
 from replayfmt.dump.filters import JSONL_VERSION, DumpFilter, PayloadMode
 from replayfmt.dump.launch_json import LaunchTemplate
@@ -31,6 +31,9 @@ from replayfmt.version import __version__
 
 _CACHE_LIMIT = 65536  # entries in each per-dump render cache
 _K = m.OperationKind
+
+INLINE_LIMIT = 64 << 20  # bytes of one payload inlined in a JSONL row (hex doubles them)
+_CACHED_DATA = 64 << 10  # inline data longer than this is not cached between rows
 
 
 class Dumper:
@@ -55,6 +58,7 @@ class Dumper:
                 payload_dir.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise ReplayUsageError(f"--payloads=files:{payload_dir}: cannot create ({exc.strerror})") from None
+            check_writable(payload_dir)
         self._templates: dict[tuple[int, int], LaunchTemplate] = {}
         self._relocations_json: dict[tuple[m.Relocation, ...], str] = {}
         self._shapes: dict[tuple[Any, ...], str] = {}
@@ -86,7 +90,9 @@ class Dumper:
         if ref is False:
             if len(self._payload_refs) >= _CACHE_LIMIT:
                 self._payload_refs.clear()
-            ref = self._payload_refs[pid] = self._make_payload_ref(pid)
+            ref = self._make_payload_ref(pid)
+            if ref is None or len(ref.get("data", "")) <= _CACHED_DATA:  # large inline data is not kept
+                self._payload_refs[pid] = ref
         return ref
 
     def _make_payload_ref(self, pid: int) -> dict[str, Any] | None:
@@ -112,13 +118,13 @@ class Dumper:
         if self.payload_mode != PayloadMode.NONE and not missing:
             if self.payload_mode == PayloadMode.FILES:
                 assert self.payload_dir is not None
-                target = self.payload_dir / f"{info.hash_hex}.bin"
-                if not (target.exists() and target.stat().st_size == info.size):
-                    tmp = target.with_suffix(".tmp")
-                    tmp.write_bytes(self.cap.read_payload(pid))
-                    os.replace(tmp, target)
-                ref["file"] = str(target)
+                ref["file"] = str(export_payload(self.cap, info, self.payload_dir))
             else:
+                if info.size > INLINE_LIMIT:  # a 3 KB capture may name a terabyte (deduplicated frames)
+                    raise ReplayUsageError(
+                        f"payload {pid} is {info.size} bytes, more than --payloads={self.payload_mode.value} "
+                        f"inlines ({INLINE_LIMIT}); export it with --payloads=files:DIR"
+                    )
                 data = self.cap.read_payload(pid)
                 ref["data"] = data.hex() if self.payload_mode == PayloadMode.HEX else base64.b64encode(data).decode()
         return ref

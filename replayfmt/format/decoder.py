@@ -4,8 +4,14 @@ The Python ``flatbuffers`` package has no verifier: its accessors trust every of
 ones wrap, string slices truncate silently, out-of-range ones raise struct.error). So replayfmt
 never hands file bytes to generated accessors. :func:`decode_buffer` walks a buffer against the
 parsed schema (replayfmt/schema.fbs), checks every offset, vtable, vector, string (bounds, NUL
-terminator, UTF-8) and union before using it, bounds the nesting depth and the total number of
-visits (offsets shared many times over cannot amplify the work), and returns plain values:
+terminator, UTF-8) and union before using it, bounds the nesting depth, and returns plain values.
+
+Budget (docs/FORMAT.md §9): every table, vector or string reached costs one object and every
+value produced costs its bytes, charged at each reference; a chunk may spend ``Limits``'
+``decode_expansion`` x its body (+64 KiB) in bytes and one object per 4 bytes of body. A table,
+vector or string reached through an offset seen before is not decoded again: the value decoded
+the first time is reused (and charged again), so offsets shared many times over cost neither
+work nor memory beyond the budget. The values:
 
 * table      -> dict of field name -> value (absent scalars take the schema default)
 * scalar     -> int / bool / float
@@ -27,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from replayfmt.errors import ReplayFormatError
+from replayfmt.format.layout import DEFAULT_LIMITS, Limits
 from replayfmt.format.schema import NUMPY_CODES, SCALAR_SIZES, Schema, TableDef, load_schema
 
 _U8 = struct.Struct("<B")
@@ -59,27 +66,48 @@ class _Failure(Exception):
 
 
 class _Decoder:
-    def __init__(self, buf: bytes, schema: Schema, max_depth: int) -> None:
+    def __init__(self, buf: bytes, schema: Schema, max_depth: int, limits: Limits) -> None:
         self.buf = buf
         self.n = len(buf)
         self.schema = schema
         self.max_depth = max_depth
-        self.budget = self.n // 2 + 1024
+        self.bytes_left = limits.decode_expansion * self.n + (64 << 10)
+        self.objects_left = min(limits.max_decode_objects, self.n // 4 + 64)
+        # (position, type) -> (value, bytes it cost): shared offsets are decoded once
+        self.memo: dict[tuple[int, str], tuple[Any, int]] = {}
 
     def u32(self, pos: int) -> int:
         if pos < 0 or pos + 4 > self.n:
             raise _Failure(pos, "offset out of bounds")
         return _U32.unpack_from(self.buf, pos)[0]
 
-    def spend(self, pos: int, count: int = 1) -> None:
-        self.budget -= count
-        if self.budget < 0:
+    def charge(self, pos: int, nbytes: int, objects: int = 1) -> None:
+        self.bytes_left -= nbytes
+        self.objects_left -= objects
+        if self.bytes_left < 0:
+            raise _Failure(pos, "decoding produces more than the decode budget allows (shared offsets amplify it)")
+        if self.objects_left < 0:
             raise _Failure(pos, "too many references (shared offsets amplify the work)")
+
+    def shared(self, pos: int, kind: str, decode: Any) -> Any:
+        """Decode the value at ``pos`` once; later references reuse it and are charged its cost."""
+        key = (pos, kind)
+        hit = self.memo.get(key)
+        if hit is not None:
+            self.charge(pos, hit[1])
+            return hit[0]
+        before = self.bytes_left
+        self.charge(pos, 0)
+        value = decode()
+        self.memo[key] = (value, before - self.bytes_left)
+        return value
 
     def table(self, pos: int, table: TableDef, depth: int) -> dict[str, Any]:
         if depth > self.max_depth:
             raise _Failure(pos, f"tables nested deeper than {self.max_depth}")
-        self.spend(pos)
+        return self.shared(pos, table.name, lambda: self._table(pos, table, depth))
+
+    def _table(self, pos: int, table: TableDef, depth: int) -> dict[str, Any]:
         buf = self.buf
         if pos % 4 or pos + 4 > self.n:
             raise _Failure(pos, f"{table.name} table offset out of bounds or misaligned")
@@ -135,6 +163,8 @@ class _Decoder:
             elif base in schema.structs:
                 size = schema.structs[base].size
                 fp = field_pos(f.slot, size)
+                if fp is not None:
+                    self.charge(fp, size, 0)
                 out[f.name] = None if fp is None else bytes(buf[fp : fp + size])
             else:
                 scalar = schema.scalar_of(base)
@@ -149,10 +179,14 @@ class _Decoder:
         return out
 
     def string(self, pos: int) -> str:
+        return self.shared(pos, "string", lambda: self._string(pos))
+
+    def _string(self, pos: int) -> str:
         length = self.u32(pos)
         end = pos + 4 + length
         if end + 1 > self.n:
             raise _Failure(pos, f"string of {length} bytes runs past the buffer")
+        self.charge(pos, length, 0)
         if self.buf[end] != 0:
             raise _Failure(end, "string is not NUL-terminated")
         try:
@@ -161,6 +195,9 @@ class _Decoder:
             raise _Failure(pos, f"string is not valid UTF-8 ({exc.reason})") from None
 
     def vector(self, pos: int, base: str, depth: int) -> Any:
+        return self.shared(pos, "[" + base + "]", lambda: self._vector(pos, base, depth))
+
+    def _vector(self, pos: int, base: str, depth: int) -> Any:
         count = self.u32(pos)
         data = pos + 4
         schema = self.schema
@@ -176,8 +213,8 @@ class _Decoder:
         end = data + count * esize
         if end > self.n:
             raise _Failure(pos, f"vector of {count} x {esize} bytes runs past the buffer")
+        self.charge(pos, count * esize, 0)
         if base == "string":
-            self.spend(pos, count)
             return [self.string(data + 4 * i + self.u32(data + 4 * i)) for i in range(count)]
         if base in schema.tables:
             table = schema.tables[base]
@@ -193,17 +230,19 @@ def decode_buffer(
     root_table: str,
     *,
     max_depth: int,
+    limits: Limits = DEFAULT_LIMITS,
     path: str | None = None,
     offset: int | None = None,
     record: str = "record",
 ) -> dict[str, Any]:
     """Verify ``buf`` as a FlatBuffer rooted at ``root_table`` and return its decoded root table.
 
+    ``limits`` sets the decoding budget (its ``decode_expansion`` and ``max_decode_objects``).
     Raises ReplayFormatError naming ``offset`` (the file offset of the chunk the buffer came
     from) and the byte position inside the (decompressed) buffer where the problem lies.
     """
     schema = load_schema()
-    decoder = _Decoder(buf, schema, max_depth)
+    decoder = _Decoder(buf, schema, max_depth, limits)
     try:
         if len(buf) < 8:
             raise _Failure(0, "buffer too small for a FlatBuffer")

@@ -48,6 +48,9 @@ class ChunkKind(enum.IntEnum):
     TIMINGS = 5  # FlatBuffer Timings: the original program's device times (written OPTIONAL)
 
 
+KNOWN_CHUNK_KINDS = frozenset(int(k) for k in ChunkKind)
+
+
 class ChunkFlags(enum.IntFlag):
     NONE = 0
     OPTIONAL = 1  # a reader that does not know this chunk kind may skip it
@@ -71,18 +74,44 @@ def align_up(n: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """Caps that protect readers from hostile files ("for your safety").
+    """Caps that protect readers from hostile files ("for your safety"; docs/FORMAT.md §9).
 
     Every size a file declares is checked against these before memory is allocated or data is
-    decompressed. Raise them only for files you trust.
+    decompressed, and every decoding step is charged to a budget proportional to the bytes the
+    file really holds. Raise them only for files you trust.
     """
 
-    max_metadata_size: int = 16 << 20  # logical bytes of a METADATA or INDEX chunk body
-    max_index_size: int = 1 << 30
+    max_metadata_size: int = 16 << 20  # logical bytes of a METADATA chunk body
+    max_index_size: int = 1 << 30  # logical bytes of the INDEX chunk body (also <= 2 x the file size)
     max_record_batch_size: int = 256 << 20  # logical bytes of one RECORDS chunk body
     max_frame_size: int = 64 << 20  # logical bytes of one payload frame
     max_payload_size: int = 1 << 40  # logical bytes of one payload
     max_depth: int = 8  # FlatBuffers table nesting (the schema itself needs 4)
+    # zstd: a chunk may decompress to at most max_expansion x its stored bytes + expansion_slack
+    # (the writer's record batches compress 5-50x; a zstd bomb reaches 30,000x)
+    max_expansion: int = 1024
+    expansion_slack: int = 16 << 20
+    # FlatBuffers decoding, per chunk: values produced (strings, vectors, structs, counted at each
+    # reference, so offsets shared many times over are charged every time they are used) may
+    # total decode_expansion x the body + 64 KiB; tables, vectors and strings at most one per 4
+    # bytes of body and never more than max_decode_objects
+    decode_expansion: int = 2
+    max_decode_objects: int = 4 << 20
+    # one call that returns a whole payload as bytes (read_payload); read larger ones in pieces
+    # with read_payload_into
+    max_read_size: int = 16 << 30
+    # an executable image read whole to plan a replay (captured payload or referenced file)
+    max_executable_size: int = 256 << 20
+
+    def check_expansion(self, stored: int, logical: int) -> str | None:
+        """Why a chunk of ``stored`` bytes may not declare ``logical`` bytes, or None."""
+        bound = stored * self.max_expansion + self.expansion_slack
+        if logical > bound:
+            return (
+                f"declares {logical} bytes from {stored} stored, more than max_expansion "
+                f"({self.max_expansion}x + {self.expansion_slack}) allows (a decompression bomb?)"
+            )
+        return None
 
 
 DEFAULT_LIMITS = Limits()

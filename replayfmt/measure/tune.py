@@ -26,6 +26,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import xxhash
+
+from replayfmt.container.reader import Capture
 from replayfmt.errors import DeviceUnavailableError, ReplayError, ReplayUsageError
 from replayfmt.format import model as m
 from replayfmt.format.names import demangle, matches_kernel
@@ -44,6 +47,7 @@ CSV_FIELDS = [
     "verified",
     "error",
     "baseline",
+    "capture",
 ]
 DEFAULT_MAX_SHARED = 227 * 1024  # Hopper's opt-in limit; the worker checks the real device
 
@@ -219,13 +223,41 @@ def prune(
 # CSV (results, and resuming)
 
 
-def read_csv(path: Path) -> dict[tuple[str, str, str, str], CandidateResult]:
+def capture_identity(cap: Capture) -> str:
+    """A short fingerprint of a capture's content (its metadata, counts and every payload's hash),
+    written in every CSV row so that a search resumes only from results of the same capture."""
+    h = xxhash.xxh3_64()
+    md = cap.metadata
+    h.update(repr((md.created_unix_ns, md.host, md.tool, md.gpu, md.command_line, cap.operation_count,
+                   cap.object_count, cap.payload_count)).encode())  # fmt: skip
+    for info in cap.payloads():
+        h.update(info.hash)
+    return h.hexdigest()
+
+
+def read_csv(
+    path: Path, targets: Targets | None = None, capture: str = ""
+) -> dict[tuple[str, str, str, str], CandidateResult]:
+    """The results already in ``path``. With ``targets`` (and ``capture``, a
+    :func:`capture_identity`), every row must be of this kernel, these operations and this
+    capture: resuming from another search's CSV would rank its timings as this one's."""
     if not path.exists():
         return {}
     done = {}
+    operations = " ".join(map(str, targets.operations)) if targets is not None else ""
     try:
         with path.open(newline="") as f:
-            for row in csv.DictReader(f):
+            for line, row in enumerate(csv.DictReader(f), start=2):
+                if targets is not None and (row["kernel"], row["operations"]) != (targets.kernel, operations):
+                    raise ReplayUsageError(
+                        f"--csv {path}: line {line} is for kernel {row['kernel']} (operations {row['operations']}), "
+                        f"not this search's {targets.kernel} (operations {operations}); choose another --csv file"
+                    )
+                if capture and row.get("capture") and row["capture"] != capture:
+                    raise ReplayUsageError(
+                        f"--csv {path}: line {line} was measured on another capture ({row['capture']}, this one is "
+                        f"{capture}); choose another --csv file"
+                    )
                 c = Candidate(
                     _parse_dims(row["grid"]),
                     _parse_dims(row["block"]),
@@ -269,9 +301,10 @@ class CsvLog:
     """Appends one row per result, flushed at once (an interrupted search loses nothing). The file
     is created with the first result, so a search that never ran leaves no header-only CSV."""
 
-    def __init__(self, path: Path | None, targets: Targets) -> None:
+    def __init__(self, path: Path | None, targets: Targets, capture: str = "") -> None:
         self.targets = targets
         self.path = path
+        self.capture = capture
         self.file: Any = None
         if path is not None:
             check_writable(path, "--csv")
@@ -302,6 +335,7 @@ class CsvLog:
                 verified,
                 r.error,
                 "yes" if r.baseline else "",
+                self.capture,
             ]
         )
         self.file.flush()

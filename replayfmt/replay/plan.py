@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from replayfmt.container.files import ResolvedFile, resolve_file
+from replayfmt.container.files import ResolvedFile, read_reference, resolve_file
 from replayfmt.container.reader import Capture
 from replayfmt.errors import (
     AbiMismatchError,
@@ -322,14 +322,21 @@ def _check_substitute_arch(plan: Plan, eid: int, exe: m.Executable, image: Execu
 def _captured_image(plan: Plan, eid: int, exe: m.Executable) -> bytes:
     """The bytes of a captured executable: its payload, or the file it was loaded from."""
     if exe.payload or not exe.file:
+        if exe.payload and plan.capture.payload(exe.payload).size > plan.capture.limits.max_executable_size:
+            raise ReplayUsageError(
+                f"executable {eid}: payload {exe.payload} is {plan.capture.payload(exe.payload).size} bytes, "
+                f"over Limits.max_executable_size ({plan.capture.limits.max_executable_size})"
+            )
         return plan.capture.read_payload(exe.payload) if exe.payload else b""
     resolved = plan.files.get(exe.file)
     if resolved is None:
         raise ReplayUsageError(f"executable {eid}: its file reference {exe.file} is unusable (see above)")
     ref = resolved.reference
-    if resolved.path is not None:
-        with open(resolved.path, "rb") as f:
-            return f.read()
+    size = ref.size if resolved.path is not None else plan.capture.payload(ref.payload).size if ref.payload else 0
+    if size > plan.capture.limits.max_executable_size:
+        raise ReplayUsageError(f"executable {eid}: {size} bytes, over Limits.max_executable_size")
+    if resolved.path is not None:  # a regular file, read up to its recorded size only
+        return read_reference(resolved.path, ref.size)
     if ref.payload:
         return plan.capture.read_payload(ref.payload)
     raise ReplayUsageError(f"executable {eid}: the capture holds no bytes of {ref.path}")

@@ -114,7 +114,8 @@ def _check_usage(
     default="none",
     show_default=True,
     metavar="none|hex|base64|files:DIR",
-    help="Inline payload bytes in JSONL rows, or write each payload once to DIR/<hash>.bin.",
+    help="Inline payload bytes in JSONL rows (up to 64 MiB each), or write each payload once to "
+    "DIR/<hash>.bin (existing files are verified, never replaced).",
 )
 @agents_md_option("dump-replay")
 @reports_errors("dump-replay")

@@ -57,7 +57,8 @@ def source_options(fn: F) -> F:
                 "remaps",
                 multiple=True,
                 metavar="CAPTURED_PREFIX=NEW_PREFIX",
-                help="Rewrite captured file paths (longest prefix wins), then validate. Repeatable.",
+                help="Rewrite captured file paths (longest prefix wins; the result must stay inside NEW_PREFIX), "
+                "then validate. Repeatable.",
             ),
             click.option(
                 "--fixed-addresses", is_flag=True, help="Allocate every buffer at its recorded device address, or fail."

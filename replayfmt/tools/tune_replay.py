@@ -15,6 +15,7 @@ from replayfmt.measure.tune import (
     SearchSpace,
     Worker,
     WorkerConfig,
+    capture_identity,
     check_writable,
     compile_kernel_pattern,
     find_targets,
@@ -162,6 +163,7 @@ def main(
     with open_replay(capture, options) as session:
         plan = session.plan
         targets = find_targets(plan, launch=launch_op, kernel=kernel)
+        identity = capture_identity(session.capture)
         image_format = plan.images[targets.executable].format
         if space.max_registers and image_format != m.ExecutableFormat.PTX:
             held = image_format.name.lower()
@@ -170,7 +172,7 @@ def main(
             )
     valid, pruned = prune(plan, targets, space.points())
     points = order(valid, strategy, budget)
-    done = read_csv(csv_path) if csv_path is not None else {}
+    done = read_csv(csv_path, targets, identity) if csv_path is not None else {}
     click.echo(
         f"tuning {demangle(targets.kernel)} (operations {', '.join(map(str, targets.operations))}), captured "
         f"grid={targets.grid} block={targets.block} smem={targets.smem}"
@@ -193,7 +195,7 @@ def main(
         tolerance=comparison.enabled,
     )
     worker = Worker(config)
-    log = CsvLog(csv_path, targets)
+    log = CsvLog(csv_path, targets, identity)
     results = list(done.values())
     try:
         for result in search(worker, points, done=done, log=log, timeout=timeout):
