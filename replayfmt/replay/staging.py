@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from replayfmt.container.files import open_regular
 from replayfmt.cuda.digest import SHORTEST as DIGEST_SHORTEST, DeviceDigester
 from replayfmt.cuda.driver import CudaCallError, check
 from replayfmt.errors import FileMismatchError, ReplayError
@@ -259,13 +260,16 @@ class _Readers:
         ref = resolved.reference
         start = op.src_offset + skip
         if resolved.path is not None:
-            with open(resolved.path, "rb") as f:
-                f.seek(start)
-                if f.readinto(target) != len(target):
-                    raise FileMismatchError(
-                        f"operation {op.index}: {resolved.path} is shorter than the captured read "
-                        f"(bytes [{op.src_offset}, {op.src_offset + op.size}))"
-                    )
+            fd = open_regular(resolved.path)  # validated at plan time; still only a regular file now
+            try:
+                got = os.preadv(fd, [target], start)
+            finally:
+                os.close(fd)
+            if got != len(target):
+                raise FileMismatchError(
+                    f"operation {op.index}: {resolved.path} is shorter than the captured read "
+                    f"(bytes [{op.src_offset}, {op.src_offset + op.size}))"
+                )
             return
         if ref.policy == m.FilePolicy.CAPTURE_ALL:
             self.plan.capture.read_payload_into(ref.payload, target, start)
