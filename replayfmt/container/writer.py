@@ -412,6 +412,10 @@ class CaptureWriter:
     def event_synchronize(self, event: int) -> int:
         return self._table_op(m.EventSynchronize, event)
 
+    def graph_launch(self, graph: int, stream: int = 0) -> int:
+        """One launch of Graph object ``graph`` on ``stream``."""
+        return self._table_op(m.GraphLaunch, graph, stream)
+
     def scope_begin(self, name: str) -> int:
         return self._table_op(m.ScopeBegin, name)
 

@@ -32,6 +32,7 @@ class OperationKind(enum.IntEnum):
     SCOPE_END = 15
     CHECKPOINT = 16
     UNSUPPORTED = 17
+    GRAPH_LAUNCH = 18
 
     @property
     def label(self) -> str:
@@ -58,6 +59,7 @@ _OPERATION_LABELS = {
     OperationKind.SCOPE_END: "scope_end",
     OperationKind.CHECKPOINT: "checkpoint",
     OperationKind.UNSUPPORTED: "unsupported",
+    OperationKind.GRAPH_LAUNCH: "graph_launch",
 }
 
 
@@ -72,6 +74,7 @@ class ObjectKind(enum.IntEnum):
     EXECUTABLE = 5
     GLOBAL = 6
     FILE_REFERENCE = 7
+    GRAPH = 8
 
     @property
     def label(self) -> str:
@@ -278,8 +281,62 @@ class FileReference(ObjectDef):
     payload: int = 0
 
 
+class GraphNodeKind(enum.IntEnum):
+    EMPTY = 0
+    KERNEL = 1
+    MEMCPY = 2
+    MEMSET = 3
+    EVENT_RECORD = 4
+    EVENT_WAIT = 5
+    CHILD_GRAPH = 6
+    HOST = 7  # a host function: replayed as an empty node
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GraphNode:
+    """One node of a CUDA graph; which fields matter depends on ``kind`` (schema.fbs says)."""
+
+    kind: GraphNodeKind = GraphNodeKind.EMPTY
+    executable: int = 0
+    function: int = 0
+    flags: int = 0
+    grid: Dims = (0, 0, 0)
+    block: Dims = (0, 0, 0)
+    cluster: Dims = (0, 0, 0)
+    shared_memory: int = 0
+    parameters: bytes = b""
+    relocations: tuple[Relocation, ...] = ()
+    src_buffer: int = 0
+    dst_buffer: int = 0
+    src_offset: int = 0
+    dst_offset: int = 0
+    size: int = 0
+    value: int = 0
+    element_size: int = 0
+    width: int = 0
+    height: int = 0
+    pitch: int = 0
+    event: int = 0
+    graph: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Graph(ObjectDef):
+    """A CUDA graph as launched: nodes and dependency edges (``(src, dst)`` node indices, dst
+    runs after src). A graph whose executable was updated is written again as a new object."""
+
+    kind: ClassVar[ObjectKind] = ObjectKind.GRAPH
+    device: int = 0
+    nodes: tuple[GraphNode, ...] = ()
+    edges: tuple[tuple[int, int], ...] = ()
+
+
 OBJECT_TYPES: dict[ObjectKind, type[ObjectDef]] = {
-    cls.kind: cls for cls in (Device, Stream, Event, Buffer, Executable, Global, FileReference)
+    cls.kind: cls for cls in (Device, Stream, Event, Buffer, Executable, Global, FileReference, Graph)
 }
 
 
@@ -449,6 +506,14 @@ class Unsupported:
 
 
 @dataclass(frozen=True, slots=True)
+class GraphLaunch:
+    index: int
+    graph: int
+    stream: int
+    kind: ClassVar[OperationKind] = OperationKind.GRAPH_LAUNCH
+
+
+@dataclass(frozen=True, slots=True)
 class UnknownOperation:
     """An operation of a kind this reader does not know (written by a newer minor version)."""
 
@@ -473,6 +538,7 @@ Operation = (
     | ScopeEnd
     | Checkpoint
     | Unsupported
+    | GraphLaunch
     | UnknownOperation
 )
 
