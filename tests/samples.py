@@ -94,5 +94,12 @@ def write_sample(path: Path, *, n: int = 1024, cubin: bytes | None = None, **wri
         w.copy_d2h(src_buffer=ids["y"], size=4 * n, expected=expected.astype(np.float32), stream=ids["stream"])
         w.device_synchronize(ids["device"])
         w.unsupported("cuLaunchHostFunc", "host callbacks cannot be replayed", stream=ids["stream"])
+        ids["graph"] = w.add_object(m.Graph(device=ids["device"], label="step graph", nodes=(
+            m.GraphNode(kind=m.GraphNodeKind.MEMSET, dst_buffer=ids["y"], value=0, element_size=4, width=16, height=1),
+            m.GraphNode(kind=m.GraphNodeKind.KERNEL, executable=ids["exe"], grid=((n + 255) // 256, 1, 1),
+                        block=(256, 1, 1), parameters=params, relocations=tuple(relocations)),
+            m.GraphNode(kind=m.GraphNodeKind.EVENT_RECORD, event=ids["event"]),
+        ), edges=((0, 1), (1, 2))))  # fmt: skip
+        w.graph_launch(ids["graph"], ids["stream"])
         w.destroy(ids["event"])
     return ids
