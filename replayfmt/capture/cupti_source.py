@@ -31,6 +31,7 @@ from replayfmt.capture.cupti_api import (
     RESOURCE_MODULE_UNLOAD_STARTING,
     Cupti,
 )
+from replayfmt.capture.graph_walk import GRAPH_DECODERS, GraphWalker
 from replayfmt.capture.process_memory import MEMORY, c_string, image_bytes, read, u64
 from replayfmt.cuda.driver import driver
 from replayfmt.cuda.functions import parameter_layout
@@ -116,6 +117,8 @@ class CuptiSource:
         self._library_modules: dict[tuple[str, int], int] = {}  # library key -> its module handle
         self._lazy_images: dict[int, bytes] = {}  # CUPTI module id -> cubin, loaded with no call of its own
         self._lazy_sent: set[int] = set()
+        self._graph_walker: GraphWalker | None = None
+        self.pending_graph_updates: dict[int, ev.GraphKernelUpdated] = {}  # thread id -> update in its call
 
     # -- subscription ----------------------------------------------------------------------
 
@@ -186,13 +189,39 @@ class CuptiSource:
         elif cbid == RESOURCE_MODULE_UNLOAD_STARTING:
             self._lazy_images.pop(module_id, None)
 
+    # -- graphs (decoded in replayfmt.capture.graph_walk) ------------------------------------
+
+    def emit(self, event: ev.Event) -> None:
+        """Send one decoded event to the sink."""
+        self._sink(event)
+
+    def succeeded(self, result: int) -> bool:
+        return self._succeeded(result)
+
+    def graph_walker(self) -> GraphWalker:
+        if self._graph_walker is None:
+            self._graph_walker = GraphWalker(self.cu, self.kernel_call)
+        return self._graph_walker
+
+    def kernel_call(self, handle: int, kernel_params: int, extra: int) -> tuple[ev.Kernel, bytes]:
+        """A kernel known by its handle alone (a graph's kernel node) and its argument block."""
+        kernel = self._kernels.get(handle)
+        if kernel is None:
+            cu = self.cu
+            err, name = cu.cuFuncGetName(handle)
+            if err != cu.CUresult.CUDA_SUCCESS:
+                err, name = cu.cuKernelGetName(handle)
+            text = name.decode(errors="replace") if isinstance(name, bytes) else str(name or "")
+            kernel = self._kernel(handle, 0, text if err == cu.CUresult.CUDA_SUCCESS else "")
+        return kernel.kernel, kernel.arguments(kernel_params, extra)
+
     # -- kernels ---------------------------------------------------------------------------
 
-    def _kernel(self, handle: int, symbol: int) -> _Kernel:
+    def _kernel(self, handle: int, symbol: int, name: str = "") -> _Kernel:
         cached = self._kernels.get(handle)
         if cached is not None and cached.symbol == symbol:
             return cached
-        name = c_string(symbol) or f"function_{handle:#x}"
+        name = name or c_string(symbol) or f"function_{handle:#x}"
         cu = self.cu
         err, module = cu.cuFuncGetModule(handle)
         key: tuple[str, int] | None
@@ -453,7 +482,6 @@ for _names, _decoder in [
     (["cuModuleUnload"], _module_unload_decoder("module")),
     (["cuLibraryUnload"], _module_unload_decoder("library")),
     (_variants("cuLaunchHostFunc", "cuStreamAddCallback"), _refusal_decoder("a host function runs in the stream")),
-    (_variants("cuGraphLaunch"), _refusal_decoder("CUDA graph launches are not decomposed into their nodes")),
     (["cuIpcOpenMemHandle", "cuIpcOpenMemHandle_v2", "cuIpcGetMemHandle"],
      _refusal_decoder("memory shared between processes (IPC)")),
     (_variants("cuMemcpyPeer", "cuMemcpyPeerAsync", "cuMemcpy2D_v2", "cuMemcpy2DAsync_v2", "cuMemcpy3D_v2",
@@ -462,3 +490,4 @@ for _names, _decoder in [
 ]:  # fmt: skip
     for _name in _names:
         _DECODERS[_name] = _decoder
+_DECODERS.update(GRAPH_DECODERS)

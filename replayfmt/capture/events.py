@@ -173,6 +173,82 @@ class NotReproducible:
     stream: int = 0
 
 
+@dataclass(slots=True)
+class GraphKernel:
+    """A graph's kernel node: the function, its shape and its argument block."""
+
+    kernel: Kernel
+    grid: m.Dims
+    block: m.Dims
+    shared_memory: int
+    parameters: bytes
+    cluster: m.Dims = (0, 0, 0)
+
+
+@dataclass(slots=True)
+class GraphNodeInfo:
+    """One node of a graph as the driver reports it; addresses are the program's.
+    ``unsupported``: why a node of this kind cannot be replayed ("" when it can)."""
+
+    kind: m.GraphNodeKind
+    handle: int = 0
+    kernel: GraphKernel | None = None
+    src: int = 0  # memcpy source address
+    dst: int = 0  # memcpy or memset destination address
+    size: int = 0  # memcpy bytes
+    value: int = 0  # memset
+    element_size: int = 0
+    width: int = 0
+    height: int = 1
+    pitch: int = 0
+    event: int = 0  # event record / wait: the event handle
+    child: GraphDescription | None = None
+    unsupported: str = ""
+
+
+@dataclass(slots=True)
+class GraphDescription:
+    """A CUDA graph walked with the driver: its nodes and edges (node indices, dst after src)."""
+
+    nodes: list[GraphNodeInfo]
+    edges: list[tuple[int, int]]
+
+
+@dataclass(slots=True)
+class GraphInstantiated:
+    """An executable graph was made (or wholly updated) from ``graph``."""
+
+    executable: int  # the CUgraphExec handle
+    graph: GraphDescription
+
+
+@dataclass(slots=True)
+class GraphKernelUpdated:
+    """cuGraphExecKernelNodeSetParams: one kernel node of an executable graph changed."""
+
+    executable: int
+    node: int  # the CUgraphNode handle (of the graph it was instantiated from)
+    kernel: GraphKernel
+
+
+@dataclass(slots=True)
+class GraphLaunched:
+    executable: int
+    stream: int
+
+
+@dataclass(slots=True)
+class StreamCaptureBegan:
+    """cuStreamBeginCapture: work on ``stream`` now goes into a graph, not to the device."""
+
+    stream: int
+
+
+@dataclass(slots=True)
+class StreamCaptureEnded:
+    stream: int
+
+
 Event = (
     ModuleImage
     | ModuleUnload
@@ -191,4 +267,9 @@ Event = (
     | ContextSynchronized
     | EventSynchronized
     | NotReproducible
+    | GraphInstantiated
+    | GraphKernelUpdated
+    | GraphLaunched
+    | StreamCaptureBegan
+    | StreamCaptureEnded
 )

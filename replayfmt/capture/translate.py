@@ -26,6 +26,7 @@ from typing import Protocol
 from replayfmt.capture import events as ev
 from replayfmt.capture.allocations import POINTER_HIGH, POINTER_LOW, Allocation, AllocationTable, TensorLabel
 from replayfmt.capture.file_references import FileReferences
+from replayfmt.capture.graphs import GRAPH_HANDLERS, GraphState, GraphTranslation
 from replayfmt.capture.hostfiles import HostFiles
 from replayfmt.capture.modules import Module, store_module
 from replayfmt.capture.options import CaptureMode, RecordOptions
@@ -81,7 +82,7 @@ class KernelAnnotation:
     tensor_maps: bool = False  # its 128-byte parameters are tensor maps (Triton tensor descriptors)
 
 
-class Translator:
+class Translator(GraphTranslation):
     """Consumes :mod:`events` in program order and writes them to ``writer``. Thread-safe."""
 
     def __init__(
@@ -119,6 +120,7 @@ class Translator:
         self._touched: list[Allocation] = []
         self._pending_d2h: dict[int, tuple[int, Allocation, int, int, int]] = {}
         self._marked_fixed = False
+        self._graphs = GraphState()  # stream captures and executable graphs (capture/graphs.py)
 
     # -- regions ---------------------------------------------------------------------------
 
@@ -183,7 +185,8 @@ class Translator:
         """Record one event; problems are kept in the report, never raised into the program."""
         with self._lock:
             try:
-                self._dispatch[type(event)](self, event)
+                if not (self._graphs.capturing and self._in_stream_capture(event)):  # work put in a graph
+                    self._dispatch[type(event)](self, event)
             except Exception as exc:  # a callback must never break the program
                 self.report.errors.append(f"{type(event).__name__}: {type(exc).__name__}: {exc}")
 
@@ -592,4 +595,5 @@ class Translator:
         ev.ContextSynchronized: _on_context_synchronized,
         ev.EventSynchronized: _on_event_synchronized,
         ev.NotReproducible: _on_not_reproducible,
+        **GRAPH_HANDLERS,
     }
