@@ -26,6 +26,7 @@ from replayfmt.errors import (
 from replayfmt.format import model as m
 from replayfmt.format.cubin import CubinError, CubinInfo, detect_format, parse_cubin
 from replayfmt.format.model import EXECUTABLE_FORMATS
+from replayfmt.replay.graph_plan import check_graph
 
 _K = m.OperationKind
 MAX_GRID = (2**31 - 1, 65535, 65535)
@@ -202,6 +203,7 @@ class Plan:
     problems: list[str] = field(default_factory=list)  # collected under --continue-on-error
     uploads: dict[UploadKey, tuple[m.Copy, int]] = field(default_factory=dict)  # first copy of each source, bytes
     needs_fixed_addresses: bool = False
+    graphs: dict[int, m.Graph] = field(default_factory=dict)  # launched graphs (and their children), checked
 
     @property
     def buffer_bytes(self) -> int:
@@ -530,6 +532,9 @@ def _check_operation(
         _need(objects, op.event, m.Event, op, "event")
     elif isinstance(op, m.ModuleLoad):
         _need(objects, op.executable, m.Executable, op, "executable")
+    elif isinstance(op, m.GraphLaunch):
+        graph = _need(objects, op.graph, m.Graph, op, "graph")
+        check_graph(plan.graphs, objects, graph, lambda launch: _check_operation(plan, objects, launch, None), op.index)
 
 
 def _check_function_limits(plan: Plan, eid: int, index: int, threads: int, checker: _Checker) -> None:
