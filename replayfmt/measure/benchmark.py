@@ -28,11 +28,13 @@ from replayfmt.container.reader import Capture
 from replayfmt.cuda.driver import check
 from replayfmt.errors import ReplayError, ReplayUsageError
 from replayfmt.format import model as m
+from replayfmt.replay.graph_plan import graph_buffers
 from replayfmt.replay.replayer import Replayer
 from replayfmt.replay.steps import Step, StepKind, bracket_with_events
 
 _K = m.OperationKind
-_DEVICE_KINDS = {_K.LAUNCH, _K.COPY_HOST_TO_DEVICE, _K.COPY_DEVICE_TO_HOST, _K.COPY_DEVICE_TO_DEVICE, _K.MEMSET}
+_DEVICE_KINDS = {_K.LAUNCH, _K.COPY_HOST_TO_DEVICE, _K.COPY_DEVICE_TO_HOST, _K.COPY_DEVICE_TO_DEVICE, _K.MEMSET,
+                 _K.GRAPH_LAUNCH}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -204,6 +206,8 @@ class Benchmark:
                 touched |= {op.src_buffer, op.dst_buffer} - {0}
             elif isinstance(op, m.Memset):
                 touched.add(op.buffer)
+            elif isinstance(op, m.GraphLaunch):
+                touched |= graph_buffers(self.r.plan.graphs, op.graph)
         return touched
 
     def _snapshot(self, buffers: set[int]) -> list[tuple[int, int, int]]:

@@ -125,3 +125,17 @@ def _check_node(
         if child.id >= graph.id:
             raise ReplayFormatError(f"child graph {child.id} is not written before graph {graph.id}")
         check_graph(graphs, objects, child, check_launch, index, depth + 1)
+
+
+def graph_buffers(graphs: dict[int, m.Graph], graph_id: int) -> set[int]:
+    """Every buffer a checked graph's nodes (its children's included) use."""
+    used: set[int] = set()
+    for node in graphs[graph_id].nodes:
+        if node.kind == _N.KERNEL:
+            for r in node.relocations:
+                used |= {r.target_buffer, r.site_buffer} - {0}
+        elif node.kind in (_N.MEMCPY, _N.MEMSET):
+            used |= {node.src_buffer, node.dst_buffer} - {0}
+        elif node.kind == _N.CHILD_GRAPH:
+            used |= graph_buffers(graphs, node.graph)
+    return used
