@@ -10,7 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_capture_gpu import EXAMPLES, capture, capture_ready, dump, needs, replay, run, verified  # noqa: F401
+from test_capture_gpu import EXAMPLES, capture, dump, needs, replay, run, verified
+
+
+@pytest.fixture(scope="module")
+def capture_ready(gpu_arch) -> str:
+    needs("cupti")
+    return gpu_arch
 
 
 def _rows(path: Path) -> list[dict]:
