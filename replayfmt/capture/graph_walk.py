@@ -51,13 +51,14 @@ def _raw(struct_object: Any, size: int) -> bytes:
 
 
 def kernel_from_params(raw: bytes, kernel_call: KernelCall, v2: bool = True) -> ev.GraphKernel:
-    """A kernel node's parameters (CUDA_KERNEL_NODE_PARAMS, v1 or v2 layout) as an event value;
-    a CUkernel handle (runtime launches) is preferred over the context's CUfunction."""
+    """A kernel node's parameters (CUDA_KERNEL_NODE_PARAMS, v1 or v2 layout) as an event value.
+    The context's CUfunction is named first: its module (or the library owning it) is what the
+    program's eager launches resolved to; a node made from a CUkernel alone names that."""
     if v2:
         func, gx, gy, gz, bx, by, bz, smem, params, extra, kern, _ctx = _KERNEL_V2.unpack_from(raw)
     else:
         (func, gx, gy, gz, bx, by, bz, smem, params, extra), kern = _KERNEL_V1.unpack_from(raw), 0
-    kernel, arguments = kernel_call(kern or func, params, extra)
+    kernel, arguments = kernel_call(func or kern, params, extra)
     return ev.GraphKernel(kernel, (gx, gy, gz), (bx, by, bz), smem, arguments)
 
 
