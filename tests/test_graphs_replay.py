@@ -135,6 +135,8 @@ class FakeCu:
             return lambda address: ctypes.string_at(address, size)
         if name.startswith("cuGraph"):
             return lambda *args: self._new(name, *args)
+        if name.startswith("cu"):  # eager calls: named, never called here
+            return name
         raise AttributeError(name)
 
 
@@ -170,3 +172,10 @@ def test_the_builder_adds_nodes_in_order_with_relocated_parameters_and_instantia
     assert struct.unpack_from("<QQQ", raw, 176) == (1024, 1, 1)
     assert added["cuGraphAddEventRecordNode"][4] == "event" and added["cuGraphAddEmptyNode"][3] == 1  # the host node
     assert prepared.name == "graph of 1 kernels" and len(owned) == 2  # the graph and its executable
+    # node by node (per-kernel timing): a topological order, each call on the given stream
+    calls = [(c.label, c.fn, c.on("stream")) for c in prepared.calls]
+    assert [c[0] for c in calls] == ["memset", "saxpy", "memcpy", "event_record"]
+    assert calls[0][1:] == ("cuMemsetD2D32Async", (0x2000_0000, 512, 0, 16, 2, "stream"))
+    assert calls[1][1] == "cuLaunchKernel" and calls[1][2][:9] == (0xF00, 1, 1, 1, 256, 1, 1, 0, "stream")
+    assert calls[2][1:] == ("cuMemcpyDtoDAsync", (0x1000_0000, 0x2000_0000, 1024, "stream"))
+    assert calls[3][1:] == ("cuEventRecord", ("event", "stream"))

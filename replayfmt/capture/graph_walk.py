@@ -182,6 +182,7 @@ def on_graph_launch(source: Any, site: int, p: int, result: int, call: str, symb
 
 
 def on_begin_capture(source: Any, site: int, p: int, result: int, call: str, symbol: int) -> None:
+    """cuStreamBeginCapture*(CUstream stream, ...), cuStreamBeginCaptureToGraph included."""
     if site == _EXIT and source.succeeded(result):
         source.emit(ev.StreamCaptureBegan(u64(p)))
 
@@ -213,7 +214,9 @@ GRAPH_DECODERS: dict[str, Callable[..., None]] = {
     **dict.fromkeys(["cuGraphExecUpdate", "cuGraphExecUpdate_v2"], on_exec_update),
     **dict.fromkeys(["cuGraphExecKernelNodeSetParams", "cuGraphExecKernelNodeSetParams_v2"], on_exec_kernel_update),
     **dict.fromkeys(_variants("cuGraphLaunch"), on_graph_launch),
-    **dict.fromkeys(_variants("cuStreamBeginCapture", "cuStreamBeginCapture_v2"), on_begin_capture),
+    **dict.fromkeys(
+        _variants("cuStreamBeginCapture", "cuStreamBeginCapture_v2", "cuStreamBeginCaptureToGraph"), on_begin_capture
+    ),
     **dict.fromkeys(_variants("cuStreamEndCapture"), on_end_capture),
     **dict.fromkeys(_UNRECORDED_UPDATES, on_unrecorded_update),
 }

@@ -35,6 +35,8 @@ from replayfmt.replay.steps import Step, StepKind, bracket_with_events
 _K = m.OperationKind
 _DEVICE_KINDS = {_K.LAUNCH, _K.COPY_HOST_TO_DEVICE, _K.COPY_DEVICE_TO_HOST, _K.COPY_DEVICE_TO_DEVICE, _K.MEMSET,
                  _K.GRAPH_LAUNCH}  # fmt: skip
+_NODE_STEP_KINDS = {"memcpy": StepKind.COPY, "memset": StepKind.MEMSET, "event_record": StepKind.EVENT_RECORD,
+                    "event_wait": StepKind.STREAM_WAIT}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -162,9 +164,15 @@ class Benchmark:
         self.timed_ops = [i for i, op in self.ops.items() if op.kind in _DEVICE_KINDS]
         want_events = options.per_kernel or options.trace is not None
         self._events: dict[int, tuple[Any, Any]] = {}
+        self._node_events: dict[tuple[int, int], tuple[Any, Any]] = {}  # (graph launch, node): per-kernel
         if want_events:
             for index in self.timed_ops:
-                self._events[index] = (self._event(), self._event())
+                graph = replayer.graph(index) if options.per_kernel else None
+                if graph is not None and graph.calls:  # timed node by node
+                    for node in range(len(graph.calls)):
+                        self._node_events[(index, node)] = (self._event(), self._event())
+                else:
+                    self._events[index] = (self._event(), self._event())
         self.body = body
         self.instrumented = self._instrument(body) if want_events else body
         # the region's starting state
@@ -190,7 +198,38 @@ class Benchmark:
 
     def _instrument(self, body: list[Step]) -> list[Step]:
         """Bracket the device work of each timed operation with events on its stream."""
-        return bracket_with_events(body, self._events, self.r.op_streams, self.cu.cuEventRecord)
+        steps = bracket_with_events(body, self._events, self.r.op_streams, self.cu.cuEventRecord)
+        return self._unroll_graphs(steps) if self._node_events else steps
+
+    def _unroll_graphs(self, steps: list[Step]) -> list[Step]:
+        """Per-kernel timing: each graph launch runs node by node (in an order its edges allow),
+        each node between its own events, so kernel nodes are timed as launches are."""
+        record = self.cu.cuEventRecord
+        out = []
+        for step in steps:
+            graph = self.r.graph(step.operation) if step.kind is StepKind.GRAPH_LAUNCH else None
+            if graph is None or (step.operation, 0) not in self._node_events:
+                out.append(step)
+                continue
+            stream = step.args[1]
+            for node, call in enumerate(graph.calls):
+                before, after = self._node_events[(step.operation, node)]
+                kind = StepKind.LAUNCH if call.kernel else _NODE_STEP_KINDS.get(call.label, StepKind.COPY)
+                out += [
+                    Step(StepKind.EVENT_RECORD, record, (before, stream), step.operation),
+                    Step(kind, call.fn, call.on(stream), step.operation),
+                    Step(StepKind.EVENT_RECORD, record, (after, stream), step.operation),
+                ]
+        return out
+
+    def _timing_name(self, key: int | tuple[int, int]) -> tuple[int, str]:
+        """(operation, name) of a per-operation or per-graph-node timing."""
+        if isinstance(key, tuple):
+            index, node = key
+            graph = self.r.graph(index)
+            label = graph.calls[node].label if graph is not None else "node"
+            return index, f"{label} (graph node {node})"
+        return key, self.r.kernel_name(key) or self.ops[key].kind.label
 
     def _touched_buffers(self) -> set[int]:
         if self.r.plan.options.fixed_addresses:
@@ -294,9 +333,10 @@ class Benchmark:
         r.own(lambda: cu.cuGraphDestroy(graph))
         return executable
 
-    def iterate(self, eager: bool = False) -> tuple[float, float, dict[int, float]]:
+    def iterate(self, eager: bool = False) -> tuple[float, float, dict[Any, float]]:
         """One iteration: restore, then time the region. (device ms, host ms, per-op device ms);
-        per-operation times come from eager iterations only (events inside a graph are not timed)."""
+        per-operation times (keyed by operation, or (graph launch, node) with --per-kernel) come from
+        eager iterations only (events inside a graph are not timed)."""
         cu = self.cu
         r = self.r
         graph = self._graph_exec is not None and not eager
@@ -316,7 +356,11 @@ class Benchmark:
         device_ms = check(cu.cuEventElapsedTime(self._start, self._end), "cuEventElapsedTime")
         if graph:
             return device_ms, host_ms, {}
-        per_op = {i: check(cu.cuEventElapsedTime(a, b), "cuEventElapsedTime") for i, (a, b) in self._events.items()}
+        per_op: dict[Any, float] = {
+            i: check(cu.cuEventElapsedTime(a, b), "cuEventElapsedTime") for i, (a, b) in self._events.items()
+        }
+        for key, (a, b) in self._node_events.items():
+            per_op[key] = check(cu.cuEventElapsedTime(a, b), "cuEventElapsedTime")
         return device_ms, host_ms, per_op
 
     def trace_events(self) -> list[dict[str, Any]]:
@@ -347,7 +391,7 @@ class Benchmark:
         for _ in range(options.warmup):
             self.iterate()
         device, host = [], []
-        per_op: dict[int, list[float]] = {i: [] for i in self._events}
+        per_op: dict[Any, list[float]] = {i: [] for i in [*self._events, *self._node_events]}
         started = time.perf_counter()
         while True:
             d, h, ops = self.iterate()
@@ -370,12 +414,10 @@ class Benchmark:
         if options.trace is not None:
             trace = {"traceEvents": self.trace_events(), "displayTimeUnit": "ms"}
             options.trace.write_text(json.dumps(trace))
-        kernels = [
-            KernelTiming(
-                i, self.r.kernel_name(i) or self.ops[i].kind.label, getattr(self.ops[i], "stream", 0), Stats.of(values)
-            )
-            for i, values in sorted(per_op.items())
-        ]
+        kernels = []
+        for key, values in sorted(per_op.items(), key=lambda kv: kv[0] if isinstance(kv[0], tuple) else (kv[0], -1)):
+            index, name = self._timing_name(key)
+            kernels.append(KernelTiming(index, name, getattr(self.ops[index], "stream", 0), Stats.of(values)))
         return BenchmarkResult(
             capture=self.r.plan.capture.path,
             device=self.r.device_name,

@@ -17,7 +17,7 @@ from replayfmt.errors import ReplayUsageError
 from replayfmt.format import model as m
 from replayfmt.replay.buffers import pinned
 from replayfmt.replay.devices import Devices
-from replayfmt.replay.graphs import GraphBuilder
+from replayfmt.replay.graphs import GraphBuilder, PreparedGraph
 from replayfmt.replay.launches import PreparedLaunch, prepare_launch
 from replayfmt.replay.modules import Modules
 from replayfmt.replay.plan import Plan, upload_key
@@ -74,6 +74,7 @@ class BuiltSteps:
     launches: list[PreparedLaunch]
     kernel_names: dict[int, str]  # launch operation index -> kernel name
     op_streams: dict[int, Any]  # operation index -> the stream its steps run on
+    graphs: dict[int, PreparedGraph] = dataclasses.field(default_factory=dict)  # graph launch index -> its graph
 
 
 def build_steps(
@@ -143,6 +144,7 @@ def build_steps(
                 add(StepKind.POINTER_SITE, cu.cuMemcpyHtoDAsync, (site, value, 8, stream))
             add(StepKind.GRAPH_LAUNCH, cu.cuGraphLaunch, (graph.executable, stream))
             built.kernel_names[index] = graph.name
+            built.graphs[index] = graph
         elif isinstance(op, m.Memset):
             fn = {1: cu.cuMemsetD8Async, 2: cu.cuMemsetD16Async, 4: cu.cuMemsetD32Async}[op.element_size]
             add(StepKind.MEMSET, fn, (A[op.buffer] + op.offset, op.value, op.count, stream))
