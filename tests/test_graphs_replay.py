@@ -179,3 +179,38 @@ def test_the_builder_adds_nodes_in_order_with_relocated_parameters_and_instantia
     assert calls[1][1] == "cuLaunchKernel" and calls[1][2][:9] == (0xF00, 1, 1, 1, 256, 1, 1, 0, "stream")
     assert calls[2][1:] == ("cuMemcpyDtoDAsync", (0x1000_0000, 0x2000_0000, 1024, "stream"))
     assert calls[3][1:] == ("cuEventRecord", ("event", "stream"))
+
+
+def test_per_kernel_timing_runs_a_graph_node_by_node_between_events():
+    from replayfmt.measure.benchmark import Benchmark
+    from replayfmt.replay.steps import Step, StepKind
+
+    calls = [
+        replay_graphs.NodeCall("memset", "cuMemsetD32Async", (0x10, 0, 4, replay_graphs.STREAM), False),
+        replay_graphs.NodeCall(
+            "saxpy", "cuLaunchKernel", (0xF00, 1, 1, 1, 64, 1, 1, 0, replay_graphs.STREAM, 7, 0), True
+        ),  # fmt: skip
+    ]
+    graph = replay_graphs.PreparedGraph("exec", [], calls)
+    bench = SimpleNamespace(
+        cu=SimpleNamespace(cuEventRecord="cuEventRecord"),
+        r=SimpleNamespace(graph=lambda index: graph if index == 5 else None),
+        _node_events={(5, 0): ("b0", "a0"), (5, 1): ("b1", "a1")},
+    )
+    steps = [
+        Step(StepKind.POINTER_SITE, "cuMemcpyHtoDAsync", (1, 2, 8, "s"), 5),
+        Step(StepKind.GRAPH_LAUNCH, "cuGraphLaunch", ("exec", "s"), 5),
+        Step(StepKind.GRAPH_LAUNCH, "cuGraphLaunch", ("other", "s"), 6),
+    ]
+    out = Benchmark._unroll_graphs(bench, steps)
+    assert [(s.kind, s.fn, s.args, s.operation) for s in out] == [
+        (StepKind.POINTER_SITE, "cuMemcpyHtoDAsync", (1, 2, 8, "s"), 5),
+        (StepKind.EVENT_RECORD, "cuEventRecord", ("b0", "s"), 5),
+        (StepKind.MEMSET, "cuMemsetD32Async", (0x10, 0, 4, "s"), 5),
+        (StepKind.EVENT_RECORD, "cuEventRecord", ("a0", "s"), 5),
+        (StepKind.EVENT_RECORD, "cuEventRecord", ("b1", "s"), 5),
+        (StepKind.LAUNCH, "cuLaunchKernel", (0xF00, 1, 1, 1, 64, 1, 1, 0, "s", 7, 0), 5),
+        (StepKind.EVENT_RECORD, "cuEventRecord", ("a1", "s"), 5),
+        (StepKind.GRAPH_LAUNCH, "cuGraphLaunch", ("other", "s"), 6),  # no node events: launched whole
+    ]
+    assert graph.name == "graph of 1 kernels"

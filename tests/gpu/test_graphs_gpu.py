@@ -47,8 +47,13 @@ def test_stream_captured_graph_replays_as_a_graph(tmp_path, capture_ready):
     text = dump(out)
     assert "node" in text and "saxpy" in text
     verified(out)
-    result = _benchmark(out)
-    assert [k["name"] for k in result["kernels"]] == ["graph of 2 kernels"] * 3
+    result = _benchmark(out)  # --per-kernel: every node of each of the 3 launches is timed
+    names = [k["name"] for k in result["kernels"]]
+    assert sum(n.startswith("saxpy (graph node") for n in names) == 6, names
+    assert sum(n.startswith(("memset (graph node", "memcpy (graph node")) for n in names) == 6, names
+    assert all(k["device_ms"]["median"] > 0 for k in result["kernels"])
+    graph_mode = _benchmark(out, "--mode=graph")  # the replay's graph launches inside the benchmark's graph
+    assert graph_mode["mode"] == "graph" and graph_mode["device_ms"]["median"] > 0
 
 
 def test_substitution_reaches_kernel_nodes(tmp_path, capture_ready):
@@ -99,4 +104,4 @@ def test_torch_reduce_overhead_graphs(tmp_path, capture_ready):
         verified(out, "--tolerance", "--fixed-addresses")
         pytest.xfail("the graph's memory holds device pointers: replayed with --fixed-addresses")
     result = _benchmark(out)
-    assert any(k["name"].startswith("graph of") for k in result["kernels"])
+    assert any("(graph node" in k["name"] for k in result["kernels"]), [k["name"] for k in result["kernels"]]
