@@ -185,11 +185,10 @@ def test_per_kernel_timing_runs_a_graph_node_by_node_between_events():
     from replayfmt.measure.benchmark import Benchmark
     from replayfmt.replay.steps import Step, StepKind
 
+    stream = replay_graphs.STREAM
     calls = [
-        replay_graphs.NodeCall("memset", "cuMemsetD32Async", (0x10, 0, 4, replay_graphs.STREAM), False),
-        replay_graphs.NodeCall(
-            "saxpy", "cuLaunchKernel", (0xF00, 1, 1, 1, 64, 1, 1, 0, replay_graphs.STREAM, 7, 0), True
-        ),  # fmt: skip
+        replay_graphs.NodeCall("memset", "cuMemsetD32Async", (0x10, 0, 4, stream), False),
+        replay_graphs.NodeCall("saxpy", "cuLaunchKernel", (0xF00, 1, 1, 1, 64, 1, 1, 0, stream, 7, 0), True),
     ]
     graph = replay_graphs.PreparedGraph("exec", [], calls)
     bench = SimpleNamespace(
