@@ -138,6 +138,17 @@ def test_instantiate_walks_every_node_kind_and_the_edges():
     assert record_node.event == 0xE1 and [n.kind for n in child.child.nodes] == [_N.EMPTY]
 
 
+def test_a_graph_the_driver_cannot_describe_is_refused_at_its_launch():
+    source, seen, keep = graph_source()
+    source.cu.cuGraphNodeGetType = lambda node: (700, None)  # CUDA_ERROR_..., as the driver answers
+    out = keep.put(struct.pack("<Q", 0xE0E0))
+    call(source, keep, "cuGraphInstantiateWithFlags", struct.pack("<QQQ", out, 0xA0, 0), 1)
+    ((node,),) = [e.graph.nodes for e in seen]
+    assert node.unsupported == (
+        "cuGraphInstantiateWithFlags: the recorder could not read the graph (RuntimeError: cuGraphNodeGetType: 700)"
+    )
+
+
 def test_launches_captures_updates_and_refusals_become_events():
     source, seen, keep = graph_source()
     call(source, keep, "cuStreamBeginCapture_v2", struct.pack("<QI", 0x5000, 0), 1)

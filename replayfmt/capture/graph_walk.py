@@ -145,18 +145,28 @@ class GraphWalker:
 # -- decoders: (source, callback site, functionParams, functionReturnValue, call name, symbol) -----
 
 
+def _described(source: Any, graph: int, call: str) -> ev.GraphDescription:
+    """The graph as the driver reports it; a graph that cannot be read becomes one refused node,
+    so that its launches say why (instantiation usually happens outside any recorded region)."""
+    try:
+        return source.graph_walker().walk(graph)
+    except Exception as exc:
+        reason = f"{call}: the recorder could not read the graph ({type(exc).__name__}: {exc})"
+        return ev.GraphDescription([ev.GraphNodeInfo(m.GraphNodeKind.EMPTY, unsupported=reason)], [])
+
+
 def on_instantiate(source: Any, site: int, p: int, result: int, call: str, symbol: int) -> None:
     """cuGraphInstantiate*(CUgraphExec* out, CUgraph graph, ...): walk the graph once it succeeded."""
     if site == _EXIT and source.succeeded(result):
         out, graph = struct.unpack_from("<QQ", MEMORY, p)
-        source.emit(ev.GraphInstantiated(u64(out), source.graph_walker().walk(graph)))
+        source.emit(ev.GraphInstantiated(u64(out), _described(source, graph, call)))
 
 
 def on_exec_update(source: Any, site: int, p: int, result: int, call: str, symbol: int) -> None:
     """cuGraphExecUpdate(CUgraphExec exec, CUgraph graph, ...): the executable now runs ``graph``."""
     if site == _EXIT and source.succeeded(result):
         executable, graph = struct.unpack_from("<QQ", MEMORY, p)
-        source.emit(ev.GraphInstantiated(executable, source.graph_walker().walk(graph)))
+        source.emit(ev.GraphInstantiated(executable, _described(source, graph, call)))
 
 
 def on_exec_kernel_update(source: Any, site: int, p: int, result: int, call: str, symbol: int) -> None:
