@@ -92,7 +92,9 @@ class GraphWalker:
     def walk(self, graph: int, depth: int = 0) -> ev.GraphDescription:
         cu = self.cu
         count = _check(cu, cu.cuGraphGetNodes(graph, 0), "cuGraphGetNodes")[-1]
-        handles = [int(h) for h in _check(cu, cu.cuGraphGetNodes(graph, count), "cuGraphGetNodes")[0]][:count]
+        handles: list[int] = []
+        if count:  # (node arrays with a count of 0 are refused: CUDA_ERROR_INVALID_VALUE)
+            handles = [int(h) for h in _check(cu, cu.cuGraphGetNodes(graph, count), "cuGraphGetNodes")[0]][:count]
         index = {h: i for i, h in enumerate(handles)}
         nodes = [self._node(h, depth) for h in handles]
         edge_count = _check(cu, cu.cuGraphGetEdges(graph, 0), "cuGraphGetEdges")[-1]

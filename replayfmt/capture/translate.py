@@ -26,7 +26,7 @@ from typing import Protocol
 from replayfmt.capture import events as ev
 from replayfmt.capture.allocations import POINTER_HIGH, POINTER_LOW, Allocation, AllocationTable, TensorLabel
 from replayfmt.capture.file_references import FileReferences
-from replayfmt.capture.graphs import GRAPH_HANDLERS, GraphState, GraphTranslation
+from replayfmt.capture.graph_translation import GRAPH_HANDLERS, GraphState, GraphTranslation
 from replayfmt.capture.hostfiles import HostFiles
 from replayfmt.capture.modules import Module, store_module
 from replayfmt.capture.options import CaptureMode, RecordOptions
@@ -120,7 +120,7 @@ class Translator(GraphTranslation):
         self._touched: list[Allocation] = []
         self._pending_d2h: dict[int, tuple[int, Allocation, int, int, int]] = {}
         self._marked_fixed = False
-        self._graphs = GraphState()  # stream captures and executable graphs (capture/graphs.py)
+        self._graphs = GraphState()  # stream captures and executable graphs (capture/graph_translation.py)
 
     # -- regions ---------------------------------------------------------------------------
 

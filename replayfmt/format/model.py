@@ -32,7 +32,7 @@ class OperationKind(enum.IntEnum):
     SCOPE_END = 15
     CHECKPOINT = 16
     UNSUPPORTED = 17
-    GRAPH_LAUNCH = 18
+    GRAPH_LAUNCH = 19  # 18: HOST_FUNCTION on main (helper c16's branch)
 
     @property
     def label(self) -> str:

@@ -21,4 +21,4 @@ class OperationKind(object):
     ScopeEnd = 15
     Checkpoint = 16
     Unsupported = 17
-    GraphLaunch = 18
+    GraphLaunch = 19
