@@ -90,7 +90,7 @@ def test_explicit_graph_with_a_kernel_node_update(tmp_path, capture_ready):
 def test_torch_reduce_overhead_graphs(tmp_path, capture_ready):
     needs("torch")
     out = tmp_path / "reduce_overhead.kreplay"
-    report = capture(out, EXAMPLES / "torch_reduce_overhead.py", "--scope", "step").stderr
+    report = capture(out, EXAMPLES / "torch_reduce_overhead_mlp.py", "--scope", "step").stderr
     rows = _rows(out)
     assert sum(r["kind"] == "graph_launch" for r in rows) >= 3, report[-2000:]
     assert not [r for r in rows if r["kind"] == "unsupported"], [r for r in rows if r["kind"] == "unsupported"]

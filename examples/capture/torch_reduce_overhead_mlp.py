@@ -1,7 +1,7 @@
 """A small model compiled with torch.compile(mode="reduce-overhead"): Inductor runs each step as a
 CUDA graph (cuGraphLaunch), recorded and replayed as graphs. Random weights.
 
-    python -m replayfmt.capture --scope step -o graphs.kreplay examples/capture/torch_reduce_overhead.py
+    python -m replayfmt.capture --scope step -o graphs.kreplay examples/capture/torch_reduce_overhead_mlp.py
 """
 
 import torch
