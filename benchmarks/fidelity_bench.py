@@ -60,8 +60,7 @@ def softmax_kernel(out, inp, in_stride, out_stride, n_cols, BLOCK: tl.constexpr)
 
 
 @triton.jit(do_not_specialize=["M", "N", "K", "sam", "sak", "sbk", "sbn", "scm", "scn"])
-def matmul_kernel(a, b, c, M, N, K, sam, sak, sbk, sbn, scm, scn,
-                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):  # fmt: skip
+def matmul_kernel(a, b, c, M, N, K, sam, sak, sbk, sbn, scm, scn, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
     rm = tl.program_id(0) * BM + tl.arange(0, BM)
     rn = tl.program_id(1) * BN + tl.arange(0, BN)
     rk = tl.arange(0, BK)
@@ -141,13 +140,23 @@ def write_capture(path: Path, kernel, compiled, args: list, grid: tuple[int, int
             else:
                 params[offset : offset + size] = int(value).to_bytes(size, "little", signed=True)
         function = m.Function(name=name, parameters_known=False)
-        exe = w.add_object(m.Executable(format=m.ExecutableFormat.CUBIN, payload=w.add_payload(compiled.asm["cubin"]),
-                                        functions=(function,)))  # fmt: skip
+        exe = w.add_object(
+            m.Executable(
+                format=m.ExecutableFormat.CUBIN, payload=w.add_payload(compiled.asm["cubin"]), functions=(function,)
+            )
+        )
         num_ctas = getattr(meta, "num_ctas", 1)
         with w.scope("kernel"):
-            w.launch(executable=exe, function=0, grid=(grid[0] * num_ctas, grid[1], grid[2]),
-                     block=(32 * meta.num_warps, 1, 1), shared_memory=meta.shared, parameters=bytes(params),
-                     relocations=relocations, cluster=(num_ctas, 1, 1) if num_ctas > 1 else (0, 0, 0))  # fmt: skip
+            w.launch(
+                executable=exe,
+                function=0,
+                grid=(grid[0] * num_ctas, grid[1], grid[2]),
+                block=(32 * meta.num_warps, 1, 1),
+                shared_memory=meta.shared,
+                parameters=bytes(params),
+                relocations=relocations,
+                cluster=(num_ctas, 1, 1) if num_ctas > 1 else (0, 0, 0),
+            )
 
 
 def replay_median(path: Path, mode: str = "eager") -> float:
@@ -171,9 +180,28 @@ def cases():
     a = torch.randn(size, size, device="cuda", dtype=torch.float16)
     b = torch.randn(size, size, device="cuda", dtype=torch.float16)
     c = torch.empty(size, size, device="cuda", dtype=torch.float16)
-    yield ("matmul 4096^3 fp16", matmul_kernel,
-           [a, b, c, size, size, size, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
-            128, 128, 64], (size // 128, size // 128, 1))  # fmt: skip
+    yield (
+        "matmul 4096^3 fp16",
+        matmul_kernel,
+        [
+            a,
+            b,
+            c,
+            size,
+            size,
+            size,
+            a.stride(0),
+            a.stride(1),
+            b.stride(0),
+            b.stride(1),
+            c.stride(0),
+            c.stride(1),
+            128,
+            128,
+            64,
+        ],
+        (size // 128, size // 128, 1),
+    )
 
 
 def graph_overhead(directory: Path) -> tuple[float, float]:
@@ -193,8 +221,15 @@ def graph_overhead(directory: Path) -> tuple[float, float]:
         )
         with w.scope("launches"):
             for _ in range(launches):
-                w.launch(executable=exe, function=0, grid=(1, 1, 1), block=(32, 1, 1), stream=stream,
-                         parameters=bytes(12) + bytes(4), relocations=[m.Relocation(0, buf, 0, 0)])  # fmt: skip
+                w.launch(
+                    executable=exe,
+                    function=0,
+                    grid=(1, 1, 1),
+                    block=(32, 1, 1),
+                    stream=stream,
+                    parameters=bytes(12) + bytes(4),
+                    relocations=[m.Relocation(0, buf, 0, 0)],
+                )
     cu = driver()
     with replayfmt.open(path) as cap:
         plan = build_plan(cap)
@@ -265,8 +300,10 @@ def synthetic() -> int:
             print(f"  {label:<22}{original:>12.4f}{replayed:>12.4f}{diff:>8.1f}%   {verdict}")
         ours, native = graph_overhead(directory)
     ratio = ours / native
-    print(f"\ngraph mode, 1000 empty launches: {1e3 * ours:.3f} us/launch replayed, {1e3 * native:.3f} us/launch "
-          f"native graph: {ratio:.2f}x   goal <= 2x  {'ok' if ratio <= 2 else 'MISSED'}")  # fmt: skip
+    print(
+        f"\ngraph mode, 1000 empty launches: {1e3 * ours:.3f} us/launch replayed, {1e3 * native:.3f} us/launch "
+        f"native graph: {ratio:.2f}x   goal <= 2x  {'ok' if ratio <= 2 else 'MISSED'}"
+    )
     return 0
 
 

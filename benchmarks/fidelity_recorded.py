@@ -66,8 +66,12 @@ def measure_original(work: Callable[[], object], iterations: int = ITERATIONS) -
         kernel_busy.append(busy_ns((r.start_ns, r.end_ns) for r in ks) / 1e6)
         kernels.append([(r.name, r.duration_ns) for r in ks])
     elapsed = [s.elapsed_time(e) for s, e in zip(starts, ends)]
-    return {"busy_ms": statistics.median(busy), "kernel_busy_ms": statistics.median(kernel_busy),
-            "elapsed_ms": statistics.median(elapsed), "kernels": kernels}  # fmt: skip
+    return {
+        "busy_ms": statistics.median(busy),
+        "kernel_busy_ms": statistics.median(kernel_busy),
+        "elapsed_ms": statistics.median(elapsed),
+        "kernels": kernels,
+    }
 
 
 def replay(path: Path, scope: str, mode: str) -> tuple:
@@ -81,8 +85,9 @@ def replay(path: Path, scope: str, mode: str) -> tuple:
     with replayfmt.open(path) as cap:
         plan = build_plan(cap)
         with Replayer(plan, ReplayOptions(uploads_from_host=True)) as r:
-            options = BenchmarkOptions(scope=scope, warmup=3, repetitions=ITERATIONS, mode=mode, per_kernel=True,
-                                       clock="cupti", flush_l2=True)  # fmt: skip
+            options = BenchmarkOptions(
+                scope=scope, warmup=3, repetitions=ITERATIONS, mode=mode, per_kernel=True, clock="cupti", flush_l2=True
+            )
             bench = Benchmark(r, find_region(cap, scope), options)
             result = bench.run()
             launches = [i for i in bench.timed_ops if r.kernel_name(i)]
@@ -115,9 +120,10 @@ def compare(label: str, path: Path, scope: str, original: dict) -> bool:
     eager, launches, names = results["eager"]
     print(f"  {'':<30}{'replay':>12}{'original':>12}{'diff':>9}")
     for mode, (result, _, _) in results.items():
-        for what, replayed, orig in (("GPU busy, all device work", result.busy_ms.median, original["busy_ms"]),
-                                     ("GPU busy, kernels alone", result.kernel_busy_ms.median,
-                                      original["kernel_busy_ms"])):  # fmt: skip
+        for what, replayed, orig in (
+            ("GPU busy, all device work", result.busy_ms.median, original["busy_ms"]),
+            ("GPU busy, kernels alone", result.kernel_busy_ms.median, original["kernel_busy_ms"]),
+        ):
             diff = 100 * (replayed - orig) / orig
             target = "kernels" in what
             verdict = ("ok" if abs(diff) <= 2 else "MISSED") if target else "(includes the snapshot uploads)"
@@ -126,9 +132,11 @@ def compare(label: str, path: Path, scope: str, original: dict) -> bool:
         elapsed, busy = result.device_ms.median, result.kernel_busy_ms.median
         orig_elapsed = original["elapsed_ms"]
         orig_idle = orig_elapsed - original["kernel_busy_ms"]
-        print(f"  {mode + ': elapsed (events)':<40}{elapsed:>9.4f} ms{orig_elapsed:>9.4f} ms"
-              f"{100 * (elapsed - orig_elapsed) / orig_elapsed:>8.1f}%   idle (elapsed - kernel busy): replay "
-              f"{elapsed - busy:.4f} ms, original {orig_idle:.4f} ms (host launch gaps, uploads)")  # fmt: skip
+        print(
+            f"  {mode + ': elapsed (events)':<40}{elapsed:>9.4f} ms{orig_elapsed:>9.4f} ms"
+            f"{100 * (elapsed - orig_elapsed) / orig_elapsed:>8.1f}%   idle (elapsed - kernel busy): replay "
+            f"{elapsed - busy:.4f} ms, original {orig_idle:.4f} ms (host launch gaps, uploads)"
+        )
     # per kernel: the i-th launch of the region against the i-th kernel of each original iteration
     runs = [k for k in original["kernels"] if len(k) == len(launches)]
     if not runs:
@@ -160,8 +168,10 @@ def compare(label: str, path: Path, scope: str, original: dict) -> bool:
     for op, name, rep_ns, orig_ns, recorded in rows[:12]:
         short = name if len(name) <= 44 else name[:41] + "..."
         rec = f"{recorded / 1e3:9.2f}" if recorded is not None else f"{'-':>9}"
-        print(f"    op {op:>6} {short:<44} replay {rep_ns / 1e3:9.2f} us  original {orig_ns / 1e3:9.2f} us  "
-              f"recorded {rec} us")  # fmt: skip
+        print(
+            f"    op {op:>6} {short:<44} replay {rep_ns / 1e3:9.2f} us  original {orig_ns / 1e3:9.2f} us  "
+            f"recorded {rec} us"
+        )
     if len(rows) > 12:
         print(f"    ... and {len(rows) - 12} more kernels")
     if mismatched:
@@ -169,13 +179,17 @@ def compare(label: str, path: Path, scope: str, original: dict) -> bool:
     if long_dev:
         med = statistics.median(abs(d) for d in long_dev)
         ok &= med <= 2
-        print(f"  kernels >= 20 us: {len(long_dev)}, median |deviation| {med:.2f}% (max {max(map(abs, long_dev)):.2f}%)"
-              f"   target <= 2%  {'ok' if med <= 2 else 'MISSED'}")  # fmt: skip
+        print(
+            f"  kernels >= 20 us: {len(long_dev)}, median |deviation| {med:.2f}% (max {max(map(abs, long_dev)):.2f}%)"
+            f"   target <= 2%  {'ok' if med <= 2 else 'MISSED'}"
+        )
     if short_dev:
         med = statistics.median(abs(d) for d in short_dev)
         ok &= med <= 0.5
-        print(f"  kernels <  20 us: {len(short_dev)}, median |deviation| {med:.3f} us (max "
-              f"{max(map(abs, short_dev)):.3f} us)   target <= 0.5 us  {'ok' if med <= 0.5 else 'MISSED'}")  # fmt: skip
+        print(
+            f"  kernels <  20 us: {len(short_dev)}, median |deviation| {med:.3f} us (max "
+            f"{max(map(abs, short_dev)):.3f} us)   target <= 0.5 us  {'ok' if med <= 0.5 else 'MISSED'}"
+        )
     recorded = [(r[4], r[3]) for r in rows if r[4] is not None]
     if recorded:
         ratio = statistics.median(a / b for a, b in recorded if b)
@@ -214,8 +228,9 @@ def softmax(directory: Path) -> bool:
     import triton.language as tl
 
     @triton.jit
-    def softmax_kernel(output_ptr, input_ptr, input_row_stride, output_row_stride, n_rows, n_cols,
-                       BLOCK_SIZE: tl.constexpr):  # fmt: skip
+    def softmax_kernel(
+        output_ptr, input_ptr, input_row_stride, output_row_stride, n_rows, n_cols, BLOCK_SIZE: tl.constexpr
+    ):
         # Triton's fused-softmax tutorial: rows strided over a persistent grid
         row_start = tl.program_id(0)
         row_step = tl.num_programs(0)
@@ -234,8 +249,9 @@ def softmax(directory: Path) -> bool:
     def run(x, y):
         rows, cols = x.shape
         block = triton.next_power_of_2(cols)
-        softmax_kernel[(min(rows, sms * 4),)](y, x, x.stride(0), y.stride(0), rows, cols, BLOCK_SIZE=block,
-                                              num_warps=8 if block >= 2048 else 4)  # fmt: skip
+        softmax_kernel[(min(rows, sms * 4),)](
+            y, x, x.stride(0), y.stride(0), rows, cols, BLOCK_SIZE=block, num_warps=8 if block >= 2048 else 4
+        )
 
     small = torch.randn(1823, 781, device="cuda")
     big = torch.randn(8192, 4096, device="cuda")

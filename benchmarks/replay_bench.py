@@ -44,10 +44,12 @@ from replayfmt.replay.plan import build_plan
 HERE = Path(__file__).resolve().parent
 EMPTY = m.Function(
     name="empty",
-    parameters=(m.Parameter(offset=0, size=8, kind=m.ParameterKind.POINTER),
-                m.Parameter(offset=8, size=4, kind=m.ParameterKind.VALUE, dtype=m.DType.INT32)),
+    parameters=(
+        m.Parameter(offset=0, size=8, kind=m.ParameterKind.POINTER),
+        m.Parameter(offset=8, size=4, kind=m.ParameterKind.VALUE, dtype=m.DType.INT32),
+    ),
     parameters_known=True,
-)  # fmt: skip
+)
 
 
 def compile_empty(arch: str) -> bytes:
@@ -117,8 +119,11 @@ def bench_launches(directory: Path, cubin: bytes, count: int) -> dict[str, float
                 raw_times.append(raw)
                 replay_times.append(replay)
                 ratios.append(replay / raw)
-    return {"raw_us": 1e6 * min(raw_times) / count, "replay_us": 1e6 * min(replay_times) / count,
-            "ratio": float(np.median(ratios))}  # fmt: skip
+    return {
+        "raw_us": 1e6 * min(raw_times) / count,
+        "replay_us": 1e6 * min(replay_times) / count,
+        "ratio": float(np.median(ratios)),
+    }
 
 
 def bench_upload(directory: Path, size: int) -> dict[str, list[float]]:
@@ -216,10 +221,12 @@ def _bench_upload(directory: Path, size: int) -> dict[str, list[float]]:
                             replayer.run(1)
                             first = time.perf_counter() - start  # file to device: setup, read, upload, a run
                             staging = replayer.staging
-                            for what, value in (("pipeline_gbs", staging.gbs),
-                                                ("lanes_ms", 1e3 * staging.setup_seconds),
-                                                ("check_ms", 1e3 * staging.check_seconds),
-                                                ("end_to_end_gbs", data.nbytes / first / 1e9)):  # fmt: skip
+                            for what, value in (
+                                ("pipeline_gbs", staging.gbs),
+                                ("lanes_ms", 1e3 * staging.setup_seconds),
+                                ("check_ms", 1e3 * staging.check_seconds),
+                                ("end_to_end_gbs", data.nbytes / first / 1e9),
+                            ):
                                 results.setdefault(f"{name}{suffix}_{what}", []).append(value)
                             if checked:  # later runs: the copy from the device-resident pristine bytes only
                                 copy_ms = min(replayer.run(1).device_ms[0] for _ in range(3))
@@ -270,20 +277,26 @@ def main() -> int:
             rounds = bench_upload(directory, args.upload_mib << 20)
         u = {key: float(np.median(values)) for key, values in rounds.items()}
         bare, ceiling = u["bare_gbs"], u["ceiling_gbs"]
-        print(f"  bare pinned cuMemcpyHtoD: {bare:.1f} GB/s; this host's ceiling (16 threads preadv the file into "
-              f"pinned slots and copy up, no replayfmt): {ceiling:.1f} GB/s = {ceiling / bare:.0%}"
-              f"  [{', '.join(f'{x:.1f}' for x in rounds['ceiling_gbs'])}]")  # fmt: skip
+        print(
+            f"  bare pinned cuMemcpyHtoD: {bare:.1f} GB/s; this host's ceiling (16 threads preadv the file into "
+            f"pinned slots and copy up, no replayfmt): {ceiling:.1f} GB/s = {ceiling / bare:.0%}"
+            f"  [{', '.join(f'{x:.1f}' for x in rounds['ceiling_gbs'])}]"
+        )
         for name in ("raw", "zstd"):
             for suffix, how in (("", "frames hashed"), ("_unchecked", "--no-payload-checks")):
                 key = f"{name}{suffix}_pipeline_gbs"
                 pipeline, total = u[key], u[f"{name}{suffix}_end_to_end_gbs"]
                 goal = ("  goal >= 50% " + ("ok" if pipeline >= 0.5 * bare else "MISSED")) if name == "raw" else ""
-                print(f"  stored {name:4}, {how:19}: staging {pipeline:5.1f} GB/s = {pipeline / bare:4.0%} of bare"
-                      f"{goal}; with setup and first run {total:5.1f} GB/s = {total / bare:4.0%}"
-                      f"  [{', '.join(f'{x:.1f}' for x in rounds[key])}]")  # fmt: skip
+                print(
+                    f"  stored {name:4}, {how:19}: staging {pipeline:5.1f} GB/s = {pipeline / bare:4.0%} of bare"
+                    f"{goal}; with setup and first run {total:5.1f} GB/s = {total / bare:4.0%}"
+                    f"  [{', '.join(f'{x:.1f}' for x in rounds[key])}]"
+                )
                 check_ms = u[f"{name}{suffix}_check_ms"]
-                print(f"      pinning the lanes {u[f'{name}{suffix}_lanes_ms']:.0f} ms"
-                      + (f"; frames checked on the device in {check_ms:.1f} ms" if check_ms else ""))  # fmt: skip
+                print(
+                    f"      pinning the lanes {u[f'{name}{suffix}_lanes_ms']:.0f} ms"
+                    + (f"; frames checked on the device in {check_ms:.1f} ms" if check_ms else "")
+                )
             print(f"  stored {name:4}: later runs (from the device-resident copy) {u[f'{name}_copy_gbs']:.0f} GB/s")
         print(f"  (medians of {ROUNDS} rounds, interleaved; each round's staging rate in brackets)")
     return 0

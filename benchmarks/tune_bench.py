@@ -27,10 +27,15 @@ from replayfmt.replay.plan import build_plan
 
 KERNELS = Path(__file__).resolve().parent.parent / "tests" / "gpu" / "kernels" / "tune_kernels.cu"
 N = 1 << 20
-STRIDE = m.Function(name="stride_scale", parameters_known=True, parameters=(
-    m.Parameter(offset=0, size=8, kind=m.ParameterKind.POINTER),
-    m.Parameter(offset=8, size=4, kind=m.ParameterKind.VALUE, dtype=m.DType.FLOAT32),
-    m.Parameter(offset=12, size=4, kind=m.ParameterKind.VALUE, dtype=m.DType.INT32)))  # fmt: skip
+STRIDE = m.Function(
+    name="stride_scale",
+    parameters_known=True,
+    parameters=(
+        m.Parameter(offset=0, size=8, kind=m.ParameterKind.POINTER),
+        m.Parameter(offset=8, size=4, kind=m.ParameterKind.VALUE, dtype=m.DType.FLOAT32),
+        m.Parameter(offset=12, size=4, kind=m.ParameterKind.VALUE, dtype=m.DType.INT32),
+    ),
+)
 
 
 def main() -> int:
@@ -47,12 +52,20 @@ def main() -> int:
         with replayfmt.CaptureWriter(path) as w:
             dev = w.add_object(m.Device(name="bench"))
             buf = w.add_object(m.Buffer(size=4 * N, device=dev, dtype=m.DType.FLOAT32, shape=(N,)))
-            exe = w.add_object(m.Executable(format=m.ExecutableFormat.CUBIN, payload=w.add_payload(cubin.read_bytes()),
-                                            functions=(STRIDE,)))  # fmt: skip
+            exe = w.add_object(
+                m.Executable(
+                    format=m.ExecutableFormat.CUBIN, payload=w.add_payload(cubin.read_bytes()), functions=(STRIDE,)
+                )
+            )
             w.copy_h2d(dst_buffer=buf, data=y)
-            op = w.launch(executable=exe, function=0, grid=(64, 1, 1), block=(128, 1, 1),
-                          parameters=bytes(8) + np.float32(2).tobytes() + np.int32(N).tobytes(),
-                          relocations=[m.Relocation(0, buf, 0, 0)])  # fmt: skip
+            op = w.launch(
+                executable=exe,
+                function=0,
+                grid=(64, 1, 1),
+                block=(128, 1, 1),
+                parameters=bytes(8) + np.float32(2).tobytes() + np.int32(N).tobytes(),
+                relocations=[m.Relocation(0, buf, 0, 0)],
+            )
             w.checkpoint({buf: 2 * y})
         with replayfmt.open(path) as cap:
             plan = build_plan(cap)
@@ -72,8 +85,10 @@ def main() -> int:
         worker.close()
     ok = sum(r.ok for r in results)
     rate = len(results) / elapsed
-    print(f"sm_{major}{minor}: {len(results)} candidates ({ok} verified) in {elapsed:.2f} s after a {startup:.2f} s "
-          f"worker start: {rate:.1f} candidates/s   goal >= 50  {'ok' if rate >= 50 else 'MISSED'}")  # fmt: skip
+    print(
+        f"sm_{major}{minor}: {len(results)} candidates ({ok} verified) in {elapsed:.2f} s after a {startup:.2f} s "
+        f"worker start: {rate:.1f} candidates/s   goal >= 50  {'ok' if rate >= 50 else 'MISSED'}"
+    )
     return 0
 
 

@@ -30,8 +30,9 @@ A = 2.5
 def compile_cubin(arch: str) -> bytes:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "saxpy.cubin"
-        subprocess.run(["nvcc", "-cubin", f"-arch={arch}", "-O3", "-o", str(out), str(HERE / "kernels" / "saxpy.cu")],
-                       check=True)  # fmt: skip
+        subprocess.run(
+            ["nvcc", "-cubin", f"-arch={arch}", "-O3", "-o", str(out), str(HERE / "kernels" / "saxpy.cu")], check=True
+        )
         return out.read_bytes()
 
 
@@ -69,8 +70,9 @@ def main() -> int:
         ),
         parameters_known=True,
     )
-    meta = m.CaptureMetadata(tool="examples/make_saxpy_capture.py", tool_version=replayfmt.__version__,
-                             command_line=tuple(sys.argv))  # fmt: skip
+    meta = m.CaptureMetadata(
+        tool="examples/make_saxpy_capture.py", tool_version=replayfmt.__version__, command_line=tuple(sys.argv)
+    )
     with replayfmt.CaptureWriter(args.output, metadata=meta, overwrite=args.force) as w:
         dev = w.add_object(m.Device(ordinal=0, name=f"any {args.arch} device", compute_capability=capability))
         stream = w.add_object(m.Stream(device=dev, label="main"))
@@ -89,8 +91,15 @@ def main() -> int:
         w.copy_h2d(dst_buffer=by, data=y, stream=stream)
         params = np.float32(A).tobytes() + bytes(4) + bytes(16) + np.int32(N).tobytes() + bytes(4)
         with w.scope("saxpy"):
-            w.launch(executable=exe, function=0, grid=(N // 256, 1, 1), block=(256, 1, 1), parameters=params,
-                     relocations=[m.Relocation(0, bx, 8, 0), m.Relocation(0, by, 16, 0)], stream=stream)  # fmt: skip
+            w.launch(
+                executable=exe,
+                function=0,
+                grid=(N // 256, 1, 1),
+                block=(256, 1, 1),
+                parameters=params,
+                relocations=[m.Relocation(0, bx, 8, 0), m.Relocation(0, by, 16, 0)],
+                stream=stream,
+            )
         w.stream_synchronize(stream)
         w.checkpoint({by: expected}, name="y")
     print(f"wrote {args.output}")

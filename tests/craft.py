@@ -29,8 +29,16 @@ class FileBuilder:
         self.frames: list[tuple[int, ...]] = []
         self.metadata_offset = self.chunk(ChunkKind.METADATA, records.encode_metadata(m.CaptureMetadata(tool="craft")))
 
-    def chunk(self, kind: int, body: bytes, *, codec: int = Codec.RAW, logical: int | None = None,
-              key: bytes = bytes(16), flags: int = 0) -> int:  # fmt: skip
+    def chunk(
+        self,
+        kind: int,
+        body: bytes,
+        *,
+        codec: int = Codec.RAW,
+        logical: int | None = None,
+        key: bytes = bytes(16),
+        flags: int = 0,
+    ) -> int:
         offset = len(self.data)
         logical = len(body) if logical is None else logical
         self.data += pack_chunk_header(kind, flags, codec, body, logical, key) + body
@@ -39,12 +47,28 @@ class FileBuilder:
 
     def frame(self, key: bytes, body: bytes, *, codec: int = Codec.RAW, logical: int | None = None) -> int:
         offset = self.chunk(ChunkKind.FRAME, body, codec=codec, logical=logical, key=key)
-        self.frames.append((int.from_bytes(key[:8], "little"), int.from_bytes(key[8:], "little"), offset,
-                            len(body), len(body) if logical is None else logical, codec))  # fmt: skip
+        self.frames.append(
+            (
+                int.from_bytes(key[:8], "little"),
+                int.from_bytes(key[8:], "little"),
+                offset,
+                len(body),
+                len(body) if logical is None else logical,
+                codec,
+            )
+        )
         return offset
 
-    def batch(self, body: bytes, first_op: int, ops: int, first_obj: int = 1, objs: int = 0,
-              first_payload: int = 1, payloads: int = 0) -> int:  # fmt: skip
+    def batch(
+        self,
+        body: bytes,
+        first_op: int,
+        ops: int,
+        first_obj: int = 1,
+        objs: int = 0,
+        first_payload: int = 1,
+        payloads: int = 0,
+    ) -> int:
         offset = self.chunk(ChunkKind.RECORDS, body)
         self.batches.append((offset, first_op, ops, first_obj, objs, first_payload, payloads))
         return offset
@@ -57,10 +81,13 @@ class FileBuilder:
                 frames[i] = ((lo, hi), off, stored, logical, codec)
             ops = sum(r[2] for r in rows)
             body = records.encode_index(
-                metadata_offset=self.metadata_offset, operation_count=ops,
-                object_count=sum(r[4] for r in rows), payload_count=sum(r[6] for r in rows),
-                batches=np.array(rows, dtype=records.dtype("BatchEntry")), frames=frames,
-            )  # fmt: skip
+                metadata_offset=self.metadata_offset,
+                operation_count=ops,
+                object_count=sum(r[4] for r in rows),
+                payload_count=sum(r[6] for r in rows),
+                batches=np.array(rows, dtype=records.dtype("BatchEntry")),
+                frames=frames,
+            )
             index_offset = self.chunk(ChunkKind.INDEX, body)
             self.data += pack_footer(index_offset, len(self.data) + 32)
         path.write_bytes(bytes(self.data))
@@ -69,13 +96,20 @@ class FileBuilder:
 
 def record_batch(**overrides) -> bytes:
     fields = {
-        "first_operation": 0, "first_object": 1, "first_payload": 1, "kinds": b"",
-        "launches": np.zeros(0, records.dtype("LaunchRecord")), "copies": np.zeros(0, records.dtype("CopyRecord")),
-        "memsets": np.zeros(0, records.dtype("MemsetRecord")), "table_ops": [],
+        "first_operation": 0,
+        "first_object": 1,
+        "first_payload": 1,
+        "kinds": b"",
+        "launches": np.zeros(0, records.dtype("LaunchRecord")),
+        "copies": np.zeros(0, records.dtype("CopyRecord")),
+        "memsets": np.zeros(0, records.dtype("MemsetRecord")),
+        "table_ops": [],
         "id_operations": np.zeros(0, records.dtype("IdOperationRecord")),
-        "relocations": np.zeros(0, records.dtype("Relocation")), "parameter_bytes": b"", "objects": [],
+        "relocations": np.zeros(0, records.dtype("Relocation")),
+        "parameter_bytes": b"",
+        "objects": [],
         "payloads": [],
-    }  # fmt: skip
+    }
     fields.update(overrides)
     return records.encode_record_batch(**fields)
 

@@ -128,8 +128,7 @@ def amplified_strings_zstd(root: Path) -> Hostile:
     """The same, zstd-compressed: 1.2 GB of names from a few KB."""
     body = _shared_name_batch(20_000, 60_000)
     fb = FileBuilder()
-    offset = fb.chunk(ChunkKind.RECORDS, zstandard.ZstdCompressor().compress(body), codec=Codec.ZSTD,
-                      logical=len(body))  # fmt: skip
+    offset = fb.chunk(ChunkKind.RECORDS, zstandard.ZstdCompressor().compress(body), codec=Codec.ZSTD, logical=len(body))
     fb.batches.append((offset, 0, 1, 1, 1, 1, 0))
     return Hostile("amplified-strings-zstd", fb.finish(root / "amp-strings-zstd.kreplay"))
 
@@ -191,8 +190,7 @@ def parameter_bomb(root: Path) -> Hostile:
     batch.parameters += bytes(16 << 20)
     body = batch.encode()
     fb = FileBuilder()
-    offset = fb.chunk(ChunkKind.RECORDS, zstandard.ZstdCompressor().compress(body), codec=Codec.ZSTD,
-                      logical=len(body))  # fmt: skip
+    offset = fb.chunk(ChunkKind.RECORDS, zstandard.ZstdCompressor().compress(body), codec=Codec.ZSTD, logical=len(body))
     fb.batches.append((offset, 0, 201, 1, 1, 1, 0))
     return Hostile("parameter-bomb", fb.finish(root / "params.kreplay"))
 
@@ -211,8 +209,10 @@ def _dedup_capture(path: Path, size: int, frame_size: int) -> Path:
         frames = (*frames[:-1], frame_hash(bytes(size % frame_size)))
     batch = OpenBatch(0, 1, 1)
     kernel = m.Function(name="k")
-    batch.objects += [m.Executable(id=1, format=m.ExecutableFormat.CUBIN, payload=1, functions=(kernel,)),
-                      m.Buffer(id=2, size=size)]  # fmt: skip
+    batch.objects += [
+        m.Executable(id=1, format=m.ExecutableFormat.CUBIN, payload=1, functions=(kernel,)),
+        m.Buffer(id=2, size=size),
+    ]
     _id_op(batch, m.CreateObject(0, 1))
     _id_op(batch, m.CreateObject(1, 2))
     batch.kinds.append(m.OperationKind.COPY_HOST_TO_DEVICE)
@@ -221,8 +221,7 @@ def _dedup_capture(path: Path, size: int, frame_size: int) -> Path:
     fb = FileBuilder()
     fb.frame(digest, zstandard.ZstdCompressor().compress(zero), codec=Codec.ZSTD, logical=frame_size)
     body = batch.encode()
-    offset = fb.chunk(ChunkKind.RECORDS, zstandard.ZstdCompressor().compress(body), codec=Codec.ZSTD,
-                      logical=len(body))  # fmt: skip
+    offset = fb.chunk(ChunkKind.RECORDS, zstandard.ZstdCompressor().compress(body), codec=Codec.ZSTD, logical=len(body))
     fb.batches.append((offset, 0, 3, 1, 2, 1, 1))
     return fb.finish(path)
 
@@ -251,11 +250,18 @@ def _index_file(path: Path, batches: np.ndarray, frames: np.ndarray, fb: FileBui
     from replayfmt.format.layout import pack_footer
 
     ops = int(batches["operation_count"].sum())
-    body = records.encode_index(metadata_offset=fb.metadata_offset, operation_count=ops, object_count=0,
-                                payload_count=0, batches=batches, frames=frames)  # fmt: skip
+    body = records.encode_index(
+        metadata_offset=fb.metadata_offset,
+        operation_count=ops,
+        object_count=0,
+        payload_count=0,
+        batches=batches,
+        frames=frames,
+    )
     if zstd:
-        index = fb.chunk(ChunkKind.INDEX, zstandard.ZstdCompressor().compress(body), codec=Codec.ZSTD,
-                         logical=len(body))  # fmt: skip
+        index = fb.chunk(
+            ChunkKind.INDEX, zstandard.ZstdCompressor().compress(body), codec=Codec.ZSTD, logical=len(body)
+        )
     else:
         index = fb.chunk(ChunkKind.INDEX, body)
     fb.data += pack_footer(index, len(fb.data) + 32)
@@ -330,8 +336,9 @@ def remap_escape(root: Path) -> Hostile:
     safe.mkdir()
     ref = m.FileReference(path="/data/../../../../../../etc/passwd", size=4096)
     path = _reference_capture(root / "escape.kreplay", ref)
-    return Hostile("remap-escape", path, (("run-replay", "--dry-run", "--continue-on-error",
-                                          f"--file-remap=/data={safe}"),))  # fmt: skip
+    return Hostile(
+        "remap-escape", path, (("run-replay", "--dry-run", "--continue-on-error", f"--file-remap=/data={safe}"),)
+    )
 
 
 def secret_digest(root: Path) -> Hostile:
@@ -341,16 +348,21 @@ def secret_digest(root: Path) -> Hostile:
     secret.write_bytes(b"root:$6$secret-hash:19000:0:99999:7:::\n" * 7)
     ref = m.FileReference(path=str(secret), size=4096, validation=m.FileValidation.DIGEST, digest=bytes(16))
     path = _reference_capture(root / "secret.kreplay", ref)
-    ref2 = m.FileReference(path=str(secret), size=secret.stat().st_size, validation=m.FileValidation.DIGEST,
-                           digest=bytes(16))  # fmt: skip
+    ref2 = m.FileReference(
+        path=str(secret), size=secret.stat().st_size, validation=m.FileValidation.DIGEST, digest=bytes(16)
+    )
     path2 = _reference_capture(root / "secret2.kreplay", ref2)
     from replayfmt.container.files import file_digest
     from replayfmt.format.payloads import hash_hex
 
     size = str(secret.stat().st_size)
     hidden = (f" {size} ", f"{size} bytes", hash_hex(file_digest(str(secret))))
-    return Hostile("secret-digest", path, (*DRY_RUN, ("run-replay", "--dry-run", "--continue-on-error", str(path2))),
-                   must_not_print=hidden)  # fmt: skip
+    return Hostile(
+        "secret-digest",
+        path,
+        (*DRY_RUN, ("run-replay", "--dry-run", "--continue-on-error", str(path2))),
+        must_not_print=hidden,
+    )
 
 
 # -- export directories ----------------------------------------------------------------------
@@ -373,8 +385,12 @@ def planted_symlink(root: Path) -> Hostile:
     victim.write_bytes(b"the user's file")
     (out / f"{digest}.bin").symlink_to(victim)
     (out / f"{digest}.tmp").symlink_to(victim)  # where the old exporter wrote its temporary
-    return Hostile("planted-symlink", path, (("dump-replay", "--format=jsonl", f"--payloads=files:{out}"),),
-                   untouched={victim: victim.read_bytes()})  # fmt: skip
+    return Hostile(
+        "planted-symlink",
+        path,
+        (("dump-replay", "--format=jsonl", f"--payloads=files:{out}"),),
+        untouched={victim: victim.read_bytes()},
+    )
 
 
 def planted_other_content(root: Path) -> Hostile:
@@ -383,13 +399,33 @@ def planted_other_content(root: Path) -> Hostile:
     out.mkdir()
     existing = out / f"{digest}.bin"
     existing.write_bytes(bytes(400_000))  # the payload's size, other bytes
-    return Hostile("planted-other-content", path, (("dump-replay", "--format=jsonl", f"--payloads=files:{out}"),),
-                   untouched={existing: existing.read_bytes()})  # fmt: skip
+    return Hostile(
+        "planted-other-content",
+        path,
+        (("dump-replay", "--format=jsonl", f"--payloads=files:{out}"),),
+        untouched={existing: existing.read_bytes()},
+    )
 
 
 BUILDERS: tuple[Callable[[Path], Hostile], ...] = (
-    amplified_tables, amplified_strings, amplified_strings_zstd, zstd_index_bomb, zstd_records_bomb,
-    zstd_metadata_bomb, spread_bomb, parameter_bomb, dedup_gib, dedup_tib, dedup_real_writer, index_flood,
-    index_flood_raw, frame_flood, reference_to_device, reference_to_fifo, remap_escape, secret_digest, planted_symlink,
+    amplified_tables,
+    amplified_strings,
+    amplified_strings_zstd,
+    zstd_index_bomb,
+    zstd_records_bomb,
+    zstd_metadata_bomb,
+    spread_bomb,
+    parameter_bomb,
+    dedup_gib,
+    dedup_tib,
+    dedup_real_writer,
+    index_flood,
+    index_flood_raw,
+    frame_flood,
+    reference_to_device,
+    reference_to_fifo,
+    remap_escape,
+    secret_digest,
+    planted_symlink,
     planted_other_content,
-)  # fmt: skip
+)

@@ -50,33 +50,76 @@ def write_sample(path: Path, *, n: int = 1024, cubin: bytes | None = None, **wri
     x = rng.standard_normal(n).astype(np.float32)
     y = rng.standard_normal(n).astype(np.float32)
     meta = m.CaptureMetadata(
-        tool="replayfmt-tests", tool_version="1", created_unix_ns=1_700_000_000_000_000_000,
-        host="testhost", gpu="NVIDIA H100", driver="13.0", command_line=("python", "sample.py"),
+        tool="replayfmt-tests",
+        tool_version="1",
+        created_unix_ns=1_700_000_000_000_000_000,
+        host="testhost",
+        gpu="NVIDIA H100",
+        driver="13.0",
+        command_line=("python", "sample.py"),
         properties=(("purpose", "sample"),),
-    )  # fmt: skip
+    )
     ids: dict[str, int] = {}
     with replayfmt.CaptureWriter(path, metadata=meta, **writer_options) as w:
-        ids["device"] = w.add_object(m.Device(ordinal=0, name="NVIDIA H100", uuid=bytes(range(16)),
-                                              compute_capability=(9, 0), total_memory=80 << 30,
-                                              driver_version=13000, multiprocessor_count=132))  # fmt: skip
+        ids["device"] = w.add_object(
+            m.Device(
+                ordinal=0,
+                name="NVIDIA H100",
+                uuid=bytes(range(16)),
+                compute_capability=(9, 0),
+                total_memory=80 << 30,
+                driver_version=13000,
+                multiprocessor_count=132,
+            )
+        )
         ids["stream"] = w.add_object(m.Stream(device=ids["device"], label="main"))
         ids["stream2"] = w.add_object(m.Stream(device=ids["device"], priority=-1, label="side"))
         ids["event"] = w.add_object(m.Event(device=ids["device"]))
-        ids["x"] = w.add_object(m.Buffer(size=4 * n, device=ids["device"], address=0x7F0000000000,
-                                         dtype=m.DType.FLOAT32, shape=(n,), strides=(1,), label="x",
-                                         ranges=(m.TypedRange(0, 2 * n, m.DType.FLOAT32),
-                                                 m.TypedRange(2 * n, 2 * n, m.DType.FLOAT32))))  # fmt: skip
-        ids["y"] = w.add_object(m.Buffer(size=4 * n, device=ids["device"], address=0x7F0000010000,
-                                         dtype=m.DType.FLOAT32, shape=(n,), strides=(1,), label="y"))  # fmt: skip
+        ids["x"] = w.add_object(
+            m.Buffer(
+                size=4 * n,
+                device=ids["device"],
+                address=0x7F0000000000,
+                dtype=m.DType.FLOAT32,
+                shape=(n,),
+                strides=(1,),
+                label="x",
+                ranges=(m.TypedRange(0, 2 * n, m.DType.FLOAT32), m.TypedRange(2 * n, 2 * n, m.DType.FLOAT32)),
+            )
+        )
+        ids["y"] = w.add_object(
+            m.Buffer(
+                size=4 * n,
+                device=ids["device"],
+                address=0x7F0000010000,
+                dtype=m.DType.FLOAT32,
+                shape=(n,),
+                strides=(1,),
+                label="y",
+            )
+        )
         image = cubin if cubin is not None else b"\x7fELF" + bytes(252)
-        ids["exe"] = w.add_object(m.Executable(format=m.ExecutableFormat.CUBIN, target_arch="sm_90",
-                                               payload=w.add_payload(image), functions=(SAXPY,)))  # fmt: skip
-        ids["global"] = w.add_object(m.Global(executable=ids["exe"], symbol="counter", size=4,
-                                              initial_payload=w.add_payload(b"\x01\x00\x00\x00")))  # fmt: skip
-        ids["file"] = w.add_object(m.FileReference(path="/data/weights.bin", size=4 * n, device=2049,
-                                                   inode=1234, mtime_ns=1_600_000_000_000_000_000,
-                                                   digest=bytes(range(16, 32)),
-                                                   validation=m.FileValidation.DIGEST))  # fmt: skip
+        ids["exe"] = w.add_object(
+            m.Executable(
+                format=m.ExecutableFormat.CUBIN, target_arch="sm_90", payload=w.add_payload(image), functions=(SAXPY,)
+            )
+        )
+        ids["global"] = w.add_object(
+            m.Global(
+                executable=ids["exe"], symbol="counter", size=4, initial_payload=w.add_payload(b"\x01\x00\x00\x00")
+            )
+        )
+        ids["file"] = w.add_object(
+            m.FileReference(
+                path="/data/weights.bin",
+                size=4 * n,
+                device=2049,
+                inode=1234,
+                mtime_ns=1_600_000_000_000_000_000,
+                digest=bytes(range(16, 32)),
+                validation=m.FileValidation.DIGEST,
+            )
+        )
         w.module_load(ids["exe"], ids["device"])
         w.copy_h2d(dst_buffer=ids["x"], data=x, stream=ids["stream"])
         w.copy_h2d(dst_buffer=ids["y"], data=y, stream=ids["stream"])
@@ -85,8 +128,15 @@ def write_sample(path: Path, *, n: int = 1024, cubin: bytes | None = None, **wri
             w.state(buffer=ids["x"], data=x)  # what x holds when the step begins (uploaded above)
             params = np.float32(2.0).tobytes() + bytes(4) + bytes(16) + np.int32(n).tobytes() + bytes(4)
             relocations = [m.Relocation(0, ids["x"], 8, 0), m.Relocation(0, ids["y"], 16, 0)]
-            w.launch(executable=ids["exe"], function=0, grid=((n + 255) // 256, 1, 1), block=(256, 1, 1),
-                     parameters=params, relocations=relocations, stream=ids["stream"])  # fmt: skip
+            w.launch(
+                executable=ids["exe"],
+                function=0,
+                grid=((n + 255) // 256, 1, 1),
+                block=(256, 1, 1),
+                parameters=params,
+                relocations=relocations,
+                stream=ids["stream"],
+            )
             w.event_record(ids["event"], ids["stream"])
             w.stream_wait_event(ids["stream2"], ids["event"])
             w.copy_d2d(src_buffer=ids["y"], dst_buffer=ids["x"], size=4 * n, stream=ids["stream2"])

@@ -54,8 +54,11 @@ class FakeGraphs:
 
     def __init__(self, keep: Keep) -> None:
         self.keep = keep
-        self.nodes = {GRAPH: [(11, 0), (12, 2), (13, 4), (14, 7), (15, 5), (16, 4)], CHILD: [(21, 3), (22, 10)],
-                      CHILD + 5: [(31, 5)]}  # fmt: skip
+        self.nodes = {
+            GRAPH: [(11, 0), (12, 2), (13, 4), (14, 7), (15, 5), (16, 4)],
+            CHILD: [(21, 3), (22, 10)],
+            CHILD + 5: [(31, 5)],
+        }
         self.edges = {GRAPH: [(14, 11), (11, 12), (12, 13)], CHILD: [(21, 22)], CHILD + 5: []}
         arguments = [keep.put(a) for a in SAXPY_ARGS]
         self.kernel_params = keep.put(struct.pack("<4Q", *arguments))
@@ -131,9 +134,15 @@ class Lib:
         return call
 
 
-IDS = {"cuGraphExecDestroy": 955, "cuGraphInstantiateWithFlags": 950, "cuGraphLaunch": 951,
-       "cuStreamBeginCapture_v2": 952, "cuStreamEndCapture": 953, "cuLaunchKernel": 307,
-       "cuGraphExecKernelNodeSetParams_v2": 954}  # fmt: skip
+IDS = {
+    "cuGraphExecDestroy": 955,
+    "cuGraphInstantiateWithFlags": 950,
+    "cuGraphLaunch": 951,
+    "cuStreamBeginCapture_v2": 952,
+    "cuStreamEndCapture": 953,
+    "cuLaunchKernel": 307,
+    "cuGraphExecKernelNodeSetParams_v2": 954,
+}
 
 
 def graph_source():
@@ -161,8 +170,15 @@ def test_a_graph_launch_is_its_nodes_in_order_with_child_graphs_inlined():
     assert fake.destroyed == [GRAPH + 1]
     assert isinstance(seen[0], ev.NotReproducible) and "before recording started" in seen[0].reason
     graph = seen[1:-1]
-    assert [type(e).__name__ for e in graph] == ["GraphLaunchBegin", "EventRecorded", "LaunchBegin", "Memset",
-                                                 "HostFunction", "NotReproducible", "GraphLaunchEnd"]  # fmt: skip
+    assert [type(e).__name__ for e in graph] == [
+        "GraphLaunchBegin",
+        "EventRecorded",
+        "LaunchBegin",
+        "Memset",
+        "HostFunction",
+        "NotReproducible",
+        "GraphLaunchEnd",
+    ]
     launch = graph[2]
     assert launch.kernel.name == "saxpy" and launch.grid == (4, 1, 1) and launch.stream == 0x10
     assert launch.parameters == SAXPY_ARGS[0] + bytes(4) + b"".join(SAXPY_ARGS[1:])
@@ -204,15 +220,23 @@ def test_graph_nodes_are_written_inside_a_cuda_graph_scope(tmp_path):
     mem = FakeMemory()
     mem.device[A] = bytearray(64)
     mem.device[B] = bytearray(64)
-    events = [ev.ModuleImage(MODULE, cubin, None), ev.Allocation(A, 64), ev.Allocation(B, 64),
-              ev.GraphLaunchBegin(EXEC, 0x10),
-              ev.LaunchBegin(kernel(), (1, 1, 1), (16, 1, 1), 0, 0x10, saxpy_params(2.0, A, B, 16)),
-              ev.Memset(B, 0, 4, 16, 0x10), ev.GraphLaunchEnd(EXEC, 0x10)]  # fmt: skip
+    events = [
+        ev.ModuleImage(MODULE, cubin, None),
+        ev.Allocation(A, 64),
+        ev.Allocation(B, 64),
+        ev.GraphLaunchBegin(EXEC, 0x10),
+        ev.LaunchBegin(kernel(), (1, 1, 1), (16, 1, 1), 0, 0x10, saxpy_params(2.0, A, B, 16)),
+        ev.Memset(B, 0, 4, 16, 0x10),
+        ev.GraphLaunchEnd(EXEC, 0x10),
+    ]
     path, _ = record(tmp_path, events, mem)
     with replayfmt.open(path) as cap:
         ops = [op for op in cap.iter_operations() if op.kind.label not in ("create", "copy_h2d", "state")]
         assert [(op.kind.label, getattr(op, "name", "")) for op in ops][1:5] == [
-            ("scope_begin", f"cuda_graph {EXEC:#x}"), ("launch", ""), ("memset", ""),
-            ("scope_end", f"cuda_graph {EXEC:#x}")]  # fmt: skip
+            ("scope_begin", f"cuda_graph {EXEC:#x}"),
+            ("launch", ""),
+            ("memset", ""),
+            ("scope_end", f"cuda_graph {EXEC:#x}"),
+        ]
         assert not build_plan(cap, PlanOptions()).problems
         assert m.OperationKind.LAUNCH in {op.kind for op in ops}

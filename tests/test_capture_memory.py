@@ -87,16 +87,23 @@ def test_stream_ordered_allocations_from_a_pool_reuse_addresses(tmp_path, cubin)
     mem.device[a] = bytearray(np.arange(64, dtype=np.float32).tobytes())
     launch = ev.LaunchBegin(kernel(), (1, 1, 1), (16, 1, 1), 0, 0x10, saxpy_params(2.0, a, a, 16))
     events = [
-        ev.ModuleImage(MODULE, cubin, None), ev.StreamCreated(0x10),
-        ev.Allocation(a, 256, ev.MemoryApi.DEVICE, "cuMemAllocFromPoolAsync"), launch,
+        ev.ModuleImage(MODULE, cubin, None),
+        ev.StreamCreated(0x10),
+        ev.Allocation(a, 256, ev.MemoryApi.DEVICE, "cuMemAllocFromPoolAsync"),
+        launch,
         ev.Free(a, "cuMemFreeAsync"),
-        ev.Allocation(a, 128, ev.MemoryApi.DEVICE, "cuMemAllocAsync"), launch,  # the pool hands it out again
-    ]  # fmt: skip
+        ev.Allocation(a, 128, ev.MemoryApi.DEVICE, "cuMemAllocAsync"),
+        launch,  # the pool hands it out again
+    ]
     path, _ = record(tmp_path, events, mem)
     with replayfmt.open(path) as cap:
         pooled, again = buffers_of(cap)
-        assert (pooled.size, pooled.label, again.size, again.label) == (256, "cuMemAllocFromPoolAsync", 128,
-                                                                       "cuMemAllocAsync")  # fmt: skip
+        assert (pooled.size, pooled.label, again.size, again.label) == (
+            256,
+            "cuMemAllocFromPoolAsync",
+            128,
+            "cuMemAllocAsync",
+        )
         launches = [op for op in cap.iter_operations() if op.kind == m.OperationKind.LAUNCH]
         assert [{r.target_buffer for r in op.relocations} for op in launches] == [{pooled.id}, {again.id}]
         assert not build_plan(cap, PlanOptions()).problems
@@ -115,14 +122,23 @@ def test_host_visible_memory_kernels_read_is_uploaded_again_when_the_host_change
         return ev.StreamSynchronized(0)
 
     call = {ev.MemoryApi.HOST_PINNED: "cuMemHostRegister_v2", ev.MemoryApi.MANAGED: "cuMemAllocManaged"}[api]
-    events = [ev.ModuleImage(MODULE, cubin, None), ev.Allocation(HOST, 64, api, call), ev.Allocation(out, 64),
-              launch, launch, host_writes, launch]  # fmt: skip
+    events = [
+        ev.ModuleImage(MODULE, cubin, None),
+        ev.Allocation(HOST, 64, api, call),
+        ev.Allocation(out, 64),
+        launch,
+        launch,
+        host_writes,
+        launch,
+    ]
     path, t = record(tmp_path, events, mem)
     assert not t.report.unsupported
     with replayfmt.open(path) as cap:
         host = next(b for b in buffers_of(cap) if b.address == HOST)
-        assert host.memory == {ev.MemoryApi.HOST_PINNED: m.MemoryKind.HOST_PINNED,
-                               ev.MemoryApi.MANAGED: m.MemoryKind.MANAGED}[api]  # fmt: skip
+        assert (
+            host.memory
+            == {ev.MemoryApi.HOST_PINNED: m.MemoryKind.HOST_PINNED, ev.MemoryApi.MANAGED: m.MemoryKind.MANAGED}[api]
+        )
         kinds = [op.kind.label for op in cap.iter_operations() if op.kind.label in ("launch", "copy_h2d", "state")]
         # the first touch is starting state; what the host wrote later is uploaded as the program's work
         writes = [
@@ -140,10 +156,14 @@ def test_registered_memory_kernels_reach_at_another_device_address(tmp_path, cub
     device_view, out = 0x7F50_0000_0000, 0x7F40_0000_0000
     mem.device[device_view] = bytearray(np.full(1024, 3, np.float32).tobytes())
     mem.device[out] = bytearray(64)
-    events = [ev.ModuleImage(MODULE, cubin, None), ev.Allocation(HOST, 4096, ev.MemoryApi.HOST_PINNED,
-              "cuMemHostRegister_v2"), ev.HostDevicePointer(HOST + 64, device_view + 64), ev.Allocation(out, 64),
-              ev.LaunchBegin(kernel(), (1, 1, 1), (16, 1, 1), 0, 0, saxpy_params(1.0, device_view, out, 16)),
-              ev.Free(HOST, "cuMemHostUnregister")]  # fmt: skip
+    events = [
+        ev.ModuleImage(MODULE, cubin, None),
+        ev.Allocation(HOST, 4096, ev.MemoryApi.HOST_PINNED, "cuMemHostRegister_v2"),
+        ev.HostDevicePointer(HOST + 64, device_view + 64),
+        ev.Allocation(out, 64),
+        ev.LaunchBegin(kernel(), (1, 1, 1), (16, 1, 1), 0, 0, saxpy_params(1.0, device_view, out, 16)),
+        ev.Free(HOST, "cuMemHostUnregister"),
+    ]
     path, t = record(tmp_path, events, mem)
     with replayfmt.open(path) as cap:
         view = next(b for b in buffers_of(cap) if b.address == device_view)
@@ -162,8 +182,12 @@ def test_registered_memory_below_4_gib_is_still_found(tmp_path, cubin):
     mem.device[heap] = bytearray(np.full(16, 3, np.float32).tobytes())
     mem.device[out] = bytearray(64)
     launch = ev.LaunchBegin(kernel(), (1, 1, 1), (16, 1, 1), 0, 0, saxpy_params(1.0, heap, out, 16))
-    events = [ev.ModuleImage(MODULE, cubin, None), ev.Allocation(heap, 64, ev.MemoryApi.HOST_PINNED,
-              "cuMemHostRegister_v2"), ev.Allocation(out, 64), launch]  # fmt: skip
+    events = [
+        ev.ModuleImage(MODULE, cubin, None),
+        ev.Allocation(heap, 64, ev.MemoryApi.HOST_PINNED, "cuMemHostRegister_v2"),
+        ev.Allocation(out, 64),
+        launch,
+    ]
     path, t = record(tmp_path, events, mem)
     with replayfmt.open(path) as cap:
         registered = next(b for b in buffers_of(cap) if b.address == heap)
@@ -176,9 +200,17 @@ def test_registered_memory_below_4_gib_is_still_found(tmp_path, cubin):
 
 def test_host_functions_keep_their_place_in_the_stream(tmp_path):
     mem = FakeMemory()
-    path, _ = record(tmp_path, [ev.StreamCreated(0x10), ev.EventCreated(0x30), ev.EventRecorded(0x30, 0x10),
-                                ev.HostFunction(0x10, "cuLaunchHostFunc"),
-                                ev.StreamSynchronized(0x10)], mem)  # fmt: skip
+    path, _ = record(
+        tmp_path,
+        [
+            ev.StreamCreated(0x10),
+            ev.EventCreated(0x30),
+            ev.EventRecorded(0x30, 0x10),
+            ev.HostFunction(0x10, "cuLaunchHostFunc"),
+            ev.StreamSynchronized(0x10),
+        ],
+        mem,
+    )
     with replayfmt.open(path) as cap:
         ops = [op for op in cap.iter_operations() if op.kind.label not in ("create", "scope_begin", "scope_end")]
         stream = next(o for o in cap.objects() if isinstance(o, m.Stream))
@@ -189,10 +221,19 @@ def test_host_functions_keep_their_place_in_the_stream(tmp_path):
         assert row == {"kind": "host_function", "index": ops[1].index, "stream": stream.id}
 
 
-IDS = {"cuMemAddressReserve": 900, "cuMemAddressFree": 901, "cuMemMap": 902, "cuMemUnmap": 903,
-       "cuMemHostRegister_v2": 904, "cuMemHostUnregister": 905, "cuLaunchHostFunc": 906,
-       "cuStreamAddCallback_ptsz": 907, "cuMemAllocAsync": 908, "cuMemFreeAsync": 909,
-       "cuMemHostGetDevicePointer_v2": 910}  # fmt: skip
+IDS = {
+    "cuMemAddressReserve": 900,
+    "cuMemAddressFree": 901,
+    "cuMemMap": 902,
+    "cuMemUnmap": 903,
+    "cuMemHostRegister_v2": 904,
+    "cuMemHostUnregister": 905,
+    "cuLaunchHostFunc": 906,
+    "cuStreamAddCallback_ptsz": 907,
+    "cuMemAllocAsync": 908,
+    "cuMemFreeAsync": 909,
+    "cuMemHostGetDevicePointer_v2": 910,
+}
 
 
 def test_the_source_decodes_vmm_host_memory_pools_and_host_functions():

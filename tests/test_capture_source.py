@@ -81,8 +81,12 @@ def launch_params(keep: Keep, function: int, arguments: list[bytes], grid=(4, 2,
 
 
 SAXPY = [(0, 4), (8, 8), (16, 8), (24, 4)]
-SAXPY_ARGS = [struct.pack("<f", 2.0), struct.pack("<Q", 0x7F00_0000_0000), struct.pack("<Q", 0x7F00_0010_0000),
-              struct.pack("<i", 1024)]  # fmt: skip
+SAXPY_ARGS = [
+    struct.pack("<f", 2.0),
+    struct.pack("<Q", 0x7F00_0000_0000),
+    struct.pack("<Q", 0x7F00_0010_0000),
+    struct.pack("<i", 1024),
+]
 
 
 def test_process_memory_reads_words_strings_and_images():
@@ -105,8 +109,9 @@ def test_a_launch_is_decoded_with_its_arguments_laid_out():
     source._callback(None, DOMAIN_DRIVER_API, CALL_IDS["cuModuleLoadData"], callback_data(keep, 1, load))
     params = launch_params(keep, 0xF00, SAXPY_ARGS)
     for site in (0, 1):
-        source._callback(None, DOMAIN_DRIVER_API, CALL_IDS["cuLaunchKernel"], callback_data(keep, site, params,
-                                                                                        symbol="saxpy"))  # fmt: skip
+        source._callback(
+            None, DOMAIN_DRIVER_API, CALL_IDS["cuLaunchKernel"], callback_data(keep, site, params, symbol="saxpy")
+        )
     image, launch = seen
     assert image == ev.ModuleImage(("module", 0xABC), ptx, None, "cuModuleLoadData")
     assert isinstance(launch, ev.LaunchBegin) and launch.call == "cuLaunchKernel"
@@ -166,8 +171,9 @@ def test_a_cubin_a_library_loads_lazily_is_found_by_the_kernel_name():
         resource = keep.put(struct.pack("<QQQ", 0, 0, descriptor))
         source._callback(None, DOMAIN_RESOURCE, RESOURCE_MODULE_LOADED, resource)
     params = launch_params(keep, 0xF00, SAXPY_ARGS)
-    source._callback(None, DOMAIN_DRIVER_API, CALL_IDS["cuLaunchKernel"], callback_data(keep, 0, params,
-                                                                                    symbol="saxpy"))  # fmt: skip
+    source._callback(
+        None, DOMAIN_DRIVER_API, CALL_IDS["cuLaunchKernel"], callback_data(keep, 0, params, symbol="saxpy")
+    )
     image, launch = seen
     assert image == ev.ModuleImage(("loaded", 5), cubin, None, "module loaded lazily by a library")
     assert launch.kernel.module == ("loaded", 5)
@@ -177,8 +183,9 @@ def test_an_unknown_module_stays_unknown():
     keep = Keep()
     source, seen = source_with(FakeDriver(SAXPY, module=0x999))
     params = launch_params(keep, 0xF00, SAXPY_ARGS)
-    source._callback(None, DOMAIN_DRIVER_API, CALL_IDS["cuLaunchKernel"], callback_data(keep, 0, params,
-                                                                                    symbol="saxpy"))  # fmt: skip
+    source._callback(
+        None, DOMAIN_DRIVER_API, CALL_IDS["cuLaunchKernel"], callback_data(keep, 0, params, symbol="saxpy")
+    )
     assert [type(e) for e in seen] == [ev.LaunchBegin] and seen[0].kernel.module is None
 
 

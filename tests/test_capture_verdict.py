@@ -29,8 +29,11 @@ def cubin() -> bytes:
 
 
 def saxpy_events(image: ev.ModuleImage) -> list:
-    return [image, ev.Allocation(A, 64), ev.LaunchBegin(kernel(), (1, 1, 1), (16, 1, 1), 0, 0,
-                                                         saxpy_params(1.0, A, A, 16))]  # fmt: skip
+    return [
+        image,
+        ev.Allocation(A, 64),
+        ev.LaunchBegin(kernel(), (1, 1, 1), (16, 1, 1), 0, 0, saxpy_params(1.0, A, A, 16)),
+    ]
 
 
 def test_a_clean_capture_is_replayable_and_needs_nothing_from_the_host(tmp_path, cubin):

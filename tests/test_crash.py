@@ -39,8 +39,9 @@ def test_killed_writer_leaves_flushed_records_readable(tmp_path, seed):
     path = tmp_path / "killed.kreplay"
     proc = subprocess.Popen(
         [sys.executable, "-c", WRITER, str(path), str(rng.choice([7, 64, 1000]))],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     flushed = 0
     deadline = time.monotonic() + rng.uniform(0.3, 1.5)
     while time.monotonic() < deadline:
@@ -242,8 +243,7 @@ FSIZE_WRITER = textwrap.dedent(
 def test_a_real_file_size_limit_is_a_one_line_error_and_keeps_what_was_flushed(tmp_path):
     """RLIMIT_FSIZE makes the kernel refuse writes (EFBIG) as a full disk would (ENOSPC)."""
     path = tmp_path / "fsize.kreplay"
-    result = subprocess.run([sys.executable, "-c", FSIZE_WRITER, str(path)], capture_output=True, text=True,
-                            timeout=60)  # fmt: skip
+    result = subprocess.run([sys.executable, "-c", FSIZE_WRITER, str(path)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and result.stderr == "", result.stderr
     *flushed, error = result.stdout.splitlines()
     assert error.startswith(f"error: {path}: cannot write ") and error.endswith(

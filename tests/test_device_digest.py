@@ -27,8 +27,10 @@ def constant(name: str) -> int:
 
 SECRET_TEXT = SOURCE[SOURCE.index("kSecret[192]") :].split("};")[0]
 SECRET = bytes(int(b, 16) for b in re.findall(r"0x([0-9a-f]{2})", SECRET_TEXT))
-INITIAL = [constant(n) for n in ("PRIME32_3", "PRIME64_1", "PRIME64_2", "PRIME64_3", "PRIME64_4", "PRIME32_2",
-                                 "PRIME64_5", "PRIME32_1")]  # fmt: skip
+INITIAL = [
+    constant(n)
+    for n in ("PRIME32_3", "PRIME64_1", "PRIME64_2", "PRIME64_3", "PRIME64_4", "PRIME32_2", "PRIME64_5", "PRIME32_1")
+]
 
 
 def word(data: bytes, offset: int) -> int:
@@ -73,8 +75,9 @@ def kernel_model(data: bytes) -> bytes:
     return low.to_bytes(8, "little") + high.to_bytes(8, "little")
 
 
-@pytest.mark.parametrize("length", [SHORTEST, 242, 255, 256, 1023, 1024, 1025, 1087, 1088, 1089, 2048, 2049, 5003,
-                                    65536])  # fmt: skip
+@pytest.mark.parametrize(
+    "length", [SHORTEST, 242, 255, 256, 1023, 1024, 1025, 1087, 1088, 1089, 2048, 2049, 5003, 65536]
+)
 def test_kernel_model_is_xxh3_128(length):
     data = np.random.default_rng(length).integers(0, 256, length, dtype=np.uint8).tobytes()
     assert len(SECRET) == 192

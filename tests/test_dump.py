@@ -87,8 +87,11 @@ def test_jq_through_the_real_binary_if_present(sample):
 
     if shutil.which("jq") is None:
         pytest.skip("no jq binary")
-    dumped = subprocess.run([sys.executable, "-m", "replayfmt.tools.dump_replay", "--format=jsonl", str(sample)],
-                            capture_output=True, check=True)  # fmt: skip
+    dumped = subprocess.run(
+        [sys.executable, "-m", "replayfmt.tools.dump_replay", "--format=jsonl", str(sample)],
+        capture_output=True,
+        check=True,
+    )
     out = subprocess.run(["jq", "-c", 'select(.kind=="launch")'], input=dumped.stdout, capture_output=True, check=True)
     assert json.loads(out.stdout)["function"] == "saxpy"
 

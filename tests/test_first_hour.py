@@ -78,8 +78,13 @@ def test_capture_without_a_driver_is_one_line(tmp_path):
     script = tmp_path / "prog.py"
     script.write_text("print('ran')\n")
     env = {**os.environ, "PYTHONPATH": f"{fake.parent}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    done = subprocess.run([sys.executable, "-m", "replayfmt.capture", "-o", str(tmp_path / "o.kreplay"), str(script)],
-                          capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "replayfmt.capture", "-o", str(tmp_path / "o.kreplay"), str(script)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     line = one_line(done.stderr, "capture-replay")
     assert done.returncode == 2 and "NotSupportedError: CUPTI_ERROR_NOT_INITIALIZED" in line and "driver" in line
     assert not (tmp_path / "o.kreplay").exists() and "ran" not in done.stdout
@@ -127,8 +132,12 @@ def test_tune_without_a_gpu_exits_2_and_leaves_no_csv(cap, tmp_path, monkeypatch
 def test_make_saxpy_capture_refuses_to_overwrite(tmp_path):
     out = tmp_path / "s.kreplay"
     out.write_bytes(b"mine")
-    done = subprocess.run([sys.executable, str(ROOT / "examples" / "make_saxpy_capture.py"), "--output", str(out)],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "make_saxpy_capture.py"), "--output", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.strip() == f"make_saxpy_capture.py: error: {out} already exists; pass --force to replace it"
     assert out.read_bytes() == b"mine"
@@ -171,8 +180,10 @@ def test_a_cut_file_says_it_was_recovered_and_cannot_replay(cap, tmp_path):
     code, out, err = invoke(run_replay.main, "--dry-run", str(cut))
     assert code == 1 and "plan OK" not in out and "dry run: plan has problems" in out
     assert "recovered     yes: the file was not closed properly; 9520 bytes at its end were discarded" in out
-    assert err.strip() == ("run-replay: error: the file was recovered and no operation survived (9520 bytes at its "
-                           "end were discarded): not replayable as captured")  # fmt: skip
+    assert err.strip() == (
+        "run-replay: error: the file was recovered and no operation survived (9520 bytes at its "
+        "end were discarded): not replayable as captured"
+    )
 
 
 def test_a_recovered_prefix_replays_and_says_so(tmp_path):
@@ -204,14 +215,18 @@ def sm80_and_sm90() -> tuple[bytes, bytes]:
 def test_a_cubin_for_another_architecture_fails_the_dry_run(cap, tmp_path, sm80_and_sm90):
     (tmp_path / "s80.cubin").write_bytes(sm80_and_sm90[0])
     (tmp_path / "s90.cubin").write_bytes(sm80_and_sm90[1])
-    code, out, err = invoke(run_replay.main, "--dry-run", f"--executable-substitution=5={tmp_path / 's80.cubin'}",
-                            str(cap))  # fmt: skip
+    code, out, err = invoke(
+        run_replay.main, "--dry-run", f"--executable-substitution=5={tmp_path / 's80.cubin'}", str(cap)
+    )
     assert code == 1 and "plan OK" not in out
-    expected = (f"run-replay: error: executable 5: {tmp_path / 's80.cubin'} is a cubin for sm_80, but the "
-                "captured executable targets sm_90: it cannot run it (rebuild it with -arch=sm_90)")  # fmt: skip
+    expected = (
+        f"run-replay: error: executable 5: {tmp_path / 's80.cubin'} is a cubin for sm_80, but the "
+        "captured executable targets sm_90: it cannot run it (rebuild it with -arch=sm_90)"
+    )
     assert err.strip() == expected
-    code, out, _ = invoke(run_replay.main, "--dry-run", f"--executable-substitution=5={tmp_path / 's90.cubin'}",
-                          str(cap))  # fmt: skip
+    code, out, _ = invoke(
+        run_replay.main, "--dry-run", f"--executable-substitution=5={tmp_path / 's90.cubin'}", str(cap)
+    )
     assert code == 0 and "plan OK" in out
 
 
@@ -251,7 +266,10 @@ def test_benchmark_output_is_written_only_on_success(cap, tmp_path, monkeypatch)
     target = tmp_path / "atomic.json"
     benchmark_replay.write_atomically(target, '{"ok": 1}\n')
     assert target.read_text() == '{"ok": 1}\n' and sorted(p.name for p in tmp_path.iterdir()) == [
-        "atomic.json", "base.json", "cap.kreplay"]  # fmt: skip
+        "atomic.json",
+        "base.json",
+        "cap.kreplay",
+    ]
 
 
 def test_pyproject_packages_every_directory_and_uses_an_spdx_license():
@@ -276,9 +294,26 @@ def test_skips_are_summarised_once_per_reason(tmp_path):
     tests = "import pytest\n" + "".join(f"\n\ndef test_{i}():\n    pytest.skip('no GPU here')\n" for i in range(5))
     (tmp_path / "test_x.py").write_text(tests)
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'tests'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-c", str(ROOT / "pyproject.toml"), "--rootdir",
-                           str(tmp_path), "-p", "no:cacheprovider", str(tmp_path)], capture_output=True, text=True,
-                          env=env, cwd=tmp_path, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-c",
+            str(ROOT / "pyproject.toml"),
+            "--rootdir",
+            str(tmp_path),
+            "-p",
+            "no:cacheprovider",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert "5 skipped" in done.stdout and done.stdout.count("no GPU here") == 1, done.stdout
     assert "5 skipped: no GPU here" in done.stdout
 
@@ -308,8 +343,9 @@ def test_dump_shows_demangled_names_and_keeps_raw_ones(tmp_path):
     path = mangled_capture(tmp_path / "t.kreplay")
     code, out, _ = invoke(dump_replay.main, str(path))
     assert code == 0 and FILL_READ in out and FILL not in out
-    code, out, _ = invoke(dump_replay.main, "--jq", 'select(.kind=="launch") | [.function, .function_demangled]',
-                          str(path))  # fmt: skip
+    code, out, _ = invoke(
+        dump_replay.main, "--jq", 'select(.kind=="launch") | [.function, .function_demangled]', str(path)
+    )
     rows = [line for line in out.split("\n") if line.strip()]
     assert code == 0 and f'"{FILL}"' in out and f'"{FILL_READ}"' in out and rows[1] == '["add_kernel", null]'
     code, out, _ = invoke(dump_replay.main, "--format=jsonl", "--kind=executable", str(path))
@@ -325,8 +361,9 @@ def test_capture_report_benchmark_and_tune_show_demangled_names(tmp_path):
     text = "\n".join(report.lines())
     assert "void at::native::vectorized_elementwise_kernel<4, at::nat..." in text and FILL not in text
     stats = Stats(1.0, 1.0, 1.0, 0.0, 1.0)
-    result = BenchmarkResult("c", "H100", None, (0, 2), "eager", 10, 1, False, stats, stats,
-                             [KernelTiming(1, FILL, 0, stats)])  # fmt: skip
+    result = BenchmarkResult(
+        "c", "H100", None, (0, 2), "eager", 10, 1, False, stats, stats, [KernelTiming(1, FILL, 0, stats)]
+    )
     assert FILL_READ in "\n".join(benchmark_replay._text(result))
     row = benchmark_replay.result_json(result)
     assert row["kernels"][0]["name"] == FILL and row["kernels"][0]["name_demangled"] == FILL_READ
@@ -383,8 +420,11 @@ def test_a_two_axis_sweep_is_a_heatmap_with_its_colour_bar_beside_it():
     from replayfmt.measure.tune_plot import figure
 
     results = [CandidateResult(Candidate(), 0.02, 0.0, True, baseline=True)]
-    results += [CandidateResult(Candidate((g, 1, 1), (b, 1, 1)), 1.0 / (g * b), 0.0, True)
-                for g in (16, 32, 64, 128) for b in (64, 128, 256)]  # fmt: skip
+    results += [
+        CandidateResult(Candidate((g, 1, 1), (b, 1, 1)), 1.0 / (g * b), 0.0, True)
+        for g in (16, 32, 64, 128)
+        for b in (64, 128, 256)
+    ]
     results.append(CandidateResult(Candidate((128, 1, 1), (512, 1, 1)), error="timed out"))
     fig = figure(results, _targets())
     ax, bar = fig.axes

@@ -195,8 +195,24 @@ def mutated_flatbuffer(draw, body: bytes, sites: dict[str, list[int]]) -> bytes:
         if kind == "redirect":  # point this offset at another object: shared offsets
             value = (draw(st.sampled_from(targets)) - at) % (1 << 32)
         else:
-            value = draw(st.sampled_from([0, 1, 4, old + 4, old - 4, old * 2, old + 0x10000, 0x7FFFFFFF, 0xFFFFFFFF,
-                                          len(body), len(body) - at, draw(st.integers(0, (1 << 32) - 1))]))  # fmt: skip
+            value = draw(
+                st.sampled_from(
+                    [
+                        0,
+                        1,
+                        4,
+                        old + 4,
+                        old - 4,
+                        old * 2,
+                        old + 0x10000,
+                        0x7FFFFFFF,
+                        0xFFFFFFFF,
+                        len(body),
+                        len(body) - at,
+                        draw(st.integers(0, (1 << 32) - 1)),
+                    ]
+                )
+            )
         out[at : at + 4] = (value % (1 << 32)).to_bytes(4, "little")
     return bytes(out)
 
@@ -215,9 +231,15 @@ def sample_parts(tmp_path_factory):
         batch = bytes(cap._chunk_body(cap._chunk_header(cap.directory.batch_offsets[0], "b"), 1 << 30, "b"))
         index = bytes(cap._chunk_body(cap._chunk_header(index_offset, "i"), 1 << 30, "i"))
         entry = (cap.operation_count, cap.object_count, cap.payload_count)
-    return {"file": data, "batch": batch, "entry": entry, "index": index, "index_offset": index_offset,
-            "batch_sites": flatbuffer_sites(batch, "RecordBatch"),
-            "index_sites": flatbuffer_sites(index, "Index")}  # fmt: skip
+    return {
+        "file": data,
+        "batch": batch,
+        "entry": entry,
+        "index": index,
+        "index_offset": index_offset,
+        "batch_sites": flatbuffer_sites(batch, "RecordBatch"),
+        "index_sites": flatbuffer_sites(index, "Index"),
+    }
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -232,8 +254,9 @@ def test_structure_aware_record_batch_mutations(sample_parts, tmp_path, data):
     ops, objs, payloads = sample_parts["entry"]
     builder = FileBuilder()
     if data.draw(st.booleans()):
-        offset = builder.chunk(ChunkKind.RECORDS, zstandard.ZstdCompressor().compress(body), codec=Codec.ZSTD,
-                               logical=len(body))  # fmt: skip
+        offset = builder.chunk(
+            ChunkKind.RECORDS, zstandard.ZstdCompressor().compress(body), codec=Codec.ZSTD, logical=len(body)
+        )
         builder.batches.append((offset, 0, ops, 1, objs, 1, payloads))
     else:
         builder.batch(body, 0, ops, 1, objs, 1, payloads)
@@ -279,8 +302,11 @@ def test_chunk_header_field_mutations_with_valid_checksums(sample_parts, tmp_pat
             fields[7] = data.draw(st.binary(min_size=16, max_size=16))
         else:
             base = fields[which]
-            fields[which] = data.draw(st.sampled_from([0, 1, 2, 5, 99, base + 1, base * 1024, base + (1 << 30),
-                                                       (1 << 40), data.draw(st.integers(0, 255))]))  # fmt: skip
+            fields[which] = data.draw(
+                st.sampled_from(
+                    [0, 1, 2, 5, 99, base + 1, base * 1024, base + (1 << 30), (1 << 40), data.draw(st.integers(0, 255))]
+                )
+            )
             fields[which] &= {1: 0xFFFF, 2: 0xFFFF, 3: 0xFF}.get(which, (1 << 64) - 1)
     packed = bytearray(layout.pack(*fields))
     packed[56:] = checksum64(bytes(packed[:56])).to_bytes(8, "little")

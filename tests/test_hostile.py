@@ -69,8 +69,14 @@ def run_tools(commands: list[list[str]], cwd: Path) -> list[Outcome]:
     run killed or timed out shows as an outcome with that exit status."""
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     started = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", DRIVER, json.dumps(commands)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, cwd=cwd, env=env, preexec_fn=_limit)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, json.dumps(commands)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=cwd,
+        env=env,
+        preexec_fn=_limit,
+    )
     try:
         out, err = proc.communicate(timeout=TIME_LIMIT * len(commands) + 10)
     except subprocess.TimeoutExpired:
@@ -79,8 +85,16 @@ def run_tools(commands: list[list[str]], cwd: Path) -> list[Outcome]:
     outcomes = [Outcome(*json.loads(line)) for line in out.decode().splitlines()]
     if len(outcomes) < len(commands):  # the interpreter itself died (a signal, the limit) or hung
         command = commands[len(outcomes)]
-        outcomes.append(Outcome(command, proc.returncode or 1, time.perf_counter() - started, 0, "",
-                                err.decode(errors="replace") or "(killed)\n(no message)"))  # fmt: skip
+        outcomes.append(
+            Outcome(
+                command,
+                proc.returncode or 1,
+                time.perf_counter() - started,
+                0,
+                "",
+                err.decode(errors="replace") or "(killed)\n(no message)",
+            )
+        )
     return outcomes
 
 

@@ -71,8 +71,11 @@ def typed_buffer() -> m.Buffer:
 
 
 def test_segments_cover_typed_ranges_and_gaps():
-    assert segments(typed_buffer(), 0, 512) == [(0, 256, m.DType.FLOAT32), (256, 384, m.DType.UNKNOWN),
-                                                (384, 512, m.DType.INT32)]  # fmt: skip
+    assert segments(typed_buffer(), 0, 512) == [
+        (0, 256, m.DType.FLOAT32),
+        (256, 384, m.DType.UNKNOWN),
+        (384, 512, m.DType.INT32),
+    ]
     assert segments(typed_buffer(), 128, 256) == [(0, 128, m.DType.FLOAT32), (128, 256, m.DType.UNKNOWN)]
     assert segments(m.Buffer(size=8, dtype=m.DType.FLOAT16), 0, 8) == [(0, 8, m.DType.FLOAT16)]
 

@@ -89,8 +89,9 @@ def run_blocks(found: list[tuple[str, str]], tmp_path: Path, monkeypatch) -> tup
                 continue
             script = tmp_path / "snippet.py"
             script.write_text(body)
-            done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=_env(), capture_output=True,
-                                  text=True, timeout=120)  # fmt: skip
+            done = subprocess.run(
+                [sys.executable, str(script)], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120
+            )
             assert done.returncode == 0, f"snippet failed:\n{body}\n{done.stderr}"
             ran += 1
             continue
@@ -145,7 +146,8 @@ def test_payload_recipe_writes_files(tmp_path):
 
 
 def test_the_tools_print_it():
-    done = subprocess.run([sys.executable, "-m", "replayfmt.tools.dump_replay", "--agents-md"], capture_output=True,
-                          text=True, env=_env())  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "replayfmt.tools.dump_replay", "--agents-md"], capture_output=True, text=True, env=_env()
+    )
     assert done.returncode == 0 and done.stdout.startswith("# replayfmt playbook")
     assert dump_replay.main.name and run_replay.main.name  # imported above: every tool module loads without a GPU

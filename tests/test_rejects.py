@@ -303,9 +303,11 @@ def test_index_entries_are_distinct_chunks_in_file_order(tmp_path, limit):
     fb = FileBuilder()
     scope = record_batch(kinds=bytes([m.OperationKind.SCOPE_BEGIN]), table_ops=[m.ScopeBegin(0, "x")])
     first = fb.batch(scope, 0, 1)
-    rows = {"count": [],
-            "order": [(first, 0, 1, 1, 0, 1, 0), (first, 1, 1, 1, 0, 1, 0)],
-            "empty": [(first, 0, 1, 1, 0, 1, 0), (first + 8, 1, 0, 1, 0, 1, 0)]}[limit]  # fmt: skip
+    rows = {
+        "count": [],
+        "order": [(first, 0, 1, 1, 0, 1, 0), (first, 1, 1, 1, 0, 1, 0)],
+        "empty": [(first, 0, 1, 1, 0, 1, 0), (first + 8, 1, 0, 1, 0, 1, 0)],
+    }[limit]
     if limit == "count":
         from hostile import index_flood_raw
 
@@ -321,8 +323,11 @@ def test_index_entries_are_distinct_chunks_in_file_order(tmp_path, limit):
 def test_zstd_chunks_may_not_expand_past_the_per_chunk_or_per_file_bound(tmp_path):
     from hostile import spread_bomb, zstd_records_bomb
 
-    with pytest.raises(replayfmt.ReplayFormatError, match=r"declares 262144000 bytes from \d+ stored, more than "
-                                                          r"max_expansion \(1024x \+ 16777216\) allows"):  # fmt: skip
+    with pytest.raises(
+        replayfmt.ReplayFormatError,
+        match=r"declares 262144000 bytes from \d+ stored, more than "
+        r"max_expansion \(1024x \+ 16777216\) allows",
+    ):
         drain(zstd_records_bomb(tmp_path).path)
     with replayfmt.open(spread_bomb(tmp_path).path) as cap:  # recovered: the scan stops at the bound
         assert cap.recovered and "compressed chunks declare more than max_expansion" in cap.recovery_reason

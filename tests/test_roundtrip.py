@@ -26,9 +26,16 @@ def test_sample_round_trips_every_object_and_operation(tmp_path):
             if kind != m.OperationKind.NONE:
                 assert kind in kinds, kind
         device = cap.object(ids["device"])
-        assert device == m.Device(id=ids["device"], ordinal=0, name="NVIDIA H100", uuid=bytes(range(16)),
-                                  compute_capability=(9, 0), total_memory=80 << 30, driver_version=13000,
-                                  multiprocessor_count=132)  # fmt: skip
+        assert device == m.Device(
+            id=ids["device"],
+            ordinal=0,
+            name="NVIDIA H100",
+            uuid=bytes(range(16)),
+            compute_capability=(9, 0),
+            total_memory=80 << 30,
+            driver_version=13000,
+            multiprocessor_count=132,
+        )
         x = cap.object(ids["x"])
         assert (x.dtype, x.shape, x.strides, x.label, x.address) == (
             m.DType.FLOAT32,

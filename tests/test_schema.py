@@ -58,11 +58,16 @@ def test_copy_record_numpy_layout_matches_generated_code():
 @pytest.mark.parametrize(
     ("enum", "schema_name"),
     [
-        (m.OperationKind, "OperationKind"), (m.ExecutableFormat, "ExecutableFormat"),
-        (m.ParameterKind, "ParameterKind"), (m.RelocationKind, "RelocationKind"), (m.MemoryKind, "MemoryKind"),
-        (m.DType, "DType"), (m.FilePolicy, "FilePolicy"), (m.FileValidation, "FileValidation"),
+        (m.OperationKind, "OperationKind"),
+        (m.ExecutableFormat, "ExecutableFormat"),
+        (m.ParameterKind, "ParameterKind"),
+        (m.RelocationKind, "RelocationKind"),
+        (m.MemoryKind, "MemoryKind"),
+        (m.DType, "DType"),
+        (m.FilePolicy, "FilePolicy"),
+        (m.FileValidation, "FileValidation"),
     ],
-)  # fmt: skip
+)
 def test_model_enums_match_schema(enum, schema_name):
     members = load_schema().enums[schema_name][1]
     assert sorted(members.values()) == sorted(int(e) for e in enum)

@@ -33,8 +33,13 @@ def test_state_round_trips_and_is_no_copy(tmp_path):
     data = np.arange(64, dtype=np.float32)
 
     def build(w, dev):
-        buf = w.add_object(m.Buffer(size=512, device=dev, ranges=(m.TypedRange(0, 256, m.DType.FLOAT32),
-                                                                  m.TypedRange(256, 256, m.DType.INT32))))  # fmt: skip
+        buf = w.add_object(
+            m.Buffer(
+                size=512,
+                device=dev,
+                ranges=(m.TypedRange(0, 256, m.DType.FLOAT32), m.TypedRange(256, 256, m.DType.INT32)),
+            )
+        )
         with w.scope("step"):
             w.state(buffer=buf, data=data, offset=256)
             w.memset(buffer=buf, value=0, count=4)
@@ -97,9 +102,19 @@ def test_dump_shows_state_apart(tmp_path):
 
 
 def test_regions_begin_at_outermost_scopes_and_at_stretches_between_them():
-    ops = [m.CreateObject(0, 1), m.ScopeBegin(1, "a"), m.ScopeBegin(2, "inner"), m.State(3, 2, 1, 0, 4),
-           m.ScopeEnd(4, "inner"), m.ScopeEnd(5, "a"), m.Memset(6, 0, 2, 0, 1, 0, 4), m.State(7, 2, 1, 0, 4),
-           m.ScopeBegin(8, "b"), m.State(9, 2, 1, 0, 4), m.ScopeEnd(10, "b")]  # fmt: skip
+    ops = [
+        m.CreateObject(0, 1),
+        m.ScopeBegin(1, "a"),
+        m.ScopeBegin(2, "inner"),
+        m.State(3, 2, 1, 0, 4),
+        m.ScopeEnd(4, "inner"),
+        m.ScopeEnd(5, "a"),
+        m.Memset(6, 0, 2, 0, 1, 0, 4),
+        m.State(7, 2, 1, 0, 4),
+        m.ScopeBegin(8, "b"),
+        m.State(9, 2, 1, 0, 4),
+        m.ScopeEnd(10, "b"),
+    ]
     tracker = RegionTracker()
     assert [tracker.step(op) for op in ops] == [0, 1, 1, 1, 1, 1, 6, 6, 8, 8, 8]
 
@@ -119,7 +134,10 @@ def test_plan_hoists_each_regions_state_before_it(tmp_path):
     with replayfmt.open(write(tmp_path / "p.kreplay", build)) as cap:
         plan = build_plan(cap)
         assert {k: [(c.index, c.dst_buffer, c.dst_offset, c.size) for c in v] for k, v in plan.state.items()} == {
-            0: [(4, 3, 0, 64)], 5: [(7, 2, 0, 256)], 9: [(10, 2, 128, 128)]}  # fmt: skip
+            0: [(4, 3, 0, 64)],
+            5: [(7, 2, 0, 256)],
+            9: [(10, 2, 128, 128)],
+        }
         assert plan.state_bytes == 448 and len(plan.uploads) == 3
         assert any(line.startswith("state         3 range(s), 448 bytes, in 3 region(s)") for line in plan.describe())
     result = CliRunner().invoke(run_main, ["--dry-run", str(tmp_path / "p.kreplay")])

@@ -118,19 +118,30 @@ def timed_capture(path, *, with_times=True, close=True):
     w = replayfmt.CaptureWriter(path, threads=0)
     dev = w.add_object(m.Device(name="NVIDIA H100"))
     x = w.add_object(m.Buffer(size=4096, device=dev))
-    exe = w.add_object(m.Executable(format=m.ExecutableFormat.CUBIN, payload=w.add_payload(b"\x7fELF" + bytes(60)),
-                                    functions=(SAXPY,)))  # fmt: skip
+    exe = w.add_object(
+        m.Executable(format=m.ExecutableFormat.CUBIN, payload=w.add_payload(b"\x7fELF" + bytes(60)), functions=(SAXPY,))
+    )
     snapshot = w.copy_h2d(dst_buffer=x, data=np.zeros(1024, np.float32))
     w.scope_begin("step")
     params = np.float32(2.0).tobytes() + bytes(4) + bytes(16) + np.int32(1024).tobytes() + bytes(4)
     relocations = [m.Relocation(0, x, 8, 0), m.Relocation(0, x, 16, 0)]
-    launches = [w.launch(executable=exe, function=0, grid=(4, 1, 1), block=(256, 1, 1), parameters=params,
-                         relocations=relocations) for _ in range(3)]  # fmt: skip
+    launches = [
+        w.launch(
+            executable=exe, function=0, grid=(4, 1, 1), block=(256, 1, 1), parameters=params, relocations=relocations
+        )
+        for _ in range(3)
+    ]
     fill = w.memset(buffer=x, value=0, count=64)
     w.scope_end("step")
     if with_times:
-        w.set_original_times([OperationTime(launches[0], 10_000, 4_000), OperationTime(launches[1], 12_000, 5_000),
-                              OperationTime(launches[2], 30_000, 2_000), OperationTime(fill, 40_000, 500)])  # fmt: skip
+        w.set_original_times(
+            [
+                OperationTime(launches[0], 10_000, 4_000),
+                OperationTime(launches[1], 12_000, 5_000),
+                OperationTime(launches[2], 30_000, 2_000),
+                OperationTime(fill, 40_000, 500),
+            ]
+        )
     if close:
         w.close()
     return w, snapshot, launches, fill
@@ -220,11 +231,15 @@ class _Activity:
 
 def test_recorder_binds_the_program_operation_not_the_snapshot(tmp_path):
     k = ActivityKind
-    activity = _Activity([ActivityRecord(k.MEMSET, "memset", 100, 130, 0, 1, 7, bytes=64),
-                          ActivityRecord(k.MEMCPY, "memcpy DtoH", 150, 190, 0, 1, 8, bytes=64),  # a snapshot read
-                          ActivityRecord(k.CONCURRENT_KERNEL, "k", 200, 260, 0, 1, 8),
-                          ActivityRecord(k.CONCURRENT_KERNEL, "digest", 300, 310, 0, 1, 8),  # the recorder's
-                          ActivityRecord(k.MEMCPY, "memcpy DtoH", 500, 900, 0, 1, 99)])  # fmt: skip
+    activity = _Activity(
+        [
+            ActivityRecord(k.MEMSET, "memset", 100, 130, 0, 1, 7, bytes=64),
+            ActivityRecord(k.MEMCPY, "memcpy DtoH", 150, 190, 0, 1, 8, bytes=64),  # a snapshot read
+            ActivityRecord(k.CONCURRENT_KERNEL, "k", 200, 260, 0, 1, 8),
+            ActivityRecord(k.CONCURRENT_KERNEL, "digest", 300, 310, 0, 1, 8),  # the recorder's
+            ActivityRecord(k.MEMCPY, "memcpy DtoH", 500, 900, 0, 1, 99),
+        ]
+    )
     writer = replayfmt.CaptureWriter(tmp_path / "r.kreplay", threads=0)
     dev = writer.add_object(m.Device())
     buf = writer.add_object(m.Buffer(size=64, device=dev))
@@ -245,8 +260,9 @@ def test_recorder_binds_the_program_operation_not_the_snapshot(tmp_path):
 
     sink = times.wrap(translator)
     sink(ev.Memset(0x1000, 0, 1, 64, 0, "cuMemsetD8_v2"))
-    sink(ev.LaunchBegin(ev.Kernel(1, "k", None, ()), (1, 1, 1), (1, 1, 1), 0, 0, b"", (0, 0, 0), False,
-                        "cuLaunchKernel"))  # fmt: skip
+    sink(
+        ev.LaunchBegin(ev.Kernel(1, "k", None, ()), (1, 1, 1), (1, 1, 1), 0, 0, b"", (0, 0, 0), False, "cuLaunchKernel")
+    )
     times.close()
     writer.close()
     assert activity.started and activity.stopped
@@ -258,9 +274,11 @@ def test_recorder_binds_the_program_operation_not_the_snapshot(tmp_path):
 
 def test_operation_times_take_the_program_record_of_a_call():
     k = ActivityKind.MEMCPY
-    records = [ActivityRecord(k, "memcpy DtoH", 10, 20, 0, 1, 5, bytes=4096),  # the snapshot, same size
-               ActivityRecord(k, "memcpy DtoH", 25, 40, 0, 1, 5, bytes=4096),  # the program's copy
-               ActivityRecord(k, "memcpy DtoH", 45, 60, 0, 1, 5, bytes=1 << 20)]  # fmt: skip
+    records = [
+        ActivityRecord(k, "memcpy DtoH", 10, 20, 0, 1, 5, bytes=4096),  # the snapshot, same size
+        ActivityRecord(k, "memcpy DtoH", 25, 40, 0, 1, 5, bytes=4096),  # the program's copy
+        ActivityRecord(k, "memcpy DtoH", 45, 60, 0, 1, 5, bytes=1 << 20),
+    ]
     assert operation_times(records, {5: (3, k, 4096)}) == [OperationTime(3, 25, 15)]
 
 
@@ -272,11 +290,25 @@ def _stats(v):
 
 
 def test_side_by_side_text_with_the_original():
-    original = kt.OriginalSide(busy_ns=1_500_000, span_ns=1_600_000, timed=2, untimed_device_ops=1,
-                               operations={2: 20_000})  # fmt: skip
-    result = BenchmarkResult("c", "gpu", "step", (1, 5), "eager", 10, 3, False, _stats(1.7), _stats(1.8),
-                             [KernelTiming(2, "gemm", 1, _stats(0.0204), 20_000), KernelTiming(3, "copy_h2d", 1,
-                              _stats(0.5))], clock="cupti", busy_ms=_stats(1.53), original=original)  # fmt: skip
+    original = kt.OriginalSide(
+        busy_ns=1_500_000, span_ns=1_600_000, timed=2, untimed_device_ops=1, operations={2: 20_000}
+    )
+    result = BenchmarkResult(
+        "c",
+        "gpu",
+        "step",
+        (1, 5),
+        "eager",
+        10,
+        3,
+        False,
+        _stats(1.7),
+        _stats(1.8),
+        [KernelTiming(2, "gemm", 1, _stats(0.0204), 20_000), KernelTiming(3, "copy_h2d", 1, _stats(0.5))],
+        clock="cupti",
+        busy_ms=_stats(1.53),
+        original=original,
+    )
     assert _text(result)[4:] == [
         "region          replay ms  original ms  replay/original",
         "GPU busy           1.5300       1.5000           1.020x",
@@ -300,10 +332,26 @@ def test_without_cupti_the_text_says_events_were_used(monkeypatch):
         note == "CUPTI is not available (no CUPTI library here (tried libcupti.so)): per-operation times come "
         "from CUDA events"
     )
-    result = BenchmarkResult("c", "gpu", None, (0, 5), "eager", 10, 3, False, _stats(1.0), _stats(1.0),
-                             [KernelTiming(2, "k", 1, _stats(0.006))], clock="events", clock_note=note)  # fmt: skip
-    assert _text(result)[4:] == [f"note: {note}", "per operation (median device ms, CUDA events):",
-                                 "  op       2 k                                        0.0060"]  # fmt: skip
+    result = BenchmarkResult(
+        "c",
+        "gpu",
+        None,
+        (0, 5),
+        "eager",
+        10,
+        3,
+        False,
+        _stats(1.0),
+        _stats(1.0),
+        [KernelTiming(2, "k", 1, _stats(0.006))],
+        clock="events",
+        clock_note=note,
+    )
+    assert _text(result)[4:] == [
+        f"note: {note}",
+        "per operation (median device ms, CUDA events):",
+        "  op       2 k                                        0.0060",
+    ]
     with pytest.raises(replayfmt.ReplayUsageError, match=r"--clock=cupti: no CUPTI library here .*use --clock=events"):
         kt.choose_clock("cupti", per_operation=False)
     assert kt.choose_clock("events", per_operation=True) == (None, "")

@@ -70,8 +70,10 @@ def test_mismatch_messages_name_the_captured_values_never_the_host_files(tmp_pat
     ref = m.FileReference(id=2, path=str(secret), size=300, validation=m.FileValidation.DIGEST, digest=bytes(16))
     with pytest.raises(FileMismatchError) as info:
         resolve_file(ref)
-    assert str(info.value).endswith(f"{secret}; if the files moved, use --file-remap=CAPTURED_PREFIX=NEW_PREFIX: "
-                                    f"its digest differs from the captured {'0' * 32}")  # fmt: skip
+    assert str(info.value).endswith(
+        f"{secret}; if the files moved, use --file-remap=CAPTURED_PREFIX=NEW_PREFIX: "
+        f"its digest differs from the captured {'0' * 32}"
+    )
 
 
 def test_reads_stop_at_the_recorded_size(tmp_path):

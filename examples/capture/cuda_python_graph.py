@@ -39,8 +39,12 @@ done = ok(cu.cuEventCreate(0))
 
 
 def kernel_params(y_pointer):
-    args = (np.array([2.0], np.float32), np.array([int(x)], np.uint64), np.array([int(y_pointer)], np.uint64),
-            np.array([n], np.int32))  # fmt: skip
+    args = (
+        np.array([2.0], np.float32),
+        np.array([int(x)], np.uint64),
+        np.array([int(y_pointer)], np.uint64),
+        np.array([n], np.int32),
+    )
     pointers = np.array([a.ctypes.data for a in args], dtype=np.uint64)
     params = cu.CUDA_KERNEL_NODE_PARAMS()
     params.func = saxpy

@@ -40,8 +40,12 @@ ok(cu.cuMemcpyHtoDAsync(x, x_host, 4 * n, upload))
 ok(cu.cuMemcpyHtoDAsync(y, y_host, 4 * n, upload))
 ok(cu.cuEventRecord(ready, upload))
 ok(cu.cuStreamWaitEvent(compute, ready, 0))
-args = (np.array([2.0], np.float32), np.array([int(x)], np.uint64), np.array([int(y)], np.uint64),
-        np.array([n], np.int32))  # fmt: skip
+args = (
+    np.array([2.0], np.float32),
+    np.array([int(x)], np.uint64),
+    np.array([int(y)], np.uint64),
+    np.array([n], np.int32),
+)
 pointers = np.array([a.ctypes.data for a in args], dtype=np.uint64)
 ok(cu.cuLaunchKernel(saxpy, n // 256, 1, 1, 256, 1, 1, 0, compute, pointers.ctypes.data, 0))
 out = np.empty(n, dtype=np.float32)

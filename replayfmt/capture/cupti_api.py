@@ -105,8 +105,9 @@ class Cupti:
         subscriber = ctypes.c_void_p()
         if hasattr(self.lib, "cuptiSubscribe_v2"):
             other = ctypes.create_string_buffer(_OLD_SUBSCRIBER_NAME_LEN)
-            params = _SubscriberParams(ctypes.sizeof(_SubscriberParams), name.encode(),
-                                       ctypes.cast(other, ctypes.c_char_p), len(other))  # fmt: skip
+            params = _SubscriberParams(
+                ctypes.sizeof(_SubscriberParams), name.encode(), ctypes.cast(other, ctypes.c_char_p), len(other)
+            )
             result = self.lib.cuptiSubscribe_v2(ctypes.byref(subscriber), c_callback, None, ctypes.byref(params))
             holder = other.value.decode(errors="replace")
         else:

@@ -257,16 +257,40 @@ class CuptiSource(GraphCalls):
         self._library_modules.pop(image.key, None)
         self._sink(image)
 
-    def _launch(self, site: int, result: int, call: str, f: int, grid: tuple[int, int, int],
-                block: tuple[int, int, int], smem: int, stream: int, kernel_params: int, extra: int, symbol: int,
-                cluster: tuple[int, int, int] = (0, 0, 0), cooperative: bool = False) -> None:  # fmt: skip
+    def _launch(
+        self,
+        site: int,
+        result: int,
+        call: str,
+        f: int,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        smem: int,
+        stream: int,
+        kernel_params: int,
+        extra: int,
+        symbol: int,
+        cluster: tuple[int, int, int] = (0, 0, 0),
+        cooperative: bool = False,
+    ) -> None:
         if site == _EXIT:
             if self._launch_results:
                 self._sink(ev.LaunchEnd(stream, 0 if self._succeeded(result) else 1))
             return
         kernel = self._kernel(f, symbol)
-        self._sink(ev.LaunchBegin(kernel.kernel, grid, block, smem, stream, kernel.arguments(kernel_params, extra),
-                                  cluster, cooperative, call))  # fmt: skip
+        self._sink(
+            ev.LaunchBegin(
+                kernel.kernel,
+                grid,
+                block,
+                smem,
+                stream,
+                kernel.arguments(kernel_params, extra),
+                cluster,
+                cooperative,
+                call,
+            )
+        )
 
     # -- decoders ---------------------------------------------------------------------------
 
@@ -289,8 +313,9 @@ class CuptiSource(GraphCalls):
                 cluster = _unpack_from("<III", MEMORY, attr + 8)
             elif kind == _ATTRIBUTE_COOPERATIVE:
                 cooperative = _unpack_from("<i", MEMORY, attr + 8)[0] != 0
-        self._launch(site, result, call, f, (gx, gy, gz), (bx, by, bz), smem, stream, kp, extra, symbol, cluster,
-                     cooperative)  # fmt: skip
+        self._launch(
+            site, result, call, f, (gx, gy, gz), (bx, by, bz), smem, stream, kp, extra, symbol, cluster, cooperative
+        )
 
     # -- memory ----------------------------------------------------------------------------
 
@@ -501,22 +526,54 @@ for _names, _decoder in [
     (["cuLibraryUnload"], _module_unload_decoder("library")),
     (_variants("cuLaunchHostFunc", "cuStreamAddCallback"), _S._on_host_function),
     (_variants("cuGraphLaunch"), GraphCalls._on_graph_launch),
-    (["cuGraphInstantiate", "cuGraphInstantiate_v2", "cuGraphInstantiateWithFlags",
-      *_variants("cuGraphInstantiateWithParams")], GraphCalls._on_graph_instantiate),
+    (
+        [
+            "cuGraphInstantiate",
+            "cuGraphInstantiate_v2",
+            "cuGraphInstantiateWithFlags",
+            *_variants("cuGraphInstantiateWithParams"),
+        ],
+        GraphCalls._on_graph_instantiate,
+    ),
     (["cuGraphExecUpdate", "cuGraphExecUpdate_v2"], GraphCalls._on_graph_exec_update),
     (["cuGraphExecDestroy"], GraphCalls._on_graph_exec_destroy),
-    (_variants("cuStreamBeginCapture", "cuStreamBeginCapture_v2", "cuStreamBeginCaptureToGraph"),
-     GraphCalls._on_capture_begin),
+    (
+        _variants("cuStreamBeginCapture", "cuStreamBeginCapture_v2", "cuStreamBeginCaptureToGraph"),
+        GraphCalls._on_capture_begin,
+    ),
     (_variants("cuStreamEndCapture"), GraphCalls._on_capture_end),
-    (["cuGraphExecKernelNodeSetParams", "cuGraphExecKernelNodeSetParams_v2", "cuGraphExecMemcpyNodeSetParams",
-      "cuGraphExecMemsetNodeSetParams", "cuGraphExecHostNodeSetParams", "cuGraphExecChildGraphNodeSetParams",
-      "cuGraphExecNodeSetParams", "cuGraphExecEventRecordNodeSetEvent", "cuGraphExecEventWaitNodeSetEvent"],
-     _refusal_decoder("node parameters changed on an executable graph are not followed yet")),
-    (["cuIpcOpenMemHandle", "cuIpcOpenMemHandle_v2", "cuIpcGetMemHandle"],
-     _refusal_decoder("memory shared between processes (IPC)")),
-    (_variants("cuMemcpyPeer", "cuMemcpyPeerAsync", "cuMemcpy2D_v2", "cuMemcpy2DAsync_v2", "cuMemcpy3D_v2",
-               "cuMemcpy3DAsync_v2", "cuMemcpyBatchAsync", "cuMemsetD2D8_v2", "cuMemsetD2D32_v2"),
-     _refusal_decoder("this copy or memset form is not recorded yet")),
-]:  # fmt: skip
+    (
+        [
+            "cuGraphExecKernelNodeSetParams",
+            "cuGraphExecKernelNodeSetParams_v2",
+            "cuGraphExecMemcpyNodeSetParams",
+            "cuGraphExecMemsetNodeSetParams",
+            "cuGraphExecHostNodeSetParams",
+            "cuGraphExecChildGraphNodeSetParams",
+            "cuGraphExecNodeSetParams",
+            "cuGraphExecEventRecordNodeSetEvent",
+            "cuGraphExecEventWaitNodeSetEvent",
+        ],
+        _refusal_decoder("node parameters changed on an executable graph are not followed yet"),
+    ),
+    (
+        ["cuIpcOpenMemHandle", "cuIpcOpenMemHandle_v2", "cuIpcGetMemHandle"],
+        _refusal_decoder("memory shared between processes (IPC)"),
+    ),
+    (
+        _variants(
+            "cuMemcpyPeer",
+            "cuMemcpyPeerAsync",
+            "cuMemcpy2D_v2",
+            "cuMemcpy2DAsync_v2",
+            "cuMemcpy3D_v2",
+            "cuMemcpy3DAsync_v2",
+            "cuMemcpyBatchAsync",
+            "cuMemsetD2D8_v2",
+            "cuMemsetD2D32_v2",
+        ),
+        _refusal_decoder("this copy or memset form is not recorded yet"),
+    ),
+]:
     for _name in _names:
         _DECODERS[_name] = _decoder

@@ -25,8 +25,14 @@ ENTER, EXIT = 0, 1  # CUPTI callback sites
 
 # CUgraphNodeType
 KERNEL, MEMCPY, MEMSET, HOST, GRAPH, EMPTY, WAIT_EVENT, EVENT_RECORD = range(8)
-NODE_TYPE_NAMES = {8: "external semaphore signal", 9: "external semaphore wait", 10: "memory allocation",
-                   11: "memory free", 12: "batch memory operation", 13: "conditional"}  # fmt: skip
+NODE_TYPE_NAMES = {
+    8: "external semaphore signal",
+    9: "external semaphore wait",
+    10: "memory allocation",
+    11: "memory free",
+    12: "batch memory operation",
+    13: "conditional",
+}
 _KERNEL_PARAMS = struct.Struct(
     "<Q7I4xQQQQ"
 )  # CUDA_KERNEL_NODE_PARAMS_v2: func, grid, block, smem, params, extra, kern, ctx
@@ -117,8 +123,15 @@ class GraphReader:
         self._call(getter, ctypes.byref(name), ctypes.c_void_p(handle))
         name_pointer = ctypes.cast(name, ctypes.c_void_p).value or 0
         kernel = self._kernel(handle, name_pointer)
-        return ev.LaunchBegin(kernel.kernel, (gx, gy, gz), (bx, by, bz), smem, stream,
-                              kernel.arguments(kernel_params, extra), call="cuGraphLaunch")  # fmt: skip
+        return ev.LaunchBegin(
+            kernel.kernel,
+            (gx, gy, gz),
+            (bx, by, bz),
+            smem,
+            stream,
+            kernel.arguments(kernel_params, extra),
+            call="cuGraphLaunch",
+        )
 
     def _memset_node(self, node: int, stream: int, call: str) -> ev.Event:
         params = ctypes.create_string_buffer(_MEMSET_PARAMS.size)

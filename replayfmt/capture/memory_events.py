@@ -99,7 +99,8 @@ class MemoryEvents:
         self.report.snapshot_seconds += time.perf_counter() - started
         payload = self.writer.add_payload(data)
         if payload != allocation.latest:
-            self.writer.copy_h2d(dst_buffer=self._buffer(allocation), payload=payload, size=allocation.size,
-                                 stream=self._stream(stream))  # fmt: skip
+            self.writer.copy_h2d(
+                dst_buffer=self._buffer(allocation), payload=payload, size=allocation.size, stream=self._stream(stream)
+            )
             self.report.snapshot_bytes += allocation.size
             allocation.latest = payload

@@ -62,11 +62,15 @@ class Recorder:
         self.memory = DriverMemory(guard)
         device = _describe_device(self.memory.cu)
         metadata = m.CaptureMetadata(
-            tool="replayfmt.capture", tool_version=_version(), created_unix_ns=time.time_ns(),
-            host=socket.gethostname(), gpu=device.name, driver=str(device.driver_version),
+            tool="replayfmt.capture",
+            tool_version=_version(),
+            created_unix_ns=time.time_ns(),
+            host=socket.gethostname(),
+            gpu=device.name,
+            driver=str(device.driver_version),
             command_line=command_line or tuple(sys.argv),
             properties=(("mode", options.mode.value), ("kernels", options.kernels or "")),
-        )  # fmt: skip
+        )
         self.writer = CaptureWriter(path, metadata=metadata, overwrite=overwrite)
         self.translator = Translator(self.writer, options, self.memory, device=device)
         # the original program's device times (CUPTI activity records), bound to operations as written
@@ -193,11 +197,17 @@ def record(
     ran each recorded launch, copy and memset in this program (CUPTI activity records).
     """
     options = RecordOptions(
-        mode=CaptureMode(mode), kernels=kernels, skip_first=skip_first, max_per_kernel=max_per_kernel,
-        region_scopes=tuple(region_scopes), fixed_addresses=fixed_addresses, label_tensors=label_tensors,
-        file_policy=_enum(m.FilePolicy, file_policy), file_validation=_enum(m.FileValidation, file_validation),
+        mode=CaptureMode(mode),
+        kernels=kernels,
+        skip_first=skip_first,
+        max_per_kernel=max_per_kernel,
+        region_scopes=tuple(region_scopes),
+        fixed_addresses=fixed_addresses,
+        label_tensors=label_tensors,
+        file_policy=_enum(m.FilePolicy, file_policy),
+        file_validation=_enum(m.FileValidation, file_validation),
         original_times=original_times,
-    )  # fmt: skip
+    )
     recorder = Recorder(path, options, overwrite=overwrite)
     if start and options.mode == CaptureMode.REGION and not options.region_scopes:
         recorder.start()
@@ -250,7 +260,11 @@ def _describe_device(cu: Any) -> m.Device:
     total = check(cu.cuDeviceTotalMem(device), "cuDeviceTotalMem")
     version = check(cu.cuDriverGetVersion(), "cuDriverGetVersion")
     return m.Device(
-        ordinal=device, name=bytes(name).split(b"\0")[0].decode(), uuid=bytes(uuid.bytes),
-        compute_capability=compute_capability(device), total_memory=int(total), driver_version=int(version),
+        ordinal=device,
+        name=bytes(name).split(b"\0")[0].decode(),
+        uuid=bytes(uuid.bytes),
+        compute_capability=compute_capability(device),
+        total_memory=int(total),
+        driver_version=int(version),
         multiprocessor_count=int(sms),
-    )  # fmt: skip
+    )

@@ -48,9 +48,15 @@ class Directory:
 
     def entry(self, i: int) -> BatchEntry:
         return BatchEntry(
-            i, self.batch_offsets[i], self.first_operation[i], self.operation_counts[i], self.first_object[i],
-            self.object_counts[i], self.first_payload[i], self.payload_counts[i],
-        )  # fmt: skip
+            i,
+            self.batch_offsets[i],
+            self.first_operation[i],
+            self.operation_counts[i],
+            self.first_object[i],
+            self.object_counts[i],
+            self.first_payload[i],
+            self.payload_counts[i],
+        )
 
 
 def build_directory(
@@ -101,7 +107,16 @@ def build_directory(
         return batches[name].astype(np.int64).tolist()
 
     return Directory(
-        offsets.tolist(), first.tolist(), count.tolist(), column("first_object"), column("object_count"),
-        column("first_payload"), column("payload_count"), frames, frame_row,
-        operation_count, object_count, payload_count,
-    )  # fmt: skip
+        offsets.tolist(),
+        first.tolist(),
+        count.tolist(),
+        column("first_object"),
+        column("object_count"),
+        column("first_payload"),
+        column("payload_count"),
+        frames,
+        frame_row,
+        operation_count,
+        object_count,
+        payload_count,
+    )

@@ -167,8 +167,15 @@ class Capture:
         if header.kind != kind:
             raise self._error(f"expected a {record}, found chunk kind {header.kind}", offset)
         body = bytes(self._chunk_body(header, limit, record))
-        return decode_buffer(body, root, max_depth=self.limits.max_depth, limits=self.limits, path=self.path,
-                             offset=offset, record=record)  # fmt: skip
+        return decode_buffer(
+            body,
+            root,
+            max_depth=self.limits.max_depth,
+            limits=self.limits,
+            path=self.path,
+            offset=offset,
+            record=record,
+        )
 
     # -- index and recovery ----------------------------------------------------------------
 
@@ -185,8 +192,15 @@ class Capture:
 
     def _check_unlisted(self, metadata_offset: int, index_offset: int) -> None:
         """Chunks the index does not list must be of a kind marked OPTIONAL (FORMAT.md §3.2)."""
-        self._gaps = ChunkGaps(self._directory.frames, self._directory.batch_offsets, metadata_offset, index_offset,
-                               self.size, self._chunk_header, self.path)  # fmt: skip
+        self._gaps = ChunkGaps(
+            self._directory.frames,
+            self._directory.batch_offsets,
+            metadata_offset,
+            index_offset,
+            self.size,
+            self._chunk_header,
+            self.path,
+        )
         self._gaps.check(align_up(self.header.header_size), self._chunk_header(metadata_offset, "METADATA chunk").end)
 
     def _read_metadata(self, offset: int) -> m.CaptureMetadata:
@@ -211,13 +225,27 @@ class Capture:
                     frame_rows.append((lo, hi, offset, header.stored_size, header.logical_size, header.codec))
                 elif header.kind == ChunkKind.RECORDS:
                     body = bytes(self._chunk_body(header, self.limits.max_record_batch_size, "RECORDS chunk"))
-                    d = decode_buffer(body, "RecordBatch", max_depth=self.limits.max_depth, limits=self.limits,
-                                      path=self.path, offset=offset, record="RECORDS chunk")  # fmt: skip
+                    d = decode_buffer(
+                        body,
+                        "RecordBatch",
+                        max_depth=self.limits.max_depth,
+                        limits=self.limits,
+                        path=self.path,
+                        offset=offset,
+                        record="RECORDS chunk",
+                    )
                     kinds = d["operation_kinds"]
-                    batch_rows.append((
-                        offset, d["first_operation"], 0 if kinds is None else len(kinds),
-                        d["first_object"], len(d["objects"] or ()), d["first_payload"], len(d["payloads"] or ()),
-                    ))  # fmt: skip
+                    batch_rows.append(
+                        (
+                            offset,
+                            d["first_operation"],
+                            0 if kinds is None else len(kinds),
+                            d["first_object"],
+                            len(d["objects"] or ()),
+                            d["first_payload"],
+                            len(d["payloads"] or ()),
+                        )
+                    )
                 elif header.kind == ChunkKind.METADATA and metadata is None:
                     metadata = self._read_metadata(offset)
                 elif header.kind == ChunkKind.TIMINGS:
@@ -257,8 +285,9 @@ class Capture:
     def _set_directory(
         self, batches: np.ndarray, frames: np.ndarray, operation_count: int, object_count: int, payload_count: int
     ) -> None:
-        d = build_directory(batches, frames, operation_count, object_count, payload_count, file_size=self.size,
-                            error=self._error)  # fmt: skip
+        d = build_directory(
+            batches, frames, operation_count, object_count, payload_count, file_size=self.size, error=self._error
+        )
         self._directory = d
         self.operation_count, self.object_count, self.payload_count = operation_count, object_count, payload_count
 

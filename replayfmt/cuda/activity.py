@@ -34,8 +34,17 @@ from typing import Any
 from replayfmt.errors import DeviceError, DeviceUnavailableError
 from replayfmt.format.timings import busy_ns
 
-__all__ = ["ActivityBatch", "ActivityKind", "ActivityRecord", "ExternalKind", "KernelActivity", "busy_ns",
-           "kernel_activity", "load_library", "parse_records"]  # fmt: skip
+__all__ = [
+    "ActivityBatch",
+    "ActivityKind",
+    "ActivityRecord",
+    "ExternalKind",
+    "KernelActivity",
+    "busy_ns",
+    "kernel_activity",
+    "load_library",
+    "parse_records",
+]
 
 _BUFFER_SIZE = 4 << 20
 _ERROR_MAX_LIMIT_REACHED = 12  # cuptiActivityGetNextRecord: no more records in the buffer
@@ -69,11 +78,25 @@ _MEMCPY = struct.Struct("<IB3xQQQIIII")  # kind, copyKind, bytes, start, end, de
 _MEMSET = struct.Struct("<IIQQQIIII")  # kind, value, bytes, start, end, device, context, stream, correlation
 _EXTERNAL = struct.Struct("<IIQI")  # kind, externalKind, externalId, correlationId
 _GRAPH_NODE_AT = {ActivityKind.CONCURRENT_KERNEL: 144, ActivityKind.MEMCPY: 64, ActivityKind.MEMSET: 64}
-RECORD_SIZES = {ActivityKind.CONCURRENT_KERNEL: 216, ActivityKind.MEMCPY: 96, ActivityKind.MEMSET: 88,
-                ActivityKind.EXTERNAL_CORRELATION: 24}  # fmt: skip
+RECORD_SIZES = {
+    ActivityKind.CONCURRENT_KERNEL: 216,
+    ActivityKind.MEMCPY: 96,
+    ActivityKind.MEMSET: 88,
+    ActivityKind.EXTERNAL_CORRELATION: 24,
+}
 """Sizes of the CUPTI 13 records (for building test buffers; the walk itself is CUPTI's)."""
-_COPY_NAMES = {1: "memcpy HtoD", 2: "memcpy DtoH", 3: "memcpy HtoA", 4: "memcpy AtoH", 5: "memcpy AtoA",
-               6: "memcpy AtoD", 7: "memcpy DtoA", 8: "memcpy DtoD", 9: "memcpy HtoH", 10: "memcpy PtoP"}  # fmt: skip
+_COPY_NAMES = {
+    1: "memcpy HtoD",
+    2: "memcpy DtoH",
+    3: "memcpy HtoA",
+    4: "memcpy AtoH",
+    5: "memcpy AtoA",
+    6: "memcpy AtoD",
+    7: "memcpy DtoA",
+    8: "memcpy DtoD",
+    9: "memcpy HtoH",
+    10: "memcpy PtoP",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,19 +153,22 @@ def parse_records(buffer: Any, offsets: Iterable[int], name_at: Callable[[int], 
             if name is None:
                 name = names[name_ptr] = name_at(name_ptr) if name_ptr else ""
             node = _KERNEL_GRAPH_NODE.unpack_from(buffer, at + 144)[0]
-            records.append(ActivityRecord(ActivityKind.CONCURRENT_KERNEL, name, start, end, device, stream,
-                                          correlation, node))  # fmt: skip
+            records.append(
+                ActivityRecord(ActivityKind.CONCURRENT_KERNEL, name, start, end, device, stream, correlation, node)
+            )
         elif kind == ActivityKind.MEMCPY:
             _, copy_kind, size, start, end, device, _ctx, stream, correlation = _MEMCPY.unpack_from(buffer, at)
             node = struct.unpack_from("<Q", buffer, at + 64)[0]
             name = _COPY_NAMES.get(copy_kind, "memcpy")
-            records.append(ActivityRecord(ActivityKind.MEMCPY, name, start, end, device, stream, correlation, node,
-                                          size))  # fmt: skip
+            records.append(
+                ActivityRecord(ActivityKind.MEMCPY, name, start, end, device, stream, correlation, node, size)
+            )
         elif kind == ActivityKind.MEMSET:
             _, _value, size, start, end, device, _ctx, stream, correlation = _MEMSET.unpack_from(buffer, at)
             node = struct.unpack_from("<Q", buffer, at + 64)[0]
-            records.append(ActivityRecord(ActivityKind.MEMSET, "memset", start, end, device, stream, correlation,
-                                          node, size))  # fmt: skip
+            records.append(
+                ActivityRecord(ActivityKind.MEMSET, "memset", start, end, device, stream, correlation, node, size)
+            )
         elif kind == ActivityKind.EXTERNAL_CORRELATION:
             _, external_kind, external_id, correlation = _EXTERNAL.unpack_from(buffer, at)
             try:
@@ -225,8 +251,9 @@ def _cupti_python_path() -> str | None:
     return _loaded_path()
 
 
-_REQUEST = ctypes.CFUNCTYPE(None, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_size_t),
-                            ctypes.POINTER(ctypes.c_size_t))  # fmt: skip
+_REQUEST = ctypes.CFUNCTYPE(
+    None, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)
+)
 _COMPLETE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t)
 
 
@@ -298,13 +325,23 @@ class KernelActivity:
     ) -> None:
         # the process's registered library wins over ``library``: CUPTI copies refuse each other
         self.lib = _callbacks[0].lib if _callbacks else library if library is not None else load_library()
-        for name in ("cuptiActivityEnable", "cuptiActivityDisable", "cuptiActivityFlushAll",
-                     "cuptiActivityRegisterCallbacks", "cuptiActivityPushExternalCorrelationId",
-                     "cuptiActivityPopExternalCorrelationId", "cuptiActivityGetNextRecord",
-                     "cuptiActivityGetNumDroppedRecords", "cuptiGetTimestamp"):  # fmt: skip
+        for name in (
+            "cuptiActivityEnable",
+            "cuptiActivityDisable",
+            "cuptiActivityFlushAll",
+            "cuptiActivityRegisterCallbacks",
+            "cuptiActivityPushExternalCorrelationId",
+            "cuptiActivityPopExternalCorrelationId",
+            "cuptiActivityGetNextRecord",
+            "cuptiActivityGetNumDroppedRecords",
+            "cuptiGetTimestamp",
+        ):
             getattr(self.lib, name).restype = ctypes.c_int
-        self.lib.cuptiActivityGetNextRecord.argtypes = [ctypes.c_void_p, ctypes.c_size_t,
-                                                        ctypes.POINTER(ctypes.c_void_p)]  # fmt: skip
+        self.lib.cuptiActivityGetNextRecord.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_size_t,
+            ctypes.POINTER(ctypes.c_void_p),
+        ]
         self.lib.cuptiActivityPushExternalCorrelationId.argtypes = [ctypes.c_int, ctypes.c_uint64]
         self.lib.cuptiActivityPopExternalCorrelationId.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_uint64)]
         api = (ActivityKind.DRIVER, ActivityKind.RUNTIME, ActivityKind.EXTERNAL_CORRELATION)

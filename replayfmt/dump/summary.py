@@ -63,11 +63,19 @@ def summarize(cap: Capture) -> Summary:
     meta = cap.metadata
     s = Summary(
         format_version=f"{cap.header.major}.{cap.header.minor}",
-        tool=meta.tool, tool_version=meta.tool_version, created_unix_ns=meta.created_unix_ns,
-        host=meta.host, gpu=meta.gpu, driver=meta.driver, command_line=meta.command_line,
-        recovered=cap.recovered, discarded_bytes=cap.discarded_bytes, recovery_reason=cap.recovery_reason,
-        operation_count=cap.operation_count, object_count=cap.object_count,
-    )  # fmt: skip
+        tool=meta.tool,
+        tool_version=meta.tool_version,
+        created_unix_ns=meta.created_unix_ns,
+        host=meta.host,
+        gpu=meta.gpu,
+        driver=meta.driver,
+        command_line=meta.command_line,
+        recovered=cap.recovered,
+        discarded_bytes=cap.discarded_bytes,
+        recovery_reason=cap.recovery_reason,
+        operation_count=cap.operation_count,
+        object_count=cap.object_count,
+    )
     kind_counts: Counter[int] = Counter()
     objects: Counter[str] = Counter()
     unsupported: Counter[str] = Counter()
@@ -117,8 +125,10 @@ def summarize(cap: Capture) -> Summary:
         problems.append(f"the file is damaged: {exc}")
     for name, index in open_scopes:
         problems.append(f"scope '{name}' opened at operation {index} is never closed")
-    s.operations = {_K(k).label if k in m.OperationKind._value2member_map_ else f"unknown_{k}": n
-                    for k, n in sorted(kind_counts.items())}  # fmt: skip
+    s.operations = {
+        _K(k).label if k in m.OperationKind._value2member_map_ else f"unknown_{k}": n
+        for k, n in sorted(kind_counts.items())
+    }
     s.objects, s.unsupported, s.scopes, s.files = dict(objects), dict(unsupported), dict(scopes), dict(files)
     if unsupported:
         calls = ", ".join(f"{name} x{n}" for name, n in unsupported.most_common())

@@ -41,9 +41,17 @@ _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 _I32 = struct.Struct("<i")
 _STRUCT_CODES = {
-    "u1": "B", "i1": "b", "u2": "H", "i2": "h", "u4": "I", "i4": "i", "u8": "Q", "i8": "q",
-    "f4": "f", "f8": "d",
-}  # fmt: skip
+    "u1": "B",
+    "i1": "b",
+    "u2": "H",
+    "i2": "h",
+    "u4": "I",
+    "i4": "i",
+    "u8": "Q",
+    "i8": "q",
+    "f4": "f",
+    "f8": "d",
+}
 _SCALAR_STRUCTS = {name: struct.Struct("<" + _STRUCT_CODES[code]) for name, code in NUMPY_CODES.items()}
 
 

@@ -18,17 +18,51 @@ import numpy as np
 SCHEMA_PATH = Path(__file__).with_name("schema.fbs")
 
 SCALAR_SIZES = {
-    "bool": 1, "byte": 1, "ubyte": 1, "int8": 1, "uint8": 1,
-    "short": 2, "ushort": 2, "int16": 2, "uint16": 2,
-    "int": 4, "uint": 4, "int32": 4, "uint32": 4, "float": 4, "float32": 4,
-    "long": 8, "ulong": 8, "int64": 8, "uint64": 8, "double": 8, "float64": 8,
-}  # fmt: skip
+    "bool": 1,
+    "byte": 1,
+    "ubyte": 1,
+    "int8": 1,
+    "uint8": 1,
+    "short": 2,
+    "ushort": 2,
+    "int16": 2,
+    "uint16": 2,
+    "int": 4,
+    "uint": 4,
+    "int32": 4,
+    "uint32": 4,
+    "float": 4,
+    "float32": 4,
+    "long": 8,
+    "ulong": 8,
+    "int64": 8,
+    "uint64": 8,
+    "double": 8,
+    "float64": 8,
+}
 NUMPY_CODES = {
-    "bool": "u1", "byte": "i1", "ubyte": "u1", "int8": "i1", "uint8": "u1",
-    "short": "i2", "ushort": "u2", "int16": "i2", "uint16": "u2",
-    "int": "i4", "uint": "u4", "int32": "i4", "uint32": "u4", "float": "f4", "float32": "f4",
-    "long": "i8", "ulong": "u8", "int64": "i8", "uint64": "u8", "double": "f8", "float64": "f8",
-}  # fmt: skip
+    "bool": "u1",
+    "byte": "i1",
+    "ubyte": "u1",
+    "int8": "i1",
+    "uint8": "u1",
+    "short": "i2",
+    "ushort": "u2",
+    "int16": "i2",
+    "uint16": "u2",
+    "int": "i4",
+    "uint": "u4",
+    "int32": "i4",
+    "uint32": "u4",
+    "float": "f4",
+    "float32": "f4",
+    "long": "i8",
+    "ulong": "u8",
+    "int64": "i8",
+    "uint64": "u8",
+    "double": "f8",
+    "float64": "f8",
+}
 
 _TOKEN = re.compile(r"\s*(?:(//[^\n]*)|([A-Za-z_][A-Za-z0-9_.]*)|(-?\d+)|(.))", re.S)
 

@@ -68,8 +68,11 @@ class OriginalTimes:
         times = [t for i, t in self.operations.items() if start <= i < stop]
         if not times:
             return None
-        return RegionTime(len(times), busy_ns((t.start_ns, t.end_ns) for t in times),
-                          max(t.end_ns for t in times) - min(t.start_ns for t in times))  # fmt: skip
+        return RegionTime(
+            len(times),
+            busy_ns((t.start_ns, t.end_ns) for t in times),
+            max(t.end_ns for t in times) - min(t.start_ns for t in times),
+        )
 
     def scope(self, begin: int) -> ScopeTime | None:
         """The stored time of the scope whose ScopeBegin is operation ``begin``."""
@@ -132,10 +135,12 @@ def _struct_vector(builder: flatbuffers.Builder, struct_name: str, array: np.nda
 
 def encode_timings(times: OriginalTimes) -> bytes:
     """The TIMINGS chunk body: a FlatBuffer ``Timings``."""
-    ops = _array([(t.operation, t.start_ns, t.duration_ns) for _, t in sorted(times.operations.items())],
-                 "OperationTime")  # fmt: skip
-    scopes = _array([(s.begin, s.end, s.busy_ns, s.span_ns) for s in sorted(times.scopes, key=lambda s: s.begin)],
-                    "ScopeTime")  # fmt: skip
+    ops = _array(
+        [(t.operation, t.start_ns, t.duration_ns) for _, t in sorted(times.operations.items())], "OperationTime"
+    )
+    scopes = _array(
+        [(s.begin, s.end, s.busy_ns, s.span_ns) for s in sorted(times.scopes, key=lambda s: s.begin)], "ScopeTime"
+    )
     b = flatbuffers.Builder(256 + ops.nbytes + scopes.nbytes)
     clock = b.CreateString(times.clock)
     op_vec = _struct_vector(b, "OperationTime", ops)
@@ -148,8 +153,9 @@ def encode_timings(times: OriginalTimes) -> bytes:
     return bytes(b.Output())
 
 
-def decode_timings(d: dict[str, Any], operation_count: int, *, path: str | None = None,
-                   offset: int | None = None) -> OriginalTimes:  # fmt: skip
+def decode_timings(
+    d: dict[str, Any], operation_count: int, *, path: str | None = None, offset: int | None = None
+) -> OriginalTimes:
     """OriginalTimes from a verified-decoded ``Timings`` table; operations must exist in the file."""
     schema = load_schema()
     ops = d["operations"].to_numpy(schema.numpy_dtype("OperationTime")) if d.get("operations") else None
@@ -160,9 +166,13 @@ def decode_timings(d: dict[str, Any], operation_count: int, *, path: str | None 
         if index >= operation_count:
             raise ReplayFormatError(
                 f"a time for operation {index}, but the capture holds {operation_count} operations",
-                path=path, offset=offset, record="TIMINGS chunk",
-            )  # fmt: skip
+                path=path,
+                offset=offset,
+                record="TIMINGS chunk",
+            )
         operations[index] = OperationTime(index, int(row["start_ns"]), int(row["duration_ns"]))
-    scope_rows = tuple(ScopeTime(int(r["begin"]), int(r["end"]), int(r["busy_ns"]), int(r["span_ns"]))
-                       for r in (scopes if scopes is not None else ()))  # fmt: skip
+    scope_rows = tuple(
+        ScopeTime(int(r["begin"]), int(r["end"]), int(r["busy_ns"]), int(r["span_ns"]))
+        for r in (scopes if scopes is not None else ())
+    )
     return OriginalTimes(d.get("clock") or "", operations, scope_rows)

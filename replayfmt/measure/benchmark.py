@@ -414,8 +414,9 @@ class Benchmark:
             events = kt.trace_events(self.clock.iterations, self._names()) if self.clock else self.trace_events()
             trace = {"traceEvents": events, "displayTimeUnit": "ms"}
             options.trace.write_text(json.dumps(trace))
-        original = kt.original_side(self.r.plan.capture.original_times(), self.region.start, self.region.stop,
-                                    self.timed_ops)  # fmt: skip
+        original = kt.original_side(
+            self.r.plan.capture.original_times(), self.region.start, self.region.stop, self.timed_ops
+        )
         kernels = [
             KernelTiming(
                 i,

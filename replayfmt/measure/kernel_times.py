@@ -170,9 +170,18 @@ def trace_events(iterations: dict[int, IterationTimes], names: dict[int, tuple[s
     events = []
     for index, (start, end) in sorted(operations.items()):
         name, category, stream = names.get(index, ("?", "?", 0))
-        events.append({"name": name, "cat": category, "ph": "X", "ts": round((start - origin) / 1e3, 3),
-                       "dur": round((end - start) / 1e3, 3), "pid": 1, "tid": stream,
-                       "args": {"operation": index}})  # fmt: skip
+        events.append(
+            {
+                "name": name,
+                "cat": category,
+                "ph": "X",
+                "ts": round((start - origin) / 1e3, 3),
+                "dur": round((end - start) / 1e3, 3),
+                "pid": 1,
+                "tid": stream,
+                "args": {"operation": index},
+            }
+        )
     return events
 
 
@@ -226,22 +235,28 @@ def side_by_side_lines(
     lines.append(f"{'region':<13} {'replay ms':>11} {'original ms':>12} {'replay/original':>16}")
     if busy_ms is not None:
         orig = f"{original.busy_ns / 1e6:12.4f}" if original else f"{'-':>12}"
-        lines.append(f"{'GPU busy':<13} {busy_ms:11.4f} {orig} "
-                     f"{ratio(busy_ms, original.busy_ns / 1e6) if original else '-':>16}")  # fmt: skip
+        lines.append(
+            f"{'GPU busy':<13} {busy_ms:11.4f} {orig} {ratio(busy_ms, original.busy_ns / 1e6) if original else '-':>16}"
+        )
     if kernel_busy_ms is not None and busy_ms is not None and kernel_busy_ms < busy_ms:
         lines.append(f"{'  kernels':<13} {kernel_busy_ms:11.4f} {'':>12} {'':>16}  (busy time of the kernels alone)")
     if original is not None:
-        lines.append(f"{'elapsed':<13} {elapsed_ms:11.4f} {original.span_ns / 1e6:12.4f} "
-                     f"{ratio(elapsed_ms, original.span_ns / 1e6):>16}")  # fmt: skip
+        lines.append(
+            f"{'elapsed':<13} {elapsed_ms:11.4f} {original.span_ns / 1e6:12.4f} "
+            f"{ratio(elapsed_ms, original.span_ns / 1e6):>16}"
+        )
         if busy_ms is not None and elapsed_ms > busy_ms:
-            lines.append(f"{'':<13} {elapsed_ms - busy_ms:11.4f} {(original.span_ns - original.busy_ns) / 1e6:12.4f}"
-                         "  device idle inside the region (host launch gaps, synchronisations)")  # fmt: skip
+            lines.append(
+                f"{'':<13} {elapsed_ms - busy_ms:11.4f} {(original.span_ns - original.busy_ns) / 1e6:12.4f}"
+                "  device idle inside the region (host launch gaps, synchronisations)"
+            )
         if original.untimed_device_ops:
             n = original.untimed_device_ops
             verb = "has" if n == 1 else "have"
             what = f"{n} device operation{'' if n == 1 else 's'} of the region {verb} no original time"
-            lines.append(f"note: {what} (uploads of starting state the recorder added); the replay's busy time "
-                         "includes them")  # fmt: skip
+            lines.append(
+                f"note: {what} (uploads of starting state the recorder added); the replay's busy time includes them"
+            )
     lines.append(f"clock: {CLOCK_NAMES.get(clock, clock)}")
     return lines
 
@@ -254,8 +269,10 @@ def operation_lines(rows: Sequence[tuple[int, str, float, int | None]], clock: s
     head = f"per operation (median device ms, {CLOCK_NAMES.get(clock, clock)})"
     if not with_original:
         return [head + ":"] + [f"  op {i:>7} {name:<40} {ms:.4f}" for i, name, ms, _ in rows]
-    lines = [head + ", beside the original program's:",
-             f"  {'op':>10} {'name':<40} {'replay':>9} {'original':>9} {'ratio':>8}"]  # fmt: skip
+    lines = [
+        head + ", beside the original program's:",
+        f"  {'op':>10} {'name':<40} {'replay':>9} {'original':>9} {'ratio':>8}",
+    ]
     for i, name, ms, original in rows:
         short = name if len(name) <= 40 else name[:37] + "..."
         if original is None:

@@ -160,8 +160,11 @@ def find_targets(plan: Plan, *, launch: int | None, kernel: str | None) -> Targe
         if (launch is not None and op.index == launch) or (pattern is not None and matches_kernel(pattern, name)):
             found.append(op)
     if not found:
-        what = f"--launch {launch}: operation {launch} is not a launch" if launch is not None else (
-            f"--kernel {kernel!r}: no kernel matches (names: dump-replay --kind=executable CAPTURE)")  # fmt: skip
+        what = (
+            f"--launch {launch}: operation {launch} is not a launch"
+            if launch is not None
+            else (f"--kernel {kernel!r}: no kernel matches (names: dump-replay --kind=executable CAPTURE)")
+        )
         raise ReplayUsageError(what)
     kernels = {(op.executable, op.function) for op in found}
     if len(kernels) > 1:
@@ -228,8 +231,20 @@ def capture_identity(cap: Capture) -> str:
     written in every CSV row so that a search resumes only from results of the same capture."""
     h = xxhash.xxh3_64()
     md = cap.metadata
-    h.update(repr((md.created_unix_ns, md.host, md.tool, md.gpu, md.command_line, cap.operation_count,
-                   cap.object_count, cap.payload_count)).encode())  # fmt: skip
+    h.update(
+        repr(
+            (
+                md.created_unix_ns,
+                md.host,
+                md.tool,
+                md.gpu,
+                md.command_line,
+                cap.operation_count,
+                cap.object_count,
+                cap.payload_count,
+            )
+        ).encode()
+    )
     for info in cap.payloads():
         h.update(info.hash)
     return h.hexdigest()

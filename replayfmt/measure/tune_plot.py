@@ -21,8 +21,12 @@ if TYPE_CHECKING:
     from replayfmt.measure.tune import CandidateResult, Targets
 
 AXES = ("grid", "block", "smem", "max_registers")
-AXIS_LABELS = {"grid": "grid", "block": "block (threads)", "smem": "dynamic shared memory (bytes)",
-               "max_registers": "register cap"}  # fmt: skip
+AXIS_LABELS = {
+    "grid": "grid",
+    "block": "block (threads)",
+    "smem": "dynamic shared memory (bytes)",
+    "max_registers": "register cap",
+}
 TITLE_WIDTH = 60  # characters per title line: a long (demangled template) kernel name wraps, never runs off
 
 
@@ -98,19 +102,38 @@ def _line_chart(points: list[Point], axis: str, targets: Targets) -> Any:
     good = sorted(best.values(), key=lambda p: x_of[p.coords[axis]])
     xs = [x_of[p.coords[axis]] for p in good]
     ys = [p.median_ms for p in good]
-    ax.errorbar(xs, ys, yerr=[p.stddev_ms or 0.0 for p in good], marker="o", color="tab:blue", capsize=3,
-                label="median device time (± stddev)")  # fmt: skip
+    ax.errorbar(
+        xs,
+        ys,
+        yerr=[p.stddev_ms or 0.0 for p in good],
+        marker="o",
+        color="tab:blue",
+        capsize=3,
+        label="median device time (± stddev)",
+    )
     bottom = min(ys) if ys else 1.0
     failed = sorted({x_of[p.coords[axis]] for p in points if not p.ok} - set(xs))
     if failed:  # no time to plot: a cross on the axis, labelled in the legend
-        ax.plot(failed, [bottom] * len(failed), linestyle="none", marker="x", markersize=10, color="tab:red",
-                label="failed (fault, timeout or wrong result)")  # fmt: skip
+        ax.plot(
+            failed,
+            [bottom] * len(failed),
+            linestyle="none",
+            marker="x",
+            markersize=10,
+            color="tab:red",
+            label="failed (fault, timeout or wrong result)",
+        )
     captured = [p for p in points if p.baseline and p.ok]
     if captured:
         p = captured[0]
         star = {"marker": "*", "markersize": 16, "color": "tab:orange", "markeredgecolor": "black", "zorder": 3}
-        ax.plot([x_of[p.coords[axis]]], [p.median_ms], linestyle="none", label=f"captured shape ({p.median_ms:.4g} ms)",
-                **star)  # fmt: skip
+        ax.plot(
+            [x_of[p.coords[axis]]],
+            [p.median_ms],
+            linestyle="none",
+            label=f"captured shape ({p.median_ms:.4g} ms)",
+            **star,
+        )
     ax.set_xticks(range(len(labels)), labels, rotation=45 if max(map(len, labels)) > 4 else 0)
     ax.set_xlim(-0.5, len(labels) - 0.5)
     ax.set_xlabel(AXIS_LABELS[axis])
@@ -149,8 +172,15 @@ def _heatmap(points: list[Point], row_axis: str, col_axis: str, others: list[str
             for j in range(len(cols)):
                 if math.isfinite(values[i, j]):
                     dark = values[i, j] > middle  # viridis_r: high values are dark
-                    ax.text(j, i, f"{values[i, j]:.3g}", ha="center", va="center", fontsize=7,
-                            color="white" if dark else "black")  # fmt: skip
+                    ax.text(
+                        j,
+                        i,
+                        f"{values[i, j]:.3g}",
+                        ha="center",
+                        va="center",
+                        fontsize=7,
+                        color="white" if dark else "black",
+                    )
                 elif tried[i, j]:
                     ax.text(j, i, "x", ha="center", va="center", fontsize=10, color="tab:red", fontweight="bold")
     ax.set_xticks(range(len(cols)), cols, rotation=45 if max(map(len, cols)) > 4 else 0)

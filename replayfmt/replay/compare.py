@@ -139,9 +139,13 @@ def mismatch_mask(
         if dtype not in FLOATING or want is None or have is None or not len(want):
             continue
         rtol, atol = _tolerances(dtype, tolerance)
-        close = np.isclose(have.astype(np.complex128 if have.dtype.kind == "c" else np.float64),
-                           want.astype(np.complex128 if want.dtype.kind == "c" else np.float64),
-                           rtol=rtol, atol=atol, equal_nan=True)  # fmt: skip
+        close = np.isclose(
+            have.astype(np.complex128 if have.dtype.kind == "c" else np.float64),
+            want.astype(np.complex128 if want.dtype.kind == "c" else np.float64),
+            rtol=rtol,
+            atol=atol,
+            equal_nan=True,
+        )
         itemsize = (end - start) // len(want)
         wrong[start : start + len(want) * itemsize] = np.repeat(~close, itemsize)
         modes.add(f"{dtype.name.lower()} rtol={rtol:g},atol={atol:g}")
@@ -162,8 +166,18 @@ def compare(
     if buffer.ranges and tolerance.enabled:
         wrong, mode = mismatch_mask(expected, actual, buffer=buffer, offset=offset, tolerance=tolerance)
         bad = np.flatnonzero(wrong)
-        return BufferReport(operation, buffer.id, buffer.label, "bytes of typed ranges", mode, len(wrong), len(bad),
-                            0.0, 0.0, int(bad[0]) if len(bad) else None)  # fmt: skip
+        return BufferReport(
+            operation,
+            buffer.id,
+            buffer.label,
+            "bytes of typed ranges",
+            mode,
+            len(wrong),
+            len(bad),
+            0.0,
+            0.0,
+            int(bad[0]) if len(bad) else None,
+        )
     dtype = buffer.dtype
     if tolerance.enabled and dtype in FLOATING and (values := _as_float(expected, dtype)) is not None:
         got = _as_float(actual, dtype)

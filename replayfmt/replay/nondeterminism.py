@@ -70,8 +70,10 @@ class RangeVerdict:
         if self.varying_bytes:
             shown = ", ".join(f"[{a}, {b})" for a, b in self.varying[:_SHOWN_RANGES])
             more = f" and {len(self.varying) - _SHOWN_RANGES} more" if len(self.varying) > _SHOWN_RANGES else ""
-            text += (f", {self.varying_bytes} of {self.size} bytes nondeterministic (differ between replays) "
-                     f"in {len(self.varying)} range(s): {shown}{more}")  # fmt: skip
+            text += (
+                f", {self.varying_bytes} of {self.size} bytes nondeterministic (differ between replays) "
+                f"in {len(self.varying)} range(s): {shown}{more}"
+            )
         text += f", {self.mismatching_bytes} mismatching bytes outside them"
         if self.first_mismatch is not None:
             text += f", first at byte {self.first_mismatch}"
@@ -123,8 +125,19 @@ class NondeterminismTracker:
             varying_mask = whole_elements(o.varying, o.buffer, offset)
             bad = np.flatnonzero(o.wrong & ~varying_mask)
             varying = byte_ranges(varying_mask)
-            out.append(RangeVerdict(
-                operation, buffer_id, o.buffer.label, offset, len(o.first), o.mode, o.replays, varying,
-                int(varying_mask.sum()), len(bad), int(bad[0]) if len(bad) else None,
-            ))  # fmt: skip
+            out.append(
+                RangeVerdict(
+                    operation,
+                    buffer_id,
+                    o.buffer.label,
+                    offset,
+                    len(o.first),
+                    o.mode,
+                    o.replays,
+                    varying,
+                    int(varying_mask.sum()),
+                    len(bad),
+                    int(bad[0]) if len(bad) else None,
+                )
+            )
         return out

@@ -119,8 +119,10 @@ class Plan:
             lines.append(f"file          #{fid} {resolved.reference.path} -> {where}")
         if self.state:
             ranges = sum(len(c) for c in self.state.values())
-            lines.append(f"state         {ranges} range(s), {self.state_bytes} bytes, in {len(self.state)} region(s): "
-                         "applied before each region begins, outside any timing")  # fmt: skip
+            lines.append(
+                f"state         {ranges} range(s), {self.state_bytes} bytes, in {len(self.state)} region(s): "
+                "applied before each region begins, outside any timing"
+            )
         for op, o in sorted(self.overrides.items()):
             lines.append(f"override      operation {op}: grid={o.grid} block={o.block} smem={o.shared_memory}")
         return lines
@@ -250,8 +252,11 @@ def _plan_executables(
     executables = {i: o for i, o in objects.items() if isinstance(o, m.Executable)}
     for target in subs:
         if target is not None and target not in executables:
-            what = f"object {target} is a {objects[target].kind.label}, not an executable" if target in objects else (
-                f"the capture has no object {target}")  # fmt: skip
+            what = (
+                f"object {target} is a {objects[target].kind.label}, not an executable"
+                if target in objects
+                else (f"the capture has no object {target}")
+            )
             raise ReplayUsageError(
                 f"--executable-substitution {target}: {what}; "
                 f"executables: {', '.join(map(str, sorted(executables))) or 'none'}"

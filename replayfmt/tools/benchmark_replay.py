@@ -72,8 +72,9 @@ def _text(result: BenchmarkResult) -> list[str]:
 def _csv(result: BenchmarkResult) -> str:
     out = io.StringIO()
     writer = csv.writer(out)
-    writer.writerow(["what", "name", "operation", "min_ms", "median_ms", "mean_ms", "stddev_ms", "p90_ms",
-                     "name_demangled"])  # fmt: skip
+    writer.writerow(
+        ["what", "name", "operation", "min_ms", "median_ms", "mean_ms", "stddev_ms", "p90_ms", "name_demangled"]
+    )
     s = result.device_ms
     writer.writerow(["scope", result.scope or "", "", s.min, s.median, s.mean, s.stddev, s.p90, ""])
     if result.busy_ms is not None:

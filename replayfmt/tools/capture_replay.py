@@ -19,33 +19,76 @@ from replayfmt.tools.common import EXIT_PROBLEM, ToolExit, agents_md_option, rep
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="The .kreplay file to write.")
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists (never done silently).")
-@click.option("--mode", type=click.Choice(["region", "kernel"]), default="region", show_default=True,
-              help="region: all work (or work inside --scope); kernel: selected launches as instances.")  # fmt: skip
+@click.option(
+    "--mode",
+    type=click.Choice(["region", "kernel"]),
+    default="region",
+    show_default=True,
+    help="region: all work (or work inside --scope); kernel: selected launches as instances.",
+)
 @click.option("--kernels", metavar="REGEX", help="Kernel mode: kernels whose symbol name matches.")
 @click.option("--skip-first", type=click.IntRange(min=0), default=0, help="Kernel mode: launches to skip per kernel.")
-@click.option("--max-per-kernel", type=click.IntRange(min=0), default=1, show_default=True,
-              help="Kernel mode: instances kept per kernel (0: all).")  # fmt: skip
-@click.option("--scope", "scopes", multiple=True, metavar="NAME",
-              help="Region mode: record only inside replayfmt.capture.scope(NAME) blocks (repeatable).")  # fmt: skip
-@click.option("--fixed-addresses", is_flag=True,
-              help="Mark buffers for replay at their recorded addresses (re-runs with ASLR off).")  # fmt: skip
-@click.option("--file-policy", type=click.Choice([p.label for p in m.FilePolicy]), default="reference",
-              show_default=True,
-              help="For copies from file mappings (weights); module images are always stored.")  # fmt: skip
-@click.option("--file-validation", type=click.Choice(["identity", "digest"]), default="identity", show_default=True,
-              help="How replay checks referenced files: identity (the same file) or digest (same bytes).")  # fmt: skip
+@click.option(
+    "--max-per-kernel",
+    type=click.IntRange(min=0),
+    default=1,
+    show_default=True,
+    help="Kernel mode: instances kept per kernel (0: all).",
+)
+@click.option(
+    "--scope",
+    "scopes",
+    multiple=True,
+    metavar="NAME",
+    help="Region mode: record only inside replayfmt.capture.scope(NAME) blocks (repeatable).",
+)
+@click.option(
+    "--fixed-addresses",
+    is_flag=True,
+    help="Mark buffers for replay at their recorded addresses (re-runs with ASLR off).",
+)
+@click.option(
+    "--file-policy",
+    type=click.Choice([p.label for p in m.FilePolicy]),
+    default="reference",
+    show_default=True,
+    help="For copies from file mappings (weights); module images are always stored.",
+)
+@click.option(
+    "--file-validation",
+    type=click.Choice(["identity", "digest"]),
+    default="identity",
+    show_default=True,
+    help="How replay checks referenced files: identity (the same file) or digest (same bytes).",
+)
 @click.option("--label-tensors", is_flag=True, help="Type buffers from every PyTorch op's tensors (slower).")
-@click.option("--keep-partial", is_flag=True,
-              help="Keep OUTPUT and exit 0 when the capture cannot be replayed (default: remove it, exit 1).",
-              )  # fmt: skip
+@click.option(
+    "--keep-partial",
+    is_flag=True,
+    help="Keep OUTPUT and exit 0 when the capture cannot be replayed (default: remove it, exit 1).",
+)
 @click.option("--quiet", is_flag=True, help="Do not print the report at the end.")
 @agents_md_option("capture-replay")
 @click.argument("script", type=click.Path(exists=True, dir_okay=False))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @reports_errors("capture-replay")
-def main(output: str, overwrite: bool, mode: str, kernels: str | None, skip_first: int, max_per_kernel: int,
-         scopes: tuple[str, ...], fixed_addresses: bool, file_policy: str, file_validation: str,
-         label_tensors: bool, keep_partial: bool, quiet: bool, script: str, args: tuple[str, ...]) -> int:  # fmt: skip
+def main(
+    output: str,
+    overwrite: bool,
+    mode: str,
+    kernels: str | None,
+    skip_first: int,
+    max_per_kernel: int,
+    scopes: tuple[str, ...],
+    fixed_addresses: bool,
+    file_policy: str,
+    file_validation: str,
+    label_tensors: bool,
+    keep_partial: bool,
+    quiet: bool,
+    script: str,
+    args: tuple[str, ...],
+) -> int:
     """Run SCRIPT with ARGS and record its GPU work into OUTPUT.
 
     Region mode records everything from the start (or inside --scope blocks) and checkpoints what
@@ -59,11 +102,16 @@ def main(output: str, overwrite: bool, mode: str, kernels: str | None, skip_firs
     if fixed_addresses:
         restart_without_aslr()  # the driver's address range then lands where a replay finds it
     options = RecordOptions(
-        mode=CaptureMode(mode), kernels=kernels, skip_first=skip_first, max_per_kernel=max_per_kernel or None,
-        region_scopes=scopes, fixed_addresses=fixed_addresses, label_tensors=label_tensors,
+        mode=CaptureMode(mode),
+        kernels=kernels,
+        skip_first=skip_first,
+        max_per_kernel=max_per_kernel or None,
+        region_scopes=scopes,
+        fixed_addresses=fixed_addresses,
+        label_tensors=label_tensors,
         file_policy=m.FilePolicy[file_policy.upper().replace("-", "_")],
         file_validation=m.FileValidation[file_validation.upper()],
-    )  # fmt: skip
+    )
     recorder = Recorder(output, options, overwrite=overwrite, command_line=(script, *args))
     if options.mode == CaptureMode.REGION and not scopes:
         recorder.start()
@@ -86,8 +134,9 @@ def main(output: str, overwrite: bool, mode: str, kernels: str | None, skip_firs
         click.echo(f"capture-replay: kept {output} although it cannot be replayed (--keep-partial)", err=True)
         return code
     Path(output).unlink(missing_ok=True)
-    raise ToolExit(EXIT_PROBLEM, f"error: {output} cannot be replayed ({verdict.reason}); removed it "
-                                 "(--keep-partial keeps it)")  # fmt: skip
+    raise ToolExit(
+        EXIT_PROBLEM, f"error: {output} cannot be replayed ({verdict.reason}); removed it (--keep-partial keeps it)"
+    )
 
 
 if __name__ == "__main__":

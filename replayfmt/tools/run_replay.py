@@ -175,8 +175,10 @@ def _recovery_lines(cap: Capture) -> list[str]:
     if not cap.recovered:
         return []
     kept = f"; only the {cap.operation_count} recovered operations replay" if cap.operation_count else ""
-    click.echo(f"recovered     yes: the file was not closed properly; {cap.discarded_bytes} bytes at its end were "
-               f"discarded ({cap.recovery_reason}){kept}")  # fmt: skip
+    click.echo(
+        f"recovered     yes: the file was not closed properly; {cap.discarded_bytes} bytes at its end were "
+        f"discarded ({cap.recovery_reason}){kept}"
+    )
     return [] if cap.operation_count else [recovery_problem(cap.discarded_bytes)]
 
 

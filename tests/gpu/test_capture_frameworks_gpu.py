@@ -72,19 +72,28 @@ def test_cupy_host_function(tmp_path):
     "flags",
     [
         (),
-        pytest.param(("--registered",), marks=pytest.mark.xfail(strict=False, reason=(
-            "issue 16: on the H100 replay faulted (the registered NumPy array lies below 4 GiB on a non-PIE "
-            "interpreter's heap, where parameter words were taken for numbers); fixed since, not yet run on a GPU"))),
+        pytest.param(
+            ("--registered",),
+            marks=pytest.mark.xfail(
+                strict=False,
+                reason=(
+                    "issue 16: on the H100 replay faulted (the registered NumPy array lies below 4 GiB on a "
+                    "non-PIE interpreter's heap, where parameter words were taken for numbers); fixed since, "
+                    "not yet run on a GPU"
+                ),
+            ),
+        ),
     ],
-)  # fmt: skip
+)
 def test_numba_host_memory(tmp_path, flags):
     needs("numba")
     plain = run([sys.executable, str(EXAMPLES / "numba_host_memory.py"), *flags])
     if plain.returncode != 0:
         pytest.skip(f"numba-cuda cannot run it here: {plain.stderr.strip().splitlines()[-1]}")
     out = tmp_path / "hostmem.kreplay"
-    result = run([sys.executable, "-m", "replayfmt.capture", "-o", str(out), str(EXAMPLES / "numba_host_memory.py"),
-                  *flags])  # fmt: skip
+    result = run(
+        [sys.executable, "-m", "replayfmt.capture", "-o", str(out), str(EXAMPLES / "numba_host_memory.py"), *flags]
+    )
     assert result.returncode == 0 and "replayable: yes" in result.stderr, result.stderr[-3000:]
     text = dump(out, "--format=jsonl")
     assert '"memory":"host_pinned"' in text and '"memory":"managed"' in text, text[:3000]
@@ -108,8 +117,10 @@ def test_torch_compile_replays_with_its_caches_gone(tmp_path):
 def test_an_unreplayable_capture_exits_1_unless_kept(tmp_path):
     needs("torch")
     script = tmp_path / "ipc.py"
-    script.write_text("import torch\nx = torch.ones(4, device='cuda')\n"
-                      "import cuda.bindings.driver as cu\nprint(cu.cuIpcGetMemHandle(x.data_ptr()))\n")  # fmt: skip
+    script.write_text(
+        "import torch\nx = torch.ones(4, device='cuda')\n"
+        "import cuda.bindings.driver as cu\nprint(cu.cuIpcGetMemHandle(x.data_ptr()))\n"
+    )
     out = tmp_path / "ipc.kreplay"
     base = [sys.executable, "-m", "replayfmt.capture", "-o", str(out)]
     refused = run([*base, str(script)])
@@ -145,8 +156,9 @@ def test_cupy_stream_capture_graph(tmp_path):
 def test_cuda_python_explicit_graph(tmp_path, request):
     arch = request.getfixturevalue("capture_ready")
     out = tmp_path / "graph.kreplay"
-    result = run([sys.executable, "-m", "replayfmt.capture", "-o", str(out), str(EXAMPLES / "cuda_python_graph.py"),
-                  arch])  # fmt: skip
+    result = run(
+        [sys.executable, "-m", "replayfmt.capture", "-o", str(out), str(EXAMPLES / "cuda_python_graph.py"), arch]
+    )
     assert result.returncode == 0 and "replayable: yes" in result.stderr, result.stderr[-3000:]
     assert graph_scopes(out) == 2
     text = dump(out)

@@ -50,15 +50,34 @@ def test_scope_capture_verifies_and_times_the_kernel_not_the_state(tmp_path, cap
     s = summary(out)
     assert s["state_bytes"] >= 256 << 20 and s["upload_bytes"] == 0
     assert "verified:" in verified(out)
-    result = run([sys.executable, "-m", "replayfmt.tools.benchmark_replay", "--scope=step", "--repetitions=20",
-                  "--format=json", str(out)])  # fmt: skip
+    result = run(
+        [
+            sys.executable,
+            "-m",
+            "replayfmt.tools.benchmark_replay",
+            "--scope=step",
+            "--repetitions=20",
+            "--format=json",
+            str(out),
+        ]
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     bench = json.loads(result.stdout)
     # 256 MiB of state takes >= 80 us to restore even device to device (3 TB/s); the kernel, a few us
     assert bench["device_ms"]["median"] < 0.05, bench["device_ms"]
     for mode in ("graph",):
-        result = run([sys.executable, "-m", "replayfmt.tools.benchmark_replay", "--scope=step", "--repetitions=20",
-                      f"--mode={mode}", "--format=json", str(out)])  # fmt: skip
+        result = run(
+            [
+                sys.executable,
+                "-m",
+                "replayfmt.tools.benchmark_replay",
+                "--scope=step",
+                "--repetitions=20",
+                f"--mode={mode}",
+                "--format=json",
+                str(out),
+            ]
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         assert json.loads(result.stdout)["device_ms"]["median"] < 0.05
 
@@ -78,7 +97,8 @@ def test_nondeterministic_bytes_are_reported_not_failed(tmp_path, capture_ready)
     capture(out, SCRIPTS / "atomic_sums.py", "--label-tensors")  # float32 sums: tolerances apply
     text = verified(out, "--tolerance", "--nondeterminism-runs", "3")
     assert "nondeterminism: 3 replays compared" in text and "over 3 replays" in text
-    result = run([sys.executable, "-m", "replayfmt.tools.run_replay", "--verify", "--nondeterminism-runs", "3",
-                  str(out)])  # fmt: skip
+    result = run(
+        [sys.executable, "-m", "replayfmt.tools.run_replay", "--verify", "--nondeterminism-runs", "3", str(out)]
+    )
     assert "nondeterministic (differ between replays)" in result.stdout, result.stdout[-3000:]
     assert result.returncode == 0, result.stdout[-3000:]  # whole floats vary: no byte of them is a mismatch

@@ -89,13 +89,24 @@ def test_a_recorded_capture_carries_the_original_times(tmp_path, cupti):
     uploads = [r for r in rows if r.get("kind") == "copy_h2d"]
     assert all(r["original_ns"] is None for r in uploads)  # snapshots the recorder added
     assert " original=" in dump(out)
-    bench = run([sys.executable, "-m", "replayfmt.tools.benchmark_replay", "--per-kernel", "--repetitions", "20",
-                 str(out)])  # fmt: skip
+    bench = run(
+        [sys.executable, "-m", "replayfmt.tools.benchmark_replay", "--per-kernel", "--repetitions", "20", str(out)]
+    )
     assert bench.returncode == 0, bench.stderr[-3000:]
     text = bench.stdout
     print(text)
     assert "GPU busy" in text and "clock: CUPTI activity records" in text
     assert "beside the original program's" in text
-    events = run([sys.executable, "-m", "replayfmt.tools.benchmark_replay", "--per-kernel", "--clock=events",
-                  "--repetitions", "5", str(out)])  # fmt: skip
+    events = run(
+        [
+            sys.executable,
+            "-m",
+            "replayfmt.tools.benchmark_replay",
+            "--per-kernel",
+            "--clock=events",
+            "--repetitions",
+            "5",
+            str(out),
+        ]
+    )
     assert events.returncode == 0 and "per operation (median device ms, CUDA events)" in events.stdout
