@@ -93,7 +93,7 @@ def batch_body(tmp_path_factory) -> tuple[bytes, tuple[int, ...]]:
     with replayfmt.open(path) as cap:
         assert cap.batch_count == 1
         offset = cap.directory.batch_offsets[0]
-        body = bytes(cap._chunk_body(cap._chunk_header(offset, "batch"), 1 << 30, "batch"))
+        body = bytes(cap.chunks.body(cap.chunks.header(offset, "batch"), 1 << 30, "batch"))
         entry = (cap.operation_count, cap.object_count, cap.payload_count)
     return body, entry
 
@@ -228,8 +228,8 @@ def sample_parts(tmp_path_factory):
     index_offset, _ = unpack_footer(data[-FOOTER_SIZE:])
     with replayfmt.open(path) as cap:
         assert cap.batch_count == 1
-        batch = bytes(cap._chunk_body(cap._chunk_header(cap.directory.batch_offsets[0], "b"), 1 << 30, "b"))
-        index = bytes(cap._chunk_body(cap._chunk_header(index_offset, "i"), 1 << 30, "i"))
+        batch = bytes(cap.chunks.body(cap.chunks.header(cap.directory.batch_offsets[0], "b"), 1 << 30, "b"))
+        index = bytes(cap.chunks.body(cap.chunks.header(index_offset, "i"), 1 << 30, "i"))
         entry = (cap.operation_count, cap.object_count, cap.payload_count)
     return {
         "file": data,

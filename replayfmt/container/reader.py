@@ -30,19 +30,18 @@ from typing import Any
 import numpy as np
 
 from replayfmt.container.batches import DecodedBatch, collector_paused, decode_batch, materialize
-from replayfmt.container.bounded import BoundedFile, ChunkGaps, ExpansionBudget
+from replayfmt.container.bounded import BoundedFile, ChunkGaps
+from replayfmt.container.chunks import ChunkReader
 from replayfmt.container.directory import Directory, build_directory, frame_entries
+from replayfmt.container.recovery import scan
 from replayfmt.errors import ReplayFormatError, ReplayUsageError
 from replayfmt.format import model as m, records
-from replayfmt.format.decoder import decode_buffer
 from replayfmt.format.layout import (
     ALIGNMENT,
     CHUNK_HEADER_SIZE,
     DEFAULT_LIMITS,
     FILE_HEADER_SIZE,
     FOOTER_SIZE,
-    KNOWN_CHUNK_KINDS,
-    ChunkFlags,
     ChunkHeader,
     ChunkKind,
     Codec,
@@ -50,11 +49,10 @@ from replayfmt.format.layout import (
     Limits,
     align_up,
     checksum64,
-    unpack_chunk_header,
     unpack_file_header,
     unpack_footer,
 )
-from replayfmt.format.payloads import decompress, decompress_into, frame_hash, hash_hex
+from replayfmt.format.payloads import decompress_into, frame_hash, hash_hex
 from replayfmt.format.timings import OriginalTimes, decode_timings
 
 _BATCH_CACHE = 8
@@ -94,7 +92,7 @@ class Capture:
         self.discarded_bytes = 0
         self.recovery_reason = ""
         self._timings_offset = 0  # the TIMINGS chunk (the original program's device times), if any
-        self._expansion = ExpansionBudget(self.limits, self.size)
+        self._chunks = ChunkReader(self._file, self.path, self.limits)
         try:
             self.header: FileHeader = unpack_file_header(self._file.read(0, FILE_HEADER_SIZE), self.path)
             tail = self._file.read(self.size - FOOTER_SIZE, FOOTER_SIZE) if self.size >= FOOTER_SIZE else b""
@@ -125,64 +123,12 @@ class Capture:
         self._file.close()
         self._fd = -1
 
-    # -- chunks ----------------------------------------------------------------------------
-
-    def _error(self, message: str, offset: int | None = None, record: str | None = None) -> ReplayFormatError:
-        return ReplayFormatError(message, path=self.path, offset=offset, record=record)
-
-    def _chunk_header(self, offset: int, record: str) -> ChunkHeader:
-        if offset < FILE_HEADER_SIZE or offset % 8 or offset + CHUNK_HEADER_SIZE > self.size:
-            raise self._error("offset is outside the file or misaligned", offset, record)
-        header = unpack_chunk_header(self._file.read(offset, CHUNK_HEADER_SIZE, record), offset, self.path)
-        if header.body_offset + header.stored_size > self.size:
-            raise self._error(
-                f"body of {header.stored_size} bytes runs past the end of the file ({self.size} bytes)",
-                offset,
-                record,
-            )
-        return header
-
-    def _chunk_body(self, header: ChunkHeader, limit: int, record: str) -> bytes | memoryview:
-        if header.logical_size > limit:
-            raise self._error(
-                f"declares {header.logical_size} bytes, over the limit of {limit} "
-                "(raise replayfmt.Limits to read a trusted file)",
-                header.offset,
-                record,
-            )
-        if header.codec and header.kind != ChunkKind.FRAME:  # a frame goes into a buffer its payload took
-            why = self._expansion.admit(header.offset, header.stored_size, header.logical_size)
-            if why:
-                raise self._error(why + " (raise replayfmt.Limits to read a trusted file)", header.offset, record)
-        stored = self._file.read(header.body_offset, header.stored_size, record)
-        if checksum64(stored) != header.body_checksum:
-            raise self._error("body checksum mismatch (the file is corrupted)", header.offset, record)
-        return decompress(
-            header.codec, stored, header.logical_size, path=self.path, offset=header.offset, record=record
-        )
-
-    def _decode_chunk(self, offset: int, kind: ChunkKind, root: str, limit: int) -> dict[str, Any]:
-        record = f"{kind.name} chunk"
-        header = self._chunk_header(offset, record)
-        if header.kind != kind:
-            raise self._error(f"expected a {record}, found chunk kind {header.kind}", offset)
-        body = bytes(self._chunk_body(header, limit, record))
-        return decode_buffer(
-            body,
-            root,
-            max_depth=self.limits.max_depth,
-            limits=self.limits,
-            path=self.path,
-            offset=offset,
-            record=record,
-        )
-
     # -- index and recovery ----------------------------------------------------------------
 
     def _load_index(self, index_offset: int) -> None:
         # the index lists chunks of this file (>= 64 bytes each, <= 48 bytes of entry each)
         limit = min(self.limits.max_index_size, 2 * self.size + (64 << 10))
-        index = self._decode_chunk(index_offset, ChunkKind.INDEX, "Index", limit)
+        index = self._chunks.decode(index_offset, ChunkKind.INDEX, "Index", limit)
         batches = records.struct_array(index["batches"], "BatchEntry")
         frames = records.struct_array(index["frames"], "FrameEntry")
         self.metadata = self._read_metadata(index["metadata_offset"])
@@ -198,98 +144,40 @@ class Capture:
             metadata_offset,
             index_offset,
             self.size,
-            self._chunk_header,
+            self._chunks.header,
             self.path,
         )
-        self._gaps.check(align_up(self.header.header_size), self._chunk_header(metadata_offset, "METADATA chunk").end)
+        self._gaps.check(align_up(self.header.header_size), self._chunks.header(metadata_offset, "METADATA chunk").end)
 
     def _read_metadata(self, offset: int) -> m.CaptureMetadata:
-        meta = self._decode_chunk(offset, ChunkKind.METADATA, "CaptureMetadata", self.limits.max_metadata_size)
+        meta = self._chunks.decode(offset, ChunkKind.METADATA, "CaptureMetadata", self.limits.max_metadata_size)
         return records.decode_metadata(meta)
 
     def _recover(self, reason: str) -> None:
-        """Rebuild the directory by scanning chunks; stop at the first damaged one."""
+        """Rebuild the directory by scanning chunks (see :mod:`replayfmt.container.recovery`)."""
         self.recovered = True
-        offset = align_up(self.header.header_size)
-        batch_rows: list[tuple[int, ...]] = []
-        frame_rows: list[tuple[int, ...]] = []
-        metadata: m.CaptureMetadata | None = None
-        stop_reason = ""
-        unknown = 0
-        while offset < self.size:
-            try:
-                header = self._chunk_header(offset, "chunk")
-                if header.kind == ChunkKind.FRAME:
-                    self._chunk_body_checksum(header)
-                    lo, hi = int.from_bytes(header.key[:8], "little"), int.from_bytes(header.key[8:], "little")
-                    frame_rows.append((lo, hi, offset, header.stored_size, header.logical_size, header.codec))
-                elif header.kind == ChunkKind.RECORDS:
-                    body = bytes(self._chunk_body(header, self.limits.max_record_batch_size, "RECORDS chunk"))
-                    d = decode_buffer(
-                        body,
-                        "RecordBatch",
-                        max_depth=self.limits.max_depth,
-                        limits=self.limits,
-                        path=self.path,
-                        offset=offset,
-                        record="RECORDS chunk",
-                    )
-                    kinds = d["operation_kinds"]
-                    batch_rows.append(
-                        (
-                            offset,
-                            d["first_operation"],
-                            0 if kinds is None else len(kinds),
-                            d["first_object"],
-                            len(d["objects"] or ()),
-                            d["first_payload"],
-                            len(d["payloads"] or ()),
-                        )
-                    )
-                elif header.kind == ChunkKind.METADATA and metadata is None:
-                    metadata = self._read_metadata(offset)
-                elif header.kind == ChunkKind.TIMINGS:
-                    self._timings_offset = offset
-                elif header.kind not in KNOWN_CHUNK_KINDS and not header.flags & ChunkFlags.OPTIONAL:
-                    unknown = header.kind
-                    break
-            except ReplayFormatError as exc:
-                stop_reason = exc.message
-                break
-            offset = header.end
-        if unknown:  # a newer writer's required chunk: refuse, do not drop the rest as damage
-            raise self._error(f"unknown chunk kind {unknown} is not optional (upgrade replayfmt)", offset)
-        self.discarded_bytes = max(0, self.size - offset)
-        self.recovery_reason = reason + (f"; scan stopped at offset {offset}: {stop_reason}" if stop_reason else "")
-        if metadata is None:
-            raise self._error("no readable capture metadata: the file holds nothing recoverable", offset)
-        self.metadata = metadata
-        # keep the longest run of batches that continues the operation, object and payload numbering
-        rows = sorted(batch_rows, key=lambda r: r[1])
-        kept, next_op, next_obj, next_payload = [], 0, 1, 1
-        for row in rows:
-            if (row[1], row[3], row[5]) != (next_op, next_obj, next_payload):
-                break
-            kept.append(row)
-            next_op, next_obj, next_payload = row[1] + row[2], row[3] + row[4], row[5] + row[6]
-        dt = records.dtype
-        batches = np.array(kept, dtype=dt("BatchEntry")) if kept else np.zeros(0, dt("BatchEntry"))
-        frames = frame_entries(frame_rows)
-        self._set_directory(batches, frames, next_op, next_obj - 1, next_payload - 1)
-
-    def _chunk_body_checksum(self, header: ChunkHeader) -> None:
-        stored = self._file.read(header.body_offset, header.stored_size, "FRAME chunk")
-        if checksum64(stored) != header.body_checksum:
-            raise self._error("chunk body checksum mismatch", header.offset)
+        found = scan(self._chunks, align_up(self.header.header_size), self.limits)
+        self.discarded_bytes = max(0, self.size - found.end)
+        stopped = f"; scan stopped at offset {found.end}: {found.stop_reason}" if found.stop_reason else ""
+        self.recovery_reason = reason + stopped
+        self.metadata = found.metadata
+        self._timings_offset = found.timings_offset
+        frames = frame_entries(found.frame_rows)
+        self._set_directory(found.batches, frames, found.operation_count, found.object_count, found.payload_count)
 
     def _set_directory(
         self, batches: np.ndarray, frames: np.ndarray, operation_count: int, object_count: int, payload_count: int
     ) -> None:
         d = build_directory(
-            batches, frames, operation_count, object_count, payload_count, file_size=self.size, error=self._error
+            batches, frames, operation_count, object_count, payload_count, file_size=self.size, error=self._chunks.error
         )
         self._directory = d
         self.operation_count, self.object_count, self.payload_count = operation_count, object_count, payload_count
+
+    @property
+    def chunks(self) -> ChunkReader:
+        """Chunk-level access to the file (headers, verified bodies), for inspection and tests."""
+        return self._chunks
 
     @property
     def directory(self) -> Directory:
@@ -317,10 +205,12 @@ class Capture:
 
     def _decode_batch(self, i: int) -> DecodedBatch:
         entry = self._directory.entry(i)
-        d = self._decode_chunk(entry.offset, ChunkKind.RECORDS, "RecordBatch", self.limits.max_record_batch_size)
+        d = self._chunks.decode(entry.offset, ChunkKind.RECORDS, "RecordBatch", self.limits.max_record_batch_size)
         if not self.recovered:  # the gap after a batch (its end is known once its header is read)
-            self._gaps.walk(self._chunk_header(entry.offset, f"record batch {i}").end)
-        return decode_batch(d, entry, self.limits, lambda message, record: self._error(message, entry.offset, record))
+            self._gaps.walk(self._chunks.header(entry.offset, f"record batch {i}").end)
+        return decode_batch(
+            d, entry, self.limits, lambda message, record: self._chunks.error(message, entry.offset, record)
+        )
 
     def _batch_of_operation(self, index: int) -> int:
         if not 0 <= index < self.operation_count:
@@ -373,7 +263,7 @@ class Capture:
         at = self._timings_offset
         if not at:
             return OriginalTimes()
-        d = self._decode_chunk(at, ChunkKind.TIMINGS, "Timings", self.limits.max_index_size)
+        d = self._chunks.decode(at, ChunkKind.TIMINGS, "Timings", self.limits.max_index_size)
         return decode_timings(d, self.operation_count, path=self.path, offset=at)
 
     # -- objects ---------------------------------------------------------------------------
@@ -487,7 +377,9 @@ class Capture:
         while wanted:
             n = os.preadv(self._fd, buffers, position)
             if n <= 0:
-                raise self._error("frame ends early (the file shrank while it was read)", first.offset, run[0][2])
+                raise self._chunks.error(
+                    "frame ends early (the file shrank while it was read)", first.offset, run[0][2]
+                )
             position, wanted = position + n, wanted - n
             while buffers and n >= len(buffers[0]):  # a short read: go on where it stopped
                 n -= len(buffers.pop(0))
@@ -501,13 +393,13 @@ class Capture:
     def _decompress_frame(self, header: ChunkHeader, digest: bytes, record: str, view: memoryview, check: bool) -> None:
         stored = self._file.read(header.body_offset, header.stored_size, record)
         if check and checksum64(stored) != header.body_checksum:
-            raise self._error("body checksum mismatch (the file is corrupted)", header.offset, record)
+            raise self._chunks.error("body checksum mismatch (the file is corrupted)", header.offset, record)
         decompress_into(stored, view, path=self.path, offset=header.offset, record=record)
         if check and frame_hash(view) != digest:
             raise self._frame_mismatch(header, record)
 
     def _frame_mismatch(self, header: ChunkHeader, record: str) -> ReplayFormatError:
-        return self._error(
+        return self._chunks.error(
             "frame content does not match its hash (checksum mismatch: the file is corrupted)", header.offset, record
         )
 
@@ -517,26 +409,26 @@ class Capture:
         expected = min(info.frame_size, info.size - k * info.frame_size)
         loc = self.frame_location(digest)
         if loc is None:
-            raise self._error(
+            raise self._chunks.error(
                 f"frame {hash_hex(digest)} is not in the file (the capture was cut short before "
                 "it was written); recapture, or skip what needs this payload",
                 None,
                 record,
             )
-        header = self._chunk_header(loc[0], record)
+        header = self._chunks.header(loc[0], record)
         if header.kind != ChunkKind.FRAME or header.key != digest:
-            raise self._error("the index points at a chunk that is not this frame", loc[0], record)
+            raise self._chunks.error("the index points at a chunk that is not this frame", loc[0], record)
         if header.logical_size != expected:
-            raise self._error(
+            raise self._chunks.error(
                 f"frame holds {header.logical_size} bytes, the payload expects {expected}", loc[0], record
             )
         if header.logical_size > self.limits.max_frame_size:
-            raise self._error(f"declares {header.logical_size} bytes, over the frame limit", loc[0], record)
+            raise self._chunks.error(f"declares {header.logical_size} bytes, over the frame limit", loc[0], record)
         return header, digest, record
 
     def _read_frame(self, info: m.PayloadInfo, k: int) -> bytes | memoryview:
         header, digest, record = self._frame_header(info, k)
-        data = self._chunk_body(header, self.limits.max_frame_size, record)
+        data = self._chunks.body(header, self.limits.max_frame_size, record)
         if frame_hash(data) != digest:
             raise self._frame_mismatch(header, record)
         return data
