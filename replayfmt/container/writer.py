@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from replayfmt.container.batches import OpenBatch
+from replayfmt.container.batches import RELOCATION_STRUCT, OpenBatch
 from replayfmt.container.directory import frame_entries
 from replayfmt.errors import ReplayError, ReplayUsageError
 from replayfmt.format import model as m, records
@@ -60,8 +60,13 @@ _ZERO_PAD = bytes(8)
 _RECORD_COMPRESSION = CompressionPolicy(level=3, min_saving=0.05)
 # struct.Struct twins of the schema's LaunchRecord and Relocation (a test checks the layouts agree)
 _LAUNCH_STRUCT = struct.Struct("<18I")
-_RELOCATION_STRUCT = struct.Struct("<IIQQB7x")
+_RELOCATION_STRUCT = RELOCATION_STRUCT
 _ID_OPERATION_STRUCT = struct.Struct("<II")
+_RELOCATION_CACHE_SIZE = 4096  # distinct relocation sets remembered packed, per writer
+
+
+def _pack_relocations(relocations: tuple[Any, ...]) -> bytes:
+    return b"".join([_RELOCATION_STRUCT.pack(*r) for r in relocations])
 
 
 class _InlineExecutor:
@@ -153,6 +158,7 @@ class CaptureWriter:
         self._frames: list[tuple[int, int, int, int, int, int]] = []  # lo, hi, offset, stored, logical, codec
         self._batches: list[tuple[int, ...]] = []
         self._batch = OpenBatch(0, 1, 1)
+        self._relocation_cache: dict[tuple[Any, ...], bytes] = {}
         self._stopping = threading.Event()
         try:
             header = FileHeader(FORMAT_MAJOR, FORMAT_MINOR, FILE_HEADER_SIZE, 0)
@@ -296,25 +302,48 @@ class CaptureWriter:
         """
         if type(relocations) is not tuple:
             relocations = tuple(relocations)
+        # The hot path of a capture: one struct pack, relocations packed once per distinct set
+        # (launches of one kernel repeat them), the seal test inline.
+        packed = b""
+        if relocations:
+            try:
+                packed = self._relocation_cache[relocations]
+            except KeyError:
+                packed = self._relocation_cache_add(relocations)
+            except TypeError:  # an unhashable relocation (a list): packed every time
+                packed = _pack_relocations(relocations)
         with self._lock:
             if self._closed:
                 self._check_open()
             batch = self._batch
             index = self._next_operation
             self._next_operation = index + 1
-            batch.kinds.append(8)  # OperationKind.LAUNCH
+            kinds = batch.kinds
+            kinds.append(8)  # OperationKind.LAUNCH
+            batch_parameters = batch.parameters
             batch.launch_bytes += _LAUNCH_STRUCT.pack(
                 executable, function, stream, flags, *grid, *block, *cluster, shared_memory,
-                len(batch.parameters), len(parameters), batch.relocation_count, len(relocations),
+                len(batch_parameters), len(parameters), batch.relocation_count, len(relocations),
             )  # fmt: skip
-            batch.parameters += parameters
-            if relocations:
-                pack = _RELOCATION_STRUCT.pack
-                for relocation in relocations:
-                    batch.relocation_bytes += pack(*relocation)
+            batch_parameters += parameters
+            if packed:
+                batch.relocation_bytes += packed
                 batch.relocation_count += len(relocations)
-            self._after_append()
+            count = len(kinds)
+            if (
+                count >= self.batch_operations
+                or len(batch_parameters) + 80 * count + batch.extra_bytes >= self.batch_bytes
+            ):
+                self._seal()
             return index
+
+    def _relocation_cache_add(self, relocations: tuple[Any, ...]) -> bytes:
+        packed = _pack_relocations(relocations)
+        cache = self._relocation_cache
+        if len(cache) >= _RELOCATION_CACHE_SIZE:
+            cache.clear()
+        cache[relocations] = packed
+        return packed
 
     def copy_h2d(
         self,
