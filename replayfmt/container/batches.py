@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import operator
 import struct
 import time
 from collections.abc import Callable, Iterator
@@ -236,13 +237,27 @@ def materialize(b: DecodedBatch) -> list[m.Operation]:
         memset_cols = (b.memsets[name].tolist() for name in b.memsets.dtype.names)
         memset_ops = list(map(_new_tuple, repeat(m.Memset), zip(_positions(category, 2, first, 0), *memset_cols)))
     id_ops: list[m.Operation] = []
+    order = category
     if counts[3]:
-        id_kinds = [_K(k) for k in b.kinds[category == 3].tolist()]
-        make = records.make_id_operation
-        columns = (b.id_operations["first"].tolist(), b.id_operations["second"].tolist())
-        id_ops = [make(k, i, f, s) for k, i, f, s in zip(id_kinds, _positions(category, 3, first, 0), *columns)]
-    sources = (iter(launch_ops), iter(copy_ops), iter(memset_ops), iter(id_ops), iter(b.table_ops))
-    return [next(sources[c]) for c in category.tolist()]
+        # one map() per id-only kind; those kinds are then ordered by kind code among themselves
+        id_kinds = b.kinds[category == 3]
+        id_positions = np.asarray(_positions(category, 3, first, 0))
+        for code in np.unique(id_kinds).tolist():
+            cls, names = records.ID_OPERATIONS[_K(code)]
+            chosen = id_kinds == code
+            columns = [id_positions[chosen].tolist(), b.id_operations["first"][chosen].tolist()]
+            if len(names) == 2:
+                columns.append(b.id_operations["second"][chosen].tolist())
+            id_ops += map(cls, *columns)
+        order = (category.astype(np.uint16) << 8) | np.where(category == 3, b.kinds, 0)
+    # Interleave the categories back into capture order: the records laid end to end in category
+    # order, then picked in capture order by one C call (itemgetter) from where each one landed.
+    grouped = [*launch_ops, *copy_ops, *memset_ops, *id_ops, *b.table_ops]
+    if len(grouped) < 2:
+        return grouped
+    landed = np.empty(len(category), np.int64)
+    landed[np.argsort(order, kind="stable")] = np.arange(len(category))
+    return list(operator.itemgetter(*landed.tolist())(grouped))
 
 
 def _positions(category: np.ndarray, which: int, first: int, total: int) -> list[int] | range:

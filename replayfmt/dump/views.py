@@ -16,7 +16,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from replayfmt import __version__
 from replayfmt.container.reader import Capture
@@ -27,6 +27,16 @@ from replayfmt.errors import ReplayUsageError
 from replayfmt.format import model as m
 from replayfmt.format.payloads import hash_hex
 from replayfmt.format.records import ID_OPERATIONS
+
+
+class _LaunchParts(NamedTuple):
+    """The text of a launch row around its index and parameter values, and how to render those."""
+
+    prefix: str
+    render: Any  # LaunchTemplate.render, or None
+    targets: tuple[str | None, ...]
+    suffix: str
+    launch: m.Launch  # held so that the ids in this entry's key stay unique while it is cached
 
 
 class Dumper:
@@ -52,8 +62,7 @@ class Dumper:
             except OSError as exc:
                 raise ReplayUsageError(f"--payloads=files:{payload_dir}: cannot create ({exc.strerror})") from None
         self._templates: dict[tuple[int, int], LaunchTemplate] = {}
-        self._relocations_json: dict[tuple[m.Relocation, ...], str] = {}
-        self._shapes: dict[tuple[Any, ...], str] = {}
+        self._launch_parts: dict[tuple[int, ...], _LaunchParts] = {}
         self._payload_json: dict[int, str] = {}
         self._encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
         self._payload_refs: dict[int, dict[str, Any] | None] = {}
@@ -190,33 +199,41 @@ class Dumper:
         return row
 
     def launch_json(self, op: m.Launch) -> str:
-        key = (op.executable, op.function)
-        template = self._templates.get(key)
+        index, executable, function, stream, grid, block, cluster, shared_memory, flags, raw, relocations = op
+        # Everything but the index and the parameter values is rendered once per distinct launch
+        # shape. The reader shares one tuple among equal grids, blocks and relocation sets, so the
+        # key holds their identities (cheap to hash); the entry holds the objects themselves, so
+        # those ids stay unique while it is cached.
+        key = (executable, function, stream, id(grid), id(block), id(cluster), shared_memory, flags, id(relocations))
+        entry = self._launch_parts.get(key)
+        if entry is None:
+            entry = self._launch_entry(op, key)
+        render = entry.render
+        text = render(raw, entry.targets) if render is not None else None
+        if text is None:
+            text = f'"parameter_bytes":"{raw.hex()}"'
+        return f'{{"kind":"launch","index":{index}{entry.prefix}{text}{entry.suffix}'
+
+    def _launch_entry(self, op: m.Launch, key: tuple[int, ...]) -> _LaunchParts:
+        template = self._templates.get((op.executable, op.function))
         if template is None:
-            template = self._templates[key] = LaunchTemplate(self, op.executable, op.function)
-        shape_key = (op.grid, op.block, op.cluster, op.shared_memory, op.flags, op.stream)
-        shape = self._shapes.get(shape_key)
-        if shape is None:
-            if len(self._shapes) >= _CACHE_LIMIT:
-                self._shapes.clear()
-            g, b, c = op.grid, op.block, op.cluster
-            shape = self._shapes[shape_key] = (
-                f'"stream":{op.stream},"grid":[{g[0]},{g[1]},{g[2]}],"block":[{b[0]},{b[1]},{b[2]}],'
-                f'"cluster":[{c[0]},{c[1]},{c[2]}],"shared_memory":{op.shared_memory},"flags":{op.flags},'
-            )
-        relocs = self._relocations_json.get(op.relocations)
-        if relocs is None:
-            if len(self._relocations_json) >= _CACHE_LIMIT:
-                self._relocations_json.clear()
-            relocs = self._relocations_json[op.relocations] = ",".join(
-                f'{{"site_buffer":{r.site_buffer},"site_offset":{r.site_offset},"target_buffer":{r.target_buffer},'
-                f'"target_offset":{r.target_offset},"kind":"{"tensor_map" if r.kind == 1 else "pointer"}"}}'
-                for r in op.relocations
-            )
-        return (
-            f'{{"kind":"launch","index":{op.index}{template.head}{shape}{template.parameters_json(op)},'
-            f'"relocations":[{relocs}]}}'
+            template = self._templates[(op.executable, op.function)] = LaunchTemplate(self, op.executable, op.function)
+        g, b, c = op.grid, op.block, op.cluster
+        prefix = (
+            f'{template.head}"stream":{op.stream},"grid":[{g[0]},{g[1]},{g[2]}],"block":[{b[0]},{b[1]},{b[2]}],'
+            f'"cluster":[{c[0]},{c[1]},{c[2]}],"shared_memory":{op.shared_memory},"flags":{op.flags},'
         )
+        relocations = ",".join(
+            f'{{"site_buffer":{r.site_buffer},"site_offset":{r.site_offset},"target_buffer":{r.target_buffer},'
+            f'"target_offset":{r.target_offset},"kind":"{"tensor_map" if r.kind == 1 else "pointer"}"}}'
+            for r in op.relocations
+        )
+        targets = template.targets(op.relocations) if template.render is not None else ()
+        entry = _LaunchParts(prefix, template.render, targets, f',"relocations":[{relocations}]}}', op)
+        if len(self._launch_parts) >= _CACHE_LIMIT:
+            self._launch_parts.clear()
+        self._launch_parts[key] = entry
+        return entry
 
     def payload_json(self, pid: int) -> str:
         text = self._payload_json.get(pid)
