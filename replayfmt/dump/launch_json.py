@@ -114,7 +114,8 @@ def _compile_renderer(unpack: struct.Struct, slots: list[tuple[str, int, int, st
     pointers = [i for i, (_, _, kind, _) in enumerate(slots) if kind in (_POINTER, _TENSOR_MAP)]
     namespace: dict[str, Any] = {
         "UNPACK": unpack.unpack_from, "SIZE": unpack.size, "FLOAT": _float_json, "REPR": float.__repr__,
-        "BF16": _bf16_json, "HEX": _hex_json, "TRUE": "true", "FALSE": "false", "HEAD": '"parameters":', "TAIL": "}",
+        "BF16": _bf16_json, "HEX": _hex_json, "TRUE": "true", "FALSE": "false", "HEAD": '"parameters":',
+        "TAIL": "}", "EMPTY": "{}",
     }  # fmt: skip
     lines = [
         "def render(raw, targets):",
@@ -124,7 +125,7 @@ def _compile_renderer(unpack: struct.Struct, slots: list[tuple[str, int, int, st
     ]
     if pointers:
         lines.append(f"    ({', '.join(f't{i}' for i in pointers)},) = targets")
-    pieces = ["HEAD"]
+    pieces = ["HEAD"]  # joined by one f-string (one BUILD_STRING, no intermediate strings)
     for i, (key, _offset, kind, conv) in enumerate(slots):
         namespace[f"K{i}"] = ("{" if i == 0 else ",") + key
         if kind in (_POINTER, _TENSOR_MAP):
@@ -138,7 +139,7 @@ def _compile_renderer(unpack: struct.Struct, slots: list[tuple[str, int, int, st
                 "bf16": f"BF16(v{i})",
             }.get(conv, f"HEX(v{i})")
         pieces += [f"K{i}", value]
-    pieces.append("TAIL" if slots else "'{}'")
-    lines.append("    return " + " + ".join(pieces))
+    pieces.append("TAIL" if slots else "EMPTY")
+    lines.append("    return f'" + "".join(f"{{{piece}}}" for piece in pieces) + "'")
     exec("\n".join(lines), namespace)
     return namespace["render"]

@@ -12,7 +12,9 @@ ReplayFormatError after yielding everything before it; the summary records the d
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
+import operator
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -258,11 +260,10 @@ class Dumper:
                 f'{{"kind":"memset","index":{op.index},"stream":{op.stream},"buffer":{op.buffer},"offset":{op.offset},'
                 f'"value":{op.value},"element_size":{op.element_size},"count":{op.count}}}'
             )
-        if type(op) in _ID_ROW_PREFIXES and not isinstance(op, m.CreateObject | m.DestroyObject):
-            names = field_names(op)
-            prefix = _ID_ROW_PREFIXES[type(op)]
-            fields = ",".join(f'"{n}":{getattr(op, n)}' for n in names)
-            return f"{prefix}{op.index},{fields}}}"
+        id_row = _ID_ROWS.get(type(op))
+        if id_row is not None:
+            text, fields = id_row
+            return text.format(*fields(op))
         return self._encode(self.operation_row(op))
 
     def _object_or_none(self, object_id: int) -> m.ObjectDef | None:
@@ -373,7 +374,19 @@ class Dumper:
         return f"{head} {fields}"
 
 
-_ID_ROW_PREFIXES = {cls: f'{{"kind":"{kind.label}","index":' for kind, (cls, _) in ID_OPERATIONS.items()}
+def _id_row_template(kind: m.OperationKind, cls: type) -> tuple[str, Any]:
+    """A row of an id-only operation as a str.format template and the getter of its values."""
+    names = tuple(f.name for f in dataclasses.fields(cls) if f.name != "index")
+    keys = "".join(f',"{n}":{{{i + 1}}}' for i, n in enumerate(names))
+    return f'{{{{"kind":"{kind.label}","index":{{0}}{keys}}}}}', operator.attrgetter("index", *names)
+
+
+# Create/destroy rows also name the object's kind: they take the general path.
+_ID_ROWS = {
+    cls: _id_row_template(kind, cls)
+    for kind, (cls, _) in ID_OPERATIONS.items()
+    if kind not in (m.OperationKind.CREATE_OBJECT, m.OperationKind.DESTROY_OBJECT)
+}
 
 
 def _xyz(d: tuple[int, int, int]) -> str:
