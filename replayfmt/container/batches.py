@@ -13,7 +13,7 @@ import gc
 import operator
 import struct
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import repeat
 from typing import Any
@@ -54,6 +54,25 @@ class BatchEntry:
     object_count: int
     first_payload: int
     payload_count: int
+
+
+class PackedRelocations(dict):
+    """Relocation sets (tuples) to their packed Relocation structs, worked out once per distinct
+    set: launches of one kernel repeat them. Bounded: cleared when it reaches ``limit`` sets."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def __missing__(self, relocations: tuple[Any, ...]) -> bytes:
+        if len(self) >= self.limit:
+            self.clear()
+        packed = self[relocations] = pack_relocations(relocations)
+        return packed
+
+
+def pack_relocations(relocations: Iterable[Any]) -> bytes:
+    return b"".join([RELOCATION_STRUCT.pack(*r) for r in relocations])
 
 
 class OpenBatch:

@@ -22,14 +22,24 @@ import os
 import struct
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from replayfmt.container.batches import RELOCATION_STRUCT, OpenBatch
+from replayfmt.container.batches import RELOCATION_STRUCT, OpenBatch, PackedRelocations, pack_relocations
 from replayfmt.container.directory import frame_entries
+from replayfmt.container.payload_store import (
+    FetchMissing,
+    InlineExecutor,
+    Release,
+    SampledCompressor,
+    check_frame_digests,
+    claim_missing,
+    deliver,
+    write_all,
+)
 from replayfmt.errors import ReplayError, ReplayUsageError
 from replayfmt.format import model as m, records
 from replayfmt.format.layout import (
@@ -62,39 +72,6 @@ _RECORD_COMPRESSION = CompressionPolicy(level=3, min_saving=0.05)
 _LAUNCH_STRUCT = struct.Struct("<18I")
 _RELOCATION_STRUCT = RELOCATION_STRUCT
 _ID_OPERATION_STRUCT = struct.Struct("<II")
-_RELOCATION_CACHE_SIZE = 4096  # distinct relocation sets remembered packed, per writer
-
-
-def _pack_relocations(relocations: tuple[Any, ...]) -> bytes:
-    return b"".join([_RELOCATION_STRUCT.pack(*r) for r in relocations])
-
-
-class _InlineExecutor:
-    """Runs submitted work at once on the caller's thread (``threads=0``)."""
-
-    def submit(self, fn: Any, *args: Any) -> cf.Future:
-        future: cf.Future = cf.Future()
-        try:
-            future.set_result(fn(*args))
-        except BaseException as exc:
-            future.set_exception(exc)
-        return future
-
-    def shutdown(self, wait: bool = True) -> None:
-        pass
-
-
-def _write_all(fd: int, parts: list[bytes | memoryview]) -> int:
-    total = sum(len(p) for p in parts)
-    views = [memoryview(p).cast("B") for p in parts if len(p)]
-    while views:
-        written = os.writev(fd, views)
-        while views and written >= len(views[0]):
-            written -= len(views[0])
-            views.pop(0)
-        if views and written:
-            views[0] = views[0][written:]
-    return total
 
 
 class CaptureWriter:
@@ -134,13 +111,14 @@ class CaptureWriter:
         self.batch_bytes = batch_bytes
         self.flush_interval = flush_interval
         self._compressor = FrameCompressor(compression)
+        self._sampled = SampledCompressor(compression)
         self._record_compressor = FrameCompressor(_RECORD_COMPRESSION)
         threads = min(8, os.cpu_count() or 1) if threads is None else threads
         self._frame_pool: Any = (
-            cf.ThreadPoolExecutor(threads, thread_name_prefix="kreplay-frames") if threads else _InlineExecutor()
+            cf.ThreadPoolExecutor(threads, thread_name_prefix="kreplay-frames") if threads else InlineExecutor()
         )
         self._record_pool: Any = (
-            cf.ThreadPoolExecutor(1, thread_name_prefix="kreplay-records") if threads else _InlineExecutor()
+            cf.ThreadPoolExecutor(1, thread_name_prefix="kreplay-records") if threads else InlineExecutor()
         )
         self._slots = threading.BoundedSemaphore(max(2, 2 * threads))
         self._lock = threading.RLock()  # operations, objects, payload ids, the open batch
@@ -158,7 +136,7 @@ class CaptureWriter:
         self._frames: list[tuple[int, int, int, int, int, int]] = []  # lo, hi, offset, stored, logical, codec
         self._batches: list[tuple[int, ...]] = []
         self._batch = OpenBatch(0, 1, 1)
-        self._relocation_cache: dict[tuple[Any, ...], bytes] = {}
+        self._relocation_cache = PackedRelocations()
         self._stopping = threading.Event()
         try:
             header = FileHeader(FORMAT_MAJOR, FORMAT_MINOR, FILE_HEADER_SIZE, 0)
@@ -184,7 +162,7 @@ class CaptureWriter:
     def _append_raw(self, parts: list[bytes | memoryview]) -> int:
         with self._file_lock:
             offset = self._end
-            self._end += _write_all(self._fd, parts)
+            self._end += write_all(self._fd, parts, offset)  # at offsets: frames are written in parallel
             return offset
 
     def _append_chunk(
@@ -226,11 +204,39 @@ class CaptureWriter:
                 new = digest not in self._frame_keys
                 self._frame_keys.add(digest)
             if new:
-                self._slots.acquire()
-                future = self._frame_pool.submit(self._store_frame, digest, bytes(part))
-                with self._lock:
-                    self._pending_frames.add(future)
-                future.add_done_callback(self._frame_done)
+                self._submit_frame(digest, bytes(part), None, self._compressor)
+        return self._define_payload(size, hashes)
+
+    def add_payload_frames(self, size: int, digests: Sequence[bytes], fetch_missing: FetchMissing) -> int:
+        """Store ``size`` bytes given their frames' digests (``frame_hash`` of each ``frame_size``
+        piece, computed elsewhere, e.g. on the device); returns the payload id add_payload would.
+        Only frames the file lacks are asked for: ``fetch_missing(indices)`` yields ``(index,
+        data, release)`` for each, written straight from ``data`` (valid until ``release()``; see
+        replayfmt.container.payload_store). Incompressible frames (by samples) are stored raw."""
+        self._check_open()
+        check_frame_digests(size, self.frame_size, digests)
+        digests = list(digests)
+        with self._lock:
+            missing = claim_missing(digests, self._frame_keys)
+
+        def submit(index: int, data: Any, release: Release) -> None:
+            self._submit_frame(digests[index], data, release, self._sampled)
+
+        def unclaim(indices: list[int]) -> None:
+            with self._lock:
+                self._frame_keys.difference_update(digests[i] for i in indices)
+
+        deliver(self.frame_size, size, missing, fetch_missing, submit, unclaim)
+        return self._define_payload(size, digests)
+
+    def _submit_frame(self, digest: bytes, data: Any, release: Release, compressor: Any) -> None:
+        self._slots.acquire()
+        future = self._frame_pool.submit(self._store_frame, digest, data, release, compressor)
+        with self._lock:
+            self._pending_frames.add(future)
+        future.add_done_callback(self._frame_done)
+
+    def _define_payload(self, size: int, hashes: list[bytes]) -> int:
         identity = payload_hash(size, hashes)
         with self._lock:
             self._check_open()
@@ -245,15 +251,22 @@ class CaptureWriter:
             self._after_append()
             return pid
 
-    def _store_frame(self, digest: bytes, data: bytes) -> None:
+    def _store_frame(self, digest: bytes, data: Any, release: Release, compressor: Any) -> None:
         try:
-            codec, stored = self._compressor.compress(data)
-            offset = self._append_chunk(ChunkKind.FRAME, codec, stored, len(data), digest)
+            codec, stored = compressor.compress(data)
+            header = pack_chunk_header(ChunkKind.FRAME, 0, codec, stored, len(data), digest)
+            pad = _ZERO_PAD[: align_up(len(stored)) - len(stored)]
+            with self._file_lock:  # reserve the range; frames are then written in parallel
+                offset = self._end
+                self._end += len(header) + len(stored) + len(pad)
+            write_all(self._fd, [header, stored, pad], offset)
             lo, hi = int.from_bytes(digest[:8], "little"), int.from_bytes(digest[8:], "little")
             with self._entries_lock:
                 self._frames.append((lo, hi, offset, len(stored), len(data), int(codec)))
         finally:
             self._slots.release()
+            if release is not None:
+                release()
 
     def _frame_done(self, future: cf.Future) -> None:
         with self._lock:
@@ -308,10 +321,8 @@ class CaptureWriter:
         if relocations:
             try:
                 packed = self._relocation_cache[relocations]
-            except KeyError:
-                packed = self._relocation_cache_add(relocations)
             except TypeError:  # an unhashable relocation (a list): packed every time
-                packed = _pack_relocations(relocations)
+                packed = pack_relocations(relocations)
         with self._lock:
             if self._closed:
                 self._check_open()
@@ -336,14 +347,6 @@ class CaptureWriter:
             ):
                 self._seal()
             return index
-
-    def _relocation_cache_add(self, relocations: tuple[Any, ...]) -> bytes:
-        packed = _pack_relocations(relocations)
-        cache = self._relocation_cache
-        if len(cache) >= _RELOCATION_CACHE_SIZE:
-            cache.clear()
-        cache[relocations] = packed
-        return packed
 
     def copy_h2d(
         self,
