@@ -116,9 +116,12 @@ def test_concurrent_snapshots_of_the_same_content_fetch_each_frame_once(tmp_path
 
 
 def test_wrong_digest_count_is_refused(tmp_path):
-    with replayfmt.CaptureWriter(tmp_path / "f.kreplay", frame_size=FRAME) as w:
-        with pytest.raises(ReplayUsageError, match=r"2 digests for 300000 bytes in frames of 65536 \(expected 5\)"):
-            w.add_payload_frames(300000, [bytes(16)] * 2, lambda indices: iter(()))
+    expected = r"2 digests for 300000 bytes in frames of 65536 \(expected 5\)"
+    with (
+        replayfmt.CaptureWriter(tmp_path / "f.kreplay", frame_size=FRAME) as w,
+        pytest.raises(ReplayUsageError, match=expected),
+    ):
+        w.add_payload_frames(300000, [bytes(16)] * 2, lambda indices: iter(()))
 
 
 def test_a_fetch_that_fails_leaves_its_frames_unclaimed(tmp_path):
