@@ -73,13 +73,14 @@ def build(path: Path, operations: int) -> None:
 BARE_JSON = """
 import json, sys
 rows, out, pending = int(sys.argv[1]), sys.stdout, []
+encode = json.JSONEncoder(separators=(",", ":")).encode
 reloc = [{"site_buffer": 0, "site_offset": 8, "target_buffer": 5, "target_offset": 0, "kind": "pointer"},
          {"site_buffer": 0, "site_offset": 16, "target_buffer": 6, "target_offset": 0, "kind": "pointer"}]
 for i in range(rows):
-    pending.append(json.dumps({"kind": "launch", "index": i, "executable": 7, "function": "saxpy",
+    pending.append(encode({"kind": "launch", "index": i, "executable": 7, "function": "saxpy",
         "function_index": 0, "stream": 2, "grid": [16, 1, 1], "block": [1024, 1, 1], "cluster": [0, 0, 0],
         "shared_memory": 0, "flags": 0, "parameters": {"a": i * 0.5, "x": {"buffer": 5, "offset": 0},
-        "y": {"buffer": 6, "offset": 0}, "n": 4096}, "relocations": reloc}, separators=(",", ":")))
+        "y": {"buffer": 6, "offset": 0}, "n": 4096}, "relocations": reloc}))
     if len(pending) >= 4096:
         out.write("\\n".join(pending) + "\\n")
         pending.clear()
