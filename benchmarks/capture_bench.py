@@ -78,7 +78,7 @@ def snapshot_pipeline(size: int, directory: Path) -> list[tuple[str, float, str]
     bf16 = (torch.randn(size // 2, device="cuda", generator=generator) * 0.02).to(torch.bfloat16)
     results = []
     with replayfmt.CaptureWriter(directory / "snapshots.kreplay") as writer:
-        threads = min(8, os.cpu_count() or 1)  # the writer's default, as the recorder uses it
+        threads = min(16, os.cpu_count() or 1)  # the writer's default, as the recorder uses it
         for name, tensor in (("fresh fp32", fp32), ("fresh bf16", bf16), ("held (fp32 again)", fp32)):
             torch.cuda.synchronize()
             copied, hashed = snapshots.stats.copied_bytes, snapshots.stats.hash_seconds

@@ -78,7 +78,7 @@ class CaptureWriter:
     """Writes one .kreplay capture. Use as a context manager, or call :meth:`close`.
 
     ``path`` must not exist unless ``overwrite=True``: nothing the user had is replaced silently.
-    ``threads`` compress payload frames (0: compress on the calling thread).
+    ``threads`` compress payload frames (default: one per core, at most 16; 0: on the calling thread).
     """
 
     def __init__(
@@ -113,7 +113,7 @@ class CaptureWriter:
         self._compressor = FrameCompressor(compression)
         self._sampled = SampledCompressor(compression)
         self._record_compressor = FrameCompressor(_RECORD_COMPRESSION)
-        threads = min(8, os.cpu_count() or 1) if threads is None else threads
+        threads = min(16, os.cpu_count() or 1) if threads is None else threads
         self._frame_pool: Any = (
             cf.ThreadPoolExecutor(threads, thread_name_prefix="kreplay-frames") if threads else InlineExecutor()
         )
