@@ -84,7 +84,7 @@ class LaunchTemplate:
     def parameters_json(self, op: m.Launch) -> str:
         raw = op.parameters
         if self.render is not None:
-            text = self.render(raw, self.targets(op.relocations))
+            text = self.render(raw, self.targets(op.relocations), "", "", "", "")
             if text is not None:
                 return text
         return f'"parameter_bytes":"{raw.hex()}"'
@@ -103,8 +103,10 @@ def _hex_json(value: int | bytes) -> str:
 
 
 def _compile_renderer(unpack: struct.Struct, slots: list[tuple[str, int, int, str]]) -> Any:
-    """Build, once per kernel signature, a function ``render(raw, targets)`` that renders the
-    "parameters" object (``targets``: :meth:`LaunchTemplate.targets` of the launch's relocations).
+    """Build, once per kernel signature, a function ``render(raw, targets, lead, index, middle,
+    tail)`` that renders ``lead``, ``index``, ``middle``, the "parameters" object and ``tail`` (``targets``:
+    :meth:`LaunchTemplate.targets` of the launch's relocations), so that a whole launch row is
+    one string built once.
 
     Unrolled code (one unpack, one concatenation) is several times faster than interpreting the
     layout for every launch: this is what keeps JSONL fast. The generated code holds no literals:
@@ -118,28 +120,28 @@ def _compile_renderer(unpack: struct.Struct, slots: list[tuple[str, int, int, st
         "TAIL": "}", "EMPTY": "{}",
     }  # fmt: skip
     lines = [
-        "def render(raw, targets):",
+        "def render(raw, targets, lead, index, middle, tail):",
         "    if len(raw) < SIZE:",
         "        return None",
         f"    ({values},) = UNPACK(raw)",
     ]
     if pointers:
         lines.append(f"    ({', '.join(f't{i}' for i in pointers)},) = targets")
-    pieces = ["HEAD"]  # joined by one f-string (one BUILD_STRING, no intermediate strings)
+    pieces = ["lead", "index", "middle", "HEAD"]  # one f-string: one BUILD_STRING, no intermediate strings
     for i, (key, _offset, kind, conv) in enumerate(slots):
         namespace[f"K{i}"] = ("{" if i == 0 else ",") + key
         if kind in (_POINTER, _TENSOR_MAP):
             value = f"(t{i} or HEX(v{i}))"
         else:
             value = {
-                "int": f"str(v{i})",
+                "int": f"v{i}",  # an int formats as str() spells it
                 # repr() of a finite float is valid JSON; inf and nan (v - v is nan) are spelled out
                 "float": f"(REPR(v{i}) if v{i} - v{i} == 0.0 else FLOAT(v{i}))",
                 "bool": f"(TRUE if v{i} else FALSE)",
                 "bf16": f"BF16(v{i})",
             }.get(conv, f"HEX(v{i})")
         pieces += [f"K{i}", value]
-    pieces.append("TAIL" if slots else "EMPTY")
+    pieces += ["TAIL" if slots else "EMPTY", "tail"]
     lines.append("    return f'" + "".join(f"{{{piece}}}" for piece in pieces) + "'")
     exec("\n".join(lines), namespace)
     return namespace["render"]

@@ -30,6 +30,8 @@ from replayfmt.format import model as m
 from replayfmt.format.payloads import hash_hex
 from replayfmt.format.records import ID_OPERATIONS
 
+_LAUNCH_LEAD = '{"kind":"launch","index":'
+
 
 class _LaunchParts(NamedTuple):
     """The text of a launch row around its index and parameter values, and how to render those."""
@@ -203,18 +205,19 @@ class Dumper:
     def launch_json(self, op: m.Launch) -> str:
         index, executable, function, stream, grid, block, cluster, shared_memory, flags, raw, relocations = op
         # Everything but the index and the parameter values is rendered once per distinct launch
-        # shape. The reader shares one tuple among equal grids, blocks and relocation sets, so the
-        # key holds their identities (cheap to hash); the entry holds the objects themselves, so
-        # those ids stay unique while it is cached.
-        key = (executable, function, stream, id(grid), id(block), id(cluster), shared_memory, flags, id(relocations))
+        # shape. The reader shares one tuple among equal relocation sets, so the key holds its
+        # identity (cheap to hash); the entry holds the launch, so that id stays unique while
+        # the entry is cached.
+        key = (executable, function, stream, grid, block, cluster, shared_memory, flags, id(relocations))
         entry = self._launch_parts.get(key)
         if entry is None:
             entry = self._launch_entry(op, key)
         render = entry.render
-        text = render(raw, entry.targets) if render is not None else None
-        if text is None:
-            text = f'"parameter_bytes":"{raw.hex()}"'
-        return f'{{"kind":"launch","index":{index}{entry.prefix}{text}{entry.suffix}'
+        if render is not None:
+            row = render(raw, entry.targets, _LAUNCH_LEAD, index, entry.prefix, entry.suffix)
+            if row is not None:
+                return row
+        return f'{{"kind":"launch","index":{index}{entry.prefix}"parameter_bytes":"{raw.hex()}"{entry.suffix}'
 
     def _launch_entry(self, op: m.Launch, key: tuple[int, ...]) -> _LaunchParts:
         template = self._templates.get((op.executable, op.function))
@@ -323,7 +326,7 @@ class Dumper:
         plain = self.filter.kinds is None and self.filter.object_id is None and self.filter.grep is None
         cap = self.cap
         for op in cap.iter_operations(self.filter.start, self.filter.stop):
-            if op.kind == launch:
+            if op.kind is launch:
                 if plain or self._op_selected(op, "launch"):
                     yield launch_json(op)
                 continue
