@@ -103,45 +103,54 @@ def _hex_json(value: int | bytes) -> str:
 
 
 def _compile_renderer(unpack: struct.Struct, slots: list[tuple[str, int, int, str]]) -> Any:
-    """Build, once per kernel signature, a function ``render(raw, targets, lead, index, middle,
-    tail)`` that renders ``lead``, ``index``, ``middle``, the "parameters" object and ``tail`` (``targets``:
-    :meth:`LaunchTemplate.targets` of the launch's relocations), so that a whole launch row is
-    one string built once.
+    """Build, once per kernel signature, ``render(raw, targets, lead, index, middle, tail)``:
+    the text ``lead``, ``index``, ``middle``, the "parameters" object, ``tail`` (``targets``:
+    :meth:`LaunchTemplate.targets` of the launch's relocations), a whole launch row built once.
 
-    Unrolled code (one unpack, one concatenation) is several times faster than interpreting the
-    layout for every launch: this is what keeps JSONL fast. The generated code holds no literals:
+    Unrolled code (one unpack, one f-string) is several times faster than interpreting the layout
+    for every launch: this is what keeps JSONL fast. The generated code holds no string literals:
     every string it joins comes from the namespace below.
     """
     values = ", ".join(f"v{i}" for i in range(len(slots)))
     pointers = [i for i, (_, _, kind, _) in enumerate(slots) if kind in (_POINTER, _TENSOR_MAP)]
+    floats = [i for i, slot in enumerate(slots) if slot[3] == "float" and slot[2] not in (_POINTER, _TENSOR_MAP)]
     namespace: dict[str, Any] = {
-        "UNPACK": unpack.unpack_from, "SIZE": unpack.size, "FLOAT": _float_json, "REPR": float.__repr__,
-        "BF16": _bf16_json, "HEX": _hex_json, "TRUE": "true", "FALSE": "false", "HEAD": '"parameters":',
-        "TAIL": "}", "EMPTY": "{}",
+        "UNPACK": unpack.unpack_from, "ERROR": struct.error, "FLOAT": _float_json, "BF16": _bf16_json,
+        "HEX": _hex_json, "TRUE": "true", "FALSE": "false", "HEAD": '"parameters":', "TAIL": "}", "EMPTY": "{}",
     }  # fmt: skip
-    lines = [
-        "def render(raw, targets, lead, index, middle, tail):",
-        "    if len(raw) < SIZE:",
-        "        return None",
-        f"    ({values},) = UNPACK(raw)",
-    ]
-    if pointers:
-        lines.append(f"    ({', '.join(f't{i}' for i in pointers)},) = targets")
-    pieces = ["lead", "index", "middle", "HEAD"]  # one f-string: one BUILD_STRING, no intermediate strings
-    for i, (key, _offset, kind, conv) in enumerate(slots):
+    for i, (key, *_) in enumerate(slots):
         namespace[f"K{i}"] = ("{" if i == 0 else ",") + key
-        if kind in (_POINTER, _TENSOR_MAP):
-            value = f"(t{i} or HEX(v{i}))"
-        else:
-            value = {
-                "int": f"v{i}",  # an int formats as str() spells it
-                # repr() of a finite float is valid JSON; inf and nan (v - v is nan) are spelled out
-                "float": f"(REPR(v{i}) if v{i} - v{i} == 0.0 else FLOAT(v{i}))",
-                "bool": f"(TRUE if v{i} else FALSE)",
-                "bf16": f"BF16(v{i})",
-            }.get(conv, f"HEX(v{i})")
-        pieces += [f"K{i}", value]
-    pieces += ["TAIL" if slots else "EMPTY", "tail"]
-    lines.append("    return f'" + "".join(f"{{{piece}}}" for piece in pieces) + "'")
+    lines = []
+    # Two renderers: "render" assumes finite floats (repr() is then valid JSON and the f-string
+    # calls it in C) and hands a launch with inf or nan (v - v is nan) to "careful", which spells
+    # those out as strings.
+    for name, finite in (("careful", False), ("render", True)):
+        lines += [
+            f"def {name}(raw, targets, lead, index, middle, tail):",
+            "    try:",
+            f"        ({values},) = UNPACK(raw)",
+            "    except ERROR:",
+            "        return None  # shorter than the layout: the caller shows the raw bytes",
+        ]
+        if finite and floats:
+            lines += [f"    if {' or '.join(f'v{i} - v{i} != 0.0' for i in floats)}:"]
+            lines += ["        return careful(raw, targets, lead, index, middle, tail)"]
+        if pointers:
+            lines.append(f"    ({', '.join(f't{i}' for i in pointers)},) = targets")
+        pieces = ["lead", "index", "middle", "HEAD"]  # one f-string: one BUILD_STRING, no intermediate strings
+        for i, (_key, _offset, kind, conv) in enumerate(slots):
+            if kind in (_POINTER, _TENSOR_MAP):
+                value = f"(t{i} or HEX(v{i}))"
+            elif conv == "float":
+                value = f"v{i}!r" if finite else f"FLOAT(v{i})"
+            else:
+                value = {
+                    "int": f"v{i}",  # an int formats as str() spells it
+                    "bool": f"(TRUE if v{i} else FALSE)",
+                    "bf16": f"BF16(v{i})",
+                }.get(conv, f"HEX(v{i})")
+            pieces += [f"K{i}", value]
+        pieces += ["TAIL" if slots else "EMPTY", "tail"]
+        lines.append("    return f'" + "".join(f"{{{piece}}}" for piece in pieces) + "'")
     exec("\n".join(lines), namespace)
     return namespace["render"]
