@@ -88,8 +88,7 @@ class OpenBatch:
         self.memsets: list[tuple[int, ...]] = []
         self.id_operations = bytearray()  # packed IdOperationRecord structs
         self.table_ops: list[Any] = []
-        self.relocation_bytes = bytearray()  # packed Relocation structs
-        self.relocation_count = 0
+        self.relocation_bytes = bytearray()  # packed Relocation structs (32 bytes each)
         self.parameters = bytearray()
         self.objects: list[m.ObjectDef] = []
         self.payloads: list[tuple[bytes, int, int, tuple[bytes, ...]]] = []

@@ -92,6 +92,17 @@ def claim_missing(digests: Sequence[bytes], known: set[bytes]) -> list[int]:
     return missing
 
 
+def unclaimer(digests: Sequence[bytes], known: set[bytes], lock: Any) -> Callable[[list[int]], None]:
+    """What gives frames back after a failed delivery: their digests leave ``known`` (under
+    ``lock``), so that the next writer of those bytes stores them."""
+
+    def unclaim(indices: list[int]) -> None:
+        with lock:
+            known.difference_update(digests[i] for i in indices)
+
+    return unclaim
+
+
 def deliver(
     frame_size: int,
     size: int,

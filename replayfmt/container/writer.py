@@ -38,6 +38,7 @@ from replayfmt.container.payload_store import (
     check_frame_digests,
     claim_missing,
     deliver,
+    unclaimer,
     write_all,
 )
 from replayfmt.errors import ReplayError, ReplayUsageError
@@ -71,6 +72,7 @@ _RECORD_COMPRESSION = CompressionPolicy(level=3, min_saving=0.05)
 # struct.Struct twins of the schema's LaunchRecord and Relocation (a test checks the layouts agree)
 _LAUNCH_STRUCT = struct.Struct("<18I")
 _RELOCATION_STRUCT = RELOCATION_STRUCT
+_RELOCATION_SHIFT = RELOCATION_STRUCT.size.bit_length() - 1  # 32-byte structs: a count is a shift away
 _ID_OPERATION_STRUCT = struct.Struct("<II")
 
 
@@ -137,6 +139,7 @@ class CaptureWriter:
         self._batches: list[tuple[int, ...]] = []
         self._batch = OpenBatch(0, 1, 1)
         self._relocation_cache = PackedRelocations()
+        self._last_relocations: tuple[Any, bytes] = ((), b"")
         self._stopping = threading.Event()
         try:
             header = FileHeader(FORMAT_MAJOR, FORMAT_MINOR, FILE_HEADER_SIZE, 0)
@@ -208,11 +211,9 @@ class CaptureWriter:
         return self._define_payload(size, hashes)
 
     def add_payload_frames(self, size: int, digests: Sequence[bytes], fetch_missing: FetchMissing) -> int:
-        """Store ``size`` bytes given their frames' digests (``frame_hash`` of each ``frame_size``
-        piece, computed elsewhere, e.g. on the device); returns the payload id add_payload would.
-        Only frames the file lacks are asked for: ``fetch_missing(indices)`` yields ``(index,
-        data, release)`` for each, written straight from ``data`` (valid until ``release()``; see
-        replayfmt.container.payload_store). Incompressible frames (by samples) are stored raw."""
+        """Store ``size`` bytes given their frames' digests (``frame_hash`` of each piece, computed
+        elsewhere, e.g. on the device): the payload id add_payload would return. Only the frames the
+        file lacks are fetched: see replayfmt.container.payload_store for ``fetch_missing``."""
         self._check_open()
         check_frame_digests(size, self.frame_size, digests)
         digests = list(digests)
@@ -222,11 +223,7 @@ class CaptureWriter:
         def submit(index: int, data: Any, release: Release) -> None:
             self._submit_frame(digests[index], data, release, self._sampled)
 
-        def unclaim(indices: list[int]) -> None:
-            with self._lock:
-                self._frame_keys.difference_update(digests[i] for i in indices)
-
-        deliver(self.frame_size, size, missing, fetch_missing, submit, unclaim)
+        deliver(self.frame_size, size, missing, fetch_missing, submit, unclaimer(digests, self._frame_keys, self._lock))
         return self._define_payload(size, digests)
 
     def _submit_frame(self, digest: bytes, data: Any, release: Release, compressor: Any) -> None:
@@ -315,14 +312,18 @@ class CaptureWriter:
         """
         if type(relocations) is not tuple:
             relocations = tuple(relocations)
-        # The hot path of a capture: one struct pack, relocations packed once per distinct set
-        # (launches of one kernel repeat them), the seal test inline.
+        # The hot path: one struct pack, relocation sets packed once each, the seal test inline.
         packed = b""
         if relocations:
-            try:
-                packed = self._relocation_cache[relocations]
-            except TypeError:  # an unhashable relocation (a list): packed every time
-                packed = pack_relocations(relocations)
+            last = self._last_relocations
+            if relocations is last[0]:  # the caller's own tuple again: not even hashed
+                packed = last[1]
+            else:
+                try:
+                    packed = self._relocation_cache[relocations]
+                except TypeError:  # an unhashable relocation (a list): packed every time
+                    packed = pack_relocations(relocations)
+                self._last_relocations = (relocations, packed)
         with self._lock:
             if self._closed:
                 self._check_open()
@@ -331,15 +332,14 @@ class CaptureWriter:
             self._next_operation = index + 1
             kinds = batch.kinds
             kinds.append(8)  # OperationKind.LAUNCH
-            batch_parameters = batch.parameters
+            batch_parameters, relocation_bytes = batch.parameters, batch.relocation_bytes
             batch.launch_bytes += _LAUNCH_STRUCT.pack(
                 executable, function, stream, flags, *grid, *block, *cluster, shared_memory,
-                len(batch_parameters), len(parameters), batch.relocation_count, len(relocations),
+                len(batch_parameters), len(parameters), len(relocation_bytes) >> _RELOCATION_SHIFT, len(relocations),
             )  # fmt: skip
             batch_parameters += parameters
             if packed:
-                batch.relocation_bytes += packed
-                batch.relocation_count += len(relocations)
+                relocation_bytes += packed
             count = len(kinds)
             if (
                 count >= self.batch_operations
