@@ -112,8 +112,7 @@ class CaptureWriter:
         self.batch_operations = batch_operations
         self.batch_bytes = batch_bytes
         self.flush_interval = flush_interval
-        self._compressor = FrameCompressor(compression)
-        self._sampled = SampledCompressor(compression)
+        self._sampled = SampledCompressor(compression)  # frames: raw, level 1 or the policy's, by samples
         self._record_compressor = FrameCompressor(_RECORD_COMPRESSION)
         threads = min(16, os.cpu_count() or 1) if threads is None else threads
         self._frame_pool: Any = (
@@ -207,7 +206,7 @@ class CaptureWriter:
                 new = digest not in self._frame_keys
                 self._frame_keys.add(digest)
             if new:
-                self._submit_frame(digest, bytes(part), None, self._compressor)
+                self._submit_frame(digest, bytes(part), None)
         return self._define_payload(size, hashes)
 
     def add_payload_frames(self, size: int, digests: Sequence[bytes], fetch_missing: FetchMissing) -> int:
@@ -221,14 +220,14 @@ class CaptureWriter:
             missing = claim_missing(digests, self._frame_keys)
 
         def submit(index: int, data: Any, release: Release) -> None:
-            self._submit_frame(digests[index], data, release, self._sampled)
+            self._submit_frame(digests[index], data, release)
 
         deliver(self.frame_size, size, missing, fetch_missing, submit, unclaimer(digests, self._frame_keys, self._lock))
         return self._define_payload(size, digests)
 
-    def _submit_frame(self, digest: bytes, data: Any, release: Release, compressor: Any) -> None:
+    def _submit_frame(self, digest: bytes, data: Any, release: Release) -> None:
         self._slots.acquire()
-        future = self._frame_pool.submit(self._store_frame, digest, data, release, compressor)
+        future = self._frame_pool.submit(self._store_frame, digest, data, release)
         with self._lock:
             self._pending_frames.add(future)
         future.add_done_callback(self._frame_done)
@@ -248,9 +247,9 @@ class CaptureWriter:
             self._after_append()
             return pid
 
-    def _store_frame(self, digest: bytes, data: Any, release: Release, compressor: Any) -> None:
+    def _store_frame(self, digest: bytes, data: Any, release: Release) -> None:
         try:
-            codec, stored = compressor.compress(data)
+            codec, stored = self._sampled.compress(data)
             header = pack_chunk_header(ChunkKind.FRAME, 0, codec, stored, len(data), digest)
             pad = _ZERO_PAD[: align_up(len(stored)) - len(stored)]
             with self._file_lock:  # reserve the range; frames are then written in parallel
