@@ -1,6 +1,7 @@
-"""Payload frames whose digests were computed elsewhere (e.g. on the device), for
-:meth:`CaptureWriter.add_payload_frames`: checking the digests, claiming the frames the file
-lacks, delivering only those, and compressing and writing each straight from the caller's memory.
+"""The writer's payload-frame helpers: frames whose digests were computed elsewhere (e.g. on the
+device), for :meth:`CaptureWriter.add_payload_frames` (checking the digests, claiming the frames
+the file lacks, delivering only those, written straight from the caller's memory); the sampled
+compressor every frame goes through; writing at an offset.
 
 The caller's ``fetch_missing(indices)`` yields ``(index, data, release)`` for each frame asked for,
 in any order; ``data`` is any C-contiguous buffer (pinned host memory, say) that must stay valid

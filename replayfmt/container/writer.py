@@ -7,7 +7,8 @@ payload frames are in flight at once.
 
 Concurrency: every method may be called from any thread. Operations are numbered in the order
 their calls take the writer's lock. Payload frames are hashed on the calling thread (so identical
-frames are recognised at once and never compressed twice), then compressed and written by a pool
+frames are recognised at once and never compressed twice), or their digests given
+(add_payload_frames), then compressed and written, each at its own reserved offset, by a pool
 of worker threads. Record batches are compressed and written, in order, by one more worker, each
 only after the frames it refers to are on disk, so a file cut short by a crash never refers to a
 frame written after the records that use it.
