@@ -324,10 +324,18 @@ class Dumper:
         launch_json, operation_json = self.launch_json, self.operation_json
         launch = _K.LAUNCH
         plain = self.filter.kinds is None and self.filter.object_id is None and self.filter.grep is None
-        cap = self.cap
+        cap, parts = self.cap, self._launch_parts
         for op in cap.iter_operations(self.filter.start, self.filter.stop):
             if op.kind is launch:
                 if plain or self._op_selected(op, "launch"):
+                    # launch_json() inlined for a launch shape seen before: the hot loop of JSONL
+                    index, executable, function, stream, grid, block, cluster, smem, flags, raw, relocs = op
+                    entry = parts.get((executable, function, stream, grid, block, cluster, smem, flags, id(relocs)))
+                    if entry is not None and entry.render is not None:
+                        row = entry.render(raw, entry.targets, _LAUNCH_LEAD, index, entry.prefix, entry.suffix)
+                        if row is not None:
+                            yield row
+                            continue
                     yield launch_json(op)
                 continue
             if isinstance(op, m.CreateObject) and op.object <= cap.object_count:
