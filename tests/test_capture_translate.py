@@ -8,12 +8,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fake_device import FakeDevice
 from samples import compiled_cubin
 
 import replayfmt
 from replayfmt.capture import CaptureMode, RecordOptions, TensorLabel, Translator, events as ev
 from replayfmt.capture.enrich import triton_annotation
 from replayfmt.capture.hostfiles import HostFiles, parse_maps
+from replayfmt.capture.snapshots import Snapshotter
 from replayfmt.container.writer import CaptureWriter
 from replayfmt.format import model as m
 from replayfmt.replay.plan import PlanOptions, build_plan
@@ -38,6 +40,17 @@ class FakeMemory:
             if base <= address < base + len(data):
                 return bytes(data[address - base : address - base + size])
         raise AssertionError(f"read of unknown memory {address:#x}")
+
+    def snapshot(self, address: int, size: int, stream: int | None, writer, inspect=None) -> int:
+        """Through the real snapshot pipeline, on a fake device over the same memory."""
+        self.reads.append((address, size, stream))
+        device = FakeDevice()
+        device.memory = self.device
+        snapshots = Snapshotter(device, slot_size=writer.frame_size, slots=2)
+        try:
+            return snapshots.snapshot(address, size, stream, writer, inspect)
+        finally:
+            snapshots.close()
 
     def host_bytes(self, address: int, size: int) -> bytes:
         return self.host[address][:size]

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from typing import Any, Protocol
 
+from replayfmt.capture.snapshots import CudaSnapshotDevice, Inspect, Snapshotter
 from replayfmt.cuda.driver import check, driver
 
 
@@ -39,6 +40,7 @@ class DriverMemory:
         self._pinned_size = 0
         self.copy_seconds = 0.0
         self.copied = 0
+        self._snapshots: Snapshotter | None = None
 
     @contextlib.contextmanager
     def _unrecorded(self) -> Iterator[None]:
@@ -94,6 +96,22 @@ class DriverMemory:
                 ctypes.memmove((ctypes.c_char * n).from_buffer(out, start), staging, n)
             return bytes(out or b"")
 
+    def snapshot(self, address: int, size: int, stream: int | None, writer: Any, inspect: Inspect | None = None) -> int:
+        """The payload id of ``size`` bytes of device memory at ``address`` once ``stream`` (None:
+        every stream) is done: hashed on the device, only the frames the file lacks copied, and
+        compressed and written from pinned memory by the writer's threads (replayfmt.capture.snapshots).
+        ``inspect(offset, frame)`` sees the frames that were copied."""
+        with self._unrecorded():
+            if self._snapshots is None:
+                self._snapshots = Snapshotter(CudaSnapshotDevice(self.cu, self._own_stream()))
+            stats = self._snapshots.stats
+            copied, began = stats.copied_bytes, time.perf_counter()
+            try:
+                return self._snapshots.snapshot(address, size, stream, writer, inspect)
+            finally:
+                self.copy_seconds += time.perf_counter() - began
+                self.copied += stats.copied_bytes - copied
+
     def host_bytes(self, address: int, size: int) -> bytes:
         return ctypes.string_at(address, size)
 
@@ -109,7 +127,13 @@ class DriverMemory:
             return int(base), int(size)
 
     def close(self) -> None:
+        """Free the recorder's pinned memory and stream (after the writer has closed: the
+        writer's threads read snapshot frames from the pinned slots until then)."""
         cu = self.cu
+        if self._snapshots is not None:
+            self._snapshots.close()
+            self._snapshots.device.close()
+            self._snapshots = None
         if self._pinned:
             cu.cuMemFreeHost(self._pinned)
             self._pinned = 0

@@ -17,6 +17,7 @@ Snapshots synchronise only the launching stream (all the launch depends on has c
 
 from __future__ import annotations
 
+import functools
 import re
 import struct
 import threading
@@ -516,29 +517,30 @@ class Translator(MemoryEvents, GraphEvents):
         buffer = self._buffer(allocation)
         allocation.region = self._region
         started = time.perf_counter()
-        data = self.memory.read(allocation.address, allocation.size, stream)
+        scan = self.options.detect_pointers and not self.options.fixed_addresses and not self._marked_fixed
+        inspect = functools.partial(self._look_for_stored_pointers, allocation) if scan else None
+        allocation.before = self.memory.snapshot(allocation.address, allocation.size, stream, self.writer, inspect)
         self.report.snapshot_seconds += time.perf_counter() - started
-        allocation.before = self.writer.add_payload(data)
         self.writer.state(buffer=buffer, payload=allocation.before, size=allocation.size)
         self.report.snapshot_bytes += allocation.size
         if kernel:
             self.report.kernel(kernel).bytes_stored += allocation.size
         if self.options.mode == CaptureMode.REGION:
             self._touched.append(allocation)
-        if self.options.detect_pointers and not self.options.fixed_addresses and not self._marked_fixed:
-            self._look_for_stored_pointers(allocation, data)
 
     def _note_scoped(self, allocation: Allocation) -> None:
         for _, touched in self._scopes:  # each open scope checkpoints it at its end
             touched[allocation.address] = allocation
 
-    def _look_for_stored_pointers(self, allocation: Allocation, data: bytes | memoryview) -> None:
+    def _look_for_stored_pointers(self, allocation: Allocation, offset: int, data: bytes | memoryview) -> None:
         """Device memory holding addresses of allocations (pointer arrays, cuBLAS workspaces)
-        cannot be relocated: mark the capture as needing --fixed-addresses."""
-        found = self.allocations.stored_device_address(data)
+        cannot be relocated: mark the capture as needing --fixed-addresses. ``data``: the bytes
+        at ``offset`` in the allocation (each frame of a snapshot that crossed the bus)."""
+        found = None if self._marked_fixed else self.allocations.stored_device_address(data)
         if found is None:
             return
         value, where, target = found
+        where += offset
         self._marked_fixed = True
         holder, target_buffer = allocation.buffer, self._buffer(target)
         reason = f"buffer {holder} holds the address {value:#x} (of buffer {target_buffer}) at byte {where}"
@@ -557,10 +559,10 @@ class Translator(MemoryEvents, GraphEvents):
             if not self.allocations.is_live(allocation):
                 continue  # freed meanwhile
             started = time.perf_counter()
-            data = self.memory.read(allocation.address, allocation.size, stream)
+            payload = self.memory.snapshot(allocation.address, allocation.size, stream, self.writer)
             self.report.snapshot_seconds += time.perf_counter() - started
             self.report.snapshot_bytes += allocation.size
-            entries.append(m.CheckpointEntry(allocation.buffer, self.writer.add_payload(data), 0, allocation.size))
+            entries.append(m.CheckpointEntry(allocation.buffer, payload, 0, allocation.size))
         self.writer.checkpoint(entries, name=name)
 
     _dispatch = {

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import operator
+import struct
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import repeat
 from typing import Any
@@ -35,6 +37,7 @@ _CATEGORY[_MEMSET] = 2
 _CATEGORY[[int(k) for k in records.ID_OPERATIONS]] = 3
 _CATEGORIES = 5
 _new_tuple = tuple.__new__
+RELOCATION_STRUCT = struct.Struct("<IIQQB7x")  # the schema's Relocation (a test checks the layouts agree)
 
 ErrorAt = Callable[[str, str], ReplayFormatError]  # (message, record) -> the error, located in the file
 
@@ -53,6 +56,25 @@ class BatchEntry:
     payload_count: int
 
 
+class PackedRelocations(dict):
+    """Relocation sets (tuples) to their packed Relocation structs, worked out once per distinct
+    set: launches of one kernel repeat them. Bounded: cleared when it reaches ``limit`` sets."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def __missing__(self, relocations: tuple[Any, ...]) -> bytes:
+        if len(self) >= self.limit:
+            self.clear()
+        packed = self[relocations] = pack_relocations(relocations)
+        return packed
+
+
+def pack_relocations(relocations: Iterable[Any]) -> bytes:
+    return b"".join([RELOCATION_STRUCT.pack(*r) for r in relocations])
+
+
 class OpenBatch:
     """Operations, objects and payload definitions the writer gathered since the last seal."""
 
@@ -66,8 +88,7 @@ class OpenBatch:
         self.memsets: list[tuple[int, ...]] = []
         self.id_operations = bytearray()  # packed IdOperationRecord structs
         self.table_ops: list[Any] = []
-        self.relocation_bytes = bytearray()  # packed Relocation structs
-        self.relocation_count = 0
+        self.relocation_bytes = bytearray()  # packed Relocation structs (32 bytes each)
         self.parameters = bytearray()
         self.objects: list[m.ObjectDef] = []
         self.payloads: list[tuple[bytes, int, int, tuple[bytes, ...]]] = []
@@ -86,14 +107,14 @@ class OpenBatch:
             first_operation=self.first_operation,
             first_object=self.first_object,
             first_payload=self.first_payload,
-            kinds=bytes(self.kinds),
-            launches=np.frombuffer(bytes(self.launch_bytes), dtype=dt("LaunchRecord")),
+            kinds=self.kinds,  # the batch is sealed: its buffers are no longer appended to
+            launches=np.frombuffer(self.launch_bytes, dtype=dt("LaunchRecord")),
             copies=np.array(self.copies, dtype=dt("CopyRecord")),
             memsets=np.array(self.memsets, dtype=dt("MemsetRecord")),
-            id_operations=np.frombuffer(bytes(self.id_operations), dtype=dt("IdOperationRecord")),
+            id_operations=np.frombuffer(self.id_operations, dtype=dt("IdOperationRecord")),
             table_ops=self.table_ops,
-            relocations=np.frombuffer(bytes(self.relocation_bytes), dtype=dt("Relocation")),
-            parameter_bytes=bytes(self.parameters),
+            relocations=np.frombuffer(self.relocation_bytes, dtype=dt("Relocation")),
+            parameter_bytes=self.parameters,
             objects=self.objects,
             payloads=self.payloads,
         )
@@ -220,39 +241,91 @@ def materialize(b: DecodedBatch) -> list[m.Operation]:
     """Every operation of a decoded batch as model records, built column-wise."""
     first = b.first_operation
     category = _CATEGORY[b.kinds]
-    positions = [(np.flatnonzero(category == c) + first).tolist() for c in range(_CATEGORIES)]
+    counts = np.bincount(category, minlength=_CATEGORIES)
     # Records are made with tuple.__new__ through map(): one C call each, no Python frame.
-    launch_ops: list[m.Operation] = []
-    if len(b.launches):
-        cols = b.launches.view("<u4").reshape(-1, 18).T.tolist()
-        rel = b.relocations
-        relocations = list(
-            map(_new_tuple, repeat(m.Relocation), zip(*(rel[name].tolist() for name in rel.dtype.names)))
-        )
-        params = b.parameters
-        param_slices = [params[start : start + size] for start, size in zip(cols[14], cols[15])]
-        groups = [tuple(relocations[a : a + n]) if n else () for a, n in zip(cols[16], cols[17])]
-        rows = zip(
-            positions[0], cols[0], cols[1], cols[2], zip(cols[4], cols[5], cols[6]),
-            zip(cols[7], cols[8], cols[9]), zip(cols[10], cols[11], cols[12]), cols[13], cols[3],
-            param_slices, groups,
-        )  # fmt: skip
-        launch_ops = list(map(_new_tuple, repeat(m.Launch), rows))
-    copy_kinds = [_COPY_KINDS[k] for k in b.kinds[category == 1].tolist()]
-    copy_cols = (b.copies[name].tolist() for name in b.copies.dtype.names)
-    copy_ops = list(map(_new_tuple, repeat(m.Copy), zip(positions[1], copy_kinds, *copy_cols)))
-    memset_cols = (b.memsets[name].tolist() for name in b.memsets.dtype.names)
-    memset_ops = list(map(_new_tuple, repeat(m.Memset), zip(positions[2], *memset_cols)))
-    id_kinds = [_K(k) for k in b.kinds[category == 3].tolist()]
-    make = records.make_id_operation
-    id_ops = [
-        make(k, i, f, s)
-        for k, i, f, s in zip(
-            id_kinds, positions[3], b.id_operations["first"].tolist(), b.id_operations["second"].tolist()
-        )
-    ]
-    sources = (iter(launch_ops), iter(copy_ops), iter(memset_ops), iter(id_ops), iter(b.table_ops))
-    return [next(sources[c]) for c in category.tolist()]
+    if counts[0]:
+        positions = _positions(category, 0, first, len(category))
+        launch_ops = _launches(b, positions)
+        if counts[0] == len(category):
+            return launch_ops  # a batch of launches only (the common case): nothing to interleave
+    else:
+        launch_ops = []
+    copy_ops: list[m.Operation] = []
+    if counts[1]:
+        copy_kinds = [_COPY_KINDS[k] for k in b.kinds[category == 1].tolist()]
+        copy_cols = (b.copies[name].tolist() for name in b.copies.dtype.names)
+        rows = zip(_positions(category, 1, first, len(category)), copy_kinds, *copy_cols)
+        copy_ops = list(map(_new_tuple, repeat(m.Copy), rows))
+    memset_ops: list[m.Operation] = []
+    if counts[2]:
+        memset_cols = (b.memsets[name].tolist() for name in b.memsets.dtype.names)
+        memset_ops = list(map(_new_tuple, repeat(m.Memset), zip(_positions(category, 2, first, 0), *memset_cols)))
+    id_ops: list[m.Operation] = []
+    order = category
+    if counts[3]:
+        # one map() per id-only kind; those kinds are then ordered by kind code among themselves
+        id_kinds = b.kinds[category == 3]
+        id_positions = np.asarray(_positions(category, 3, first, 0))
+        for code in np.unique(id_kinds).tolist():
+            cls, names = records.ID_OPERATIONS[_K(code)]
+            chosen = id_kinds == code
+            columns = [id_positions[chosen].tolist(), b.id_operations["first"][chosen].tolist()]
+            if len(names) == 2:
+                columns.append(b.id_operations["second"][chosen].tolist())
+            id_ops += map(cls, *columns)
+        order = (category.astype(np.uint16) << 8) | np.where(category == 3, b.kinds, 0)
+    # Interleave the categories back into capture order: the records laid end to end in category
+    # order, then picked in capture order by one C call (itemgetter) from where each one landed.
+    grouped = [*launch_ops, *copy_ops, *memset_ops, *id_ops, *b.table_ops]
+    if len(grouped) < 2:
+        return grouped
+    landed = np.empty(len(category), np.int64)
+    landed[np.argsort(order, kind="stable")] = np.arange(len(category))
+    return list(operator.itemgetter(*landed.tolist())(grouped))
+
+
+def _positions(category: np.ndarray, which: int, first: int, total: int) -> list[int] | range:
+    """Operation indices of one storage category (a plain range when the batch is only that)."""
+    if total and bool((category == which).all()):
+        return range(first, first + total)
+    return (np.flatnonzero(category == which) + first).tolist()
+
+
+def _launches(b: DecodedBatch, positions: list[int] | range) -> list[m.Operation]:
+    table = b.launches.view("<u4").reshape(-1, 18)
+    executable, function, stream, flags, shared_memory, param_first = table[:, [0, 1, 2, 3, 13, 14]].T.tolist()
+    params = b.parameters
+    param_ends = (b.launches["parameter_offset"].astype(np.int64) + b.launches["parameter_size"]).tolist()
+    param_slices = list(map(params.__getitem__, map(slice, param_first, param_ends)))
+    # Launches of one kernel repeat their relocation sets: each distinct set (its packed bytes)
+    # becomes one shared tuple of Relocations.
+    size = RELOCATION_STRUCT.size
+    rel_raw = b.relocations.tobytes()
+    rel_first = b.launches["relocation_first"].astype(np.int64) * size
+    rel_end = rel_first + b.launches["relocation_count"].astype(np.int64) * size
+    keys = list(map(rel_raw.__getitem__, map(slice, rel_first.tolist(), rel_end.tolist())))
+    groups = dict.fromkeys(keys)
+    for key in groups:
+        groups[key] = tuple(map(_new_tuple, repeat(m.Relocation), RELOCATION_STRUCT.iter_unpack(key)))
+    rows = zip(
+        positions, executable, function, stream, _shared_dims(table, 4), _shared_dims(table, 7),
+        _shared_dims(table, 10), shared_memory, flags, param_slices, map(groups.__getitem__, keys),
+    )  # fmt: skip
+    return list(map(_new_tuple, repeat(m.Launch), rows))
+
+
+def _shared_dims(launches: np.ndarray, first: int) -> Iterator[tuple[int, int, int]]:
+    """The (x, y, z) tuples of three columns, one shared tuple per distinct value: a batch holds
+    few distinct grids and blocks, and shared tuples are fewer objects to build and for the
+    collector to walk."""
+    x, y, z = (launches[:, first + i].astype(np.uint64) for i in range(3))
+    if len(x) and int(max(y.max(), z.max())) < (1 << 16):  # CUDA's limits on y and z: one u64 key
+        distinct, inverse = np.unique(x | (y << np.uint64(32)) | (z << np.uint64(48)), return_inverse=True)
+        shared = [(k & 0xFFFFFFFF, (k >> 32) & 0xFFFF, k >> 48) for k in distinct.tolist()]
+        return map(shared.__getitem__, inverse.ravel().tolist())
+    dims = list(zip(x.tolist(), y.tolist(), z.tolist()))
+    canonical = dict(zip(dims, dims))
+    return map(canonical.__getitem__, dims)
 
 
 @contextlib.contextmanager

@@ -1,4 +1,5 @@
-"""The writer's output primitives: positioned writes, fsync, and an executor that runs inline."""
+"""The writer's output primitives: creating the file, positioned writes, fsync, and an executor
+that runs inline."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import concurrent.futures as cf
 import os
 from pathlib import Path
 from typing import Any
+
+from replayfmt.errors import ReplayUsageError
 
 
 class InlineExecutor:
@@ -21,6 +24,17 @@ class InlineExecutor:
 
     def shutdown(self, wait: bool = True) -> None:
         pass
+
+
+def create_file(path: Path, *, overwrite: bool) -> int:
+    """A new file at ``path`` open for writing; an existing one only with ``overwrite``."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if overwrite else os.O_EXCL) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        return os.open(path, flags, 0o644)
+    except FileExistsError:
+        raise ReplayUsageError(f"{path} already exists; choose another path or pass overwrite=True") from None
+    except OSError as exc:
+        raise ReplayUsageError(f"cannot create {path}: {exc.strerror}") from None
 
 
 def write_all(fd: int, parts: list[bytes | memoryview], offset: int) -> int:

@@ -7,17 +7,15 @@ payload frames are in flight at once.
 
 Concurrency: every method may be called from any thread. Operations are numbered in the order
 their calls take the writer's lock. Payload frames are hashed on the calling thread (so identical
-frames are recognised at once and never compressed twice), then compressed and written by a pool
+frames are recognised at once and never compressed twice), or their digests given
+(add_payload_frames), then compressed and written, each at its own reserved offset, by a pool
 of worker threads. Record batches are compressed and written, in order, by one more worker, each
 only after the frames it refers to are on disk, so a file cut short by a crash never refers to a
 frame written after the records that use it.
 
-What ``flush()`` promises: when it returns, every operation, object and payload recorded before
-the call is in the file (written with pwritev, in the page cache), so a crash of the process
-from then on loses none of it; the first thread to store a frame claims it, and a batch that
-refers to a frame another thread is still writing waits for it. An OS crash or power loss can
-still lose what the kernel had not written back: ``flush(durable=True)``, or
-``CaptureWriter(durable=True)`` for every flush, also fsyncs the file (and, once, its directory).
+What ``flush()`` promises (a process crash loses nothing recorded before it; ``durable=True`` also
+survives an OS crash) is in its docstring; the first thread to store a frame claims it and makes
+it pending in one step, and a batch that refers to a frame still being written waits for it.
 
 Errors while writing (a full disk, an I/O error) are ReplayErrors naming the file and offset. Every
 chunk is written at an offset the writer owns, so a failed write leaves at most a torn last chunk:
@@ -34,15 +32,17 @@ import os
 import struct
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from replayfmt.container.batches import OpenBatch
+from replayfmt.container.batches import RELOCATION_STRUCT, OpenBatch, PackedRelocations, pack_relocations
 from replayfmt.container.directory import frame_entries
-from replayfmt.container.output import InlineExecutor, sync_file, write_all
+from replayfmt.container.output import InlineExecutor, create_file, sync_file, write_all
+from replayfmt.container.payload_store import FetchMissing, FrameStore
+from replayfmt.container.sealing import RecordSealer
 from replayfmt.errors import ReplayError, ReplayUsageError
 from replayfmt.format import model as m, records, timings
 from replayfmt.format.layout import (
@@ -63,7 +63,6 @@ from replayfmt.format.payloads import (
     MIN_FRAME_SIZE,
     CompressionPolicy,
     FrameCompressor,
-    frame_hash,
     payload_hash,
 )
 
@@ -74,7 +73,8 @@ _ZERO_PAD = bytes(8)
 _RECORD_COMPRESSION = CompressionPolicy(level=3, min_saving=0.05)
 # struct.Struct twins of the schema's LaunchRecord and Relocation (a test checks the layouts agree)
 _LAUNCH_STRUCT = struct.Struct("<18I")
-_RELOCATION_STRUCT = struct.Struct("<IIQQB7x")
+_RELOCATION_STRUCT = RELOCATION_STRUCT
+_RELOCATION_SHIFT = RELOCATION_STRUCT.size.bit_length() - 1  # 32-byte structs: a count is a shift away
 _ID_OPERATION_STRUCT = struct.Struct("<II")
 
 
@@ -82,7 +82,7 @@ class CaptureWriter:
     """Writes one .kreplay capture. Use as a context manager, or call :meth:`close`.
 
     ``path`` must not exist unless ``overwrite=True``: nothing the user had is replaced silently.
-    ``threads`` compress payload frames (0: compress on the calling thread).
+    ``threads`` compress payload frames (default: one per core, at most 16; 0: on the calling thread).
     """
 
     def __init__(
@@ -104,48 +104,43 @@ class CaptureWriter:
         if batch_operations < 1:
             raise ReplayUsageError("batch_operations must be at least 1")
         self.path = Path(path)
-        flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if overwrite else os.O_EXCL)
-        try:
-            self._fd = os.open(self.path, flags | getattr(os, "O_CLOEXEC", 0), 0o644)
-        except FileExistsError:
-            raise ReplayUsageError(f"{self.path} already exists; choose another path or pass overwrite=True") from None
-        except OSError as exc:
-            raise ReplayUsageError(f"cannot create {self.path}: {exc.strerror}") from None
+        self._fd = create_file(self.path, overwrite=overwrite)
         self.frame_size = frame_size
         self.batch_operations = batch_operations
         self.batch_bytes = batch_bytes
         self.flush_interval = flush_interval
         self.durable = durable
         self._synced_directory = False
-        self._compressor = FrameCompressor(compression)
         self._record_compressor = FrameCompressor(_RECORD_COMPRESSION)
-        threads = min(8, os.cpu_count() or 1) if threads is None else threads
+        threads = min(16, os.cpu_count() or 1) if threads is None else threads
         self._frame_pool: Any = (
             cf.ThreadPoolExecutor(threads, thread_name_prefix="kreplay-frames") if threads else InlineExecutor()
+        )
+        self._frame_store = FrameStore(
+            policy=compression,
+            threads=threads,
+            frame_size=frame_size,
+            reserve=self._reserve,
+            write_at=self._write_at,
+            executor=self._frame_pool,
         )
         self._record_pool: Any = (
             cf.ThreadPoolExecutor(1, thread_name_prefix="kreplay-records") if threads else InlineExecutor()
         )
-        self._slots = threading.BoundedSemaphore(max(2, 2 * threads))
+        self._sealer = RecordSealer(self._record_pool, self._record_compressor, self._append_chunk)
         self._lock = threading.RLock()  # operations, objects, payload ids, the open batch
         self._file_lock = threading.Lock()  # the file end; taken by workers
-        self._entries_lock = threading.Lock()  # frame and batch entries; taken by workers
         self._end = 0
         self._closed = False
         self._next_operation = 0
         self._next_object = 1
         self._next_payload = 1
-        self._frame_keys: set[bytes] = set()  # frames claimed by a thread (written, or being written)
         self._payload_ids: dict[bytes, int] = {}
-        self._pending_frames: set[cf.Future] = set()
-        self._pending_batches: list[cf.Future] = []
-        self._frames: list[tuple[int, int, int, int, int, int]] = []  # lo, hi, offset, stored, logical, codec
-        self._batches: list[tuple[int, ...]] = []
         self._batch = OpenBatch(0, 1, 1)
+        self._relocation_cache = PackedRelocations()
+        self._last_relocations: tuple[Any, bytes] = ((), b"")
         self._stopping = threading.Event()
-        self._original_times: timings.OriginalTimes | None = None
-        self._scope_stack: list[int] = []  # open ScopeBegin indices; (begin, end) pairs once closed
-        self._scope_pairs: list[tuple[int, int]] = []
+        self._times = timings.TimesLog()  # scopes as they open and close; the original's times
         try:
             header = FileHeader(FORMAT_MAJOR, FORMAT_MINOR, FILE_HEADER_SIZE, 0)
             self._append_raw([pack_file_header(header)])
@@ -174,14 +169,27 @@ class CaptureWriter:
     def _append_raw(self, parts: list[bytes | memoryview]) -> int:
         with self._file_lock:
             offset = self._end
-            try:
-                self._end += write_all(self._fd, parts, offset)
-            except OSError as exc:
-                raise ReplayError(
-                    f"{self.path}: cannot write {sum(len(p) for p in parts)} bytes at offset {offset}: "
-                    f"{exc.strerror}; everything flushed before is kept (replayfmt.open recovers it)"
-                ) from None
+            self._end += self._write_at(parts, offset)
             return offset
+
+    def _reserve(self, size: int, offset: int = -1) -> int:
+        """``size`` bytes reserved at the file's end: their offset. ``size`` < 0 gives the range at
+        ``offset`` back if it is still the last one (a torn frame: the next chunk goes over it)."""
+        with self._file_lock:
+            if size >= 0:
+                offset, self._end = self._end, self._end + size
+            elif self._end == offset - size:
+                self._end = offset
+            return offset
+
+    def _write_at(self, parts: list[Any], offset: int) -> int:
+        try:
+            return write_all(self._fd, parts, offset)
+        except OSError as exc:
+            raise ReplayError(
+                f"{self.path}: cannot write {sum(len(p) for p in parts)} bytes at offset {offset}: "
+                f"{exc.strerror}; everything flushed before is kept (replayfmt.open recovers it)"
+            ) from None
 
     def _append_chunk(
         self,
@@ -213,27 +221,18 @@ class CaptureWriter:
         if not view.c_contiguous:
             raise ReplayUsageError("payload data must be C-contiguous")
         view = view.cast("B")
-        size = len(view)
-        hashes = []
-        for start in range(0, size, self.frame_size):
-            part = view[start : start + self.frame_size]
-            digest = frame_hash(part)
-            hashes.append(digest)
-            with self._lock:  # claim the frame and make it pending at once: see flush()
-                new = digest not in self._frame_keys
-                if new:
-                    self._frame_keys.add(digest)
-                    claim: cf.Future = cf.Future()
-                    self._pending_frames.add(claim)
-            if new:
-                claim.add_done_callback(self._frame_done)
-                self._slots.acquire()
-                try:
-                    self._frame_pool.submit(self._store_frame, digest, bytes(part), claim)
-                except BaseException as exc:
-                    self._slots.release()
-                    claim.set_exception(exc)
-                    raise
+        return self._define_payload(len(view), self._frame_store.store(view))
+
+    def add_payload_frames(self, size: int, digests: Sequence[bytes], fetch_missing: FetchMissing) -> int:
+        """Store ``size`` bytes given their frames' digests (``frame_hash`` of each piece, computed
+        elsewhere, e.g. on the device): the payload id add_payload would return. Only the frames the
+        file lacks are fetched: see replayfmt.container.payload_store for ``fetch_missing``."""
+        self._check_open()
+        digests = list(digests)
+        self._frame_store.store_precomputed(size, digests, fetch_missing)
+        return self._define_payload(size, digests)
+
+    def _define_payload(self, size: int, hashes: list[bytes]) -> int:
         identity = payload_hash(size, hashes)
         with self._lock:
             self._check_open()
@@ -247,25 +246,6 @@ class CaptureWriter:
             self._batch.extra_bytes += 64 + 16 * len(hashes)
             self._after_append()
             return pid
-
-    def _store_frame(self, digest: bytes, data: bytes, claim: cf.Future) -> None:
-        try:
-            codec, stored = self._compressor.compress(data)
-            offset = self._append_chunk(ChunkKind.FRAME, codec, stored, len(data), digest)
-            lo, hi = int.from_bytes(digest[:8], "little"), int.from_bytes(digest[8:], "little")
-            with self._entries_lock:
-                self._frames.append((lo, hi, offset, len(stored), len(data), int(codec)))
-        except BaseException as exc:
-            claim.set_exception(exc)
-        else:
-            claim.set_result(None)
-        finally:
-            self._slots.release()
-
-    def _frame_done(self, future: cf.Future) -> None:
-        with self._lock:
-            if future.exception() is None:
-                self._pending_frames.discard(future)
 
     # -- objects ---------------------------------------------------------------------------
 
@@ -309,24 +289,40 @@ class CaptureWriter:
         """
         if type(relocations) is not tuple:
             relocations = tuple(relocations)
+        # The hot path: one struct pack, relocation sets packed once each, the seal test inline.
+        packed = b""
+        if relocations:
+            last = self._last_relocations
+            if relocations is last[0]:  # the caller's own tuple again: not even hashed
+                packed = last[1]
+            else:
+                try:
+                    packed = self._relocation_cache[relocations]
+                except TypeError:  # an unhashable relocation (a list): packed every time
+                    packed = pack_relocations(relocations)
+                self._last_relocations = (relocations, packed)
         with self._lock:
             if self._closed:
                 self._check_open()
             batch = self._batch
             index = self._next_operation
             self._next_operation = index + 1
-            batch.kinds.append(8)  # OperationKind.LAUNCH
+            kinds = batch.kinds
+            kinds.append(8)  # OperationKind.LAUNCH
+            batch_parameters, relocation_bytes = batch.parameters, batch.relocation_bytes
             batch.launch_bytes += _LAUNCH_STRUCT.pack(
                 executable, function, stream, flags, *grid, *block, *cluster, shared_memory,
-                len(batch.parameters), len(parameters), batch.relocation_count, len(relocations),
+                len(batch_parameters), len(parameters), len(relocation_bytes) >> _RELOCATION_SHIFT, len(relocations),
             )  # fmt: skip
-            batch.parameters += parameters
-            if relocations:
-                pack = _RELOCATION_STRUCT.pack
-                for relocation in relocations:
-                    batch.relocation_bytes += pack(*relocation)
-                batch.relocation_count += len(relocations)
-            self._after_append()
+            batch_parameters += parameters
+            if packed:
+                relocation_bytes += packed
+            count = len(kinds)
+            if (
+                count >= self.batch_operations
+                or len(batch_parameters) + 80 * count + batch.extra_bytes >= self.batch_bytes
+            ):
+                self._seal()
             return index
 
     def copy_h2d(
@@ -352,7 +348,7 @@ class CaptureWriter:
         if bool(payload) == bool(src_file):
             raise ReplayUsageError("copy_h2d needs exactly one source: data/payload or src_file")
         row = (stream, 0, dst_buffer, payload, src_file, flags, src_offset, dst_offset, size)
-        return self._copy(_K.COPY_HOST_TO_DEVICE, row)
+        return self._append_row(_K.COPY_HOST_TO_DEVICE, row)
 
     def copy_d2h(
         self,
@@ -367,7 +363,7 @@ class CaptureWriter:
         """Record a device-to-host copy; ``expected`` (optional) is what the program received."""
         payload = self.add_payload(expected) if expected is not None else 0
         row = (stream, src_buffer, 0, payload, 0, flags, src_offset, 0, size)
-        return self._copy(_K.COPY_DEVICE_TO_HOST, row)
+        return self._append_row(_K.COPY_DEVICE_TO_HOST, row)
 
     def copy_d2d(
         self,
@@ -381,15 +377,16 @@ class CaptureWriter:
         flags: int = 0,
     ) -> int:
         row = (stream, src_buffer, dst_buffer, 0, 0, flags, src_offset, dst_offset, size)
-        return self._copy(_K.COPY_DEVICE_TO_DEVICE, row)
+        return self._append_row(_K.COPY_DEVICE_TO_DEVICE, row)
 
-    def _copy(self, kind: m.OperationKind, row: tuple[int, ...]) -> int:
+    def _append_row(self, kind: m.OperationKind, row: tuple[int, ...]) -> int:
+        """A copy or memset: one struct row in the batch's column of its kind."""
         with self._lock:
             self._check_open()
             index = self._next_operation
             self._next_operation += 1
             self._batch.kinds.append(kind)
-            self._batch.copies.append(row)
+            (self._batch.memsets if kind == _K.MEMSET else self._batch.copies).append(row)
             self._after_append()
             return index
 
@@ -398,14 +395,7 @@ class CaptureWriter:
     ) -> int:
         if element_size not in (1, 2, 4):
             raise ReplayUsageError(f"memset element_size must be 1, 2 or 4, not {element_size}")
-        with self._lock:
-            self._check_open()
-            index = self._next_operation
-            self._next_operation += 1
-            self._batch.kinds.append(_K.MEMSET)
-            self._batch.memsets.append((stream, buffer, value, element_size, offset, count))
-            self._after_append()
-            return index
+        return self._append_row(_K.MEMSET, (stream, buffer, value, element_size, offset, count))
 
     def module_load(self, executable: int, device: int = 0) -> int:
         return self._table_op(m.ModuleLoad, executable, device)
@@ -430,17 +420,12 @@ class CaptureWriter:
         return self._table_op(m.HostFunction, stream)
 
     def scope_begin(self, name: str) -> int:
-        with self._lock:
-            index = self._table_op(m.ScopeBegin, name)
-            self._scope_stack.append(index)
-            return index
+        with self._lock:  # the scope's index and its place in the times log together
+            return self._times.scope_begin(self._table_op(m.ScopeBegin, name))
 
     def scope_end(self, name: str) -> int:
         with self._lock:
-            index = self._table_op(m.ScopeEnd, name)
-            if self._scope_stack:
-                self._scope_pairs.append((self._scope_stack.pop(), index))
-            return index
+            return self._times.scope_end(self._table_op(m.ScopeEnd, name))
 
     def set_original_times(self, operations: Iterable[timings.OperationTime], clock: str = timings.CUPTI_CLOCK) -> None:
         """The original program's device times of recorded operations, written at close as an
@@ -450,7 +435,7 @@ class CaptureWriter:
             self._check_open()
             if any(i >= self._next_operation for i in ops):
                 raise ReplayUsageError(f"a time for operation {max(ops)}, which is not recorded yet")
-            self._original_times = timings.OriginalTimes(clock, ops)
+            self._times.set(clock, ops)
 
     @contextlib.contextmanager
     def scope(self, name: str) -> Iterator[None]:
@@ -461,18 +446,11 @@ class CaptureWriter:
         finally:
             self.scope_end(name)
 
-    def checkpoint(
-        self,
-        expected: Mapping[int, BytesLike] | Iterable[m.CheckpointEntry],
-        *,
-        name: str = "",
-    ) -> int:
+    def checkpoint(self, expected: Mapping[int, BytesLike] | Iterable[m.CheckpointEntry], *, name: str = "") -> int:
         """Record what buffers must hold at this point: ``{buffer_id: bytes}`` (from offset 0)
         or CheckpointEntry(buffer, payload, offset, size) rows."""
         if isinstance(expected, Mapping):
-            entries = []
-            for buffer, data in expected.items():
-                entries.append(m.CheckpointEntry(buffer, self.add_payload(data), 0, memoryview(data).nbytes))
+            entries = [m.CheckpointEntry(b, self.add_payload(d), 0, memoryview(d).nbytes) for b, d in expected.items()]
         else:
             entries = [m.CheckpointEntry(*e) for e in expected]
         return self._table_op(m.Checkpoint, name, tuple(entries))
@@ -538,26 +516,10 @@ class CaptureWriter:
         if batch.empty():
             return None
         self._batch = OpenBatch(self._next_operation, self._next_object, self._next_payload)
-        encoded = batch.encode()
-        frames = list(self._pending_frames)
-        entry = (
-            batch.first_operation, len(batch), batch.first_object, len(batch.objects),
-            batch.first_payload, len(batch.payloads),
-        )  # fmt: skip
-        future = self._record_pool.submit(self._write_batch, encoded, frames, entry)
-        self._pending_batches = [f for f in self._pending_batches if not f.done()] + [future]
+        future = self._sealer.seal(batch, self._frame_store.pending())
         if future.done() and future.exception() is not None:
             self._raise_worker_error(future.exception())
         return future
-
-    def _write_batch(self, encoded: bytes, frames: list[cf.Future], entry: tuple[int, ...]) -> None:
-        for future in frames:
-            future.result()  # a failed frame fails the batch that refers to it
-        codec, stored = self._record_compressor.compress(encoded)
-        offset = self._append_chunk(ChunkKind.RECORDS, codec, stored, len(encoded))
-        first_op, count, first_obj, obj_count, first_payload, payload_count = entry
-        with self._entries_lock:
-            self._batches.append((offset, first_op, count, first_obj, obj_count, first_payload, payload_count))
 
     def _raise_worker_error(self, exc: BaseException | None) -> None:
         if isinstance(exc, ReplayError):
@@ -571,7 +533,7 @@ class CaptureWriter:
         with self._lock:
             self._check_open()
             self._seal()
-            pending = list(self._pending_batches) + list(self._pending_frames)
+            pending = self._sealer.pending() + self._frame_store.pending()
         for future in pending:
             if future.exception() is not None:
                 self._raise_worker_error(future.exception())
@@ -607,9 +569,8 @@ class CaptureWriter:
             os.close(self._fd)
 
     def _write_index(self) -> None:
-        dt = records.dtype
-        frames = frame_entries(sorted(self._frames, key=lambda f: f[2]))
-        batches = np.array(sorted(self._batches, key=lambda b: b[1]), dtype=dt("BatchEntry"))
+        frames = frame_entries(self._frame_store.rows())
+        batches = self._sealer.entries()
         timings_offset = self._write_original_times()
         body = records.encode_index(
             metadata_offset=self._metadata_offset,
@@ -632,10 +593,8 @@ class CaptureWriter:
 
     def _write_original_times(self) -> int:
         """The TIMINGS chunk (optional: older readers skip it), or 0 when there are no times."""
-        times = self._original_times
-        if not times:
+        body = self._times.encode()
+        if body is None:
             return 0
-        scopes = tuple(timings.scope_times(times.operations, self._scope_pairs))
-        body = timings.encode_timings(timings.OriginalTimes(times.clock, times.operations, scopes))
         codec, stored = self._record_compressor.compress(body)
         return self._append_chunk(ChunkKind.TIMINGS, codec, stored, len(body), flags=ChunkFlags.OPTIONAL)

@@ -35,6 +35,7 @@ class DeviceDigester:
 
     def __init__(self, cu: Any) -> None:
         self.cu = cu
+        self._scratch_memory = self._scratch_size = 0
         self.module = check(cu.cuModuleLoadData(_ptx()), "frame digests: cuModuleLoadData")
         try:
             self.function = check(
@@ -45,12 +46,15 @@ class DeviceDigester:
             raise
 
     def close(self) -> None:
+        if self._scratch_memory:
+            self.cu.cuMemFree(self._scratch_memory)
+            self._scratch_memory = self._scratch_size = 0
         self.cu.cuModuleUnload(self.module)
 
-    def digests(self, frames: Sequence[tuple[int, int]]) -> list[bytes]:
+    def digests(self, frames: Sequence[tuple[int, int]], stream: Any = 0) -> list[bytes]:
         """The XXH3-128 of each (device address, length) frame, as frame_hash spells it. Every
         frame is longer than 240 bytes and starts 8-byte aligned; the device work that wrote
-        them has finished."""
+        them has finished. Runs on ``stream`` (0: the legacy default stream) and waits for it."""
         if not frames:
             return []
         for address, length in frames:
@@ -60,16 +64,28 @@ class DeviceDigester:
         table = np.array(frames, dtype=np.uint64)
         host = np.concatenate([table[:, 0], table[:, 1]])
         out = np.empty(2 * n, dtype=np.uint64)
-        memory = int(check(cu.cuMemAlloc(32 * n), f"frame digests: {32 * n} bytes of device memory"))
-        try:
-            check(cu.cuMemcpyHtoD(memory, host.ctypes.data, 16 * n), "frame digests: table upload")
-            values = (ctypes.c_uint64(memory), ctypes.c_uint64(memory + 8 * n), ctypes.c_uint64(memory + 16 * n),
-                      ctypes.c_uint32(n))  # fmt: skip
-            params = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))
-            blocks = -(-n * _THREADS_PER_FRAME // _BLOCK)
-            check(cu.cuLaunchKernel(self.function, blocks, 1, 1, _BLOCK, 1, 1, 0, 0, ctypes.addressof(params), 0),
-                  "frame digests: launch")  # fmt: skip
-            check(cu.cuMemcpyDtoH(out.ctypes.data, memory + 16 * n, 16 * n), "frame digests: results")
-        finally:
-            cu.cuMemFree(memory)
+        memory = self._scratch(32 * n)
+        check(cu.cuMemcpyHtoDAsync(memory, host.ctypes.data, 16 * n, stream), "frame digests: table upload")
+        values = (ctypes.c_uint64(memory), ctypes.c_uint64(memory + 8 * n), ctypes.c_uint64(memory + 16 * n),
+                  ctypes.c_uint32(n))  # fmt: skip
+        params = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))
+        blocks = -(-n * _THREADS_PER_FRAME // _BLOCK)
+        check(cu.cuLaunchKernel(self.function, blocks, 1, 1, _BLOCK, 1, 1, 0, stream, ctypes.addressof(params), 0),
+              "frame digests: launch")  # fmt: skip
+        check(cu.cuMemcpyDtoHAsync(out.ctypes.data, memory + 16 * n, 16 * n, stream), "frame digests: results")
+        check(cu.cuStreamSynchronize(stream), "frame digests: cuStreamSynchronize")
         return [out[2 * k : 2 * k + 2].tobytes() for k in range(n)]  # low half, then high, little-endian
+
+    def _scratch(self, size: int) -> int:
+        """Device memory for the frame table and the digests, kept and grown (allocating and
+        freeing per call would synchronise the device each time)."""
+        if size > self._scratch_size:
+            if self._scratch_memory:
+                self.cu.cuMemFree(self._scratch_memory)
+                self._scratch_memory, self._scratch_size = 0, 0
+            grown = max(size, 2 * self._scratch_size, 64 << 10)
+            self._scratch_memory = int(
+                check(self.cu.cuMemAlloc(grown), f"frame digests: {grown} bytes of device memory")
+            )
+            self._scratch_size = grown
+        return self._scratch_memory

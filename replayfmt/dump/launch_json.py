@@ -74,10 +74,20 @@ class LaunchTemplate:
             self.slots.append((json.dumps(name) + ":", p.offset, int(p.kind), conv))
         self.render = _compile_renderer(struct.Struct(fmt), self.slots)
 
+    def targets(self, relocations: tuple[m.Relocation, ...]) -> tuple[str | None, ...]:
+        """What each pointer slot is relocated to, as JSON text (None: not relocated): worked
+        out once per distinct relocation set, which repeats from launch to launch."""
+        pointers = [offset for _, offset, kind, _ in self.slots if kind in (_POINTER, _TENSOR_MAP)]
+        found: dict[int, m.Relocation] = {}
+        for r in relocations:
+            if not r[0] and r[2] in pointers:
+                found[r[2]] = r  # the last relocation of a site wins
+        return tuple(_target_json(found.get(offset)) for offset in pointers)
+
     def parameters_json(self, op: m.Launch) -> str:
         raw = op.parameters
         if self.render is not None:
-            text = self.render(raw, op.relocations)
+            text = self.render(raw, self.targets(op.relocations), "", "", "", "")
             if text is not None:
                 return text
         return f'"parameter_bytes":"{raw.hex()}"'
@@ -96,48 +106,54 @@ def _hex_json(value: int | bytes) -> str:
 
 
 def _compile_renderer(unpack: struct.Struct, slots: list[tuple[str, int, int, str]]) -> Any:
-    """Build, once per kernel signature, a function that renders the "parameters" object.
+    """Build, once per kernel signature, ``render(raw, targets, lead, index, middle, tail)``:
+    the text ``lead``, ``index``, ``middle``, the "parameters" object, ``tail`` (``targets``:
+    :meth:`LaunchTemplate.targets` of the launch's relocations), a whole launch row built once.
 
-    Unrolled code (one unpack, one concatenation) is several times faster than interpreting the
-    layout for every launch: this is what keeps JSONL fast. Which buffer each relocated pointer
-    names depends only on the launch's relocations, which repeat from launch to launch, so that
-    part is worked out once per distinct relocation set. The generated code holds no literals:
+    Unrolled code (one unpack, one f-string) is several times faster than interpreting the layout
+    for every launch: this is what keeps JSONL fast. The generated code holds no string literals:
     every string it joins comes from the namespace below.
     """
     values = ", ".join(f"v{i}" for i in range(len(slots)))
-    pointers = [(i, offset) for i, (_, offset, kind, _) in enumerate(slots) if kind in (_POINTER, _TENSOR_MAP)]
+    pointers = [i for i, (_, _, kind, _) in enumerate(slots) if kind in (_POINTER, _TENSOR_MAP)]
+    floats = [i for i, slot in enumerate(slots) if slot[3] == "float" and slot[2] not in (_POINTER, _TENSOR_MAP)]
     namespace: dict[str, Any] = {
-        "UNPACK": unpack.unpack_from, "SIZE": unpack.size, "FLOAT": _float_json, "BF16": _bf16_json,
-        "HEX": _hex_json, "TARGET": _target_json, "CACHE": {}, "TRUE": "true", "FALSE": "false",
-        "HEAD": '"parameters":', "TAIL": "}",
+        "UNPACK": unpack.unpack_from, "ERROR": struct.error, "FLOAT": _float_json, "BF16": _bf16_json,
+        "HEX": _hex_json, "TRUE": "true", "FALSE": "false", "HEAD": '"parameters":', "TAIL": "}", "EMPTY": "{}",
     }  # fmt: skip
-    lines = [
-        "def render(raw, relocations):",
-        "    if len(raw) < SIZE:",
-        "        return None",
-        f"    ({values},) = UNPACK(raw)",
-    ]
-    if pointers:
-        targets = ", ".join(f"t{i}" for i, _ in pointers)
-        lines += ["    targets = CACHE.get(relocations)", "    if targets is None:"]
-        lines += [f"        r{i} = None" for i, _ in pointers]
-        lines += ["        for r in relocations:", "            if not r[0]:", "                o = r[2]"]
-        lines += [
-            f"                {'elif' if n else 'if'} o == {off}: r{i} = r" for n, (i, off) in enumerate(pointers)
-        ]
-        lines += [f"        targets = ({', '.join(f'TARGET(r{i})' for i, _ in pointers)},)"]
-        lines += ["        if len(CACHE) > 4096:", "            CACHE.clear()", "        CACHE[relocations] = targets"]
-        lines += [f"    ({targets},) = targets"]
-    pieces = ["HEAD"]
-    for i, (key, _offset, kind, conv) in enumerate(slots):
+    for i, (key, *_) in enumerate(slots):
         namespace[f"K{i}"] = ("{" if i == 0 else ",") + key
-        if kind in (_POINTER, _TENSOR_MAP):
-            value = f"(t{i} or HEX(v{i}))"
-        else:
-            value = {"int": f"str(v{i})", "float": f"FLOAT(v{i})", "bool": f"(TRUE if v{i} else FALSE)",
-                     "bf16": f"BF16(v{i})"}.get(conv, f"HEX(v{i})")  # fmt: skip
-        pieces += [f"K{i}", value]
-    pieces.append("TAIL" if slots else "'{}'")
-    lines.append("    return " + " + ".join(pieces))
+    lines = []
+    # Two renderers: "render" assumes finite floats (repr() is then valid JSON and the f-string
+    # calls it in C) and hands a launch with inf or nan (v - v is nan) to "careful", which spells
+    # those out as strings.
+    for name, finite in (("careful", False), ("render", True)):
+        lines += [
+            f"def {name}(raw, targets, lead, index, middle, tail):",
+            "    try:",
+            f"        ({values},) = UNPACK(raw)",
+            "    except ERROR:",
+            "        return None  # shorter than the layout: the caller shows the raw bytes",
+        ]
+        if finite and floats:
+            lines += [f"    if {' or '.join(f'v{i} - v{i} != 0.0' for i in floats)}:"]
+            lines += ["        return careful(raw, targets, lead, index, middle, tail)"]
+        if pointers:
+            lines.append(f"    ({', '.join(f't{i}' for i in pointers)},) = targets")
+        pieces = ["lead", "index", "middle", "HEAD"]  # one f-string: one BUILD_STRING, no intermediate strings
+        for i, (_key, _offset, kind, conv) in enumerate(slots):
+            if kind in (_POINTER, _TENSOR_MAP):
+                value = f"(t{i} or HEX(v{i}))"
+            elif conv == "float":
+                value = f"v{i}!r" if finite else f"FLOAT(v{i})"
+            else:
+                value = {
+                    "int": f"v{i}",  # an int formats as str() spells it
+                    "bool": f"(TRUE if v{i} else FALSE)",
+                    "bf16": f"BF16(v{i})",
+                }.get(conv, f"HEX(v{i})")
+            pieces += [f"K{i}", value]
+        pieces += ["TAIL" if slots else "EMPTY", "tail"]
+        lines.append("    return f'" + "".join(f"{{{piece}}}" for piece in pieces) + "'")
     exec("\n".join(lines), namespace)
     return namespace["render"]

@@ -12,10 +12,12 @@ ReplayFormatError after yielding everything before it; the summary records the d
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
+import operator
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from replayfmt.container.reader import Capture
 from replayfmt.dump.export import check_writable, export_payload
@@ -34,6 +36,18 @@ _K = m.OperationKind
 
 INLINE_LIMIT = 64 << 20  # bytes of one payload inlined in a JSONL row (hex doubles them)
 _CACHED_DATA = 64 << 10  # inline data longer than this is not cached between rows
+
+_LAUNCH_LEAD = '{"kind":"launch","index":'
+
+
+class _LaunchParts(NamedTuple):
+    """The text of a launch row around its index and parameter values, and how to render those."""
+
+    prefix: str
+    render: Any  # LaunchTemplate.render, or None
+    targets: tuple[str | None, ...]
+    suffix: str
+    launch: m.Launch  # held so that the ids in this entry's key stay unique while it is cached
 
 
 class Dumper:
@@ -60,8 +74,7 @@ class Dumper:
                 raise ReplayUsageError(f"--payloads=files:{payload_dir}: cannot create ({exc.strerror})") from None
             check_writable(payload_dir)
         self._templates: dict[tuple[int, int], LaunchTemplate] = {}
-        self._relocations_json: dict[tuple[m.Relocation, ...], str] = {}
-        self._shapes: dict[tuple[Any, ...], str] = {}
+        self._launch_parts: dict[tuple[int, ...], _LaunchParts] = {}
         self._payload_json: dict[int, str] = {}
         self._encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
         self._payload_refs: dict[int, dict[str, Any] | None] = {}
@@ -210,33 +223,41 @@ class Dumper:
         return row
 
     def launch_json(self, op: m.Launch) -> str:
-        key = (op.executable, op.function)
-        template = self._templates.get(key)
+        index, executable, function, stream, grid, block, cluster, shared_memory, flags, raw, relocations = op
+        # Everything but the index and the parameter values is rendered once per distinct launch
+        # shape. The reader shares one tuple among equal relocation sets, so the key holds its
+        # identity (cheap to hash); the entry holds the launch, so that id stays unique while
+        # the entry is cached.
+        key = (executable, function, stream, grid, block, cluster, shared_memory, flags, id(relocations))
+        entry = self._launch_parts.get(key)
+        if entry is None:
+            entry = self._launch_entry(op, key)
+        render = entry.render
+        row = render(raw, entry.targets, _LAUNCH_LEAD, index, entry.prefix, entry.suffix) if render else None
+        if row is None:
+            row = f'{{"kind":"launch","index":{index}{entry.prefix}"parameter_bytes":"{raw.hex()}"{entry.suffix}'
+        return row if not self._original else row[:-1] + self._original_json(index) + "}"
+
+    def _launch_entry(self, op: m.Launch, key: tuple[int, ...]) -> _LaunchParts:
+        template = self._templates.get((op.executable, op.function))
         if template is None:
-            template = self._templates[key] = LaunchTemplate(self, op.executable, op.function)
-        shape_key = (op.grid, op.block, op.cluster, op.shared_memory, op.flags, op.stream)
-        shape = self._shapes.get(shape_key)
-        if shape is None:
-            if len(self._shapes) >= _CACHE_LIMIT:
-                self._shapes.clear()
-            g, b, c = op.grid, op.block, op.cluster
-            shape = self._shapes[shape_key] = (
-                f'"stream":{op.stream},"grid":[{g[0]},{g[1]},{g[2]}],"block":[{b[0]},{b[1]},{b[2]}],'
-                f'"cluster":[{c[0]},{c[1]},{c[2]}],"shared_memory":{op.shared_memory},"flags":{op.flags},'
-            )
-        relocs = self._relocations_json.get(op.relocations)
-        if relocs is None:
-            if len(self._relocations_json) >= _CACHE_LIMIT:
-                self._relocations_json.clear()
-            relocs = self._relocations_json[op.relocations] = ",".join(
-                f'{{"site_buffer":{r.site_buffer},"site_offset":{r.site_offset},"target_buffer":{r.target_buffer},'
-                f'"target_offset":{r.target_offset},"kind":"{"tensor_map" if r.kind == 1 else "pointer"}"}}'
-                for r in op.relocations
-            )
-        return (
-            f'{{"kind":"launch","index":{op.index}{template.head}{shape}{template.parameters_json(op)},'
-            f'"relocations":[{relocs}]{self._original_json(op.index)}}}'
+            template = self._templates[(op.executable, op.function)] = LaunchTemplate(self, op.executable, op.function)
+        g, b, c = op.grid, op.block, op.cluster
+        prefix = (
+            f'{template.head}"stream":{op.stream},"grid":[{g[0]},{g[1]},{g[2]}],"block":[{b[0]},{b[1]},{b[2]}],'
+            f'"cluster":[{c[0]},{c[1]},{c[2]}],"shared_memory":{op.shared_memory},"flags":{op.flags},'
         )
+        relocations = ",".join(
+            f'{{"site_buffer":{r.site_buffer},"site_offset":{r.site_offset},"target_buffer":{r.target_buffer},'
+            f'"target_offset":{r.target_offset},"kind":"{"tensor_map" if r.kind == 1 else "pointer"}"}}'
+            for r in op.relocations
+        )
+        targets = template.targets(op.relocations) if template.render is not None else ()
+        entry = _LaunchParts(prefix, template.render, targets, f',"relocations":[{relocations}]}}', op)
+        if len(self._launch_parts) >= _CACHE_LIMIT:
+            self._launch_parts.clear()
+        self._launch_parts[key] = entry
+        return entry
 
     def _original_json(self, index: int) -> str:
         """``,"original_ns":N`` (null: not timed) when the capture carries the original's times."""
@@ -269,11 +290,10 @@ class Dumper:
                 f'{{"kind":"memset","index":{op.index},"stream":{op.stream},"buffer":{op.buffer},"offset":{op.offset},'
                 f'"value":{op.value},"element_size":{op.element_size},"count":{op.count}{self._original_json(op.index)}}}'
             )
-        if type(op) in _ID_ROW_PREFIXES and not isinstance(op, m.CreateObject | m.DestroyObject):
-            names = field_names(op)
-            prefix = _ID_ROW_PREFIXES[type(op)]
-            fields = ",".join(f'"{n}":{getattr(op, n)}' for n in names)
-            return f"{prefix}{op.index},{fields}}}"
+        id_row = _ID_ROWS.get(type(op))
+        if id_row is not None:
+            text, fields = id_row
+            return text.format(*fields(op))
         return self._encode(self.operation_row(op))
 
     def _object_or_none(self, object_id: int) -> m.ObjectDef | None:
@@ -331,10 +351,19 @@ class Dumper:
         launch_json, operation_json = self.launch_json, self.operation_json
         launch = _K.LAUNCH
         plain = self.filter.kinds is None and self.filter.object_id is None and self.filter.grep is None
-        cap = self.cap
+        cap, parts = self.cap, self._launch_parts
+        fast = not self._original  # a capture with the original's times adds original_ns to each row
         for op in cap.iter_operations(self.filter.start, self.filter.stop):
-            if op.kind == launch:
+            if op.kind is launch:
                 if plain or self._op_selected(op, "launch"):
+                    # launch_json() inlined for a launch shape seen before: the hot loop of JSONL
+                    index, executable, function, stream, grid, block, cluster, smem, flags, raw, relocs = op
+                    entry = parts.get((executable, function, stream, grid, block, cluster, smem, flags, id(relocs)))
+                    if fast and entry is not None and entry.render is not None:
+                        row = entry.render(raw, entry.targets, _LAUNCH_LEAD, index, entry.prefix, entry.suffix)
+                        if row is not None:
+                            yield row
+                            continue
                     yield launch_json(op)
                 continue
             if isinstance(op, m.CreateObject) and op.object <= cap.object_count:
@@ -390,7 +419,19 @@ class Dumper:
         return "" if value is None else f" original={value / 1e3:.3f}us"
 
 
-_ID_ROW_PREFIXES = {cls: f'{{"kind":"{kind.label}","index":' for kind, (cls, _) in ID_OPERATIONS.items()}
+def _id_row_template(kind: m.OperationKind, cls: type) -> tuple[str, Any]:
+    """A row of an id-only operation as a str.format template and the getter of its values."""
+    names = tuple(f.name for f in dataclasses.fields(cls) if f.name != "index")
+    keys = "".join(f',"{n}":{{{i + 1}}}' for i, n in enumerate(names))
+    return f'{{{{"kind":"{kind.label}","index":{{0}}{keys}}}}}', operator.attrgetter("index", *names)
+
+
+# Create/destroy rows also name the object's kind: they take the general path.
+_ID_ROWS = {
+    cls: _id_row_template(kind, cls)
+    for kind, (cls, _) in ID_OPERATIONS.items()
+    if kind not in (m.OperationKind.CREATE_OBJECT, m.OperationKind.DESTROY_OBJECT)
+}
 
 
 def _xyz(d: tuple[int, int, int]) -> str:

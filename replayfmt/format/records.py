@@ -63,15 +63,15 @@ def struct_array(vector: StructVector | None, struct_name: str) -> np.ndarray:
 def _struct_vector(builder: flatbuffers.Builder, struct_name: str, array: np.ndarray) -> int:
     """Write a numpy structured array as a FlatBuffers vector of structs (one memcpy)."""
     layout = load_schema().structs[struct_name]
-    data = array.tobytes()
+    data = memoryview(np.ascontiguousarray(array).view(np.uint8)) if len(array) else b""
     builder.StartVector(layout.size, len(array), layout.alignment)
     builder.head -= len(data)
     builder.Bytes[builder.head : builder.head + len(data)] = data
     return builder.EndVector()
 
 
-def _ubyte_vector(builder: flatbuffers.Builder, data: bytes) -> int:
-    return builder.CreateByteVector(bytes(data))
+def _ubyte_vector(builder: flatbuffers.Builder, data: bytes | bytearray | memoryview) -> int:
+    return builder.CreateByteVector(data if isinstance(data, (bytes, bytearray)) else bytes(data))
 
 
 def _string(builder: flatbuffers.Builder, text: str) -> int:
@@ -505,18 +505,21 @@ def encode_record_batch(
     first_operation: int,
     first_object: int,
     first_payload: int,
-    kinds: bytes,
+    kinds: bytes | bytearray,
     launches: np.ndarray,
     copies: np.ndarray,
     memsets: np.ndarray,
     id_operations: np.ndarray,
     table_ops: list[Any],
     relocations: np.ndarray,
-    parameter_bytes: bytes,
+    parameter_bytes: bytes | bytearray,
     objects: list[m.ObjectDef],
     payloads: list[tuple[bytes, int, int, tuple[bytes, ...]]],
 ) -> bytes:
-    b = flatbuffers.Builder(1024 + len(parameter_bytes) + 80 * len(kinds))
+    # Sized once for everything but the tables, so the builder does not grow (and copy) itself.
+    columns = launches.nbytes + copies.nbytes + memsets.nbytes + id_operations.nbytes + relocations.nbytes
+    tables = 256 * (len(table_ops) + len(objects)) + sum(64 + 16 * len(p[3]) for p in payloads)
+    b = flatbuffers.Builder(1024 + len(kinds) + len(parameter_bytes) + columns + tables)
     kinds_vec = _ubyte_vector(b, kinds)
     launch_vec = _struct_vector(b, "LaunchRecord", launches)
     copy_vec = _struct_vector(b, "CopyRecord", copies)
@@ -551,7 +554,7 @@ def encode_record_batch(
     FbRecordBatch.AddObjects(b, obj_vec)
     FbRecordBatch.AddPayloads(b, payload_vec)
     b.Finish(FbRecordBatch.End(b))
-    return bytes(b.Output())
+    return bytes(memoryview(b.Bytes)[b.Head() :])
 
 
 def encode_index(

@@ -176,3 +176,36 @@ def decode_timings(
         for r in (scopes if scopes is not None else ())
     )
     return OriginalTimes(d.get("clock") or "", operations, scope_rows)
+
+
+class TimesLog:
+    """What a writer keeps for the TIMINGS chunk: scopes as they open and close (their device time
+    is that of the operations inside them) and the original program's operation times."""
+
+    def __init__(self) -> None:
+        self._open: list[int] = []  # ScopeBegin indices of open scopes
+        self._scopes: list[tuple[int, int]] = []  # (ScopeBegin, ScopeEnd) indices of closed ones
+        self._times: OriginalTimes | None = None
+
+    def scope_begin(self, index: int) -> int:
+        """Note a ScopeBegin at ``index`` (returned)."""
+        self._open.append(index)
+        return index
+
+    def scope_end(self, index: int) -> int:
+        """Note a ScopeEnd at ``index`` (returned), closing the innermost open scope."""
+        if self._open:
+            self._scopes.append((self._open.pop(), index))
+        return index
+
+    def set(self, clock: str, operations: dict[int, OperationTime]) -> None:
+        self._times = OriginalTimes(clock, operations)
+
+    def encode(self) -> bytes | None:
+        """The TIMINGS body, or None when no times were given."""
+        if not self._times:
+            return None
+        times = self._times
+        return encode_timings(
+            OriginalTimes(times.clock, times.operations, tuple(scope_times(times.operations, self._scopes)))
+        )
