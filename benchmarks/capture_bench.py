@@ -91,9 +91,11 @@ def snapshot_pipeline(size: int, directory: Path) -> list[tuple[str, float, str]
             returned = time.perf_counter() - start
             writer.flush()  # every frame compressed and written
             total = time.perf_counter() - start
-            detail = (f"{(snapshots.stats.copied_bytes - copied) >> 20} MiB crossed, device hash "
-                      f"{snapshots.stats.hash_seconds - hashed:.3f} s, program held {returned:.3f} s "
-                      f"({size / returned / 1e9:.1f} GB/s), {threads} writer threads")  # fmt: skip
+            detail = (
+                f"{(snapshots.stats.copied_bytes - copied) >> 20} MiB crossed, device hash "
+                f"{snapshots.stats.hash_seconds - hashed:.3f} s, program held {returned:.3f} s "
+                f"({size / returned / 1e9:.1f} GB/s), {threads} writer threads"
+            )
             results.append((name, size / total / 1e9, detail))
     snapshots.close()
     snapshots.device.close()
@@ -119,8 +121,9 @@ def main() -> None:
         child = [sys.executable, __file__, "--bare", "--launches", str(args.launches), "--snapshot-mib", "16"]
         bare = json.loads(subprocess.run(child, check=True, capture_output=True, text=True).stdout)
         tmp = tempfile.TemporaryDirectory()
-        rec = replayfmt.capture.record(Path(tmp.name) / "bench.kreplay", start=False,
-                                       original_times=not args.no_original_times)  # fmt: skip
+        rec = replayfmt.capture.record(
+            Path(tmp.name) / "bench.kreplay", start=False, original_times=not args.no_original_times
+        )
     x = torch.zeros(4096, device="cuda")
     big = torch.rand(args.snapshot_mib << 18, device="cuda")  # random data: never time all-zero copies
 
@@ -161,21 +164,27 @@ def main() -> None:
         overhead = recorded[name] - bare[name]
         if overhead > 20:
             missed.append(f"{name} overhead")
-        print(f"{name:>14}: bare {bare[name]:6.2f} us/launch, recorded {recorded[name]:6.2f} us/launch, "
-              f"overhead {overhead:+6.2f} us ({recorded[name] / bare[name]:.2f}x)  [goal <= 20 us]")  # fmt: skip
+        print(
+            f"{name:>14}: bare {bare[name]:6.2f} us/launch, recorded {recorded[name]:6.2f} us/launch, "
+            f"overhead {overhead:+6.2f} us ({recorded[name] / bare[name]:.2f}x)  [goal <= 20 us]"
+        )
     if not copied:
         sys.exit(f"no snapshot was taken: {report.lines()}")
     held_rate = copied / copy_seconds / 1e9
-    print(f"recorder's first touch of {copied >> 20} MiB (pointer scan on, as by default): program held "
-          f"{held_rate:.1f} GB/s (device hash, copies, hand-over to the writer), whole snapshot "
-          f"{copied / snapshot_seconds / 1e9:.1f} GB/s, first touch {copied / touched / 1e9:.1f} GB/s; "
-          f"bare pinned cuMemcpyDtoH {bandwidth:.1f} GB/s")  # fmt: skip
+    print(
+        f"recorder's first touch of {copied >> 20} MiB (pointer scan on, as by default): program held "
+        f"{held_rate:.1f} GB/s (device hash, copies, hand-over to the writer), whole snapshot "
+        f"{copied / snapshot_seconds / 1e9:.1f} GB/s, first touch {copied / touched / 1e9:.1f} GB/s; "
+        f"bare pinned cuMemcpyDtoH {bandwidth:.1f} GB/s"
+    )
     print(f"capture: {report.operations} operations, {size >> 20} MiB on disk (compression ran on writer threads)")
 
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp:
         pipeline = snapshot_pipeline(args.snapshot_mib << 20, Path(tmp))
-        print(f"snapshot pipeline end to end, {args.snapshot_mib} MiB each, into {tmp}; bare pinned copy "
-              f"{bandwidth:.1f} GB/s, this run:")  # fmt: skip
+        print(
+            f"snapshot pipeline end to end, {args.snapshot_mib} MiB each, into {tmp}; bare pinned copy "
+            f"{bandwidth:.1f} GB/s, this run:"
+        )
         for name, rate, detail in pipeline:
             goal = 50 if name.startswith("held") else 10
             if rate < goal:

@@ -64,8 +64,15 @@ def build(path: Path, operations: int) -> None:
                 i = w.stream_wait_event(s2, ev)
             else:
                 params = struct.pack("<f4x", i * 0.5) + tail  # a different value in every launch
-                i = w.launch(executable=exe, function=0, grid=(16, 1, 1), block=(1024, 1, 1), parameters=params,
-                             relocations=relocations, stream=s1)  # fmt: skip
+                i = w.launch(
+                    executable=exe,
+                    function=0,
+                    grid=(16, 1, 1),
+                    block=(1024, 1, 1),
+                    parameters=params,
+                    relocations=relocations,
+                    stream=s1,
+                )
             i += 1
 
 
@@ -114,8 +121,10 @@ def main() -> int:
     rate, bare_rate = rows / jsonl, rows / bare
     print(f"capture: {args.operations:,} operations, {rows:,} JSONL rows; interpreter + import {startup:.2f} s")
     jsonl_ok, summary_ok, text_ok = rate >= 200_000, summary <= 1, text_summary <= 1
-    print(f"  jsonl         {jsonl:6.2f} s {rate:>10,.0f} rows/s   goal >= 200,000 rows/s   "
-          f"bare json {bare_rate:>9,.0f} rows/s   {'ok' if jsonl_ok else 'MISSED'}")  # fmt: skip
+    print(
+        f"  jsonl         {jsonl:6.2f} s {rate:>10,.0f} rows/s   goal >= 200,000 rows/s   "
+        f"bare json {bare_rate:>9,.0f} rows/s   {'ok' if jsonl_ok else 'MISSED'}"
+    )
     print(f"  json summary  {summary:6.2f} s   goal <= 1 s  {'ok' if summary_ok else 'MISSED'}")
     print(f"  text summary  {text_summary:6.2f} s   goal <= 1 s  {'ok' if text_ok else 'MISSED'}")
     if args.check and not (jsonl_ok and summary_ok and text_ok):

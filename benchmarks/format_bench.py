@@ -46,8 +46,14 @@ def bench_launches(directory: Path, count: int) -> dict[str, float]:
         relocations = (m.Relocation(0, x, 8, 0), m.Relocation(0, y, 16, 0))
         launch = w.launch
         for i in range(count):
-            launch(executable=exe, function=0, grid=(i & 1023, 1, 1), block=(256, 1, 1), parameters=params,
-                   relocations=relocations)  # fmt: skip
+            launch(
+                executable=exe,
+                function=0,
+                grid=(i & 1023, 1, 1),
+                block=(256, 1, 1),
+                parameters=params,
+                relocations=relocations,
+            )
     write_s = time.perf_counter() - start
     start = time.perf_counter()
     cap = replayfmt.open(path)
@@ -69,12 +75,35 @@ def bench_bare_launches(count: int) -> dict[str, float]:
     record, relocation = struct.Struct("<18I"), struct.Struct("<IIQQB7x")
     launches, relocation_bytes, parameter_bytes = bytearray(), bytearray(), bytearray()
 
-    def launch(*, executable: int, function: int, grid: m.Dims, block: m.Dims, parameters: bytes = b"",
-               relocations: tuple = (), stream: int = 0, cluster: m.Dims = (0, 0, 0), shared_memory: int = 0,
-               flags: int = 0) -> int:  # fmt: skip
-        launches.extend(record.pack(executable, function, stream, flags, *grid, *block, *cluster, shared_memory,
-                                    len(parameter_bytes), len(parameters), len(relocation_bytes) // 32,
-                                    len(relocations)))  # fmt: skip
+    def launch(
+        *,
+        executable: int,
+        function: int,
+        grid: m.Dims,
+        block: m.Dims,
+        parameters: bytes = b"",
+        relocations: tuple = (),
+        stream: int = 0,
+        cluster: m.Dims = (0, 0, 0),
+        shared_memory: int = 0,
+        flags: int = 0,
+    ) -> int:
+        launches.extend(
+            record.pack(
+                executable,
+                function,
+                stream,
+                flags,
+                *grid,
+                *block,
+                *cluster,
+                shared_memory,
+                len(parameter_bytes),
+                len(parameters),
+                len(relocation_bytes) // 32,
+                len(relocations),
+            )
+        )
         parameter_bytes.extend(parameters)
         for r in relocations:
             relocation_bytes.extend(relocation.pack(*r))
@@ -84,8 +113,14 @@ def bench_bare_launches(count: int) -> dict[str, float]:
     relocations = (m.Relocation(0, 2, 8, 0), m.Relocation(0, 3, 16, 0))
     start = time.perf_counter()
     for i in range(count):
-        launch(executable=1, function=0, grid=(i & 1023, 1, 1), block=(256, 1, 1), parameters=params,
-               relocations=relocations)  # fmt: skip
+        launch(
+            executable=1,
+            function=0,
+            grid=(i & 1023, 1, 1),
+            block=(256, 1, 1),
+            parameters=params,
+            relocations=relocations,
+        )
     write_s = time.perf_counter() - start
     gc.disable()  # as the reader does while it builds a batch's records
     start = time.perf_counter()
@@ -95,8 +130,21 @@ def bench_bare_launches(count: int) -> dict[str, float]:
         record.iter_unpack(launches)
     ):
         group = tuple(m.Relocation(*r) for r in rel[ro : ro + rc])
-        ops.append(m.Launch(i, exe, fn, stream, (gx, gy, gz), (bx, by, bz), (cx, cy, cz), smem, flags,
-                            bytes(parameter_bytes[po : po + ps]), group))  # fmt: skip
+        ops.append(
+            m.Launch(
+                i,
+                exe,
+                fn,
+                stream,
+                (gx, gy, gz),
+                (bx, by, bz),
+                (cx, cy, cz),
+                smem,
+                flags,
+                bytes(parameter_bytes[po : po + ps]),
+                group,
+            )
+        )
     iterate_s = time.perf_counter() - start
     gc.enable()
     assert len(ops) == count
@@ -220,8 +268,10 @@ def main() -> int:
 
         d = bench_dedup(directory, args.dedup_mib << 20)
         print(f"\ndedup: {args.dedup_mib} MiB payload written 10 times")
-        print(f"  file after first {d['after_first_mb']:.1f} MB, after ten {d['final_mb']:.1f} MB: "
-              f"+{d['growth_pct']:.4f}%   goal <= 1% {verdict('dedup', d['growth_pct'] <= 1)}")  # fmt: skip
+        print(
+            f"  file after first {d['after_first_mb']:.1f} MB, after ten {d['final_mb']:.1f} MB: "
+            f"+{d['growth_pct']:.4f}%   goal <= 1% {verdict('dedup', d['growth_pct'] <= 1)}"
+        )
     if missed:
         print(f"\nmissed: {', '.join(missed)}")
     return 1 if missed and args.check else 0

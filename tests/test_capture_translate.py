@@ -118,7 +118,9 @@ def test_region_snapshots_first_touch_and_checkpoints_what_changed(tmp_path, cub
         launch = next(op for op in ops if op.kind == m.OperationKind.LAUNCH)
         buffers = {o.address: o for o in cap.objects() if isinstance(o, m.Buffer)}
         assert {(r.site_offset, r.target_buffer, r.target_offset) for r in launch.relocations} == {
-            (8, buffers[A].id, 0), (16, buffers[B].id, 0)}  # fmt: skip
+            (8, buffers[A].id, 0),
+            (16, buffers[B].id, 0),
+        }
         checkpoint = next(op for op in ops if op.kind == m.OperationKind.CHECKPOINT)
         entries = {e.buffer: e for e in checkpoint.entries}
         assert sorted(entries) == [buffers[A].id, buffers[B].id]  # every buffer the region touched
@@ -136,10 +138,16 @@ def test_region_snapshots_first_touch_and_checkpoints_what_changed(tmp_path, cub
 def test_outside_region_nothing_is_written_but_allocations_are_tracked(tmp_path, cubin):
     mem = FakeMemory()
     mem.device[A] = bytearray(64)
-    path, t = record(tmp_path, [
-        ev.ModuleImage(MODULE, cubin, None), ev.Allocation(A, 64),
-        ev.LaunchBegin(kernel(), (1, 1, 1), (1, 1, 1), 0, 0, saxpy_params(1.0, A, A, 16)),
-    ], mem, region=False)  # fmt: skip
+    path, t = record(
+        tmp_path,
+        [
+            ev.ModuleImage(MODULE, cubin, None),
+            ev.Allocation(A, 64),
+            ev.LaunchBegin(kernel(), (1, 1, 1), (1, 1, 1), 0, 0, saxpy_params(1.0, A, A, 16)),
+        ],
+        mem,
+        region=False,
+    )
     with replayfmt.open(path) as cap:
         assert [op.kind.label for op in cap.iter_operations()] == ["create"]  # the device only
     assert t.report.kernels["saxpy"].occurrences == 1 and t.report.kernels["saxpy"].captured == 0
@@ -157,8 +165,11 @@ def test_kernel_mode_instances_are_self_contained(tmp_path, cubin):
         mem.device[B][0] += 1
         return ev.LaunchEnd(0x77)
 
-    events = [ev.ModuleImage(MODULE, cubin, None), ev.Allocation(A, 16), ev.Allocation(B, 16),
-              ev.StreamCreated(0x77, 1)] + [launch, bump] * 4 + [other, ev.LaunchEnd(0)]  # fmt: skip
+    events = (
+        [ev.ModuleImage(MODULE, cubin, None), ev.Allocation(A, 16), ev.Allocation(B, 16), ev.StreamCreated(0x77, 1)]
+        + [launch, bump] * 4
+        + [other, ev.LaunchEnd(0)]
+    )
     path, t = record(tmp_path, events, mem, options, region=False)
     assert t.report.kernels["saxpy"].occurrences == 4 and t.report.kernels["saxpy"].captured == 2
     assert t.report.kernels["other"].captured == 0  # seen, not selected
@@ -188,22 +199,40 @@ def test_copies_memsets_events_and_partial_writes(tmp_path, cubin):
     mem.host[0x1000] = b"\x01" * 64
     mem.host[0x2000] = b"\x05" * 16
     events = [
-        ev.Allocation(A, 64), ev.Allocation(B, 64), ev.StreamCreated(0x10), ev.StreamCreated(0x20),
+        ev.Allocation(A, 64),
+        ev.Allocation(B, 64),
+        ev.StreamCreated(0x10),
+        ev.StreamCreated(0x20),
         ev.EventCreated(0x30, 2),
         ev.Copy(ev.CopyDirection.H2D, A, 0x1000, 64, 0x10, True, "cuMemcpyHtoDAsync_v2"),  # whole: no snapshot
         ev.Memset(B + 16, 7, 1, 16, 0x10),  # partial: B is snapshotted first
-        ev.EventRecorded(0x30, 0x10), ev.StreamWaited(0x20, 0x30),
+        ev.EventRecorded(0x30, 0x10),
+        ev.StreamWaited(0x20, 0x30),
         ev.Copy(ev.CopyDirection.DEFAULT, B, A, 32, 0x20, True, "cuMemcpyAsync"),
-        ev.Copy(ev.CopyDirection.D2H, 0x2000, A, 16, 0, False, "cuMemcpyDtoH_v2"), ev.CopyDone(0x2000, 16),
-        ev.StreamSynchronized(0x20), ev.ContextSynchronized(),
+        ev.Copy(ev.CopyDirection.D2H, 0x2000, A, 16, 0, False, "cuMemcpyDtoH_v2"),
+        ev.CopyDone(0x2000, 16),
+        ev.StreamSynchronized(0x20),
+        ev.ContextSynchronized(),
         ev.Copy(ev.CopyDirection.H2D, 0x9999_0000_0000, 0x1000, 8, 0, False, "cuMemcpyHtoD_v2"),
-    ]  # fmt: skip
+    ]
     path, t = record(tmp_path, events, mem)
     with replayfmt.open(path) as cap:
         labels = [op.kind.label for op in cap.iter_operations() if op.kind.label != "create"]
-        assert labels == ["scope_begin", "copy_h2d", "state", "memset", "event_record", "stream_wait_event",
-                          "copy_d2d", "copy_d2h", "stream_synchronize", "device_synchronize", "unsupported",
-                          "checkpoint", "scope_end"]  # fmt: skip
+        assert labels == [
+            "scope_begin",
+            "copy_h2d",
+            "state",
+            "memset",
+            "event_record",
+            "stream_wait_event",
+            "copy_d2d",
+            "copy_d2h",
+            "stream_synchronize",
+            "device_synchronize",
+            "unsupported",
+            "checkpoint",
+            "scope_end",
+        ]
         d2h = next(op for op in cap.iter_operations() if op.kind == m.OperationKind.COPY_DEVICE_TO_HOST)
         assert cap.read_payload(d2h.payload) == b"\x05" * 16
         event = next(o for o in cap.objects() if isinstance(o, m.Event))
@@ -235,10 +264,14 @@ def test_allocations_made_before_recording_are_found_through_the_driver(tmp_path
     mem = FakeMemory()
     mem.device[C] = bytearray(128)
     mem.before_allocation[C] = 128
-    path, _t = record(tmp_path, [
-        ev.ModuleImage(MODULE, cubin, None),
-        ev.LaunchBegin(kernel(), (1, 1, 1), (1, 1, 1), 0, 0, saxpy_params(1.0, C + 64, C, 16)),
-    ], mem)  # fmt: skip
+    path, _t = record(
+        tmp_path,
+        [
+            ev.ModuleImage(MODULE, cubin, None),
+            ev.LaunchBegin(kernel(), (1, 1, 1), (1, 1, 1), 0, 0, saxpy_params(1.0, C + 64, C, 16)),
+        ],
+        mem,
+    )
     with replayfmt.open(path) as cap:
         buffers = [o for o in cap.objects() if isinstance(o, m.Buffer)]
         assert [(b.address, b.size) for b in buffers] == [(C, 128)]
@@ -250,10 +283,16 @@ def test_stored_pointers_mark_the_capture_for_fixed_addresses(tmp_path, cubin):
     mem = FakeMemory()
     mem.device[A] = bytearray(struct.pack("<QQ", B + 8, 3))  # a pointer table
     mem.device[B] = bytearray(64)
-    path, t = record(tmp_path, [
-        ev.ModuleImage(MODULE, cubin, None), ev.Allocation(A, 16), ev.Allocation(B, 64),
-        ev.LaunchBegin(kernel(), (1, 1, 1), (1, 1, 1), 0, 0, saxpy_params(1.0, A, B, 2)),
-    ], mem)  # fmt: skip
+    path, t = record(
+        tmp_path,
+        [
+            ev.ModuleImage(MODULE, cubin, None),
+            ev.Allocation(A, 16),
+            ev.Allocation(B, 64),
+            ev.LaunchBegin(kernel(), (1, 1, 1), (1, 1, 1), 0, 0, saxpy_params(1.0, A, B, 2)),
+        ],
+        mem,
+    )
     assert "holds the address" in t.report.needs_fixed_addresses
     with replayfmt.open(path) as cap:
         plan = build_plan(cap, PlanOptions(continue_on_error=True))
@@ -267,14 +306,21 @@ def test_tensor_maps_become_tensor_map_relocations(tmp_path, cubin):
     layout = ((0, 128), (128, 8))
     tensor_map = struct.pack("<Q", A + 256) + bytes(120)
     params = tensor_map + struct.pack("<Q", A)
-    path, _ = record(tmp_path, [
-        ev.ModuleImage(MODULE, cubin, None), ev.Allocation(A, 4096),
-        ev.LaunchBegin(ev.Kernel(5, "tma", MODULE, layout), (1, 1, 1), (1, 1, 1), 0, 0, params),
-    ], mem)  # fmt: skip
+    path, _ = record(
+        tmp_path,
+        [
+            ev.ModuleImage(MODULE, cubin, None),
+            ev.Allocation(A, 4096),
+            ev.LaunchBegin(ev.Kernel(5, "tma", MODULE, layout), (1, 1, 1), (1, 1, 1), 0, 0, params),
+        ],
+        mem,
+    )
     with replayfmt.open(path) as cap:
         launch = next(op for op in cap.iter_operations() if op.kind == m.OperationKind.LAUNCH)
         assert [(r.site_offset, r.kind, r.target_offset) for r in launch.relocations] == [
-            (0, m.RelocationKind.TENSOR_MAP, 256), (128, m.RelocationKind.POINTER, 0)]  # fmt: skip
+            (0, m.RelocationKind.TENSOR_MAP, 256),
+            (128, m.RelocationKind.POINTER, 0),
+        ]
         exe = next(o for o in cap.objects() if isinstance(o, m.Executable))
         assert exe.functions[0].parameters[0].kind == m.ParameterKind.TENSOR_MAP
 
@@ -314,8 +360,9 @@ def test_file_backed_host_copies_follow_the_file_policy(tmp_path, cubin):
     weights = tmp_path / "w.bin"
     weights.write_bytes(bytes(range(256)) * 16)
     maps = tmp_path / "maps"
-    maps.write_text(f"10000-11000 r--p 00000000 08:01 {weights.stat().st_ino} {weights}\n"
-                    "20000-21000 rw-p 00000000 00:00 0 \n")  # fmt: skip
+    maps.write_text(
+        f"10000-11000 r--p 00000000 08:01 {weights.stat().st_ino} {weights}\n20000-21000 rw-p 00000000 00:00 0 \n"
+    )
     mem = FakeMemory()
     mem.device[A] = bytearray(4096)
     mem.host[0x10100] = (bytes(range(256)) * 16)[0x100 : 0x100 + 512]
@@ -328,8 +375,9 @@ def test_file_backed_host_copies_follow_the_file_policy(tmp_path, cubin):
             t.handle(ev.Copy(ev.CopyDirection.H2D, A + 64, 0x10100, 512, 0, False, "cuMemcpyHtoD_v2"))
             t.stop()
         with replayfmt.open(path) as cap:
-            copy = next(op for op in cap.iter_operations() if op.kind == m.OperationKind.COPY_HOST_TO_DEVICE
-                        and op.src_file)  # fmt: skip
+            copy = next(
+                op for op in cap.iter_operations() if op.kind == m.OperationKind.COPY_HOST_TO_DEVICE and op.src_file
+            )
             ref = next(o for o in cap.objects() if isinstance(o, m.FileReference))
             assert copy.src_offset == 0x100 and ref.path == str(weights) and ref.policy == policy
             if policy == m.FilePolicy.CAPTURE_RANGES:
@@ -338,10 +386,12 @@ def test_file_backed_host_copies_follow_the_file_policy(tmp_path, cubin):
 
 
 def test_maps_parsing_and_lookup(tmp_path):
-    text = ("00400000-00452000 r-xp 00000000 08:02 173521 /usr/bin/python\n"
-            "7f00000000-7f00100000 r--p 00010000 08:02 99 /data/model.safetensors\n"
-            "7f00200000-7f00300000 rw-p 00000000 00:00 0 \n"
-            "7f00400000-7f00500000 r--p 00000000 08:02 77 /tmp/gone (deleted)\n")  # fmt: skip
+    text = (
+        "00400000-00452000 r-xp 00000000 08:02 173521 /usr/bin/python\n"
+        "7f00000000-7f00100000 r--p 00010000 08:02 99 /data/model.safetensors\n"
+        "7f00200000-7f00300000 rw-p 00000000 00:00 0 \n"
+        "7f00400000-7f00500000 r--p 00000000 08:02 77 /tmp/gone (deleted)\n"
+    )
     mappings = parse_maps(text)
     assert [mp.file_backed for mp in mappings] == [True, True, False, False]
     maps = tmp_path / "maps"
@@ -413,8 +463,12 @@ def test_scopes_inside_a_region_checkpoint_what_they_wrote(tmp_path, cubin):
     with CaptureWriter(path) as writer:
         t = Translator(writer, RecordOptions(), mem, host_files=HostFiles(tmp_path / "no-maps"))
         t.start()
-        for e in (ev.ModuleImage(MODULE, cubin, None), ev.Allocation(A, 16), ev.Allocation(B, 16),
-                  ev.Allocation(C, 16)):  # fmt: skip
+        for e in (
+            ev.ModuleImage(MODULE, cubin, None),
+            ev.Allocation(A, 16),
+            ev.Allocation(B, 16),
+            ev.Allocation(C, 16),
+        ):
             t.handle(e)
         t.handle(ev.LaunchBegin(kernel(), (1, 1, 1), (4, 1, 1), 0, 0, saxpy_params(1.0, A, C, 4)))
         t.handle(write(C, 9)())

@@ -34,8 +34,14 @@ def test_launch_rows_render_floats_pointers_and_short_parameters(tmp_path):
         for i, a in enumerate(VALUES):
             params = struct.pack("<f4xQe2xi", a, 0xDEAD0000, half(a), -i)
             relocations = (m.Relocation(0, x, 8, 16),) if i % 2 else ()
-            w.launch(executable=exe, function=0, grid=(i + 1, 1, 1), block=(32, 1, 1), parameters=params,
-                     relocations=relocations)  # fmt: skip
+            w.launch(
+                executable=exe,
+                function=0,
+                grid=(i + 1, 1, 1),
+                block=(32, 1, 1),
+                parameters=params,
+                relocations=relocations,
+            )
         w.launch(executable=exe, function=0, grid=(1, 1, 1), block=(32, 1, 1), parameters=b"\x01\x02")
     with replayfmt.open(path) as cap:
         rows = [json.loads(line) for line in Dumper(cap).jsonl_rows()]

@@ -17,11 +17,9 @@ Snapshots synchronise only the launching stream (all the launch depends on has c
 
 from __future__ import annotations
 
-import functools
 import re
 import struct
 import threading
-import time
 from dataclasses import dataclass
 
 from replayfmt.capture import events as ev
@@ -35,6 +33,7 @@ from replayfmt.capture.memory_events import MEMORY_KINDS, MemoryEvents
 from replayfmt.capture.modules import Module, store_module
 from replayfmt.capture.options import CaptureMode, RecordOptions
 from replayfmt.capture.report import KernelStats, Report
+from replayfmt.capture.state_events import StateEvents
 from replayfmt.container.writer import CaptureWriter
 from replayfmt.format import model as m
 from replayfmt.format.names import matches_kernel
@@ -64,7 +63,7 @@ class _KernelShape:
     last: tuple[bytes, int, tuple[m.Relocation, ...], list[Allocation]] | None = None
 
 
-class Translator(MemoryEvents, GraphEvents):
+class Translator(StateEvents, MemoryEvents, GraphEvents):  # StateEvents first: the others declare _touch
     """Consumes :mod:`events` in program order and writes them to ``writer``. Thread-safe."""
 
     def __init__(
@@ -295,8 +294,13 @@ class Translator(MemoryEvents, GraphEvents):
                 return self._unsupported(event.call, f"source {event.src:#x} is in no recorded allocation", 0)
             self._touch(src, event.stream, "")
             if event.asynchronous:
-                self.writer.copy_d2h(src_buffer=src.buffer, size=event.size, src_offset=event.src - src.address,
-                                     stream=stream, flags=flags)  # fmt: skip
+                self.writer.copy_d2h(
+                    src_buffer=src.buffer,
+                    size=event.size,
+                    src_offset=event.src - src.address,
+                    stream=stream,
+                    flags=flags,
+                )
             else:  # written once the call returns, with the bytes the program received
                 self._pending_d2h[threading.get_ident()] = (event.dst, src, event.src - src.address, event.size, stream)
         else:
@@ -305,9 +309,15 @@ class Translator(MemoryEvents, GraphEvents):
                 return self._unsupported(event.call, f"address {where:#x} is in no recorded allocation", 0)
             self._touch(src, event.stream, "")
             self._prepare_write(dst, event.dst - dst.address, event.size, event.stream)
-            self.writer.copy_d2d(src_buffer=src.buffer, dst_buffer=dst.buffer, size=event.size,
-                                 src_offset=event.src - src.address, dst_offset=event.dst - dst.address,
-                                 stream=stream, flags=flags)  # fmt: skip
+            self.writer.copy_d2d(
+                src_buffer=src.buffer,
+                dst_buffer=dst.buffer,
+                size=event.size,
+                src_offset=event.src - src.address,
+                dst_offset=event.dst - dst.address,
+                stream=stream,
+                flags=flags,
+            )
         return None
 
     def _copy_from_host(self, event: ev.Copy, dst: Allocation, stream: int, flags: int) -> None:
@@ -319,19 +329,36 @@ class Translator(MemoryEvents, GraphEvents):
                 path, file_offset, event.size, lambda: self.memory.host_bytes(event.src, event.size)
             )
             if reference:
-                self.writer.copy_h2d(dst_buffer=dst.buffer, src_file=reference, src_offset=file_offset,
-                                     size=event.size, dst_offset=offset, stream=stream, flags=flags)  # fmt: skip
+                self.writer.copy_h2d(
+                    dst_buffer=dst.buffer,
+                    src_file=reference,
+                    src_offset=file_offset,
+                    size=event.size,
+                    dst_offset=offset,
+                    stream=stream,
+                    flags=flags,
+                )
                 return
-        self.writer.copy_h2d(dst_buffer=dst.buffer, data=self.memory.host_bytes(event.src, event.size),
-                             dst_offset=offset, stream=stream, flags=flags)  # fmt: skip
+        self.writer.copy_h2d(
+            dst_buffer=dst.buffer,
+            data=self.memory.host_bytes(event.src, event.size),
+            dst_offset=offset,
+            stream=stream,
+            flags=flags,
+        )
 
     def _on_copy_done(self, event: ev.CopyDone) -> None:
         pending = self._pending_d2h.pop(threading.get_ident(), None)
         if pending is None:
             return
         dst, src, src_offset, size, stream = pending
-        self.writer.copy_d2h(src_buffer=src.buffer, size=size, src_offset=src_offset, stream=stream,
-                             expected=self.memory.host_bytes(dst, size))  # fmt: skip
+        self.writer.copy_d2h(
+            src_buffer=src.buffer,
+            size=size,
+            src_offset=src_offset,
+            stream=stream,
+            expected=self.memory.host_bytes(dst, size),
+        )
 
     def _on_memset(self, event: ev.Memset) -> None:
         if not self._recording:
@@ -341,9 +368,14 @@ class Translator(MemoryEvents, GraphEvents):
             return self._unsupported(event.call, f"address {event.address:#x} is in no recorded allocation", 0)
         offset = event.address - allocation.address
         self._prepare_write(allocation, offset, event.count * event.element_size, event.stream)
-        self.writer.memset(buffer=allocation.buffer, value=event.value, count=event.count,
-                           element_size=event.element_size, offset=offset,
-                           stream=self._stream(event.stream))  # fmt: skip
+        self.writer.memset(
+            buffer=allocation.buffer,
+            value=event.value,
+            count=event.count,
+            element_size=event.element_size,
+            offset=offset,
+            stream=self._stream(event.stream),
+        )
         return None
 
     def _on_stream_created(self, event: ev.StreamCreated) -> None:
@@ -417,11 +449,20 @@ class Translator(MemoryEvents, GraphEvents):
         elif allocation.labels and len({t.dtype for t in allocation.labels}) == 1:
             dtype = allocation.labels[0].dtype  # every tensor seen in it has one dtype
             label = ", ".join(sorted({t.name for t in allocation.labels if t.name}))[:200]
-        allocation.buffer = self.writer.add_object(m.Buffer(
-            size=allocation.size, device=self._device, address=allocation.address, dtype=dtype,
-            shape=shape, strides=strides, label=label or allocation.call, ranges=typed_ranges(allocation),
-            requires_fixed_address=self.options.fixed_addresses, memory=MEMORY_KINDS[allocation.api],
-        ))  # fmt: skip
+        allocation.buffer = self.writer.add_object(
+            m.Buffer(
+                size=allocation.size,
+                device=self._device,
+                address=allocation.address,
+                dtype=dtype,
+                shape=shape,
+                strides=strides,
+                label=label or allocation.call,
+                ranges=typed_ranges(allocation),
+                requires_fixed_address=self.options.fixed_addresses,
+                memory=MEMORY_KINDS[allocation.api],
+            )
+        )
         return allocation.buffer
 
     def _function(self, kernel: ev.Kernel) -> tuple[int, int] | None:
@@ -450,11 +491,16 @@ class Translator(MemoryEvents, GraphEvents):
                 name = annotation.names[i] if i < len(annotation.names) else ""
                 dtype = annotation.dtypes[i] if i < len(annotation.dtypes) else m.DType.UNKNOWN
                 parameters.append(m.Parameter(offset=offset, size=size, kind=kind, name=name, dtype=dtype))
-            eid = module.executables[kernel.name] = self.writer.add_object(m.Executable(
-                format=module.format, target_arch=module.arch, payload=module.payload, file=module.file,
-                functions=(m.Function(name=kernel.name, parameters=tuple(parameters), parameters_known=True),),
-                label=module.image.path or module.image.call,
-            ))  # fmt: skip
+            eid = module.executables[kernel.name] = self.writer.add_object(
+                m.Executable(
+                    format=module.format,
+                    target_arch=module.arch,
+                    payload=module.payload,
+                    file=module.file,
+                    functions=(m.Function(name=kernel.name, parameters=tuple(parameters), parameters_known=True),),
+                    label=module.image.path or module.image.call,
+                )
+            )
         return eid, 0
 
     # -- addresses and snapshots -----------------------------------------------------------
@@ -495,75 +541,6 @@ class Translator(MemoryEvents, GraphEvents):
             if allocation not in targets:
                 targets.append(allocation)
         return tuple(relocations), targets
-
-    def _prepare_write(self, allocation: Allocation, offset: int, size: int, stream: int) -> None:
-        """Before an operation writes ``size`` bytes at ``offset``: a write covering the whole
-        allocation needs no snapshot of what it replaces."""
-        self._buffer(allocation)
-        self._note_scoped(allocation)
-        if allocation.region == self._region:
-            return
-        if offset == 0 and size >= allocation.size:
-            allocation.region, allocation.before = self._region, 0
-            self._touched.append(allocation)
-            return
-        self._touch(allocation, stream, "")
-
-    def _touch(self, allocation: Allocation, stream: int, kernel: str) -> None:
-        """First touch in this region (or kernel instance): its contents become starting state."""
-        self._note_scoped(allocation)
-        if allocation.region == self._region:
-            return  # touched already, so its buffer is written too
-        buffer = self._buffer(allocation)
-        allocation.region = self._region
-        started = time.perf_counter()
-        scan = self.options.detect_pointers and not self.options.fixed_addresses and not self._marked_fixed
-        inspect = functools.partial(self._look_for_stored_pointers, allocation) if scan else None
-        allocation.before = self.memory.snapshot(allocation.address, allocation.size, stream, self.writer, inspect)
-        self.report.snapshot_seconds += time.perf_counter() - started
-        self.writer.state(buffer=buffer, payload=allocation.before, size=allocation.size)
-        self.report.snapshot_bytes += allocation.size
-        if kernel:
-            self.report.kernel(kernel).bytes_stored += allocation.size
-        if self.options.mode == CaptureMode.REGION:
-            self._touched.append(allocation)
-
-    def _note_scoped(self, allocation: Allocation) -> None:
-        for _, touched in self._scopes:  # each open scope checkpoints it at its end
-            touched[allocation.address] = allocation
-
-    def _look_for_stored_pointers(self, allocation: Allocation, offset: int, data: bytes | memoryview) -> None:
-        """Device memory holding addresses of allocations (pointer arrays, cuBLAS workspaces)
-        cannot be relocated: mark the capture as needing --fixed-addresses. ``data``: the bytes
-        at ``offset`` in the allocation (each frame of a snapshot that crossed the bus)."""
-        found = None if self._marked_fixed else self.allocations.stored_device_address(data)
-        if found is None:
-            return
-        value, where, target = found
-        where += offset
-        self._marked_fixed = True
-        holder, target_buffer = allocation.buffer, self._buffer(target)
-        reason = f"buffer {holder} holds the address {value:#x} (of buffer {target_buffer}) at byte {where}"
-        self.report.needs_fixed_addresses = reason
-        # objects are immutable once written: one alias buffer marks the whole capture
-        marker = m.Buffer(size=allocation.size, device=self._device, address=allocation.address,
-                          requires_fixed_address=True, label=f"fixed-address marker: {reason}")  # fmt: skip
-        self.writer.add_object(marker)
-
-    def _checkpoint(self, allocations: list[Allocation], *, stream: int | None, name: str) -> None:
-        """What the allocations hold now, for those still alive: unchanged ones too (a step run
-        again on the same inputs rewrites its outputs with the bytes they held), at no cost in
-        the file, where their payload is their state's."""
-        entries = []
-        for allocation in allocations:
-            if not self.allocations.is_live(allocation):
-                continue  # freed meanwhile
-            started = time.perf_counter()
-            payload = self.memory.snapshot(allocation.address, allocation.size, stream, self.writer)
-            self.report.snapshot_seconds += time.perf_counter() - started
-            self.report.snapshot_bytes += allocation.size
-            entries.append(m.CheckpointEntry(allocation.buffer, payload, 0, allocation.size))
-        self.writer.checkpoint(entries, name=name)
 
     _dispatch = {
         ev.ModuleImage: _on_module,

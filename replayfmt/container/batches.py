@@ -63,6 +63,20 @@ class PackedRelocations(dict):
     def __init__(self, limit: int = 4096) -> None:
         super().__init__()
         self.limit = limit
+        self._last: tuple[Any, bytes] = ((), b"")
+
+    def pack(self, relocations: tuple[Any, ...]) -> bytes:
+        """The packed structs of ``relocations``: the caller's own tuple again is not even hashed,
+        an unhashable set (holding lists) is packed every time."""
+        last = self._last
+        if relocations is last[0]:
+            return last[1]
+        try:
+            packed = self[relocations]
+        except TypeError:
+            packed = pack_relocations(relocations)
+        self._last = (relocations, packed)
+        return packed
 
     def __missing__(self, relocations: tuple[Any, ...]) -> bytes:
         if len(self) >= self.limit:
@@ -137,7 +151,7 @@ class DecodedBatch:
         "payloads",
         "relocations",
         "table_ops",
-    )  # fmt: skip
+    )
 
     def __init__(self, **fields: Any) -> None:
         for name, value in fields.items():
@@ -170,8 +184,13 @@ def decode_batch(d: dict[str, Any], entry: BatchEntry, limits: Limits, error: Er
     parameters = bytes(d["parameter_bytes"]) if d["parameter_bytes"] is not None else b""
     table_dicts = d["operations"] or []
     category = _CATEGORY[kinds]
-    record_counts = (("launch", len(launches)), ("copy", len(copies)), ("memset", len(memsets)),
-                     ("id-only", len(id_operations)), ("table", len(table_dicts)))  # fmt: skip
+    record_counts = (
+        ("launch", len(launches)),
+        ("copy", len(copies)),
+        ("memset", len(memsets)),
+        ("id-only", len(id_operations)),
+        ("table", len(table_dicts)),
+    )
     for cat, (name, have) in enumerate(record_counts):
         want = int(np.count_nonzero(category == cat))
         if want != have:
@@ -216,11 +235,20 @@ def decode_batch(d: dict[str, Any], entry: BatchEntry, limits: Limits, error: Er
         check_payload(info, limits, error)
         decoded_payloads.append(info)
     return DecodedBatch(
-        first_operation=first, kinds=kinds, launches=launches, copies=copies, memsets=memsets,
-        id_operations=id_operations, table_ops=table_ops, relocations=relocations, parameters=parameters,
+        first_operation=first,
+        kinds=kinds,
+        launches=launches,
+        copies=copies,
+        memsets=memsets,
+        id_operations=id_operations,
+        table_ops=table_ops,
+        relocations=relocations,
+        parameters=parameters,
         objects=decoded_objects,
-        payloads=decoded_payloads, first_object=d["first_object"], first_payload=d["first_payload"],
-    )  # fmt: skip
+        payloads=decoded_payloads,
+        first_object=d["first_object"],
+        first_payload=d["first_payload"],
+    )
 
 
 def check_payload(info: m.PayloadInfo, limits: Limits, error: ErrorAt) -> None:
@@ -308,9 +336,18 @@ def _launches(b: DecodedBatch, positions: list[int] | range) -> list[m.Operation
     for key in groups:
         groups[key] = tuple(map(_new_tuple, repeat(m.Relocation), RELOCATION_STRUCT.iter_unpack(key)))
     rows = zip(
-        positions, executable, function, stream, _shared_dims(table, 4), _shared_dims(table, 7),
-        _shared_dims(table, 10), shared_memory, flags, param_slices, map(groups.__getitem__, keys),
-    )  # fmt: skip
+        positions,
+        executable,
+        function,
+        stream,
+        _shared_dims(table, 4),
+        _shared_dims(table, 7),
+        _shared_dims(table, 10),
+        shared_memory,
+        flags,
+        param_slices,
+        map(groups.__getitem__, keys),
+    )
     return list(map(_new_tuple, repeat(m.Launch), rows))
 
 

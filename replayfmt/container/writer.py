@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from replayfmt.container.batches import RELOCATION_STRUCT, OpenBatch, PackedRelocations, pack_relocations
+from replayfmt.container.batches import RELOCATION_STRUCT, OpenBatch, PackedRelocations
 from replayfmt.container.directory import frame_entries
 from replayfmt.container.output import InlineExecutor, create_file, sync_file, write_all
 from replayfmt.container.payload_store import FetchMissing, FrameStore
@@ -138,7 +138,6 @@ class CaptureWriter:
         self._payload_ids: dict[bytes, int] = {}
         self._batch = OpenBatch(0, 1, 1)
         self._relocation_cache = PackedRelocations()
-        self._last_relocations: tuple[Any, bytes] = ((), b"")
         self._stopping = threading.Event()
         self._times = timings.TimesLog()  # scopes as they open and close; the original's times
         try:
@@ -290,17 +289,7 @@ class CaptureWriter:
         if type(relocations) is not tuple:
             relocations = tuple(relocations)
         # The hot path: one struct pack, relocation sets packed once each, the seal test inline.
-        packed = b""
-        if relocations:
-            last = self._last_relocations
-            if relocations is last[0]:  # the caller's own tuple again: not even hashed
-                packed = last[1]
-            else:
-                try:
-                    packed = self._relocation_cache[relocations]
-                except TypeError:  # an unhashable relocation (a list): packed every time
-                    packed = pack_relocations(relocations)
-                self._last_relocations = (relocations, packed)
+        packed = self._relocation_cache.pack(relocations) if relocations else b""
         with self._lock:
             if self._closed:
                 self._check_open()
@@ -311,9 +300,19 @@ class CaptureWriter:
             kinds.append(8)  # OperationKind.LAUNCH
             batch_parameters, relocation_bytes = batch.parameters, batch.relocation_bytes
             batch.launch_bytes += _LAUNCH_STRUCT.pack(
-                executable, function, stream, flags, *grid, *block, *cluster, shared_memory,
-                len(batch_parameters), len(parameters), len(relocation_bytes) >> _RELOCATION_SHIFT, len(relocations),
-            )  # fmt: skip
+                executable,
+                function,
+                stream,
+                flags,
+                *grid,
+                *block,
+                *cluster,
+                shared_memory,
+                len(batch_parameters),
+                len(parameters),
+                len(relocation_bytes) >> _RELOCATION_SHIFT,
+                len(relocations),
+            )
             batch_parameters += parameters
             if packed:
                 relocation_bytes += packed

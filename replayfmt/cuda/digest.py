@@ -66,12 +66,18 @@ class DeviceDigester:
         out = np.empty(2 * n, dtype=np.uint64)
         memory = self._scratch(32 * n)
         check(cu.cuMemcpyHtoDAsync(memory, host.ctypes.data, 16 * n, stream), "frame digests: table upload")
-        values = (ctypes.c_uint64(memory), ctypes.c_uint64(memory + 8 * n), ctypes.c_uint64(memory + 16 * n),
-                  ctypes.c_uint32(n))  # fmt: skip
+        values = (
+            ctypes.c_uint64(memory),
+            ctypes.c_uint64(memory + 8 * n),
+            ctypes.c_uint64(memory + 16 * n),
+            ctypes.c_uint32(n),
+        )
         params = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))
         blocks = -(-n * _THREADS_PER_FRAME // _BLOCK)
-        check(cu.cuLaunchKernel(self.function, blocks, 1, 1, _BLOCK, 1, 1, 0, stream, ctypes.addressof(params), 0),
-              "frame digests: launch")  # fmt: skip
+        check(
+            cu.cuLaunchKernel(self.function, blocks, 1, 1, _BLOCK, 1, 1, 0, stream, ctypes.addressof(params), 0),
+            "frame digests: launch",
+        )
         check(cu.cuMemcpyDtoHAsync(out.ctypes.data, memory + 16 * n, 16 * n, stream), "frame digests: results")
         check(cu.cuStreamSynchronize(stream), "frame digests: cuStreamSynchronize")
         return [out[2 * k : 2 * k + 2].tobytes() for k in range(n)]  # low half, then high, little-endian

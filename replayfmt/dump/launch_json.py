@@ -13,10 +13,19 @@ from replayfmt.format.names import demangle
 # Rows
 
 _DTYPE_FORMATS = {
-    m.DType.BOOL: "?", m.DType.INT8: "b", m.DType.UINT8: "B", m.DType.INT16: "h", m.DType.UINT16: "H",
-    m.DType.INT32: "i", m.DType.UINT32: "I", m.DType.INT64: "q", m.DType.UINT64: "Q", m.DType.FLOAT16: "e",
-    m.DType.FLOAT32: "f", m.DType.FLOAT64: "d",
-}  # fmt: skip
+    m.DType.BOOL: "?",
+    m.DType.INT8: "b",
+    m.DType.UINT8: "B",
+    m.DType.INT16: "h",
+    m.DType.UINT16: "H",
+    m.DType.INT32: "i",
+    m.DType.UINT32: "I",
+    m.DType.INT64: "q",
+    m.DType.UINT64: "Q",
+    m.DType.FLOAT16: "e",
+    m.DType.FLOAT32: "f",
+    m.DType.FLOAT64: "d",
+}
 _SIZE_FORMATS = {1: "B", 2: "H", 4: "I", 8: "Q"}
 
 
@@ -118,9 +127,17 @@ def _compile_renderer(unpack: struct.Struct, slots: list[tuple[str, int, int, st
     pointers = [i for i, (_, _, kind, _) in enumerate(slots) if kind in (_POINTER, _TENSOR_MAP)]
     floats = [i for i, slot in enumerate(slots) if slot[3] == "float" and slot[2] not in (_POINTER, _TENSOR_MAP)]
     namespace: dict[str, Any] = {
-        "UNPACK": unpack.unpack_from, "ERROR": struct.error, "FLOAT": _float_json, "BF16": _bf16_json,
-        "HEX": _hex_json, "TRUE": "true", "FALSE": "false", "HEAD": '"parameters":', "TAIL": "}", "EMPTY": "{}",
-    }  # fmt: skip
+        "UNPACK": unpack.unpack_from,
+        "ERROR": struct.error,
+        "FLOAT": _float_json,
+        "BF16": _bf16_json,
+        "HEX": _hex_json,
+        "TRUE": "true",
+        "FALSE": "false",
+        "HEAD": '"parameters":',
+        "TAIL": "}",
+        "EMPTY": "{}",
+    }
     for i, (key, *_) in enumerate(slots):
         namespace[f"K{i}"] = ("{" if i == 0 else ",") + key
     lines = []

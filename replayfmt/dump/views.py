@@ -125,9 +125,12 @@ class Dumper:
                 codecs.add("zstd" if loc[3] == 1 else "raw")
         codec = "missing" if missing else (codecs.pop() if len(codecs) == 1 else ("mixed" if codecs else "raw"))
         ref: dict[str, Any] = {
-            "id": pid, "hash": info.hash_hex, "size": info.size,
-            "stored_size": self.cap.payload_stored_size(info), "codec": codec,
-        }  # fmt: skip
+            "id": pid,
+            "hash": info.hash_hex,
+            "size": info.size,
+            "stored_size": self.cap.payload_stored_size(info),
+            "codec": codec,
+        }
         if self.payload_mode != PayloadMode.NONE and not missing:
             if self.payload_mode == PayloadMode.FILES:
                 assert self.payload_dir is not None
@@ -147,44 +150,77 @@ class Dumper:
     def file_row(self) -> dict[str, Any]:
         h = self.cap.header
         return {
-            "kind": "file", "path": self.cap.path, "size": self.cap.size,
-            "format_version": f"{h.major}.{h.minor}", "format_major": h.major, "format_minor": h.minor,
-            "jsonl_version": JSONL_VERSION, "replayfmt_version": __version__,
-        }  # fmt: skip
+            "kind": "file",
+            "path": self.cap.path,
+            "size": self.cap.size,
+            "format_version": f"{h.major}.{h.minor}",
+            "format_major": h.major,
+            "format_minor": h.minor,
+            "jsonl_version": JSONL_VERSION,
+            "replayfmt_version": __version__,
+        }
 
     def object_row(self, obj: m.ObjectDef) -> dict[str, Any]:
         row: dict[str, Any] = {"kind": "unknown_object" if isinstance(obj, m.UnknownObject) else obj.kind.label}
         row["id"], row["label"] = obj.id, obj.label
         if isinstance(obj, m.Device):
-            row.update(ordinal=obj.ordinal, name=obj.name, uuid=obj.uuid.hex(),
-                       compute_capability=f"{obj.compute_capability[0]}.{obj.compute_capability[1]}",
-                       total_memory=obj.total_memory, driver_version=obj.driver_version,
-                       multiprocessor_count=obj.multiprocessor_count)  # fmt: skip
+            row.update(
+                ordinal=obj.ordinal,
+                name=obj.name,
+                uuid=obj.uuid.hex(),
+                compute_capability=f"{obj.compute_capability[0]}.{obj.compute_capability[1]}",
+                total_memory=obj.total_memory,
+                driver_version=obj.driver_version,
+                multiprocessor_count=obj.multiprocessor_count,
+            )
         elif isinstance(obj, m.Stream):
             row.update(device=obj.device, priority=obj.priority, flags=obj.flags)
         elif isinstance(obj, m.Event):
             row.update(device=obj.device, flags=obj.flags)
         elif isinstance(obj, m.Buffer):
-            row.update(device=obj.device, size=obj.size, alignment=obj.alignment, address=f"{obj.address:#x}",
-                       memory=label_of(obj.memory), dtype=label_of(obj.dtype), shape=list(obj.shape),
-                       strides=list(obj.strides), element_offset=obj.element_offset,
-                       requires_fixed_address=obj.requires_fixed_address,
-                       ranges=[{"offset": r.offset, "size": r.size, "dtype": label_of(r.dtype)}
-                               for r in obj.ranges])  # fmt: skip
+            row.update(
+                device=obj.device,
+                size=obj.size,
+                alignment=obj.alignment,
+                address=f"{obj.address:#x}",
+                memory=label_of(obj.memory),
+                dtype=label_of(obj.dtype),
+                shape=list(obj.shape),
+                strides=list(obj.strides),
+                element_offset=obj.element_offset,
+                requires_fixed_address=obj.requires_fixed_address,
+                ranges=[{"offset": r.offset, "size": r.size, "dtype": label_of(r.dtype)} for r in obj.ranges],
+            )
         elif isinstance(obj, m.Executable):
-            row.update(format=label_of(obj.format), target_arch=obj.target_arch,
-                       payload=self.payload_ref(obj.payload), file=obj.file,
-                       functions=[_function_row(i, fn) for i, fn in enumerate(obj.functions)])  # fmt: skip
+            row.update(
+                format=label_of(obj.format),
+                target_arch=obj.target_arch,
+                payload=self.payload_ref(obj.payload),
+                file=obj.file,
+                functions=[_function_row(i, fn) for i, fn in enumerate(obj.functions)],
+            )
         elif isinstance(obj, m.Global):
-            row.update(executable=obj.executable, symbol=obj.symbol, size=obj.size,
-                       initial_payload=self.payload_ref(obj.initial_payload))  # fmt: skip
+            row.update(
+                executable=obj.executable,
+                symbol=obj.symbol,
+                size=obj.size,
+                initial_payload=self.payload_ref(obj.initial_payload),
+            )
         elif isinstance(obj, m.FileReference):
-            row.update(path=obj.path, size=obj.size, device=obj.device, inode=obj.inode, mtime_ns=obj.mtime_ns,
-                       digest=hash_hex(obj.digest) if obj.digest else None, policy=label_of(obj.policy),
-                       validation=label_of(obj.validation),
-                       ranges=[{"offset": r.offset, "size": r.size, "payload": self.payload_ref(r.payload)}
-                               for r in obj.ranges],
-                       payload=self.payload_ref(obj.payload))  # fmt: skip
+            row.update(
+                path=obj.path,
+                size=obj.size,
+                device=obj.device,
+                inode=obj.inode,
+                mtime_ns=obj.mtime_ns,
+                digest=hash_hex(obj.digest) if obj.digest else None,
+                policy=label_of(obj.policy),
+                validation=label_of(obj.validation),
+                ranges=[
+                    {"offset": r.offset, "size": r.size, "payload": self.payload_ref(r.payload)} for r in obj.ranges
+                ],
+                payload=self.payload_ref(obj.payload),
+            )
         elif isinstance(obj, m.UnknownObject):
             row["type_code"] = obj.type_code
         return row
@@ -194,14 +230,28 @@ class Dumper:
         label = op.kind.label if not isinstance(op, m.UnknownOperation) else "unknown"
         row: dict[str, Any] = {"kind": label, "index": op.index}
         if isinstance(op, m.Copy):
-            row.update(stream=op.stream, src_buffer=op.src_buffer, dst_buffer=op.dst_buffer, src_offset=op.src_offset,
-                       dst_offset=op.dst_offset, size=op.size, src_file=op.src_file, flags=op.flags,
-                       payload=self.payload_ref(op.payload))  # fmt: skip
+            row.update(
+                stream=op.stream,
+                src_buffer=op.src_buffer,
+                dst_buffer=op.dst_buffer,
+                src_offset=op.src_offset,
+                dst_offset=op.dst_offset,
+                size=op.size,
+                src_file=op.src_file,
+                flags=op.flags,
+                payload=self.payload_ref(op.payload),
+            )
             if self._original:
                 row["original_ns"] = self._original.duration_ns(op.index)
         elif isinstance(op, m.Memset):
-            row.update(stream=op.stream, buffer=op.buffer, offset=op.offset, value=op.value,
-                       element_size=op.element_size, count=op.count)  # fmt: skip
+            row.update(
+                stream=op.stream,
+                buffer=op.buffer,
+                offset=op.offset,
+                value=op.value,
+                element_size=op.element_size,
+                count=op.count,
+            )
             if self._original:
                 row["original_ns"] = self._original.duration_ns(op.index)
         elif isinstance(op, m.State):
@@ -388,17 +438,24 @@ class Dumper:
             fn = self.function(op.executable, op.function)
             name = demangle(fn.name) if fn else f"function#{op.function}"
             extra = f" cluster={_xyz(op.cluster)}" if any(op.cluster) else ""
-            return (f"{head} {name} exe={op.executable} stream={op.stream} grid={_xyz(op.grid)} "
-                    f"block={_xyz(op.block)}{extra} smem={op.shared_memory} params={len(op.parameters)}B "
-                    f"relocs={len(op.relocations)}{self._original_text(op.index)}")  # fmt: skip
+            return (
+                f"{head} {name} exe={op.executable} stream={op.stream} grid={_xyz(op.grid)} "
+                f"block={_xyz(op.block)}{extra} smem={op.shared_memory} params={len(op.parameters)}B "
+                f"relocs={len(op.relocations)}{self._original_text(op.index)}"
+            )
         if isinstance(op, m.Copy):
-            src = f"file#{op.src_file}+{op.src_offset}" if op.src_file else (
-                f"buffer#{op.src_buffer}+{op.src_offset}" if op.src_buffer else f"payload#{op.payload}")  # fmt: skip
+            src = (
+                f"file#{op.src_file}+{op.src_offset}"
+                if op.src_file
+                else (f"buffer#{op.src_buffer}+{op.src_offset}" if op.src_buffer else f"payload#{op.payload}")
+            )
             dst = f"buffer#{op.dst_buffer}+{op.dst_offset}" if op.dst_buffer else "host"
             return f"{head} {src} -> {dst} size={op.size} stream={op.stream}{self._original_text(op.index)}"
         if isinstance(op, m.Memset):
-            return (f"{head} buffer#{op.buffer}+{op.offset} value={op.value:#x} x{op.count} "
-                    f"({op.element_size}B) stream={op.stream}{self._original_text(op.index)}")  # fmt: skip
+            return (
+                f"{head} buffer#{op.buffer}+{op.offset} value={op.value:#x} x{op.count} "
+                f"({op.element_size}B) stream={op.stream}{self._original_text(op.index)}"
+            )
         if isinstance(op, m.CreateObject | m.DestroyObject):
             obj = self._object_or_none(op.object)
             return f"{head} {obj.kind.label if obj else 'object'}#{op.object}"
@@ -441,15 +498,21 @@ def _xyz(d: tuple[int, int, int]) -> str:
 def _function_row(index: int, fn: m.Function) -> dict[str, Any]:
     readable = demangle(fn.name)
     return {
-        "index": index, "name": fn.name, **({"demangled": readable} if readable != fn.name else {}),
+        "index": index,
+        "name": fn.name,
+        **({"demangled": readable} if readable != fn.name else {}),
         "parameters_known": fn.parameters_known,
-        "parameters": [{"offset": p.offset, "size": p.size, "kind": label_of(p.kind), "name": p.name,
-                        "dtype": label_of(p.dtype)} for p in fn.parameters],
-        "registers": fn.registers, "static_shared_memory": fn.static_shared_memory,
+        "parameters": [
+            {"offset": p.offset, "size": p.size, "kind": label_of(p.kind), "name": p.name, "dtype": label_of(p.dtype)}
+            for p in fn.parameters
+        ],
+        "registers": fn.registers,
+        "static_shared_memory": fn.static_shared_memory,
         "max_dynamic_shared_memory": fn.max_dynamic_shared_memory,
-        "max_threads_per_block": fn.max_threads_per_block, "local_memory": fn.local_memory,
+        "max_threads_per_block": fn.max_threads_per_block,
+        "local_memory": fn.local_memory,
         "required_cluster": list(fn.required_cluster),
-    }  # fmt: skip
+    }
 
 
 def _object_names(obj: m.ObjectDef) -> list[str]:
