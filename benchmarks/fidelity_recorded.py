@@ -76,10 +76,9 @@ def measure_original(work: Callable[[], object], iterations: int = ITERATIONS) -
 
 def replay(path: Path, scope: str, mode: str) -> tuple:
     """benchmark-replay's engine on ``scope``: (result, per-operation CUPTI medians in ns)."""
-    from replayfmt.replay.execute import Replayer, ReplayOptions
-
     import replayfmt
     from replayfmt.measure.benchmark import Benchmark, BenchmarkOptions, find_region
+    from replayfmt.replay import Replayer, ReplayOptions
     from replayfmt.replay.plan import build_plan
 
     with replayfmt.open(path) as cap:

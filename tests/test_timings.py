@@ -362,3 +362,40 @@ def test_original_side_of_a_region():
     side = kt.original_side(times, 2, 6, [2, 3, 4])
     assert side == kt.OriginalSide(15, 15, 2, 1, {3: 10, 4: 10})
     assert kt.original_side(Times(), 0, 5, [1]) is None
+
+
+def test_cupti_clock_tags_each_operation_of_a_step_list():
+    """The benchmark's body is a list of typed Step records; tagging wraps each operation's run of
+    steps in one push and one pop, and running the result calls them in order."""
+    from replayfmt.measure.kernel_times import CuptiClock
+    from replayfmt.replay.steps import Step, StepKind
+
+    calls = []
+
+    class Activity:
+        def push(self, kind, value):
+            calls.append(("push", value))
+
+        def pop(self, kind):
+            calls.append(("pop",))
+
+    clock = CuptiClock(Activity(), per_operation=True)
+    body = [
+        Step(StepKind.POINTER_SITE, lambda: calls.append(("site", 3)), (), 3),
+        Step(StepKind.LAUNCH, lambda: calls.append(("launch", 3)), (), 3),
+        Step(StepKind.COPY, lambda: calls.append(("copy", 4)), (), 4),
+    ]
+    steps = clock.instrument(body)
+    assert [s.kind for s in steps] == [
+        StepKind.TAG,
+        StepKind.POINTER_SITE,
+        StepKind.LAUNCH,
+        StepKind.TAG,
+        StepKind.TAG,
+        StepKind.COPY,
+        StepKind.TAG,
+    ]
+    for step in steps:
+        step.fn(*step.args)
+    assert calls == [("push", 3), ("site", 3), ("launch", 3), ("pop",), ("push", 4), ("copy", 4), ("pop",)]
+    assert CuptiClock(Activity(), per_operation=False).instrument(body) == body

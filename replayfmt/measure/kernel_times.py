@@ -14,13 +14,14 @@ keeps CUDA events; the result's ``clock`` and ``clock_note`` say which clock pro
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from replayfmt.cuda.activity import ActivityBatch, ActivityKind, ExternalKind, KernelActivity, kernel_activity
 from replayfmt.errors import DeviceError, ReplayUsageError
 from replayfmt.format.timings import OriginalTimes, busy_ns
+from replayfmt.replay.steps import Step, StepKind
 
 CUPTI = "cupti"
 EVENTS = "events"
@@ -28,8 +29,6 @@ CLOCK_NAMES = {CUPTI: "CUPTI activity records", EVENTS: "CUDA events"}
 _ITERATION = ExternalKind.CUSTOM0  # tags every driver call of a timed iteration
 _OPERATION = ExternalKind.CUSTOM1  # tags the driver calls of one operation
 _FLUSH_EVERY = 256  # iterations between flushes, to bound the records held
-
-Step = tuple[Callable[..., Any], tuple[Any, ...], int]
 
 
 @dataclass
@@ -65,12 +64,12 @@ class CuptiClock:
         push, pop = self.activity.push, self.activity.pop
         out: list[Step] = []
         for i, step in enumerate(body):
-            index = step[2]
-            if i == 0 or body[i - 1][2] != index:
-                out.append((push, (_OPERATION, index), index))
+            index = step.operation
+            if i == 0 or body[i - 1].operation != index:
+                out.append(Step(StepKind.TAG, push, (_OPERATION, index), index))
             out.append(step)
-            if i + 1 == len(body) or body[i + 1][2] != index:
-                out.append((pop, (_OPERATION,), index))
+            if i + 1 == len(body) or body[i + 1].operation != index:
+                out.append(Step(StepKind.TAG, pop, (_OPERATION,), index))
         return out
 
     def begin(self, iteration: int) -> None:

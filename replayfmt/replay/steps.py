@@ -47,6 +47,7 @@ class StepKind(enum.Enum):
     STATE = "state"  # set the starting state of the region beginning here (not the program's work)
     NVTX_PUSH = "nvtx push"
     NVTX_POP = "nvtx pop"
+    TAG = "tag"  # a host-side marker for the clock (CUPTI external correlation push or pop)
 
     @property
     def is_launch(self) -> bool:
