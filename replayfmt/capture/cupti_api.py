@@ -12,6 +12,7 @@ import ctypes
 from collections.abc import Callable
 from typing import Any
 
+from replayfmt.cuda.activity import loaded_cupti_path
 from replayfmt.errors import DeviceUnavailableError, ReplayError, ReplayUsageError
 
 DOMAIN_DRIVER_API = 1
@@ -56,17 +57,6 @@ def _unavailable(exc: Exception) -> DeviceUnavailableError:
     )
 
 
-def _loaded_library_path() -> str | None:
-    try:
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                if "libcupti.so" in line:
-                    return line.split()[-1]
-    except OSError:
-        pass
-    return None
-
-
 def _open(loaded: str | None) -> ctypes.CDLL:
     problems = []
     for candidate in [loaded] if loaded else ["libcupti.so.13", "libcupti.so"]:
@@ -86,7 +76,7 @@ class Cupti:
             module.get_callback_name(DOMAIN_DRIVER_API, 1)  # makes cupti-python load its libcupti
         except Exception as exc:  # cupti-python's own classes (NotSupportedError, cuptiError...) vary by version
             raise _unavailable(exc) from None
-        path = _loaded_library_path()
+        path = loaded_cupti_path()
         self.lib = _open(path)
         for name in ("cuptiSubscribe", "cuptiEnableCallback", "cuptiEnableDomain", "cuptiUnsubscribe"):
             getattr(self.lib, name).restype = ctypes.c_int

@@ -185,7 +185,7 @@ _CANDIDATES = ("libcupti.so.13", "libcupti.so")
 _TOOLKIT_DIRS = ("/usr/local/cuda/lib64", "/usr/local/cuda/extras/CUPTI/lib64", "/usr/local/cuda/lib")
 
 
-def _loaded_path() -> str | None:
+def loaded_cupti_path() -> str | None:
     """A libcupti this process has loaded already (one copy per process: never load a second)."""
     try:
         with open("/proc/self/maps") as maps:
@@ -226,7 +226,7 @@ def load_library() -> ctypes.CDLL:
     """
     if _callbacks:
         return _callbacks[0].lib
-    loaded = _loaded_path()
+    loaded = loaded_cupti_path()
     candidates = [loaded] if loaded else [*_CANDIDATES, *(f"{d}/libcupti.so" for d in _TOOLKIT_DIRS), *_wheel_paths()]
     problems = []
     for candidate in candidates:
@@ -248,7 +248,7 @@ def _cupti_python_path() -> str | None:
         cupti.get_callback_name(1, 1)  # makes cupti-python load its libcupti
     except Exception:
         return None
-    return _loaded_path()
+    return loaded_cupti_path()
 
 
 _REQUEST = ctypes.CFUNCTYPE(
