@@ -20,6 +20,11 @@ program. Five tools, each printing this page with `--agents-md`:
 | `benchmark-replay` | time a scope of it from the same starting state | yes |
 | `tune-replay` | search launch shapes, every candidate verified | yes |
 
+From Python: `replayfmt.open`, `replayfmt.CaptureWriter`, `replayfmt.capture.record` and
+`replayfmt.replay.open_replay`. The library is laid out by job (`format/` the wire, `container/`
+reading and writing, `cuda/` the driver, `replay/` plan and Replayer, `measure/` benchmark and tune,
+`dump/`, `capture/` the recorder, `tools/` these CLIs); docs/ARCHITECTURE.md maps every module.
+
 Every command on this page runs as written, from a checkout of replayfmt, on the example
 capture (a saxpy kernel: executable 5, launch operation 9, scope `saxpy`):
 
