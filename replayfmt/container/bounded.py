@@ -84,20 +84,6 @@ class BoundedFile:
             record=record,
         )
 
-    def read_into(self, offset: int, target: memoryview, record: str | None = None) -> None:
-        """Fill ``target`` from ``offset``; a short read is the file shrinking under the reader."""
-        done, want = 0, len(target)
-        while done < want:
-            try:
-                n = os.preadv(self.fd, [target[done:]], offset + done)
-            except OSError as exc:
-                raise ReplayFormatError(
-                    f"cannot read {want} bytes ({exc.strerror})", path=self.path, offset=offset + done, record=record
-                ) from None
-            if n <= 0:
-                raise self._shrunk(offset, done, want, record)
-            done += n
-
     def close(self) -> None:
         if self.fd >= 0:
             os.close(self.fd)

@@ -407,12 +407,6 @@ class KernelActivity:
         """Have CUPTI hand back every buffer (records of finished work; call after a synchronise)."""
         self.lib.cuptiActivityFlushAll(_FLUSH_FORCED)
 
-    def timestamp(self) -> int:
-        """CUPTI's clock now, in nanoseconds (the records' time base)."""
-        value = ctypes.c_uint64()
-        self.lib.cuptiGetTimestamp(ctypes.byref(value))
-        return int(value.value)
-
     # -- external correlation ----------------------------------------------------------------
 
     def push(self, kind: ExternalKind, external_id: int) -> None:

@@ -93,14 +93,6 @@ class LaunchTemplate:
                 found[r[2]] = r  # the last relocation of a site wins
         return tuple(_target_json(found.get(offset)) for offset in pointers)
 
-    def parameters_json(self, op: m.Launch) -> str:
-        raw = op.parameters
-        if self.render is not None:
-            text = self.render(raw, self.targets(op.relocations), "", "", "", "")
-            if text is not None:
-                return text
-        return f'"parameter_bytes":"{raw.hex()}"'
-
 
 def _bf16_json(value: int) -> str:
     return _float_json(struct.unpack("<f", (value << 16).to_bytes(4, "little"))[0])

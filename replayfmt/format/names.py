@@ -35,11 +35,6 @@ def matches_kernel(pattern: re.Pattern[str], symbol: str) -> bool:
     )
 
 
-def is_mangled(symbol: str) -> bool:
-    """Whether ``symbol`` reads differently demangled (the raw form is then worth keeping beside it)."""
-    return demangle(symbol) != symbol
-
-
 @functools.lru_cache(maxsize=4096)
 def _demangle_cached(symbol: str) -> str:
     cxa = _cxa_demangle()

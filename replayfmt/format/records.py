@@ -427,11 +427,6 @@ def id_operation_fields(op: Any) -> tuple[int, int]:
     return values[0], values[1] if len(values) > 1 else 0
 
 
-def make_id_operation(kind: m.OperationKind, index: int, first: int, second: int) -> Any:
-    cls, names = ID_OPERATIONS[kind]
-    return cls(index, first, second) if len(names) == 2 else cls(index, first)
-
-
 def _union_code(kind: m.OperationKind) -> int:
     return load_schema().unions["OperationBody"].index(UNION_MEMBER_OF_KIND[kind]) + 1
 

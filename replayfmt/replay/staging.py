@@ -80,6 +80,10 @@ class Staged:
     size: int
     on_device: bool
 
+    def copy_call(self, cu: Any) -> Callable[..., Any]:
+        """The async copy that puts these bytes into a buffer: device to device, or host to device."""
+        return cu.cuMemcpyDtoDAsync if self.on_device else cu.cuMemcpyHtoDAsync
+
 
 @dataclass
 class Staging:

@@ -46,7 +46,7 @@ class StateSetter:
         self.streams.join(events[0])
         for copy in copies:
             source = self.staged[upload_key(copy)]
-            fn = cu.cuMemcpyDtoDAsync if source.on_device else cu.cuMemcpyHtoDAsync
+            fn = source.copy_call(cu)
             target = self.addresses[copy.dst_buffer] + copy.dst_offset
             check(fn(target, source.address, copy.size, self.streams.timing_stream), f"operation {copy.index} (state)")
         self.streams.fork(events[1])

@@ -49,10 +49,6 @@ class StepKind(enum.Enum):
     NVTX_POP = "nvtx pop"
     TAG = "tag"  # a host-side marker for the clock (CUPTI external correlation push or pop)
 
-    @property
-    def is_launch(self) -> bool:
-        return self in (StepKind.LAUNCH, StepKind.LAUNCH_EX)
-
 
 @dataclass(frozen=True, slots=True)
 class Step:
@@ -131,7 +127,7 @@ def build_steps(
         elif isinstance(op, m.Copy):
             if op.kind == _K.COPY_HOST_TO_DEVICE:
                 source = staged[upload_key(op)]
-                copy = cu.cuMemcpyDtoDAsync if source.on_device else cu.cuMemcpyHtoDAsync
+                copy = source.copy_call(cu)
                 add(StepKind.UPLOAD, copy, (A[op.dst_buffer] + op.dst_offset, source.address, op.size, stream))
             elif op.kind == _K.COPY_DEVICE_TO_HOST:
                 host = pinned(devices, op.size, f"operation {index}")
