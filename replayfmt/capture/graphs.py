@@ -16,7 +16,7 @@ from __future__ import annotations
 import ctypes
 import struct
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from replayfmt.capture import events as ev
 from replayfmt.capture.process_memory import MEMORY, u64
@@ -212,10 +212,12 @@ class GraphCalls:
     _sink: Callable[[ev.Event], None]
     _deliver: Callable[[ev.Event], None]
 
-    def _kernel(self, handle: int, symbol: int) -> Any: ...
+    if TYPE_CHECKING:  # provided by the CUPTI source
 
-    @staticmethod
-    def _succeeded(result: int) -> bool: ...
+        def _kernel(self, handle: int, symbol: int) -> Any: ...
+
+        @staticmethod
+        def _succeeded(result: int) -> bool: ...
 
     def _reader(self) -> GraphReader:
         if self._graphs is None:

@@ -63,7 +63,7 @@ class _KernelShape:
     last: tuple[bytes, int, tuple[m.Relocation, ...], list[Allocation]] | None = None
 
 
-class Translator(StateEvents, MemoryEvents, GraphEvents):  # StateEvents first: the others declare _touch
+class Translator(MemoryEvents, GraphEvents, StateEvents):
     """Consumes :mod:`events` in program order and writes them to ``writer``. Thread-safe."""
 
     def __init__(
