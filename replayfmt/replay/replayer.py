@@ -30,6 +30,7 @@ from replayfmt.errors import ReplayUsageError
 from replayfmt.format import model as m
 from replayfmt.replay.buffers import allocate_buffers, steer_fixed_arena
 from replayfmt.replay.devices import Devices, ReplayDevice
+from replayfmt.replay.graphs import PreparedGraph
 from replayfmt.replay.modules import Modules
 from replayfmt.replay.options import ReplayOptions, RunResult
 from replayfmt.replay.plan import Plan, PlanOptions, build_plan
@@ -190,6 +191,10 @@ class Replayer:
     def steps(self) -> list[Step]:
         """The prepared steps, in capture order."""
         return self._built.steps
+
+    def graph(self, index: int) -> PreparedGraph | None:
+        """The graph that graph launch operation ``index`` runs (None for other operations)."""
+        return self._built.graphs.get(index)
 
     def kernel_name(self, index: int) -> str | None:
         """The kernel a launch operation runs (None for other operations)."""
