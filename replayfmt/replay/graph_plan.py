@@ -80,10 +80,24 @@ def check_graph(
     graph: m.Graph,
     check_launch: Callable[[m.Launch], None],
     index: int,
-    depth: int = 0,
 ) -> None:
     """Check ``graph`` (launched by operation ``index``) and its children; checked graphs go
-    into ``graphs``. ``check_launch`` checks a kernel node as the plan checks a launch."""
+    into ``graphs``. ``check_launch`` checks a kernel node as the plan checks a launch. Errors
+    name the operation, the graph and the node."""
+    try:
+        _check_graph(graphs, objects, graph, check_launch, index, 0)
+    except ReplayError as exc:
+        raise type(exc)(f"operation {index} (graph_launch): {exc}") from None
+
+
+def _check_graph(
+    graphs: dict[int, m.Graph],
+    objects: dict[int, m.ObjectDef],
+    graph: m.Graph,
+    check_launch: Callable[[m.Launch], None],
+    index: int,
+    depth: int,
+) -> None:
     if graph.id in graphs:
         return
     if depth > _MAX_DEPTH:
@@ -93,7 +107,7 @@ def check_graph(
         try:
             _check_node(graphs, objects, graph, node, check_launch, index, depth)
         except ReplayError as exc:
-            raise type(exc)(f"operation {index}: graph {graph.id} node {i} ({node.label}): {exc}") from None
+            raise type(exc)(f"graph {graph.id} node {i} ({node.label}): {exc}") from None
     graphs[graph.id] = graph
 
 
@@ -132,7 +146,7 @@ def _check_node(
         child = _need(objects, node.graph, m.Graph, graph, "child graph")
         if child.id >= graph.id:
             raise ReplayFormatError(f"child graph {child.id} is not written before graph {graph.id}")
-        check_graph(graphs, objects, child, check_launch, index, depth + 1)
+        _check_graph(graphs, objects, child, check_launch, index, depth + 1)
 
 
 def graph_buffers(graphs: dict[int, m.Graph], graph_id: int) -> set[int]:
