@@ -1,0 +1,105 @@
+"""CUDA graphs end to end on a GPU (issue 16, item 1): graphs made by stream capture (forked and
+joined streams) and by the explicit API (with an executable kernel-node update and an executable
+update between launches) are captured as Graph objects and graph launches, replayed as graphs,
+verified, benchmarked (graph launches timed, a graph's nodes one by one with --per-kernel),
+substituted and tuned. torch.compile(mode="reduce-overhead") graphs: test_capture_frameworks_gpu.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_capture_gpu import EXAMPLES, capture, capture_ready, dump, replay, run, verified  # noqa: F401 - a fixture
+
+pytestmark = pytest.mark.usefixtures("capture_ready")
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in dump(path, "--format=jsonl").splitlines()]
+
+
+def _graphs(path: Path) -> list[dict]:
+    return [r for r in _rows(path) if r["kind"] == "graph"]
+
+
+def _benchmark(path: Path, *flags: str) -> dict:
+    args = [sys.executable, "-m", "replayfmt.tools.benchmark_replay", "--repetitions=5", "--format=json"]
+    result = run([*args, *flags, str(path)])
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    return json.loads(result.stdout)
+
+
+@pytest.fixture(scope="module")
+def stream_captured(tmp_path_factory, gpu_arch) -> Path:
+    out = tmp_path_factory.mktemp("graphs") / "stream_capture.kreplay"
+    report = capture(out, EXAMPLES / "cuda_python_stream_capture.py", "--scope", "step", args=(gpu_arch,))
+    assert "replayable: yes" in report.stderr and "CUDA graphs: 3 launches" in report.stderr, report.stderr[-3000:]
+    return out
+
+
+def test_stream_captured_graph_replays_as_a_graph(stream_captured):
+    rows = _rows(stream_captured)
+    assert sum(r["kind"] == "graph_launch" for r in rows) == 3
+    assert not [r for r in rows if r["kind"] in ("launch", "unsupported")]  # captured work is no launch
+    (graph,) = _graphs(stream_captured)
+    kinds = sorted(n["kind"] for n in graph["nodes"])
+    assert kinds == ["kernel", "kernel", "memcpy", "memset"], kinds
+    assert len(graph["edges"]) >= 3
+    text = dump(stream_captured)
+    assert "    node    " in text and "saxpy" in text
+    verified(stream_captured)
+
+
+def test_graph_launches_are_timed_and_per_kernel_reaches_their_nodes(stream_captured):
+    whole = _benchmark(stream_captured, "--scope=step")
+    assert whole["device_ms"]["median"] > 0
+    result = _benchmark(stream_captured, "--scope=step", "--per-kernel")  # every node of each of the 3 launches
+    names = [k["name"] for k in result["kernels"]]
+    assert sum(n.startswith("saxpy (graph node") for n in names) == 6, names
+    assert sum(n.startswith(("memset (graph node", "memcpy (graph node")) for n in names) == 6, names
+    assert all(k["device_ms"]["median"] > 0 for k in result["kernels"])
+    graph_mode = _benchmark(stream_captured, "--scope=step", "--mode=graph")  # graph launches inside a graph
+    assert graph_mode["mode"] == "graph" and graph_mode["device_ms"]["median"] > 0
+
+
+def test_substitution_reaches_kernel_nodes(stream_captured, tmp_path, gpu_arch):
+    source = tmp_path / "saxpy_plus_one.cu"
+    source.write_text(
+        'extern "C" __global__ void saxpy(float a, const float* x, float* y, int n) {\n'
+        "  int i = blockIdx.x * blockDim.x + threadIdx.x;\n  if (i < n) y[i] = a * x[i] + y[i] + 1.0f;\n}\n"
+    )
+    cubin = tmp_path / "saxpy_plus_one.cubin"
+    subprocess.run(["nvcc", "-cubin", f"-arch={gpu_arch}", "-o", str(cubin), str(source)], check=True)
+    changed = replay(stream_captured, "--verify", f"--executable-substitution=all={cubin}")
+    assert changed.returncode != 0 and "mismatch" in (changed.stdout + changed.stderr).lower()
+
+
+def test_tune_replay_reaches_kernel_nodes(stream_captured, tmp_path):
+    csv = tmp_path / "tune.csv"
+    args = [sys.executable, "-m", "replayfmt.tools.tune_replay", "--kernel=saxpy", "--block=128,256", "--csv", str(csv)]
+    result = run([*args, str(stream_captured)])
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert "graph node" in result.stdout + result.stderr, (result.stdout + result.stderr)[-3000:]
+    lines = csv.read_text().splitlines()
+    assert len(lines) == 3 and all("True" in line or "true" in line for line in lines[1:]), lines
+
+
+def test_explicit_graph_with_updates_between_launches(tmp_path, gpu_arch):
+    out = tmp_path / "explicit.kreplay"
+    report = capture(out, EXAMPLES / "cuda_python_graph.py", args=(gpu_arch,))
+    assert "replayable: yes" in report.stderr, report.stderr[-3000:]
+    rows = _rows(out)
+    launches = [r for r in rows if r["kind"] == "graph_launch"]
+    graphs = {g["id"]: g for g in _graphs(out)}
+    # the child graph (written once) and one version of the graph per launch
+    parents = [g for g in graphs.values() if any(n["kind"] == "child_graph" for n in g["nodes"])]
+    assert len(launches) == 3 and len(parents) == 3 and len(graphs) == 4, [g["nodes"] for g in graphs.values()]
+    assert [r["graph"] for r in launches] == [p["id"] for p in parents]
+    kinds = sorted(n["kind"] for n in parents[0]["nodes"])
+    assert kinds == ["child_graph", "event_record", "kernel", "memcpy", "memset"], kinds
+    scales = [next(n for n in p["nodes"] if n["kind"] == "kernel")["parameters"][:8] for p in parents]
+    assert scales == ["00000040", "00004040", "00008040"], scales  # a = 2, then 3 (exec node update), then 4
+    verified(out)
