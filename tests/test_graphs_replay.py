@@ -188,8 +188,8 @@ class FakeCu:
         raise AttributeError(name)
 
 
-def test_the_builder_adds_nodes_in_order_with_relocated_parameters_and_instantiates_once(tmp_path, monkeypatch):
-    plan, ids, cap = plan_of(tmp_path, lambda ids: [good_graph(ids)])
+def builder_of(plan, ids, monkeypatch) -> tuple[replay_graphs.GraphBuilder, FakeCu, list]:
+    """A graph builder over a stand-in driver; ``check`` gives back what each call made."""
     monkeypatch.setattr(replay_graphs, "check", lambda result, what: result[1])
     cu = FakeCu()
     owned: list = []
@@ -197,7 +197,12 @@ def test_the_builder_adds_nodes_in_order_with_relocated_parameters_and_instantia
     layouts = {(ids["exe"], 0): [(0, 4), (8, 8), (16, 8), (24, 4)]}
     modules = SimpleNamespace(on_device=[{(ids["exe"], 0): 0xF00}], layouts=layouts)
     addresses = {ids["x"]: 0x1000_0000, ids["y"]: 0x2000_0000}
-    builder = replay_graphs.GraphBuilder(devices, plan, modules, addresses, {ids["event"]: "event"})
+    return replay_graphs.GraphBuilder(devices, plan, modules, addresses, {ids["event"]: "event"}), cu, owned
+
+
+def test_the_builder_adds_nodes_in_order_with_relocated_parameters_and_instantiates_once(tmp_path, monkeypatch):
+    plan, ids, cap = plan_of(tmp_path, lambda ids: [good_graph(ids)])
+    builder, cu, owned = builder_of(plan, ids, monkeypatch)
     with cap:
         (op,) = [o for o in cap.iter_operations() if o.kind == m.OperationKind.GRAPH_LAUNCH]
         prepared = builder.prepared(op, 0)
@@ -282,3 +287,31 @@ def test_format_1_1_files_still_open_and_mean_what_they_meant(tmp_path):
         ]
         assert [op.kind for op in old.iter_operations()] == [op.kind for op in kept]
         assert build_plan(old, PlanOptions(continue_on_error=True)).state
+
+
+def test_tuning_reaches_a_kernel_node_and_rebuilds_its_graph(tmp_path, monkeypatch):
+    from replayfmt.measure.tune import Candidate, find_targets, override_flags
+
+    plan, ids, cap = plan_of(tmp_path, lambda ids: [good_graph(ids)])
+    with cap:
+        (op,) = [o for o in cap.iter_operations() if o.kind == m.OperationKind.GRAPH_LAUNCH]
+        targets = find_targets(plan, launch=None, kernel="^saxpy$")
+        assert (targets.operations, targets.nodes, targets.graph_launches) == (
+            (op.index,),
+            ((op.graph, 1),),
+            (op.index,),
+        )
+        assert (targets.kernel, targets.grid, targets.block, targets.smem) == ("saxpy", (1, 1, 1), (256, 1, 1), 0)
+        flags = override_flags(targets, Candidate(None, (128, 1, 1), None, None))
+        shape = "grid=1,1,1,block=128,1,1,smem=0"
+        assert flags == f"  (and {shape} for graph {op.graph} node 1: run-replay has no flag for graph nodes yet)"
+        builder, cu, _ = builder_of(plan, ids, monkeypatch)
+        first = builder.prepared(op, 0)
+        rebuilt = builder.reshape(op.graph, 1, (2, 1, 1), (128, 1, 1), 64)
+        assert list(rebuilt) == [op.index] and rebuilt[op.index] is not first
+        kernels = [c for c in cu.calls if c[0] == "cuGraphAddKernelNode"]
+        shapes = [struct.unpack("<Q7I4xQQQQ", k[4])[1:8] for k in kernels]
+        assert shapes == [(1, 1, 1, 256, 1, 1, 0), (2, 1, 1, 128, 1, 1, 64)]
+        assert [c[0] for c in cu.calls].count("cuGraphInstantiate") == 2
+        with pytest.raises(replayfmt.ReplayUsageError, match=f"^graph {op.graph} has no kernel node 0 in this replay$"):
+            builder.reshape(op.graph, 0, (1, 1, 1), (1, 1, 1), 0)

@@ -161,3 +161,14 @@ def graph_buffers(graphs: dict[int, m.Graph], graph_id: int) -> set[int]:
         elif node.kind == _N.CHILD_GRAPH:
             used |= graph_buffers(graphs, node.graph)
     return used
+
+
+def kernel_nodes(graphs: dict[int, m.Graph], graph_id: int) -> list[tuple[int, int, GraphNode]]:
+    """(graph id, node index, node) of every kernel node of a checked graph, its children's included."""
+    found = []
+    for i, node in enumerate(graphs[graph_id].nodes):
+        if node.kind == _N.KERNEL:
+            found.append((graph_id, i, node))
+        elif node.kind == _N.CHILD_GRAPH:
+            found += kernel_nodes(graphs, node.graph)
+    return found

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from replayfmt.cuda.driver import check
-from replayfmt.errors import UnsupportedOperationError
+from replayfmt.errors import ReplayUsageError, UnsupportedOperationError
 from replayfmt.format import model as m
 from replayfmt.format.graph_model import GraphNode, GraphNodeKind
 from replayfmt.replay.devices import Devices
@@ -90,10 +90,13 @@ class GraphBuilder:
         self._graphs: dict[tuple[int, int], _Built] = {}  # (graph id, gpu) -> its CUgraph
         self._prepared: dict[tuple[int, int], PreparedGraph] = {}
         self._keep: list[Any] = []
+        self._launched: dict[int, tuple[m.GraphLaunch, int]] = {}  # graph launch index -> (operation, gpu)
+        self._shapes: dict[tuple[int, int], tuple[m.Dims, m.Dims, int]] = {}  # (graph, node) -> tuned shape
 
     def prepared(self, op: m.GraphLaunch, gpu: int) -> PreparedGraph:
         """The instantiated graph that operation ``op`` launches on device ``gpu``."""
         key = (op.graph, gpu)
+        self._launched[op.index] = (op, gpu)
         prepared = self._prepared.get(key)
         if prepared is None:
             cu = self.devices.cu
@@ -103,6 +106,19 @@ class GraphBuilder:
             self.devices.own(lambda: cu.cuGraphExecDestroy(executable))
             prepared = self._prepared[key] = PreparedGraph(executable, built.launches, built.calls)
         return prepared
+
+    def reshape(
+        self, graph_id: int, node: int, grid: m.Dims, block: m.Dims, shared_memory: int
+    ) -> dict[int, PreparedGraph]:
+        """Give kernel node ``node`` of Graph ``graph_id`` another shape (tuning): every graph is
+        built and instantiated again; the graph each launch operation runs now, by its index."""
+        graph = self.plan.graphs.get(graph_id)
+        if graph is None or not 0 <= node < len(graph.nodes) or graph.nodes[node].kind != _N.KERNEL:
+            raise ReplayUsageError(f"graph {graph_id} has no kernel node {node} in this replay")
+        self._shapes[(graph_id, node)] = (grid, block, shared_memory)
+        self._graphs.clear()
+        self._prepared.clear()
+        return {index: self.prepared(op, gpu) for index, (op, gpu) in self._launched.items()}
 
     def _graph(self, graph_id: int, index: int, gpu: int) -> _Built:
         key = (graph_id, gpu)
@@ -122,17 +138,29 @@ class GraphBuilder:
         for i in topological_order(graph_def):
             node = graph_def.nodes[i]
             deps = [handles[d] for d in waits_for.get(i, [])]
-            handles[i] = check(self._add(built, deps, node, index, gpu), f"{where} node {i} ({node.label})")
+            added = self._add(built, deps, node, index, gpu, self._shapes.get((graph_id, i)))
+            handles[i] = check(added, f"{where} node {i} ({node.label})")
         self._graphs[key] = built
         return built
 
-    def _add(self, built: _Built, deps: list[Any], node: GraphNode, index: int, gpu: int) -> Any:
+    def _add(
+        self,
+        built: _Built,
+        deps: list[Any],
+        node: GraphNode,
+        index: int,
+        gpu: int,
+        shape: tuple[m.Dims, m.Dims, int] | None,
+    ) -> Any:
         cu = self.devices.cu
         A = self.addresses
         kind = node.kind
         graph, calls = built.graph, built.calls
         if kind == _N.KERNEL:
-            launch = prepare_launch(self.devices, self.plan, self.modules, A, node_launch(index, node), None, gpu)
+            as_launch = node_launch(index, node)
+            if shape is not None:
+                as_launch = as_launch._replace(grid=shape[0], block=shape[1], shared_memory=shape[2])
+            launch = prepare_launch(self.devices, self.plan, self.modules, A, as_launch, None, gpu)
             if launch.extended:
                 raise UnsupportedOperationError(f"operation {index}: a kernel node needs a launch configuration")
             built.launches.append(launch)

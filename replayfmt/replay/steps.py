@@ -74,6 +74,7 @@ class BuiltSteps:
     kernel_names: dict[int, str]  # launch operation index -> kernel name
     op_streams: dict[int, Any]  # operation index -> the stream its steps run on
     graphs: dict[int, PreparedGraph] = dataclasses.field(default_factory=dict)  # graph launch index -> its graph
+    graph_builder: GraphBuilder | None = None
 
 
 def build_steps(
@@ -96,7 +97,7 @@ def build_steps(
     built = BuiltSteps([], [], {}, {})
     steps = built.steps
     A = addresses
-    graphs = GraphBuilder(devices, plan, modules, addresses, streams.events)
+    graphs = built.graph_builder = GraphBuilder(devices, plan, modules, addresses, streams.events)
     current = 0  # the device whose context is current when this step runs (runs start on the first)
     for op in plan.capture.iter_operations():
         index = op.index
@@ -193,6 +194,18 @@ def set_launch_shape(steps: list[Step], index: int, grid: m.Dims, block: m.Dims,
             config.sharedMemBytes = shared_memory
             return
     raise ReplayUsageError(f"operation {index} is not a launch of this replay")
+
+
+def reshape_graph_node(built: BuiltSteps, graph: int, node: int, grid: m.Dims, block: m.Dims, smem: int) -> None:
+    """Change the shape of kernel node ``node`` of Graph object ``graph`` (for tuning): the
+    graphs are built and instantiated again and their launch steps run the new executables."""
+    if built.graph_builder is None:
+        raise ReplayUsageError(f"graph {graph} is launched nowhere in this replay")
+    rebuilt = built.graph_builder.reshape(graph, node, grid, block, smem)
+    for k, step in enumerate(built.steps):
+        if step.kind is StepKind.GRAPH_LAUNCH and step.operation in rebuilt:
+            prepared = built.graphs[step.operation] = rebuilt[step.operation]
+            built.steps[k] = step.with_args((prepared.executable, *step.args[1:]))
 
 
 def retarget_functions(steps: list[Step], old_to_new: dict[int, Any]) -> None:

@@ -165,6 +165,8 @@ def main(
         targets = find_targets(plan, launch=launch_op, kernel=kernel)
         identity = capture_identity(session.capture)
         image_format = plan.images[targets.executable].format
+        if space.max_registers and targets.nodes:
+            raise ReplayUsageError("--max-registers: re-JITted functions do not reach CUDA graph kernel nodes yet")
         if space.max_registers and image_format != m.ExecutableFormat.PTX:
             held = image_format.name.lower()
             raise ReplayUsageError(
@@ -176,6 +178,7 @@ def main(
     click.echo(
         f"tuning {demangle(targets.kernel)} (operations {', '.join(map(str, targets.operations))}), captured "
         f"grid={targets.grid} block={targets.block} smem={targets.smem}"
+        + (f"; {', '.join(f'graph {g} node {n}' for g, n in targets.nodes)} in graph launches" if targets.nodes else "")
     )
     click.echo(
         f"space: {len(valid) + len(pruned)} points, {len(pruned)} pruned, {len(points)} to evaluate"
@@ -186,6 +189,7 @@ def main(
     config = WorkerConfig(
         capture=str(capture),
         operations=targets.operations,
+        nodes=targets.nodes,
         plan={"substitutions": list(substitutions), "remaps": list(remaps), "fixed_addresses": fixed_addresses},
         device=parse_device(device),
         warmup=warmup,

@@ -6,7 +6,9 @@ substituted and tuned. torch.compile(mode="reduce-overhead") graphs: test_captur
 
 from __future__ import annotations
 
+import csv
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -78,13 +80,17 @@ def test_substitution_reaches_kernel_nodes(stream_captured, tmp_path, gpu_arch):
 
 
 def test_tune_replay_reaches_kernel_nodes(stream_captured, tmp_path):
-    csv = tmp_path / "tune.csv"
-    args = [sys.executable, "-m", "replayfmt.tools.tune_replay", "--kernel=saxpy", "--block=128,256", "--csv", str(csv)]
-    result = run([*args, str(stream_captured)])
-    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-    assert "graph node" in result.stdout + result.stderr, (result.stdout + result.stderr)[-3000:]
-    lines = csv.read_text().splitlines()
-    assert len(lines) == 3 and all("True" in line or "true" in line for line in lines[1:]), lines
+    """saxpy runs as two kernel nodes of grid 4096 over 2^20 elements: block 128 leaves half of
+    them undone (a wrong result, so the node's shape did change), block 256 is the captured one."""
+    csv_path = tmp_path / "tune.csv"
+    args = [sys.executable, "-m", "replayfmt.tools.tune_replay", "--kernel=saxpy", "--grid=4096", "--block=128;256"]
+    result = run([*args, "--csv", str(csv_path), str(stream_captured)])
+    output = result.stdout + result.stderr
+    assert re.search(r"graph \d+ node \d+", output), output[-3000:]
+    rows = {row["block"]: row for row in csv.DictReader(csv_path.open())}
+    assert rows["256,1,1"]["verified"] == "yes" and rows["256,1,1"]["median_ms"], rows
+    assert rows["128,1,1"]["verified"] == "no" and "wrong result" in rows["128,1,1"]["error"], rows
+    assert result.returncode == 0, output[-3000:]
 
 
 def test_explicit_graph_with_updates_between_launches(tmp_path, gpu_arch):
