@@ -354,6 +354,8 @@ def test_updates_write_new_graph_versions_and_a_bad_update_refuses_the_launch(tm
 def test_unrecordable_graphs_become_unsupported_operations(tmp_path, cubin):
     host_copy = ev.GraphDescription([ev.GraphNodeInfo(_N.MEMCPY, unsupported="a host copy")], [])
     outside = ev.GraphDescription([ev.GraphNodeInfo(_N.MEMSET, dst=0x1234, element_size=1, width=4)], [])
+    unknown = ev.GraphKernel(ev.Kernel(0xF01, "early", ("module", 0x999), SAXPY), (1, 1, 1), (1, 1, 1), 0, bytes(32))
+    early = ev.GraphDescription([ev.GraphNodeInfo(_N.KERNEL, kernel=unknown)], [])
     events = [
         *setup_events(cubin),
         ev.GraphInstantiated(1, host_copy),
@@ -363,6 +365,8 @@ def test_unrecordable_graphs_become_unsupported_operations(tmp_path, cubin):
         ev.GraphLaunched(3, 0x5000),
         ev.GraphExecDestroyed(2),
         ev.GraphLaunched(2, 0x5000),
+        ev.GraphInstantiated(4, early),
+        ev.GraphLaunched(4, 0x5000),
     ]
     path, t = record(tmp_path, events, graph_memory())
     with replayfmt.open(path) as cap:
@@ -371,4 +375,5 @@ def test_unrecordable_graphs_become_unsupported_operations(tmp_path, cubin):
     assert reasons[1] == "a graph node uses address 0x1234, in no recorded allocation"
     assert reasons[2] == "the executable graph 0x3 was instantiated before the recorder started"
     assert reasons[3] == "the executable graph 0x2 was instantiated before the recorder started"
-    assert t.report.unsupported == {"cuGraphLaunch": 4} and t.report.graph_launches == 0
+    assert reasons[4] == "the module of early was loaded before the recorder started"
+    assert t.report.unsupported == {"cuGraphLaunch": 5} and t.report.graph_launches == 0

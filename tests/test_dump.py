@@ -110,7 +110,7 @@ def test_bad_jq_program_is_a_usage_error(sample):
         (["--kind=launch"], {"launch"}),
         (["--kind=copy"], {"copy_h2d", "copy_d2h", "copy_d2d"}),
         (["--kind=buffer,scope_begin"], {"buffer", "scope_begin"}),
-        (["--grep=^saxpy$"], {"launch", "executable", "create"}),
+        (["--grep=^saxpy$"], {"launch", "executable", "create", "graph_launch"}),
         (["--object=6"], {"buffer", "create", "copy_h2d", "memset", "launch", "copy_d2d", "checkpoint", "copy_d2h"}),
     ],
 )

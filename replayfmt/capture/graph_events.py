@@ -55,6 +55,7 @@ class GraphEvents:
     _recording: bool
     _device: int
     _executables: dict[int, GraphExecutable]  # CUgraphExec handle -> what it runs
+    _modules: dict[tuple[str, int], Any]  # module key -> what the translator keeps of it
     _graph_ids: dict[m.Graph, int]  # each Graph object written, by value: an unchanged graph is written once
 
     if TYPE_CHECKING:  # provided by the translator
@@ -136,6 +137,8 @@ class GraphEvents:
             shape = self._shape(call.kernel)
             if shape.collective:
                 raise Unrecordable(f"{call.kernel.name} is a collective (NCCL) kernel")
+            if call.kernel.module not in self._modules:  # (checked here: _function would refuse a launch)
+                raise Unrecordable(f"the module of {call.kernel.name} was loaded before the recorder started")
             function = self._function(call.kernel)
             if function is None:
                 raise Unrecordable(f"the module of {call.kernel.name} was not recorded")

@@ -7,6 +7,7 @@ from typing import Any
 
 from replayfmt.format import model as m
 from replayfmt.format.graph_model import GraphNode, GraphNodeKind
+from replayfmt.format.names import demangle
 
 FunctionLookup = Callable[[int, int], m.Function | None]
 _N = GraphNodeKind
@@ -122,3 +123,13 @@ def graph_summary(graph: m.Graph) -> str:
         counts[label] = counts.get(label, 0) + 1
     kinds = ", ".join(f"{k} x{n}" for k, n in counts.items())
     return f"device={graph.device} nodes={len(graph.nodes)} edges={len(graph.edges)}" + (f" ({kinds})" if kinds else "")
+
+
+def kernel_names(graph: m.Graph, function: FunctionLookup) -> list[str]:
+    """The names of a graph's kernel nodes, raw and demangled."""
+    names = []
+    for node in graph.nodes:
+        fn = function(node.executable, node.function) if node.kind == _N.KERNEL else None
+        if fn is not None:
+            names += [fn.name, demangle(fn.name)]
+    return names

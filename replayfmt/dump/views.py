@@ -23,7 +23,7 @@ from replayfmt.container.reader import Capture
 from replayfmt.dump.export import check_writable, export_payload
 from replayfmt.dump.fields import field_names, label_of
 from replayfmt.dump.filters import JSONL_VERSION, DumpFilter, PayloadMode
-from replayfmt.dump.graphs import graph_fields, graph_node_lines, graph_summary
+from replayfmt.dump.graphs import graph_fields, graph_node_lines, graph_summary, kernel_names
 from replayfmt.dump.launch_json import LaunchTemplate
 from replayfmt.errors import ReplayUsageError
 from replayfmt.format import model as m
@@ -384,6 +384,9 @@ class Dumper:
             return [op.name]
         if isinstance(op, m.Unsupported):
             return [op.call, op.reason]
+        if isinstance(op, m.GraphLaunch):  # --grep finds a graph launch by its kernel nodes
+            graph = self._object_or_none(op.graph)
+            return kernel_names(graph, self.function) if isinstance(graph, m.Graph) else []
         if isinstance(op, m.CreateObject | m.DestroyObject):
             obj = self._object_or_none(op.object)
             return _object_names(obj) if obj is not None else []
