@@ -170,9 +170,8 @@ def test_a_graph_is_read_when_instantiated_with_its_nodes_edges_and_children():
     assert instantiated.graph_exec == EXEC
     graph = instantiated.graph
     kinds = [n.kind for n in graph.nodes]
-    assert kinds == [
-        _N.KERNEL, _N.MEMSET, _N.CHILD_GRAPH, _N.EVENT_RECORD, _N.EMPTY, _N.CHILD_GRAPH, _N.MEMCPY, _N.EVENT_WAIT
-    ]  # fmt: skip
+    expected = ["KERNEL", "MEMSET", "CHILD_GRAPH", "EVENT_RECORD", "EMPTY", "CHILD_GRAPH", "MEMCPY", "EVENT_WAIT"]
+    assert kinds == [_N[name] for name in expected]
     assert [n.handle for n in graph.nodes] == [11, 12, 13, 14, 15, 16, 17, 18]
     assert graph.edges == [(3, 0), (0, 1), (1, 2), (0, 6), (6, 7)]  # node handles become indices
     kernel_node = graph.nodes[0].kernel

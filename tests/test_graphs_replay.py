@@ -228,6 +228,7 @@ def test_the_builder_adds_nodes_in_order_with_relocated_parameters_and_instantia
     # node by node (per-kernel timing): a topological order, each call on the given stream
     calls = [(c.label, c.fn, c.on("stream")) for c in prepared.calls]
     assert [c[0] for c in calls] == ["memset", "saxpy", "memcpy", "event_record"]
+    assert [c.node for c in prepared.calls] == ["0", "1", "2", "3"]  # the graph's own node numbers
     assert calls[0][1:] == ("cuMemsetD2D32Async", (0x2000_0000, 512, 0, 16, 2, "stream"))
     assert calls[1][1] == "cuLaunchKernel" and calls[1][2][:9] == (0xF00, 1, 1, 1, 256, 1, 1, 0, "stream")
     assert calls[2][1:] == ("cuMemcpyDtoDAsync", (0x1000_0000, 0x2000_0000, 1024, "stream"))
@@ -240,8 +241,8 @@ def test_per_kernel_timing_runs_a_graph_node_by_node_between_events():
 
     stream = replay_graphs.STREAM
     calls = [
-        replay_graphs.NodeCall("memset", "cuMemsetD32Async", (0x10, 0, 4, stream), False),
-        replay_graphs.NodeCall("saxpy", "cuLaunchKernel", (0xF00, 1, 1, 1, 64, 1, 1, 0, stream, 7, 0), True),
+        replay_graphs.NodeCall("memset", "cuMemsetD32Async", (0x10, 0, 4, stream), False, "0"),
+        replay_graphs.NodeCall("saxpy", "cuLaunchKernel", (0xF00, 1, 1, 1, 64, 1, 1, 0, stream, 7, 0), True, "2.0"),
     ]
     graph = replay_graphs.PreparedGraph("exec", [], calls)
     bench = SimpleNamespace(
@@ -266,7 +267,7 @@ def test_per_kernel_timing_runs_a_graph_node_by_node_between_events():
         (StepKind.GRAPH_LAUNCH, "cuGraphLaunch", ("other", "s"), 6),  # no node events: launched whole
     ]
     assert graph.name == "graph of 1 kernels"
-    assert node_name(bench.r, (5, 1)) == "saxpy (graph node 1)"
+    assert node_name(bench.r, (5, 1)) == "saxpy (graph node 2.0)"
 
 
 def test_format_1_1_files_still_open_and_mean_what_they_meant(tmp_path):

@@ -46,8 +46,9 @@ def unroll_graph_launches(
 
 
 def node_name(replayer: Replayer, key: NodeKey) -> str:
-    """``saxpy (graph node 3)``: how a node's timing is named."""
+    """``saxpy (graph node 3)``: how a node's timing is named (``3.0``: node 0 of the child
+    graph that node 3 holds)."""
     index, node = key
     graph = replayer.graph(index)
-    label = graph.calls[node].label if graph is not None else "node"
-    return f"{label} (graph node {node})"
+    call = graph.calls[node] if graph is not None else None
+    return f"{call.label} (graph node {call.node})" if call is not None else f"graph node {node}"

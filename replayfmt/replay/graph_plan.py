@@ -4,6 +4,7 @@ dependency edges (in range, acyclic)."""
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -44,10 +45,10 @@ def topological_order(graph: m.Graph) -> list[int]:
             raise ReplayFormatError(f"graph {graph.id}: edge {src} -> {dst} is not between two of its {count} nodes")
         after[src].append(dst)
         waiting[dst] += 1
-    ready = [i for i in range(count) if waiting[i] == 0]
+    ready = deque(i for i in range(count) if waiting[i] == 0)  # ties keep the nodes' order
     order = []
     while ready:
-        node = ready.pop()
+        node = ready.popleft()
         order.append(node)
         for nxt in after[node]:
             waiting[nxt] -= 1

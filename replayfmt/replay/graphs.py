@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from replayfmt.cuda.driver import check
@@ -44,6 +44,7 @@ class NodeCall:
     fn: Any
     args: tuple[Any, ...]
     kernel: bool
+    node: str = ""  # which node: its index in the graph ("3"), in a child graph "3.0"
 
     def on(self, stream: Any) -> tuple[Any, ...]:
         return tuple(stream if a is STREAM else a for a in self.args)
@@ -138,8 +139,10 @@ class GraphBuilder:
         for i in topological_order(graph_def):
             node = graph_def.nodes[i]
             deps = [handles[d] for d in waits_for.get(i, [])]
+            start = len(built.calls)
             added = self._add(built, deps, node, index, gpu, self._shapes.get((graph_id, i)))
             handles[i] = check(added, f"{where} node {i} ({node.label})")
+            built.calls[start:] = [replace(c, node=f"{i}.{c.node}" if c.node else str(i)) for c in built.calls[start:]]
         self._graphs[key] = built
         return built
 

@@ -9,14 +9,19 @@ from __future__ import annotations
 import csv
 import json
 import re
+import struct
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+from samples import SAXPY, compiled_cubin
 from test_capture_gpu import EXAMPLES, capture, capture_ready, dump, replay, run, verified  # noqa: F401 - a fixture
 
-pytestmark = pytest.mark.usefixtures("capture_ready")
+import replayfmt
+from replayfmt.format import model as m
+from replayfmt.format.graph_model import GraphNode, GraphNodeKind as N
 
 
 def _rows(path: Path) -> list[dict]:
@@ -27,6 +32,69 @@ def _graphs(path: Path) -> list[dict]:
     return [r for r in _rows(path) if r["kind"] == "graph"]
 
 
+def written_graph(path: Path, arch: str) -> tuple[np.ndarray, np.ndarray]:
+    """A capture written directly (no recorder): x, y, z and a graph (memset y[:16] = 0 -> saxpy
+    y = 2x + y -> copy y to z -> child graph: memset z[:4] = 3.0; an event record and a host node
+    beside) launched twice; its checkpoint holds y and z as the device must leave them."""
+    n = 256
+    x, y = np.arange(n, dtype=np.float32), np.ones(n, dtype=np.float32)
+    with replayfmt.CaptureWriter(path) as w:
+        device = w.add_object(m.Device())
+        stream = w.add_object(m.Stream(device=device))
+        event = w.add_object(m.Event(device=device))
+        bx, by, bz = (w.add_object(m.Buffer(size=4 * n, device=device)) for _ in range(3))
+        image = w.add_payload(compiled_cubin("container_kernels.cu", arch))
+        exe = w.add_object(m.Executable(format=m.ExecutableFormat.CUBIN, payload=image, functions=(SAXPY,)))
+        w.module_load(exe, device)
+        w.state(buffer=bx, data=x)
+        w.state(buffer=by, data=y)
+        w.state(buffer=bz, data=np.zeros(n, np.float32))
+        three = int(np.float32(3.0).view(np.uint32))
+        child = m.Graph(
+            device=device,
+            nodes=(GraphNode(kind=N.MEMSET, dst_buffer=bz, value=three, element_size=4, width=4, height=1),),
+        )
+        kernel = GraphNode(
+            kind=N.KERNEL,
+            executable=exe,
+            grid=(1, 1, 1),
+            block=(n, 1, 1),
+            parameters=struct.pack("<f4xQQi4x", 2.0, 0, 0, n),
+            relocations=(m.Relocation(0, bx, 8, 0), m.Relocation(0, by, 16, 0)),
+        )
+        nodes = (
+            GraphNode(kind=N.MEMSET, dst_buffer=by, value=0, element_size=4, width=16, height=1),
+            kernel,
+            GraphNode(kind=N.MEMCPY, src_buffer=by, dst_buffer=bz, size=4 * n),
+            GraphNode(kind=N.CHILD_GRAPH, graph=w.add_object(child)),
+            GraphNode(kind=N.EVENT_RECORD, event=event),
+            GraphNode(kind=N.HOST),
+        )
+        graph = w.add_object(m.Graph(device=device, nodes=nodes, edges=((0, 1), (1, 2), (2, 3), (0, 4), (4, 5))))
+        with w.scope("step"):
+            w.graph_launch(graph, stream)
+            w.graph_launch(graph, stream)
+            w.stream_synchronize(stream)
+        for _ in range(2):
+            y[:16] = 0
+            y = (np.float32(2.0) * x + y).astype(np.float32)
+        z = y.copy()
+        z[:4] = 3.0
+        w.checkpoint({by: y, bz: z}, name="after")
+    return y, z
+
+
+def test_a_written_graph_replays_verifies_and_benchmarks(tmp_path, gpu_arch):
+    """The replay side alone (no recorder): rebuilt with its topology, launched as a graph."""
+    path = tmp_path / "written.kreplay"
+    written_graph(path, gpu_arch)
+    verified(path)
+    result = _benchmark(path, "--scope=step", "--per-kernel")
+    names = [k["name"] for k in result["kernels"]]
+    assert names.count("saxpy (graph node 1)") == 2 and names.count("memset (graph node 3.0)") == 2, names
+    assert _benchmark(path, "--scope=step", "--mode=graph")["device_ms"]["median"] > 0
+
+
 def _benchmark(path: Path, *flags: str) -> dict:
     args = [sys.executable, "-m", "replayfmt.tools.benchmark_replay", "--repetitions=5", "--format=json"]
     result = run([*args, *flags, str(path)])
@@ -35,9 +103,10 @@ def _benchmark(path: Path, *flags: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def stream_captured(tmp_path_factory, gpu_arch) -> Path:
+def stream_captured(tmp_path_factory, request) -> Path:
+    arch = request.getfixturevalue("capture_ready")
     out = tmp_path_factory.mktemp("graphs") / "stream_capture.kreplay"
-    report = capture(out, EXAMPLES / "cuda_python_stream_capture.py", "--scope", "step", args=(gpu_arch,))
+    report = capture(out, EXAMPLES / "cuda_python_stream_capture.py", "--scope", "step", args=(arch,))
     assert "replayable: yes" in report.stderr and "CUDA graphs: 3 launches" in report.stderr, report.stderr[-3000:]
     return out
 
@@ -93,9 +162,10 @@ def test_tune_replay_reaches_kernel_nodes(stream_captured, tmp_path):
     assert result.returncode == 0, output[-3000:]
 
 
-def test_explicit_graph_with_updates_between_launches(tmp_path, gpu_arch):
+def test_explicit_graph_with_updates_between_launches(tmp_path, request):
+    arch = request.getfixturevalue("capture_ready")
     out = tmp_path / "explicit.kreplay"
-    report = capture(out, EXAMPLES / "cuda_python_graph.py", args=(gpu_arch,))
+    report = capture(out, EXAMPLES / "cuda_python_graph.py", args=(arch,))
     assert "replayable: yes" in report.stderr, report.stderr[-3000:]
     rows = _rows(out)
     launches = [r for r in rows if r["kind"] == "graph_launch"]
