@@ -291,7 +291,7 @@ def test_format_1_1_files_still_open_and_mean_what_they_meant(tmp_path):
 
 
 def test_tuning_reaches_a_kernel_node_and_rebuilds_its_graph(tmp_path, monkeypatch):
-    from replayfmt.measure.tune import Candidate, find_targets, override_flags
+    from replayfmt.measure.tune import Candidate, find_targets, graph_node_shapes, override_flags
 
     plan, ids, cap = plan_of(tmp_path, lambda ids: [good_graph(ids)])
     with cap:
@@ -303,9 +303,13 @@ def test_tuning_reaches_a_kernel_node_and_rebuilds_its_graph(tmp_path, monkeypat
             (op.index,),
         )
         assert (targets.kernel, targets.grid, targets.block, targets.smem) == ("saxpy", (1, 1, 1), (256, 1, 1), 0)
-        flags = override_flags(targets, Candidate(None, (128, 1, 1), None, None))
+        best = Candidate(None, (128, 1, 1), None, None)
+        assert override_flags(targets, best) == ""  # no launch to give a --launch flag
         shape = "grid=1,1,1,block=128,1,1,smem=0"
-        assert flags == f"  (and {shape} for graph {op.graph} node 1: run-replay has no flag for graph nodes yet)"
+        assert (
+            graph_node_shapes(targets, best)
+            == f"graph {op.graph} node 1: {shape} (run-replay has no flag for graph nodes yet)"
+        )
         builder, cu, _ = builder_of(plan, ids, monkeypatch)
         first = builder.prepared(op, 0)
         rebuilt = builder.reshape(op.graph, 1, (2, 1, 1), (128, 1, 1), 64)

@@ -528,14 +528,22 @@ def plot(results: list[CandidateResult], targets: Targets, path: Path) -> None:
 
 
 def override_flags(targets: Targets, c: Candidate) -> str:
-    """The winning shape as run-replay flags, one --launch per tuned operation."""
+    """The winning shape as run-replay flags, one --launch per tuned launch ("" when only graph
+    nodes were tuned: see :func:`graph_node_shapes`)."""
     grid, block = c.grid or targets.grid, c.block or targets.block
     smem = targets.smem if c.smem is None else c.smem
     shape = f"grid={_dims(grid)},block={_dims(block)},smem={smem}"
     flags = " ".join(f"--launch={op}:{shape}" for op in targets.operations if op not in targets.graph_launches)
-    if targets.nodes:
-        where = ", ".join(f"graph {g} node {n}" for g, n in targets.nodes)
-        flags += f"  (and {shape} for {where}: run-replay has no flag for graph nodes yet)"
-    if c.max_registers is not None:
+    if flags and c.max_registers is not None:
         flags += f"  (and re-JIT executable {targets.executable} with at most {c.max_registers} registers)"
     return flags
+
+
+def graph_node_shapes(targets: Targets, c: Candidate) -> str:
+    """The winning shape of the tuned kernel nodes of CUDA graphs ("" when none were tuned)."""
+    if not targets.nodes:
+        return ""
+    grid, block = c.grid or targets.grid, c.block or targets.block
+    smem = targets.smem if c.smem is None else c.smem
+    where = ", ".join(f"graph {g} node {n}" for g, n in targets.nodes)
+    return f"{where}: grid={_dims(grid)},block={_dims(block)},smem={smem} (run-replay has no flag for graph nodes yet)"

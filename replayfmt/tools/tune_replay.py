@@ -19,6 +19,7 @@ from replayfmt.measure.tune import (
     check_writable,
     compile_kernel_pattern,
     find_targets,
+    graph_node_shapes,
     order,
     override_flags,
     parse_dims_list,
@@ -245,7 +246,11 @@ def main(
             f"\nbest: {best.median_ms:.4f} ms vs captured {baseline.median_ms:.4f} ms "
             f"({baseline.median_ms / best.median_ms:.2f}x)"
         )
-    click.echo(f"run-replay {override_flags(targets, best.candidate)} --verify {capture}")
+    flags = override_flags(targets, best.candidate)
+    if flags:
+        click.echo(f"run-replay {flags} --verify {capture}")
+    if targets.nodes:
+        click.echo(f"best for {graph_node_shapes(targets, best.candidate)}")
     return EXIT_OK
 
 
