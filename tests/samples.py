@@ -12,6 +12,7 @@ import numpy as np
 
 import replayfmt
 from replayfmt.format import model as m
+from replayfmt.format.graph_model import GraphNode, GraphNodeKind
 
 KERNELS = Path(__file__).parent / "kernels"
 
@@ -148,5 +149,20 @@ def write_sample(path: Path, *, n: int = 1024, cubin: bytes | None = None, **wri
         w.device_synchronize(ids["device"])
         w.host_function(ids["stream"])
         w.unsupported("cuLaunchHostFunc", "host callbacks cannot be replayed", stream=ids["stream"])
+        nodes = (
+            GraphNode(kind=GraphNodeKind.MEMSET, dst_buffer=ids["y"], value=0, element_size=4, width=16, height=1),
+            GraphNode(
+                kind=GraphNodeKind.KERNEL,
+                executable=ids["exe"],
+                grid=((n + 255) // 256, 1, 1),
+                block=(256, 1, 1),
+                parameters=params,
+                relocations=tuple(relocations),
+            ),
+            GraphNode(kind=GraphNodeKind.EVENT_RECORD, event=ids["event"]),
+        )
+        graph = m.Graph(device=ids["device"], label="step graph", nodes=nodes, edges=((0, 1), (1, 2)))
+        ids["graph"] = w.add_object(graph)
+        w.graph_launch(ids["graph"], ids["stream"])
         w.destroy(ids["event"])
     return ids

@@ -1,25 +1,28 @@
-"""CUDA graph launches as the recorder follows them, without a GPU: a stand-in for libcuda's
-graph queries answers through the same ctypes arguments, and the translator writes the nodes
-between 'cuda_graph' scope markers."""
+"""CUDA graphs in the recorder, without a GPU: a stand-in for libcuda's graph queries answers
+through the same ctypes arguments, so the source reads graphs into descriptions at their
+instantiation; the translator, fed graph events, writes Graph objects and GraphLaunch operations
+with their snapshots, and a new graph version after an update."""
 
 from __future__ import annotations
 
 import ctypes
 import struct
 
+import numpy as np
 import pytest
 from test_capture_source import SAXPY, SAXPY_ARGS, FakeDriver, Keep, callback_data, source_with
-from test_capture_translate import MODULE, FakeMemory, kernel, record, saxpy_params
+from test_capture_translate import MODULE, A, B, C, FakeMemory, kernel, record, saxpy_params
 
 import replayfmt
 from replayfmt.capture import events as ev
 from replayfmt.capture.cupti_api import DOMAIN_DRIVER_API
-from replayfmt.capture.graphs import GraphReader, memcpy_event, topological_order
+from replayfmt.capture.graphs import GraphReader, memcpy_node
 from replayfmt.format import model as m
+from replayfmt.format.graph_model import GraphNodeKind
 from replayfmt.replay.plan import PlanOptions, build_plan
 
-A, B = 0x7F00_0000_0000, 0x7F00_0010_0000
 GRAPH, CHILD, EXEC = 0x6000, 0x6100, 0x7000
+_N = GraphNodeKind
 
 
 def memcpy3d(src: tuple[int, int], dst: tuple[int, int], width: int, height: int = 1) -> bytes:
@@ -32,21 +35,13 @@ def memcpy3d(src: tuple[int, int], dst: tuple[int, int], width: int, height: int
     return one(*src) + one(*dst) + struct.pack("<QQQ", width, height, 1)
 
 
-def test_topological_order_puts_dependencies_first_and_refuses_cycles():
-    assert topological_order([1, 2, 3, 4], [(3, 1), (1, 2), (4, 2)]) == [3, 4, 1, 2]
-    with pytest.raises(ValueError, match="cycle"):
-        topological_order([1, 2], [(1, 2), (2, 1)])
-
-
-def test_memcpy_nodes_become_copies_by_memory_type():
-    h2d = memcpy_event(memcpy3d((1, 0x1000), (2, A), 64), 5, "cuGraphLaunch")
-    assert h2d == ev.Copy(ev.CopyDirection.H2D, A, 0x1000, 64, 5, True, "graph memcpy node")
-    d2d = memcpy_event(memcpy3d((2, A), (2, B), 64), 5, "cuGraphLaunch")
-    assert d2d.direction == ev.CopyDirection.D2D and (d2d.src, d2d.dst) == (A, B)
-    unified = memcpy_event(memcpy3d((4, A), (1, 0x2000), 64), 5, "cuGraphLaunch")
-    assert unified.direction == ev.CopyDirection.D2H
-    flat = memcpy_event(memcpy3d((2, A), (2, B), 64, height=4), 5, "cuGraphLaunch")
-    assert isinstance(flat, ev.NotReproducible) and "2-D" in flat.reason
+def test_memcpy_nodes_hold_device_copies_and_name_what_they_cannot_hold():
+    d2d = memcpy_node(memcpy3d((2, A), (4, B), 64))
+    assert (d2d.kind, d2d.src, d2d.dst, d2d.size, d2d.unsupported) == (_N.MEMCPY, A, B, 64, "")
+    h2d = memcpy_node(memcpy3d((1, 0x1000), (2, A), 64))
+    assert "to or from host memory" in h2d.unsupported
+    flat = memcpy_node(memcpy3d((2, A), (2, B), 64, height=4))
+    assert "2-D or 3-D" in flat.unsupported
 
 
 class FakeGraphs:
@@ -55,24 +50,15 @@ class FakeGraphs:
     def __init__(self, keep: Keep) -> None:
         self.keep = keep
         self.nodes = {
-            GRAPH: [(11, 0), (12, 2), (13, 4), (14, 7), (15, 5), (16, 4)],
+            GRAPH: [(11, 0), (12, 2), (13, 4), (14, 7), (15, 5), (16, 4), (17, 1), (18, 6)],
             CHILD: [(21, 3), (22, 10)],
             CHILD + 5: [(31, 5)],
         }
-        self.edges = {GRAPH: [(14, 11), (11, 12), (12, 13)], CHILD: [(21, 22)], CHILD + 5: []}
+        self.edges = {GRAPH: [(14, 11), (11, 12), (12, 13), (11, 17), (17, 18)], CHILD: [(21, 22)], CHILD + 5: []}
         arguments = [keep.put(a) for a in SAXPY_ARGS]
         self.kernel_params = keep.put(struct.pack("<4Q", *arguments))
         self.name = ctypes.c_char_p(b"saxpy")
         self.capturing: set[int] = set()
-        self.destroyed: list[int] = []
-
-    def cuGraphClone(self, out, graph):
-        out._obj.value = graph.value + 1  # the recorder's copy: same nodes
-        self.nodes[graph.value + 1] = self.nodes[graph.value]
-        self.edges[graph.value + 1] = self.edges[graph.value]
-
-    def cuGraphDestroy(self, graph):
-        self.destroyed.append(graph.value)
 
     def cuGraphGetNodes(self, graph, out, count):
         nodes = self.nodes[graph.value]
@@ -103,6 +89,13 @@ class FakeGraphs:
     def cuGraphMemsetNodeGetParams(self, node, params):
         data = struct.pack("<QQIIQQ", B, 0, 7, 4, 16, 1)
         ctypes.memmove(params, data, len(data))
+
+    def cuGraphMemcpyNodeGetParams(self, node, params):
+        data = memcpy3d((2, B), (2, C), 64)
+        ctypes.memmove(params, data, len(data))
+
+    def cuGraphEventWaitNodeGetEvent(self, node, out):
+        out._obj.value = 0x31
 
     def cuGraphChildGraphNodeGetGraph(self, node, out):
         out._obj.value = CHILD if node.value == 13 else CHILD + 5  # a child with one node and no edges
@@ -142,6 +135,8 @@ IDS = {
     "cuStreamEndCapture": 953,
     "cuLaunchKernel": 307,
     "cuGraphExecKernelNodeSetParams_v2": 954,
+    "cuGraphExecUpdate_v2": 956,
+    "cuGraphExecMemsetNodeSetParams": 957,
 }
 
 
@@ -154,37 +149,72 @@ def graph_source():
     return keep, source, seen, fake
 
 
-def test_a_graph_launch_is_its_nodes_in_order_with_child_graphs_inlined():
+def caller(keep: Keep, source):
+    def call(name: str, site: int, params: bytes, result: int = 0) -> None:
+        data = callback_data(keep, site, keep.put(params), result=result)
+        source._callback(None, DOMAIN_DRIVER_API, IDS[name], data)
+
+    return call
+
+
+def test_a_graph_is_read_when_instantiated_with_its_nodes_edges_and_children():
     keep, source, seen, fake = graph_source()
-
-    def call(name: str, site: int, params: bytes) -> None:
-        source._callback(None, DOMAIN_DRIVER_API, IDS[name], callback_data(keep, site, keep.put(params)))
-
-    call("cuGraphLaunch", 0, struct.pack("<QQ", EXEC, 0x10))  # instantiated before recording: refused
-    out = keep.put(struct.pack("<Q", EXEC))
+    call = caller(keep, source)
+    out = keep.put(struct.pack("<Q", EXEC))  # the CUgraphExec the call wrote
     call("cuGraphInstantiateWithFlags", 1, struct.pack("<QQQ", out, GRAPH, 0))
-    del fake.nodes[GRAPH]  # the program destroys its graph once instantiated: the recorder's copy remains
+    del fake.nodes[GRAPH]  # the program destroys its graph once instantiated: the description remains
     call("cuGraphLaunch", 0, struct.pack("<QQ", EXEC, 0x10))
-    call("cuGraphExecKernelNodeSetParams_v2", 0, struct.pack("<QQQ", EXEC, 11, 0))
     call("cuGraphExecDestroy", 0, struct.pack("<Q", EXEC))
-    assert fake.destroyed == [GRAPH + 1]
-    assert isinstance(seen[0], ev.NotReproducible) and "before recording started" in seen[0].reason
-    graph = seen[1:-1]
-    assert [type(e).__name__ for e in graph] == [
-        "GraphLaunchBegin",
-        "EventRecorded",
-        "LaunchBegin",
-        "Memset",
-        "HostFunction",
-        "NotReproducible",
-        "GraphLaunchEnd",
-    ]
-    launch = graph[2]
-    assert launch.kernel.name == "saxpy" and launch.grid == (4, 1, 1) and launch.stream == 0x10
-    assert launch.parameters == SAXPY_ARGS[0] + bytes(4) + b"".join(SAXPY_ARGS[1:])
-    assert graph[3] == ev.Memset(B, 7, 4, 16, 0x10, "graph memset node")
-    assert "memory allocation node" in graph[5].reason
-    assert isinstance(seen[-1], ev.NotReproducible) and "executable graph" in seen[-1].reason
+    instantiated, launched, destroyed = seen
+    assert launched == ev.GraphLaunched(EXEC, 0x10) and destroyed == ev.GraphExecDestroyed(EXEC)
+    assert instantiated.graph_exec == EXEC
+    graph = instantiated.graph
+    kinds = [n.kind for n in graph.nodes]
+    expected = ["KERNEL", "MEMSET", "CHILD_GRAPH", "EVENT_RECORD", "EMPTY", "CHILD_GRAPH", "MEMCPY", "EVENT_WAIT"]
+    assert kinds == [_N[name] for name in expected]
+    assert [n.handle for n in graph.nodes] == [11, 12, 13, 14, 15, 16, 17, 18]
+    assert graph.edges == [(3, 0), (0, 1), (1, 2), (0, 6), (6, 7)]  # node handles become indices
+    kernel_node = graph.nodes[0].kernel
+    assert kernel_node.kernel.name == "saxpy" and kernel_node.grid == (4, 1, 1) and kernel_node.block == (256, 1, 1)
+    assert kernel_node.parameters == SAXPY_ARGS[0] + bytes(4) + b"".join(SAXPY_ARGS[1:])
+    memset = graph.nodes[1]
+    assert (memset.dst, memset.value, memset.element_size, memset.width, memset.height) == (B, 7, 4, 16, 1)
+    assert (graph.nodes[3].event, graph.nodes[7].event) == (0x30, 0x31)
+    assert (graph.nodes[6].src, graph.nodes[6].dst, graph.nodes[6].size) == (B, C, 64)
+    child = graph.nodes[2].child
+    assert [n.kind for n in child.nodes] == [_N.HOST, _N.EMPTY] and child.edges == [(0, 1)]
+    assert child.nodes[1].unsupported == "a graph holds a memory allocation node, which is not recorded yet"
+    assert [n.kind for n in graph.nodes[5].child.nodes] == [_N.EMPTY]
+
+
+def test_updates_become_events_and_an_unreadable_graph_says_why():
+    keep, source, seen, _ = graph_source()
+    call = caller(keep, source)
+    pointers = keep.put(struct.pack("<4Q", *[keep.put(a) for a in SAXPY_ARGS]))
+    params = keep.put(struct.pack("<Q7I4xQQQQ", 0xF00, 8, 1, 1, 128, 1, 1, 0, pointers, 0, 0, 0))
+    update = struct.pack("<QQQ", EXEC, 11, params)
+    call("cuGraphExecKernelNodeSetParams_v2", 0, update)
+    call("cuGraphExecKernelNodeSetParams_v2", 1, update)
+    call("cuGraphExecKernelNodeSetParams_v2", 0, update)
+    call("cuGraphExecKernelNodeSetParams_v2", 1, update, result=1)  # it failed: no event
+    call("cuGraphExecMemsetNodeSetParams", 0, struct.pack("<QQQ", EXEC, 12, 0))
+    call("cuGraphExecUpdate_v2", 1, struct.pack("<QQQ", EXEC, CHILD + 5, 0))
+    call("cuGraphExecUpdate_v2", 1, struct.pack("<QQQ", EXEC, 0xBAD, 0))  # a graph the stand-in does not know
+    updated, refused, replaced, unreadable = seen
+    assert isinstance(updated, ev.GraphKernelUpdated) and (updated.graph_exec, updated.node) == (EXEC, 11)
+    assert updated.kernel.grid == (8, 1, 1) and updated.kernel.block == (128, 1, 1)
+    assert refused.call == "cuGraphExecMemsetNodeSetParams" and "not followed" in refused.reason
+    assert replaced.graph_exec == EXEC and [n.kind for n in replaced.graph.nodes] == [_N.EMPTY]
+    (node,) = unreadable.graph.nodes
+    assert node.unsupported.startswith("cuGraphExecUpdate_v2: the recorder could not read the graph (KeyError")
+
+
+def test_kernel_mode_refuses_graph_launches():
+    keep, source, seen, _ = graph_source()
+    source._launch_results = True
+    caller(keep, source)("cuGraphLaunch", 0, struct.pack("<QQ", EXEC, 0x10))
+    (refused,) = seen
+    assert refused == ev.NotReproducible("cuGraphLaunch", "kernel mode does not reach into graphs yet", 0x10)
 
 
 def test_work_enqueued_in_a_capturing_stream_is_not_recorded():
@@ -211,32 +241,138 @@ def test_work_enqueued_in_a_capturing_stream_is_not_recorded():
     assert [(type(e).__name__, e.stream) for e in seen] == [("LaunchBegin", 0x20), ("LaunchBegin", 0x10)]
 
 
-def test_graph_nodes_are_written_inside_a_cuda_graph_scope(tmp_path):
+# -- the translator ------------------------------------------------------------------------------
+
+
+def description(a: float = 2.0) -> ev.GraphDescription:
+    """memset C; saxpy y = a*x + y on (A, B); copy B -> C; event record. Edges 0->2, 1->2, 2->3."""
+    k = ev.GraphKernel(kernel(), (1, 1, 1), (64, 1, 1), 0, saxpy_params(a, A, B, 64))
+    return ev.GraphDescription(
+        [
+            ev.GraphNodeInfo(_N.MEMSET, handle=0x10, dst=C, value=0, element_size=4, width=64),
+            ev.GraphNodeInfo(_N.KERNEL, handle=0x11, kernel=k),
+            ev.GraphNodeInfo(_N.MEMCPY, handle=0x12, src=B, dst=C, size=256),
+            ev.GraphNodeInfo(_N.EVENT_RECORD, handle=0x13, event=0xE1),
+        ],
+        [(0, 2), (1, 2), (2, 3)],
+    )
+
+
+def graph_memory() -> FakeMemory:
+    mem = FakeMemory()
+    mem.device[A] = bytearray(np.arange(64, dtype=np.float32).tobytes())
+    mem.device[B] = bytearray(np.ones(64, dtype=np.float32).tobytes())
+    mem.device[C] = bytearray(256)
+    return mem
+
+
+def setup_events(cubin: bytes, stream: int = 0x5000) -> list:
+    return [
+        ev.ModuleImage(MODULE, cubin, None, "cuModuleLoadData"),
+        ev.StreamCreated(stream, 1),
+        ev.Allocation(A, 256),
+        ev.Allocation(B, 256),
+        ev.Allocation(C, 256),
+    ]
+
+
+@pytest.fixture
+def cubin() -> bytes:
     from samples import compiled_cubin
 
-    cubin = compiled_cubin("container_kernels.cu")
-    if cubin is None:
+    data = compiled_cubin("container_kernels.cu")
+    if data is None:
         pytest.skip("nvcc not available")
-    mem = FakeMemory()
-    mem.device[A] = bytearray(64)
-    mem.device[B] = bytearray(64)
-    events = [
-        ev.ModuleImage(MODULE, cubin, None),
-        ev.Allocation(A, 64),
-        ev.Allocation(B, 64),
-        ev.GraphLaunchBegin(EXEC, 0x10),
-        ev.LaunchBegin(kernel(), (1, 1, 1), (16, 1, 1), 0, 0x10, saxpy_params(2.0, A, B, 16)),
-        ev.Memset(B, 0, 4, 16, 0x10),
-        ev.GraphLaunchEnd(EXEC, 0x10),
-    ]
-    path, _ = record(tmp_path, events, mem)
+    return data
+
+
+def test_graph_launches_write_the_graph_once_snapshot_first_and_checkpoint(tmp_path, cubin):
+    mem = graph_memory()
+
+    def run_graph():  # the device runs the graph after its launch
+        mem.device[B][:] = (2 * np.arange(64) + 1).astype(np.float32).tobytes()
+        mem.device[C][:] = mem.device[B]
+        return ev.StreamSynchronized(0x5000)
+
+    launch = ev.GraphLaunched(0xE0E0, 0x5000)
+    events = [*setup_events(cubin), ev.GraphInstantiated(0xE0E0, description()), launch, run_graph, launch]
+    path, t = record(tmp_path, events, mem)
+    assert not t.report.errors and t.report.kernels["saxpy"].captured == 2
+    assert (t.report.graph_launches, t.report.graphs) == (2, 1)
+    assert "  CUDA graphs: 2 launches recorded as graph launches of 1 graph objects" in t.report.lines()
     with replayfmt.open(path) as cap:
-        ops = [op for op in cap.iter_operations() if op.kind.label not in ("create", "copy_h2d", "state")]
-        assert [(op.kind.label, getattr(op, "name", "")) for op in ops][1:5] == [
-            ("scope_begin", f"cuda_graph {EXEC:#x}"),
-            ("launch", ""),
-            ("memset", ""),
-            ("scope_end", f"cuda_graph {EXEC:#x}"),
-        ]
-        assert not build_plan(cap, PlanOptions()).problems
-        assert m.OperationKind.LAUNCH in {op.kind for op in ops}
+        ops = list(cap.iter_operations())
+        (graph,) = [o for o in cap.objects() if isinstance(o, m.Graph)]
+        buffers = {o.address: o.id for o in cap.objects() if isinstance(o, m.Buffer)}
+        assert [n.kind for n in graph.nodes] == [_N.MEMSET, _N.KERNEL, _N.MEMCPY, _N.EVENT_RECORD]
+        assert graph.edges == ((0, 2), (1, 2), (2, 3))
+        memset, kernel_node, memcpy, record_node = graph.nodes
+        assert (memset.dst_buffer, memset.width, memset.element_size) == (buffers[C], 64, 4)
+        relocated = {(r.site_offset, r.target_buffer) for r in kernel_node.relocations}
+        assert relocated == {(8, buffers[A]), (16, buffers[B])}
+        assert (memcpy.src_buffer, memcpy.dst_buffer, memcpy.size) == (buffers[B], buffers[C], 256)
+        assert isinstance(cap.object(record_node.event), m.Event)
+        launches = [op for op in ops if op.kind == m.OperationKind.GRAPH_LAUNCH]
+        assert [(op.graph, cap.object(op.stream).captured_handle) for op in launches] == [(graph.id, 0x5000)] * 2
+        first = ops.index(launches[0])
+        state = [op.buffer for op in ops[:first] if op.kind == m.OperationKind.STATE]
+        assert sorted(state) == sorted(buffers.values())  # every buffer the graph touches, before it runs
+        (checkpoint,) = [op for op in ops if op.kind == m.OperationKind.CHECKPOINT]
+        assert sorted(e.buffer for e in checkpoint.entries) == sorted(buffers.values())
+        plan = build_plan(cap, PlanOptions())
+        assert set(plan.graphs) == {graph.id} and plan.launches_of[(kernel_node.executable, 0)] == 1
+
+
+def test_updates_write_new_graph_versions_and_a_bad_update_refuses_the_launch(tmp_path, cubin):
+    k3 = ev.GraphKernel(kernel(), (1, 1, 1), (64, 1, 1), 0, saxpy_params(3.0, A, B, 64))
+    launch = ev.GraphLaunched(0xE0E0, 0x5000)
+    events = [
+        *setup_events(cubin),
+        ev.GraphInstantiated(0xE0E0, description()),
+        launch,
+        ev.GraphKernelUpdated(0xE0E0, 0x11, k3),
+        launch,
+        ev.GraphInstantiated(0xE0E0, description(2.0)),  # cuGraphExecUpdate back to the first graph
+        launch,
+        ev.GraphKernelUpdated(0xE0E0, 0x10, k3),  # node 0x10 is the memset
+        launch,
+    ]
+    path, t = record(tmp_path, events, graph_memory())
+    with replayfmt.open(path) as cap:
+        graphs = [o for o in cap.objects() if isinstance(o, m.Graph)]
+        ops = list(cap.iter_operations())
+        assert len(graphs) == 2 and t.report.graphs == 2
+        a = [np.frombuffer(g.nodes[1].parameters[:4], np.float32)[0] for g in graphs]
+        assert a == [2.0, 3.0]
+        launched = [op.graph for op in ops if op.kind == m.OperationKind.GRAPH_LAUNCH]
+        assert launched == [graphs[0].id, graphs[1].id, graphs[0].id]  # an unchanged graph is written once
+        (refused,) = [op for op in ops if op.kind == m.OperationKind.UNSUPPORTED]
+        assert refused.reason == "cuGraphExecKernelNodeSetParams changed node 0x10, no kernel node of it"
+
+
+def test_unrecordable_graphs_become_unsupported_operations(tmp_path, cubin):
+    host_copy = ev.GraphDescription([ev.GraphNodeInfo(_N.MEMCPY, unsupported="a host copy")], [])
+    outside = ev.GraphDescription([ev.GraphNodeInfo(_N.MEMSET, dst=0x1234, element_size=1, width=4)], [])
+    unknown = ev.GraphKernel(ev.Kernel(0xF01, "early", ("module", 0x999), SAXPY), (1, 1, 1), (1, 1, 1), 0, bytes(32))
+    early = ev.GraphDescription([ev.GraphNodeInfo(_N.KERNEL, kernel=unknown)], [])
+    events = [
+        *setup_events(cubin),
+        ev.GraphInstantiated(1, host_copy),
+        ev.GraphInstantiated(2, outside),
+        ev.GraphLaunched(1, 0x5000),
+        ev.GraphLaunched(2, 0x5000),
+        ev.GraphLaunched(3, 0x5000),
+        ev.GraphExecDestroyed(2),
+        ev.GraphLaunched(2, 0x5000),
+        ev.GraphInstantiated(4, early),
+        ev.GraphLaunched(4, 0x5000),
+    ]
+    path, t = record(tmp_path, events, graph_memory())
+    with replayfmt.open(path) as cap:
+        reasons = [op.reason for op in cap.iter_operations() if op.kind == m.OperationKind.UNSUPPORTED]
+    assert reasons[0] == "a host copy"
+    assert reasons[1] == "a graph node uses address 0x1234, in no recorded allocation"
+    assert reasons[2] == "the executable graph 0x3 was instantiated before the recorder started"
+    assert reasons[3] == "the executable graph 0x2 was instantiated before the recorder started"
+    assert reasons[4] == "the module of early was loaded before the recorder started"
+    assert t.report.unsupported == {"cuGraphLaunch": 5} and t.report.graph_launches == 0

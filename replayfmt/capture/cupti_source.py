@@ -31,7 +31,7 @@ from replayfmt.capture.cupti_api import (
     RESOURCE_MODULE_UNLOAD_STARTING,
     Cupti,
 )
-from replayfmt.capture.graphs import GraphCalls
+from replayfmt.capture.graphs import GRAPH_UPDATES_NOT_FOLLOWED, GraphCalls
 from replayfmt.capture.process_memory import MEMORY, c_string, image_bytes, read, u64
 from replayfmt.cuda.driver import driver
 from replayfmt.cuda.functions import parameter_layout
@@ -118,8 +118,8 @@ class CuptiSource(GraphCalls):
         self._library_modules: dict[tuple[str, int], int] = {}  # library key -> its module handle
         self._lazy_images: dict[int, bytes] = {}  # CUPTI module id -> cubin, loaded with no call of its own
         self._lazy_sent: set[int] = set()
-        self._graph_of: dict[int, int] = {}  # executable graph -> the graph it was instantiated from
-        self._graphs = None  # a GraphReader, made at the first graph launch
+        self._graphs = None  # a GraphReader, made at the first graph call
+        self._pending_updates: dict[int, ev.GraphKernelUpdated] = {}  # thread id -> kernel-node update in its call
         self._captures = 0  # stream captures in progress: work enqueued then is recorded into graphs, not run
         self._deliver = sink
 
@@ -542,20 +542,8 @@ for _names, _decoder in [
         GraphCalls._on_capture_begin,
     ),
     (_variants("cuStreamEndCapture"), GraphCalls._on_capture_end),
-    (
-        [
-            "cuGraphExecKernelNodeSetParams",
-            "cuGraphExecKernelNodeSetParams_v2",
-            "cuGraphExecMemcpyNodeSetParams",
-            "cuGraphExecMemsetNodeSetParams",
-            "cuGraphExecHostNodeSetParams",
-            "cuGraphExecChildGraphNodeSetParams",
-            "cuGraphExecNodeSetParams",
-            "cuGraphExecEventRecordNodeSetEvent",
-            "cuGraphExecEventWaitNodeSetEvent",
-        ],
-        _refusal_decoder("node parameters changed on an executable graph are not followed yet"),
-    ),
+    (["cuGraphExecKernelNodeSetParams", "cuGraphExecKernelNodeSetParams_v2"], GraphCalls._on_graph_kernel_update),
+    (GRAPH_UPDATES_NOT_FOLLOWED, _refusal_decoder("this change to an executable graph is not followed yet")),
     (
         ["cuIpcOpenMemHandle", "cuIpcOpenMemHandle_v2", "cuIpcGetMemHandle"],
         _refusal_decoder("memory shared between processes (IPC)"),

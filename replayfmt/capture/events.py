@@ -15,6 +15,7 @@ import enum
 from dataclasses import dataclass
 
 from replayfmt.format import model as m
+from replayfmt.format.graph_model import GraphNodeKind
 
 
 class MemoryApi(enum.Enum):
@@ -221,16 +222,73 @@ class HostFunction:
 
 
 @dataclass(slots=True)
-class GraphLaunchBegin:
-    """A CUDA graph launch (cuGraphLaunch): its nodes follow as events, in a topological order,
-    on ``stream``, until :class:`GraphLaunchEnd`."""
+class GraphKernel:
+    """A graph's kernel node: the function, its shape and its argument block."""
 
-    graph_exec: int
-    stream: int
+    kernel: Kernel
+    grid: m.Dims
+    block: m.Dims
+    shared_memory: int
+    parameters: bytes
+    cluster: m.Dims = (0, 0, 0)
 
 
 @dataclass(slots=True)
-class GraphLaunchEnd:
+class GraphNodeInfo:
+    """One node of a graph as the driver reports it; addresses are the program's.
+    ``unsupported``: why the node cannot be recorded ("" when it can)."""
+
+    kind: GraphNodeKind
+    handle: int = 0  # the CUgraphNode (of the graph the executable was made from)
+    kernel: GraphKernel | None = None
+    src: int = 0  # memcpy source address
+    dst: int = 0  # memcpy or memset destination address
+    size: int = 0  # memcpy bytes
+    value: int = 0  # memset
+    element_size: int = 0
+    width: int = 0
+    height: int = 1
+    pitch: int = 0
+    event: int = 0  # event record / wait: the event handle
+    child: GraphDescription | None = None
+    unsupported: str = ""
+
+
+@dataclass(slots=True)
+class GraphDescription:
+    """A CUDA graph read with the driver: its nodes and edges (node indices, dst after src)."""
+
+    nodes: list[GraphNodeInfo]
+    edges: list[tuple[int, int]]
+
+
+@dataclass(slots=True)
+class GraphInstantiated:
+    """An executable graph was made from ``graph`` (cuGraphInstantiate*) or now runs it
+    (cuGraphExecUpdate)."""
+
+    graph_exec: int
+    graph: GraphDescription
+
+
+@dataclass(slots=True)
+class GraphKernelUpdated:
+    """cuGraphExecKernelNodeSetParams: one kernel node of an executable graph changed."""
+
+    graph_exec: int
+    node: int  # the CUgraphNode handle (of the graph it was instantiated from)
+    kernel: GraphKernel
+
+
+@dataclass(slots=True)
+class GraphExecDestroyed:
+    graph_exec: int
+
+
+@dataclass(slots=True)
+class GraphLaunched:
+    """cuGraphLaunch of executable graph ``graph_exec`` on ``stream``."""
+
     graph_exec: int
     stream: int
 
@@ -267,7 +325,9 @@ Event = (
     | ContextSynchronized
     | EventSynchronized
     | HostFunction
-    | GraphLaunchBegin
-    | GraphLaunchEnd
+    | GraphInstantiated
+    | GraphKernelUpdated
+    | GraphExecDestroyed
+    | GraphLaunched
     | NotReproducible
 )

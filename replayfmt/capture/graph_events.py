@@ -1,33 +1,204 @@
-"""The translator's handling of CUDA graph launches (a mixin of
-:class:`~replayfmt.capture.translate.Translator`): the nodes of a launched graph arrive as
-ordinary events between :class:`GraphLaunchBegin` and :class:`GraphLaunchEnd`, and are written
-between scope markers named ``cuda_graph <handle>``."""
+"""CUDA graphs in the translator (a mixin of :class:`~replayfmt.capture.translate.Translator`):
+executable graphs followed from their instantiation, graph launches written as Graph objects and
+GraphLaunch operations.
+
+An executable graph is described when it is instantiated, and again when cuGraphExecUpdate
+gives it another graph; a kernel-node update (cuGraphExecKernelNodeSetParams) changes the node
+it names. At its first launch in a region it becomes a :class:`model.Graph` object: kernel nodes
+with relocations worked out exactly as for launches, copies and memsets with their buffers,
+events, child graphs (written first) and the dependency edges. A launch snapshots every
+allocation the graph touches first (as a launch does, before the launch runs) and writes a
+GraphLaunch operation; the region's checkpoint covers what it wrote. An executable changed since
+its last recorded launch, or one whose addresses may resolve differently because allocations
+changed, is written again as a new Graph object when its nodes differ.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from replayfmt.capture import events as ev
+from replayfmt.capture.allocations import Allocation, AllocationTable
+from replayfmt.format import model as m
+from replayfmt.format.graph_model import GraphNode, GraphNodeKind
 
 if TYPE_CHECKING:
+    from replayfmt.capture.report import Report
     from replayfmt.container.writer import CaptureWriter
 
+_N = GraphNodeKind
 
-def graph_scope(graph_exec: int) -> str:
-    """The scope name a launch of the executable graph ``graph_exec`` is written under."""
-    return f"cuda_graph {graph_exec:#x}"
+
+@dataclass
+class GraphExecutable:
+    """An executable graph of the program, and what was last written for it."""
+
+    description: ev.GraphDescription
+    graph: int = 0  # the Graph object of its last recorded launch (0: resolve it again at the next)
+    epoch: int = -1  # the allocation table's epoch when ``graph`` was resolved
+    targets: list[Allocation] = field(default_factory=list)
+    kernels: list[str] = field(default_factory=list)
+    broken: str = ""  # why its launches cannot be replayed ("" when they can)
+
+
+class Unrecordable(Exception):
+    """A graph node that cannot be written; the launch becomes an Unsupported operation."""
 
 
 class GraphEvents:
-    """Graph launch handlers; the translator provides the attributes declared here."""
+    """Graph handlers; the translator provides the attributes declared here."""
 
     writer: CaptureWriter
+    report: Report
+    allocations: AllocationTable
     _recording: bool
+    _device: int
+    _executables: dict[int, GraphExecutable]  # CUgraphExec handle -> what it runs
+    _modules: dict[tuple[str, int], Any]  # module key -> what the translator keeps of it
+    _graph_ids: dict[m.Graph, int]  # each Graph object written, by value: an unchanged graph is written once
 
-    def _on_graph_begin(self, event: ev.GraphLaunchBegin) -> None:
-        if self._recording:
-            self.writer.scope_begin(graph_scope(event.graph_exec))
+    if TYPE_CHECKING:  # provided by the translator
 
-    def _on_graph_end(self, event: ev.GraphLaunchEnd) -> None:
-        if self._recording:
-            self.writer.scope_end(graph_scope(event.graph_exec))
+        def _unsupported(self, call: str, reason: str, stream: int) -> None: ...
+        def _stream(self, handle: int) -> int: ...
+        def _event(self, handle: int) -> int: ...
+        def _buffer(self, allocation: Allocation) -> int: ...
+        def _shape(self, kernel: ev.Kernel) -> Any: ...
+        def _function(self, kernel: ev.Kernel) -> tuple[int, int] | None: ...
+        def _relocations(self, parameters: bytes, shape: Any) -> tuple[tuple[m.Relocation, ...], list[Allocation]]: ...
+        def _touch_for_launch(self, allocation: Allocation, stream: int, kernel: str) -> None: ...
+
+    def _on_graph_instantiated(self, event: ev.GraphInstantiated) -> None:
+        self._executables[event.graph_exec] = GraphExecutable(event.graph)
+
+    def _on_graph_exec_destroyed(self, event: ev.GraphExecDestroyed) -> None:
+        self._executables.pop(event.graph_exec, None)
+
+    def _on_graph_kernel_updated(self, event: ev.GraphKernelUpdated) -> None:
+        executable = self._executables.get(event.graph_exec)
+        if executable is None:
+            return
+        for node in executable.description.nodes:
+            if node.handle == event.node and node.kind == _N.KERNEL:
+                node.kernel = event.kernel
+                executable.graph = 0
+                return
+        executable.broken = f"cuGraphExecKernelNodeSetParams changed node {event.node:#x}, no kernel node of it"
+
+    def _on_graph_launched(self, event: ev.GraphLaunched) -> None:
+        if not self._recording:
+            return
+        executable = self._executables.get(event.graph_exec)
+        if executable is None or executable.broken:
+            reason = (
+                executable.broken
+                if executable is not None
+                else f"the executable graph {event.graph_exec:#x} was instantiated before the recorder started"
+            )
+            self._unsupported("cuGraphLaunch", reason, event.stream)
+            return
+        epoch = self.allocations.epoch
+        if executable.graph == 0 or executable.epoch != epoch:
+            try:
+                graph, targets, kernels = self._graph_object(executable.description)
+            except Unrecordable as exc:
+                self._unsupported("cuGraphLaunch", str(exc), event.stream)
+                return
+            executable.graph = self._graph_id(graph)
+            executable.epoch, executable.targets, executable.kernels = epoch, targets, kernels
+        for allocation in executable.targets:  # snapshots first: what the graph starts from
+            self._touch_for_launch(allocation, event.stream, "")
+        self.writer.graph_launch(executable.graph, self._stream(event.stream))
+        self.report.graph_launches += 1
+        for name in executable.kernels:
+            stats = self.report.kernel(name)
+            stats.occurrences += 1
+            stats.captured += 1
+
+    def _graph_object(self, description: ev.GraphDescription) -> tuple[m.Graph, list[Allocation], list[str]]:
+        """The Graph object of a description (child graphs written first), the allocations its
+        nodes touch and the names of its kernels (one per kernel node)."""
+        nodes: list[GraphNode] = []
+        targets: list[Allocation] = []
+        kernels: list[str] = []
+        for info in description.nodes:
+            if info.unsupported:
+                raise Unrecordable(info.unsupported)
+            node, touched = self._graph_node(info, kernels)
+            nodes.append(node)
+            targets.extend(a for a in touched if a not in targets)
+        return m.Graph(device=self._device, nodes=tuple(nodes), edges=tuple(description.edges)), targets, kernels
+
+    def _graph_node(self, info: ev.GraphNodeInfo, kernels: list[str]) -> tuple[GraphNode, list[Allocation]]:
+        kind = info.kind
+        if kind == _N.KERNEL and info.kernel is not None:
+            call = info.kernel
+            shape = self._shape(call.kernel)
+            if shape.collective:
+                raise Unrecordable(f"{call.kernel.name} is a collective (NCCL) kernel")
+            if call.kernel.module not in self._modules:  # (checked here: _function would refuse a launch)
+                raise Unrecordable(f"the module of {call.kernel.name} was loaded before the recorder started")
+            function = self._function(call.kernel)
+            if function is None:
+                raise Unrecordable(f"the module of {call.kernel.name} was not recorded")
+            relocations, touched = self._relocations(call.parameters, shape)
+            kernels.append(call.kernel.name)
+            node = GraphNode(
+                kind=kind,
+                executable=function[0],
+                function=function[1],
+                grid=call.grid,
+                block=call.block,
+                cluster=call.cluster,
+                shared_memory=call.shared_memory,
+                parameters=call.parameters,
+                relocations=relocations,
+            )
+            return node, touched
+        if kind == _N.MEMCPY:
+            src, dst = self._node_allocation(info.src, False), self._node_allocation(info.dst, False)
+            node = GraphNode(
+                kind=kind,
+                src_buffer=src.buffer,
+                src_offset=info.src - src.address,
+                dst_buffer=dst.buffer,
+                dst_offset=info.dst - dst.address,
+                size=info.size,
+            )
+            return node, [src, dst]
+        if kind == _N.MEMSET:
+            dst = self._node_allocation(info.dst, True)
+            node = GraphNode(
+                kind=kind,
+                dst_buffer=dst.buffer,
+                dst_offset=info.dst - dst.address,
+                value=info.value,
+                element_size=info.element_size,
+                width=info.width,
+                height=info.height,
+                pitch=info.pitch,
+            )
+            return node, [dst]
+        if kind in (_N.EVENT_RECORD, _N.EVENT_WAIT):
+            return GraphNode(kind=kind, event=self._event(info.event)), []
+        if kind == _N.CHILD_GRAPH and info.child is not None:
+            child, touched, names = self._graph_object(info.child)
+            kernels.extend(names)
+            return GraphNode(kind=kind, graph=self._graph_id(child)), touched
+        return GraphNode(kind=kind), []
+
+    def _graph_id(self, graph: m.Graph) -> int:
+        gid = self._graph_ids.get(graph)
+        if gid is None:
+            gid = self._graph_ids[graph] = self.writer.add_object(graph)
+            self.report.graphs += 1
+        return gid
+
+    def _node_allocation(self, address: int, host_visible: bool) -> Allocation:
+        table = self.allocations
+        allocation = table.kernel_allocation(address) if host_visible else table.device_allocation(address)
+        if allocation is None:
+            raise Unrecordable(f"a graph node uses address {address:#x}, in no recorded allocation")
+        self._buffer(allocation)
+        return allocation

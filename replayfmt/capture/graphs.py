@@ -1,11 +1,18 @@
-"""CUDA graphs as the recorder follows them: a graph launch (cuGraphLaunch) is recorded as the
-graph's nodes, in a topological order, on the launching stream, between scope markers named
-``cuda_graph <handle>`` (so dump-replay lists a graph's nodes as the operations of that scope).
+"""CUDA graphs as the recorder follows them (the CUPTI source's half; the translator's is
+:mod:`replayfmt.capture.graph_events`).
 
-Which graph an executable graph runs is followed from its instantiation (and cuGraphExecUpdate);
-the nodes are read from that graph with the driver's node queries at the launch, before it runs,
-so the snapshots the nodes cause hold what the graph starts from. Node kinds read: kernel,
-memcpy (1-D), memset (1-D), host function, event record, event wait, child graph and empty.
+A graph is read with the driver's node queries when it is instantiated (cuGraphInstantiate*:
+PyTorch destroys its graph right after) and again when an executable graph is wholly updated
+(cuGraphExecUpdate); a single kernel-node update (cuGraphExecKernelNodeSetParams) is read from
+the call's own parameters while the caller's argument pointers are valid. What a graph holds
+becomes an :class:`events.GraphDescription` (nodes with their parameters, dependency edges), so
+a launch (cuGraphLaunch) is recorded as a Graph object and a GraphLaunch operation. Graphs made
+by stream capture and by the explicit API are read the same way. Node kinds read: kernel,
+memcpy (1-D, device to device), memset, host function, event record, event wait, child graph
+and empty; any other kind makes the graph's launches unsupported, with the reason.
+
+While a stream captures, the work enqueued in it is recorded into a graph, not run: it is no
+operation of the program's (its graph's launches are), so it is not delivered.
 
 The driver is called through ctypes (the node parameter structs are read in place, as the
 CUPTI source reads the parameters of the calls it records).
@@ -15,11 +22,13 @@ from __future__ import annotations
 
 import ctypes
 import struct
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from replayfmt.capture import events as ev
-from replayfmt.capture.process_memory import MEMORY, u64
+from replayfmt.capture.process_memory import MEMORY, read, u64
+from replayfmt.format.graph_model import GraphNodeKind
 
 ENTER, EXIT = 0, 1  # CUPTI callback sites
 
@@ -33,13 +42,15 @@ NODE_TYPE_NAMES = {
     12: "batch memory operation",
     13: "conditional",
 }
-_KERNEL_PARAMS = struct.Struct(
-    "<Q7I4xQQQQ"
-)  # CUDA_KERNEL_NODE_PARAMS_v2: func, grid, block, smem, params, extra, kern, ctx
+MAX_DEPTH = 16  # child graphs nested deeper are refused
+# CUDA_KERNEL_NODE_PARAMS_v2: func, grid, block, smem, params, extra, kern, ctx (v1 ends after extra)
+KERNEL_PARAMS = struct.Struct("<Q7I4xQQQQ")
+_KERNEL_PARAMS_V1 = struct.Struct("<Q7I4xQQ")
 _MEMSET_PARAMS = struct.Struct("<QQIIQQ")  # CUDA_MEMSET_NODE_PARAMS: dst, pitch, value, elementSize, width, height
 _MEMCPY_SIDE = struct.Struct("<QQQQI4xQQQQQQ")  # x, y, z, lod, memoryType, host, device, array, reserved, pitch, height
 _MEMCPY_SIZE = 2 * _MEMCPY_SIDE.size + 24
 _HOST, _DEVICE, _UNIFIED = 1, 2, 4  # CUmemorytype
+_N = GraphNodeKind
 
 
 class GraphReader:
@@ -55,162 +66,109 @@ class GraphReader:
         if result != 0:
             raise RuntimeError(f"{name} failed (CUresult {result})")
 
-    def clone(self, graph: int) -> int:
-        """A copy of ``graph`` (its nodes and their parameters), owned by the recorder."""
-        copy = ctypes.c_void_p(0)
-        self._call("cuGraphClone", ctypes.byref(copy), ctypes.c_void_p(graph))
-        return int(copy.value or 0)
-
-    def destroy(self, graph: int) -> None:
-        self.lib.cuGraphDestroy(ctypes.c_void_p(graph))
-
-    def nodes_in_order(self, graph: int) -> list[tuple[int, int]]:
-        """(node, type) of every node of ``graph``, dependencies first."""
+    def describe(self, graph: int, depth: int = 0) -> ev.GraphDescription:
+        """``graph``'s nodes (with their parameters; child graphs described in place) and its
+        dependency edges as node indices."""
         count = ctypes.c_size_t(0)
         self._call("cuGraphGetNodes", ctypes.c_void_p(graph), None, ctypes.byref(count))
-        if not count.value:
-            return []
-        nodes = (ctypes.c_void_p * count.value)()
-        self._call("cuGraphGetNodes", ctypes.c_void_p(graph), nodes, ctypes.byref(count))
-        handles = [int(n or 0) for n in nodes[: count.value]]
+        handles: list[int] = []
+        if count.value:  # (arrays with a count of 0 are refused: CUDA_ERROR_INVALID_VALUE)
+            nodes = (ctypes.c_void_p * count.value)()
+            self._call("cuGraphGetNodes", ctypes.c_void_p(graph), nodes, ctypes.byref(count))
+            handles = [int(n or 0) for n in nodes[: count.value]]
+        index = {h: i for i, h in enumerate(handles)}
         edges = ctypes.c_size_t(0)
         self._call("cuGraphGetEdges_v2", ctypes.c_void_p(graph), None, None, None, ctypes.byref(edges))
         pairs: list[tuple[int, int]] = []
-        if edges.value:  # (arrays with a count of 0 are refused: CUDA_ERROR_INVALID_VALUE)
+        if edges.value:
             sources = (ctypes.c_void_p * edges.value)()
             targets = (ctypes.c_void_p * edges.value)()
             self._call("cuGraphGetEdges_v2", ctypes.c_void_p(graph), sources, targets, None, ctypes.byref(edges))
-            pairs = [(int(sources[i] or 0), int(targets[i] or 0)) for i in range(edges.value)]
-        kinds = {}
-        for node in handles:
-            kind = ctypes.c_int(0)
-            self._call("cuGraphNodeGetType", ctypes.c_void_p(node), ctypes.byref(kind))
-            kinds[node] = kind.value
-        return [(node, kinds[node]) for node in topological_order(handles, pairs)]
+            pairs = [(index[int(sources[i] or 0)], index[int(targets[i] or 0)]) for i in range(edges.value)]
+        return ev.GraphDescription([self._node(h, depth) for h in handles], pairs)
 
-    def events(self, graph: int, stream: int, call: str) -> Iterator[ev.Event]:
-        """The events a launch of ``graph`` on ``stream`` amounts to, in order."""
-        for node, kind in self.nodes_in_order(graph):
-            if kind == KERNEL:
-                yield self._kernel_node(node, stream)
-            elif kind == MEMSET:
-                yield self._memset_node(node, stream, call)
-            elif kind == MEMCPY:
-                yield self._memcpy_node(node, stream, call)
-            elif kind == HOST:
-                yield ev.HostFunction(stream, "graph host node")
-            elif kind in (EVENT_RECORD, WAIT_EVENT):
-                event = ctypes.c_void_p(0)
-                name = "cuGraphEventRecordNodeGetEvent" if kind == EVENT_RECORD else "cuGraphEventWaitNodeGetEvent"
-                self._call(name, ctypes.c_void_p(node), ctypes.byref(event))
-                handle = int(event.value or 0)
-                yield ev.EventRecorded(handle, stream) if kind == EVENT_RECORD else ev.StreamWaited(stream, handle)
-            elif kind == GRAPH:
-                child = ctypes.c_void_p(0)
-                self._call("cuGraphChildGraphNodeGetGraph", ctypes.c_void_p(node), ctypes.byref(child))
-                yield from self.events(int(child.value or 0), stream, call)
-            elif kind != EMPTY:
-                what = NODE_TYPE_NAMES.get(kind, f"type {kind}")
-                yield ev.NotReproducible(call, f"a graph holds a {what} node, which is not recorded yet", stream)
+    def _node(self, handle: int, depth: int) -> ev.GraphNodeInfo:
+        kind = ctypes.c_int(0)
+        self._call("cuGraphNodeGetType", ctypes.c_void_p(handle), ctypes.byref(kind))
+        node = self._parameters(handle, kind.value, depth)
+        node.handle = handle
+        return node
 
-    def _kernel_node(self, node: int, stream: int) -> ev.Event:
-        params = ctypes.create_string_buffer(_KERNEL_PARAMS.size)
-        self._call("cuGraphKernelNodeGetParams_v2", ctypes.c_void_p(node), params)
-        func, gx, gy, gz, bx, by, bz, smem, kernel_params, extra, kern, _ctx = _KERNEL_PARAMS.unpack_from(params.raw)
+    def _parameters(self, handle: int, kind: int, depth: int) -> ev.GraphNodeInfo:
+        node = ctypes.c_void_p(handle)
+        if kind == KERNEL:
+            params = ctypes.create_string_buffer(KERNEL_PARAMS.size)
+            self._call("cuGraphKernelNodeGetParams_v2", node, params)
+            return ev.GraphNodeInfo(_N.KERNEL, kernel=self.kernel(params.raw))
+        if kind == MEMSET:
+            params = ctypes.create_string_buffer(_MEMSET_PARAMS.size)
+            self._call("cuGraphMemsetNodeGetParams", node, params)
+            dst, pitch, value, element_size, width, height = _MEMSET_PARAMS.unpack_from(params.raw)
+            shape = {"element_size": element_size, "width": width, "height": max(1, height), "pitch": pitch}
+            return ev.GraphNodeInfo(_N.MEMSET, dst=dst, value=value, **shape)
+        if kind == MEMCPY:
+            params = ctypes.create_string_buffer(_MEMCPY_SIZE)
+            self._call("cuGraphMemcpyNodeGetParams", node, params)
+            return memcpy_node(params.raw)
+        if kind in (EVENT_RECORD, WAIT_EVENT):
+            event = ctypes.c_void_p(0)
+            name = "cuGraphEventRecordNodeGetEvent" if kind == EVENT_RECORD else "cuGraphEventWaitNodeGetEvent"
+            self._call(name, node, ctypes.byref(event))
+            return ev.GraphNodeInfo(_N.EVENT_RECORD if kind == EVENT_RECORD else _N.EVENT_WAIT, event=event.value or 0)
+        if kind == GRAPH:
+            if depth >= MAX_DEPTH:
+                return ev.GraphNodeInfo(_N.CHILD_GRAPH, unsupported=f"child graphs nested more than {MAX_DEPTH} deep")
+            child = ctypes.c_void_p(0)
+            self._call("cuGraphChildGraphNodeGetGraph", node, ctypes.byref(child))
+            return ev.GraphNodeInfo(_N.CHILD_GRAPH, child=self.describe(int(child.value or 0), depth + 1))
+        if kind == HOST:
+            return ev.GraphNodeInfo(_N.HOST)
+        if kind == EMPTY:
+            return ev.GraphNodeInfo(_N.EMPTY)
+        what = NODE_TYPE_NAMES.get(kind, f"type {kind}")
+        return ev.GraphNodeInfo(_N.EMPTY, unsupported=f"a graph holds a {what} node, which is not recorded yet")
+
+    def kernel(self, raw: bytes, v2: bool = True) -> ev.GraphKernel:
+        """A kernel node's parameters (CUDA_KERNEL_NODE_PARAMS, v2 or v1 layout) as an event
+        value. The CUfunction is named first: its module is what the program's eager launches
+        resolved to; a node made from a CUkernel alone names that."""
+        if v2:
+            func, gx, gy, gz, bx, by, bz, smem, kernel_params, extra, kern, _ctx = KERNEL_PARAMS.unpack_from(raw)
+        else:
+            (func, gx, gy, gz, bx, by, bz, smem, kernel_params, extra), kern = _KERNEL_PARAMS_V1.unpack_from(raw), 0
         handle = func or kern
         name = ctypes.c_char_p()
-        getter = "cuFuncGetName" if func else "cuKernelGetName"
-        self._call(getter, ctypes.byref(name), ctypes.c_void_p(handle))
-        name_pointer = ctypes.cast(name, ctypes.c_void_p).value or 0
-        kernel = self._kernel(handle, name_pointer)
-        return ev.LaunchBegin(
-            kernel.kernel,
-            (gx, gy, gz),
-            (bx, by, bz),
-            smem,
-            stream,
-            kernel.arguments(kernel_params, extra),
-            call="cuGraphLaunch",
-        )
-
-    def _memset_node(self, node: int, stream: int, call: str) -> ev.Event:
-        params = ctypes.create_string_buffer(_MEMSET_PARAMS.size)
-        self._call("cuGraphMemsetNodeGetParams", ctypes.c_void_p(node), params)
-        dst, _pitch, value, element_size, width, height = _MEMSET_PARAMS.unpack_from(params.raw)
-        if height != 1 or element_size not in (1, 2, 4):
-            return ev.NotReproducible(call, "a graph holds a 2-D memset node, which is not recorded yet", stream)
-        return ev.Memset(dst, value, element_size, width, stream, "graph memset node")
-
-    def _memcpy_node(self, node: int, stream: int, call: str) -> ev.Event:
-        params = ctypes.create_string_buffer(_MEMCPY_SIZE)
-        self._call("cuGraphMemcpyNodeGetParams", ctypes.c_void_p(node), params)
-        return memcpy_event(params.raw, stream, call)
+        self._call("cuFuncGetName" if func else "cuKernelGetName", ctypes.byref(name), ctypes.c_void_p(handle))
+        kernel = self._kernel(handle, ctypes.cast(name, ctypes.c_void_p).value or 0)
+        return ev.GraphKernel(kernel.kernel, (gx, gy, gz), (bx, by, bz), smem, kernel.arguments(kernel_params, extra))
 
 
-def memcpy_event(raw: bytes, stream: int, call: str) -> ev.Event:
-    """A 1-D CUDA_MEMCPY3D as a copy event (a 2-D or 3-D or array copy: not reproducible)."""
+def memcpy_node(raw: bytes) -> ev.GraphNodeInfo:
+    """A CUDA_MEMCPY3D as a memcpy node: 1-D, device (or unified) memory on both sides; any
+    other copy is a node the Graph object cannot hold (the reason says which)."""
     src = _MEMCPY_SIDE.unpack_from(raw, 0)
     dst = _MEMCPY_SIDE.unpack_from(raw, _MEMCPY_SIDE.size)
     width, height, depth = struct.unpack_from("<QQQ", raw, 2 * _MEMCPY_SIDE.size)
-    src_side, dst_side = _side(src), _side(dst)
-    if height > 1 or depth > 1 or src[1] or src[2] or dst[1] or dst[2] or src_side is None or dst_side is None:
-        reason = "a graph holds a 2-D, 3-D or array memcpy node, which is not recorded yet"
-        return ev.NotReproducible(call, reason, stream)
-    (src_device, src_address), (dst_device, dst_address) = src_side, dst_side
-    direction = ev.CopyDirection.DEFAULT
-    if src_device is False:
-        direction = ev.CopyDirection.H2D
-    elif dst_device is False:
-        direction = ev.CopyDirection.D2H
-    elif src_device and dst_device:
-        direction = ev.CopyDirection.D2D
-    return ev.Copy(direction, dst_address + dst[0], src_address + src[0], width, stream, True, "graph memcpy node")
-
-
-def _side(side: tuple[int, ...]) -> tuple[bool | None, int] | None:
-    """(True: device, False: host, None: unified, decided by address; the address) of one side."""
-    memory_type, host, device = side[4], side[5], side[6]
-    if memory_type == _HOST:
-        return False, host
-    if memory_type == _DEVICE:
-        return True, device
-    if memory_type == _UNIFIED:
-        return None, device
-    return None  # an array
-
-
-def topological_order(nodes: list[int], edges: list[tuple[int, int]]) -> list[int]:
-    """``nodes`` with every edge's source before its target (Kahn; ties keep the given order)."""
-    waiting = dict.fromkeys(nodes, 0)
-    after: dict[int, list[int]] = {n: [] for n in nodes}
-    for source, target in edges:
-        if source in waiting and target in waiting:
-            waiting[target] += 1
-            after[source].append(target)
-    ready = [n for n in nodes if waiting[n] == 0]
-    order: list[int] = []
-    while ready:
-        node = ready.pop(0)
-        order.append(node)
-        for target in after[node]:
-            waiting[target] -= 1
-            if waiting[target] == 0:
-                ready.append(target)
-    if len(order) != len(nodes):
-        raise ValueError("the graph has a cycle")
-    return order
+    node = ev.GraphNodeInfo(_N.MEMCPY, size=width)
+    device = (_DEVICE, _UNIFIED)
+    if src[4] not in device or dst[4] not in device:
+        node.unsupported = "a graph holds a memcpy node to or from host memory or an array, which is not recorded yet"
+    elif height > 1 or depth > 1 or src[1] or src[2] or dst[1] or dst[2]:
+        node.unsupported = "a graph holds a 2-D or 3-D memcpy node, which is not recorded yet"
+    node.src, node.dst = src[6] + src[0], dst[6] + dst[0]
+    return node
 
 
 class GraphCalls:
     """The CUPTI source's decoders for graphs and stream capture (a mixin of
     :class:`~replayfmt.capture.cupti_source.CuptiSource`, which provides what is declared here)."""
 
-    _graph_of: dict[int, int]
     _graphs: GraphReader | None
     _captures: int
     _launch_results: bool
     _sink: Callable[[ev.Event], None]
     _deliver: Callable[[ev.Event], None]
+    _pending_updates: dict[int, ev.GraphKernelUpdated]  # thread id -> the update its call makes
 
     if TYPE_CHECKING:  # provided by the CUPTI source
 
@@ -224,47 +182,51 @@ class GraphCalls:
             self._graphs = GraphReader(self._kernel)
         return self._graphs
 
-    def _follow(self, graph_exec: int, graph: int) -> None:
-        """Keep a copy of the graph an executable graph runs: programs destroy the graph once it
-        is instantiated (PyTorch does)."""
-        reader = self._reader()
-        old = self._graph_of.pop(graph_exec, None)
-        if old is not None:
-            reader.destroy(old)
-        self._graph_of[graph_exec] = reader.clone(graph)
+    def _described(self, graph: int, call: str) -> ev.GraphDescription:
+        """The graph as the driver reports it; a graph that cannot be read becomes one refused
+        node, so that its launches say why (instantiation often happens before any region)."""
+        try:
+            return self._reader().describe(graph)
+        except Exception as exc:
+            reason = f"{call}: the recorder could not read the graph ({type(exc).__name__}: {exc})"
+            return ev.GraphDescription([ev.GraphNodeInfo(_N.EMPTY, unsupported=reason)], [])
 
     def _on_graph_instantiate(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
         if site == EXIT and self._succeeded(result):  # (CUgraphExec* out, CUgraph graph, ...)
             out, graph = struct.unpack_from("<QQ", MEMORY, p)
-            self._follow(u64(out), graph)
+            self._sink(ev.GraphInstantiated(u64(out), self._described(graph, call)))
 
     def _on_graph_exec_update(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
-        if site == EXIT and self._succeeded(result):  # (CUgraphExec exec, CUgraph graph, ...)
+        if site == EXIT and self._succeeded(result):  # (CUgraphExec exec, CUgraph graph, ...): runs ``graph`` now
             graph_exec, graph = struct.unpack_from("<QQ", MEMORY, p)
-            self._follow(graph_exec, graph)
+            self._sink(ev.GraphInstantiated(graph_exec, self._described(graph, call)))
+
+    def _on_graph_kernel_update(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
+        """cuGraphExecKernelNodeSetParams(exec, node, const CUDA_KERNEL_NODE_PARAMS*): read at
+        entry (the argument pointers are the caller's), sent once the call succeeded."""
+        graph_exec, node, params = struct.unpack_from("<QQQ", MEMORY, p)
+        thread = threading.get_ident()
+        if site == ENTER:
+            v2 = call.endswith("_v2")
+            raw = read(params, KERNEL_PARAMS.size if v2 else _KERNEL_PARAMS_V1.size)
+            self._pending_updates[thread] = ev.GraphKernelUpdated(graph_exec, node, self._reader().kernel(raw, v2))
+            return
+        update = self._pending_updates.pop(thread, None)
+        if update is not None and self._succeeded(result):
+            self._sink(update)
 
     def _on_graph_exec_destroy(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
         if site == ENTER:
-            copy = self._graph_of.pop(u64(p), None)
-            if copy is not None:
-                self._reader().destroy(copy)
+            self._sink(ev.GraphExecDestroyed(u64(p)))
 
     def _on_graph_launch(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
         if site != ENTER:
             return
         graph_exec, stream = struct.unpack_from("<QQ", MEMORY, p)
-        graph = self._graph_of.get(graph_exec)
-        if graph is None:
-            self._sink(ev.NotReproducible(call, "the graph was instantiated before recording started", stream))
-            return
         if self._launch_results:
             self._sink(ev.NotReproducible(call, "kernel mode does not reach into graphs yet", stream))
             return
-        events = list(self._reader().events(graph, stream, call))  # read all before writing any
-        self._sink(ev.GraphLaunchBegin(graph_exec, stream))
-        for event in events:
-            self._sink(event)
-        self._sink(ev.GraphLaunchEnd(graph_exec, stream))
+        self._sink(ev.GraphLaunched(graph_exec, stream))
 
     def _on_capture_begin(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
         if site == EXIT and self._succeeded(result):
@@ -283,11 +245,20 @@ class GraphCalls:
         stream = getattr(event, "stream", None)
         if stream is not None:
             status = ctypes.c_int(0)
-            if self._graphs is None:
-                self._graphs = GraphReader(self._kernel)
-            if (
-                self._graphs.lib.cuStreamIsCapturing(ctypes.c_void_p(stream), ctypes.byref(status)) == 0
-                and status.value
-            ):
+            lib = self._reader().lib
+            if lib.cuStreamIsCapturing(ctypes.c_void_p(stream), ctypes.byref(status)) == 0 and status.value:
                 return
         self._deliver(event)
+
+
+GRAPH_UPDATES_NOT_FOLLOWED = [
+    "cuGraphExecMemcpyNodeSetParams",
+    "cuGraphExecMemsetNodeSetParams",
+    "cuGraphExecHostNodeSetParams",
+    "cuGraphExecChildGraphNodeSetParams",
+    "cuGraphExecNodeSetParams",
+    "cuGraphExecEventRecordNodeSetEvent",
+    "cuGraphExecEventWaitNodeSetEvent",
+    "cuGraphNodeSetEnabled",
+]
+"""Changes to an executable graph's nodes the recorder does not follow (refused at the call)."""

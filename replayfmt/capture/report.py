@@ -23,6 +23,8 @@ class Report:
     snapshot_bytes: int = 0
     snapshot_seconds: float = 0.0
     unsupported: dict[str, int] = field(default_factory=dict)  # call -> count
+    graph_launches: int = 0  # cuGraphLaunch calls written as GraphLaunch operations
+    graphs: int = 0  # Graph objects written (a graph changed between launches is written again)
     errors: list[str] = field(default_factory=list)  # problems met inside callbacks
     needs_fixed_addresses: str = ""  # why, when the capture needs --fixed-addresses
     verdict: Verdict | None = None  # run-replay's plan on the closed file (None: not checked)
@@ -49,6 +51,9 @@ class Report:
         if self.snapshot_bytes:
             rate = self.snapshot_bytes / self.snapshot_seconds / 1e9 if self.snapshot_seconds else 0.0
             out.append(f"  snapshots: {self.snapshot_bytes} bytes read from the device at {rate:.1f} GB/s")
+        if self.graph_launches:
+            graphs = f"{self.graph_launches} launches recorded as graph launches of {self.graphs} graph objects"
+            out.append(f"  CUDA graphs: {graphs}")
         for call, count in sorted(self.unsupported.items()):
             out.append(f"  unsupported: {call} x{count} (recorded; replay will refuse the capture)")
         if self.needs_fixed_addresses:

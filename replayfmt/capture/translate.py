@@ -26,7 +26,7 @@ from replayfmt.capture import events as ev
 from replayfmt.capture.allocations import POINTER_HIGH, Allocation, AllocationTable, TensorLabel
 from replayfmt.capture.device_memory import DeviceMemory
 from replayfmt.capture.file_references import FileReferences
-from replayfmt.capture.graph_events import GraphEvents
+from replayfmt.capture.graph_events import GraphEvents, GraphExecutable
 from replayfmt.capture.hostfiles import HostFiles
 from replayfmt.capture.labels import KernelAnnotation, typed_ranges
 from replayfmt.capture.memory_events import MEMORY_KINDS, MemoryEvents
@@ -102,6 +102,8 @@ class Translator(MemoryEvents, GraphEvents, StateEvents):
         self._scopes: list[tuple[str, dict[int, Allocation]]] = []  # open scopes in a region: what they touch
         self._pending_d2h: dict[int, tuple[int, Allocation, int, int, int]] = {}
         self._marked_fixed = False
+        self._executables: dict[int, GraphExecutable] = {}
+        self._graph_ids: dict[m.Graph, int] = {}
 
     # -- regions ---------------------------------------------------------------------------
 
@@ -565,7 +567,9 @@ class Translator(MemoryEvents, GraphEvents, StateEvents):
         ev.ContextSynchronized: _on_context_synchronized,
         ev.EventSynchronized: _on_event_synchronized,
         ev.HostFunction: _on_host_function,
-        ev.GraphLaunchBegin: GraphEvents._on_graph_begin,
-        ev.GraphLaunchEnd: GraphEvents._on_graph_end,
+        ev.GraphInstantiated: GraphEvents._on_graph_instantiated,
+        ev.GraphKernelUpdated: GraphEvents._on_graph_kernel_updated,
+        ev.GraphExecDestroyed: GraphEvents._on_graph_exec_destroyed,
+        ev.GraphLaunched: GraphEvents._on_graph_launched,
         ev.NotReproducible: _on_not_reproducible,
     }

@@ -155,8 +155,6 @@ class CaptureWriter:
         if flush_interval > 0:
             threading.Thread(target=self._seal_stale_batches, name="kreplay-sealer", daemon=True).start()
 
-    # -- context manager -------------------------------------------------------------------
-
     def __enter__(self) -> CaptureWriter:
         return self
 
@@ -417,6 +415,9 @@ class CaptureWriter:
     def host_function(self, stream: int = 0) -> int:
         """A host function the program ran in ``stream``'s order (replayed as a no-op host step)."""
         return self._table_op(m.HostFunction, stream)
+
+    def graph_launch(self, graph: int, stream: int = 0) -> int:  # (1.2) one launch of Graph object ``graph``
+        return self._table_op(m.GraphLaunch, graph, stream)
 
     def scope_begin(self, name: str) -> int:
         with self._lock:  # the scope's index and its place in the times log together

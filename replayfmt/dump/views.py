@@ -23,6 +23,7 @@ from replayfmt.container.reader import Capture
 from replayfmt.dump.export import check_writable, export_payload
 from replayfmt.dump.fields import field_names, label_of
 from replayfmt.dump.filters import JSONL_VERSION, DumpFilter, PayloadMode
+from replayfmt.dump.graphs import graph_fields, graph_node_lines, graph_summary, kernel_names
 from replayfmt.dump.launch_json import LaunchTemplate
 from replayfmt.errors import ReplayUsageError
 from replayfmt.format import model as m
@@ -221,6 +222,8 @@ class Dumper:
                 ],
                 payload=self.payload_ref(obj.payload),
             )
+        elif isinstance(obj, m.Graph):
+            row.update(graph_fields(obj, self.function))
         elif isinstance(obj, m.UnknownObject):
             row["type_code"] = obj.type_code
         return row
@@ -381,6 +384,9 @@ class Dumper:
             return [op.name]
         if isinstance(op, m.Unsupported):
             return [op.call, op.reason]
+        if isinstance(op, m.GraphLaunch):  # --grep finds a graph launch by its kernel nodes
+            graph = self._object_or_none(op.graph)
+            return kernel_names(graph, self.function) if isinstance(graph, m.Graph) else []
         if isinstance(op, m.CreateObject | m.DestroyObject):
             obj = self._object_or_none(op.object)
             return _object_names(obj) if obj is not None else []
@@ -428,6 +434,8 @@ class Dumper:
         for op, obj in self.records():
             if obj is not None and self._object_selected(obj):
                 yield _object_text(obj)
+                if isinstance(obj, m.Graph):
+                    yield from graph_node_lines(obj, self.function)
             label = op.kind.label if not isinstance(op, m.UnknownOperation) else "unknown"
             if self._op_selected(op, label):
                 yield self._op_text(op, label)
@@ -549,6 +557,8 @@ def _object_text(obj: m.ObjectDef) -> str:
         return f"{head}{tag} {demangle(obj.symbol)} exe={obj.executable} size={obj.size}"
     if isinstance(obj, m.Stream | m.Event):
         return f"{head}{tag} device={obj.device} flags={obj.flags}"
+    if isinstance(obj, m.Graph):
+        return f"{head}{tag} {graph_summary(obj)}"
     return f"{head}{tag}"
 
 
@@ -571,4 +581,5 @@ def _ids_of(op: m.Operation) -> set[int]:
         return {op.buffer}
     if isinstance(op, m.UnknownOperation | m.ScopeBegin | m.ScopeEnd):
         return set()
-    return {getattr(op, n) for n in field_names(op) if n in ("object", "executable", "device", "event", "stream")}
+    names = ("object", "executable", "device", "event", "stream", "graph")
+    return {getattr(op, n) for n in field_names(op) if n in names}

@@ -23,7 +23,7 @@ MAGIC = b"KREPLAY\x00"
 FOOTER_MAGIC = b"KRFOOTER"
 CHUNK_MAGIC = b"KRCK"
 FORMAT_MAJOR = 1
-FORMAT_MINOR = 1  # 1.1: State operations, Buffer.ranges (typed sub-ranges)
+FORMAT_MINOR = 2  # 1.1: State operations, Buffer.ranges (typed sub-ranges); 1.2: Graph objects, GraphLaunch
 
 ALIGNMENT = 8
 

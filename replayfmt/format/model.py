@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import ClassVar, NamedTuple
+from typing import TYPE_CHECKING, ClassVar, NamedTuple
+
+if TYPE_CHECKING:
+    from replayfmt.format.graph_model import GraphNode
 
 
 class OperationKind(enum.IntEnum):
@@ -34,6 +37,7 @@ class OperationKind(enum.IntEnum):
     UNSUPPORTED = 17
     STATE = 18  # format 1.1
     HOST_FUNCTION = 19  # format 1.1
+    GRAPH_LAUNCH = 20  # format 1.2
 
     @property
     def label(self) -> str:
@@ -62,6 +66,7 @@ _OPERATION_LABELS = {
     OperationKind.UNSUPPORTED: "unsupported",
     OperationKind.HOST_FUNCTION: "host_function",
     OperationKind.STATE: "state",
+    OperationKind.GRAPH_LAUNCH: "graph_launch",
 }
 
 
@@ -76,6 +81,7 @@ class ObjectKind(enum.IntEnum):
     EXECUTABLE = 5
     GLOBAL = 6
     FILE_REFERENCE = 7
+    GRAPH = 8  # format 1.2
 
     @property
     def label(self) -> str:
@@ -302,8 +308,20 @@ class FileReference(ObjectDef):
     payload: int = 0
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Graph(ObjectDef):
+    """(1.2) A CUDA graph as launched: its nodes (:mod:`replayfmt.format.graph_model`) and
+    dependency edges (``(src, dst)`` node indices: dst runs after src). A graph whose executable
+    was updated between launches is written again as a new object."""
+
+    kind: ClassVar[ObjectKind] = ObjectKind.GRAPH
+    device: int = 0
+    nodes: tuple[GraphNode, ...] = ()
+    edges: tuple[tuple[int, int], ...] = ()
+
+
 OBJECT_TYPES: dict[ObjectKind, type[ObjectDef]] = {
-    cls.kind: cls for cls in (Device, Stream, Event, Buffer, Executable, Global, FileReference)
+    cls.kind: cls for cls in (Device, Stream, Event, Buffer, Executable, Global, FileReference, Graph)
 }
 
 
@@ -497,6 +515,16 @@ class HostFunction:
 
 
 @dataclass(frozen=True, slots=True)
+class GraphLaunch:
+    """(1.2) One launch of Graph object ``graph`` on ``stream`` (cuGraphLaunch)."""
+
+    index: int
+    graph: int
+    stream: int
+    kind: ClassVar[OperationKind] = OperationKind.GRAPH_LAUNCH
+
+
+@dataclass(frozen=True, slots=True)
 class UnknownOperation:
     """An operation of a kind this reader does not know (written by a newer minor version)."""
 
@@ -523,6 +551,7 @@ Operation = (
     | Unsupported
     | HostFunction
     | State
+    | GraphLaunch
     | UnknownOperation
 )
 

@@ -40,6 +40,7 @@ from replayfmt.format.fb import (
     Stream as FbStream,
     Unsupported as FbUnsupported,
 )
+from replayfmt.format.graph_records import decode_graph, encode_graph
 from replayfmt.format.schema import load_schema
 
 
@@ -259,6 +260,8 @@ def _encode_body(b: flatbuffers.Builder, obj: m.ObjectDef) -> int:
             FbFileReference.AddRanges(b, ranges)
         FbFileReference.AddPayload(b, obj.payload)
         return FbFileReference.End(b)
+    if isinstance(obj, m.Graph):
+        return encode_graph(b, obj)
     raise TypeError(f"cannot encode object of type {type(obj).__name__}")
 
 
@@ -364,6 +367,8 @@ def decode_object(d: dict[str, Any]) -> m.ObjectDef:
             payload=v["payload"],
             **common,
         )
+    if member == "Graph":
+        return decode_graph(v, common)
     raise AssertionError(member)  # every schema member is handled above
 
 
@@ -405,6 +410,7 @@ ID_OPERATIONS: dict[m.OperationKind, tuple[type, tuple[str, ...]]] = {
     _K.DEVICE_SYNCHRONIZE: (m.DeviceSynchronize, ("device",)),
     _K.EVENT_SYNCHRONIZE: (m.EventSynchronize, ("event",)),
     _K.HOST_FUNCTION: (m.HostFunction, ("stream",)),
+    _K.GRAPH_LAUNCH: (m.GraphLaunch, ("graph", "stream")),
 }
 # The kinds stored as Operation tables, and their union member names (a test checks the schema).
 UNION_MEMBER_OF_KIND: dict[m.OperationKind, str] = {

@@ -30,11 +30,20 @@ from replayfmt.errors import ReplayError, ReplayUsageError
 from replayfmt.format import model as m
 from replayfmt.format.names import demangle
 from replayfmt.measure import kernel_times as kt
+from replayfmt.measure.graph_nodes import NodeKey, node_name, unroll_graph_launches
+from replayfmt.replay.graph_plan import graph_buffers
 from replayfmt.replay.replayer import Replayer
 from replayfmt.replay.steps import Step, StepKind, bracket_with_events
 
 _K = m.OperationKind
-_DEVICE_KINDS = {_K.LAUNCH, _K.COPY_HOST_TO_DEVICE, _K.COPY_DEVICE_TO_HOST, _K.COPY_DEVICE_TO_DEVICE, _K.MEMSET}
+_DEVICE_KINDS = {
+    _K.LAUNCH,
+    _K.COPY_HOST_TO_DEVICE,
+    _K.COPY_DEVICE_TO_HOST,
+    _K.COPY_DEVICE_TO_DEVICE,
+    _K.MEMSET,
+    _K.GRAPH_LAUNCH,
+}
 
 
 @dataclass(frozen=True)
@@ -174,14 +183,25 @@ class Benchmark:
         self.ops = {op.index: op for op in plan.capture.iter_operations(region.start, region.stop)}
         self.timed_ops = [i for i, op in self.ops.items() if op.kind in _DEVICE_KINDS]
         per_operation = options.per_kernel or options.trace is not None
-        self.clock, self.clock_note = kt.choose_clock(options.clock, per_operation=per_operation)
+        # --per-kernel times a CUDA graph's nodes one by one, between CUDA events
+        graph_nodes = options.per_kernel and any(op.kind == _K.GRAPH_LAUNCH for op in self.ops.values())
+        clock = kt.EVENTS if graph_nodes and options.clock == "auto" else options.clock
+        self.clock, self.clock_note = kt.choose_clock(clock, per_operation=per_operation)
+        if clock != options.clock:
+            self.clock_note = "graph nodes are timed one by one with CUDA events (--per-kernel over CUDA graphs)"
         if self.clock is not None:
             replayer.own(self.clock.activity.stop)
         want_events = (options.per_kernel or options.trace is not None) and self.clock is None
         self._events: dict[int, tuple[Any, Any]] = {}
+        self._node_events: dict[NodeKey, tuple[Any, Any]] = {}  # (graph launch, node): per-kernel
         if want_events:
             for index in self.timed_ops:
-                self._events[index] = (self._event(), self._event())
+                graph = replayer.graph(index) if options.per_kernel else None
+                if graph is not None and graph.calls:  # timed node by node
+                    for node in range(len(graph.calls)):
+                        self._node_events[(index, node)] = (self._event(), self._event())
+                else:
+                    self._events[index] = (self._event(), self._event())
         self.body = body
         self.instrumented = self._instrument(body) if want_events else body
         if self.clock is not None:
@@ -210,7 +230,8 @@ class Benchmark:
 
     def _instrument(self, body: list[Step]) -> list[Step]:
         """Bracket the device work of each timed operation with events on its stream."""
-        return bracket_with_events(body, self._events, self.r.op_streams, self.cu.cuEventRecord)
+        steps = bracket_with_events(body, self._events, self.r.op_streams, self.cu.cuEventRecord)
+        return unroll_graph_launches(steps, self.r, self._node_events, self.cu.cuEventRecord)
 
     def _touched_buffers(self) -> set[int]:
         if self.r.plan.options.fixed_addresses:
@@ -226,6 +247,8 @@ class Benchmark:
                 touched |= {op.src_buffer, op.dst_buffer} - {0}
             elif isinstance(op, m.Memset | m.State):
                 touched.add(op.buffer)
+            elif isinstance(op, m.GraphLaunch):
+                touched |= graph_buffers(self.r.plan.graphs, op.graph)
         return touched
 
     def _snapshot(self, buffers: set[int]) -> list[tuple[int, int, int]]:
@@ -328,9 +351,10 @@ class Benchmark:
         r.own(lambda: cu.cuGraphDestroy(graph))
         return executable
 
-    def iterate(self, eager: bool = False) -> tuple[float, float, dict[int, float]]:
+    def iterate(self, eager: bool = False) -> tuple[float, float, dict[Any, float]]:
         """One iteration: restore, then time the region. (device ms, host ms, per-op device ms);
-        per-operation times come from eager iterations only (events inside a graph are not timed)."""
+        per-operation times (keyed by operation, or (graph launch, node) for a CUDA graph's nodes
+        with --per-kernel) come from eager iterations only (events inside a graph are not timed)."""
         cu = self.cu
         r = self.r
         graph = self._graph_exec is not None and not eager
@@ -354,7 +378,9 @@ class Benchmark:
         device_ms = check(cu.cuEventElapsedTime(self._start, self._end), "cuEventElapsedTime")
         if graph:
             return device_ms, host_ms, {}
-        per_op = {i: check(cu.cuEventElapsedTime(a, b), "cuEventElapsedTime") for i, (a, b) in self._events.items()}
+        per_op: dict[Any, float] = {}
+        for key, (a, b) in [*self._events.items(), *self._node_events.items()]:
+            per_op[key] = check(cu.cuEventElapsedTime(a, b), "cuEventElapsedTime")
         return device_ms, host_ms, per_op
 
     def trace_events(self) -> list[dict[str, Any]]:
@@ -385,7 +411,7 @@ class Benchmark:
         for _ in range(options.warmup):
             self.iterate()
         device, host = [], []
-        per_op: dict[int, list[float]] = {i: [] for i in self._events}
+        per_op: dict[Any, list[float]] = {i: [] for i in [*self._events, *self._node_events]}
         started = time.perf_counter()
         while True:
             self._iteration = len(device) + 1
@@ -403,7 +429,7 @@ class Benchmark:
             elif elapsed >= options.min_time and len(device) >= 3:
                 break
         graph_iterations = len(device) if self._graph_exec is not None else 0
-        if self._graph_exec is not None and (self._events or (self.clock and options.per_kernel)):
+        if self._graph_exec is not None and (self._events or self._node_events or (self.clock and options.per_kernel)):
             for k in range(min(len(device), 50)):  # per-operation times: eager iterations
                 self._iteration = graph_iterations + k + 1
                 for i, v in self.iterate(eager=True)[2].items():
@@ -417,16 +443,14 @@ class Benchmark:
         original = kt.original_side(
             self.r.plan.capture.original_times(), self.region.start, self.region.stop, self.timed_ops
         )
-        kernels = [
-            KernelTiming(
-                i,
-                self.r.kernel_name(i) or self.ops[i].kind.label,
-                getattr(self.ops[i], "stream", 0),
-                Stats.of(values),
-                original.operations.get(i) if original else None,
-            )
-            for i, values in sorted(per_op.items())
-        ]
+        kernels = []
+        for key, values in sorted(per_op.items(), key=lambda kv: kv[0] if isinstance(kv[0], tuple) else (kv[0], -1)):
+            if isinstance(key, tuple):  # a CUDA graph's node
+                index, name, first = key[0], node_name(self.r, key), None
+            else:
+                index, name = key, self.r.kernel_name(key) or self.ops[key].kind.label
+                first = original.operations.get(key) if original else None
+            kernels.append(KernelTiming(index, name, getattr(self.ops[index], "stream", 0), Stats.of(values), first))
         return BenchmarkResult(
             capture=self.r.plan.capture.path,
             device=self.r.device_name,

@@ -32,6 +32,7 @@ from replayfmt.container.reader import Capture
 from replayfmt.errors import DeviceUnavailableError, ReplayError, ReplayUsageError
 from replayfmt.format import model as m
 from replayfmt.format.names import demangle, matches_kernel
+from replayfmt.replay.graph_plan import kernel_nodes, node_launch
 from replayfmt.replay.plan import Plan
 from replayfmt.replay.plan_options import MAX_BLOCK, MAX_GRID, MAX_THREADS_PER_BLOCK
 
@@ -134,7 +135,9 @@ class SearchSpace:
 
 @dataclass(frozen=True)
 class Targets:
-    """The launches tuned together (one kernel): their operation indices and captured shape."""
+    """The launches tuned together (one kernel): their operation indices and captured shape.
+    Kernel nodes of CUDA graphs are tuned as launches are: ``nodes`` names them (graph id, node
+    index) and ``operations`` holds the graph launches that run them (what is timed)."""
 
     operations: tuple[int, ...]
     executable: int
@@ -143,6 +146,8 @@ class Targets:
     grid: m.Dims
     block: m.Dims
     smem: int
+    nodes: tuple[tuple[int, int], ...] = ()
+    graph_launches: tuple[int, ...] = ()  # the operations that are graph launches
 
 
 def find_targets(plan: Plan, *, launch: int | None, kernel: str | None) -> Targets:
@@ -153,12 +158,22 @@ def find_targets(plan: Plan, *, launch: int | None, kernel: str | None) -> Targe
         raise ReplayUsageError("tune-replay tunes single-device captures only in this version")
     pattern = compile_kernel_pattern(kernel) if kernel is not None else None
     found: list[m.Launch] = []
+    nodes: dict[tuple[int, int], m.Launch] = {}  # (graph, node) -> the node as a launch of its first graph launch
+    node_launches: list[int] = []
     for op in plan.capture.iter_operations():
+        if isinstance(op, m.GraphLaunch) and pattern is not None:
+            for graph, index, node in kernel_nodes(plan.graphs, op.graph):
+                if matches_kernel(pattern, plan.function(node.executable, node.function).name):
+                    nodes.setdefault((graph, index), node_launch(op.index, node))
+                    node_launches.append(op.index)
+            continue
         if not isinstance(op, m.Launch):
             continue
         name = plan.function(op.executable, op.function).name
         if (launch is not None and op.index == launch) or (pattern is not None and matches_kernel(pattern, name)):
             found.append(op)
+    launch_ops = [op.index for op in found]
+    found += nodes.values()
     if not found:
         what = (
             f"--launch {launch}: operation {launch} is not a launch"
@@ -172,13 +187,15 @@ def find_targets(plan: Plan, *, launch: int | None, kernel: str | None) -> Targe
         raise ReplayUsageError(f"--kernel {kernel!r} matches several kernels ({', '.join(names)}); narrow it")
     first = found[0]
     return Targets(
-        tuple(op.index for op in found),
+        tuple(sorted({*launch_ops, *node_launches})),
         first.executable,
         first.function,
         plan.function(first.executable, first.function).name,
         first.grid,
         first.block,
         first.shared_memory,
+        tuple(nodes),
+        tuple(sorted(set(node_launches))),
     )
 
 
@@ -375,6 +392,7 @@ class WorkerConfig:
     rtol: float | None = None
     atol: float | None = None
     tolerance: bool = False
+    nodes: tuple[tuple[int, int], ...] = ()  # (graph, node): kernel nodes tuned with the launches
 
 
 class Worker:
@@ -510,10 +528,22 @@ def plot(results: list[CandidateResult], targets: Targets, path: Path) -> None:
 
 
 def override_flags(targets: Targets, c: Candidate) -> str:
-    """The winning shape as run-replay flags, one --launch per tuned operation."""
+    """The winning shape as run-replay flags, one --launch per tuned launch ("" when only graph
+    nodes were tuned: see :func:`graph_node_shapes`)."""
     grid, block = c.grid or targets.grid, c.block or targets.block
     smem = targets.smem if c.smem is None else c.smem
-    flags = " ".join(f"--launch={op}:grid={_dims(grid)},block={_dims(block)},smem={smem}" for op in targets.operations)
-    if c.max_registers is not None:
+    shape = f"grid={_dims(grid)},block={_dims(block)},smem={smem}"
+    flags = " ".join(f"--launch={op}:{shape}" for op in targets.operations if op not in targets.graph_launches)
+    if flags and c.max_registers is not None:
         flags += f"  (and re-JIT executable {targets.executable} with at most {c.max_registers} registers)"
     return flags
+
+
+def graph_node_shapes(targets: Targets, c: Candidate) -> str:
+    """The winning shape of the tuned kernel nodes of CUDA graphs ("" when none were tuned)."""
+    if not targets.nodes:
+        return ""
+    grid, block = c.grid or targets.grid, c.block or targets.block
+    smem = targets.smem if c.smem is None else c.smem
+    where = ", ".join(f"graph {g} node {n}" for g, n in targets.nodes)
+    return f"{where}: grid={_dims(grid)},block={_dims(block)},smem={smem} (run-replay has no flag for graph nodes yet)"

@@ -12,6 +12,7 @@ from typing import Any
 from replayfmt.container.files import FileRemap
 from replayfmt.cuda.driver import check
 from replayfmt.errors import DeviceError, DeviceUnavailableError, ReplayError
+from replayfmt.format import model as m
 from replayfmt.replay.compare import Tolerance
 from replayfmt.replay.options import ReplayOptions
 from replayfmt.replay.plan_options import PlanOptions, Substitution
@@ -46,9 +47,12 @@ def _serve(session: ReplaySession, config: dict[str, Any]) -> int:
         tolerance = Tolerance(enabled=config["tolerance"], rtol=config["rtol"], atol=config["atol"])
         replayer = session.start(ReplayOptions(devices=(config["device"],), verify=True, tolerance=tolerance))
         cu = replayer.cu
-        targets = [session.capture.operation(i) for i in config["operations"]]
+        timed = [session.capture.operation(i) for i in config["operations"]]
+        targets = [op for op in timed if isinstance(op, m.Launch)]
+        graphs = replayer.plan.graphs  # kernel nodes of CUDA graphs, tuned as launches are
+        nodes = [(graph, index, graphs[graph].nodes[index]) for graph, index in config.get("nodes", ())]
         events = []
-        for op in targets:
+        for op in timed:
             pair = (check(cu.cuEventCreate(0), "event"), check(cu.cuEventCreate(0), "event"))
             replayer.wrap_with_events(op.index, *pair)
             events.append(pair)
@@ -61,7 +65,7 @@ def _serve(session: ReplaySession, config: dict[str, Any]) -> int:
         request = json.loads(line)
         try:
             if request["max_registers"] is not None or cap_used:
-                block = tuple(request["block"]) if request["block"] else targets[0].block
+                block = tuple(request["block"]) if request["block"] else (targets or [n for *_, n in nodes])[0].block
                 threads = block[0] * block[1] * block[2]
                 replayer.load_with_register_cap(targets[0].executable, request["max_registers"], threads)
                 cap_used = True
@@ -72,6 +76,13 @@ def _serve(session: ReplaySession, config: dict[str, Any]) -> int:
                 if smem > 48 * 1024:
                     replayer.opt_in_shared_memory(op.executable, op.function, smem)
                 replayer.set_launch_shape(op.index, grid, block, smem)  # type: ignore[arg-type]
+            for graph, index, node in nodes:
+                grid = tuple(request["grid"]) if request["grid"] else node.grid
+                block = tuple(request["block"]) if request["block"] else node.block
+                smem = node.shared_memory if request["smem"] is None else request["smem"]
+                if smem > 48 * 1024:
+                    replayer.opt_in_shared_memory(node.executable, node.function, smem)
+                replayer.set_graph_node_shape(graph, index, grid, block, smem)  # type: ignore[arg-type]
             result = replayer.run(1, verify=True)
             if result.mismatches:  # a wrong answer is this candidate's result, not the worker's failure
                 _reply({"verified": False, "error": f"wrong result: {result.mismatches[0].line()}"})

@@ -26,6 +26,7 @@ from replayfmt.format import model as m
 from replayfmt.format.cubin import CubinError, CubinInfo, detect_format, parse_cubin
 from replayfmt.format.model import EXECUTABLE_FORMATS
 from replayfmt.format.names import demangle
+from replayfmt.replay.graph_plan import check_graph
 from replayfmt.replay.plan_options import (
     MAX_BLOCK,
     MAX_GRID,
@@ -85,6 +86,7 @@ class Plan:
     # starting state, hoisted: operation index a region begins at -> the state to apply before it,
     # as host-to-device copies (stream 0) that are staged like uploads but are not the program's work
     state: dict[int, list[m.Copy]] = field(default_factory=dict)
+    graphs: dict[int, m.Graph] = field(default_factory=dict)  # launched graphs (and their children), checked
 
     @property
     def state_bytes(self) -> int:
@@ -504,6 +506,9 @@ def _check_operation(
         _need(objects, op.event, m.Event, op, "event")
     elif isinstance(op, m.ModuleLoad):
         _need(objects, op.executable, m.Executable, op, "executable")
+    elif isinstance(op, m.GraphLaunch):
+        graph = _need(objects, op.graph, m.Graph, op, "graph")
+        check_graph(plan.graphs, objects, graph, lambda launch: _check_operation(plan, objects, launch, None), op.index)
 
 
 def _check_function_limits(plan: Plan, eid: int, index: int, threads: int, checker: _Checker) -> None:

@@ -30,13 +30,22 @@ from replayfmt.errors import ReplayUsageError
 from replayfmt.format import model as m
 from replayfmt.replay.buffers import allocate_buffers, steer_fixed_arena
 from replayfmt.replay.devices import Devices, ReplayDevice
+from replayfmt.replay.graphs import PreparedGraph
 from replayfmt.replay.modules import Modules
 from replayfmt.replay.options import ReplayOptions, RunResult
 from replayfmt.replay.plan import Plan, PlanOptions, build_plan
 from replayfmt.replay.running import StepRunner
 from replayfmt.replay.staging import Staging, StagingStats, stage_uploads
 from replayfmt.replay.state import StateSetter
-from replayfmt.replay.steps import BuiltSteps, Step, build_steps, retarget_functions, set_launch_shape, wrap_with_events
+from replayfmt.replay.steps import (
+    BuiltSteps,
+    Step,
+    build_steps,
+    reshape_graph_node,
+    retarget_functions,
+    set_launch_shape,
+    wrap_with_events,
+)
 from replayfmt.replay.streams import Streams
 from replayfmt.replay.verify import RangeObserver, Verifier
 
@@ -191,6 +200,10 @@ class Replayer:
         """The prepared steps, in capture order."""
         return self._built.steps
 
+    def graph(self, index: int) -> PreparedGraph | None:
+        """The graph that graph launch operation ``index`` runs (None for other operations)."""
+        return self._built.graphs.get(index)
+
     def kernel_name(self, index: int) -> str | None:
         """The kernel a launch operation runs (None for other operations)."""
         return self._built.kernel_names.get(index)
@@ -200,6 +213,10 @@ class Replayer:
     def set_launch_shape(self, index: int, grid: m.Dims, block: m.Dims, shared_memory: int) -> None:
         """Change the shape of launch operation ``index`` in the prepared steps (for tuning)."""
         set_launch_shape(self._built.steps, index, grid, block, shared_memory)
+
+    def set_graph_node_shape(self, graph: int, node: int, grid: m.Dims, block: m.Dims, shared_memory: int) -> None:
+        """Change the shape of kernel node ``node`` of Graph object ``graph`` (for tuning)."""
+        reshape_graph_node(self._built, graph, node, grid, block, shared_memory)
 
     def load_with_register_cap(self, executable: int, max_registers: int | None, threads_per_block: int = 0) -> None:
         """Re-JIT a PTX executable with a register cap and a threads-per-block hint (None: back to

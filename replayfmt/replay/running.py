@@ -35,6 +35,7 @@ class StepRunner:
         names = self.kernel_names
         recent = self._recent
         launch, launch_ex, synchronize = StepKind.LAUNCH, StepKind.LAUNCH_EX, StepKind.SYNCHRONIZE
+        graph_launch = StepKind.GRAPH_LAUNCH
         errors = []
         for step in steps:
             out = step.fn(*step.args)
@@ -45,7 +46,7 @@ class StepRunner:
                 if not self.continue_on_error or error.sticky:
                     raise error
                 errors.append(str(error))
-            elif step.kind is launch or step.kind is launch_ex:
+            elif step.kind is launch or step.kind is launch_ex or step.kind is graph_launch:
                 recent.append((step.operation, names.get(step.operation, "?")))
             elif step.kind is synchronize:
                 recent.clear()

@@ -17,6 +17,7 @@ from replayfmt.errors import ReplayUsageError
 from replayfmt.format import model as m
 from replayfmt.replay.buffers import pinned
 from replayfmt.replay.devices import Devices
+from replayfmt.replay.graphs import GraphBuilder, PreparedGraph
 from replayfmt.replay.launches import PreparedLaunch, prepare_launch
 from replayfmt.replay.modules import Modules
 from replayfmt.replay.plan import Plan, upload_key
@@ -48,6 +49,7 @@ class StepKind(enum.Enum):
     NVTX_PUSH = "nvtx push"
     NVTX_POP = "nvtx pop"
     TAG = "tag"  # a host-side marker for the clock (CUPTI external correlation push or pop)
+    GRAPH_LAUNCH = "graph launch"  # cuGraphLaunch of a graph rebuilt at setup (replay/graphs.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +73,8 @@ class BuiltSteps:
     launches: list[PreparedLaunch]
     kernel_names: dict[int, str]  # launch operation index -> kernel name
     op_streams: dict[int, Any]  # operation index -> the stream its steps run on
+    graphs: dict[int, PreparedGraph] = dataclasses.field(default_factory=dict)  # graph launch index -> its graph
+    graph_builder: GraphBuilder | None = None
 
 
 def build_steps(
@@ -93,6 +97,7 @@ def build_steps(
     built = BuiltSteps([], [], {}, {})
     steps = built.steps
     A = addresses
+    graphs = built.graph_builder = GraphBuilder(devices, plan, modules, addresses, streams.events)
     current = 0  # the device whose context is current when this step runs (runs start on the first)
     for op in plan.capture.iter_operations():
         index = op.index
@@ -138,6 +143,17 @@ def build_steps(
             else:
                 args = (A[op.dst_buffer] + op.dst_offset, A[op.src_buffer] + op.src_offset, op.size, stream)
                 add(StepKind.COPY, cu.cuMemcpyDtoDAsync, args)
+        elif isinstance(op, m.GraphLaunch):
+            graph = graphs.prepared(op, gpu or 0)
+            for site, value in (s for launch in graph.launches for s in launch.buffer_sites):
+                add(StepKind.POINTER_SITE, cu.cuMemcpyHtoDAsync, (site, value, 8, stream))
+            if nvtx is not None:
+                add(StepKind.NVTX_PUSH, nvtx.push, (graph.name.encode(),))
+            add(StepKind.GRAPH_LAUNCH, cu.cuGraphLaunch, (graph.executable, stream))
+            if nvtx is not None:
+                add(StepKind.NVTX_POP, nvtx.pop, ())
+            built.kernel_names[index] = graph.name
+            built.graphs[index] = graph
         elif isinstance(op, m.Memset):
             fn = {1: cu.cuMemsetD8Async, 2: cu.cuMemsetD16Async, 4: cu.cuMemsetD32Async}[op.element_size]
             add(StepKind.MEMSET, fn, (A[op.buffer] + op.offset, op.value, op.count, stream))
@@ -178,6 +194,18 @@ def set_launch_shape(steps: list[Step], index: int, grid: m.Dims, block: m.Dims,
             config.sharedMemBytes = shared_memory
             return
     raise ReplayUsageError(f"operation {index} is not a launch of this replay")
+
+
+def reshape_graph_node(built: BuiltSteps, graph: int, node: int, grid: m.Dims, block: m.Dims, smem: int) -> None:
+    """Change the shape of kernel node ``node`` of Graph object ``graph`` (for tuning): the
+    graphs are built and instantiated again and their launch steps run the new executables."""
+    if built.graph_builder is None:
+        raise ReplayUsageError(f"graph {graph} is launched nowhere in this replay")
+    rebuilt = built.graph_builder.reshape(graph, node, grid, block, smem)
+    for k, step in enumerate(built.steps):
+        if step.kind is StepKind.GRAPH_LAUNCH and step.operation in rebuilt:
+            prepared = built.graphs[step.operation] = rebuilt[step.operation]
+            built.steps[k] = step.with_args((prepared.executable, *step.args[1:]))
 
 
 def retarget_functions(steps: list[Step], old_to_new: dict[int, Any]) -> None:

@@ -131,7 +131,12 @@ def _compare(result: BenchmarkResult, baseline_path: Path) -> list[str]:
     help="graph: capture the region once as a CUDA graph and replay it (no Python launch overhead).",
 )
 @click.option("--flush-l2", is_flag=True, help="Flush the L2 cache before every iteration.")
-@click.option("--per-kernel", is_flag=True, help="Also time every launch and copy of the region.")
+@click.option(
+    "--per-kernel",
+    is_flag=True,
+    help="Also time every launch and copy of the region; a CUDA graph's nodes one by one (those iterations run "
+    "each graph launch node by node, timed with CUDA events).",
+)
 @click.option(
     "--clock",
     type=click.Choice(["auto", "cupti", "events"]),

@@ -223,8 +223,15 @@ TOOLS = {
   detected when snapshots hold addresses: the report says "needs --fixed-addresses". Capture with
   `--fixed-addresses` and replay with `run-replay --fixed-addresses` (both re-run themselves with
   address-space randomisation off).
-* Not reproducible, recorded as unsupported (replay refuses): host functions, IPC, managed
-  memory, CUDA graph launches, NCCL kernels, peer and 2D/3D copies.
+* CUDA graphs (stream capture, the explicit API, `torch.compile(mode="reduce-overhead")`) are
+  followed: each launch is a `graph_launch` of a `graph` object (kernel, memcpy, memset, event,
+  child-graph, empty and host nodes with their edges) and replays as a graph; `dump-replay` lists
+  the nodes; `benchmark-replay --per-kernel` times them one by one; `tune-replay --kernel` and
+  `--executable-substitution` reach kernel nodes. Region mode only. Updates other than
+  cuGraphExecUpdate and cuGraphExecKernelNodeSetParams, host-memory and 2D/3D memcpy nodes,
+  memory-allocation and conditional nodes are recorded as unsupported.
+* Not reproducible, recorded as unsupported (replay refuses): IPC, NCCL kernels, peer and 2D/3D
+  copies.
 * The report at the end lists kernels seen, instances captured and bytes stored, and any error
   met inside a callback (callbacks never raise into the program).
 """,

@@ -19,6 +19,7 @@ from replayfmt.measure.tune import (
     check_writable,
     compile_kernel_pattern,
     find_targets,
+    graph_node_shapes,
     order,
     override_flags,
     parse_dims_list,
@@ -165,6 +166,8 @@ def main(
         targets = find_targets(plan, launch=launch_op, kernel=kernel)
         identity = capture_identity(session.capture)
         image_format = plan.images[targets.executable].format
+        if space.max_registers and targets.nodes:
+            raise ReplayUsageError("--max-registers: re-JITted functions do not reach CUDA graph kernel nodes yet")
         if space.max_registers and image_format != m.ExecutableFormat.PTX:
             held = image_format.name.lower()
             raise ReplayUsageError(
@@ -176,6 +179,7 @@ def main(
     click.echo(
         f"tuning {demangle(targets.kernel)} (operations {', '.join(map(str, targets.operations))}), captured "
         f"grid={targets.grid} block={targets.block} smem={targets.smem}"
+        + (f"; {', '.join(f'graph {g} node {n}' for g, n in targets.nodes)} in graph launches" if targets.nodes else "")
     )
     click.echo(
         f"space: {len(valid) + len(pruned)} points, {len(pruned)} pruned, {len(points)} to evaluate"
@@ -186,6 +190,7 @@ def main(
     config = WorkerConfig(
         capture=str(capture),
         operations=targets.operations,
+        nodes=targets.nodes,
         plan={"substitutions": list(substitutions), "remaps": list(remaps), "fixed_addresses": fixed_addresses},
         device=parse_device(device),
         warmup=warmup,
@@ -241,7 +246,11 @@ def main(
             f"\nbest: {best.median_ms:.4f} ms vs captured {baseline.median_ms:.4f} ms "
             f"({baseline.median_ms / best.median_ms:.2f}x)"
         )
-    click.echo(f"run-replay {override_flags(targets, best.candidate)} --verify {capture}")
+    flags = override_flags(targets, best.candidate)
+    if flags:
+        click.echo(f"run-replay {flags} --verify {capture}")
+    if targets.nodes:
+        click.echo(f"best for {graph_node_shapes(targets, best.candidate)}")
     return EXIT_OK
 
 

@@ -11,3 +11,4 @@ class ObjectBody(object):
     Executable = 5
     Global = 6
     FileReference = 7
+    Graph = 8

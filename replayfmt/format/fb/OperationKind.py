@@ -23,3 +23,4 @@ class OperationKind(object):
     Unsupported = 17
     State = 18
     HostFunction = 19
+    GraphLaunch = 20

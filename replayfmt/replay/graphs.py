@@ -1,0 +1,217 @@
+"""CUDA graphs at replay: each captured Graph rebuilt once, at setup, with its captured topology
+(cuGraphCreate and cuGraphAdd*Node with the captured dependencies), its kernel nodes packed as
+launches are (relocated parameters, substituted functions), instantiated once; a GraphLaunch
+operation is then one cuGraphLaunch.
+
+Node parameters go to the driver as C structs written in place (the layouts of cuda.h, x86-64),
+wrapped by the bindings' struct types, as the recorder reads them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from replayfmt.cuda.driver import check
+from replayfmt.errors import ReplayUsageError, UnsupportedOperationError
+from replayfmt.format import model as m
+from replayfmt.format.graph_model import GraphNode, GraphNodeKind
+from replayfmt.replay.devices import Devices
+from replayfmt.replay.graph_plan import node_launch, topological_order
+from replayfmt.replay.launches import PreparedLaunch, prepare_launch
+from replayfmt.replay.modules import Modules
+from replayfmt.replay.plan import Plan
+
+_N = GraphNodeKind
+_KERNEL = struct.Struct("<Q7I4xQQQQ")  # CUDA_KERNEL_NODE_PARAMS (v2)
+_MEMSET = struct.Struct("<QQIIQQ")  # CUDA_MEMSET_NODE_PARAMS
+_MEMCPY3D_SIZE = 200
+_MEMORY_DEVICE = 2  # CUmemorytype
+
+
+STREAM = object()
+"""Stands for the stream in a :class:`NodeCall`'s arguments."""
+
+
+@dataclass(frozen=True)
+class NodeCall:
+    """One node of a graph as the eager call doing its work on a stream (``STREAM`` in ``args``):
+    per-kernel timing runs a graph node by node, in an order its edges allow."""
+
+    label: str  # the kernel's name, or the node kind
+    fn: Any
+    args: tuple[Any, ...]
+    kernel: bool
+    node: str = ""  # which node: its index in the graph ("3"), in a child graph "3.0"
+
+    def on(self, stream: Any) -> tuple[Any, ...]:
+        return tuple(stream if a is STREAM else a for a in self.args)
+
+
+@dataclass
+class _Built:
+    graph: Any  # CUgraph
+    launches: list[PreparedLaunch] = field(default_factory=list)  # its kernel nodes, children's included
+    calls: list[NodeCall] = field(default_factory=list)
+
+
+@dataclass
+class PreparedGraph:
+    """One captured graph, instantiated on one device."""
+
+    executable: Any  # CUgraphExec
+    launches: list[PreparedLaunch]  # its kernel nodes (their pointer sites are written before each launch)
+    calls: list[NodeCall]  # its nodes as eager calls, in topological order (children flattened)
+
+    @property
+    def name(self) -> str:
+        return f"graph of {sum(c.kernel for c in self.calls)} kernels"
+
+
+def _struct(cu: Any, type_name: str, raw: bytes, keep: list[Any]) -> Any:
+    """A bindings struct over C bytes ``raw`` (kept alive in ``keep``)."""
+    memory = ctypes.create_string_buffer(raw, len(raw))
+    keep.append(memory)
+    return getattr(cu, type_name)(ctypes.addressof(memory))
+
+
+class GraphBuilder:
+    """Builds the plan's graphs for one replay; each (graph, device) is built once."""
+
+    def __init__(
+        self, devices: Devices, plan: Plan, modules: Modules, addresses: dict[int, int], events: dict[int, Any]
+    ) -> None:
+        self.devices = devices
+        self.plan = plan
+        self.modules = modules
+        self.addresses = addresses
+        self.events = events
+        self._graphs: dict[tuple[int, int], _Built] = {}  # (graph id, gpu) -> its CUgraph
+        self._prepared: dict[tuple[int, int], PreparedGraph] = {}
+        self._keep: list[Any] = []
+        self._launched: dict[int, tuple[m.GraphLaunch, int]] = {}  # graph launch index -> (operation, gpu)
+        self._shapes: dict[tuple[int, int], tuple[m.Dims, m.Dims, int]] = {}  # (graph, node) -> tuned shape
+
+    def prepared(self, op: m.GraphLaunch, gpu: int) -> PreparedGraph:
+        """The instantiated graph that operation ``op`` launches on device ``gpu``."""
+        key = (op.graph, gpu)
+        self._launched[op.index] = (op, gpu)
+        prepared = self._prepared.get(key)
+        if prepared is None:
+            cu = self.devices.cu
+            built = self._graph(op.graph, op.index, gpu)
+            where = f"operation {op.index}: graph {op.graph}"
+            executable = check(cu.cuGraphInstantiate(built.graph, 0), f"{where}: cuGraphInstantiate")
+            self.devices.own(lambda: cu.cuGraphExecDestroy(executable))
+            prepared = self._prepared[key] = PreparedGraph(executable, built.launches, built.calls)
+        return prepared
+
+    def reshape(
+        self, graph_id: int, node: int, grid: m.Dims, block: m.Dims, shared_memory: int
+    ) -> dict[int, PreparedGraph]:
+        """Give kernel node ``node`` of Graph ``graph_id`` another shape (tuning): every graph is
+        built and instantiated again; the graph each launch operation runs now, by its index."""
+        graph = self.plan.graphs.get(graph_id)
+        if graph is None or not 0 <= node < len(graph.nodes) or graph.nodes[node].kind != _N.KERNEL:
+            raise ReplayUsageError(f"graph {graph_id} has no kernel node {node} in this replay")
+        self._shapes[(graph_id, node)] = (grid, block, shared_memory)
+        self._graphs.clear()
+        self._prepared.clear()
+        return {index: self.prepared(op, gpu) for index, (op, gpu) in self._launched.items()}
+
+    def _graph(self, graph_id: int, index: int, gpu: int) -> _Built:
+        key = (graph_id, gpu)
+        built = self._graphs.get(key)
+        if built is not None:
+            return built
+        cu = self.devices.cu
+        graph_def = self.plan.graphs[graph_id]
+        where = f"operation {index}: graph {graph_id}"
+        built = _Built(check(cu.cuGraphCreate(0), f"{where}: cuGraphCreate"))
+        graph = built.graph
+        self.devices.own(lambda: cu.cuGraphDestroy(graph))
+        handles: dict[int, Any] = {}
+        waits_for: dict[int, list[int]] = {}
+        for src, dst in graph_def.edges:
+            waits_for.setdefault(dst, []).append(src)
+        for i in topological_order(graph_def):
+            node = graph_def.nodes[i]
+            deps = [handles[d] for d in waits_for.get(i, [])]
+            start = len(built.calls)
+            added = self._add(built, deps, node, index, gpu, self._shapes.get((graph_id, i)))
+            handles[i] = check(added, f"{where} node {i} ({node.label})")
+            built.calls[start:] = [replace(c, node=f"{i}.{c.node}" if c.node else str(i)) for c in built.calls[start:]]
+        self._graphs[key] = built
+        return built
+
+    def _add(
+        self,
+        built: _Built,
+        deps: list[Any],
+        node: GraphNode,
+        index: int,
+        gpu: int,
+        shape: tuple[m.Dims, m.Dims, int] | None,
+    ) -> Any:
+        cu = self.devices.cu
+        A = self.addresses
+        kind = node.kind
+        graph, calls = built.graph, built.calls
+        if kind == _N.KERNEL:
+            as_launch = node_launch(index, node)
+            if shape is not None:
+                as_launch = as_launch._replace(grid=shape[0], block=shape[1], shared_memory=shape[2])
+            launch = prepare_launch(self.devices, self.plan, self.modules, A, as_launch, None, gpu)
+            if launch.extended:
+                raise UnsupportedOperationError(f"operation {index}: a kernel node needs a launch configuration")
+            built.launches.append(launch)
+            self._keep.append(launch.keepalive)
+            handle, gx, gy, gz, bx, by, bz, smem, _stream, params, _extra = launch.args
+            calls.append(NodeCall(launch.name, cu.cuLaunchKernel, (*launch.args[:8], STREAM, params, 0), True))
+            raw = _KERNEL.pack(int(handle), gx, gy, gz, bx, by, bz, smem, params, 0, 0, 0)
+            return cu.cuGraphAddKernelNode(
+                graph, deps, len(deps), _struct(cu, "CUDA_KERNEL_NODE_PARAMS", raw, self._keep)
+            )
+        ctx = self.devices.gpus[gpu].ctx
+        if kind == _N.MEMCPY:
+            src, dst = A[node.src_buffer] + node.src_offset, A[node.dst_buffer] + node.dst_offset
+            calls.append(NodeCall("memcpy", cu.cuMemcpyDtoDAsync, (dst, src, node.size, STREAM), False))
+            raw = bytearray(_MEMCPY3D_SIZE)
+            struct.pack_into("<I", raw, 32, _MEMORY_DEVICE)
+            struct.pack_into("<Q", raw, 48, A[node.src_buffer] + node.src_offset)
+            struct.pack_into("<I", raw, 120, _MEMORY_DEVICE)
+            struct.pack_into("<Q", raw, 136, A[node.dst_buffer] + node.dst_offset)
+            struct.pack_into("<QQQ", raw, 176, node.size, 1, 1)
+            params = _struct(cu, "CUDA_MEMCPY3D", bytes(raw), self._keep)
+            return cu.cuGraphAddMemcpyNode(graph, deps, len(deps), params, ctx)
+        if kind == _N.MEMSET:
+            dst = A[node.dst_buffer] + node.dst_offset
+            calls.append(_memset_call(cu, node, dst))
+            raw = _MEMSET.pack(dst, node.pitch, node.value, node.element_size, node.width, node.height)
+            params = _struct(cu, "CUDA_MEMSET_NODE_PARAMS", raw, self._keep)
+            return cu.cuGraphAddMemsetNode(graph, deps, len(deps), params, ctx)
+        if kind == _N.EVENT_RECORD:
+            event = self.events[node.event]
+            calls.append(NodeCall("event_record", cu.cuEventRecord, (event, STREAM), False))
+            return cu.cuGraphAddEventRecordNode(graph, deps, len(deps), event)
+        if kind == _N.EVENT_WAIT:
+            event = self.events[node.event]
+            calls.append(NodeCall("event_wait", cu.cuStreamWaitEvent, (STREAM, event, 0), False))
+            return cu.cuGraphAddEventWaitNode(graph, deps, len(deps), event)
+        if kind == _N.CHILD_GRAPH:
+            child = self._graph(node.graph, index, gpu)
+            built.launches.extend(child.launches)
+            calls.extend(child.calls)
+            return cu.cuGraphAddChildGraphNode(graph, deps, len(deps), child.graph)
+        return cu.cuGraphAddEmptyNode(graph, deps, len(deps))  # empty and host-function nodes
+
+
+def _memset_call(cu: Any, node: GraphNode, dst: int) -> NodeCall:
+    size = {1: "8", 2: "16", 4: "32"}[node.element_size]
+    if node.height <= 1:
+        fn = getattr(cu, f"cuMemsetD{size}Async")
+        return NodeCall("memset", fn, (dst, node.value, node.width, STREAM), False)
+    fn = getattr(cu, f"cuMemsetD2D{size}Async")
+    return NodeCall("memset", fn, (dst, node.pitch, node.value, node.width, node.height, STREAM), False)

@@ -1,0 +1,322 @@
+"""CUDA graphs in the plan and at replay, without a GPU: the plan's checks (references, ranges,
+node kinds, acyclic edges, child order) and the graph builder's driver calls, made against a
+stand-in driver (topological order, dependencies, relocated node parameters, one instantiation)."""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import replayfmt
+from replayfmt.errors import AbiMismatchError, ReplayFormatError, UnsupportedOperationError
+from replayfmt.format import model as m
+from replayfmt.format.graph_model import GraphNode, GraphNodeKind
+from replayfmt.replay import graphs as replay_graphs
+from replayfmt.replay.graph_plan import graph_buffers, topological_order
+from replayfmt.replay.plan import PlanOptions, build_plan
+
+_N = GraphNodeKind
+SAXPY = m.Function(
+    name="saxpy",
+    parameters_known=True,
+    parameters=(
+        m.Parameter(offset=0, size=4),
+        m.Parameter(offset=8, size=8, kind=m.ParameterKind.POINTER),
+        m.Parameter(offset=16, size=8, kind=m.ParameterKind.POINTER),
+        m.Parameter(offset=24, size=4),
+    ),
+)
+PTX = b".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry saxpy()\n{\nret;\n}\n"
+
+
+def write(path, make_graphs) -> dict[str, int]:
+    """A capture of two buffers, saxpy, an event and the graphs ``make_graphs(ids)`` returns,
+    each launched once."""
+    with replayfmt.CaptureWriter(path) as w:
+        ids = {"device": w.add_object(m.Device())}
+        ids["x"] = w.add_object(m.Buffer(size=1024, device=ids["device"]))
+        ids["y"] = w.add_object(m.Buffer(size=1024, device=ids["device"]))
+        ids["event"] = w.add_object(m.Event(device=ids["device"]))
+        ids["exe"] = w.add_object(
+            m.Executable(format=m.ExecutableFormat.PTX, payload=w.add_payload(PTX), functions=(SAXPY,))
+        )
+        params = struct.pack("<f4xQQi4x", 2.0, 0, 0, 256)
+        ids["params"] = params
+        for graph in make_graphs(ids):
+            w.graph_launch(w.add_object(graph) if graph.id == 0 else graph.id)
+    return ids
+
+
+def kernel_node(ids, **changes) -> GraphNode:
+    relocations = (m.Relocation(0, ids["x"], 8, 0), m.Relocation(0, ids["y"], 16, 64))
+    fields = {
+        "kind": _N.KERNEL,
+        "executable": ids["exe"],
+        "grid": (1, 1, 1),
+        "block": (256, 1, 1),
+        "parameters": ids["params"],
+        "relocations": relocations,
+    }
+    return GraphNode(**{**fields, **changes})
+
+
+def good_graph(ids) -> m.Graph:
+    return m.Graph(
+        device=ids["device"],
+        nodes=(
+            GraphNode(kind=_N.MEMSET, dst_buffer=ids["y"], value=0, element_size=4, width=16, height=2, pitch=512),
+            kernel_node(ids),
+            GraphNode(kind=_N.MEMCPY, src_buffer=ids["y"], dst_buffer=ids["x"], size=1024),
+            GraphNode(kind=_N.EVENT_RECORD, event=ids["event"]),
+            GraphNode(kind=_N.HOST),
+        ),
+        edges=((0, 1), (1, 2), (2, 3), (0, 4)),
+    )
+
+
+def plan_of(tmp_path, make_graphs):
+    path = tmp_path / "g.kreplay"
+    ids = write(path, make_graphs)
+    cap = replayfmt.open(path)
+    return build_plan(cap, PlanOptions()), ids, cap
+
+
+def test_a_good_graph_is_planned_with_its_kernels_counted(tmp_path):
+    plan, ids, cap = plan_of(tmp_path, lambda ids: [good_graph(ids)])
+    with cap:
+        (graph,) = plan.graphs.values()
+        assert plan.launches_of == {(ids["exe"], 0): 1} and plan.operation_counts["graph_launch"] == 1
+        assert graph_buffers(plan.graphs, graph.id) == {ids["x"], ids["y"]}
+        order = topological_order(graph)
+        assert all(order.index(s) < order.index(d) for s, d in graph.edges)
+
+
+@pytest.mark.parametrize(
+    ("broken", "error", "message"),
+    [
+        (
+            lambda ids: m.Graph(nodes=(GraphNode(), GraphNode()), edges=((0, 1), (1, 0))),
+            ReplayFormatError,
+            "{op} graph {g}: its edges form a cycle (through node 0)",
+        ),
+        (
+            lambda ids: m.Graph(nodes=(GraphNode(),), edges=((0, 3),)),
+            ReplayFormatError,
+            "{op} graph {g}: edge 0 -> 3 is not between two of its 1 nodes",
+        ),
+        (
+            lambda ids: m.Graph(nodes=(GraphNode(kind=9),)),
+            UnsupportedOperationError,  # type: ignore[arg-type]
+            "{op} graph {g} node 0 (kind 9): node kind 9 is unknown to this replayfmt: upgrade replayfmt",
+        ),
+        (
+            lambda ids: m.Graph(
+                nodes=(GraphNode(kind=_N.MEMSET, dst_buffer=ids["y"], element_size=4, width=200, height=2, pitch=800),)
+            ),
+            ReplayFormatError,
+            "{op} graph {g} node 0 (memset): memset range [0, 1600) lies outside buffer {y} (1024 bytes)",
+        ),
+        (
+            lambda ids: m.Graph(nodes=(GraphNode(kind=_N.EVENT_WAIT, event=ids["x"]),)),
+            ReplayFormatError,
+            "{op} graph {g} node 0 (event_wait): its event object {x} is a buffer, not a event",
+        ),
+        (
+            lambda ids: m.Graph(nodes=(kernel_node(ids, parameters=b"\0" * 16),)),
+            AbiMismatchError,
+            "{op} graph {g} node 0 (kernel): operation 6 (saxpy): 16 parameter bytes, the layout needs 28",
+        ),
+        (
+            lambda ids: m.Graph(nodes=(kernel_node(ids, block=(4096, 1, 1)),)),
+            UnsupportedOperationError,
+            "{op} graph {g} node 0 (kernel): operation 6 (saxpy): block dimension 0 is 4096, outside [1, 1024]",
+        ),
+        (
+            lambda ids: m.Graph(nodes=(GraphNode(kind=_N.CHILD_GRAPH, graph=99),)),
+            ReplayFormatError,
+            "{op} graph {g} node 0 (child_graph): its child graph object 99 does not exist, not a graph",
+        ),
+    ],
+)
+def test_the_plan_refuses_broken_graphs(tmp_path, broken, error, message):
+    with pytest.raises(error) as caught:
+        plan_of(tmp_path, lambda ids: [broken(ids)])
+    # objects: device 1, x 2, y 3, event 4, exe 5, graph 6
+    assert str(caught.value) == message.format(op="operation 6 (graph_launch):", g=6, x=2, y=3)
+
+
+def test_a_child_graph_must_come_before_its_parent(tmp_path):
+    def graphs(ids):
+        child = m.Graph(nodes=(GraphNode(),), id=8)
+        parent = m.Graph(nodes=(GraphNode(kind=_N.CHILD_GRAPH, graph=7),))
+        return [parent, child]  # parent is 6, so it names a later object
+
+    with pytest.raises(
+        ReplayFormatError,
+        match="operation 6 \\(graph_launch\\): graph 6 node 0 \\(child_graph\\): its child graph object 7",
+    ):
+        plan_of(tmp_path, graphs)
+
+
+# -- the builder ---------------------------------------------------------------------------------
+
+
+class FakeCu:
+    """Records graph calls; struct arguments are read back as the bytes handed over."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+        self.count = 0
+
+    def _new(self, name: str, *args) -> tuple[int, str]:
+        self.count += 1
+        self.calls.append((name, *args))
+        return 0, f"{name}#{self.count}"
+
+    def __getattr__(self, name: str):
+        if name.startswith("CUDA_"):
+            size = {"CUDA_KERNEL_NODE_PARAMS": 72, "CUDA_MEMSET_NODE_PARAMS": 40, "CUDA_MEMCPY3D": 200}[name]
+            return lambda address: ctypes.string_at(address, size)
+        if name.startswith("cuGraph"):
+            return lambda *args: self._new(name, *args)
+        if name.startswith("cu"):  # eager calls: named, never called here
+            return name
+        raise AttributeError(name)
+
+
+def builder_of(plan, ids, monkeypatch) -> tuple[replay_graphs.GraphBuilder, FakeCu, list]:
+    """A graph builder over a stand-in driver; ``check`` gives back what each call made."""
+    monkeypatch.setattr(replay_graphs, "check", lambda result, what: result[1])
+    cu = FakeCu()
+    owned: list = []
+    devices = SimpleNamespace(cu=cu, own=owned.append, index=lambda device: 0, gpus=[SimpleNamespace(ctx="ctx")])
+    layouts = {(ids["exe"], 0): [(0, 4), (8, 8), (16, 8), (24, 4)]}
+    modules = SimpleNamespace(on_device=[{(ids["exe"], 0): 0xF00}], layouts=layouts)
+    addresses = {ids["x"]: 0x1000_0000, ids["y"]: 0x2000_0000}
+    return replay_graphs.GraphBuilder(devices, plan, modules, addresses, {ids["event"]: "event"}), cu, owned
+
+
+def test_the_builder_adds_nodes_in_order_with_relocated_parameters_and_instantiates_once(tmp_path, monkeypatch):
+    plan, ids, cap = plan_of(tmp_path, lambda ids: [good_graph(ids)])
+    builder, cu, owned = builder_of(plan, ids, monkeypatch)
+    with cap:
+        (op,) = [o for o in cap.iter_operations() if o.kind == m.OperationKind.GRAPH_LAUNCH]
+        prepared = builder.prepared(op, 0)
+        assert builder.prepared(op, 0) is prepared  # built and instantiated once
+    names = [c[0] for c in cu.calls]
+    assert names[0] == "cuGraphCreate" and names[-1] == "cuGraphInstantiate" and names.count("cuGraphInstantiate") == 1
+    added = {c[0]: c for c in cu.calls[1:-1]}
+    memset, kernel, memcpy = added["cuGraphAddMemsetNode"], added["cuGraphAddKernelNode"], added["cuGraphAddMemcpyNode"]
+    assert memset[2:4] == ([], 0) and memset[5] == "ctx"
+    assert struct.unpack("<QQIIQQ", memset[4]) == (0x2000_0000, 512, 0, 4, 16, 2)
+    memset_node = f"cuGraphAddMemsetNode#{names.index('cuGraphAddMemsetNode') + 1}"
+    assert kernel[2:4] == ([memset_node], 1)
+    func, gx, gy, gz, bx, by, bz, smem, params, extra, kern, _ctx = struct.unpack("<Q7I4xQQQQ", kernel[4])
+    assert (func, (gx, gy, gz), (bx, by, bz), smem, extra, kern) == (0xF00, (1, 1, 1), (256, 1, 1), 0, 0, 0)
+    pointers = struct.unpack("<4Q", ctypes.string_at(params, 32))
+    assert struct.unpack("<Q", ctypes.string_at(pointers[1], 8))[0] == 0x1000_0000
+    assert struct.unpack("<Q", ctypes.string_at(pointers[2], 8))[0] == 0x2000_0000 + 64
+    raw = memcpy[4]
+    assert struct.unpack_from("<Q", raw, 48)[0] == 0x2000_0000 and struct.unpack_from("<Q", raw, 136)[0] == 0x1000_0000
+    assert struct.unpack_from("<QQQ", raw, 176) == (1024, 1, 1)
+    assert added["cuGraphAddEventRecordNode"][4] == "event" and added["cuGraphAddEmptyNode"][3] == 1  # the host node
+    assert prepared.name == "graph of 1 kernels" and len(owned) == 2  # the graph and its executable
+    # node by node (per-kernel timing): a topological order, each call on the given stream
+    calls = [(c.label, c.fn, c.on("stream")) for c in prepared.calls]
+    assert [c[0] for c in calls] == ["memset", "saxpy", "memcpy", "event_record"]
+    assert [c.node for c in prepared.calls] == ["0", "1", "2", "3"]  # the graph's own node numbers
+    assert calls[0][1:] == ("cuMemsetD2D32Async", (0x2000_0000, 512, 0, 16, 2, "stream"))
+    assert calls[1][1] == "cuLaunchKernel" and calls[1][2][:9] == (0xF00, 1, 1, 1, 256, 1, 1, 0, "stream")
+    assert calls[2][1:] == ("cuMemcpyDtoDAsync", (0x1000_0000, 0x2000_0000, 1024, "stream"))
+    assert calls[3][1:] == ("cuEventRecord", ("event", "stream"))
+
+
+def test_per_kernel_timing_runs_a_graph_node_by_node_between_events():
+    from replayfmt.measure.graph_nodes import node_name, unroll_graph_launches
+    from replayfmt.replay.steps import Step, StepKind
+
+    stream = replay_graphs.STREAM
+    calls = [
+        replay_graphs.NodeCall("memset", "cuMemsetD32Async", (0x10, 0, 4, stream), False, "0"),
+        replay_graphs.NodeCall("saxpy", "cuLaunchKernel", (0xF00, 1, 1, 1, 64, 1, 1, 0, stream, 7, 0), True, "2.0"),
+    ]
+    graph = replay_graphs.PreparedGraph("exec", [], calls)
+    bench = SimpleNamespace(
+        cu=SimpleNamespace(cuEventRecord="cuEventRecord"),
+        r=SimpleNamespace(graph=lambda index: graph if index == 5 else None),
+        _node_events={(5, 0): ("b0", "a0"), (5, 1): ("b1", "a1")},
+    )
+    steps = [
+        Step(StepKind.POINTER_SITE, "cuMemcpyHtoDAsync", (1, 2, 8, "s"), 5),
+        Step(StepKind.GRAPH_LAUNCH, "cuGraphLaunch", ("exec", "s"), 5),
+        Step(StepKind.GRAPH_LAUNCH, "cuGraphLaunch", ("other", "s"), 6),
+    ]
+    out = unroll_graph_launches(steps, bench.r, bench._node_events, "cuEventRecord")
+    assert [(s.kind, s.fn, s.args, s.operation) for s in out] == [
+        (StepKind.POINTER_SITE, "cuMemcpyHtoDAsync", (1, 2, 8, "s"), 5),
+        (StepKind.EVENT_RECORD, "cuEventRecord", ("b0", "s"), 5),
+        (StepKind.MEMSET, "cuMemsetD32Async", (0x10, 0, 4, "s"), 5),
+        (StepKind.EVENT_RECORD, "cuEventRecord", ("a0", "s"), 5),
+        (StepKind.EVENT_RECORD, "cuEventRecord", ("b1", "s"), 5),
+        (StepKind.LAUNCH, "cuLaunchKernel", (0xF00, 1, 1, 1, 64, 1, 1, 0, "s", 7, 0), 5),
+        (StepKind.EVENT_RECORD, "cuEventRecord", ("a1", "s"), 5),
+        (StepKind.GRAPH_LAUNCH, "cuGraphLaunch", ("other", "s"), 6),  # no node events: launched whole
+    ]
+    assert graph.name == "graph of 1 kernels"
+    assert node_name(bench.r, (5, 1)) == "saxpy (graph node 2.0)"
+
+
+def test_format_1_1_files_still_open_and_mean_what_they_meant(tmp_path):
+    """A 1.1 file (the sample as 1.1 wrote it) reads as before: the operations of today's sample
+    but its graph."""
+    from samples import write_sample
+
+    golden = Path(__file__).parent / "golden" / "sample-1.1.kreplay"
+    write_sample(tmp_path / "now.kreplay", n=64)
+    with replayfmt.open(golden) as old, replayfmt.open(tmp_path / "now.kreplay") as now:
+        assert (old.header.major, old.header.minor) == (1, 1) and (now.header.major, now.header.minor) == (1, 2)
+        graphs = {o.id for o in now.objects() if isinstance(o, m.Graph)}
+        assert not [o for o in old.objects() if isinstance(o, m.Graph)] and len(graphs) == 1
+        kept = [
+            op
+            for op in now.iter_operations()
+            if op.kind != m.OperationKind.GRAPH_LAUNCH and not (isinstance(op, m.CreateObject) and op.object in graphs)
+        ]
+        assert [op.kind for op in old.iter_operations()] == [op.kind for op in kept]
+        assert build_plan(old, PlanOptions(continue_on_error=True)).state
+
+
+def test_tuning_reaches_a_kernel_node_and_rebuilds_its_graph(tmp_path, monkeypatch):
+    from replayfmt.measure.tune import Candidate, find_targets, graph_node_shapes, override_flags
+
+    plan, ids, cap = plan_of(tmp_path, lambda ids: [good_graph(ids)])
+    with cap:
+        (op,) = [o for o in cap.iter_operations() if o.kind == m.OperationKind.GRAPH_LAUNCH]
+        targets = find_targets(plan, launch=None, kernel="^saxpy$")
+        assert (targets.operations, targets.nodes, targets.graph_launches) == (
+            (op.index,),
+            ((op.graph, 1),),
+            (op.index,),
+        )
+        assert (targets.kernel, targets.grid, targets.block, targets.smem) == ("saxpy", (1, 1, 1), (256, 1, 1), 0)
+        best = Candidate(None, (128, 1, 1), None, None)
+        assert override_flags(targets, best) == ""  # no launch to give a --launch flag
+        shape = "grid=1,1,1,block=128,1,1,smem=0"
+        assert (
+            graph_node_shapes(targets, best)
+            == f"graph {op.graph} node 1: {shape} (run-replay has no flag for graph nodes yet)"
+        )
+        builder, cu, _ = builder_of(plan, ids, monkeypatch)
+        first = builder.prepared(op, 0)
+        rebuilt = builder.reshape(op.graph, 1, (2, 1, 1), (128, 1, 1), 64)
+        assert list(rebuilt) == [op.index] and rebuilt[op.index] is not first
+        kernels = [c for c in cu.calls if c[0] == "cuGraphAddKernelNode"]
+        shapes = [struct.unpack("<Q7I4xQQQQ", k[4])[1:8] for k in kernels]
+        assert shapes == [(1, 1, 1, 256, 1, 1, 0), (2, 1, 1, 128, 1, 1, 64)]
+        assert [c[0] for c in cu.calls].count("cuGraphInstantiate") == 2
+        with pytest.raises(replayfmt.ReplayUsageError, match=f"^graph {op.graph} has no kernel node 0 in this replay$"):
+            builder.reshape(op.graph, 0, (1, 1, 1), (1, 1, 1), 0)
