@@ -22,6 +22,8 @@ class Report:
     operations: int = 0
     snapshot_bytes: int = 0
     snapshot_seconds: float = 0.0
+    skipped_bytes: int = 0  # bytes of allocations left out of snapshots: outside every live framework buffer
+    live_sources: set[str] = field(default_factory=set)  # frameworks whose live buffers bounded snapshots
     unsupported: dict[str, int] = field(default_factory=dict)  # call -> count
     errors: list[str] = field(default_factory=list)  # problems met inside callbacks
     needs_fixed_addresses: str = ""  # why, when the capture needs --fixed-addresses
@@ -49,6 +51,12 @@ class Report:
         if self.snapshot_bytes:
             rate = self.snapshot_bytes / self.snapshot_seconds / 1e9 if self.snapshot_seconds else 0.0
             out.append(f"  snapshots: {self.snapshot_bytes} bytes read from the device at {rate:.1f} GB/s")
+        if self.skipped_bytes:
+            sources = ", ".join(sorted(self.live_sources))
+            out.append(
+                f"  snapshots skipped {self.skipped_bytes} bytes outside live buffers ({sources}): "
+                "undefined at replay's start, never compared"
+            )
         for call, count in sorted(self.unsupported.items()):
             out.append(f"  unsupported: {call} x{count} (recorded; replay will refuse the capture)")
         if self.needs_fixed_addresses:

@@ -29,6 +29,7 @@ from replayfmt.capture.file_references import FileReferences
 from replayfmt.capture.graph_events import GraphEvents
 from replayfmt.capture.hostfiles import HostFiles
 from replayfmt.capture.labels import KernelAnnotation, typed_ranges
+from replayfmt.capture.live_buffers import LiveBuffers
 from replayfmt.capture.memory_events import MEMORY_KINDS, MemoryEvents
 from replayfmt.capture.modules import Module, store_module
 from replayfmt.capture.options import CaptureMode, RecordOptions
@@ -74,6 +75,7 @@ class Translator(MemoryEvents, GraphEvents, StateEvents):
         *,
         device: m.Device | None = None,
         host_files: HostFiles | None = None,
+        live_buffers: LiveBuffers | None = None,
     ) -> None:
         self.writer = writer
         self.options = options
@@ -102,6 +104,10 @@ class Translator(MemoryEvents, GraphEvents, StateEvents):
         self._scopes: list[tuple[str, dict[int, Allocation]]] = []  # open scopes in a region: what they touch
         self._pending_d2h: dict[int, tuple[int, Allocation, int, int, int]] = {}
         self._marked_fixed = False
+        # which bytes of large allocations hold live framework buffers (JAX, PyTorch), asked once per step
+        self.live_buffers = live_buffers if live_buffers is not None else LiveBuffers(problems=self.report.errors)
+        self._refused: set[int] = set()
+        self._checkpoints = 0
 
     # -- regions ---------------------------------------------------------------------------
 

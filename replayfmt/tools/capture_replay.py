@@ -118,12 +118,14 @@ def main(
     code = 0
     sys.argv = [script, *args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    namespace: dict[str, object] = {}  # the script's globals live until the final checkpoint (live buffers)
     try:
-        runpy.run_path(script, run_name="__main__")
+        namespace = runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     finally:
         report = recorder.close()
+        namespace.clear()
         if not quiet:
             for line in report.lines():
                 click.echo(line, err=True)
