@@ -7,6 +7,7 @@ python3 scripts/jax_capture_trace.py out.kreplay
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import runpy
 import sys
@@ -24,6 +25,7 @@ from replayfmt.capture.translate import Translator
 LOGGED = (ev.Allocation, ev.Free, ev.AddressReserved, ev.AddressFreed, ev.Mapped, ev.Unmapped)
 LOGGED += (ev.HostDevicePointer, ev.NotReproducible, ev.GraphLaunchBegin)
 log = open(os.path.join(os.environ.get("OUT", "."), "trace-events.log"), "w")  # noqa: SIM115 - open for the run
+faulthandler.dump_traceback_later(90, exit=True, file=log)  # a hang shows where every thread waits
 began = time.perf_counter()
 counts: dict[str, int] = {}
 

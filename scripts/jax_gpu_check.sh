@@ -30,4 +30,4 @@ if ! grep -q "replayable: yes" "$out/capture.log"; then
   grep -E "SNAPSHOT|READ|ERROR|table|live" "$out/trace-events.log" | tail -40
 fi
 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_capture_frameworks_gpu.py \
-  -k "jax or free_blocks" 2>&1 | tee "$out/gpu-tests.log" | tail -40
+  -k "donated or free_blocks or default_arena" 2>&1 | tee "$out/gpu-tests.log" | tail -40
