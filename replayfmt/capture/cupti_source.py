@@ -31,7 +31,7 @@ from replayfmt.capture.cupti_api import (
     RESOURCE_MODULE_UNLOAD_STARTING,
     Cupti,
 )
-from replayfmt.capture.graphs import GraphCalls
+from replayfmt.capture.graphs import EXEC_NODE_SETTERS, GraphCalls
 from replayfmt.capture.process_memory import MEMORY, c_string, image_bytes, read, u64
 from replayfmt.cuda.driver import driver
 from replayfmt.cuda.functions import parameter_layout
@@ -229,11 +229,11 @@ class CuptiSource(GraphCalls):
     def _library_of(self, module: int) -> tuple[str, int] | None:
         """The library whose module ``module`` is (functions taken from a library's kernels)."""
         cu = self.cu
-        for key in self._loaded:
+        for key in list(self._loaded):  # cuLibraryGetModule may load a lazy module: _loaded grows
             if key[0] == "library" and key not in self._library_modules:
                 err, owned = cu.cuLibraryGetModule(key[1])
                 self._library_modules[key] = int(owned) if err == cu.CUresult.CUDA_SUCCESS else 0
-        for key, owned in self._library_modules.items():
+        for key, owned in list(self._library_modules.items()):
             if owned == module and key in self._loaded:
                 return key
         return None
@@ -542,15 +542,11 @@ for _names, _decoder in [
         GraphCalls._on_capture_begin,
     ),
     (_variants("cuStreamEndCapture"), GraphCalls._on_capture_end),
+    (list(EXEC_NODE_SETTERS), GraphCalls._on_exec_node_set_params),
     (
         [
-            "cuGraphExecKernelNodeSetParams",
-            "cuGraphExecKernelNodeSetParams_v2",
-            "cuGraphExecMemcpyNodeSetParams",
-            "cuGraphExecMemsetNodeSetParams",
             "cuGraphExecHostNodeSetParams",
             "cuGraphExecChildGraphNodeSetParams",
-            "cuGraphExecNodeSetParams",
             "cuGraphExecEventRecordNodeSetEvent",
             "cuGraphExecEventWaitNodeSetEvent",
         ],

@@ -42,6 +42,16 @@ _MEMCPY_SIZE = 2 * _MEMCPY_SIDE.size + 24
 _HOST, _DEVICE, _UNIFIED = 1, 2, 4  # CUmemorytype
 
 
+# node parameter changes on an executable graph -> the call making the same change to a graph's node
+EXEC_NODE_SETTERS = {
+    "cuGraphExecKernelNodeSetParams": "cuGraphKernelNodeSetParams",
+    "cuGraphExecKernelNodeSetParams_v2": "cuGraphKernelNodeSetParams_v2",
+    "cuGraphExecMemsetNodeSetParams": "cuGraphMemsetNodeSetParams",
+    "cuGraphExecMemcpyNodeSetParams": "cuGraphMemcpyNodeSetParams",
+    "cuGraphExecNodeSetParams": "cuGraphNodeSetParams",
+}
+
+
 class GraphReader:
     """Reads graphs through libcuda; ``kernel(handle, name_pointer)`` gives the source's kernel
     (its event and argument reader) for a function or kernel handle."""
@@ -64,6 +74,12 @@ class GraphReader:
     def destroy(self, graph: int) -> None:
         self.lib.cuGraphDestroy(ctypes.c_void_p(graph))
 
+    def set_in_copy(self, copy: int, node: int, setter: str, params: int) -> None:
+        """Give the node of ``copy`` cloned from ``node`` the parameters at ``params``, through ``setter``."""
+        found = ctypes.c_void_p(0)
+        self._call("cuGraphNodeFindInClone", ctypes.byref(found), ctypes.c_void_p(node), ctypes.c_void_p(copy))
+        self._call(setter, found, ctypes.c_void_p(params))
+
     def nodes_in_order(self, graph: int) -> list[tuple[int, int]]:
         """(node, type) of every node of ``graph``, dependencies first."""
         count = ctypes.c_size_t(0)
@@ -79,7 +95,10 @@ class GraphReader:
         if edges.value:  # (arrays with a count of 0 are refused: CUDA_ERROR_INVALID_VALUE)
             sources = (ctypes.c_void_p * edges.value)()
             targets = (ctypes.c_void_p * edges.value)()
-            self._call("cuGraphGetEdges_v2", ctypes.c_void_p(graph), sources, targets, None, ctypes.byref(edges))
+            # CUgraphEdgeData (8 bytes each): asked for, or a graph with programmatic edges (XLA's
+            # command buffers) answers CUDA_ERROR_LOSSY_QUERY; every edge orders its nodes here
+            data = (ctypes.c_uint8 * (8 * edges.value))()
+            self._call("cuGraphGetEdges_v2", ctypes.c_void_p(graph), sources, targets, data, ctypes.byref(edges))
             pairs = [(int(sources[i] or 0), int(targets[i] or 0)) for i in range(edges.value)]
         kinds = {}
         for node in handles:
@@ -248,6 +267,21 @@ class GraphCalls:
             copy = self._graph_of.pop(u64(p), None)
             if copy is not None:
                 self._reader().destroy(copy)
+
+    def _on_exec_node_set_params(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
+        """(CUgraphExec exec, CUgraphNode node, params*, ...): the same change made to the
+        recorder's copy of the graph, so that its next launch is read with it (XLA's command
+        buffers update their kernels' arguments between launches)."""
+        if site != EXIT or not self._succeeded(result):
+            return
+        graph_exec, node, params = struct.unpack_from("<QQQ", MEMORY, p)
+        copy = self._graph_of.get(graph_exec)
+        if copy is None:
+            return  # instantiated before recording: its launches are refused already
+        try:
+            self._reader().set_in_copy(copy, node, EXEC_NODE_SETTERS[call], params)
+        except RuntimeError as exc:
+            self._sink(ev.NotReproducible(call, f"the recorder could not follow the change ({exc})"))
 
     def _on_graph_launch(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
         if site != ENTER:

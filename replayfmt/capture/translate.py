@@ -296,9 +296,9 @@ class Translator(MemoryEvents, GraphEvents, StateEvents):
             self._prepare_write(dst, event.dst - dst.address, event.size, event.stream)
             self._copy_from_host(event, dst, stream, flags)
         elif direction == ev.CopyDirection.D2H:
+            src = self._copy_source(event.src, event.stream)  # device, or host memory the program pinned
             if src is None:
                 return self._unsupported(event.call, f"source {event.src:#x} is in no recorded allocation", 0)
-            self._touch(src, event.stream, "")
             if event.asynchronous:
                 self.writer.copy_d2h(
                     src_buffer=src.buffer,
