@@ -60,6 +60,7 @@ class _KernelShape:
     collective: bool  # an NCCL kernel: never reproducible alone
     tensor_maps: frozenset[int]  # offsets of its tensor-map parameters
     words: struct.Struct  # its parameter block as 8-byte words
+    layout: tuple[tuple[int, int], ...]  # the layout these were worked out from
     # the last launch's arguments and what they resolved to, while no allocation changed since
     last: tuple[bytes, int, tuple[m.Relocation, ...], list[Allocation]] | None = None
 
@@ -218,7 +219,8 @@ class Translator(MemoryEvents, GraphEvents, StateEvents):
     def _shape(self, kernel: ev.Kernel) -> _KernelShape:
         key = (kernel.handle, kernel.name, kernel.module)
         shape = self._shapes.get(key)
-        if shape is None:
+        # a new layout under the same key: a module unloaded and another loaded at its handle (XLA's autotuner)
+        if shape is None or shape.layout is not kernel.layout:
             maps = frozenset(o for o, size in kernel.layout if self._tensor_map(kernel, o, size))
             end = max((o + size for o, size in kernel.layout), default=0)
             shape = self._shapes[key] = _KernelShape(
@@ -226,6 +228,7 @@ class Translator(MemoryEvents, GraphEvents, StateEvents):
                 bool(_COLLECTIVE.search(kernel.name)),
                 maps,
                 struct.Struct(f"<{end // 8}Q"),
+                kernel.layout,
             )
         return shape
 
