@@ -242,3 +242,11 @@ def test_a_snapshot_over_the_bound_with_no_view_is_refused_never_attempted(tmp_p
 def test_max_snapshot_must_not_be_negative():
     with pytest.raises(ReplayError, match="max_snapshot must be >= 0, not -1"):
         RecordOptions(max_snapshot=-1)
+
+
+def test_frameworks_sharing_an_allocation_each_keep_their_live_buffers():
+    torch = FakeSource("torch", live=[ByteRange(ARENA, ARENA + 4096)], managed=[ByteRange(ARENA, ARENA + 64 * MiB)])
+    jax = FakeSource("jax", live=[ByteRange(ARENA + 8 * MiB, ARENA + 8 * MiB + 512)])  # imported through DLPack
+    ranges = LiveBuffers([jax, torch], min_size=0, gap=0).ranges(ARENA, 64 * MiB, step=1)
+    assert ranges.source == "jax+torch"
+    assert ranges.ranges == [ByteRange(ARENA, ARENA + 4096), ByteRange(ARENA + 8 * MiB, ARENA + 8 * MiB + 512)]

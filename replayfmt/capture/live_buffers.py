@@ -182,11 +182,12 @@ class LiveBuffers:
         if size < self.min_size:
             return None
         stop = address + size
-        for view in self._current(step):
-            if view.speaks_for(address, stop):
-                widened = [widen(r) for r in clip(view.live, address, stop)]
-                return LiveRanges(view.source, clip(merge(widened, self.gap), address, stop))
-        return None
+        views = [v for v in self._current(step) if v.speaks_for(address, stop)]
+        if not views:
+            return None
+        # every framework's live buffers inside it (a JAX array in a PyTorch segment, through DLPack)
+        widened = [widen(r) for v in views for r in clip(v.live, address, stop)]
+        return LiveRanges("+".join(v.source for v in views), clip(merge(widened, self.gap), address, stop))
 
     def _current(self, step: Hashable) -> list[LiveView]:
         if self._views is None or step != self._step:
