@@ -197,13 +197,19 @@ def test_updates_become_events_and_an_unreadable_graph_says_why():
     call("cuGraphExecKernelNodeSetParams_v2", 1, update)
     call("cuGraphExecKernelNodeSetParams_v2", 0, update)
     call("cuGraphExecKernelNodeSetParams_v2", 1, update, result=1)  # it failed: no event
-    call("cuGraphExecMemsetNodeSetParams", 0, struct.pack("<QQQ", EXEC, 12, 0))
+    memset = keep.put(struct.pack("<QQIIQQ", 0xA000, 0, 9, 4, 16, 1))  # CUDA_MEMSET_NODE_PARAMS
+    call("cuGraphExecMemsetNodeSetParams", 0, struct.pack("<QQQ", EXEC, 12, 0))  # null: refused by the driver
+    call("cuGraphExecMemsetNodeSetParams", 1, struct.pack("<QQQ", EXEC, 12, 0), result=1)
+    call("cuGraphExecMemsetNodeSetParams", 0, struct.pack("<QQQ", EXEC, 12, memset))
+    call("cuGraphExecMemsetNodeSetParams", 1, struct.pack("<QQQ", EXEC, 12, memset))
     call("cuGraphExecUpdate_v2", 1, struct.pack("<QQQ", EXEC, CHILD + 5, 0))
     call("cuGraphExecUpdate_v2", 1, struct.pack("<QQQ", EXEC, 0xBAD, 0))  # a graph the stand-in does not know
     updated, refused, replaced, unreadable = seen
     assert isinstance(updated, ev.GraphKernelUpdated) and (updated.graph_exec, updated.node) == (EXEC, 11)
     assert updated.kernel.grid == (8, 1, 1) and updated.kernel.block == (128, 1, 1)
-    assert refused.call == "cuGraphExecMemsetNodeSetParams" and "not followed" in refused.reason
+    assert refused == ev.GraphNodeUpdated(
+        EXEC, 12, ev.GraphNodeInfo(_N.MEMSET, dst=0xA000, value=9, element_size=4, width=16, height=1)
+    )
     assert replaced.graph_exec == EXEC and [n.kind for n in replaced.graph.nodes] == [_N.EMPTY]
     (node,) = unreadable.graph.nodes
     assert node.unsupported.startswith("cuGraphExecUpdate_v2: the recorder could not read the graph (KeyError")
@@ -376,3 +382,40 @@ def test_unrecordable_graphs_become_unsupported_operations(tmp_path, cubin):
     assert reasons[3] == "the executable graph 0x2 was instantiated before the recorder started"
     assert reasons[4] == "the module of early was loaded before the recorder started"
     assert t.report.unsupported == {"cuGraphLaunch": 5} and t.report.graph_launches == 0
+
+
+def test_memset_and_memcpy_node_updates_write_new_versions_and_an_unread_change_refuses(tmp_path, cubin):
+    """XLA's command buffers change memset and memcpy nodes between launches, as kernel nodes."""
+    launch = ev.GraphLaunched(0xE0E0, 0x5000)
+    new_memset = ev.GraphNodeInfo(_N.MEMSET, dst=C, value=7, element_size=4, width=32)
+    new_memcpy = ev.GraphNodeInfo(_N.MEMCPY, src=A, dst=C, size=128)
+    unread = ev.GraphNodeInfo(_N.EMPTY, unsupported="cuGraphExecNodeSetParams changed a conditional node")
+    events = [
+        *setup_events(cubin),
+        ev.GraphInstantiated(0xE0E0, description()),
+        launch,
+        ev.GraphNodeUpdated(0xE0E0, 0x10, new_memset),
+        ev.GraphNodeUpdated(0xE0E0, 0x12, new_memcpy),
+        launch,
+        ev.GraphNodeUpdated(0xE0E0, 0x11, new_memset),  # node 0x11 is the kernel: no memset of that handle
+        launch,
+        ev.GraphInstantiated(0xE0E0, description()),
+        ev.GraphNodeUpdated(0xE0E0, 0x12, unread),
+        launch,
+    ]
+    path, _ = record(tmp_path, events, graph_memory())
+    with replayfmt.open(path) as cap:
+        graphs = [o for o in cap.objects() if isinstance(o, m.Graph)]
+        buffers = {o.address: o.id for o in cap.objects() if isinstance(o, m.Buffer)}
+        ops = list(cap.iter_operations())
+        assert len(graphs) == 2
+        memset, _, memcpy, _ = graphs[1].nodes
+        assert (memset.value, memset.width) == (7, 32)
+        assert (memcpy.src_buffer, memcpy.dst_buffer, memcpy.size) == (buffers[A], buffers[C], 128)
+        launched = [op.graph for op in ops if op.kind == m.OperationKind.GRAPH_LAUNCH]
+        assert launched == [graphs[0].id, graphs[1].id]
+        refusals = [op.reason for op in ops if op.kind == m.OperationKind.UNSUPPORTED]
+        assert refusals == [
+            "a memset node update named node 0x11, no such node",
+            "cuGraphExecNodeSetParams changed a conditional node",
+        ]

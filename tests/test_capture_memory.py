@@ -269,3 +269,23 @@ def test_the_source_decodes_vmm_host_memory_pools_and_host_functions():
         ev.Allocation(BASE, 512, ev.MemoryApi.DEVICE, "cuMemAllocAsync"),
         ev.Free(BASE, "cuMemFreeAsync"),
     ]
+
+
+def test_a_device_to_host_copy_from_pinned_memory_is_recorded(tmp_path):
+    """XLA memsets small pinned host buffers on a stream and copies them to the host: the copy
+    reads memory the program pinned while the recorder listened, so it is recorded, not refused."""
+    mem = FakeMemory()
+    mem.device[HOST] = bytearray(b"\x07" * 8)  # what the host left in it before the region
+    events = [
+        ev.Allocation(HOST, 8, ev.MemoryApi.HOST_PINNED, "cuMemHostAlloc"),
+        ev.Memset(HOST, 0, 4, 1, 0x10, "cuMemsetD32Async"),  # half of it: the rest is starting state
+        ev.Copy(ev.CopyDirection.D2H, 0x1000, HOST, 8, 0x10, True, "cuMemcpyDtoHAsync_v2"),
+    ]
+    path, t = record(tmp_path, events, mem)
+    assert not t.report.unsupported and not t.report.errors
+    with replayfmt.open(path) as cap:
+        ops = [op for op in cap.iter_operations() if op.kind.label in ("state", "memset", "copy_d2h", "unsupported")]
+        pinned = next(b for b in buffers_of(cap) if b.memory == m.MemoryKind.HOST_PINNED)
+        assert [op.kind.label for op in ops] == ["state", "memset", "copy_d2h"]
+        assert ops[2].src_buffer == pinned.id and ops[2].size == 8
+        assert not build_plan(cap, PlanOptions()).problems

@@ -555,3 +555,35 @@ def test_framework_hooks_install_once_the_program_imports_the_framework(tmp_path
     finally:
         hook.remove()
         sys.modules.pop("late_framework_f14", None)
+
+
+def test_a_kernel_reloaded_at_the_same_handles_with_another_layout_is_read_by_its_new_layout(tmp_path, cubin):
+    """XLA's autotuner loads and unloads modules whose kernels share names: the driver reuses the
+    module and function handles, so what the translator worked out for the old kernel (its words,
+    its tensor-map parameters) must not be used for the new one."""
+    mem = FakeMemory()
+    mem.device[A] = bytearray(1024)
+    mem.device[B] = bytearray(1024)
+    wide = ((0, 48), (48, 8), (56, 8), (64, 4))  # 48 bytes of scalars first, then x and y
+    events = [
+        ev.ModuleImage(MODULE, cubin, None, "cuModuleLoadData"),
+        ev.Allocation(A, 1024),
+        ev.Allocation(B, 1024),
+        ev.LaunchBegin(kernel(), (1, 1, 1), (256, 1, 1), 0, 0, saxpy_params(2.0, A, B, 256)),
+        ev.ModuleUnload(MODULE),
+        ev.ModuleImage(MODULE, cubin, None, "cuModuleLoadData"),  # the same handle again
+        ev.LaunchBegin(kernel(wide), (1, 1, 1), (256, 1, 1), 0, 0, bytes(48) + struct.pack("<QQi4x", B, A, 256)),
+    ]
+    path, t = record(tmp_path, events, mem)
+    assert not t.report.errors
+    with replayfmt.open(path) as cap:
+        launches = [op for op in cap.iter_operations() if op.kind == m.OperationKind.LAUNCH]
+        buffers = {o.address: o.id for o in cap.objects() if isinstance(o, m.Buffer)}
+        assert [(r.site_offset, r.target_buffer) for r in launches[0].relocations] == [
+            (8, buffers[A]),
+            (16, buffers[B]),
+        ]
+        assert [(r.site_offset, r.target_buffer) for r in launches[1].relocations] == [
+            (48, buffers[B]),
+            (56, buffers[A]),
+        ]

@@ -31,7 +31,7 @@ from replayfmt.capture.cupti_api import (
     RESOURCE_MODULE_UNLOAD_STARTING,
     Cupti,
 )
-from replayfmt.capture.graphs import GRAPH_UPDATES_NOT_FOLLOWED, GraphCalls
+from replayfmt.capture.graphs import GRAPH_NODE_UPDATES, GRAPH_UPDATES_NOT_FOLLOWED, GraphCalls
 from replayfmt.capture.process_memory import MEMORY, c_string, image_bytes, read, u64
 from replayfmt.cuda.driver import driver
 from replayfmt.cuda.functions import parameter_layout
@@ -119,7 +119,7 @@ class CuptiSource(GraphCalls):
         self._lazy_images: dict[int, bytes] = {}  # CUPTI module id -> cubin, loaded with no call of its own
         self._lazy_sent: set[int] = set()
         self._graphs = None  # a GraphReader, made at the first graph call
-        self._pending_updates: dict[int, ev.GraphKernelUpdated] = {}  # thread id -> kernel-node update in its call
+        self._pending_updates: dict[int, ev.Event] = {}  # thread id -> kernel-node update in its call
         self._captures = 0  # stream captures in progress: work enqueued then is recorded into graphs, not run
         self._deliver = sink
 
@@ -229,11 +229,11 @@ class CuptiSource(GraphCalls):
     def _library_of(self, module: int) -> tuple[str, int] | None:
         """The library whose module ``module`` is (functions taken from a library's kernels)."""
         cu = self.cu
-        for key in self._loaded:
+        for key in list(self._loaded):  # cuLibraryGetModule may load a lazy module: _loaded grows
             if key[0] == "library" and key not in self._library_modules:
                 err, owned = cu.cuLibraryGetModule(key[1])
                 self._library_modules[key] = int(owned) if err == cu.CUresult.CUDA_SUCCESS else 0
-        for key, owned in self._library_modules.items():
+        for key, owned in list(self._library_modules.items()):
             if owned == module and key in self._loaded:
                 return key
         return None
@@ -543,6 +543,7 @@ for _names, _decoder in [
     ),
     (_variants("cuStreamEndCapture"), GraphCalls._on_capture_end),
     (["cuGraphExecKernelNodeSetParams", "cuGraphExecKernelNodeSetParams_v2"], GraphCalls._on_graph_kernel_update),
+    (GRAPH_NODE_UPDATES, GraphCalls._on_graph_node_update),
     (GRAPH_UPDATES_NOT_FOLLOWED, _refusal_decoder("this change to an executable graph is not followed yet")),
     (
         ["cuIpcOpenMemHandle", "cuIpcOpenMemHandle_v2", "cuIpcGetMemHandle"],

@@ -281,6 +281,16 @@ class GraphKernelUpdated:
 
 
 @dataclass(slots=True)
+class GraphNodeUpdated:
+    """cuGraphExecMemsetNodeSetParams and kin: one node of an executable graph got new parameters
+    (``info.unsupported`` says why when the recorder cannot read the change)."""
+
+    graph_exec: int
+    node: int  # the CUgraphNode handle (of the graph it was instantiated from)
+    info: GraphNodeInfo
+
+
+@dataclass(slots=True)
 class GraphExecDestroyed:
     graph_exec: int
 
@@ -327,6 +337,7 @@ Event = (
     | HostFunction
     | GraphInstantiated
     | GraphKernelUpdated
+    | GraphNodeUpdated
     | GraphExecDestroyed
     | GraphLaunched
     | NotReproducible

@@ -86,6 +86,21 @@ class GraphEvents:
                 return
         executable.broken = f"cuGraphExecKernelNodeSetParams changed node {event.node:#x}, no kernel node of it"
 
+    def _on_graph_node_updated(self, event: ev.GraphNodeUpdated) -> None:
+        executable = self._executables.get(event.graph_exec)
+        if executable is None:
+            return
+        if event.info.unsupported:
+            executable.broken = event.info.unsupported
+            return
+        for index, node in enumerate(executable.description.nodes):
+            if node.handle == event.node and node.kind == event.info.kind:
+                event.info.handle = node.handle
+                executable.description.nodes[index] = event.info
+                executable.graph = 0
+                return
+        executable.broken = f"a {event.info.kind.name.lower()} node update named node {event.node:#x}, no such node"
+
     def _on_graph_launched(self, event: ev.GraphLaunched) -> None:
         if not self._recording:
             return

@@ -83,7 +83,10 @@ class GraphReader:
         if edges.value:
             sources = (ctypes.c_void_p * edges.value)()
             targets = (ctypes.c_void_p * edges.value)()
-            self._call("cuGraphGetEdges_v2", ctypes.c_void_p(graph), sources, targets, None, ctypes.byref(edges))
+            # CUgraphEdgeData (8 bytes each) is asked for: a graph with programmatic edges (XLA's
+            # command buffers) answers CUDA_ERROR_LOSSY_QUERY without it; every edge orders its nodes here
+            data = (ctypes.c_uint8 * (8 * edges.value))()
+            self._call("cuGraphGetEdges_v2", ctypes.c_void_p(graph), sources, targets, data, ctypes.byref(edges))
             pairs = [(index[int(sources[i] or 0)], index[int(targets[i] or 0)]) for i in range(edges.value)]
         return ev.GraphDescription([self._node(h, depth) for h in handles], pairs)
 
@@ -103,9 +106,7 @@ class GraphReader:
         if kind == MEMSET:
             params = ctypes.create_string_buffer(_MEMSET_PARAMS.size)
             self._call("cuGraphMemsetNodeGetParams", node, params)
-            dst, pitch, value, element_size, width, height = _MEMSET_PARAMS.unpack_from(params.raw)
-            shape = {"element_size": element_size, "width": width, "height": max(1, height), "pitch": pitch}
-            return ev.GraphNodeInfo(_N.MEMSET, dst=dst, value=value, **shape)
+            return memset_node(params.raw)
         if kind == MEMCPY:
             params = ctypes.create_string_buffer(_MEMCPY_SIZE)
             self._call("cuGraphMemcpyNodeGetParams", node, params)
@@ -143,6 +144,13 @@ class GraphReader:
         return ev.GraphKernel(kernel.kernel, (gx, gy, gz), (bx, by, bz), smem, kernel.arguments(kernel_params, extra))
 
 
+def memset_node(raw: bytes, offset: int = 0) -> ev.GraphNodeInfo:
+    """A CUDA_MEMSET_NODE_PARAMS (v1, or the first fields of v2) as a memset node."""
+    dst, pitch, value, element_size, width, height = _MEMSET_PARAMS.unpack_from(raw, offset)
+    shape = {"element_size": element_size, "width": width, "height": max(1, height), "pitch": pitch}
+    return ev.GraphNodeInfo(_N.MEMSET, dst=dst, value=value, **shape)
+
+
 def memcpy_node(raw: bytes) -> ev.GraphNodeInfo:
     """A CUDA_MEMCPY3D as a memcpy node: 1-D, device (or unified) memory on both sides; any
     other copy is a node the Graph object cannot hold (the reason says which)."""
@@ -168,7 +176,7 @@ class GraphCalls:
     _launch_results: bool
     _sink: Callable[[ev.Event], None]
     _deliver: Callable[[ev.Event], None]
-    _pending_updates: dict[int, ev.GraphKernelUpdated]  # thread id -> the update its call makes
+    _pending_updates: dict[int, ev.Event]  # thread id -> the node update its call makes
 
     if TYPE_CHECKING:  # provided by the CUPTI source
 
@@ -207,6 +215,8 @@ class GraphCalls:
         graph_exec, node, params = struct.unpack_from("<QQQ", MEMORY, p)
         thread = threading.get_ident()
         if site == ENTER:
+            if not params:  # the driver refuses the call; reading it would fault
+                return
             v2 = call.endswith("_v2")
             raw = read(params, KERNEL_PARAMS.size if v2 else _KERNEL_PARAMS_V1.size)
             self._pending_updates[thread] = ev.GraphKernelUpdated(graph_exec, node, self._reader().kernel(raw, v2))
@@ -214,6 +224,38 @@ class GraphCalls:
         update = self._pending_updates.pop(thread, None)
         if update is not None and self._succeeded(result):
             self._sink(update)
+
+    def _on_graph_node_update(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
+        """cuGraphExecMemsetNodeSetParams / cuGraphExecMemcpyNodeSetParams / cuGraphExecNodeSetParams
+        (exec, node, const params*, ...): XLA's command buffers change their nodes between launches
+        this way. Read at entry (the parameters are the caller's), sent once the call succeeded; a
+        kind of change the recorder cannot read makes the executable's later launches refused."""
+        graph_exec, node, params = struct.unpack_from("<QQQ", MEMORY, p)
+        thread = threading.get_ident()
+        if site == ENTER:
+            if params:  # (a null pointer: the driver refuses the call, and reading it would fault)
+                self._pending_updates[thread] = self._node_update(graph_exec, node, params, call)
+            return
+        update = self._pending_updates.pop(thread, None)
+        if update is not None and self._succeeded(result):
+            self._sink(update)
+
+    def _node_update(self, graph_exec: int, node: int, params: int, call: str) -> ev.Event:
+        if call == "cuGraphExecMemsetNodeSetParams":
+            return ev.GraphNodeUpdated(graph_exec, node, memset_node(read(params, _MEMSET_PARAMS.size)))
+        if call == "cuGraphExecMemcpyNodeSetParams":
+            return ev.GraphNodeUpdated(graph_exec, node, memcpy_node(read(params, _MEMCPY_SIZE)))
+        # CUgraphNodeParams: the node's type, 12 bytes reserved, then the type's parameters
+        kind = struct.unpack("<i", read(params, 4))[0]
+        if kind == KERNEL:
+            return ev.GraphKernelUpdated(graph_exec, node, self._reader().kernel(read(params + 16, KERNEL_PARAMS.size)))
+        if kind == MEMSET:
+            return ev.GraphNodeUpdated(graph_exec, node, memset_node(read(params + 16, _MEMSET_PARAMS.size)))
+        if kind == MEMCPY:  # CUDA_MEMCPY_NODE_PARAMS: flags, reserved, copyCtx, then the CUDA_MEMCPY3D
+            return ev.GraphNodeUpdated(graph_exec, node, memcpy_node(read(params + 32, _MEMCPY_SIZE)))
+        what = NODE_TYPE_NAMES.get(kind, f"type {kind}")
+        reason = f"{call} changed a {what} node, which the recorder does not follow yet"
+        return ev.GraphNodeUpdated(graph_exec, node, ev.GraphNodeInfo(_N.EMPTY, unsupported=reason))
 
     def _on_graph_exec_destroy(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
         if site == ENTER:
@@ -251,12 +293,12 @@ class GraphCalls:
         self._deliver(event)
 
 
+GRAPH_NODE_UPDATES = ["cuGraphExecMemsetNodeSetParams", "cuGraphExecMemcpyNodeSetParams", "cuGraphExecNodeSetParams"]
+"""Changes to an executable graph's nodes the recorder follows besides kernel-node updates."""
+
 GRAPH_UPDATES_NOT_FOLLOWED = [
-    "cuGraphExecMemcpyNodeSetParams",
-    "cuGraphExecMemsetNodeSetParams",
     "cuGraphExecHostNodeSetParams",
     "cuGraphExecChildGraphNodeSetParams",
-    "cuGraphExecNodeSetParams",
     "cuGraphExecEventRecordNodeSetEvent",
     "cuGraphExecEventWaitNodeSetEvent",
     "cuGraphNodeSetEnabled",

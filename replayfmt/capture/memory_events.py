@@ -89,6 +89,16 @@ class MemoryEvents:
         for address, size in began:
             self.allocations.add(address, size, ev.MemoryApi.DEVICE, call)
 
+    def _copy_source(self, address: int, stream: int) -> Allocation | None:
+        """The allocation a device-to-host copy reads, touched: device memory, or pinned,
+        registered or managed memory the program made while the recorder listened (XLA copies
+        its small pinned flags to the host), refreshed as for a launch; None when unknown."""
+        allocation = self.allocations.kernel_allocation(address)
+        if allocation is not None:
+            self._touch_for_launch(allocation, stream, "")
+            self._buffer(allocation)
+        return allocation
+
     def _touch_for_launch(self, allocation: Allocation, stream: int, kernel: str) -> None:
         """Before a launch that uses the allocation: its first touch, or, for host-visible memory
         already uploaded, what the host may have written since."""

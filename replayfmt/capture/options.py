@@ -32,6 +32,9 @@ class RecordOptions:
     file_policy: m.FilePolicy = m.FilePolicy.REFERENCE
     file_validation: m.FileValidation = m.FileValidation.IDENTITY
     original_times: bool = True  # record the original program's device times (CUPTI activity records)
+    # snapshot only the live framework buffers (JAX arrays, PyTorch blocks) of large allocations
+    live_buffers: bool = True
+    max_snapshot: int = 16 << 30  # bytes: a larger snapshot with no framework view is refused, never tried
 
     def __post_init__(self) -> None:
         if self.skip_first < 0:
@@ -43,5 +46,7 @@ class RecordOptions:
                 re.compile(self.kernels)
             except re.error as exc:
                 raise ReplayUsageError(f"kernels={self.kernels!r} is not a valid regular expression: {exc}") from None
+        if self.max_snapshot < 0:
+            raise ReplayUsageError(f"max_snapshot must be >= 0, not {self.max_snapshot}")
         if self.mode == CaptureMode.KERNEL and self.region_scopes:
             raise ReplayUsageError("region_scopes applies to mode=region only")

@@ -22,6 +22,8 @@ class Report:
     operations: int = 0
     snapshot_bytes: int = 0
     snapshot_seconds: float = 0.0
+    skipped_bytes: int = 0  # bytes of allocations left out of snapshots: outside every live framework buffer
+    live_sources: set[str] = field(default_factory=set)  # frameworks whose live buffers bounded snapshots
     unsupported: dict[str, int] = field(default_factory=dict)  # call -> count
     graph_launches: int = 0  # cuGraphLaunch calls written as GraphLaunch operations
     graphs: int = 0  # Graph objects written (a graph changed between launches is written again)
@@ -54,6 +56,12 @@ class Report:
         if self.graph_launches:
             graphs = f"{self.graph_launches} launches recorded as graph launches of {self.graphs} graph objects"
             out.append(f"  CUDA graphs: {graphs}")
+        if self.skipped_bytes:
+            sources = ", ".join(sorted(self.live_sources))
+            out.append(
+                f"  snapshots skipped {self.skipped_bytes} bytes outside live buffers ({sources}): "
+                "undefined at replay's start, never compared"
+            )
         for call, count in sorted(self.unsupported.items()):
             out.append(f"  unsupported: {call} x{count} (recorded; replay will refuse the capture)")
         if self.needs_fixed_addresses:

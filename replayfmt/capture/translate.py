@@ -29,6 +29,7 @@ from replayfmt.capture.file_references import FileReferences
 from replayfmt.capture.graph_events import GraphEvents, GraphExecutable
 from replayfmt.capture.hostfiles import HostFiles
 from replayfmt.capture.labels import KernelAnnotation, typed_ranges
+from replayfmt.capture.live_buffers import LiveBuffers
 from replayfmt.capture.memory_events import MEMORY_KINDS, MemoryEvents
 from replayfmt.capture.modules import Module, store_module
 from replayfmt.capture.options import CaptureMode, RecordOptions
@@ -59,6 +60,7 @@ class _KernelShape:
     collective: bool  # an NCCL kernel: never reproducible alone
     tensor_maps: frozenset[int]  # offsets of its tensor-map parameters
     words: struct.Struct  # its parameter block as 8-byte words
+    layout: tuple[tuple[int, int], ...]  # the layout these were worked out from
     # the last launch's arguments and what they resolved to, while no allocation changed since
     last: tuple[bytes, int, tuple[m.Relocation, ...], list[Allocation]] | None = None
 
@@ -74,6 +76,7 @@ class Translator(MemoryEvents, GraphEvents, StateEvents):
         *,
         device: m.Device | None = None,
         host_files: HostFiles | None = None,
+        live_buffers: LiveBuffers | None = None,
     ) -> None:
         self.writer = writer
         self.options = options
@@ -104,6 +107,10 @@ class Translator(MemoryEvents, GraphEvents, StateEvents):
         self._marked_fixed = False
         self._executables: dict[int, GraphExecutable] = {}
         self._graph_ids: dict[m.Graph, int] = {}
+        # which bytes of large allocations hold live framework buffers (JAX, PyTorch), asked once per step
+        self.live_buffers = live_buffers if live_buffers is not None else LiveBuffers(problems=self.report.errors)
+        self._refused: set[int] = set()
+        self._checkpoints = 0
 
     # -- regions ---------------------------------------------------------------------------
 
@@ -214,7 +221,8 @@ class Translator(MemoryEvents, GraphEvents, StateEvents):
     def _shape(self, kernel: ev.Kernel) -> _KernelShape:
         key = (kernel.handle, kernel.name, kernel.module)
         shape = self._shapes.get(key)
-        if shape is None:
+        # a new layout under the same key: a module unloaded and another loaded at its handle (XLA's autotuner)
+        if shape is None or shape.layout is not kernel.layout:
             maps = frozenset(o for o, size in kernel.layout if self._tensor_map(kernel, o, size))
             end = max((o + size for o, size in kernel.layout), default=0)
             shape = self._shapes[key] = _KernelShape(
@@ -222,6 +230,7 @@ class Translator(MemoryEvents, GraphEvents, StateEvents):
                 bool(_COLLECTIVE.search(kernel.name)),
                 maps,
                 struct.Struct(f"<{end // 8}Q"),
+                kernel.layout,
             )
         return shape
 
@@ -292,9 +301,9 @@ class Translator(MemoryEvents, GraphEvents, StateEvents):
             self._prepare_write(dst, event.dst - dst.address, event.size, event.stream)
             self._copy_from_host(event, dst, stream, flags)
         elif direction == ev.CopyDirection.D2H:
+            src = self._copy_source(event.src, event.stream)  # device, or host memory the program pinned
             if src is None:
                 return self._unsupported(event.call, f"source {event.src:#x} is in no recorded allocation", 0)
-            self._touch(src, event.stream, "")
             if event.asynchronous:
                 self.writer.copy_d2h(
                     src_buffer=src.buffer,
@@ -569,6 +578,7 @@ class Translator(MemoryEvents, GraphEvents, StateEvents):
         ev.HostFunction: _on_host_function,
         ev.GraphInstantiated: GraphEvents._on_graph_instantiated,
         ev.GraphKernelUpdated: GraphEvents._on_graph_kernel_updated,
+        ev.GraphNodeUpdated: GraphEvents._on_graph_node_updated,
         ev.GraphExecDestroyed: GraphEvents._on_graph_exec_destroyed,
         ev.GraphLaunched: GraphEvents._on_graph_launched,
         ev.NotReproducible: _on_not_reproducible,

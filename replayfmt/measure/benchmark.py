@@ -1,10 +1,12 @@
 """Timing replayed work: a scope (or the whole capture), from the same starting state every time.
 
 A :class:`Benchmark` works on a prepared :class:`~replayfmt.replay.replayer.Replayer`. Cold work happens
-once: the operations before the region run once (the region's starting state), and every buffer
-the region touches gets a pristine device copy. Each iteration then restores those buffers with
-device-to-device copies (and optionally flushes the L2 cache) outside the timed region, and
-times the region with CUDA events on the timing stream, joined with every captured stream.
+once: the operations before the region run once (the region's starting state), and what the
+region starts from gets a pristine device copy (``restore``: the state ranges of a buffer nothing
+before the region writes, such as a framework's arena; whole buffers otherwise). Each iteration
+then restores those bytes with device-to-device copies (and optionally flushes the L2 cache)
+outside the timed region, and times the region with CUDA events on the timing stream, joined with
+every captured stream.
 
 In graph mode the region is captured once as a CUDA graph (host synchronisations inside it become
 event edges, which keep the same device-side ordering) and each iteration launches the graph.
@@ -31,6 +33,7 @@ from replayfmt.format import model as m
 from replayfmt.format.names import demangle
 from replayfmt.measure import kernel_times as kt
 from replayfmt.measure.graph_nodes import NodeKey, node_name, unroll_graph_launches
+from replayfmt.measure.restore import Span, buffers_of, restore_spans
 from replayfmt.replay.graph_plan import graph_buffers
 from replayfmt.replay.replayer import Replayer
 from replayfmt.replay.steps import Step, StepKind, bracket_with_events
@@ -210,7 +213,7 @@ class Benchmark:
         # the region's starting state
         replayer.execute_steps(self.prefix)
         replayer.synchronize()
-        self._snapshots = self._snapshot(self._touched_buffers())
+        self._snapshots = self._snapshot(self._restore_spans(self._touched_buffers()))
         self._flush: tuple[int, int] | None = None
         if options.flush_l2:
             attr = cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE
@@ -238,37 +241,42 @@ class Benchmark:
             return set(self.r.plan.buffers)  # raw pointers may reach any buffer
         touched: set[int] = set()
         for op in self.ops.values():
-            if isinstance(op, m.Launch):
-                for rel in op.relocations:
-                    touched.add(rel.target_buffer)
-                    if rel.site_buffer:
-                        touched.add(rel.site_buffer)
-            elif isinstance(op, m.Copy):
-                touched |= {op.src_buffer, op.dst_buffer} - {0}
-            elif isinstance(op, m.Memset | m.State):
-                touched.add(op.buffer)
-            elif isinstance(op, m.GraphLaunch):
-                touched |= graph_buffers(self.r.plan.graphs, op.graph)
+            touched |= self._buffers_of(op)
         return touched
 
-    def _snapshot(self, buffers: set[int]) -> list[tuple[int, int, int]]:
-        """Pristine device copies of the buffers the region may change: (live, pristine, size)."""
-        cu = self.cu
+    def _restore_spans(self, buffers: set[int]) -> list[Span]:
+        """What of the buffers the region may change it starts from (replayfmt.measure.restore)."""
         plan = self.r.plan
-        need = sum(max(plan.buffers[b].size, 1) for b in buffers)
+        sizes = {b: plan.buffers[b].size for b in buffers}
+        if plan.options.fixed_addresses:
+            return [Span(b, 0, max(size, 1)) for b, size in sorted(sizes.items())]
+        states = [op for op in plan.capture.iter_operations() if isinstance(op, m.State)]
+        before = plan.capture.iter_operations(0, self.region.start)
+        return restore_spans(buffers, sizes, before, states, self._buffers_of)
+
+    def _buffers_of(self, op: object) -> set[int]:
+        """The buffers an operation touches, a graph launch's nodes' included."""
+        if isinstance(op, m.GraphLaunch):
+            return graph_buffers(self.r.plan.graphs, op.graph)
+        return buffers_of(op)
+
+    def _snapshot(self, spans: list[Span]) -> list[tuple[int, int, int]]:
+        """Pristine device copies of what the region starts from: (live, pristine, size)."""
+        cu = self.cu
+        need = sum(s.size for s in spans)
         free, _ = check(cu.cuMemGetInfo(), "cuMemGetInfo")
         if need > free:
             raise ReplayError(
-                f"restoring the region's {len(buffers)} buffers needs {need} bytes of device memory for "
-                f"pristine copies; {free} are free"
+                f"restoring the region's {len({s.buffer for s in spans})} buffers needs {need} bytes of device "
+                f"memory for pristine copies; {free} are free"
             )
         out = []
-        for b in sorted(buffers):
-            size = max(plan.buffers[b].size, 1)
-            ptr = check(cu.cuMemAlloc(size), f"pristine copy of buffer {b}")
+        for span in spans:
+            live = self.r.addresses[span.buffer] + span.offset
+            ptr = check(cu.cuMemAlloc(span.size), f"pristine copy of buffer {span.buffer}")
             self.r.own(lambda p=ptr: cu.cuMemFree(p))
-            check(cu.cuMemcpyDtoD(ptr, self.r.addresses[b], size), f"snapshot of buffer {b}")
-            out.append((self.r.addresses[b], int(ptr), size))
+            check(cu.cuMemcpyDtoD(ptr, live, span.size), f"snapshot of buffer {span.buffer}")
+            out.append((live, int(ptr), span.size))
         return out
 
     def _restore(self, stream: Any) -> None:

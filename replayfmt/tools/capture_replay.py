@@ -63,6 +63,18 @@ from replayfmt.tools.common import EXIT_PROBLEM, ToolExit, agents_md_option, rep
 )
 @click.option("--label-tensors", is_flag=True, help="Type buffers from every PyTorch op's tensors (slower).")
 @click.option(
+    "--whole-allocations",
+    is_flag=True,
+    help="Snapshot whole allocations, not only the live JAX/PyTorch buffers in large ones.",
+)
+@click.option(
+    "--max-snapshot-gib",
+    type=click.FloatRange(min=0),
+    default=16.0,
+    show_default=True,
+    help="Refuse (never attempt) a larger snapshot of an allocation no framework describes.",
+)
+@click.option(
     "--keep-partial",
     is_flag=True,
     help="Keep OUTPUT and exit 0 when the capture cannot be replayed (default: remove it, exit 1).",
@@ -84,6 +96,8 @@ def main(
     file_policy: str,
     file_validation: str,
     label_tensors: bool,
+    whole_allocations: bool,
+    max_snapshot_gib: float,
     keep_partial: bool,
     quiet: bool,
     script: str,
@@ -111,6 +125,8 @@ def main(
         label_tensors=label_tensors,
         file_policy=m.FilePolicy[file_policy.upper().replace("-", "_")],
         file_validation=m.FileValidation[file_validation.upper()],
+        live_buffers=not whole_allocations,
+        max_snapshot=int(max_snapshot_gib * (1 << 30)),
     )
     recorder = Recorder(output, options, overwrite=overwrite, command_line=(script, *args))
     if options.mode == CaptureMode.REGION and not scopes:
@@ -118,12 +134,14 @@ def main(
     code = 0
     sys.argv = [script, *args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    namespace: dict[str, object] = {}  # the script's globals live until the final checkpoint (live buffers)
     try:
-        runpy.run_path(script, run_name="__main__")
+        namespace = runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     finally:
         report = recorder.close()
+        namespace.clear()
         if not quiet:
             for line in report.lines():
                 click.echo(line, err=True)

@@ -209,6 +209,12 @@ TOOLS = {
   as the region's starting state (`state` rows: replay sets them before the region begins and
   never times them); the allocations a region, or a scope inside it, touched are checkpointed at
   its end, so `run-replay --verify` checks them.
+* Framework arenas (XLA preallocates most of the device as one; PyTorch's caching allocator keeps
+  free blocks): in allocations of 16 MiB or more that JAX or PyTorch manages, only the live
+  buffers are snapshotted (`jax.live_arrays()`, the allocator's active blocks); the report says
+  how many bytes were skipped, which are undefined at replay. `--whole-allocations` snapshots
+  whole allocations; a snapshot over `--max-snapshot-gib` (16) that no framework describes is
+  refused (the capture says why), never attempted.
 * Kernel mode: `--mode kernel --kernels REGEX [--skip-first N] [--max-per-kernel N]`; each
   instance is a scope `NAME#K` with its inputs, the launch and a checkpoint of what it changed:
   `benchmark-replay --scope 'NAME#K'`, `tune-replay --launch OP`.

@@ -5,30 +5,33 @@ host memory kernels read, torch.compile with its caches gone), each example capt
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
 
 import pytest
-from test_capture_gpu import EXAMPLES, capture, capture_ready, dump, needs, run, verified  # noqa: F401 - a fixture
+from test_capture_gpu import EXAMPLES, SCRIPTS, capture, capture_ready, dump, needs, run, verified  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.usefixtures("capture_ready")
 
 
-def captured(out: Path, script: Path, *flags: str, env: dict[str, str] | None = None) -> str:
-    """Capture ``script``; the recorder's own verdict must be 'replayable: yes'."""
+def captured(
+    out: Path, script: Path, *flags: str, env: dict[str, str] | None = None, args: tuple[str, ...] = ()
+) -> str:
+    """Capture ``script`` (with ``args``); the recorder's own verdict must be 'replayable: yes'."""
     if env:
-        args = [sys.executable, "-m", "replayfmt.capture", "-o", str(out), *flags, str(script)]
+        args = (sys.executable, "-m", "replayfmt.capture", "-o", str(out), *flags, str(script), *args)
         saved = dict(os.environ)
         os.environ.update(env)
         try:
-            result = run(args)
+            result = run(list(args))
         finally:
             os.environ.clear()
             os.environ.update(saved)
         assert result.returncode == 0, result.stderr[-3000:]
     else:
-        result = capture(out, script, *flags)
+        result = capture(out, script, *flags, args=args)
     assert "replayable: yes" in result.stderr, result.stderr[-3000:]
     return result.stderr
 
@@ -164,3 +167,45 @@ def test_cuda_python_explicit_graph(tmp_path, request):
         assert f" {kind} " in text, text
     verified(out)
     benchmarked(out)
+
+
+def snapshot_figures(report: str) -> tuple[int, int]:
+    """(bytes snapshotted, bytes skipped outside live buffers) from the capture report."""
+    taken = re.search(r"snapshots: (\d+) bytes", report)
+    skipped = re.search(r"snapshots skipped (\d+) bytes outside live buffers", report)
+    assert taken, report[-3000:]
+    return int(taken[1]), int(skipped[1]) if skipped else 0
+
+
+def test_jax_jit_default_arena(tmp_path):
+    """XLA's default settings: one arena of most of the device; the capture snapshots the live
+    arrays in it (a few MB), replays, verifies and benchmarks."""
+    needs("jax")
+    out = tmp_path / "jax.kreplay"
+    report = captured(out, EXAMPLES / "jax_jit.py")
+    taken, skipped = snapshot_figures(report)
+    assert taken < 256 << 20 and skipped > 4 << 30, report[-3000:]  # the arena is tens of GB
+    assert "(jax)" in report
+    verified(out, "--tolerance")
+    benchmarked(out)
+
+
+def test_jax_jit_donated_params(tmp_path):
+    """Donated parameters (a training loop's usual jit) are live arrays too."""
+    needs("jax")
+    out = tmp_path / "jax_donate.kreplay"
+    report = captured(out, EXAMPLES / "jax_jit.py", args=("3", "--donate"))
+    taken, skipped = snapshot_figures(report)
+    assert taken < 256 << 20 and skipped > 4 << 30, report[-3000:]
+    verified(out, "--tolerance")
+
+
+def test_torch_bounded_snapshot_skips_free_blocks(tmp_path):
+    needs("torch")
+    out = tmp_path / "free_blocks.kreplay"
+    report = captured(out, SCRIPTS / "torch_free_blocks.py", "--scope", "step")
+    taken, skipped = snapshot_figures(report)
+    # state and checkpoint of the 64 MiB tensor; the segment's 192 MiB of free blocks skipped each time
+    assert taken == 2 * (64 << 20) and skipped == 2 * (192 << 20), report[-3000:]
+    assert "(torch)" in report
+    verified(out)

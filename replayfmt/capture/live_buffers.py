@@ -1,0 +1,205 @@
+"""Which bytes of a large allocation hold live framework buffers, so that a snapshot covers those
+and not the whole allocation.
+
+Frameworks allocate device memory in large pieces and place their buffers inside them: XLA
+preallocates most of the device's memory as one arena (75% by default), PyTorch's caching
+allocator keeps segments holding free blocks as well as tensors. A step that uses a few
+megabytes of such a piece must not snapshot all of it. A :class:`LiveBufferSource` reports what
+one framework knows (:class:`JaxLiveArrays`, :class:`TorchCachingAllocator`); a
+:class:`LiveBuffers` asks its sources lazily, at most once per step (a region, a kernel instance,
+a checkpoint), and answers for one allocation the sub-ranges worth snapshotting, or None when no
+framework speaks for it (then it is snapshotted whole, within the recorder's bound).
+
+A source never imports its framework: it answers only when the program has imported it already
+(``sys.modules``), so recording a program that never uses JAX costs nothing here.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+LIVE_VIEW_MIN = 16 << 20  # allocations smaller than this are snapshotted whole (no framework query)
+MERGE_GAP = 1 << 20  # live ranges closer than this are snapshotted as one (fewer, larger payloads)
+ALIGN = 256  # live ranges are widened to this (the alignment of cuMemAlloc and of every framework's buffers)
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ByteRange:
+    """Device addresses [start, stop)."""
+
+    start: int
+    stop: int
+
+    @property
+    def size(self) -> int:
+        return self.stop - self.start
+
+
+def merge(ranges: Iterable[ByteRange], gap: int = 0) -> list[ByteRange]:
+    """Sorted, disjoint ranges covering ``ranges``; ranges less than ``gap`` bytes apart become one."""
+    out: list[ByteRange] = []
+    for r in sorted(r for r in ranges if r.stop > r.start):
+        if out and r.start - out[-1].stop <= gap:
+            if r.stop > out[-1].stop:
+                out[-1] = ByteRange(out[-1].start, r.stop)
+        else:
+            out.append(r)
+    return out
+
+
+def clip(ranges: Sequence[ByteRange], start: int, stop: int) -> list[ByteRange]:
+    """The parts of sorted, disjoint ``ranges`` inside [start, stop)."""
+    out = []
+    for r in ranges:
+        low, high = max(r.start, start), min(r.stop, stop)
+        if low < high:
+            out.append(ByteRange(low, high))
+    return out
+
+
+def widen(r: ByteRange, align: int = ALIGN) -> ByteRange:
+    """``r`` grown to ``align``-byte boundaries (frame hashing on the device wants aligned starts)."""
+    return ByteRange(r.start // align * align, -(-r.stop // align) * align)
+
+
+@dataclass(frozen=True)
+class LiveView:
+    """What one framework says about device memory at one moment."""
+
+    source: str  # the framework, for the report
+    live: tuple[ByteRange, ...]  # its live buffers (sorted, disjoint)
+    # the memory it manages (PyTorch's segments), sorted and disjoint; empty when it cannot say
+    # (JAX): then it speaks for an allocation only where one of its live buffers lies inside it
+    managed: tuple[ByteRange, ...] = ()
+
+    def speaks_for(self, start: int, stop: int) -> bool:
+        """Whether this framework manages [start, stop), so that bytes it does not call live are free."""
+        if self.managed:
+            return bool(clip(self.managed, start, stop))
+        return bool(clip(self.live, start, stop))
+
+
+class LiveBufferSource(Protocol):
+    """One framework's view of its live device buffers."""
+
+    name: str
+
+    def view(self) -> LiveView | None:
+        """The framework's live buffers now, or None when the program does not use it."""
+
+
+class JaxLiveArrays:
+    """JAX (XLA): ``jax.live_arrays()``, each addressable shard's buffer pointer and its size on
+    the device. XLA's temporaries inside a step are no live arrays: their starting bytes are not
+    needed (the step writes them before reading them)."""
+
+    name = "jax"
+
+    def view(self) -> LiveView | None:
+        jax = sys.modules.get("jax")
+        if jax is None or not hasattr(jax, "live_arrays"):
+            return None
+        live = []
+        for array in jax.live_arrays():
+            if array.is_deleted():
+                continue
+            for shard in array.addressable_shards:
+                if shard.device.platform != "gpu":
+                    continue
+                data = shard.data
+                pointer = data.unsafe_buffer_pointer()
+                live.append(ByteRange(pointer, pointer + max(data.nbytes, _on_device_size(data))))
+        return LiveView(self.name, tuple(merge(live)))
+
+
+def _on_device_size(data: Any) -> int:
+    size = getattr(data, "on_device_size_in_bytes", None)
+    return int(size()) if callable(size) else 0
+
+
+class TorchCachingAllocator:
+    """PyTorch's caching allocator: ``torch.cuda.memory_snapshot()``'s segments (what it manages)
+    and their active blocks (tensors, and blocks freed while a stream still uses them)."""
+
+    name = "torch"
+
+    def view(self) -> LiveView | None:
+        torch = sys.modules.get("torch")
+        if torch is None or not torch.cuda.is_initialized():
+            return None
+        segments = torch.cuda.memory_snapshot()
+        return torch_view(segments)
+
+
+def torch_view(segments: list[dict[str, Any]]) -> LiveView:
+    """The :class:`LiveView` of ``torch.cuda.memory_snapshot()``'s segments."""
+    managed, live = [], []
+    for segment in segments:
+        managed.append(ByteRange(segment["address"], segment["address"] + segment["total_size"]))
+        for block in segment.get("blocks", ()):
+            if block["state"] != "inactive":  # active_allocated, active_pending_free
+                live.append(ByteRange(block["address"], block["address"] + block["size"]))
+    return LiveView(TorchCachingAllocator.name, tuple(merge(live)), tuple(merge(managed)))
+
+
+def default_sources() -> list[LiveBufferSource]:
+    return [JaxLiveArrays(), TorchCachingAllocator()]
+
+
+@dataclass
+class LiveRanges:
+    """The part of one allocation worth snapshotting: ``ranges`` (device addresses, sorted,
+    disjoint) as ``source`` reported them live."""
+
+    source: str
+    ranges: list[ByteRange]
+
+    @property
+    def size(self) -> int:
+        return sum(r.size for r in self.ranges)
+
+
+@dataclass
+class LiveBuffers:
+    """Asks its sources at most once per step, and only for allocations of ``min_size`` bytes or
+    more. A source that fails is left out for the rest of the recording (``problems`` says why)."""
+
+    sources: list[LiveBufferSource] = field(default_factory=default_sources)
+    min_size: int = LIVE_VIEW_MIN
+    gap: int = MERGE_GAP
+    problems: list[str] = field(default_factory=list)
+    queries: int = 0  # how often the sources were asked (once per step at most)
+    _step: Hashable = None
+    _views: list[LiveView] | None = None
+
+    def ranges(self, address: int, size: int, step: Hashable) -> LiveRanges | None:
+        """The live sub-ranges of the allocation [address, address + size), merged across gaps
+        under ``gap`` bytes; None when it is small or no framework manages it (snapshot it whole).
+        ``step`` names the moment: views are reused while it stays the same."""
+        if size < self.min_size:
+            return None
+        stop = address + size
+        views = [v for v in self._current(step) if v.speaks_for(address, stop)]
+        if not views:
+            return None
+        # every framework's live buffers inside it (a JAX array in a PyTorch segment, through DLPack)
+        widened = [widen(r) for v in views for r in clip(v.live, address, stop)]
+        return LiveRanges("+".join(v.source for v in views), clip(merge(widened, self.gap), address, stop))
+
+    def _current(self, step: Hashable) -> list[LiveView]:
+        if self._views is None or step != self._step:
+            self._step, self._views = step, []
+            self.queries += 1
+            for source in list(self.sources):
+                try:
+                    view = source.view()
+                except Exception as exc:  # a framework's API changed: snapshot whole, say so
+                    self.sources.remove(source)
+                    self.problems.append(f"{source.name} live buffers: {type(exc).__name__}: {exc}")
+                    continue
+                if view is not None:
+                    self._views.append(view)
+        return self._views

@@ -1,0 +1,252 @@
+"""Bounded snapshots (issue 16, item 3): the range arithmetic, the framework views (PyTorch's
+memory_snapshot format, JAX-like views without managed ranges), the per-step cache, and the
+translator's state and checkpoints over live ranges only, on a fake device (no GPU)."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+from hypothesis import given, strategies as st
+from test_capture_translate import FakeMemory
+
+import replayfmt
+from replayfmt.capture import RecordOptions, Translator, events as ev
+from replayfmt.capture.hostfiles import HostFiles
+from replayfmt.capture.live_buffers import (
+    ByteRange,
+    LiveBuffers,
+    LiveView,
+    TorchCachingAllocator,
+    clip,
+    merge,
+    torch_view,
+    widen,
+)
+from replayfmt.container.writer import CaptureWriter
+from replayfmt.errors import ReplayError
+from replayfmt.format import model as m
+from replayfmt.replay.plan import PlanOptions, build_plan
+
+ARENA = 0x7F10_0000_0000
+MiB = 1 << 20
+
+
+def test_merge_sorts_joins_overlaps_and_near_neighbours():
+    ranges = [ByteRange(300, 400), ByteRange(0, 100), ByteRange(50, 120), ByteRange(130, 200), ByteRange(5, 5)]
+    assert merge(ranges) == [ByteRange(0, 120), ByteRange(130, 200), ByteRange(300, 400)]
+    assert merge(ranges, gap=10) == [ByteRange(0, 200), ByteRange(300, 400)]
+    assert merge(ranges, gap=100) == [ByteRange(0, 400)]
+
+
+def test_clip_and_widen():
+    ranges = [ByteRange(0, 100), ByteRange(200, 300), ByteRange(400, 500)]
+    assert clip(ranges, 50, 450) == [ByteRange(50, 100), ByteRange(200, 300), ByteRange(400, 450)]
+    assert clip(ranges, 100, 200) == []
+    assert widen(ByteRange(300, 513)) == ByteRange(256, 768)
+    assert widen(ByteRange(512, 768)) == ByteRange(512, 768)
+
+
+@given(st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 500)), max_size=30), st.integers(0, 64))
+def test_merge_covers_exactly_the_same_bytes(pairs, gap):
+    ranges = [ByteRange(a, a + n) for a, n in pairs]
+    merged = merge(ranges, gap)
+    assert all(a.stop + gap < b.start for a, b in itertools.pairwise(merged))  # disjoint, apart
+    covered = {i for r in ranges for i in range(r.start, r.stop)}
+    in_merged = {i for r in merged for i in range(r.start, r.stop)}
+    assert covered <= in_merged
+    if gap == 0:
+        assert covered == in_merged
+
+
+def torch_segments() -> list[dict]:
+    """Two segments as torch.cuda.memory_snapshot() gives them (keys it has, frames left out)."""
+    return [
+        {
+            "device": 0,
+            "address": ARENA,
+            "total_size": 256 * MiB,
+            "segment_type": "large",
+            "blocks": [
+                {"address": ARENA, "size": 64 * MiB, "requested_size": 64 * MiB, "state": "active_allocated"},
+                {"address": ARENA + 64 * MiB, "size": 192 * MiB, "requested_size": 0, "state": "inactive"},
+            ],
+        },
+        {
+            "device": 0,
+            "address": ARENA + 512 * MiB,
+            "total_size": 2 * MiB,
+            "segment_type": "small",
+            "blocks": [
+                {"address": ARENA + 512 * MiB, "size": 512, "requested_size": 4, "state": "active_pending_free"},
+                {"address": ARENA + 512 * MiB + 512, "size": 2 * MiB - 512, "requested_size": 0, "state": "inactive"},
+            ],
+        },
+    ]
+
+
+def test_torch_view_takes_active_blocks_and_manages_every_segment():
+    view = torch_view(torch_segments())
+    assert view.source == "torch"
+    assert view.live == (ByteRange(ARENA, ARENA + 64 * MiB), ByteRange(ARENA + 512 * MiB, ARENA + 512 * MiB + 512))
+    assert view.managed == (ByteRange(ARENA, ARENA + 256 * MiB), ByteRange(ARENA + 512 * MiB, ARENA + 514 * MiB))
+    assert view.speaks_for(ARENA + 100 * MiB, ARENA + 101 * MiB)  # free bytes of a segment: torch's
+    assert not view.speaks_for(ARENA + 300 * MiB, ARENA + 400 * MiB)  # between segments: nobody's
+
+
+def test_torch_source_is_silent_where_the_program_did_not_import_torch(monkeypatch):
+    import sys
+
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    assert TorchCachingAllocator().view() is None
+
+
+class FakeSource:
+    """A framework whose live buffers the test sets; counts how often it was asked."""
+
+    def __init__(self, name: str = "fake", live=(), managed=()) -> None:
+        self.name, self.live, self.managed = name, list(live), list(managed)
+        self.calls = 0
+
+    def view(self) -> LiveView | None:
+        self.calls += 1
+        return LiveView(self.name, tuple(merge(self.live)), tuple(merge(self.managed)))
+
+
+class BrokenSource:
+    name = "broken"
+
+    def view(self) -> LiveView | None:
+        raise AttributeError("module 'jax' has no attribute 'live_arrays'")
+
+
+def test_ranges_are_asked_once_per_step_for_large_allocations_only():
+    source = FakeSource(live=[ByteRange(ARENA + 1000, ARENA + 3000), ByteRange(ARENA + 3100, ARENA + 5000)])
+    live = LiveBuffers([source], min_size=64 * 1024, gap=0)
+    assert live.ranges(ARENA, 4096, step=1) is None and source.calls == 0  # small: whole, nothing asked
+    first = live.ranges(ARENA, MiB, step=1)
+    assert first is not None and first.source == "fake"
+    assert first.ranges == [ByteRange(ARENA + 768, ARENA + 5120)]  # widened to 256 bytes, then joined
+    assert live.ranges(ARENA, MiB, step=1) == first and source.calls == 1  # cached within the step
+    source.live = []
+    assert live.ranges(ARENA, MiB, step=2) is None and source.calls == 2  # no live buffer inside: not its memory
+    assert live.queries == 2
+
+
+def test_a_source_that_fails_is_dropped_and_reported():
+    good = FakeSource(live=[ByteRange(ARENA, ARENA + 4096)])
+    live = LiveBuffers([BrokenSource(), good], min_size=0)
+    assert live.ranges(ARENA, MiB, step=1).ranges == [ByteRange(ARENA, ARENA + 4096)]
+    assert live.problems == ["broken live buffers: AttributeError: module 'jax' has no attribute 'live_arrays'"]
+    assert [s.name for s in live.sources] == ["fake"]
+
+
+def record(tmp_path: Path, events, memory: FakeMemory, live: LiveBuffers | None, options=RecordOptions()):
+    path = tmp_path / "c.kreplay"
+    with CaptureWriter(path) as writer:
+        t = Translator(writer, options, memory, host_files=HostFiles(tmp_path / "no-maps"), live_buffers=live)
+        t.start("step")
+        for e in events:
+            t.handle(e() if callable(e) else e)
+        t.stop()
+    return path, t
+
+
+def arena_memory(size: int = 4 * MiB) -> FakeMemory:
+    memory = FakeMemory()
+    memory.device[ARENA] = bytearray((i * 7 + 3) % 251 for i in range(size))
+    return memory
+
+
+def test_state_and_checkpoints_cover_live_buffers_only(tmp_path):
+    memory = arena_memory()
+    source = FakeSource(
+        "jax", live=[ByteRange(ARENA + MiB, ARENA + MiB + 8192), ByteRange(ARENA + 3 * MiB, ARENA + 3 * MiB + 1000)]
+    )
+    live = LiveBuffers([source], min_size=MiB, gap=0)
+
+    def write_output():  # the step writes its output into a buffer it did not read
+        memory.device[ARENA][3 * MiB : 3 * MiB + 16] = b"\xff" * 16
+        return ev.StreamSynchronized(0)
+
+    events = [
+        ev.Allocation(ARENA, 4 * MiB, call="cuMemAlloc_v2"),
+        ev.Memset(ARENA + MiB + 64, 0, 4, 16),  # a partial write: the first touch snapshots the arena
+        write_output,
+    ]
+    path, t = record(tmp_path, events, memory, live)
+    assert not t.report.errors
+    spans = [(MiB, 8192), (3 * MiB, 1024)]
+    assert t.report.snapshot_bytes == 2 * sum(size for _, size in spans)  # state, then the checkpoint
+    assert t.report.skipped_bytes == 2 * (4 * MiB - sum(size for _, size in spans))
+    assert t.report.live_sources == {"jax"}
+    assert "snapshots skipped 8370176 bytes outside live buffers (jax)" in "\n".join(t.report.lines())
+    assert source.calls == 2  # once for the region's state, once for its checkpoint
+    with replayfmt.open(path) as cap:
+        ops = list(cap.iter_operations())
+        states = [op for op in ops if op.kind == m.OperationKind.STATE]
+        assert [(s.offset, s.size) for s in states] == spans
+        original = bytes(arena_memory().device[ARENA])
+        for state in states:
+            assert cap.read_payload(state.payload) == original[state.offset : state.offset + state.size]
+        checkpoint = next(op for op in ops if op.kind == m.OperationKind.CHECKPOINT)
+        assert [(e.offset, e.size) for e in checkpoint.entries] == spans
+        after = cap.read_payload(checkpoint.entries[1].payload)
+        assert after[:16] == b"\xff" * 16 and after[16:] == original[3 * MiB + 16 : 3 * MiB + 1024]
+        build_plan(cap, PlanOptions())  # replayable
+
+
+def test_small_or_undescribed_allocations_are_snapshotted_whole(tmp_path):
+    memory = arena_memory()
+    live = LiveBuffers(
+        [FakeSource("torch", live=[], managed=[ByteRange(ARENA + 8 * MiB, ARENA + 9 * MiB)])], min_size=0
+    )
+    path, t = record(tmp_path, [ev.Allocation(ARENA, 4 * MiB), ev.Memset(ARENA + 64, 0, 4, 16)], memory, live)
+    assert t.report.skipped_bytes == 0 and t.report.snapshot_bytes == 2 * 4 * MiB
+    with replayfmt.open(path) as cap:
+        assert [(s.offset, s.size) for s in cap.iter_operations() if s.kind == m.OperationKind.STATE] == [(0, 4 * MiB)]
+
+
+def test_whole_allocations_option_ignores_the_frameworks(tmp_path):
+    source = FakeSource(live=[ByteRange(ARENA, ARENA + 4096)])
+    options = RecordOptions(live_buffers=False)
+    _, t = record(
+        tmp_path,
+        [ev.Allocation(ARENA, 4 * MiB), ev.Memset(ARENA + 64, 0, 4, 16)],
+        arena_memory(),
+        LiveBuffers([source], min_size=0),
+        options,
+    )
+    assert t.report.snapshot_bytes == 2 * 4 * MiB and source.calls == 0
+
+
+def test_a_snapshot_over_the_bound_with_no_view_is_refused_never_attempted(tmp_path):
+    memory = arena_memory()
+    options = RecordOptions(max_snapshot=MiB)
+    events = [ev.Allocation(ARENA, 4 * MiB), ev.Memset(ARENA + 64, 0, 4, 16)]
+    path, t = record(tmp_path, events, memory, LiveBuffers([], min_size=0), options)
+    assert memory.reads == [] and t.report.snapshot_bytes == 0  # nothing read from the device
+    reason = (
+        f"buffer 2 (4194304 bytes at {ARENA:#x}, cuMemAlloc_v2) is larger than --max-snapshot-gib=0.000976562 "
+        "and no framework says which of its bytes are live; raise --max-snapshot-gib"
+    )
+    assert t.report.unsupported == {"snapshot": 1} and t.report.errors == [reason]
+    with replayfmt.open(path) as cap:
+        refused = [op for op in cap.iter_operations() if op.kind == m.OperationKind.UNSUPPORTED]
+        assert [(op.call, op.reason) for op in refused] == [("snapshot", reason)]
+        with pytest.raises(ReplayError, match="snapshot"):
+            build_plan(cap, PlanOptions())
+
+
+def test_max_snapshot_must_not_be_negative():
+    with pytest.raises(ReplayError, match="max_snapshot must be >= 0, not -1"):
+        RecordOptions(max_snapshot=-1)
+
+
+def test_frameworks_sharing_an_allocation_each_keep_their_live_buffers():
+    torch = FakeSource("torch", live=[ByteRange(ARENA, ARENA + 4096)], managed=[ByteRange(ARENA, ARENA + 64 * MiB)])
+    jax = FakeSource("jax", live=[ByteRange(ARENA + 8 * MiB, ARENA + 8 * MiB + 512)])  # imported through DLPack
+    ranges = LiveBuffers([jax, torch], min_size=0, gap=0).ranges(ARENA, 64 * MiB, step=1)
+    assert ranges.source == "jax+torch"
+    assert ranges.ranges == [ByteRange(ARENA, ARENA + 4096), ByteRange(ARENA + 8 * MiB, ARENA + 8 * MiB + 512)]
