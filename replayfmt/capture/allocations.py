@@ -42,6 +42,8 @@ class Allocation:
     before: int = 0  # payload of its snapshot in that region (0: defined by the region itself)
     latest: int = 0  # host-visible memory: payload of its contents when last uploaded or read
     labels: list[TensorLabel] = field(default_factory=list)
+    # (offset, size) of the live framework buffers its state covered in that region; None: all of it
+    state_spans: list[tuple[int, int]] | None = None
 
 
 class AllocationTable:

@@ -297,6 +297,12 @@ class Benchmark:
         r = self.r
         out = []
         for step in self.body:
+            if step.kind is StepKind.GRAPH_LAUNCH:
+                raise ReplayUsageError(
+                    f"--mode graph: operation {step.operation} launches a captured CUDA graph, which stream "
+                    "capture cannot take into the region's graph yet; use --mode eager (the captured graphs "
+                    "run as graphs there, one cuGraphLaunch each)"
+                )
             if step.kind is StepKind.STATE:
                 raise ReplayUsageError(
                     "--mode graph: the range spans several captured regions, whose starting state is set "
@@ -350,10 +356,13 @@ class Benchmark:
                 join = self._event()
                 check(cu.cuEventRecord(join, h), "capture join")
                 check(cu.cuStreamWaitEvent(stream, join, 0), "capture join")
+        except BaseException:
+            cu.cuStreamEndCapture(stream)  # ends the capture; the step's own error is the one to report
+            raise
         finally:
             for config in moved:
                 config.hStream = legacy  # eager iterations launch them on the legacy stream again
-            graph = check(cu.cuStreamEndCapture(stream), "cuStreamEndCapture")
+        graph = check(cu.cuStreamEndCapture(stream), "cuStreamEndCapture")
         executable = check(cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
         r.own(lambda: cu.cuGraphExecDestroy(executable))
         r.own(lambda: cu.cuGraphDestroy(graph))
