@@ -95,6 +95,15 @@ def test_torch_view_takes_active_blocks_and_manages_every_segment():
     assert not view.speaks_for(ARENA + 300 * MiB, ARENA + 400 * MiB)  # between segments: nobody's
 
 
+def test_torch_view_leaves_expandable_segments_whole():
+    marked = torch_segments()
+    marked[0]["is_expandable"] = True
+    view = torch_view(marked)
+    assert view.managed == (ByteRange(ARENA + 512 * MiB, ARENA + 514 * MiB),)
+    assert not view.speaks_for(ARENA, ARENA + 256 * MiB)  # snapshotted whole, as before bounding
+    assert torch_view(torch_segments(), expandable=True) == LiveView("torch", (), ())
+
+
 def test_torch_source_is_silent_where_the_program_did_not_import_torch(monkeypatch):
     import sys
 

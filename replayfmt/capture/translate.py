@@ -522,11 +522,9 @@ class Translator(MemoryEvents, GraphEvents, StateEvents):
         )
 
     def _tensor_map(self, kernel: ev.Kernel, offset: int, size: int) -> bool:
-        """A 128-byte parameter is a tensor map when 64-aligned in the parameter space (CUtensorMap's
-        alignment: offset 0 mod 64, or 48 where the space begins 16 bytes past a 64-byte line, as
-        on sm_90, where cuBLAS's and XLA's kernels put them) or when the framework says the kernel
-        takes tensor descriptors."""
-        return size == 128 and (offset % 64 in (0, 48) or self._annotation(kernel).tensor_maps)
+        """A 128-byte parameter is a tensor map when 64-aligned (CUtensorMap's alignment) or
+        when the framework says the kernel takes tensor descriptors."""
+        return size == 128 and (offset % 64 == 0 or self._annotation(kernel).tensor_maps)
 
     def _relocations(self, parameters: bytes, shape: _KernelShape) -> tuple[tuple[m.Relocation, ...], list[Allocation]]:
         """Every 8-byte-aligned parameter word that points into a device allocation becomes a
