@@ -542,7 +542,6 @@ for _names, _decoder in [
         GraphCalls._on_capture_begin,
     ),
     (_variants("cuStreamEndCapture"), GraphCalls._on_capture_end),
-    (["cuGraphExecKernelNodeSetParams", "cuGraphExecKernelNodeSetParams_v2"], GraphCalls._on_graph_kernel_update),
     (GRAPH_NODE_UPDATES, GraphCalls._on_graph_node_update),
     (GRAPH_UPDATES_NOT_FOLLOWED, _refusal_decoder("this change to an executable graph is not followed yet")),
     (

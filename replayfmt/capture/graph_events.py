@@ -76,30 +76,31 @@ class GraphEvents:
         self._executables.pop(event.graph_exec, None)
 
     def _on_graph_kernel_updated(self, event: ev.GraphKernelUpdated) -> None:
-        executable = self._executables.get(event.graph_exec)
-        if executable is None:
-            return
-        for node in executable.description.nodes:
-            if node.handle == event.node and node.kind == _N.KERNEL:
-                node.kernel = event.kernel
-                executable.graph = 0
-                return
-        executable.broken = f"cuGraphExecKernelNodeSetParams changed node {event.node:#x}, no kernel node of it"
+        info = ev.GraphNodeInfo(_N.KERNEL, kernel=event.kernel)
+        missing = f"cuGraphExecKernelNodeSetParams changed node {event.node:#x}, no kernel node of it"
+        self._update_node(event.graph_exec, event.node, info, missing)
 
     def _on_graph_node_updated(self, event: ev.GraphNodeUpdated) -> None:
-        executable = self._executables.get(event.graph_exec)
+        missing = f"a {event.info.kind.name.lower()} node update named node {event.node:#x}, no such node"
+        self._update_node(event.graph_exec, event.node, event.info, missing)
+
+    def _update_node(self, graph_exec: int, handle: int, info: ev.GraphNodeInfo, missing: str) -> None:
+        """Node ``handle`` of the executable's graph becomes ``info`` (its graph is written again at
+        the next launch); an update the recorder cannot read, or of no such node, refuses its
+        later launches with the reason."""
+        executable = self._executables.get(graph_exec)
         if executable is None:
             return
-        if event.info.unsupported:
-            executable.broken = event.info.unsupported
+        if info.unsupported:
+            executable.broken = info.unsupported
             return
         for index, node in enumerate(executable.description.nodes):
-            if node.handle == event.node and node.kind == event.info.kind:
-                event.info.handle = node.handle
-                executable.description.nodes[index] = event.info
+            if node.handle == handle and node.kind == info.kind:
+                info.handle = handle
+                executable.description.nodes[index] = info
                 executable.graph = 0
                 return
-        executable.broken = f"a {event.info.kind.name.lower()} node update named node {event.node:#x}, no such node"
+        executable.broken = missing
 
     def _on_graph_launched(self, event: ev.GraphLaunched) -> None:
         if not self._recording:

@@ -209,27 +209,12 @@ class GraphCalls:
             graph_exec, graph = struct.unpack_from("<QQ", MEMORY, p)
             self._sink(ev.GraphInstantiated(graph_exec, self._described(graph, call)))
 
-    def _on_graph_kernel_update(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
-        """cuGraphExecKernelNodeSetParams(exec, node, const CUDA_KERNEL_NODE_PARAMS*): read at
-        entry (the argument pointers are the caller's), sent once the call succeeded."""
-        graph_exec, node, params = struct.unpack_from("<QQQ", MEMORY, p)
-        thread = threading.get_ident()
-        if site == ENTER:
-            if not params:  # the driver refuses the call; reading it would fault
-                return
-            v2 = call.endswith("_v2")
-            raw = read(params, KERNEL_PARAMS.size if v2 else _KERNEL_PARAMS_V1.size)
-            self._pending_updates[thread] = ev.GraphKernelUpdated(graph_exec, node, self._reader().kernel(raw, v2))
-            return
-        update = self._pending_updates.pop(thread, None)
-        if update is not None and self._succeeded(result):
-            self._sink(update)
-
     def _on_graph_node_update(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
-        """cuGraphExecMemsetNodeSetParams / cuGraphExecMemcpyNodeSetParams / cuGraphExecNodeSetParams
-        (exec, node, const params*, ...): XLA's command buffers change their nodes between launches
-        this way. Read at entry (the parameters are the caller's), sent once the call succeeded; a
-        kind of change the recorder cannot read makes the executable's later launches refused."""
+        """cuGraphExec{Kernel,Memset,Memcpy}NodeSetParams / cuGraphExecNodeSetParams
+        (exec, node, const params*, ...): a node of an executable graph changed (XLA's command
+        buffers change theirs between launches). Read at entry (the parameters and the kernel's
+        argument pointers are the caller's), sent once the call succeeded; a kind of change the
+        recorder cannot read makes the executable's later launches refused."""
         graph_exec, node, params = struct.unpack_from("<QQQ", MEMORY, p)
         thread = threading.get_ident()
         if site == ENTER:
@@ -241,6 +226,10 @@ class GraphCalls:
             self._sink(update)
 
     def _node_update(self, graph_exec: int, node: int, params: int, call: str) -> ev.Event:
+        if call.startswith("cuGraphExecKernelNodeSetParams"):
+            v2 = call.endswith("_v2")
+            raw = read(params, KERNEL_PARAMS.size if v2 else _KERNEL_PARAMS_V1.size)
+            return ev.GraphKernelUpdated(graph_exec, node, self._reader().kernel(raw, v2))
         if call == "cuGraphExecMemsetNodeSetParams":
             return ev.GraphNodeUpdated(graph_exec, node, memset_node(read(params, _MEMSET_PARAMS.size)))
         if call == "cuGraphExecMemcpyNodeSetParams":
@@ -293,8 +282,14 @@ class GraphCalls:
         self._deliver(event)
 
 
-GRAPH_NODE_UPDATES = ["cuGraphExecMemsetNodeSetParams", "cuGraphExecMemcpyNodeSetParams", "cuGraphExecNodeSetParams"]
-"""Changes to an executable graph's nodes the recorder follows besides kernel-node updates."""
+GRAPH_NODE_UPDATES = [
+    "cuGraphExecKernelNodeSetParams",
+    "cuGraphExecKernelNodeSetParams_v2",
+    "cuGraphExecMemsetNodeSetParams",
+    "cuGraphExecMemcpyNodeSetParams",
+    "cuGraphExecNodeSetParams",
+]
+"""Changes to an executable graph's nodes the recorder follows (as new versions of its graph)."""
 
 GRAPH_UPDATES_NOT_FOLLOWED = [
     "cuGraphExecHostNodeSetParams",

@@ -250,8 +250,13 @@ class Benchmark:
         sizes = {b: plan.buffers[b].size for b in buffers}
         if plan.options.fixed_addresses:
             return [Span(b, 0, max(size, 1)) for b, size in sorted(sizes.items())]
-        states = [op for op in plan.capture.iter_operations() if isinstance(op, m.State)]
-        before = plan.capture.iter_operations(0, self.region.start)
+        states: list[m.State] = []
+        before = []  # the operations before the region, other than state
+        for op in plan.capture.iter_operations():  # one pass over the file
+            if isinstance(op, m.State):
+                states.append(op)
+            elif op.index < self.region.start:
+                before.append(op)
         return restore_spans(buffers, sizes, before, states, self._buffers_of)
 
     def _buffers_of(self, op: object) -> set[int]:
