@@ -244,7 +244,7 @@ def test_per_kernel_timing_runs_a_graph_node_by_node_between_events():
         replay_graphs.NodeCall("memset", "cuMemsetD32Async", (0x10, 0, 4, stream), False, "0"),
         replay_graphs.NodeCall("saxpy", "cuLaunchKernel", (0xF00, 1, 1, 1, 64, 1, 1, 0, stream, 7, 0), True, "2.0"),
     ]
-    graph = replay_graphs.PreparedGraph("exec", [], calls)
+    graph = replay_graphs.PreparedGraph("exec", "graph", [], calls)
     bench = SimpleNamespace(
         cu=SimpleNamespace(cuEventRecord="cuEventRecord"),
         r=SimpleNamespace(graph=lambda index: graph if index == 5 else None),

@@ -35,6 +35,7 @@ from replayfmt.measure import kernel_times as kt
 from replayfmt.measure.graph_nodes import NodeKey, node_name, unroll_graph_launches
 from replayfmt.measure.restore import Span, buffers_of, restore_spans
 from replayfmt.replay.graph_plan import graph_buffers
+from replayfmt.replay.graphs import launch_into_capture
 from replayfmt.replay.replayer import Replayer
 from replayfmt.replay.steps import Step, StepKind, bracket_with_events
 
@@ -303,11 +304,13 @@ class Benchmark:
         out = []
         for step in self.body:
             if step.kind is StepKind.GRAPH_LAUNCH:
-                raise ReplayUsageError(
-                    f"--mode graph: operation {step.operation} launches a captured CUDA graph, which stream "
-                    "capture cannot take into the region's graph yet; use --mode eager (the captured graphs "
-                    "run as graphs there, one cuGraphLaunch each)"
+                # stream capture refuses cuGraphLaunch: the captured graph becomes a child node instead
+                prepared = r.graph(step.operation)
+                assert prepared is not None  # every graph launch step has its prepared graph
+                out.append(
+                    Step(StepKind.GRAPH_LAUNCH, launch_into_capture, (cu, prepared.graph, step.args[1]), step.operation)
                 )
+                continue
             if step.kind is StepKind.STATE:
                 raise ReplayUsageError(
                     "--mode graph: the range spans several captured regions, whose starting state is set "

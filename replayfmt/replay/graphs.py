@@ -62,6 +62,7 @@ class PreparedGraph:
     """One captured graph, instantiated on one device."""
 
     executable: Any  # CUgraphExec
+    graph: Any  # the CUgraph it was instantiated from (a child node of a graph being captured)
     launches: list[PreparedLaunch]  # its kernel nodes (their pointer sites are written before each launch)
     calls: list[NodeCall]  # its nodes as eager calls, in topological order (children flattened)
 
@@ -105,7 +106,7 @@ class GraphBuilder:
             where = f"operation {op.index}: graph {op.graph}"
             executable = check(cu.cuGraphInstantiate(built.graph, 0), f"{where}: cuGraphInstantiate")
             self.devices.own(lambda: cu.cuGraphExecDestroy(executable))
-            prepared = self._prepared[key] = PreparedGraph(executable, built.launches, built.calls)
+            prepared = self._prepared[key] = PreparedGraph(executable, built.graph, built.launches, built.calls)
         return prepared
 
     def reshape(
@@ -206,6 +207,26 @@ class GraphBuilder:
             calls.extend(child.calls)
             return cu.cuGraphAddChildGraphNode(graph, deps, len(deps), child.graph)
         return cu.cuGraphAddEmptyNode(graph, deps, len(deps))  # empty and host-function nodes
+
+
+def launch_into_capture(cu: Any, graph: Any, stream: Any) -> tuple[Any, ...]:
+    """What cuGraphLaunch does on ``stream`` while the stream is being captured, where the driver
+    refuses cuGraphLaunch: ``graph`` joins the graph being captured as a child-graph node that
+    depends on what the stream's next work would, and becomes the stream's one dependency.
+    Returns the first failing call's result (a ``(CUresult, ...)`` tuple), or success."""
+    info = cu.cuStreamGetCaptureInfo(stream)
+    if info[0] != cu.CUresult.CUDA_SUCCESS:
+        return info
+    # (result, status, id, graph, dependencies, [edge data,] count): CUDA 13 adds the edge data
+    captured, dependencies, count = info[3], list(info[4] or ())[: int(info[-1])], int(info[-1])
+    added = cu.cuGraphAddChildGraphNode(captured, dependencies, count, graph)
+    if added[0] != cu.CUresult.CUDA_SUCCESS:
+        return added
+    flags = cu.CUstreamUpdateCaptureDependencies_flags.CU_STREAM_SET_CAPTURE_DEPENDENCIES
+    try:  # CUDA 13's signature takes edge data (none: plain edges)
+        return cu.cuStreamUpdateCaptureDependencies(stream, [added[1]], None, 1, flags)
+    except TypeError:
+        return cu.cuStreamUpdateCaptureDependencies(stream, [added[1]], 1, flags)
 
 
 def _memset_call(cu: Any, node: GraphNode, dst: int) -> NodeCall:

@@ -297,8 +297,8 @@ TOOLS = {
 * Device time: CUDA events around the scope, joined across every captured stream. Host time: the
   wall clock around issuing it and waiting for it.
 * `--mode=graph` captures the scope once as a CUDA graph; host synchronisations inside it become
-  event edges (same device-side order). A scope that launches captured CUDA graphs is refused
-  there (not yet); eager mode runs those graphs as graphs.
+  event edges (same device-side order). A captured CUDA graph the scope launches joins that
+  graph as a child-graph node (stream capture refuses cuGraphLaunch).
 * Uploads inside the scope stay host-to-device copies from pinned memory, as in the program.
 * `--nvtx` wraps scopes and launches in NVTX ranges, so Nsight tools can select them:
   `ncu --nvtx --nvtx-include "saxpy/" benchmark-replay --nvtx --scope=saxpy --repetitions=1 cap.kreplay`.
