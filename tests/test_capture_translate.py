@@ -325,6 +325,30 @@ def test_tensor_maps_become_tensor_map_relocations(tmp_path, cubin):
         assert exe.functions[0].parameters[0].kind == m.ParameterKind.TENSOR_MAP
 
 
+def test_integer_pairs_inside_structs_are_not_pointers(tmp_path, cubin):
+    """An allocation across a 4 GiB boundary (XLA's arena spans many) holds every address whose
+    high half is that boundary's: inside a struct parameter (cuBLAS's, CUTLASS's), a word whose
+    low half is a small integer is two integer fields and stays as captured; a word that looks
+    like an address is relocated, and so is a pointer-sized parameter of any value."""
+    arena, size = 0x3_FFF0_0000, 2 << 20
+    mem = FakeMemory()
+    mem.device[arena] = bytearray(size)
+    pair, minus_one_three, real = 0x4_0000_0100, 0x3_FFFF_FFFF, arena + 0x400
+    params = struct.pack("<4Q", pair, real, minus_one_three, 0x4_0000_0000) + struct.pack("<Q", pair)
+    path, _ = record(
+        tmp_path,
+        [
+            ev.ModuleImage(MODULE, cubin, None),
+            ev.Allocation(arena, size),
+            ev.LaunchBegin(ev.Kernel(5, "gemm", MODULE, ((0, 32), (32, 8))), (1, 1, 1), (1, 1, 1), 0, 0, params),
+        ],
+        mem,
+    )
+    with replayfmt.open(path) as cap:
+        launch = next(op for op in cap.iter_operations() if op.kind == m.OperationKind.LAUNCH)
+        assert [(r.site_offset, r.target_offset) for r in launch.relocations] == [(8, 0x400), (32, pair - arena)]
+
+
 def test_labels_and_annotations_type_buffers_and_parameters(tmp_path, cubin):
     mem = FakeMemory()
     mem.device[A] = bytearray(64)

@@ -33,6 +33,7 @@ from replayfmt.capture.live_buffers import LiveBuffers
 from replayfmt.capture.memory_events import MEMORY_KINDS, MemoryEvents
 from replayfmt.capture.modules import Module, store_module
 from replayfmt.capture.options import CaptureMode, RecordOptions
+from replayfmt.capture.parameter_words import integer_pair, struct_words
 from replayfmt.capture.report import KernelStats, Report
 from replayfmt.capture.state_events import StateEvents
 from replayfmt.container.writer import CaptureWriter
@@ -59,6 +60,7 @@ class _KernelShape:
     stats: KernelStats
     collective: bool  # an NCCL kernel: never reproducible alone
     tensor_maps: frozenset[int]  # offsets of its tensor-map parameters
+    struct_words: frozenset[int]  # offsets of the 8-byte words inside parameters larger than a pointer
     words: struct.Struct  # its parameter block as 8-byte words
     layout: tuple[tuple[int, int], ...]  # the layout these were worked out from
     # the last launch's arguments and what they resolved to, while no allocation changed since
@@ -229,6 +231,7 @@ class Translator(MemoryEvents, GraphEvents, StateEvents):
                 self.report.kernel(kernel.name),
                 bool(_COLLECTIVE.search(kernel.name)),
                 maps,
+                struct_words(kernel.layout, maps),
                 struct.Struct(f"<{end // 8}Q"),
                 kernel.layout,
             )
@@ -528,8 +531,9 @@ class Translator(MemoryEvents, GraphEvents, StateEvents):
 
     def _relocations(self, parameters: bytes, shape: _KernelShape) -> tuple[tuple[m.Relocation, ...], list[Allocation]]:
         """Every 8-byte-aligned parameter word that points into a device allocation becomes a
-        relocation (structs passed by value hold pointers too); in a tensor map parameter only
-        the first word, its global address, is one (a tensor-map relocation)."""
+        relocation (structs passed by value hold pointers too; see :mod:`parameter_words`); in a
+        tensor map parameter only the first word, its global address, is one (a tensor-map
+        relocation)."""
         relocations: list[m.Relocation] = []
         targets: list[Allocation] = []
         words = shape.words.unpack_from(parameters) if len(parameters) >= shape.words.size else ()
@@ -540,6 +544,8 @@ class Translator(MemoryEvents, GraphEvents, StateEvents):
                 continue
             site = i * 8
             if site < skip_until:
+                continue
+            if site in shape.struct_words and integer_pair(value):
                 continue
             kind = m.RelocationKind.POINTER
             if site in maps:

@@ -20,8 +20,11 @@ _HUGE_PAGE = 2 << 20
 
 
 def recorded_ranges(plan: Plan) -> list[tuple[int, int]]:
-    """(recorded address, size) of every buffer that has a recorded address."""
-    return [(buf.address, buf.size) for buf in plan.buffers.values() if buf.address]
+    """(recorded address, size) of every device buffer that has a recorded address (the ones
+    ``--fixed-addresses`` places; host memory the driver pins keeps the host's addresses)."""
+    return [
+        (buf.address, buf.size) for buf in plan.buffers.values() if buf.address and buf.memory == m.MemoryKind.DEVICE
+    ]
 
 
 def steer_fixed_arena(plan: Plan, ordinals: tuple[int, ...]) -> str | None:
@@ -44,10 +47,15 @@ def allocate_buffers(devices: Devices, plan: Plan, arena_problem: str | None = N
     """
     if plan.options.fixed_addresses:
         return _allocate_fixed(devices, plan, arena_problem)
+    return _allocate_anywhere(devices, plan.buffers)
+
+
+def _allocate_anywhere(devices: Devices, buffers: dict[int, m.Buffer]) -> dict[int, int]:
+    """Each buffer where the driver puts it (its pointers relocated)."""
     cu = devices.cu
     addresses: dict[int, int] = {}
     current = 0
-    for bid, buf in plan.buffers.items():
+    for bid, buf in buffers.items():
         if devices.index(buf.device) != current:
             current = devices.index(buf.device)
             devices.use(current)
@@ -63,7 +71,9 @@ def allocate_buffers(devices: Devices, plan: Plan, arena_problem: str | None = N
 
 
 def _allocate_fixed(devices: Devices, plan: Plan, arena_problem: str | None) -> dict[int, int]:
-    """Give every buffer its recorded address, or fail (never run with other addresses).
+    """Give every device buffer its recorded address, or fail (never run with other addresses).
+    Pinned, registered and managed host memory is allocated by the driver and relocated (its
+    host address cannot be chosen), unless the capture found pointers to it stored in memory.
 
     One virtual range spanning all recorded buffers is reserved (the address is only a hint
     to the driver, so the result is checked), then physical memory is mapped into it, once per
@@ -77,14 +87,20 @@ def _allocate_fixed(devices: Devices, plan: Plan, arena_problem: str | None) -> 
     flags = cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM
     page = check(cu.cuMemGetAllocationGranularity(prop, flags), "cuMemGetAllocationGranularity")
     addresses: dict[int, int] = {}
+    host_side: dict[int, m.Buffer] = {}
     for bid, buf in plan.buffers.items():
+        if buf.memory != m.MemoryKind.DEVICE:
+            if buf.requires_fixed_address:
+                raise DeviceError(
+                    f"buffer {bid}: {buf.memory.name.lower()} memory holds pointers the program stored, and "
+                    "cannot be placed at its recorded address"
+                )
+            host_side[bid] = buf
+            continue
         if buf.address == 0:
             raise DeviceError(f"buffer {bid} has no recorded address; it cannot be replayed with --fixed-addresses")
-        if buf.memory != m.MemoryKind.DEVICE:
-            raise DeviceError(
-                f"buffer {bid}: {buf.memory.name.lower()} memory cannot be replayed with --fixed-addresses"
-            )
         addresses[bid] = buf.address
+    addresses.update(_allocate_anywhere(devices, host_side))
     regions = page_runs(recorded_ranges(plan), page)
     if not regions:
         return addresses

@@ -363,7 +363,15 @@ def test_fixed_addresses_reproduce_unrelocatable_pointers(tmp_path, kernels):
     c.w.copy_h2d(dst_buffer=by, data=y)
     raw = f32(2) + bytes(4) + base.to_bytes(8, "little") + (base + (1 << 21)).to_bytes(8, "little") + i32(n) + bytes(4)
     c.launch(AXPY, (n // 256, 1, 1), (256, 1, 1), raw)  # no relocations: the pointers must stay valid
-    c.w.checkpoint({by: 2 * x + y})
+    # pinned host memory the kernel reads: its host address cannot be chosen, so it is relocated
+    pinned_x = c.buffer(4 * n, dtype=F32, shape=(n,), address=0x7F12_3400_0000, memory=m.MemoryKind.HOST_PINNED)
+    bz = c.buffer(4 * n, dtype=F32, shape=(n,), address=base + (2 << 21), requires_fixed_address=True)
+    c.w.copy_h2d(dst_buffer=pinned_x, data=x)
+    c.w.copy_h2d(dst_buffer=bz, data=x)
+    raw = f32(3) + bytes(20) + i32(n) + bytes(4)
+    moved = (m.Relocation(0, pinned_x, 8, 0), m.Relocation(0, bz, 16, 0))
+    c.launch(AXPY, (n // 256, 1, 1), (256, 1, 1), raw, moved)
+    c.w.checkpoint({by: 2 * x + y, bz: 4 * x})
     path = c.close()
     result = run_cli("--verify", str(path))
     assert result.returncode == 1 and "--fixed-addresses" in result.stderr
@@ -373,7 +381,7 @@ def test_fixed_addresses_reproduce_unrelocatable_pointers(tmp_path, kernels):
         text=True,
     )
     assert result.returncode == 0, result.stderr
-    assert "verified: 1" in result.stdout
+    assert "verified: 2" in result.stdout
 
 
 def test_example_capture_replays_and_verifies(gpu_arch):

@@ -1,0 +1,34 @@
+"""Which 8-byte words of a kernel's parameter block can be pointers.
+
+Kernels take structs by value (cuBLAS's and CUTLASS's parameter structs hold pointers among
+integer fields), so every aligned word that points into a device allocation is a relocation
+candidate. Inside a struct, a word whose low half is a small signed 32-bit integer is taken for
+two integer fields: an allocation that spans a 4 GiB boundary (XLA's arena of tens of GB spans
+many, from 0x3_0000_0000 up) holds the address of every pair (small int, boundary >> 32), and
+relocating such a pair corrupts the struct. A real pointer within 64 KiB of a 4 GiB boundary
+inside a struct is the price (a pointer-sized parameter is always relocated).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+_SMALL_INT = 1 << 16
+_WORD = 8
+
+
+def integer_pair(word: int) -> bool:
+    """Whether ``word``'s low 32 bits read as a signed integer of magnitude under 2**16."""
+    low = word & 0xFFFFFFFF
+    return low < _SMALL_INT or low > 0xFFFFFFFF - _SMALL_INT
+
+
+def struct_words(layout: Iterable[tuple[int, int]], tensor_maps: frozenset[int]) -> frozenset[int]:
+    """Offsets of the aligned words inside parameters larger than a pointer (tensor maps aside:
+    their first word is their global address)."""
+    return frozenset(
+        site
+        for offset, size in layout
+        if size > _WORD and offset not in tensor_maps
+        for site in range(-(-offset // _WORD) * _WORD, offset + size - _WORD + 1, _WORD)
+    )
