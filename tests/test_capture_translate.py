@@ -330,16 +330,18 @@ def test_integer_pairs_inside_structs_are_not_pointers(tmp_path, cubin):
     high half is that boundary's: inside a struct parameter (cuBLAS's, CUTLASS's), a word whose
     low half is a small integer is two integer fields and stays as captured; a word that looks
     like an address is relocated, and so is a pointer-sized parameter of any value."""
-    arena, size = 0x3_FFF0_0000, 2 << 20
     mem = FakeMemory()
-    mem.device[arena] = bytearray(size)
-    pair, minus_one_three, real = 0x4_0000_0100, 0x3_FFFF_FFFF, arena + 0x400
-    params = struct.pack("<4Q", pair, real, minus_one_three, 0x4_0000_0000) + struct.pack("<Q", pair)
+    arena, size = 0x3_FFF0_0000, 2 << 20  # across 4 GiB boundaries, as an arena of tens of GB is
+    other = 0x4_7FF0_0000  # and across 0x4_8000_0000
+    mem.device[arena], mem.device[other] = bytearray(size), bytearray(size)
+    pair, minus_one_three, int_min_four, real = 0x4_0000_0100, 0x3_FFFF_FFFF, 0x4_8000_0000, arena + 0x400
+    params = struct.pack("<4Q", pair, real, minus_one_three, int_min_four) + struct.pack("<Q", pair)
     path, _ = record(
         tmp_path,
         [
             ev.ModuleImage(MODULE, cubin, None),
             ev.Allocation(arena, size),
+            ev.Allocation(other, size),
             ev.LaunchBegin(ev.Kernel(5, "gemm", MODULE, ((0, 32), (32, 8))), (1, 1, 1), (1, 1, 1), 0, 0, params),
         ],
         mem,

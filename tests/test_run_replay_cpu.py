@@ -271,3 +271,21 @@ def test_file_bytes_that_were_not_captured_are_a_file_mismatch(tmp_path):
         "operation 3: file bytes [32, 96) of /gone/w.bin were not captured (policy capture-ranges) and the file is "
         "not here: give it with --file-remap"
     )
+
+
+def test_the_plan_knows_which_functions_launch_large_clusters(tmp_path):
+    """Clusters over 8 blocks need the function's non-portable-size attribute at replay, as the
+    program set it (cuBLAS's sm_90 GEMMs launch clusters of 16)."""
+    path = tmp_path / "clusters.kreplay"
+    with replayfmt.CaptureWriter(path) as w:
+        dev = w.add_object(m.Device(name="test", compute_capability=(9, 0)))
+        fn = m.Function(name="gemm", parameters=(), parameters_known=True)
+        exe = w.add_object(
+            m.Executable(format=m.ExecutableFormat.CUBIN, payload=w.add_payload(b"\0" * 64), functions=(fn, fn))
+        )
+        w.module_load(exe, dev)
+        for function, cluster in ((0, (2, 8, 1)), (0, (1, 2, 1)), (1, (0, 0, 0))):
+            w.launch(executable=exe, function=function, grid=(16, 8, 1), block=(128, 1, 1), cluster=cluster)
+    with replayfmt.open(path) as cap:
+        plan = build_plan(cap, PlanOptions(continue_on_error=True))
+    assert plan.max_cluster_blocks == {(exe, 0): 16, (exe, 1): 1}

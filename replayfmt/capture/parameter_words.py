@@ -6,7 +6,7 @@ candidate. Inside a struct, a word whose low half is a small signed 32-bit integ
 two integer fields: an allocation that spans a 4 GiB boundary (XLA's arena of tens of GB spans
 many, from 0x3_0000_0000 up) holds the address of every pair (small int, boundary >> 32), and
 relocating such a pair corrupts the struct. A real pointer within 64 KiB of a 4 GiB boundary
-inside a struct is the price (a pointer-sized parameter is always relocated).
+or at one inside a struct is the price (a pointer-sized parameter is always relocated).
 """
 
 from __future__ import annotations
@@ -14,13 +14,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 _SMALL_INT = 1 << 16
+_INT32_MIN = 0x80000000
 _WORD = 8
 
 
 def integer_pair(word: int) -> bool:
-    """Whether ``word``'s low 32 bits read as a signed integer of magnitude under 2**16."""
+    """Whether ``word``'s low 32 bits read as a signed integer of magnitude under 2**16, or as
+    INT32_MIN (a sentinel: cuBLAS's sm_90 GEMMs hold (INT32_MIN, n) pairs)."""
     low = word & 0xFFFFFFFF
-    return low < _SMALL_INT or low > 0xFFFFFFFF - _SMALL_INT
+    return low < _SMALL_INT or low > 0xFFFFFFFF - _SMALL_INT or low == _INT32_MIN
 
 
 def struct_words(layout: Iterable[tuple[int, int]], tensor_maps: frozenset[int]) -> frozenset[int]:

@@ -15,6 +15,7 @@ from replayfmt.replay.plan import ExecutableImage, Plan, layout_difference
 
 FunctionKey = tuple[int, int]  # (executable id, function index)
 _STATIC_SHARED = 48 * 1024  # dynamic shared memory above this must be opted in to
+_PORTABLE_CLUSTER = 8  # blocks per cluster beyond this must be allowed (non-portable sizes)
 
 
 class Modules:
@@ -64,16 +65,7 @@ class Modules:
                     raise AbiMismatchError(f"executable {eid}: function {fn.name} is not in {image.source}") from None
                 self.layouts[(eid, index)] = parameter_layout(cu, handle)
                 self._check_abi(eid, index, handle, image.source)
-                smem = plan.max_shared_memory.get((eid, index), 0)
-                if smem > _STATIC_SHARED:
-                    if smem > gpu.max_shared_optin:
-                        raise DeviceError(
-                            f"executable {eid}: {fn.name} needs {smem} bytes of dynamic shared memory; "
-                            f"{gpu.name} allows {gpu.max_shared_optin}"
-                        )
-                    self._opt_in(
-                        handle, smem, f"executable {eid}: {fn.name}: opting in to {smem} bytes of dynamic shared memory"
-                    )
+                self._allow_launches(handle, eid, index, gpu.max_shared_optin)
                 functions[(eid, index)] = handle
             for gid, glob in plan.globals.items():
                 if glob.executable == eid and glob.initial_payload:
@@ -119,6 +111,24 @@ class Modules:
                 f"executable {eid}: {fn.name} from {source} allows {threads} threads per block ({registers} "
                 f"registers per thread); the capture launches it with {needed}"
             )
+
+    def _allow_launches(self, handle: Any, eid: int, index: int, max_shared_optin: int) -> None:
+        """Set the function attributes its captured launches need, as the program did: dynamic
+        shared memory over 48 KiB, clusters over 8 blocks (cuBLAS's sm_90 GEMMs launch 16)."""
+        cu = self.devices.cu
+        name = self.plan.images[eid].executable.functions[index].name
+        smem = self.plan.max_shared_memory.get((eid, index), 0)
+        if smem > _STATIC_SHARED:
+            if smem > max_shared_optin:
+                raise DeviceError(
+                    f"executable {eid}: {name} needs {smem} bytes of dynamic shared memory; this device allows "
+                    f"{max_shared_optin}"
+                )
+            self._opt_in(handle, smem, f"executable {eid}: {name}: opting in to {smem} bytes of dynamic shared memory")
+        if self.plan.max_cluster_blocks.get((eid, index), 1) > _PORTABLE_CLUSTER:
+            attribute = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
+            what = f"executable {eid}: {name}: allowing clusters over {_PORTABLE_CLUSTER} blocks"
+            check(cu.cuFuncSetAttribute(handle, attribute, 1), what)
 
     def _opt_in(self, handle: Any, size: int, what: str) -> None:
         cu = self.devices.cu
@@ -174,7 +184,5 @@ class Modules:
         for eid, index in keys:
             name = image.executable.functions[index].name
             handles[(eid, index)] = check(cu.cuModuleGetFunction(module, name.encode()), f"function {name}")
-            smem = self.plan.max_shared_memory.get((eid, index), 0)
-            if smem > _STATIC_SHARED:
-                self._opt_in(handles[(eid, index)], smem, "shared memory opt-in")
+            self._allow_launches(handles[(eid, index)], eid, index, self.devices.gpus[0].max_shared_optin)
         return handles

@@ -80,6 +80,7 @@ class Plan:
     launches_of: dict[tuple[int, int], int] = field(default_factory=dict)  # (exe, fn) -> launch count
     max_shared_memory: dict[tuple[int, int], int] = field(default_factory=dict)
     max_block_threads: dict[tuple[int, int], int] = field(default_factory=dict)
+    max_cluster_blocks: dict[tuple[int, int], int] = field(default_factory=dict)  # blocks per cluster
     problems: list[str] = field(default_factory=list)  # collected under --continue-on-error
     uploads: dict[UploadKey, tuple[m.Copy, int]] = field(default_factory=dict)  # first copy of each source, bytes
     needs_fixed_addresses: bool = False
@@ -440,6 +441,8 @@ def _check_operation(
         plan.launches_of[key] = plan.launches_of.get(key, 0) + 1
         plan.max_shared_memory[key] = max(plan.max_shared_memory.get(key, 0), shape.shared_memory)
         plan.max_block_threads[key] = max(plan.max_block_threads.get(key, 0), shape.threads_per_block)
+        cluster = max(1, op.cluster[0]) * max(1, op.cluster[1]) * max(1, op.cluster[2])
+        plan.max_cluster_blocks[key] = max(plan.max_cluster_blocks.get(key, 1), cluster)
         if fn.parameters_known and fn.parameters:
             end = max(p.offset + p.size for p in fn.parameters)
             if len(op.parameters) < end:
