@@ -61,7 +61,9 @@ def source_options(fn: F) -> F:
                 "then validate. Repeatable.",
             ),
             click.option(
-                "--fixed-addresses", is_flag=True, help="Allocate every buffer at its recorded device address, or fail."
+                "--fixed-addresses",
+                is_flag=True,
+                help="Allocate every device buffer at its recorded address, or fail (pinned host memory is relocated).",
             ),
         ],
     )

@@ -255,7 +255,10 @@ TOOLS = {
 ## run-replay notes
 
 * Buffers are allocated anew and every relocated pointer (in parameters, in buffers, in tensor
-  maps) is re-pointed; streams and events are rebuilt, so captured concurrency is kept.
+  maps) is re-pointed; streams and events are rebuilt, so captured concurrency is kept. Inside a
+  struct parameter (cuBLAS's, CUTLASS's), the recorder leaves words whose low half is a small
+  integer or INT32_MIN as captured: they are integer pairs, which a large arena's address range
+  would otherwise take for pointers.
 * Uploads are staged once (as pristine copies on the device when memory allows); each run replays
   them, so inputs are restored between repetitions. The `uploads` line gives the staging rate and
   where frames were checked against their hashes: on the device (a kernel hashes them where they
@@ -263,7 +266,8 @@ TOOLS = {
   `--no-payload-checks` skips the check (faster, corruption unseen).
 * A CUDA error names the operation index, kernel and driver error; an asynchronous fault (illegal
   address) also names the launches issued since the last successful synchronisation.
-* `--fixed-addresses` places buffers at their recorded addresses or fails. The driver grants an
+* `--fixed-addresses` places device buffers at their recorded addresses or fails (pinned and
+  managed host memory is relocated: its host address cannot be chosen). The driver grants an
   address only inside its own per-process range, placed below what the process has mapped when
   CUDA starts: the tool re-runs itself with address-space randomisation off, then, before CUDA
   starts, pads its address space until a forked copy of itself is granted the recorded range.

@@ -177,14 +177,6 @@ def snapshot_figures(report: str) -> tuple[int, int]:
     return int(taken[1]), int(skipped[1]) if skipped else 0
 
 
-JAX_REPLAY_FAILS = pytest.mark.xfail(
-    strict=False,
-    reason="issue 16: on the H100 the JAX capture is replayable: yes but its replay fails with an unspecified "
-    "launch failure at a cuBLAS sm_90 GEMM (not diagnosed yet)",
-)
-
-
-@JAX_REPLAY_FAILS
 def test_jax_jit_default_arena(tmp_path):
     """XLA's default settings: one arena of most of the device; the capture snapshots the live
     arrays in it (a few MB), replays, verifies and benchmarks."""
@@ -198,7 +190,6 @@ def test_jax_jit_default_arena(tmp_path):
     benchmarked(out)
 
 
-@JAX_REPLAY_FAILS
 def test_jax_jit_donated_params(tmp_path):
     """Donated parameters (a training loop's usual jit) are live arrays too."""
     needs("jax")
