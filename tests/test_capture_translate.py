@@ -336,19 +336,27 @@ def test_integer_pairs_inside_structs_are_not_pointers(tmp_path, cubin):
     mem.device[arena], mem.device[other] = bytearray(size), bytearray(size)
     pair, minus_one_three, int_min_four, real = 0x4_0000_0100, 0x3_FFFF_FFFF, 0x4_8000_0000, arena + 0x400
     params = struct.pack("<4Q", pair, real, minus_one_three, int_min_four) + struct.pack("<Q", pair)
+    params = params[:24] + struct.pack("<Q", 0x4_0000_0000) + params[32:]  # (0, 4): another pair
+    boundary = 0x5_0000_0000  # an allocation starting on a 4 GiB boundary: its start is a pointer
+    mem.device[boundary] = bytearray(size)
+    params += struct.pack("<2Q", boundary, boundary + 0x100)
     path, _ = record(
         tmp_path,
         [
             ev.ModuleImage(MODULE, cubin, None),
             ev.Allocation(arena, size),
             ev.Allocation(other, size),
-            ev.LaunchBegin(ev.Kernel(5, "gemm", MODULE, ((0, 32), (32, 8))), (1, 1, 1), (1, 1, 1), 0, 0, params),
+            ev.Allocation(boundary, size),
+            ev.LaunchBegin(
+                ev.Kernel(5, "gemm", MODULE, ((0, 32), (32, 8), (40, 16))), (1, 1, 1), (1, 1, 1), 0, 0, params
+            ),
         ],
         mem,
     )
     with replayfmt.open(path) as cap:
         launch = next(op for op in cap.iter_operations() if op.kind == m.OperationKind.LAUNCH)
-        assert [(r.site_offset, r.target_offset) for r in launch.relocations] == [(8, 0x400), (32, pair - arena)]
+        found = [(r.site_offset, r.target_offset) for r in launch.relocations]
+        assert found == [(8, 0x400), (32, pair - arena), (40, 0)]
 
 
 def test_labels_and_annotations_type_buffers_and_parameters(tmp_path, cubin):

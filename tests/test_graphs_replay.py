@@ -320,3 +320,42 @@ def test_tuning_reaches_a_kernel_node_and_rebuilds_its_graph(tmp_path, monkeypat
         assert [c[0] for c in cu.calls].count("cuGraphInstantiate") == 2
         with pytest.raises(replayfmt.ReplayUsageError, match=f"^graph {op.graph} has no kernel node 0 in this replay$"):
             builder.reshape(op.graph, 0, (1, 1, 1), (1, 1, 1), 0)
+
+
+class _CaptureDriver:
+    """The driver calls a graph launch makes inside a stream capture, recorded."""
+
+    CUresult = SimpleNamespace(CUDA_SUCCESS=0)
+    CUstreamCaptureStatus = SimpleNamespace(CU_STREAM_CAPTURE_STATUS_ACTIVE=1, CU_STREAM_CAPTURE_STATUS_INVALIDATED=2)
+    CUstreamUpdateCaptureDependencies_flags = SimpleNamespace(CU_STREAM_SET_CAPTURE_DEPENDENCIES=1)
+
+    def __init__(self, status: int) -> None:
+        self.status = status
+        self.calls: list[tuple] = []
+
+    def cuStreamGetCaptureInfo(self, stream):
+        return 0, self.status, 7, "region graph", ["last node", "other stream's node", "stale"], None, 2
+
+    def cuGraphAddChildGraphNode(self, graph, dependencies, count, child):
+        self.calls.append(("child", graph, dependencies, count, child))
+        return 0, "child node"
+
+    def cuStreamUpdateCaptureDependencies(self, stream, nodes, edges, count, flags):
+        self.calls.append(("depend", stream, nodes, edges, count, flags))
+        return (0,)
+
+
+def test_a_graph_launch_inside_a_capture_becomes_a_child_node(monkeypatch):
+    from replayfmt.cuda import driver as driver_module
+
+    cu = _CaptureDriver(status=1)
+    monkeypatch.setattr(driver_module, "driver", lambda: cu)
+    replay_graphs.launch_into_capture(cu, "captured graph", "stream", "operation 9")
+    assert cu.calls == [
+        ("child", "region graph", ["last node", "other stream's node"], 2, "captured graph"),
+        ("depend", "stream", ["child node"], None, 1, 1),  # the child is what the stream's next work waits for
+    ]
+    invalidated = _CaptureDriver(status=2)
+    with pytest.raises(replayfmt.DeviceError, match=r"operation 9: the stream is not capturing"):
+        replay_graphs.launch_into_capture(invalidated, "captured graph", "stream", "operation 9")
+    assert invalidated.calls == []

@@ -289,3 +289,38 @@ def test_the_plan_knows_which_functions_launch_large_clusters(tmp_path):
     with replayfmt.open(path) as cap:
         plan = build_plan(cap, PlanOptions(continue_on_error=True))
     assert plan.max_cluster_blocks == {(exe, 0): 16, (exe, 1): 1}
+
+
+def test_functions_get_the_attributes_their_launches_need(monkeypatch):
+    """Over 48 KiB of dynamic shared memory is opted in to and clusters over 8 blocks are
+    allowed, as the program did; a cluster of 8 needs nothing."""
+    from types import SimpleNamespace
+
+    from replayfmt.cuda import driver as driver_module
+    from replayfmt.replay.modules import Modules
+
+    calls = []
+    attribute = SimpleNamespace(
+        CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES="smem",
+        CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED="big",
+    )
+    cu = SimpleNamespace(
+        CUresult=SimpleNamespace(CUDA_SUCCESS=0),
+        CUfunction_attribute=attribute,
+        cuFuncSetAttribute=lambda handle, what, value: calls.append((handle, what, value)) or (0,),
+    )
+    monkeypatch.setattr(driver_module, "driver", lambda: cu)
+    functions = (m.Function(name="gemm"), m.Function(name="small"))
+    plan = SimpleNamespace(
+        images={3: SimpleNamespace(executable=SimpleNamespace(functions=functions))},
+        max_shared_memory={(3, 0): 231424, (3, 1): 1024},
+        max_cluster_blocks={(3, 0): 16, (3, 1): 8},
+    )
+    gpu = SimpleNamespace(ordinal=0, name="H100", max_shared_optin=232448)
+    modules = Modules(SimpleNamespace(cu=cu), plan)  # type: ignore[arg-type]
+    modules._allow_launches("gemm handle", 3, 0, gpu)
+    modules._allow_launches("small handle", 3, 1, gpu)
+    assert calls == [("gemm handle", "smem", 231424), ("gemm handle", "big", 1)]
+    gpu.max_shared_optin = 100_000
+    with pytest.raises(replayfmt.DeviceError, match=r"gemm needs 231424 bytes .* cuda:0 \(H100\) allows 100000"):
+        modules._allow_launches("gemm handle", 3, 0, gpu)

@@ -5,8 +5,9 @@ integer fields), so every aligned word that points into a device allocation is a
 candidate. Inside a struct, a word whose low half is a small signed 32-bit integer is taken for
 two integer fields: an allocation that spans a 4 GiB boundary (XLA's arena of tens of GB spans
 many, from 0x3_0000_0000 up) holds the address of every pair (small int, boundary >> 32), and
-relocating such a pair corrupts the struct. A real pointer within 64 KiB of a 4 GiB boundary
-or at one inside a struct is the price (a pointer-sized parameter is always relocated).
+relocating such a pair corrupts the struct. The price: a pointer inside a struct to within
+64 KiB of a 4 GiB boundary, or to 2 GiB past one, stays as captured unless it is an
+allocation's start (a pointer-sized parameter is always relocated).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ def integer_pair(word: int) -> bool:
     """Whether ``word``'s low 32 bits read as a signed integer of magnitude under 2**16, or as
     INT32_MIN (a sentinel: cuBLAS's sm_90 GEMMs hold (INT32_MIN, n) pairs)."""
     low = word & 0xFFFFFFFF
-    return low < _SMALL_INT or low > 0xFFFFFFFF - _SMALL_INT or low == _INT32_MIN
+    signed = low - (1 << 32) if low >= _INT32_MIN else low
+    return -_SMALL_INT < signed < _SMALL_INT or low == _INT32_MIN
 
 
 def struct_words(layout: Iterable[tuple[int, int]], tensor_maps: frozenset[int]) -> frozenset[int]:

@@ -473,7 +473,9 @@ class Translator(MemoryEvents, GraphEvents, StateEvents):
                 strides=strides,
                 label=label or allocation.call,
                 ranges=typed_ranges(allocation),
-                requires_fixed_address=self.options.fixed_addresses,
+                # host memory keeps the host's addresses: the driver cannot be asked for them
+                requires_fixed_address=self.options.fixed_addresses
+                and MEMORY_KINDS[allocation.api] == m.MemoryKind.DEVICE,
                 memory=MEMORY_KINDS[allocation.api],
             )
         )
@@ -545,15 +547,15 @@ class Translator(MemoryEvents, GraphEvents, StateEvents):
             site = i * 8
             if site < skip_until:
                 continue
-            if site in shape.struct_words and integer_pair(value):
+            allocation = self.allocations.kernel_allocation(value)
+            if allocation is None:
                 continue
+            if site in shape.struct_words and integer_pair(value) and value != allocation.address:
+                continue  # an allocation's own start is a pointer, whatever its low half
             kind = m.RelocationKind.POINTER
             if site in maps:
                 kind = m.RelocationKind.TENSOR_MAP
                 skip_until = site + 128
-            allocation = self.allocations.kernel_allocation(value)
-            if allocation is None:
-                continue
             relocations.append(m.Relocation(0, self._buffer(allocation), site, value - allocation.address, kind))
             if allocation not in targets:
                 targets.append(allocation)

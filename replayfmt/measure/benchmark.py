@@ -306,10 +306,11 @@ class Benchmark:
             if step.kind is StepKind.GRAPH_LAUNCH:
                 # stream capture refuses cuGraphLaunch: the captured graph becomes a child node instead
                 prepared = r.graph(step.operation)
-                assert prepared is not None  # every graph launch step has its prepared graph
-                out.append(
-                    Step(StepKind.GRAPH_LAUNCH, launch_into_capture, (cu, prepared.graph, step.args[1]), step.operation)
-                )
+                if prepared is None:
+                    raise ReplayError(f"operation {step.operation}: a graph launch step without its graph")
+                what = f"operation {step.operation} (graph launch inside --mode graph)"
+                args = (cu, prepared.graph, step.args[1], what)
+                out.append(Step(StepKind.GRAPH_LAUNCH, launch_into_capture, args, step.operation))
                 continue
             if step.kind is StepKind.STATE:
                 raise ReplayUsageError(

@@ -72,8 +72,10 @@ def _allocate_anywhere(devices: Devices, buffers: dict[int, m.Buffer]) -> dict[i
 
 def _allocate_fixed(devices: Devices, plan: Plan, arena_problem: str | None) -> dict[int, int]:
     """Give every device buffer its recorded address, or fail (never run with other addresses).
-    Pinned, registered and managed host memory is allocated by the driver and relocated (its
-    host address cannot be chosen), unless the capture found pointers to it stored in memory.
+    Pinned, registered and managed host memory is allocated by the driver after the device range
+    is reserved, and relocated as in any replay (its host address cannot be chosen; the recorder
+    looks for stored pointers to device memory only, so one stored to host memory goes stale, as
+    it would without this flag). A host buffer marked for its recorded address is refused.
 
     One virtual range spanning all recorded buffers is reserved (the address is only a hint
     to the driver, so the result is checked), then physical memory is mapped into it, once per
@@ -92,18 +94,17 @@ def _allocate_fixed(devices: Devices, plan: Plan, arena_problem: str | None) -> 
         if buf.memory != m.MemoryKind.DEVICE:
             if buf.requires_fixed_address:
                 raise DeviceError(
-                    f"buffer {bid}: {buf.memory.name.lower()} memory holds pointers the program stored, and "
-                    "cannot be placed at its recorded address"
+                    f"buffer {bid}: {buf.memory.name.lower()} memory is marked requires_fixed_address, and "
+                    "host memory cannot be given its recorded address"
                 )
             host_side[bid] = buf
             continue
         if buf.address == 0:
             raise DeviceError(f"buffer {bid} has no recorded address; it cannot be replayed with --fixed-addresses")
         addresses[bid] = buf.address
-    addresses.update(_allocate_anywhere(devices, host_side))
     regions = page_runs(recorded_ranges(plan), page)
     if not regions:
-        return addresses
+        return addresses | _allocate_anywhere(devices, host_side)
     low, high = regions[0][0], regions[-1][1]
     ptr = check(cu.cuMemAddressReserve(high - low, page, low, 0), "cuMemAddressReserve")
     devices.own(lambda: cu.cuMemAddressFree(ptr, high - low))
@@ -123,7 +124,7 @@ def _allocate_fixed(devices: Devices, plan: Plan, arena_problem: str | None) -> 
         check(cu.cuMemMap(start, end - start, 0, handle, 0), f"cuMemMap at {start:#x}")
         devices.own(lambda s=start, n=end - start: cu.cuMemUnmap(s, n))
         check(cu.cuMemSetAccess(start, end - start, [access], 1), f"cuMemSetAccess at {start:#x}")
-    return addresses
+    return addresses | _allocate_anywhere(devices, host_side)  # after the range is ours
 
 
 def pinned(devices: Devices, size: int, what: str) -> int:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from replayfmt.cuda.driver import check
-from replayfmt.errors import ReplayUsageError, UnsupportedOperationError
+from replayfmt.errors import DeviceError, ReplayUsageError, UnsupportedOperationError
 from replayfmt.format import model as m
 from replayfmt.format.graph_model import GraphNode, GraphNodeKind
 from replayfmt.replay.devices import Devices
@@ -209,24 +209,27 @@ class GraphBuilder:
         return cu.cuGraphAddEmptyNode(graph, deps, len(deps))  # empty and host-function nodes
 
 
-def launch_into_capture(cu: Any, graph: Any, stream: Any) -> tuple[Any, ...]:
+def launch_into_capture(cu: Any, graph: Any, stream: Any, what: str) -> None:
     """What cuGraphLaunch does on ``stream`` while the stream is being captured, where the driver
     refuses cuGraphLaunch: ``graph`` joins the graph being captured as a child-graph node that
     depends on what the stream's next work would, and becomes the stream's one dependency.
-    Returns the first failing call's result (a ``(CUresult, ...)`` tuple), or success."""
-    info = cu.cuStreamGetCaptureInfo(stream)
-    if info[0] != cu.CUresult.CUDA_SUCCESS:
-        return info
-    # (result, status, id, graph, dependencies, [edge data,] count): CUDA 13 adds the edge data
-    captured, dependencies, count = info[3], list(info[4] or ())[: int(info[-1])], int(info[-1])
-    added = cu.cuGraphAddChildGraphNode(captured, dependencies, count, graph)
-    if added[0] != cu.CUresult.CUDA_SUCCESS:
-        return added
+    ``what`` names the graph launch in errors (each names the driver call that failed)."""
+    # cuda-bindings 13: (result, status, id, graph, dependencies, edge data, count); check drops the result
+    status, _, captured, dependencies, _, count = check(
+        cu.cuStreamGetCaptureInfo(stream), f"{what}: cuStreamGetCaptureInfo"
+    )
+    if status != cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE:
+        raise DeviceError(f"{what}: the stream is not capturing ({status!r}): an earlier step invalidated the capture")
+    count = int(count)
+    node = check(
+        cu.cuGraphAddChildGraphNode(captured, list(dependencies or ())[:count], count, graph),
+        f"{what}: cuGraphAddChildGraphNode",
+    )
     flags = cu.CUstreamUpdateCaptureDependencies_flags.CU_STREAM_SET_CAPTURE_DEPENDENCIES
-    try:  # CUDA 13's signature takes edge data (none: plain edges)
-        return cu.cuStreamUpdateCaptureDependencies(stream, [added[1]], None, 1, flags)
-    except TypeError:
-        return cu.cuStreamUpdateCaptureDependencies(stream, [added[1]], 1, flags)
+    check(
+        cu.cuStreamUpdateCaptureDependencies(stream, [node], None, 1, flags),
+        f"{what}: cuStreamUpdateCaptureDependencies",
+    )
 
 
 def _memset_call(cu: Any, node: GraphNode, dst: int) -> NodeCall:

@@ -65,7 +65,7 @@ class Modules:
                     raise AbiMismatchError(f"executable {eid}: function {fn.name} is not in {image.source}") from None
                 self.layouts[(eid, index)] = parameter_layout(cu, handle)
                 self._check_abi(eid, index, handle, image.source)
-                self._allow_launches(handle, eid, index, gpu.max_shared_optin)
+                self._allow_launches(handle, eid, index, gpu)
                 functions[(eid, index)] = handle
             for gid, glob in plan.globals.items():
                 if glob.executable == eid and glob.initial_payload:
@@ -112,17 +112,17 @@ class Modules:
                 f"registers per thread); the capture launches it with {needed}"
             )
 
-    def _allow_launches(self, handle: Any, eid: int, index: int, max_shared_optin: int) -> None:
+    def _allow_launches(self, handle: Any, eid: int, index: int, gpu: ReplayDevice) -> None:
         """Set the function attributes its captured launches need, as the program did: dynamic
         shared memory over 48 KiB, clusters over 8 blocks (cuBLAS's sm_90 GEMMs launch 16)."""
         cu = self.devices.cu
         name = self.plan.images[eid].executable.functions[index].name
         smem = self.plan.max_shared_memory.get((eid, index), 0)
         if smem > _STATIC_SHARED:
-            if smem > max_shared_optin:
+            if smem > gpu.max_shared_optin:
                 raise DeviceError(
-                    f"executable {eid}: {name} needs {smem} bytes of dynamic shared memory; this device allows "
-                    f"{max_shared_optin}"
+                    f"executable {eid}: {name} needs {smem} bytes of dynamic shared memory; cuda:{gpu.ordinal} "
+                    f"({gpu.name}) allows {gpu.max_shared_optin}"
                 )
             self._opt_in(handle, smem, f"executable {eid}: {name}: opting in to {smem} bytes of dynamic shared memory")
         if self.plan.max_cluster_blocks.get((eid, index), 1) > _PORTABLE_CLUSTER:
@@ -184,5 +184,5 @@ class Modules:
         for eid, index in keys:
             name = image.executable.functions[index].name
             handles[(eid, index)] = check(cu.cuModuleGetFunction(module, name.encode()), f"function {name}")
-            self._allow_launches(handles[(eid, index)], eid, index, self.devices.gpus[0].max_shared_optin)
+            self._allow_launches(handles[(eid, index)], eid, index, self.devices.gpus[0])
         return handles

@@ -257,8 +257,9 @@ TOOLS = {
 * Buffers are allocated anew and every relocated pointer (in parameters, in buffers, in tensor
   maps) is re-pointed; streams and events are rebuilt, so captured concurrency is kept. Inside a
   struct parameter (cuBLAS's, CUTLASS's), the recorder leaves words whose low half is a small
-  integer or INT32_MIN as captured: they are integer pairs, which a large arena's address range
-  would otherwise take for pointers.
+  integer or INT32_MIN as captured unless they are an allocation's start: integer pairs, which a
+  large arena's address range would otherwise take for pointers (a real pointer inside a struct
+  to within 64 KiB of a 4 GiB boundary is left too).
 * Uploads are staged once (as pristine copies on the device when memory allows); each run replays
   them, so inputs are restored between repetitions. The `uploads` line gives the staging rate and
   where frames were checked against their hashes: on the device (a kernel hashes them where they
