@@ -9,7 +9,6 @@ import ctypes
 import struct
 
 import numpy as np
-import pytest
 from test_capture_source import SAXPY, SAXPY_ARGS, FakeDriver, Keep, callback_data, source_with
 from test_capture_translate import MODULE, A, B, C, FakeMemory, kernel, record, saxpy_params
 
@@ -280,16 +279,6 @@ def setup_events(cubin: bytes, stream: int = 0x5000) -> list:
         ev.Allocation(B, 256),
         ev.Allocation(C, 256),
     ]
-
-
-@pytest.fixture
-def cubin() -> bytes:
-    from samples import compiled_cubin
-
-    data = compiled_cubin("container_kernels.cu")
-    if data is None:
-        pytest.skip("nvcc not available")
-    return data
 
 
 def test_graph_launches_write_the_graph_once_snapshot_first_and_checkpoint(tmp_path, cubin):

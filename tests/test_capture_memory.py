@@ -23,16 +23,6 @@ BASE = 0x7F10_0000_0000
 HOST = 0x7F20_0000_0000
 
 
-@pytest.fixture
-def cubin() -> bytes:
-    from samples import compiled_cubin
-
-    data = compiled_cubin("container_kernels.cu")
-    if data is None:
-        pytest.skip("nvcc not available")
-    return data
-
-
 def buffers_of(cap) -> list[m.Buffer]:
     return [o for o in cap.objects() if isinstance(o, m.Buffer)]
 

@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fake_device import FakeDevice
-from samples import compiled_cubin
 
 import replayfmt
 from replayfmt.capture import CaptureMode, RecordOptions, TensorLabel, Translator, events as ev
@@ -68,14 +67,6 @@ def saxpy_params(a: float, x: int, y: int, n: int) -> bytes:
 
 def kernel(layout=SAXPY, name="saxpy") -> ev.Kernel:
     return ev.Kernel(0xF00, name, MODULE, layout)
-
-
-@pytest.fixture
-def cubin() -> bytes:
-    data = compiled_cubin("container_kernels.cu")
-    if data is None:
-        pytest.skip("nvcc not available")
-    return data
 
 
 def record(tmp_path: Path, events, memory: FakeMemory, options=RecordOptions(), region=True) -> tuple[Path, Translator]:

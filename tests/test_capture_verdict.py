@@ -18,16 +18,6 @@ from replayfmt.replay.plan import PlanOptions, build_plan
 from replayfmt.tools import capture_replay
 
 
-@pytest.fixture
-def cubin() -> bytes:
-    from samples import compiled_cubin
-
-    data = compiled_cubin("container_kernels.cu")
-    if data is None:
-        pytest.skip("nvcc not available")
-    return data
-
-
 def saxpy_events(image: ev.ModuleImage) -> list:
     return [
         image,
