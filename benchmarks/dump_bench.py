@@ -112,8 +112,8 @@ def main() -> int:
         build(path, args.operations)
         with replayfmt.open(path) as cap:
             rows = 2 + cap.operation_count + cap.object_count
-        dump = [sys.executable, "-m", "replayfmt.tools.dump_replay"]
-        startup = timed([sys.executable, "-c", "import replayfmt.tools.dump_replay"])
+        dump = [sys.executable, "-m", "replayfmt_tools.dump_replay"]
+        startup = timed([sys.executable, "-c", "import replayfmt_tools.dump_replay"])
         jsonl = timed([*dump, "--format=jsonl", str(path)])
         summary = timed([*dump, "--format=json", str(path)])
         text_summary = timed([*dump, "--summary", str(path)])

@@ -11,8 +11,6 @@ Public API::
 
 from __future__ import annotations
 
-from replayfmt.container.reader import Capture, PayloadStats, open_capture as open  # noqa: A004 - the documented entry point
-from replayfmt.container.writer import CaptureWriter
 from replayfmt.errors import (
     AbiMismatchError,
     DeviceError,
@@ -29,7 +27,9 @@ from replayfmt.errors import (
 from replayfmt.format import model
 from replayfmt.format.layout import FORMAT_MAJOR, FORMAT_MINOR, Limits
 from replayfmt.format.payloads import CompressionPolicy
+from replayfmt.reader import Capture, PayloadStats, open_capture as open  # noqa: A004 - the documented entry point
 from replayfmt.version import __version__ as __version__
+from replayfmt.writer import CaptureWriter
 
 __all__ = [
     "FORMAT_MAJOR",

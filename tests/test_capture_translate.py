@@ -15,9 +15,9 @@ from replayfmt.capture import CaptureMode, RecordOptions, TensorLabel, Translato
 from replayfmt.capture.enrich import triton_annotation
 from replayfmt.capture.hostfiles import HostFiles, parse_maps
 from replayfmt.capture.snapshots import Snapshotter
-from replayfmt.container.writer import CaptureWriter
 from replayfmt.format import model as m
 from replayfmt.replay.plan import PlanOptions, build_plan
+from replayfmt.writer import CaptureWriter
 
 A, B, C = 0x7F00_0000_0000, 0x7F00_0010_0000, 0x7F00_0020_0000
 SAXPY = ((0, 4), (8, 8), (16, 8), (24, 4))  # float a, const float* x, float* y, int n

@@ -11,11 +11,11 @@ import replayfmt
 from replayfmt.capture import RecordOptions, Translator, events as ev
 from replayfmt.capture.hostfiles import HostFiles
 from replayfmt.capture.verdict import check_capture
-from replayfmt.container.writer import CaptureWriter
 from replayfmt.dump.summary import render_summary_text, summarize
 from replayfmt.format import model as m
 from replayfmt.replay.plan import PlanOptions, build_plan
-from replayfmt.tools import capture_replay
+from replayfmt.writer import CaptureWriter
+from replayfmt_tools import capture_replay
 
 
 def saxpy_events(image: ev.ModuleImage) -> list:

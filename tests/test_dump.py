@@ -15,7 +15,7 @@ from samples import write_sample
 import replayfmt
 from replayfmt.dump import Dumper, DumpFilter, summarize
 from replayfmt.format import model as m
-from replayfmt.tools.dump_replay import main
+from replayfmt_tools.dump_replay import main
 
 GOLDEN = Path(__file__).parent / "golden"
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,7 +88,7 @@ def test_jq_through_the_real_binary_if_present(sample):
     if shutil.which("jq") is None:
         pytest.skip("no jq binary")
     dumped = subprocess.run(
-        [sys.executable, "-m", "replayfmt.tools.dump_replay", "--format=jsonl", str(sample)],
+        [sys.executable, "-m", "replayfmt_tools.dump_replay", "--format=jsonl", str(sample)],
         capture_output=True,
         check=True,
     )
@@ -165,7 +165,7 @@ def test_closed_pipe_ends_quietly(tmp_path):
         exe = w.add_object(m.Executable(functions=(m.Function(name="k"),)))
         for i in range(30_000):
             w.launch(executable=exe, function=0, grid=(i, 1, 1), block=(1, 1, 1))
-    shell = f"{sys.executable} -m replayfmt.tools.dump_replay --format=jsonl {path} | head -n 3"
+    shell = f"{sys.executable} -m replayfmt_tools.dump_replay --format=jsonl {path} | head -n 3"
     result = subprocess.run(["bash", "-o", "pipefail", "-c", shell], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stderr == "" and len(result.stdout.splitlines()) == 3
@@ -233,7 +233,7 @@ def test_agents_md_is_shared_plus_tool_notes():
 
 def test_help_runs_as_a_module():
     result = subprocess.run(
-        [sys.executable, "-m", "replayfmt.tools.dump_replay", "--help"], capture_output=True, text=True
+        [sys.executable, "-m", "replayfmt_tools.dump_replay", "--help"], capture_output=True, text=True
     )
     assert result.returncode == 0 and "--jq" in result.stdout and "Exit status" in result.stdout
 

@@ -22,7 +22,7 @@ from replayfmt.format.names import demangle
 from replayfmt.measure.benchmark import BenchmarkResult, KernelTiming, Stats
 from replayfmt.measure.tune import Candidate, CandidateResult, Targets, find_targets
 from replayfmt.replay.plan import build_plan
-from replayfmt.tools import benchmark_replay, capture_replay, dump_replay, run_replay, tune_replay
+from replayfmt_tools import benchmark_replay, capture_replay, dump_replay, run_replay, tune_replay
 
 ROOT = Path(__file__).resolve().parent.parent
 SAXPY = ROOT / "examples" / "saxpy.kreplay"
@@ -280,7 +280,8 @@ def test_pyproject_packages_every_directory_and_uses_an_spdx_license():
         ".".join(d.relative_to(ROOT).parts)
         for d in (ROOT / "replayfmt").rglob("*")
         if d.is_dir() and d.name != "__pycache__" and any(f.is_file() for f in d.iterdir())
-    } | {"replayfmt"}
+    } | {"replayfmt", "replayfmt_tools"}  # replayfmt_tools: the top-level tools/ folder (package-dir)
+    assert project["tool"]["setuptools"]["package-dir"] == {"replayfmt_tools": "tools"}
     assert on_disk == listed  # setuptools warns about (and drops from wheels) importable dirs not listed
     for package, files in project["tool"]["setuptools"]["package-data"].items():
         for name in files:
@@ -395,8 +396,7 @@ def _rendered(fig):
 
 def test_a_one_axis_sweep_is_a_line_chart(tmp_path):
     pytest.importorskip("matplotlib")
-    from replayfmt.measure.tune import plot
-    from replayfmt.measure.tune_plot import figure
+    from replayfmt.measure.tune_plot import figure, plot
 
     results = [CandidateResult(Candidate(), 0.02, 0.001, True, baseline=True)]
     results += [CandidateResult(Candidate(block=(b, 1, 1)), 0.3 / b, 0.0, True) for b in (64, 128, 256, 512)]

@@ -14,7 +14,7 @@ import pytest
 import replayfmt
 from replayfmt.errors import AbiMismatchError, ReplayFormatError, UnsupportedOperationError
 from replayfmt.format import model as m
-from replayfmt.format.graph_model import GraphNode, GraphNodeKind
+from replayfmt.format.model import GraphNode, GraphNodeKind
 from replayfmt.replay import graphs as replay_graphs
 from replayfmt.replay.graph_plan import graph_buffers, topological_order
 from replayfmt.replay.plan import PlanOptions, build_plan

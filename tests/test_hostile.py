@@ -20,7 +20,7 @@ from hostile import BUILDERS, Hostile
 
 # the tree whose tools run (HOSTILE_TOOLS_ROOT: another checkout, to count what it fails)
 ROOT = Path(os.environ.get("HOSTILE_TOOLS_ROOT") or Path(__file__).resolve().parent.parent)
-TOOLS = {"dump-replay": "replayfmt.tools.dump_replay", "run-replay": "replayfmt.tools.run_replay"}
+TOOLS = {"dump-replay": "replayfmt_tools.dump_replay", "run-replay": "replayfmt_tools.run_replay"}
 ADDRESS_SPACE = 3 << 29  # 1.5 GiB
 TIME_LIMIT = 10.0
 PEAK_LIMIT = 1 << 30
@@ -42,8 +42,8 @@ def _limit() -> None:
 
 DRIVER = """
 import contextlib, io, json, sys, time, traceback, resource
-from replayfmt.tools.dump_replay import main as dump
-from replayfmt.tools.run_replay import main as run
+from replayfmt_tools.dump_replay import main as dump
+from replayfmt_tools.run_replay import main as run
 mains = {"dump-replay": dump, "run-replay": run}
 for command in json.loads(sys.argv[1]):
     out, err = io.StringIO(), io.StringIO()

@@ -24,10 +24,10 @@ from replayfmt.capture.live_buffers import (
     torch_view,
     widen,
 )
-from replayfmt.container.writer import CaptureWriter
 from replayfmt.errors import ReplayError
 from replayfmt.format import model as m
 from replayfmt.replay.plan import PlanOptions, build_plan
+from replayfmt.writer import CaptureWriter
 
 ARENA = 0x7F10_0000_0000
 MiB = 1 << 20

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from replayfmt.tools import benchmark_replay, capture_replay, dump_replay, run_replay, tune_replay
-from replayfmt.tools.playbook import SHARED, TOOLS, playbook
+from replayfmt_tools import benchmark_replay, capture_replay, dump_replay, run_replay, tune_replay
+from replayfmt_tools.playbook import SHARED, TOOLS, playbook
 
 ROOT = Path(__file__).resolve().parent.parent
 GPU_ONLY = {
@@ -147,7 +147,7 @@ def test_payload_recipe_writes_files(tmp_path):
 
 def test_the_tools_print_it():
     done = subprocess.run(
-        [sys.executable, "-m", "replayfmt.tools.dump_replay", "--agents-md"], capture_output=True, text=True, env=_env()
+        [sys.executable, "-m", "replayfmt_tools.dump_replay", "--agents-md"], capture_output=True, text=True, env=_env()
     )
     assert done.returncode == 0 and done.stdout.startswith("# replayfmt playbook")
     assert dump_replay.main.name and run_replay.main.name  # imported above: every tool module loads without a GPU

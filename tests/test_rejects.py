@@ -167,7 +167,7 @@ def test_rejects_batch_whose_counts_disagree_with_its_records(tmp_path):
 
 
 def test_rejects_launch_parameters_past_the_parameter_block(tmp_path):
-    launches = np.zeros(1, replayfmt.container.writer.records.dtype("LaunchRecord"))
+    launches = np.zeros(1, replayfmt.writer.records.dtype("LaunchRecord"))
     launches["parameter_offset"], launches["parameter_size"] = 4, 1 << 31
     fb = FileBuilder()
     fb.batch(record_batch(kinds=bytes([m.OperationKind.LAUNCH]), launches=launches), 0, 1)

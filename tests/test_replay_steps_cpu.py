@@ -7,8 +7,9 @@ from samples import write_sample
 
 import replayfmt
 from replayfmt.cuda.driver import CudaCallError
+from replayfmt.execute import open_replay
 from replayfmt.format import model as m
-from replayfmt.replay import ReplayOptions, RunResult, open_replay
+from replayfmt.replay import ReplayOptions, RunResult
 from replayfmt.replay.compare import BufferReport
 from replayfmt.replay.plan import LaunchOverride, PlanOptions, captured_file_range, launch_shape
 from replayfmt.replay.steps import (

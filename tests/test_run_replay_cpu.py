@@ -15,7 +15,7 @@ from replayfmt.container.files import identity_of
 from replayfmt.format import model as m
 from replayfmt.replay.plan import build_plan
 from replayfmt.replay.plan_options import LaunchOverride, PlanOptions, Substitution
-from replayfmt.tools.run_replay import main
+from replayfmt_tools.run_replay import main
 
 ROOT = Path(__file__).resolve().parent.parent
 GPU_KERNELS = ROOT / "tests" / "gpu" / "kernels"
@@ -213,7 +213,7 @@ def test_no_gpu_is_a_clean_environment_error(tmp_path):
     axpy_capture(path, None)
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     result = subprocess.run(
-        [sys.executable, "-m", "replayfmt.tools.run_replay", str(path)], capture_output=True, text=True, env=env
+        [sys.executable, "-m", "replayfmt_tools.run_replay", str(path)], capture_output=True, text=True, env=env
     )
     if result.returncode == 0:
         pytest.skip("a GPU is visible")
@@ -235,7 +235,7 @@ def test_plan_library_api(tmp_path):
 
 def test_help_states_the_failure_contract():
     result = subprocess.run(
-        [sys.executable, "-m", "replayfmt.tools.run_replay", "--help"], capture_output=True, text=True
+        [sys.executable, "-m", "replayfmt_tools.run_replay", "--help"], capture_output=True, text=True
     )
     assert result.returncode == 0 and "Failure contract" in result.stdout and "--dry-run" in result.stdout
 

@@ -15,8 +15,8 @@ import replayfmt
 from replayfmt.errors import ReplayError
 from replayfmt.format import model as m
 from replayfmt.replay.plan import PlanOptions, RegionTracker, build_plan
-from replayfmt.tools.dump_replay import main as dump_main
-from replayfmt.tools.run_replay import main as run_main
+from replayfmt_tools.dump_replay import main as dump_main
+from replayfmt_tools.run_replay import main as run_main
 
 GOLDEN_1_0 = Path(__file__).parent / "golden" / "sample-1.0.kreplay"
 EXAMPLE_1_0 = Path(__file__).resolve().parent.parent / "examples" / "saxpy.kreplay"

@@ -19,7 +19,7 @@ from replayfmt.format.layout import ChunkFlags, ChunkKind, unpack_chunk_header
 from replayfmt.format.timings import OperationTime, OriginalTimes as Times, busy_ns
 from replayfmt.measure import kernel_times as kt
 from replayfmt.measure.benchmark import BenchmarkResult, KernelTiming, Stats
-from replayfmt.tools.benchmark_replay import _text
+from replayfmt_tools.benchmark_replay import _text
 
 # -- CUPTI activity records, built at the offsets of CUPTI 13's structs -----------------------
 

@@ -19,7 +19,7 @@ import replayfmt
 from replayfmt.container.files import FileRemap, read_reference, remap_path, resolve_file
 from replayfmt.errors import FileMismatchError, ReplayUsageError
 from replayfmt.format import model as m
-from replayfmt.tools.dump_replay import main as dump_main
+from replayfmt_tools.dump_replay import main as dump_main
 
 
 def dump(*args: str) -> tuple[int, str, str]:

@@ -18,13 +18,13 @@ from replayfmt.measure.tune import (
     override_flags,
     parse_dims_list,
     parse_int_list,
-    plot,
     prune,
     read_csv,
     search,
 )
+from replayfmt.measure.tune_plot import plot
 from replayfmt.replay.plan import build_plan
-from replayfmt.tools.tune_replay import main
+from replayfmt_tools.tune_replay import main
 
 SCALE = m.Function(name="scale", max_threads_per_block=512, max_dynamic_shared_memory=64 * 1024)
 OTHER = m.Function(name="other")
@@ -197,7 +197,7 @@ def test_cli_usage_errors(tmp_path):
 
 
 def test_tools_share_the_replay_and_tolerance_options_with_their_help():
-    from replayfmt.tools.run_replay import main as run_main
+    from replayfmt_tools.run_replay import main as run_main
 
     helps = {}
     for tool in (main, run_main):

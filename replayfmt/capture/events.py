@@ -15,7 +15,7 @@ import enum
 from dataclasses import dataclass
 
 from replayfmt.format import model as m
-from replayfmt.format.graph_model import GraphNodeKind
+from replayfmt.format.model import GraphNodeKind
 
 
 class MemoryApi(enum.Enum):

@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 from replayfmt.capture.options import RecordOptions
 from replayfmt.container.files import file_digest, identity_of
-from replayfmt.container.writer import CaptureWriter
 from replayfmt.format import model as m
+from replayfmt.writer import CaptureWriter
 
 
 class FileReferences:

@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any
 from replayfmt.capture import events as ev
 from replayfmt.capture.allocations import Allocation, AllocationTable
 from replayfmt.format import model as m
-from replayfmt.format.graph_model import GraphNode, GraphNodeKind
+from replayfmt.format.model import GraphNode, GraphNodeKind
 
 if TYPE_CHECKING:
     from replayfmt.capture.report import Report
-    from replayfmt.container.writer import CaptureWriter
+    from replayfmt.writer import CaptureWriter
 
 _N = GraphNodeKind
 

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from replayfmt.capture import events as ev
 from replayfmt.capture.process_memory import MEMORY, read, u64
-from replayfmt.format.graph_model import GraphNodeKind
+from replayfmt.format.model import GraphNodeKind
 
 ENTER, EXIT = 0, 1  # CUPTI callback sites
 

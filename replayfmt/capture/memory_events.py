@@ -24,7 +24,7 @@ from replayfmt.format import model as m
 if TYPE_CHECKING:
     from replayfmt.capture.device_memory import DeviceMemory
     from replayfmt.capture.report import Report
-    from replayfmt.container.writer import CaptureWriter
+    from replayfmt.writer import CaptureWriter
 
 MEMORY_KINDS = {
     ev.MemoryApi.DEVICE: m.MemoryKind.DEVICE,

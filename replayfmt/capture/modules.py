@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from replayfmt.capture import events as ev
-from replayfmt.container.writer import CaptureWriter
 from replayfmt.format import model as m
 from replayfmt.format.cubin import CubinError, detect_format, parse_cubin
+from replayfmt.writer import CaptureWriter
 
 
 @dataclass

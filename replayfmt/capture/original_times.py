@@ -17,10 +17,10 @@ from typing import Any
 
 from replayfmt.capture import events as ev
 from replayfmt.capture.report import Report
-from replayfmt.container.writer import CaptureWriter
 from replayfmt.cuda.activity import DEVICE_WORK, ActivityKind, ActivityRecord, KernelActivity
 from replayfmt.errors import ReplayError
 from replayfmt.format.timings import OperationTime
+from replayfmt.writer import CaptureWriter
 
 _DEVICE_EVENTS = (ev.LaunchBegin, ev.Copy, ev.CopyDone, ev.Memset)
 

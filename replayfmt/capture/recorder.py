@@ -26,9 +26,9 @@ from replayfmt.capture.original_times import OriginalTimes
 from replayfmt.capture.report import Report
 from replayfmt.capture.translate import Translator
 from replayfmt.capture.verdict import check_capture
-from replayfmt.container.writer import CaptureWriter
 from replayfmt.errors import ReplayUsageError
 from replayfmt.format import model as m
+from replayfmt.writer import CaptureWriter
 
 _active: list[Recorder] = []  # the listening recorder (CUPTI has one subscriber per process)
 

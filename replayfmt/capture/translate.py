@@ -36,9 +36,9 @@ from replayfmt.capture.options import CaptureMode, RecordOptions
 from replayfmt.capture.parameter_words import integer_pair, struct_words
 from replayfmt.capture.report import KernelStats, Report
 from replayfmt.capture.state_events import StateEvents
-from replayfmt.container.writer import CaptureWriter
 from replayfmt.format import model as m
 from replayfmt.format.names import matches_kernel
+from replayfmt.writer import CaptureWriter
 
 _DEFAULT_STREAMS = (0, 1, 2)  # 0, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
 _COLLECTIVE = re.compile(r"^_?Z?\d*nccl|^ncclKernel|^ncclDevKernel")

@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from replayfmt.container.reader import open_capture
 from replayfmt.errors import ReplayError
 from replayfmt.format import model as m
+from replayfmt.reader import open_capture
 from replayfmt.replay.plan import PlanOptions, build_plan
 
 

@@ -22,10 +22,10 @@ import secrets
 import stat
 from pathlib import Path
 
-from replayfmt.container.reader import Capture
 from replayfmt.errors import ReplayUsageError
 from replayfmt.format import model as m
 from replayfmt.format.payloads import frame_hash
+from replayfmt.reader import Capture
 
 _FLAG = "--payloads=files:"
 _OPEN_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from replayfmt.format import model as m
 from replayfmt.format.names import demangle
@@ -37,10 +37,6 @@ def _float_json(value: float) -> str:
     return text if text[-1].isdigit() else f'"{text}"'  # "nan", "inf", "-inf": strict JSON has no such numbers
 
 
-if TYPE_CHECKING:
-    from replayfmt.dump.views import Dumper
-
-
 class LaunchTemplate:
     """Renders launch rows of one (executable, function) as JSON text quickly.
 
@@ -49,8 +45,7 @@ class LaunchTemplate:
     {"buffer", "offset"}, other pointers as hex strings, opaque blobs (tensor maps) as hex.
     """
 
-    def __init__(self, dumper: Dumper, executable: int, function: int) -> None:
-        fn = dumper.function(executable, function)
+    def __init__(self, fn: m.Function | None, executable: int, function: int) -> None:
         self.name = fn.name if fn else ""
         readable = demangle(self.name)  # the raw symbol stays in "function": the driver looks it up so
         shown = f',"function_demangled":{json.dumps(readable)}' if readable != self.name else ""

@@ -8,10 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from replayfmt.container.reader import Capture
 from replayfmt.dump.fields import label_of
 from replayfmt.errors import ReplayFormatError
 from replayfmt.format import model as m
+from replayfmt.reader import Capture
 
 _K = m.OperationKind
 _COPY_CODES = [int(_K.COPY_HOST_TO_DEVICE), int(_K.COPY_DEVICE_TO_HOST), int(_K.COPY_DEVICE_TO_DEVICE)]

@@ -19,7 +19,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from replayfmt.container.reader import Capture
 from replayfmt.dump.export import check_writable, export_payload
 from replayfmt.dump.fields import field_names, label_of
 from replayfmt.dump.filters import JSONL_VERSION, DumpFilter, PayloadMode
@@ -30,6 +29,7 @@ from replayfmt.format import model as m
 from replayfmt.format.names import demangle
 from replayfmt.format.payloads import hash_hex
 from replayfmt.format.records import ID_OPERATIONS
+from replayfmt.reader import Capture
 from replayfmt.version import __version__
 
 _CACHE_LIMIT = 65536  # entries in each per-dump render cache
@@ -294,7 +294,9 @@ class Dumper:
     def _launch_entry(self, op: m.Launch, key: tuple[int, ...]) -> _LaunchParts:
         template = self._templates.get((op.executable, op.function))
         if template is None:
-            template = self._templates[(op.executable, op.function)] = LaunchTemplate(self, op.executable, op.function)
+            template = self._templates[(op.executable, op.function)] = LaunchTemplate(
+                self.function(op.executable, op.function), op.executable, op.function
+            )
         g, b, c = op.grid, op.block, op.cluster
         prefix = (
             f'{template.head}"stream":{op.stream},"grid":[{g[0]},{g[1]},{g[2]}],"block":[{b[0]},{b[1]},{b[2]}],'

@@ -15,7 +15,7 @@ import numpy as np
 from replayfmt.format import model as m
 from replayfmt.format.decoder import StructVector
 from replayfmt.format.fb import Graph as FbGraph, GraphNode as FbGraphNode, KernelDims as FbKernelDims
-from replayfmt.format.graph_model import GraphNode, GraphNodeKind
+from replayfmt.format.model import GraphNode, GraphNodeKind
 from replayfmt.format.schema import load_schema
 
 

@@ -10,157 +10,23 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, NamedTuple
+from typing import ClassVar, NamedTuple
 
-if TYPE_CHECKING:
-    from replayfmt.format.graph_model import GraphNode
-
-
-class OperationKind(enum.IntEnum):
-    NONE = 0
-    CREATE_OBJECT = 1
-    DESTROY_OBJECT = 2
-    COPY_HOST_TO_DEVICE = 3
-    COPY_DEVICE_TO_HOST = 4
-    COPY_DEVICE_TO_DEVICE = 5
-    MEMSET = 6
-    MODULE_LOAD = 7
-    LAUNCH = 8
-    EVENT_RECORD = 9
-    STREAM_WAIT_EVENT = 10
-    STREAM_SYNCHRONIZE = 11
-    DEVICE_SYNCHRONIZE = 12
-    EVENT_SYNCHRONIZE = 13
-    SCOPE_BEGIN = 14
-    SCOPE_END = 15
-    CHECKPOINT = 16
-    UNSUPPORTED = 17
-    STATE = 18  # format 1.1
-    HOST_FUNCTION = 19  # format 1.1
-    GRAPH_LAUNCH = 20  # format 1.2
-
-    @property
-    def label(self) -> str:
-        """The name used by dump-replay and in messages, e.g. ``copy_h2d``."""
-        return _OPERATION_LABELS[self]
-
-
-_OPERATION_LABELS = {
-    OperationKind.NONE: "none",
-    OperationKind.CREATE_OBJECT: "create",
-    OperationKind.DESTROY_OBJECT: "destroy",
-    OperationKind.COPY_HOST_TO_DEVICE: "copy_h2d",
-    OperationKind.COPY_DEVICE_TO_HOST: "copy_d2h",
-    OperationKind.COPY_DEVICE_TO_DEVICE: "copy_d2d",
-    OperationKind.MEMSET: "memset",
-    OperationKind.MODULE_LOAD: "module_load",
-    OperationKind.LAUNCH: "launch",
-    OperationKind.EVENT_RECORD: "event_record",
-    OperationKind.STREAM_WAIT_EVENT: "stream_wait_event",
-    OperationKind.STREAM_SYNCHRONIZE: "stream_synchronize",
-    OperationKind.DEVICE_SYNCHRONIZE: "device_synchronize",
-    OperationKind.EVENT_SYNCHRONIZE: "event_synchronize",
-    OperationKind.SCOPE_BEGIN: "scope_begin",
-    OperationKind.SCOPE_END: "scope_end",
-    OperationKind.CHECKPOINT: "checkpoint",
-    OperationKind.UNSUPPORTED: "unsupported",
-    OperationKind.HOST_FUNCTION: "host_function",
-    OperationKind.STATE: "state",
-    OperationKind.GRAPH_LAUNCH: "graph_launch",
-}
-
-
-class ObjectKind(enum.IntEnum):
-    """Matches the member order of the schema's ObjectBody union."""
-
-    NONE = 0
-    DEVICE = 1
-    STREAM = 2
-    EVENT = 3
-    BUFFER = 4
-    EXECUTABLE = 5
-    GLOBAL = 6
-    FILE_REFERENCE = 7
-    GRAPH = 8  # format 1.2
-
-    @property
-    def label(self) -> str:
-        return self.name.lower()
-
-
-class ExecutableFormat(enum.IntEnum):
-    UNKNOWN = 0
-    CUBIN = 1
-    PTX = 2
-    FATBIN = 3
-
-
-EXECUTABLE_FORMATS = {"cubin": ExecutableFormat.CUBIN, "ptx": ExecutableFormat.PTX, "fatbin": ExecutableFormat.FATBIN}
-"""Executable formats by name: as ``format.cubin.detect_format`` returns them and flags spell them."""
-
-
-class ParameterKind(enum.IntEnum):
-    UNKNOWN = 0
-    VALUE = 1
-    POINTER = 2
-    TENSOR_MAP = 3
-
-
-class RelocationKind(enum.IntEnum):
-    POINTER = 0
-    TENSOR_MAP = 1
-
-
-class MemoryKind(enum.IntEnum):
-    DEVICE = 0
-    HOST_PINNED = 1
-    MANAGED = 2
-
-
-class DType(enum.IntEnum):
-    UNKNOWN = 0
-    BOOL = 1
-    INT8 = 2
-    UINT8 = 3
-    INT16 = 4
-    UINT16 = 5
-    INT32 = 6
-    UINT32 = 7
-    INT64 = 8
-    UINT64 = 9
-    FLOAT16 = 10
-    BFLOAT16 = 11
-    FLOAT32 = 12
-    FLOAT64 = 13
-    FLOAT8_E4M3FN = 14
-    FLOAT8_E5M2 = 15
-    COMPLEX64 = 16
-    COMPLEX128 = 17
-
-
-class FilePolicy(enum.IntEnum):
-    REFERENCE = 0
-    CAPTURE_RANGES = 1
-    CAPTURE_ALL = 2
-    FAIL = 3
-
-    @property
-    def label(self) -> str:
-        return self.name.lower().replace("_", "-")
-
-
-class FileValidation(enum.IntEnum):
-    IDENTITY = 0
-    DIGEST = 1
-    NONE = 2
-
-    @property
-    def label(self) -> str:
-        return self.name.lower()
-
-
-LAUNCH_FLAG_COOPERATIVE = 1
-COPY_FLAG_ASYNC = 1
+# Exported here too (m.DType), so the whole Python view is one import.
+from replayfmt.format.enums import (
+    COPY_FLAG_ASYNC as COPY_FLAG_ASYNC,
+    EXECUTABLE_FORMATS as EXECUTABLE_FORMATS,
+    LAUNCH_FLAG_COOPERATIVE as LAUNCH_FLAG_COOPERATIVE,
+    DType as DType,
+    ExecutableFormat as ExecutableFormat,
+    FilePolicy as FilePolicy,
+    FileValidation as FileValidation,
+    MemoryKind as MemoryKind,
+    ObjectKind as ObjectKind,
+    OperationKind as OperationKind,
+    ParameterKind as ParameterKind,
+    RelocationKind as RelocationKind,
+)
 
 Dims = tuple[int, int, int]
 
@@ -308,9 +174,57 @@ class FileReference(ObjectDef):
     payload: int = 0
 
 
+class GraphNodeKind(enum.IntEnum):
+    EMPTY = 0
+    KERNEL = 1
+    MEMCPY = 2
+    MEMSET = 3
+    EVENT_RECORD = 4
+    EVENT_WAIT = 5
+    CHILD_GRAPH = 6
+    HOST = 7  # a host function: replayed as an empty node that keeps its place
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GraphNode:
+    """One node of a CUDA graph; which fields matter depends on ``kind`` (schema.fbs says).
+    ``kind`` is a plain int when a newer writer used a kind this reader does not know."""
+
+    kind: GraphNodeKind | int = GraphNodeKind.EMPTY
+    executable: int = 0  # KERNEL: as a Launch
+    function: int = 0
+    flags: int = 0
+    grid: Dims = (0, 0, 0)
+    block: Dims = (0, 0, 0)
+    cluster: Dims = (0, 0, 0)
+    shared_memory: int = 0
+    parameters: bytes = b""
+    relocations: tuple[Relocation, ...] = ()
+    src_buffer: int = 0  # MEMCPY
+    dst_buffer: int = 0  # MEMCPY, MEMSET
+    src_offset: int = 0
+    dst_offset: int = 0
+    size: int = 0  # MEMCPY: bytes
+    value: int = 0  # MEMSET
+    element_size: int = 0
+    width: int = 0  # MEMSET: elements per row
+    height: int = 0  # MEMSET: rows
+    pitch: int = 0  # MEMSET: bytes between rows
+    event: int = 0  # EVENT_RECORD, EVENT_WAIT: Event id
+    graph: int = 0  # CHILD_GRAPH: Graph id
+
+    @property
+    def label(self) -> str:
+        return self.kind.label if isinstance(self.kind, GraphNodeKind) else f"kind {self.kind}"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Graph(ObjectDef):
-    """(1.2) A CUDA graph as launched: its nodes (:mod:`replayfmt.format.graph_model`) and
+    """(1.2) A CUDA graph as launched: its nodes (:class:`GraphNode`) and
     dependency edges (``(src, dst)`` node indices: dst runs after src). A graph whose executable
     was updated between launches is written again as a new object."""
 

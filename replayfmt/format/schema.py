@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-SCHEMA_PATH = Path(__file__).with_name("schema.fbs")
+SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schema.fbs"  # replayfmt/schema.fbs: the format's front door
 
 SCALAR_SIZES = {
     "bool": 1,

@@ -26,7 +26,6 @@ from typing import Any
 
 import numpy as np
 
-from replayfmt.container.reader import Capture
 from replayfmt.cuda.driver import check
 from replayfmt.errors import ReplayError, ReplayUsageError
 from replayfmt.format import model as m
@@ -34,6 +33,7 @@ from replayfmt.format.names import demangle
 from replayfmt.measure import kernel_times as kt
 from replayfmt.measure.graph_nodes import NodeKey, node_name, unroll_graph_launches
 from replayfmt.measure.restore import Span, buffers_of, restore_spans
+from replayfmt.reader import Capture
 from replayfmt.replay.graph_plan import graph_buffers
 from replayfmt.replay.graphs import launch_into_capture
 from replayfmt.replay.replayer import Replayer

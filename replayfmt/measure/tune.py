@@ -28,10 +28,10 @@ from typing import Any
 
 import xxhash
 
-from replayfmt.container.reader import Capture
 from replayfmt.errors import DeviceUnavailableError, ReplayError, ReplayUsageError
 from replayfmt.format import model as m
 from replayfmt.format.names import demangle, matches_kernel
+from replayfmt.reader import Capture
 from replayfmt.replay.graph_plan import kernel_nodes, node_launch
 from replayfmt.replay.plan import Plan
 from replayfmt.replay.plan_options import MAX_BLOCK, MAX_GRID, MAX_THREADS_PER_BLOCK
@@ -504,27 +504,6 @@ def search(
         if progress is not None:
             progress(k + 1, len(todo))
         yield result
-
-
-def plot(results: list[CandidateResult], targets: Targets, path: Path) -> None:
-    """Draw the results to ``path`` (PNG): a line chart over one swept axis, a heatmap over two
-    (see replayfmt.measure.tune_plot)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ReplayUsageError("--plot needs matplotlib: pip install 'replayfmt[plot]'") from None
-    from replayfmt.measure.tune_plot import figure
-
-    fig = figure(results, targets)
-    try:
-        fig.savefig(path, dpi=120)
-    except OSError as exc:
-        raise ReplayUsageError(f"--plot {path}: cannot write ({exc.strerror})") from None
-    finally:
-        plt.close(fig)
 
 
 def override_flags(targets: Targets, c: Candidate) -> str:

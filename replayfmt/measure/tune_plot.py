@@ -3,8 +3,8 @@ against that axis, failures marked, the captured shape marked), a heatmap when i
 captured cell outlined, failed cells grey and crossed). With more than two axes, the heatmap is
 over the two with the most values, each cell the best over the others (the title says so).
 
-matplotlib is imported by the caller (:func:`replayfmt.measure.tune.plot`), which owns the message
-for a missing one; this module only lays out and draws.
+matplotlib is imported lazily by :func:`plot` (an optional extra: ``replayfmt[plot]``), which owns
+the message for a missing one.
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from __future__ import annotations
 import math
 import textwrap
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
+from replayfmt.errors import ReplayUsageError
 from replayfmt.format import model as m
 from replayfmt.format.names import demangle
-
-if TYPE_CHECKING:
-    from replayfmt.measure.tune import CandidateResult, Targets
+from replayfmt.measure.tune import CandidateResult, Targets
 
 AXES = ("grid", "block", "smem", "max_registers")
 AXIS_LABELS = {
@@ -196,3 +196,23 @@ def _heatmap(points: list[Point], row_axis: str, col_axis: str, others: list[str
         note += f"\neach cell: best over {', '.join(others)}"
     ax.set_title(title(targets, note), fontsize=9)
     return fig
+
+
+def plot(results: list[CandidateResult], targets: Targets, path: Path) -> None:
+    """Draw the results to ``path`` (PNG): a line chart over one swept axis, a heatmap over two
+    (see :func:`figure`)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ReplayUsageError("--plot needs matplotlib: pip install 'replayfmt[plot]'") from None
+
+    fig = figure(results, targets)
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as exc:
+        raise ReplayUsageError(f"--plot {path}: cannot write ({exc.strerror})") from None
+    finally:
+        plt.close(fig)

@@ -12,11 +12,11 @@ from typing import Any
 from replayfmt.container.files import FileRemap
 from replayfmt.cuda.driver import check
 from replayfmt.errors import DeviceError, DeviceUnavailableError, ReplayError
+from replayfmt.execute import ReplaySession, open_replay
 from replayfmt.format import model as m
 from replayfmt.replay.compare import Tolerance
 from replayfmt.replay.options import ReplayOptions
 from replayfmt.replay.plan_options import PlanOptions, Substitution
-from replayfmt.replay.replayer import ReplaySession, open_replay
 
 
 def _reply(message: dict[str, Any]) -> None:

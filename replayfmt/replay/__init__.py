@@ -7,24 +7,22 @@ device fit, peer access), ``buffers`` (allocations, fixed addresses, pinned memo
 ``staging`` (uploads staged once through pinned lanes, frames checked on the device), ``launches``
 (parameter blocks packed and relocated), ``steps`` (the capture as typed steps), ``running``
 (issuing steps, naming failures) and ``verify`` (checkpoints, expected downloads, saving), with
-``compare`` for the buffer comparisons. :func:`open_replay` is the open -> plan -> Replayer
-sequence every tool uses.
+``compare`` for the buffer comparisons. :mod:`replayfmt.execute` is the front door that composes
+them: the open -> plan -> Replayer sequence every tool uses.
 """
 
 from replayfmt.replay.options import ReplayOptions, RunResult
 from replayfmt.replay.plan import Plan, PlanOptions, build_plan
-from replayfmt.replay.replayer import Replayer, ReplaySession, open_replay
+from replayfmt.replay.replayer import Replayer
 from replayfmt.replay.steps import Step, StepKind
 
 __all__ = [
     "Plan",
     "PlanOptions",
     "ReplayOptions",
-    "ReplaySession",
     "Replayer",
     "RunResult",
     "Step",
     "StepKind",
     "build_plan",
-    "open_replay",
 ]

@@ -10,7 +10,7 @@ from typing import Any
 
 from replayfmt.errors import ReplayError, ReplayFormatError, UnsupportedOperationError
 from replayfmt.format import model as m
-from replayfmt.format.graph_model import GraphNode, GraphNodeKind
+from replayfmt.format.model import GraphNode, GraphNodeKind
 
 _N = GraphNodeKind
 _MAX_DEPTH = 16

@@ -17,7 +17,7 @@ from typing import Any
 from replayfmt.cuda.driver import check
 from replayfmt.errors import DeviceError, ReplayUsageError, UnsupportedOperationError
 from replayfmt.format import model as m
-from replayfmt.format.graph_model import GraphNode, GraphNodeKind
+from replayfmt.format.model import GraphNode, GraphNodeKind
 from replayfmt.replay.devices import Devices
 from replayfmt.replay.graph_plan import node_launch, topological_order
 from replayfmt.replay.launches import PreparedLaunch, prepare_launch

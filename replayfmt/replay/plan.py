@@ -13,7 +13,6 @@ import re
 from dataclasses import dataclass, field
 
 from replayfmt.container.files import ResolvedFile, read_reference, resolve_file
-from replayfmt.container.reader import Capture
 from replayfmt.errors import (
     AbiMismatchError,
     FileMismatchError,
@@ -26,6 +25,7 @@ from replayfmt.format import model as m
 from replayfmt.format.cubin import CubinError, CubinInfo, detect_format, parse_cubin
 from replayfmt.format.model import EXECUTABLE_FORMATS
 from replayfmt.format.names import demangle
+from replayfmt.reader import Capture
 from replayfmt.replay.graph_plan import check_graph
 from replayfmt.replay.plan_options import (
     MAX_BLOCK,

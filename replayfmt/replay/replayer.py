@@ -12,18 +12,16 @@ the driver's error; a sticky error found at a synchronisation also names the lau
 the last one that succeeded. Ownership: the Replayer owns every device resource it creates and
 frees them in :meth:`close` (idempotent; also a context manager).
 
-:func:`open_replay` opens a capture and plans it into a :class:`ReplaySession` that starts the
+:func:`replayfmt.execute.open_replay` opens a capture and plans it into a session that starts the
 Replayer: the sequence every tool follows.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from replayfmt.container.reader import Capture, open_capture
 from replayfmt.cuda.driver import check, driver
 from replayfmt.cuda.nvtx import Nvtx
 from replayfmt.errors import ReplayUsageError
@@ -33,7 +31,7 @@ from replayfmt.replay.devices import Devices, ReplayDevice
 from replayfmt.replay.graphs import PreparedGraph
 from replayfmt.replay.modules import Modules
 from replayfmt.replay.options import ReplayOptions, RunResult
-from replayfmt.replay.plan import Plan, PlanOptions, build_plan
+from replayfmt.replay.plan import Plan
 from replayfmt.replay.running import StepRunner
 from replayfmt.replay.staging import Staging, StagingStats, stage_uploads
 from replayfmt.replay.state import StateSetter
@@ -284,51 +282,3 @@ class Replayer:
             result.device_ms.append(total - state)
             result.state_ms.append(state)
         return result
-
-
-class ReplaySession:
-    """A capture opened and planned, and the Replayer started on it: what every tool does.
-
-    ``with open_replay(path, plan_options) as session:`` inspect ``session.plan`` (describe it,
-    find a scope, stop for a dry run: no GPU is touched yet), then ``session.start(options)``.
-    Leaving the block closes the Replayer, then the capture.
-    """
-
-    def __init__(self, capture: Capture, plan_options: PlanOptions) -> None:
-        self.capture = capture
-        self._replayer: Replayer | None = None
-        try:
-            self.plan = build_plan(capture, plan_options)
-        except BaseException:
-            capture.close()
-            raise
-
-    @property
-    def replayer(self) -> Replayer:
-        """The Replayer :meth:`start` made."""
-        if self._replayer is None:
-            raise ReplayUsageError("this replay session has not started its Replayer")
-        return self._replayer
-
-    def start(self, options: ReplayOptions | None = None) -> Replayer:
-        """Set the plan up on the devices (once per session)."""
-        if self._replayer is not None:
-            raise ReplayUsageError("this replay session has started its Replayer already")
-        self._replayer = Replayer(self.plan, options)
-        return self._replayer
-
-    def close(self) -> None:
-        if self._replayer is not None:
-            self._replayer.close()
-        self.capture.close()
-
-    def __enter__(self) -> ReplaySession:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def open_replay(path: str | os.PathLike[str], plan_options: PlanOptions = PlanOptions()) -> ReplaySession:
-    """Open a capture and plan its replay (every check that needs no GPU); see :class:`ReplaySession`."""
-    return ReplaySession(open_capture(path), plan_options)

@@ -90,7 +90,7 @@ def test_timing_is_real_work(tmp_path, kernels):
 def test_cli_json_trace_and_compare(tmp_path, kernels):
     path, _, _ = in_place_capture(tmp_path, kernels)
     trace = tmp_path / "trace.json"
-    run = [sys.executable, "-m", "replayfmt.tools.benchmark_replay", "--scope=step", "--repetitions=5"]
+    run = [sys.executable, "-m", "replayfmt_tools.benchmark_replay", "--scope=step", "--repetitions=5"]
     base = subprocess.run(
         [*run, "--format=json", "--per-kernel", f"--trace={trace}", str(path)], capture_output=True, text=True
     )
@@ -120,7 +120,7 @@ def test_nvtx_ranges_wrap_scopes_and_launches(tmp_path, kernels):
         [
             sys.executable,
             "-m",
-            "replayfmt.tools.benchmark_replay",
+            "replayfmt_tools.benchmark_replay",
             "--nvtx",
             "--scope=step",
             "--repetitions=3",
@@ -131,6 +131,6 @@ def test_nvtx_ranges_wrap_scopes_and_launches(tmp_path, kernels):
     )
     assert result.returncode == 0, result.stderr
     result = subprocess.run(
-        [sys.executable, "-m", "replayfmt.tools.run_replay", "--nvtx", str(path)], capture_output=True, text=True
+        [sys.executable, "-m", "replayfmt_tools.run_replay", "--nvtx", str(path)], capture_output=True, text=True
     )
     assert result.returncode == 0, result.stderr

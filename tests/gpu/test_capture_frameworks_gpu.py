@@ -37,7 +37,7 @@ def captured(
 
 
 def benchmarked(path: Path) -> str:
-    result = run([sys.executable, "-m", "replayfmt.tools.benchmark_replay", "--repetitions=3", str(path)])
+    result = run([sys.executable, "-m", "replayfmt_tools.benchmark_replay", "--repetitions=3", str(path)])
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     return result.stdout
 
@@ -139,7 +139,7 @@ def test_torch_reduce_overhead_graph_launches(tmp_path):
     verified(out, "--tolerance")
     benchmarked(out)
     per_kernel = run(
-        [sys.executable, "-m", "replayfmt.tools.benchmark_replay", "--repetitions=3", "--per-kernel", str(out)]
+        [sys.executable, "-m", "replayfmt_tools.benchmark_replay", "--repetitions=3", "--per-kernel", str(out)]
     )
     assert per_kernel.returncode == 0 and "(graph " in per_kernel.stdout, (per_kernel.stdout + per_kernel.stderr)[
         -3000:

@@ -44,11 +44,11 @@ def capture(out: Path, script: Path, *flags: str, args: tuple[str, ...] = ()) ->
 
 
 def replay(path: Path, *flags: str, no_aslr: bool = False) -> subprocess.CompletedProcess:
-    return run([sys.executable, "-m", "replayfmt.tools.run_replay", str(path), *flags], no_aslr=no_aslr)
+    return run([sys.executable, "-m", "replayfmt_tools.run_replay", str(path), *flags], no_aslr=no_aslr)
 
 
 def dump(path: Path, *flags: str) -> str:
-    result = run([sys.executable, "-m", "replayfmt.tools.dump_replay", *flags, str(path)])
+    result = run([sys.executable, "-m", "replayfmt_tools.dump_replay", *flags, str(path)])
     assert result.returncode == 0, result.stderr[-2000:]
     return result.stdout
 

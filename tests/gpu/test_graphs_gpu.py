@@ -21,7 +21,7 @@ from test_capture_gpu import EXAMPLES, capture, capture_ready, dump, replay, run
 
 import replayfmt
 from replayfmt.format import model as m
-from replayfmt.format.graph_model import GraphNode, GraphNodeKind as N
+from replayfmt.format.model import GraphNode, GraphNodeKind as N
 
 
 def _rows(path: Path) -> list[dict]:
@@ -97,7 +97,7 @@ def test_a_written_graph_replays_verifies_and_benchmarks(tmp_path, gpu_arch):
 
 
 def _benchmark(path: Path, *flags: str) -> dict:
-    args = [sys.executable, "-m", "replayfmt.tools.benchmark_replay", "--repetitions=5", "--format=json"]
+    args = [sys.executable, "-m", "replayfmt_tools.benchmark_replay", "--repetitions=5", "--format=json"]
     result = run([*args, *flags, str(path)])
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     return json.loads(result.stdout)
@@ -157,7 +157,7 @@ def test_tune_replay_reaches_kernel_nodes(stream_captured, tmp_path):
     """saxpy runs as two kernel nodes of grid 4096 over 2^20 elements: block 128 leaves half of
     them undone (a wrong result, so the node's shape did change), block 256 is the captured one."""
     csv_path = tmp_path / "tune.csv"
-    args = [sys.executable, "-m", "replayfmt.tools.tune_replay", "--kernel=saxpy", "--grid=4096", "--block=128;256"]
+    args = [sys.executable, "-m", "replayfmt_tools.tune_replay", "--kernel=saxpy", "--grid=4096", "--block=128;256"]
     result = run([*args, "--csv", str(csv_path), str(stream_captured)])
     output = result.stdout + result.stderr
     assert re.search(r"graph \d+ node \d+", output), output[-3000:]

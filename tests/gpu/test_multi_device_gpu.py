@@ -100,7 +100,7 @@ def test_an_event_edge_and_a_copy_across_two_devices(tmp_path, two_gpus):
         [
             sys.executable,
             "-m",
-            "replayfmt.tools.run_replay",
+            "replayfmt_tools.run_replay",
             str(path),
             "--verify",
             "--device",

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 import replayfmt
+from replayfmt.execute import open_replay
 from replayfmt.format import model as m
-from replayfmt.replay import Replayer, ReplayOptions, StepKind, open_replay
+from replayfmt.replay import Replayer, ReplayOptions, StepKind
 from replayfmt.replay.compare import Tolerance
 from replayfmt.replay.plan import build_plan
 from replayfmt.replay.plan_options import PlanOptions, Substitution
@@ -93,7 +94,7 @@ def replay(path: Path, *, verify: bool = True, tolerance: Tolerance = Tolerance(
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "replayfmt.tools.run_replay", *args], capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "replayfmt_tools.run_replay", *args], capture_output=True, text=True)
 
 
 def test_multi_stream_with_event_edges_memset_and_copies(tmp_path, kernels):
@@ -376,7 +377,7 @@ def test_fixed_addresses_reproduce_unrelocatable_pointers(tmp_path, kernels):
     result = run_cli("--verify", str(path))
     assert result.returncode == 1 and "--fixed-addresses" in result.stderr
     result = subprocess.run(
-        [*norandom, sys.executable, "-m", "replayfmt.tools.run_replay", "--verify", "--fixed-addresses", str(path)],
+        [*norandom, sys.executable, "-m", "replayfmt_tools.run_replay", "--verify", "--fixed-addresses", str(path)],
         capture_output=True,
         text=True,
     )

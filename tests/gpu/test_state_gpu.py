@@ -54,7 +54,7 @@ def test_scope_capture_verifies_and_times_the_kernel_not_the_state(tmp_path, cap
         [
             sys.executable,
             "-m",
-            "replayfmt.tools.benchmark_replay",
+            "replayfmt_tools.benchmark_replay",
             "--scope=step",
             "--repetitions=20",
             "--format=json",
@@ -70,7 +70,7 @@ def test_scope_capture_verifies_and_times_the_kernel_not_the_state(tmp_path, cap
             [
                 sys.executable,
                 "-m",
-                "replayfmt.tools.benchmark_replay",
+                "replayfmt_tools.benchmark_replay",
                 "--scope=step",
                 "--repetitions=20",
                 f"--mode={mode}",
@@ -98,7 +98,7 @@ def test_nondeterministic_bytes_are_reported_not_failed(tmp_path, capture_ready)
     text = verified(out, "--tolerance", "--nondeterminism-runs", "3")
     assert "nondeterminism: 3 replays compared" in text and "over 3 replays" in text
     result = run(
-        [sys.executable, "-m", "replayfmt.tools.run_replay", "--verify", "--nondeterminism-runs", "3", str(out)]
+        [sys.executable, "-m", "replayfmt_tools.run_replay", "--verify", "--nondeterminism-runs", "3", str(out)]
     )
     assert "nondeterministic (differ between replays)" in result.stdout, result.stdout[-3000:]
     assert result.returncode == 0, result.stdout[-3000:]  # whole floats vary: no byte of them is a mismatch

@@ -90,7 +90,7 @@ def test_a_recorded_capture_carries_the_original_times(tmp_path, cupti):
     assert all(r["original_ns"] is None for r in uploads)  # snapshots the recorder added
     assert " original=" in dump(out)
     bench = run(
-        [sys.executable, "-m", "replayfmt.tools.benchmark_replay", "--per-kernel", "--repetitions", "20", str(out)]
+        [sys.executable, "-m", "replayfmt_tools.benchmark_replay", "--per-kernel", "--repetitions", "20", str(out)]
     )
     assert bench.returncode == 0, bench.stderr[-3000:]
     text = bench.stdout
@@ -101,7 +101,7 @@ def test_a_recorded_capture_carries_the_original_times(tmp_path, cupti):
         [
             sys.executable,
             "-m",
-            "replayfmt.tools.benchmark_replay",
+            "replayfmt_tools.benchmark_replay",
             "--per-kernel",
             "--clock=events",
             "--repetitions",

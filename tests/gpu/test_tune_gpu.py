@@ -104,7 +104,7 @@ def test_cli_csv_plot_and_winning_flags(tmp_path, kernels):
     args = [
         sys.executable,
         "-m",
-        "replayfmt.tools.tune_replay",
+        "replayfmt_tools.tune_replay",
         f"--launch={op}",
         "--grid=1;132;264",
         "--block=64;256;2048",
@@ -117,7 +117,7 @@ def test_cli_csv_plot_and_winning_flags(tmp_path, kernels):
     assert "pruned" in result.stdout and "run-replay --launch=" in result.stdout and plot_path.exists()
     winner = result.stdout.strip().splitlines()[-1].split()
     replay = subprocess.run(
-        [sys.executable, "-m", "replayfmt.tools.run_replay", *winner[1:]], capture_output=True, text=True
+        [sys.executable, "-m", "replayfmt_tools.run_replay", *winner[1:]], capture_output=True, text=True
     )
     assert replay.returncode == 0, replay.stderr
     # 3 grids x 3 blocks, the 2048-thread blocks pruned: 6 candidates and the captured shape

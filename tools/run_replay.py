@@ -6,15 +6,15 @@ from pathlib import Path
 
 import click
 
-from replayfmt.container.reader import Capture
 from replayfmt.cuda.address_space import restart_without_aslr
 from replayfmt.dump import recovery_problem
 from replayfmt.errors import VerificationError
+from replayfmt.execute import open_replay
+from replayfmt.reader import Capture
 from replayfmt.replay.nondeterminism import NondeterminismTracker
 from replayfmt.replay.options import ReplayOptions
-from replayfmt.replay.replayer import open_replay
-from replayfmt.tools.common import EXIT_OK, EXIT_PROBLEM, ToolExit, agents_md_option, reports_errors
-from replayfmt.tools.options import parse_devices, plan_options, replay_options, tolerance, tolerance_options
+from replayfmt_tools.common import EXIT_OK, EXIT_PROBLEM, ToolExit, agents_md_option, reports_errors
+from replayfmt_tools.options import parse_devices, plan_options, replay_options, tolerance, tolerance_options
 
 EPILOG = """\b
 Failure contract: replay is strict. An unsupported operation, a missing or changed file, an

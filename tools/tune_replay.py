@@ -8,6 +8,7 @@ import click
 
 from replayfmt.cuda.address_space import restart_without_aslr
 from replayfmt.errors import ReplayUsageError
+from replayfmt.execute import open_replay
 from replayfmt.format import model as m
 from replayfmt.format.names import demangle
 from replayfmt.measure.tune import (
@@ -24,14 +25,13 @@ from replayfmt.measure.tune import (
     override_flags,
     parse_dims_list,
     parse_int_list,
-    plot,
     prune,
     read_csv,
     search,
 )
-from replayfmt.replay.replayer import open_replay
-from replayfmt.tools.common import EXIT_OK, EXIT_PROBLEM, ToolExit, agents_md_option, reports_errors
-from replayfmt.tools.options import parse_device, plan_options, source_options, tolerance, tolerance_options
+from replayfmt.measure.tune_plot import plot
+from replayfmt_tools.common import EXIT_OK, EXIT_PROBLEM, ToolExit, agents_md_option, reports_errors
+from replayfmt_tools.options import parse_device, plan_options, source_options, tolerance, tolerance_options
 
 EPILOG = """\b
 Every candidate runs in a worker process from the capture's starting state, is verified against

@@ -15,13 +15,13 @@ import click
 
 from replayfmt.cuda.address_space import restart_without_aslr
 from replayfmt.errors import ReplayUsageError
+from replayfmt.execute import open_replay
 from replayfmt.format.names import demangle
 from replayfmt.measure import kernel_times as kt
 from replayfmt.measure.benchmark import Benchmark, BenchmarkOptions, BenchmarkResult, find_region
 from replayfmt.replay.options import ReplayOptions
-from replayfmt.replay.replayer import open_replay
-from replayfmt.tools.common import EXIT_OK, agents_md_option, reports_errors
-from replayfmt.tools.options import parse_devices, plan_options, replay_options
+from replayfmt_tools.common import EXIT_OK, agents_md_option, reports_errors
+from replayfmt_tools.options import parse_devices, plan_options, replay_options
 
 EPILOG = """\b
 Setup (allocations, module loads, uploads, the operations before the scope) happens once,

@@ -21,9 +21,11 @@ program. Five tools, each printing this page with `--agents-md`:
 | `tune-replay` | search launch shapes, every candidate verified | yes |
 
 From Python: `replayfmt.open`, `replayfmt.CaptureWriter`, `replayfmt.capture.record` and
-`replayfmt.replay.open_replay`. The library is laid out by job (`format/` the wire, `container/`
-reading and writing, `cuda/` the driver, `replay/` plan and Replayer, `measure/` benchmark and tune,
-`dump/`, `capture/` the recorder, `tools/` these CLIs); docs/ARCHITECTURE.md maps every module.
+`replayfmt.execute.open_replay`. The front doors are `replayfmt/schema.fbs`, `writer.py`,
+`reader.py` and `execute.py`; behind them the library is laid out by job (`format/` the wire,
+`container/` the file's rooms, `cuda/` the driver, `replay/` plan and Replayer, `measure/` benchmark
+and tune, `dump/`, `capture/` the recorder), and these CLIs live apart in top-level `tools/`;
+docs/ARCHITECTURE.md maps every module.
 
 Every command on this page runs as written, from a checkout of replayfmt, on the example
 capture (a saxpy kernel: executable 5, launch operation 9, scope `saxpy`):

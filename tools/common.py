@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import click
 
 from replayfmt.errors import DeviceUnavailableError, ReplayError, ReplayFormatError, ReplayUsageError
-from replayfmt.tools.playbook import playbook
+from replayfmt_tools.playbook import playbook
 
 F = TypeVar("F", bound=Callable[..., Any])
 

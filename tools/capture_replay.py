@@ -13,7 +13,7 @@ import click
 from replayfmt.capture import CaptureMode, Recorder, RecordOptions
 from replayfmt.cuda.address_space import restart_without_aslr
 from replayfmt.format import model as m
-from replayfmt.tools.common import EXIT_PROBLEM, ToolExit, agents_md_option, reports_errors
+from replayfmt_tools.common import EXIT_PROBLEM, ToolExit, agents_md_option, reports_errors
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})

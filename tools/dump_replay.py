@@ -13,7 +13,7 @@ import click
 import replayfmt
 from replayfmt.dump import Dumper, DumpFilter, PayloadMode, render_summary_text, summarize
 from replayfmt.errors import ReplayFormatError, ReplayUsageError
-from replayfmt.tools.common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, ToolExit, agents_md_option, reports_errors
+from replayfmt_tools.common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, ToolExit, agents_md_option, reports_errors
 
 _FLUSH_EVERY = 2048
 

@@ -1,0 +1,157 @@
+"""The format's enumerations: operation and object kinds, memory kinds, dtypes, file policies.
+
+Their numbering mirrors replayfmt/schema.fbs exactly (a test checks it). :mod:`replayfmt.format.model`
+builds its objects and operations on them and exports them too (``m.DType``), so callers need one
+import for the whole Python view.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class OperationKind(enum.IntEnum):
+    NONE = 0
+    CREATE_OBJECT = 1
+    DESTROY_OBJECT = 2
+    COPY_HOST_TO_DEVICE = 3
+    COPY_DEVICE_TO_HOST = 4
+    COPY_DEVICE_TO_DEVICE = 5
+    MEMSET = 6
+    MODULE_LOAD = 7
+    LAUNCH = 8
+    EVENT_RECORD = 9
+    STREAM_WAIT_EVENT = 10
+    STREAM_SYNCHRONIZE = 11
+    DEVICE_SYNCHRONIZE = 12
+    EVENT_SYNCHRONIZE = 13
+    SCOPE_BEGIN = 14
+    SCOPE_END = 15
+    CHECKPOINT = 16
+    UNSUPPORTED = 17
+    STATE = 18  # format 1.1
+    HOST_FUNCTION = 19  # format 1.1
+    GRAPH_LAUNCH = 20  # format 1.2
+
+    @property
+    def label(self) -> str:
+        """The name used by dump-replay and in messages, e.g. ``copy_h2d``."""
+        return _OPERATION_LABELS[self]
+
+
+_OPERATION_LABELS = {
+    OperationKind.NONE: "none",
+    OperationKind.CREATE_OBJECT: "create",
+    OperationKind.DESTROY_OBJECT: "destroy",
+    OperationKind.COPY_HOST_TO_DEVICE: "copy_h2d",
+    OperationKind.COPY_DEVICE_TO_HOST: "copy_d2h",
+    OperationKind.COPY_DEVICE_TO_DEVICE: "copy_d2d",
+    OperationKind.MEMSET: "memset",
+    OperationKind.MODULE_LOAD: "module_load",
+    OperationKind.LAUNCH: "launch",
+    OperationKind.EVENT_RECORD: "event_record",
+    OperationKind.STREAM_WAIT_EVENT: "stream_wait_event",
+    OperationKind.STREAM_SYNCHRONIZE: "stream_synchronize",
+    OperationKind.DEVICE_SYNCHRONIZE: "device_synchronize",
+    OperationKind.EVENT_SYNCHRONIZE: "event_synchronize",
+    OperationKind.SCOPE_BEGIN: "scope_begin",
+    OperationKind.SCOPE_END: "scope_end",
+    OperationKind.CHECKPOINT: "checkpoint",
+    OperationKind.UNSUPPORTED: "unsupported",
+    OperationKind.HOST_FUNCTION: "host_function",
+    OperationKind.STATE: "state",
+    OperationKind.GRAPH_LAUNCH: "graph_launch",
+}
+
+
+class ObjectKind(enum.IntEnum):
+    """Matches the member order of the schema's ObjectBody union."""
+
+    NONE = 0
+    DEVICE = 1
+    STREAM = 2
+    EVENT = 3
+    BUFFER = 4
+    EXECUTABLE = 5
+    GLOBAL = 6
+    FILE_REFERENCE = 7
+    GRAPH = 8  # format 1.2
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+class ExecutableFormat(enum.IntEnum):
+    UNKNOWN = 0
+    CUBIN = 1
+    PTX = 2
+    FATBIN = 3
+
+
+EXECUTABLE_FORMATS = {"cubin": ExecutableFormat.CUBIN, "ptx": ExecutableFormat.PTX, "fatbin": ExecutableFormat.FATBIN}
+"""Executable formats by name: as ``format.cubin.detect_format`` returns them and flags spell them."""
+
+
+class ParameterKind(enum.IntEnum):
+    UNKNOWN = 0
+    VALUE = 1
+    POINTER = 2
+    TENSOR_MAP = 3
+
+
+class RelocationKind(enum.IntEnum):
+    POINTER = 0
+    TENSOR_MAP = 1
+
+
+class MemoryKind(enum.IntEnum):
+    DEVICE = 0
+    HOST_PINNED = 1
+    MANAGED = 2
+
+
+class DType(enum.IntEnum):
+    UNKNOWN = 0
+    BOOL = 1
+    INT8 = 2
+    UINT8 = 3
+    INT16 = 4
+    UINT16 = 5
+    INT32 = 6
+    UINT32 = 7
+    INT64 = 8
+    UINT64 = 9
+    FLOAT16 = 10
+    BFLOAT16 = 11
+    FLOAT32 = 12
+    FLOAT64 = 13
+    FLOAT8_E4M3FN = 14
+    FLOAT8_E5M2 = 15
+    COMPLEX64 = 16
+    COMPLEX128 = 17
+
+
+class FilePolicy(enum.IntEnum):
+    REFERENCE = 0
+    CAPTURE_RANGES = 1
+    CAPTURE_ALL = 2
+    FAIL = 3
+
+    @property
+    def label(self) -> str:
+        return self.name.lower().replace("_", "-")
+
+
+class FileValidation(enum.IntEnum):
+    IDENTITY = 0
+    DIGEST = 1
+    NONE = 2
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+LAUNCH_FLAG_COOPERATIVE = 1
+COPY_FLAG_ASYNC = 1
