@@ -24,15 +24,18 @@ from replayfmt_tools.common import EXIT_OK, agents_md_option, reports_errors
 from replayfmt_tools.options import parse_devices, plan_options, replay_options
 
 EPILOG = """\b
-Setup (allocations, module loads, uploads, the operations before the scope) happens once,
-outside the timed region. Before every iteration the buffers the region touches are restored from
+Setup (allocations, module loads, uploads, the operations before the scope, the captured
+starting state) happens once, outside the timed region; starting state is never timed, also when
+the region is the whole capture or spans several captured scopes (each one's state is set every
+iteration, outside the timing). Before every iteration the buffers the region touches are restored from
 pristine device copies (and, with --flush-l2, the L2 cache is flushed), outside the timed region.
 Device time comes from CUDA events around the region, joined across every captured stream.
 Per-operation times and the region's GPU busy time (the union of its kernels' and copies'
 execution intervals) come from CUPTI activity records, the clock Nsight Systems and torch.profiler
 show, with nothing inserted between kernels; without CUPTI they come from CUDA events around each
 operation (a note says so). A capture recorded with the original program's device times prints
-them beside the replay's, with the ratio.
+its GPU busy time beside the replay's, with the ratio (not its elapsed time: under the recorder
+that includes the recorder's own work).
 
 \b
 Examples:
@@ -196,8 +199,9 @@ def main(
     fixed_addresses: bool,
     nvtx: bool,
 ) -> int:
-    """Time replayed work faithfully: exactly the scope asked for, from the same starting state
-    every time, with CUDA events; setup stays outside the timed region."""
+    """Time replayed work faithfully: exactly the scope asked for (the whole capture without
+    --scope), from the same starting state every time; setup and starting state stay outside the
+    timed region. Elapsed time from CUDA events; GPU busy and per-operation times from CUPTI."""
     if fixed_addresses:
         restart_without_aslr()  # recorded addresses are reachable only so (see address_space)
     options = plan_options(
