@@ -78,7 +78,7 @@ def test_compare_and_csv(tmp_path):
     assert _csv(_result(1.0)).splitlines()[0].startswith("what,name,operation,min_ms")
     bad = tmp_path / "bad.json"
     bad.write_text("[]")
-    with pytest.raises(replayfmt.ReplayUsageError, match="not a benchmark-replay JSON result"):
+    with pytest.raises(replayfmt.ReplayUsageError, match="not a benchmark-replay --format=json result"):
         _compare(_result(1.0), bad)
 
 

@@ -20,7 +20,7 @@ from replayfmt.format.names import demangle
 from replayfmt.measure import kernel_times as kt
 from replayfmt.measure.benchmark import Benchmark, BenchmarkOptions, BenchmarkResult, find_region
 from replayfmt.replay.options import ReplayOptions
-from replayfmt_tools.common import EXIT_OK, agents_md_option, reports_errors
+from replayfmt_tools.common import EXIT_OK, agents_md_option, check_new_file, reports_errors
 from replayfmt_tools.options import parse_devices, plan_options, replay_options
 
 EPILOG = """\b
@@ -89,12 +89,34 @@ def _csv(result: BenchmarkResult) -> str:
     return out.getvalue()
 
 
-def _compare(result: BenchmarkResult, baseline_path: Path) -> list[str]:
+def load_baseline(path: Path) -> dict[str, Any]:
+    """--compare-to's earlier result, read before any work: a missing or malformed file is one line
+    up front, not an error after the benchmark ran."""
     try:
-        baseline: dict[str, Any] = json.loads(baseline_path.read_text())
-        base_median = float(baseline["device_ms"]["median"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ReplayUsageError(f"--compare-to {baseline_path}: not a benchmark-replay JSON result ({exc})") from None
+        text = path.read_text()
+    except OSError as exc:
+        raise ReplayUsageError(f"--compare-to {path}: cannot read ({exc.strerror})") from None
+    try:
+        baseline = json.loads(text)
+        float(baseline["device_ms"]["median"])
+        kernels = baseline.get("kernels", [])
+        for kernel in kernels:
+            (kernel["operation"], kernel["name"], float(kernel["device_ms"]["median"]))
+    except json.JSONDecodeError as exc:
+        raise ReplayUsageError(f"--compare-to {path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ReplayUsageError(
+            f"--compare-to {path}: not a benchmark-replay --format=json result (no {exc})"
+            if isinstance(exc, KeyError)
+            else f"--compare-to {path}: not a benchmark-replay --format=json result ({exc})"
+        ) from None
+    return baseline
+
+
+def _compare(result: BenchmarkResult, baseline_path: Path, baseline: dict[str, Any] | None = None) -> list[str]:
+    if baseline is None:
+        baseline = load_baseline(baseline_path)
+    base_median = float(baseline["device_ms"]["median"])
     lines = ["compared with " + str(baseline_path) + " (speedup = baseline / now):"]
     now = result.device_ms.median
     lines.append(
@@ -208,10 +230,12 @@ def main(
         substitutions=substitutions, remaps=remaps, launches=launches, fixed_addresses=fixed_addresses
     )
     replay = ReplayOptions(devices=parse_devices(devices), uploads_from_host=True, nvtx=nvtx)
-    if trace is not None and trace.exists():
-        raise ReplayUsageError(f"--trace: {trace} already exists; choose another file")
+    # every path before any device work: a run must not end in an error about its own flags
+    if trace is not None:
+        check_new_file(trace, "--trace")
     if output is not None:
-        check_output(output)
+        check_new_file(output, "--output")
+    baseline = load_baseline(compare_to) if compare_to is not None else None
     with open_replay(capture, options) as session:
         region = find_region(session.capture, scope)  # before any device work: a bad --scope fails fast
         bench = Benchmark(
@@ -242,7 +266,7 @@ def main(
         write_atomically(output, text)
         click.echo(f"result: {output}", err=True)
     if compare_to is not None:
-        for line in _compare(result, compare_to):
+        for line in _compare(result, compare_to, baseline):
             click.echo(line, err=fmt != "text" and output is None)
     return EXIT_OK
 
@@ -256,19 +280,6 @@ def result_json(result: BenchmarkResult) -> dict[str, Any]:
         if readable != kernel["name"]:
             kernel["name_demangled"] = readable
     return row
-
-
-def check_output(path: Path) -> None:
-    """--output: refuse, before any work, a file that exists or a directory that cannot take it."""
-    if path.exists():
-        raise ReplayUsageError(f"--output: {path} already exists; choose another file")
-    parent = path.parent
-    if not parent.is_dir():
-        raise ReplayUsageError(
-            f"--output {path}: {parent} {'is not a directory' if parent.exists() else 'does not exist'}"
-        )
-    if not os.access(parent, os.W_OK):
-        raise ReplayUsageError(f"--output {path}: the directory {parent} is not writable")
 
 
 def write_atomically(path: Path, text: str) -> None:
