@@ -206,10 +206,7 @@ def test_a_recovered_prefix_replays_and_says_so(tmp_path):
 @pytest.fixture
 def sm80_and_sm90() -> tuple[bytes, bytes]:
     source = ROOT / "examples" / "kernels" / "saxpy.cu"
-    sm80, sm90 = compiled_cubin(source, "sm_80"), compiled_cubin(source, "sm_90")
-    if sm80 is None or sm90 is None:
-        pytest.skip("nvcc not available")
-    return sm80, sm90
+    return compiled_cubin(source, "sm_80"), compiled_cubin(source, "sm_90")  # checked-in fixtures
 
 
 def test_a_cubin_for_another_architecture_fails_the_dry_run(cap, tmp_path, sm80_and_sm90):

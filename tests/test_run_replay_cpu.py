@@ -65,9 +65,7 @@ def axpy_capture(path: Path, cubin: bytes | None, *, extra=None) -> dict[str, in
 
 @pytest.fixture
 def cubins() -> dict[str, bytes]:
-    if compiled_cubin("container_kernels.cu") is None:
-        pytest.skip("nvcc not available")
-    return {
+    return {  # the checked-in fixtures
         name: compiled_cubin(GPU_KERNELS / f"{name}.cu")
         for name in ("replay_kernels", "replay_kernels_same_abi", "replay_kernels_other_abi")
     }
