@@ -33,6 +33,7 @@ CUBINS = [
     ("tests/gpu/kernels/replay_kernels.cu", "sm_90"),
     ("tests/gpu/kernels/replay_kernels_same_abi.cu", "sm_90"),
     ("tests/gpu/kernels/replay_kernels_other_abi.cu", "sm_90"),
+    ("tests/gpu/kernels/replay_kernels_wrong.cu", "sm_90"),
 ]
 PTX = [("replayfmt/cuda/kernels/frame_digest.cu", "compute_75", "replayfmt/cuda/kernels/frame_digest.ptx")]
 

@@ -108,9 +108,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def skeleton(session) -> list[Step]:
-    """The replay's steps as build_steps orders them (a region's hoisted state first, then each
-    operation's own step), with no device behind them."""
-    kinds = {m.OperationKind.LAUNCH: StepKind.LAUNCH, m.OperationKind.CHECKPOINT: StepKind.CHECKPOINT}
+    """The replay's steps as build_steps orders them with --nvtx (a region's hoisted state first,
+    then each operation's own step), with no device behind them."""
+    kinds = {
+        m.OperationKind.LAUNCH: StepKind.LAUNCH,
+        m.OperationKind.CHECKPOINT: StepKind.CHECKPOINT,
+        m.OperationKind.SCOPE_BEGIN: StepKind.NVTX_PUSH,  # as with --nvtx
+        m.OperationKind.SCOPE_END: StepKind.NVTX_POP,
+    }
     out = []
     for op in session.capture.iter_operations():
         if op.index in session.plan.state:
@@ -231,3 +236,14 @@ def test_the_quick_start_capture_carries_the_originals_times():
         times = cap.original_times()
         launches = [op.index for op in cap.iter_operations() if op.kind is m.OperationKind.LAUNCH]
         assert launches and all(times.duration_ns(i) for i in launches)
+
+
+def test_a_scopes_nvtx_range_opens_and_closes_every_iteration():
+    """benchmark-replay --nvtx --scope: the scope's range was pushed once with the setup and never
+    popped (its markers sit just outside the region), so no iteration had a range of its own."""
+    with open_replay(ROOT / "examples" / "triton_softmax.kreplay") as session:
+        for scope in ("softmax_kernel#0", None):
+            _, split = region_of(session, scope)
+            kinds = [s.kind for s in split.body if s.kind is not StepKind.TAG]
+            assert kinds == [StepKind.NVTX_PUSH, StepKind.LAUNCH, StepKind.NVTX_POP], scope
+            assert not any(s.kind in (StepKind.NVTX_PUSH, StepKind.NVTX_POP) for s in split.setup), scope

@@ -168,7 +168,8 @@ class RegionSteps:
     region and the region's own starting state (every state step before its first device work,
     wherever the region begins: the whole capture of a kernel-mode recording starts with a scope
     whose state comes first). ``body`` runs every iteration; state steps left in it set the starting
-    state of later captured regions inside it, and are applied every iteration but never timed."""
+    state of later captured regions inside it, and are applied every iteration but never timed.
+    With --nvtx, a scope's own range opens and closes in ``body``, every iteration."""
 
     setup: list[Step]
     body: list[Step]
@@ -184,8 +185,15 @@ def region_steps(steps: list[Step], region: Region, device_operations: list[int]
     first_work = min((i for i in device_operations if region.start <= i < region.stop), default=region.stop)
     setup: list[Step] = []
     body: list[Step] = []
+    # a scope's own NVTX range opens and closes every iteration, around its work (the markers sit
+    # just outside the region: set up once, the range would open once and never close)
+    nvtx = (StepKind.NVTX_PUSH, StepKind.NVTX_POP)
+    marker = {region.start - 1: StepKind.NVTX_PUSH, region.stop: StepKind.NVTX_POP} if region.scope else {}
+    tail: list[Step] = []
     for step in steps:
-        if step.operation < region.start:
+        if step.kind in nvtx and marker.get(step.operation) is step.kind:
+            (body if step.kind is StepKind.NVTX_PUSH else tail).append(step)
+        elif step.operation < region.start:
             setup.append(step)
         elif step.operation >= region.stop or step.kind is StepKind.CHECKPOINT:
             continue
@@ -193,7 +201,7 @@ def region_steps(steps: list[Step], region: Region, device_operations: list[int]
             setup.append(step)  # a state step precedes the steps of its own operation
         else:
             body.append(step)
-    return RegionSteps(setup, body)
+    return RegionSteps(setup, body + tail)
 
 
 class Benchmark:
