@@ -70,13 +70,16 @@ def test_the_whole_kernel_mode_capture_times_the_kernel_not_its_state(tmp_path, 
     assert result["device_ms"]["median"] < 0.05  # 2 MiB from pinned host memory takes over 0.1 ms
 
 
-def test_a_region_over_two_captured_scopes_sets_the_second_ones_state_untimed(tmp_path, capture_ready):
-    path = softmax_capture(tmp_path, 2)
+def test_a_region_over_several_captured_scopes_sets_their_state_untimed(tmp_path, capture_ready):
+    """Four captured launches, no --scope: the later scopes' state is set every iteration, between
+    the launches, outside the elapsed time and the busy time."""
+    path = softmax_capture(tmp_path, 4)
     for clock in ("cupti", "events"):
         result = bench(path, f"--clock={clock}")
-        assert result["device_ms"]["median"] < 0.05, (clock, result["device_ms"])  # no 2 MiB upload inside
+        # timed, the 3 later scopes' 2 MiB of state each took about 0.2 ms apiece (the issue's 0.215 ms for one)
+        assert result["device_ms"]["median"] < 0.3, (clock, result["device_ms"])
     busy, original = busy_beside_original(bench(path))
-    print(f"two scopes: replay busy {busy:.4f} ms, original {original:.4f} ms")
+    print(f"four scopes: replay busy {busy:.4f} ms, original {original:.4f} ms")
     assert abs(busy - original) <= TOLERANCE * original, (busy, original)
 
 
