@@ -1,6 +1,6 @@
 """benchmark-replay fidelity, on a GPU with torch and Triton (issue: benchmark-replay).
 
-    python benchmarks/fidelity_bench.py
+    python benchmarks/fidelity_bench.py [--recorded | --only-recorded] [--check]
 
 1. For three Triton kernels (a matmul, a softmax, a memory-bound copy), the median device time
    measured with CUDA events inside the original program (torch, the L2 flushed before each
@@ -30,6 +30,7 @@ import numpy as np
 import torch
 import triton
 import triton.language as tl
+from goals import Goals, add_check
 
 import replayfmt
 from replayfmt.cuda.driver import check, driver
@@ -262,27 +263,29 @@ def graph_overhead(directory: Path) -> tuple[float, float]:
     return ours, native
 
 
-def recorded() -> int:
+def recorded(goals: Goals) -> None:
     """Section 3: each program in a process of its own (the recorder must listen first)."""
     script = Path(__file__).with_name("fidelity_recorded.py")
-    status = 0
     for program in ("resnet", "softmax"):
-        status |= subprocess.run([sys.executable, str(script), program]).returncode
-    return status
+        done = subprocess.run([sys.executable, str(script), program, "--check"])
+        goals.judge(f"{program} (fidelity_recorded.py)", done.returncode == 0)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recorded", action="store_true", help="also replay recorded captures of real programs")
     parser.add_argument("--only-recorded", action="store_true", help="only the recorded captures (section 3)")
+    add_check(parser)
     args = parser.parse_args()
-    if args.only_recorded:
-        return recorded()
-    status = synthetic()
-    return status | (recorded() if args.recorded else 0)
+    goals = Goals()
+    if not args.only_recorded:
+        synthetic(goals)
+    if args.recorded or args.only_recorded:
+        recorded(goals)
+    return goals.exit_status(args.check)
 
 
-def synthetic() -> int:
+def synthetic(goals: Goals) -> None:
     torch.cuda.init()
     print(f"{torch.cuda.get_device_name()}, triton {triton.__version__}, {ITERATIONS} timed iterations each")
     print(f"  {'kernel':<22}{'original ms':>12}{'replay ms':>12}{'diff':>9}   goal within +-5%")
@@ -296,15 +299,14 @@ def synthetic() -> int:
             write_capture(path, kernel, compiled, args, grid)
             replayed = replay_median(path)
             diff = 100 * (replayed - original) / original
-            verdict = "ok" if abs(diff) <= 5 else "MISSED"
+            verdict = goals.judge(label, abs(diff) <= 5)
             print(f"  {label:<22}{original:>12.4f}{replayed:>12.4f}{diff:>8.1f}%   {verdict}")
         ours, native = graph_overhead(directory)
     ratio = ours / native
     print(
         f"\ngraph mode, 1000 empty launches: {1e3 * ours:.3f} us/launch replayed, {1e3 * native:.3f} us/launch "
-        f"native graph: {ratio:.2f}x   goal <= 2x  {'ok' if ratio <= 2 else 'MISSED'}"
+        f"native graph: {ratio:.2f}x   goal <= 2x  {goals.judge('graph mode', ratio <= 2)}"
     )
-    return 0
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ program per process (the recorder must listen before the program loads any kerne
 
     python benchmarks/fidelity_recorded.py resnet [--batch 16]   # torch.compile'd ResNet-18 step, --scope
     python benchmarks/fidelity_recorded.py softmax                # Triton's fused softmax, kernel mode
+    (--check: exit 1 when a target is missed)
 
 In one run: record the program, measure the original with CUPTI activity records (the clock
 Nsight Systems and torch.profiler read) over ITERATIONS runs of the same work, then replay the
@@ -21,6 +22,8 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+from goals import Goals, add_check
 
 import replayfmt.capture  # before torch: the recorder listens before any kernel loads
 
@@ -275,11 +278,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("program", choices=["resnet", "softmax"])
     parser.add_argument("--batch", type=int, default=16)
+    add_check(parser)
     args = parser.parse_args()
+    goals = Goals()
     with tempfile.TemporaryDirectory() as tmp:
         ok = resnet(Path(tmp), args.batch) if args.program == "resnet" else softmax(Path(tmp))
     print(f"\n{args.program}: {'all targets met' if ok else 'some targets MISSED'}")
-    return 0
+    goals.judge(f"{args.program} fidelity", ok)
+    return goals.exit_status(args.check)
 
 
 if __name__ == "__main__":

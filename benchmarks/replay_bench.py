@@ -1,6 +1,6 @@
 """run-replay speed, on a GPU (issue: run-replay), measured side by side in one run.
 
-    python benchmarks/replay_bench.py [--launches 20000] [--upload-mib 1024] [--upload-dir DIR ...]
+    python benchmarks/replay_bench.py [--launches 20000] [--upload-mib 1024] [--upload-dir DIR ...] [--check]
 
 1. Host overhead per launch: a 20,000-launch capture of an empty kernel replayed by the Replayer,
    against raw cuda-python cuLaunchKernel with pre-packed parameters over the same launches
@@ -34,6 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+from goals import Goals, add_check
 
 import replayfmt
 from replayfmt.cuda.driver import check, compute_capability, driver
@@ -260,11 +261,13 @@ def main() -> int:
     parser.add_argument("--launches", type=int, default=20_000)
     parser.add_argument("--upload-mib", type=int, default=1024)
     parser.add_argument("--upload-dir", action="append", help="where the upload capture is written (repeatable)")
+    add_check(parser)
     args = parser.parse_args()
+    goals = Goals()
     arch = device_arch()
     with tempfile.TemporaryDirectory() as tmp:
         r = bench_launches(Path(tmp), compile_empty(arch), args.launches)
-    verdict = "ok" if r["ratio"] <= 1.25 else "MISSED"
+    verdict = goals.judge("launch overhead", r["ratio"] <= 1.25)
     print(f"{arch}, {args.launches:,} launches of an empty kernel")
     print(f"  raw cuLaunchKernel (pre-packed)  {r['raw_us']:.2f} us/launch")
     print(f"  Replayer.run                     {r['replay_us']:.2f} us/launch")
@@ -286,7 +289,9 @@ def main() -> int:
             for suffix, how in (("", "frames hashed"), ("_unchecked", "--no-payload-checks")):
                 key = f"{name}{suffix}_pipeline_gbs"
                 pipeline, total = u[key], u[f"{name}{suffix}_end_to_end_gbs"]
-                goal = ("  goal >= 50% " + ("ok" if pipeline >= 0.5 * bare else "MISSED")) if name == "raw" else ""
+                goal = ""
+                if name == "raw":
+                    goal = "  goal >= 50% " + goals.judge(f"staging {how} from {where}", pipeline >= 0.5 * bare)
                 print(
                     f"  stored {name:4}, {how:19}: staging {pipeline:5.1f} GB/s = {pipeline / bare:4.0%} of bare"
                     f"{goal}; with setup and first run {total:5.1f} GB/s = {total / bare:4.0%}"
@@ -299,7 +304,7 @@ def main() -> int:
                 )
             print(f"  stored {name:4}: later runs (from the device-resident copy) {u[f'{name}_copy_gbs']:.0f} GB/s")
         print(f"  (medians of {ROUNDS} rounds, interleaved; each round's staging rate in brackets)")
-    return 0
+    return goals.exit_status(args.check)
 
 
 if __name__ == "__main__":

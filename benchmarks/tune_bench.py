@@ -1,10 +1,14 @@
-"""tune-replay speed, on a GPU (issue: tune-replay): candidates per second on a small kernel.
+"""tune-replay speed, on a GPU (issue: tune-replay): candidates per second on a small kernel,
+beside a bare evaluation of the same candidates measured in the same run.
 
-    python benchmarks/tune_bench.py [--candidates 50]
+    python benchmarks/tune_bench.py [--candidates 50] [--check]
 
 A grid-stride kernel over 1 Mi floats; every candidate is replayed, verified against the
 checkpoint and timed (2 warm-up + 10 timed repetitions), in the worker process. Goal: >= 50
-candidates/s (Mneme's documentation shows about 11 configurations per second).
+candidates/s. The baseline does the same work per candidate with cuda-python alone, in this
+process, with nothing around it: restore the input from a device copy, launch, download and
+compare once; then 12 times restore, launch between CUDA events. Its rate is what evaluating a
+candidate costs before any replay, verification bookkeeping or fault isolation.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from goals import Goals, add_check
 
 import replayfmt
 from replayfmt.cuda.driver import check, compute_capability, driver
@@ -38,10 +43,59 @@ STRIDE = m.Function(
 )
 
 
+def bare_rate(cubin: bytes, y: np.ndarray, shapes: list[tuple[tuple[int, ...], tuple[int, ...]]]) -> float:
+    """Candidates per second evaluated with cuda-python alone (the module docstring's baseline)."""
+    cu = driver()
+    check(cu.cuInit(0), "cuInit")
+    context = check(cu.cuDevicePrimaryCtxRetain(check(cu.cuDeviceGet(0), "cuDeviceGet")), "retain")
+    check(cu.cuCtxSetCurrent(context), "set current")
+    module = check(cu.cuModuleLoadData(cubin), "load")
+    function = check(cu.cuModuleGetFunction(module, b"stride_scale"), "function")
+    size = y.nbytes
+    live, pristine = check(cu.cuMemAlloc(size), "alloc"), check(cu.cuMemAlloc(size), "alloc")
+    check(cu.cuMemcpyHtoD(pristine, y.ctypes.data, size), "upload")
+    stream = check(cu.cuStreamCreate(1), "stream")
+    start, end = check(cu.cuEventCreate(0), "event"), check(cu.cuEventCreate(0), "event")
+    args = [np.array([int(live)], np.uint64), np.array([2.0], np.float32), np.array([y.size], np.int32)]
+    pointers = np.array([a.ctypes.data for a in args], np.uint64)
+    expected, out = 2 * y, np.empty_like(y)
+
+    def launch(grid: tuple[int, ...], block: tuple[int, ...]) -> None:
+        check(cu.cuMemcpyDtoDAsync(live, pristine, size, stream), "restore")
+        check(
+            cu.cuLaunchKernel(function, *grid, *block, 0, stream, pointers.ctypes.data, 0),
+            "launch",
+        )
+
+    began = time.perf_counter()
+    wrong = 0
+    for grid, block in shapes:
+        launch(grid, block)
+        check(cu.cuMemcpyDtoHAsync(out.ctypes.data, live, size, stream), "download")
+        check(cu.cuStreamSynchronize(stream), "sync")
+        wrong += not np.array_equal(out, expected)
+        times = []
+        for _ in range(2 + 10):
+            check(cu.cuEventRecord(start, stream), "record")
+            launch(grid, block)
+            check(cu.cuEventRecord(end, stream), "record")
+            check(cu.cuStreamSynchronize(stream), "sync")
+            times.append(check(cu.cuEventElapsedTime(start, end), "elapsed"))
+    elapsed = time.perf_counter() - began
+    if wrong:
+        raise RuntimeError(f"the bare baseline computed {wrong} wrong answers")
+    for pointer in (live, pristine):
+        check(cu.cuMemFree(pointer), "free")
+    check(cu.cuModuleUnload(module), "unload")
+    return len(shapes) / elapsed
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--candidates", type=int, default=50)
+    add_check(parser)
     args = parser.parse_args()
+    goals = Goals()
     major, minor = compute_capability(check(driver().cuDeviceGet(0), "cuDeviceGet"))
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "k.cubin"
@@ -75,6 +129,7 @@ def main() -> int:
         space = SearchSpace(grids=grids, blocks=blocks)
         valid, _ = prune(plan, targets, space.points())
         valid = valid[: args.candidates]
+        bare = bare_rate(cubin.read_bytes(), y, [(c.grid or targets.grid, c.block or targets.block) for c in valid[1:]])
         worker = Worker(WorkerConfig(capture=str(path), operations=targets.operations, plan={}))
         start = time.perf_counter()
         worker.evaluate(valid[0], 60)  # starts the worker: not counted
@@ -87,9 +142,11 @@ def main() -> int:
     rate = len(results) / elapsed
     print(
         f"sm_{major}{minor}: {len(results)} candidates ({ok} verified) in {elapsed:.2f} s after a {startup:.2f} s "
-        f"worker start: {rate:.1f} candidates/s   goal >= 50  {'ok' if rate >= 50 else 'MISSED'}"
+        f"worker start: {rate:.1f} candidates/s, bare cuda-python evaluation of the same candidates "
+        f"{bare:.1f}/s ({rate / bare:.2f}x of bare)   goal >= 50/s  {goals.judge('candidates per second', rate >= 50)}"
     )
-    return 0
+    goals.judge("every candidate verified", ok == len(results))
+    return goals.exit_status(args.check)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import shutil
 import subprocess
 import tempfile
@@ -17,14 +19,42 @@ from replayfmt.format.model import GraphNode, GraphNodeKind
 KERNELS = Path(__file__).parent / "kernels"
 
 
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).parent / "fixtures" / "cubins"  # made by scripts/make_test_cubins.py
+
+
+def find_nvcc() -> str | None:
+    """nvcc for the GPU tests' kernels of other architectures (the CPU tests use the fixtures)."""
+    return shutil.which("nvcc") or shutil.which("/usr/local/cuda/bin/nvcc")
+
+
+def _fixture(path: Path, arch: str) -> bytes | None:
+    """The checked-in cubin of ``path`` for ``arch``, or None when none is checked in; a fixture
+    built from another version of its source fails loudly instead of testing stale code."""
+    if not path.is_relative_to(ROOT):
+        return None
+    manifest = json.loads((FIXTURES / "MANIFEST.json").read_text())["outputs"]
+    source = path.relative_to(ROOT).as_posix()
+    for out, entry in manifest.items():
+        if entry["kind"] == "cubin" and entry["source"] == source and entry["arch"] == arch:
+            if hashlib.sha256(path.read_bytes()).hexdigest() != entry["source_sha256"]:
+                raise AssertionError(f"{out} is stale ({source} changed): run python scripts/make_test_cubins.py")
+            return (ROOT / out).read_bytes()
+    return None
+
+
 @functools.cache
 def compiled_cubin(source: str | Path = "container_kernels.cu", arch: str = "sm_90") -> bytes | None:
-    """Compile one of the repo's .cu files to a cubin with nvcc (None when nvcc is missing).
-    ``source`` is a file name under tests/kernels, or a path."""
-    nvcc = shutil.which("nvcc") or shutil.which("/usr/local/cuda/bin/nvcc")
+    """A cubin of one of the repo's .cu files: the checked-in fixture where there is one (the CPU
+    tests need no nvcc), else compiled with nvcc (None when nvcc is missing). ``source`` is a file
+    name under tests/kernels, or a path."""
+    path = (source if isinstance(source, Path) else KERNELS / source).resolve()
+    fixture = _fixture(path, arch)
+    if fixture is not None:
+        return fixture
+    nvcc = find_nvcc()
     if nvcc is None:
         return None
-    path = source if isinstance(source, Path) else KERNELS / source
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "k.cubin"
         subprocess.run([nvcc, "-cubin", f"-arch={arch}", "-O3", "-o", str(out), str(path)], check=True)

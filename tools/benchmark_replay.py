@@ -20,19 +20,22 @@ from replayfmt.format.names import demangle
 from replayfmt.measure import kernel_times as kt
 from replayfmt.measure.benchmark import Benchmark, BenchmarkOptions, BenchmarkResult, find_region
 from replayfmt.replay.options import ReplayOptions
-from replayfmt_tools.common import EXIT_OK, agents_md_option, reports_errors
+from replayfmt_tools.common import EXIT_OK, agents_md_option, check_new_file, reports_errors
 from replayfmt_tools.options import parse_devices, plan_options, replay_options
 
 EPILOG = """\b
-Setup (allocations, module loads, uploads, the operations before the scope) happens once,
-outside the timed region. Before every iteration the buffers the region touches are restored from
+Setup (allocations, module loads, uploads, the operations before the scope, the captured
+starting state) happens once, outside the timed region; starting state is never timed, also when
+the region is the whole capture or spans several captured scopes (each one's state is set every
+iteration, outside the timing). Before every iteration the buffers the region touches are restored from
 pristine device copies (and, with --flush-l2, the L2 cache is flushed), outside the timed region.
 Device time comes from CUDA events around the region, joined across every captured stream.
 Per-operation times and the region's GPU busy time (the union of its kernels' and copies'
 execution intervals) come from CUPTI activity records, the clock Nsight Systems and torch.profiler
 show, with nothing inserted between kernels; without CUPTI they come from CUDA events around each
 operation (a note says so). A capture recorded with the original program's device times prints
-them beside the replay's, with the ratio.
+its GPU busy time beside the replay's, with the ratio (not its elapsed time: under the recorder
+that includes the recorder's own work).
 
 \b
 Examples:
@@ -86,12 +89,34 @@ def _csv(result: BenchmarkResult) -> str:
     return out.getvalue()
 
 
-def _compare(result: BenchmarkResult, baseline_path: Path) -> list[str]:
+def load_baseline(path: Path) -> dict[str, Any]:
+    """--compare-to's earlier result, read before any work: a missing or malformed file is one line
+    up front, not an error after the benchmark ran."""
     try:
-        baseline: dict[str, Any] = json.loads(baseline_path.read_text())
-        base_median = float(baseline["device_ms"]["median"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ReplayUsageError(f"--compare-to {baseline_path}: not a benchmark-replay JSON result ({exc})") from None
+        text = path.read_text()
+    except OSError as exc:
+        raise ReplayUsageError(f"--compare-to {path}: cannot read ({exc.strerror})") from None
+    try:
+        baseline = json.loads(text)
+        float(baseline["device_ms"]["median"])
+        kernels = baseline.get("kernels", [])
+        for kernel in kernels:
+            (kernel["operation"], kernel["name"], float(kernel["device_ms"]["median"]))
+    except json.JSONDecodeError as exc:
+        raise ReplayUsageError(f"--compare-to {path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ReplayUsageError(
+            f"--compare-to {path}: not a benchmark-replay --format=json result (no {exc})"
+            if isinstance(exc, KeyError)
+            else f"--compare-to {path}: not a benchmark-replay --format=json result ({exc})"
+        ) from None
+    return baseline
+
+
+def _compare(result: BenchmarkResult, baseline_path: Path, baseline: dict[str, Any] | None = None) -> list[str]:
+    if baseline is None:
+        baseline = load_baseline(baseline_path)
+    base_median = float(baseline["device_ms"]["median"])
     lines = ["compared with " + str(baseline_path) + " (speedup = baseline / now):"]
     now = result.device_ms.median
     lines.append(
@@ -196,18 +221,21 @@ def main(
     fixed_addresses: bool,
     nvtx: bool,
 ) -> int:
-    """Time replayed work faithfully: exactly the scope asked for, from the same starting state
-    every time, with CUDA events; setup stays outside the timed region."""
+    """Time replayed work faithfully: exactly the scope asked for (the whole capture without
+    --scope), from the same starting state every time; setup and starting state stay outside the
+    timed region. Elapsed time from CUDA events; GPU busy and per-operation times from CUPTI."""
     if fixed_addresses:
         restart_without_aslr()  # recorded addresses are reachable only so (see address_space)
     options = plan_options(
         substitutions=substitutions, remaps=remaps, launches=launches, fixed_addresses=fixed_addresses
     )
     replay = ReplayOptions(devices=parse_devices(devices), uploads_from_host=True, nvtx=nvtx)
-    if trace is not None and trace.exists():
-        raise ReplayUsageError(f"--trace: {trace} already exists; choose another file")
+    # every path before any device work: a run must not end in an error about its own flags
+    if trace is not None:
+        check_new_file(trace, "--trace")
     if output is not None:
-        check_output(output)
+        check_new_file(output, "--output")
+    baseline = load_baseline(compare_to) if compare_to is not None else None
     with open_replay(capture, options) as session:
         region = find_region(session.capture, scope)  # before any device work: a bad --scope fails fast
         bench = Benchmark(
@@ -238,7 +266,7 @@ def main(
         write_atomically(output, text)
         click.echo(f"result: {output}", err=True)
     if compare_to is not None:
-        for line in _compare(result, compare_to):
+        for line in _compare(result, compare_to, baseline):
             click.echo(line, err=fmt != "text" and output is None)
     return EXIT_OK
 
@@ -252,19 +280,6 @@ def result_json(result: BenchmarkResult) -> dict[str, Any]:
         if readable != kernel["name"]:
             kernel["name_demangled"] = readable
     return row
-
-
-def check_output(path: Path) -> None:
-    """--output: refuse, before any work, a file that exists or a directory that cannot take it."""
-    if path.exists():
-        raise ReplayUsageError(f"--output: {path} already exists; choose another file")
-    parent = path.parent
-    if not parent.is_dir():
-        raise ReplayUsageError(
-            f"--output {path}: {parent} {'is not a directory' if parent.exists() else 'does not exist'}"
-        )
-    if not os.access(parent, os.W_OK):
-        raise ReplayUsageError(f"--output {path}: the directory {parent} is not writable")
 
 
 def write_atomically(path: Path, text: str) -> None:

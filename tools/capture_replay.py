@@ -13,7 +13,16 @@ import click
 from replayfmt.capture import CaptureMode, Recorder, RecordOptions
 from replayfmt.cuda.address_space import restart_without_aslr
 from replayfmt.format import model as m
-from replayfmt_tools.common import EXIT_PROBLEM, ToolExit, agents_md_option, reports_errors
+from replayfmt_tools.common import (
+    EXIT_PROBLEM,
+    ToolExit,
+    agents_md_option,
+    check_new_file,
+    invoked_name,
+    reports_errors,
+)
+
+MODULE_NAME = "python -m replayfmt.capture"  # how README starts the recorder; messages use the name typed
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -83,7 +92,7 @@ from replayfmt_tools.common import EXIT_PROBLEM, ToolExit, agents_md_option, rep
 @agents_md_option("capture-replay")
 @click.argument("script", type=click.Path(exists=True, dir_okay=False))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-@reports_errors("capture-replay")
+@reports_errors("capture-replay", aliases=(MODULE_NAME,))
 def main(
     output: str,
     overwrite: bool,
@@ -113,6 +122,8 @@ def main(
     first reason why not, in which case OUTPUT is removed and the exit status is 1 (--keep-partial
     keeps the file and exits 0). The report also says what replay needs from this host.
     """
+    # before CUDA, CUPTI or the program start: a path that cannot take the capture is one line now
+    check_new_file(Path(output), "-o", overwrite_flag="--overwrite", overwrite=overwrite)
     if fixed_addresses:
         restart_without_aslr()  # the driver's address range then lands where a replay finds it
     options = RecordOptions(
@@ -149,7 +160,8 @@ def main(
     if code or verdict is None or verdict.replayable:
         return code
     if keep_partial:
-        click.echo(f"capture-replay: kept {output} although it cannot be replayed (--keep-partial)", err=True)
+        name = invoked_name("capture-replay", (MODULE_NAME,))
+        click.echo(f"{name}: kept {output} although it cannot be replayed (--keep-partial)", err=True)
         return code
     Path(output).unlink(missing_ok=True)
     raise ToolExit(

@@ -12,6 +12,7 @@ import click
 
 import replayfmt
 from replayfmt.dump import Dumper, DumpFilter, PayloadMode, render_summary_text, summarize
+from replayfmt.dump.export import prepare_directory
 from replayfmt.errors import ReplayFormatError, ReplayUsageError
 from replayfmt_tools.common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, ToolExit, agents_md_option, reports_errors
 
@@ -81,12 +82,32 @@ def _jq_message(exc: ValueError) -> str:
     return "\n".join(lines) or "jq failed"
 
 
+_WHAT = {"json": "the summary alone", "jsonl": "one row per record"}
+
+
+def _given(param: str) -> bool:
+    """Whether the user typed the flag (not its default)."""
+    source = click.get_current_context().get_parameter_source(param)
+    return source not in (None, click.core.ParameterSource.DEFAULT)
+
+
 def _check_usage(
-    cap: replayfmt.Capture, fmt: str, payloads: str, object_id: int | None, jq_program: str | None
+    cap: replayfmt.Capture,
+    fmt: str,
+    payloads: str,
+    object_id: int | None,
+    jq_program: str | None,
+    summary_only: bool,
 ) -> None:
     """Flags that would otherwise do nothing, silently."""
-    if payloads != "none" and fmt != "jsonl" and not jq_program:
+    if payloads != "none" and fmt != "jsonl" and not (jq_program and fmt == "text"):
         raise ReplayUsageError(f"--payloads={payloads} applies to JSONL rows: add --format=jsonl (or use --jq)")
+    if jq_program and fmt == "text" and _given("fmt"):
+        raise ReplayUsageError(
+            "--jq runs on JSONL rows (--format=jsonl, its default) or on the JSON summary (--format=json)"
+        )
+    if summary_only and fmt != "text":
+        raise ReplayUsageError(f"--summary shortens the text format; --format={fmt} prints {_WHAT[fmt]}")
     if object_id is not None and not 1 <= object_id <= cap.object_count:
         have = f"objects 1 to {cap.object_count}" if cap.object_count else "no objects"
         raise ReplayUsageError(f"--object {object_id}: the capture has {have}")
@@ -107,7 +128,12 @@ def _check_usage(
 @click.option("--kind", "kinds", metavar="KIND[,KIND...]", help="Only rows of these kinds (launch, copy, buffer, ...).")
 @click.option("--object", "object_id", type=int, metavar="ID", help="Only the object ID and operations that use it.")
 @click.option("--grep", metavar="REGEX", help="Only rows whose names (kernels, labels, scopes, paths) match.")
-@click.option("--jq", "jq_program", metavar="FILTER", help="Run a jq program on every JSONL row, in-process.")
+@click.option(
+    "--jq",
+    "jq_program",
+    metavar="FILTER",
+    help="Run a jq program in-process on every JSONL row (or, with --format=json, on the summary).",
+)
 @click.option(
     "--payloads",
     "payloads",
@@ -118,7 +144,7 @@ def _check_usage(
     "DIR/<hash>.bin (existing files are verified, never replaced).",
 )
 @agents_md_option("dump-replay")
-@reports_errors("dump-replay")
+@reports_errors("dump-replay", output_is_the_work=True)
 def main(
     capture: Path,
     fmt: str,
@@ -139,10 +165,14 @@ def main(
     except ReplayFormatError as exc:
         raise ToolExit(EXIT_USAGE, f"error: {exc}") from None
     with cap:
-        _check_usage(cap, fmt, payloads, object_id, jq_program)
+        _check_usage(cap, fmt, payloads, object_id, jq_program, summary_only)
+        if payload_dir is not None and prepare_directory(payload_dir):
+            click.echo(f"dump-replay: created the directory {payload_dir} for payload files", err=True)
         dumper = Dumper(cap, filter=dump_filter, payloads=payload_mode, payload_dir=payload_dir)
         summary = summarize(cap)
-        if fmt == "json" and not jq_program:
+        if fmt == "json" and jq_program:
+            _write_lines(_jq_lines(jq_program, iter([json.dumps(summary.as_row())])))
+        elif fmt == "json":
             click.echo(json.dumps(summary.as_row(), indent=2))
         else:
             try:

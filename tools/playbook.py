@@ -206,6 +206,8 @@ TOOLS = {
 
 * Needs cupti-python matching the driver's CUPTI (`pip install -e '.[capture]'`); CUPTI
   allows one subscriber, so torch.profiler, nsys or ncu in the same process is a clear error.
+* `-o` is checked before CUDA or the program start (a missing or read-only directory, an
+  existing file: it is replaced only with `--overwrite`).
 * Region mode (default) records everything; `--scope NAME` only inside
   `replayfmt.capture.scope(NAME)` blocks. The first touch of an allocation records its contents
   as the region's starting state (`state` rows: replay sets them before the region begins and
@@ -225,8 +227,9 @@ TOOLS = {
   reports each, and a launched kernel is matched to the cubin that defines its name. A kernel
   whose module loaded before the recorder listened is recorded as unsupported and replay
   refuses the capture.
-* Cost: about 7 us per Triton launch and 13 us per PyTorch eager launch (H100), with snapshots
-  off; a snapshot synchronises only the launching stream.
+* Cost per launch: +17 µs (Triton) and +11 µs (torch `add_`) with the original's times
+  (`benchmarks/capture_bench.py`, H100, snapshots off); a snapshot synchronises only the
+  launching stream.
 * Libraries that keep device pointers in device memory (cuBLAS workspaces, pointer arrays) are
   detected when snapshots hold addresses: the report says "needs --fixed-addresses". Capture with
   `--fixed-addresses` and replay with `run-replay --fixed-addresses` (both re-run themselves with
@@ -235,9 +238,12 @@ TOOLS = {
   followed: each launch is a `graph_launch` of a `graph` object (kernel, memcpy, memset, event,
   child-graph, empty and host nodes with their edges) and replays as a graph; `dump-replay` lists
   the nodes; `benchmark-replay --per-kernel` times them one by one; `tune-replay --kernel` and
-  `--executable-substitution` reach kernel nodes. Region mode only. Updates other than
-  cuGraphExecUpdate and cuGraphExecKernelNodeSetParams, host-memory and 2D/3D memcpy nodes,
-  memory-allocation and conditional nodes are recorded as unsupported.
+  `--executable-substitution` reach kernel nodes. Region mode only. An executable changed
+  between launches is written again as a new graph: cuGraphExecUpdate,
+  cuGraphExecKernelNodeSetParams, cuGraphExecMemsetNodeSetParams,
+  cuGraphExecMemcpyNodeSetParams, and cuGraphExecNodeSetParams on those node kinds. Other node
+  updates (host, child-graph and event nodes, cuGraphNodeSetEnabled), host-memory and 2D/3D
+  memcpy nodes, memory-allocation and conditional nodes are recorded as unsupported.
 * Not reproducible, recorded as unsupported (replay refuses): IPC, NCCL kernels, peer and 2D/3D
   copies.
 * The report at the end lists kernels seen, instances captured and bytes stored, and any error
@@ -251,7 +257,11 @@ TOOLS = {
   exit 1. The summary says whether the file was recovered and how many bytes were lost.
 * JSONL keys are listed in docs/JSONL.md and frozen within a major version (only added).
   Addresses are hex strings (they do not fit a JSON double); ids are integers.
-* Payload bytes are never inlined unless asked: `--payloads=hex|base64|files:DIR`.
+* Payload bytes are never inlined unless asked: `--payloads=hex|base64|files:DIR`. DIR is
+  created only under an existing directory (one level, and stderr says so); a file in its place
+  is an error.
+* `--jq` runs on the JSONL rows, or with `--format=json` on the summary
+  (`dump-replay --format=json --jq .replayable cap.kreplay`); `--summary` is for the text format.
 """,
     "run-replay": """\
 ## run-replay notes
@@ -288,7 +298,9 @@ TOOLS = {
 * `--launch=OP` tunes one launch; `--kernel=REGEX` every launch of one kernel, together.
 * Space: `--grid`, `--block` (X or X,Y,Z, ';'-separated), `--smem`, and for executables captured
   as PTX `--max-registers` (re-JIT with a register cap: launch bounds without the source); points
-  over the device's or the function's limits are pruned first and listed.
+  over the device's or the function's limits are pruned first and listed; a space pruned
+  whole is a usage error before any worker starts. `--plot`'s extension names the image format
+  (.png, .svg, .pdf), checked before the search.
   `--strategy=random --budget=N` for large spaces.
 * Every candidate is verified against the checkpoints: a shape that computes the wrong answer is
   reported as such, however fast. Faults and hangs (`--timeout`) are isolated in a worker process.
@@ -299,10 +311,17 @@ TOOLS = {
     "benchmark-replay": """\
 ## benchmark-replay notes
 
-* Only the scope is timed: setup and the operations before it run once, outside the timed region.
-  Before every iteration the buffers the scope touches are restored from pristine device copies.
-* Device time: CUDA events around the scope, joined across every captured stream. Host time: the
-  wall clock around issuing it and waiting for it.
+* Only the scope is timed (the whole capture without `--scope`): setup, the operations before
+  it and its starting state run once, outside the timed region. Starting state is never timed,
+  whatever the region (a region spanning several captured scopes sets each one's state every
+  iteration, outside the timing). Before every iteration the buffers the scope touches are
+  restored from pristine device copies.
+* Device (elapsed) time: CUDA events around the scope, joined across every captured stream. GPU
+  busy and per-operation times: CUPTI activity records (CUDA events where CUPTI is absent; a
+  note says so). Host time: the wall clock around issuing it and waiting for it.
+* A capture with the original's times shows the original's GPU busy time beside the replay's,
+  never its elapsed time (under the recorder that includes the recorder's own work).
+* Paths (`--output`, `--trace`, `--compare-to`) are checked before any GPU work.
 * `--mode=graph` captures the scope once as a CUDA graph; host synchronisations inside it become
   event edges (same device-side order). A captured CUDA graph the scope launches joins that
   graph as a child-graph node (stream capture refuses cuGraphLaunch).

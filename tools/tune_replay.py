@@ -29,7 +29,7 @@ from replayfmt.measure.tune import (
     read_csv,
     search,
 )
-from replayfmt.measure.tune_plot import plot
+from replayfmt.measure.tune_plot import check_plot_path, plot
 from replayfmt_tools.common import EXIT_OK, EXIT_PROBLEM, ToolExit, agents_md_option, reports_errors
 from replayfmt_tools.options import parse_device, plan_options, source_options, tolerance, tolerance_options
 
@@ -153,6 +153,7 @@ def main(
         raise ReplayUsageError(f"--plot: {plot_path} already exists; choose another file")
     if plot_path is not None:
         check_writable(plot_path, "--plot")
+        check_plot_path(plot_path)
     if csv_path is not None:
         check_writable(csv_path, "--csv")  # before any work: a search must not fail at its first result
     if kernel is not None:
@@ -174,6 +175,13 @@ def main(
                 f"--max-registers: executable {targets.executable} is held as {held}; only PTX can be re-JITted"
             )
     valid, pruned = prune(plan, targets, space.points())
+    if not valid:  # before any worker starts: there is nothing for one to do
+        shown = "; ".join(f"{candidate.describe()}: {reason}" for candidate, reason in pruned[:3])
+        more = f" (and {len(pruned) - 3} more)" if len(pruned) > 3 else ""
+        raise ReplayUsageError(
+            f"every point of the search space is pruned ({len(pruned)}), none to evaluate: {shown}{more}; "
+            "give --grid, --block or --smem values within the limits"
+        )
     points = order(valid, strategy, budget)
     done = read_csv(csv_path, targets, identity) if csv_path is not None else {}
     click.echo(

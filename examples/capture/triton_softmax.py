@@ -3,6 +3,8 @@ examples/triton_softmax.kreplay was recorded from it on an H100 with
 
 python -m replayfmt.capture -o examples/triton_softmax.kreplay --mode kernel --kernels softmax_kernel \
     examples/capture/triton_softmax.py
+
+(add --overwrite to record it again over the file in place).
 """
 
 import torch

@@ -11,7 +11,8 @@ DIR is the user's, and may hold files already (an earlier export, or something p
 * payloads stream frame by frame (memory stays at one frame however large the payload), and one
   larger than the space left in DIR is refused before a byte is written;
 * DIR is checked writable when the dump starts, so a read-only DIR is one line, not a traceback
-  after the first rows.
+  after the first rows; a missing DIR is created only under an existing directory (one level,
+  as ``mkdir`` does: a mistyped path never grows a tree), and a file in its place is named as one.
 """
 
 from __future__ import annotations
@@ -48,6 +49,32 @@ def _new_temporary(directory: Path, dir_fd: int, stem: str) -> tuple[str, int]:
         return name, os.open(name, _OPEN_NEW, 0o644, dir_fd=dir_fd)
     except OSError as exc:
         raise _fail(directory, f"cannot write in the directory ({exc.strerror}); choose a writable one") from None
+
+
+def prepare_directory(directory: Path) -> bool:
+    """Make ``directory`` ready to take payload files; True when it was created here.
+
+    Only the last level is ever created (as ``mkdir`` does), and only under an existing
+    directory: a mistyped path fails with its reason instead of growing a tree of new directories.
+    """
+    if directory.is_symlink() or directory.exists():
+        if not directory.is_dir():
+            what = "a file" if directory.is_file() else "not a directory"
+            raise _fail(directory, f"{directory} is {what}, not a directory to write payload files into")
+        check_writable(directory)
+        return False
+    parent = directory.absolute().parent
+    if not parent.is_dir():
+        why = "is not a directory" if parent.exists() else "does not exist"
+        raise _fail(
+            directory, f"its parent {parent} {why}; only the last level is created (make the others with mkdir -p)"
+        )
+    try:
+        directory.mkdir()
+    except OSError as exc:
+        raise _fail(directory, f"cannot create the directory ({exc.strerror})") from None
+    check_writable(directory)
+    return True
 
 
 def check_writable(directory: Path) -> None:

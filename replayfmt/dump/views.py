@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from replayfmt.dump.export import check_writable, export_payload
+from replayfmt.dump.export import export_payload, prepare_directory
 from replayfmt.dump.fields import field_names, label_of
 from replayfmt.dump.filters import JSONL_VERSION, DumpFilter, PayloadMode
 from replayfmt.dump.graphs import graph_fields, graph_node_lines, graph_summary, kernel_names
@@ -69,11 +69,7 @@ class Dumper:
         if payloads == PayloadMode.FILES:
             if payload_dir is None:
                 raise ReplayUsageError("--payloads=files:DIR needs a directory")
-            try:
-                payload_dir.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise ReplayUsageError(f"--payloads=files:{payload_dir}: cannot create ({exc.strerror})") from None
-            check_writable(payload_dir)
+            prepare_directory(payload_dir)
         self._templates: dict[tuple[int, int], LaunchTemplate] = {}
         self._launch_parts: dict[tuple[int, ...], _LaunchParts] = {}
         self._payload_json: dict[int, str] = {}

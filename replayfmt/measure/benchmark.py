@@ -1,12 +1,15 @@
 """Timing replayed work: a scope (or the whole capture), from the same starting state every time.
 
 A :class:`Benchmark` works on a prepared :class:`~replayfmt.replay.replayer.Replayer`. Cold work happens
-once: the operations before the region run once (the region's starting state), and what the
-region starts from gets a pristine device copy (``restore``: the state ranges of a buffer nothing
+once: the operations before the region run once, and so does its starting state (any captured
+state set before the region's first device work, also when the region is the whole capture), and
+what the region starts from gets a pristine device copy (``restore``: the state ranges of a buffer nothing
 before the region writes, such as a framework's arena; whole buffers otherwise). Each iteration
 then restores those bytes with device-to-device copies (and optionally flushes the L2 cache)
 outside the timed region, and times the region with CUDA events on the timing stream, joined with
-every captured stream.
+every captured stream. Starting state is never timed: a region that spans several captured
+regions sets the later ones' state every iteration, and leaves it out of the elapsed time (the
+interval between the events around it) and of CUPTI's busy time (its copies carry no iteration tag).
 
 In graph mode the region is captured once as a CUDA graph (host synchronisations inside it become
 event edges, which keep the same device-side ordering) and each iteration launches the graph.
@@ -159,6 +162,48 @@ class BenchmarkOptions:
     clock: str = "auto"  # per-operation and busy times: auto (CUPTI when present), cupti or events
 
 
+@dataclass(frozen=True)
+class RegionSteps:
+    """A region's steps, split for timing. ``setup`` runs once, untimed: the operations before the
+    region and the region's own starting state (every state step before its first device work,
+    wherever the region begins: the whole capture of a kernel-mode recording starts with a scope
+    whose state comes first). ``body`` runs every iteration; state steps left in it set the starting
+    state of later captured regions inside it, and are applied every iteration but never timed.
+    With --nvtx, a scope's own range opens and closes in ``body``, every iteration."""
+
+    setup: list[Step]
+    body: list[Step]
+
+    @property
+    def inner_state(self) -> list[Step]:
+        return [s for s in self.body if s.kind is StepKind.STATE]
+
+
+def region_steps(steps: list[Step], region: Region, device_operations: list[int]) -> RegionSteps:
+    """Split a replay's ``steps`` (capture order) for timing ``region``; ``device_operations``: the
+    indices of the region's operations that run on the device."""
+    first_work = min((i for i in device_operations if region.start <= i < region.stop), default=region.stop)
+    setup: list[Step] = []
+    body: list[Step] = []
+    # a scope's own NVTX range opens and closes every iteration, around its work (the markers sit
+    # just outside the region: set up once, the range would open once and never close)
+    nvtx = (StepKind.NVTX_PUSH, StepKind.NVTX_POP)
+    marker = {region.start - 1: StepKind.NVTX_PUSH, region.stop: StepKind.NVTX_POP} if region.scope else {}
+    tail: list[Step] = []
+    for step in steps:
+        if step.kind in nvtx and marker.get(step.operation) is step.kind:
+            (body if step.kind is StepKind.NVTX_PUSH else tail).append(step)
+        elif step.operation < region.start:
+            setup.append(step)
+        elif step.operation >= region.stop or step.kind is StepKind.CHECKPOINT:
+            continue
+        elif step.kind is StepKind.STATE and step.operation <= first_work:
+            setup.append(step)  # a state step precedes the steps of its own operation
+        else:
+            body.append(step)
+    return RegionSteps(setup, body + tail)
+
+
 class Benchmark:
     """Times one region of a prepared replay. Owns the snapshots and graph it creates."""
 
@@ -176,16 +221,12 @@ class Benchmark:
         cu = self.cu
         plan = replayer.plan
         steps = replayer.steps
-        # the region's own starting state (hoisted to its first operation) is set up, never timed
-        own_state = [s for s in steps if s.operation == region.start and s.kind is StepKind.STATE]
-        self.prefix = [s for s in steps if s.operation < region.start] + own_state
-        body = [
-            s
-            for s in steps
-            if region.start <= s.operation < region.stop and s.kind is not StepKind.CHECKPOINT and s not in own_state
-        ]
         self.ops = {op.index: op for op in plan.capture.iter_operations(region.start, region.stop)}
         self.timed_ops = [i for i, op in self.ops.items() if op.kind in _DEVICE_KINDS]
+        split = region_steps(steps, region, self.timed_ops)
+        self.prefix = split.setup
+        body = split.body
+        self._inner_state = bool(split.inner_state)
         per_operation = options.per_kernel or options.trace is not None
         # --per-kernel times a CUDA graph's nodes one by one, between CUDA events
         graph_nodes = options.per_kernel and any(op.kind == _K.GRAPH_LAUNCH for op in self.ops.values())
@@ -385,6 +426,8 @@ class Benchmark:
         r = self.r
         graph = self._graph_exec is not None and not eager
         self._restore(self._capture_stream if graph else r.streams[0])
+        if self._inner_state:
+            r.state.begin()
         if self.clock is not None and self._iteration:
             self.clock.begin(self._iteration)
         host_start = time.perf_counter()
@@ -402,6 +445,8 @@ class Benchmark:
         if self.clock is not None:
             self.clock.end()
         device_ms = check(cu.cuEventElapsedTime(self._start, self._end), "cuEventElapsedTime")
+        if self._inner_state and not graph:
+            device_ms -= r.state.elapsed_ms()  # starting state set inside the region is not its work
         if graph:
             return device_ms, host_ms, {}
         per_op: dict[Any, float] = {}

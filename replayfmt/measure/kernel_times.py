@@ -52,23 +52,30 @@ class CuptiClock:
         self._batch = ActivityBatch()
         self._pending = 0
         self._open = False
+        self._iteration = 0
         self.untagged_kernels = 0  # kernel records of no timed iteration (warm-up, setup, restores)
 
     def start(self) -> None:
         self.activity.start()
 
     def instrument(self, body: Sequence[Step]) -> list[Step]:
-        """``body`` with each operation's steps tagged by its index (when timing operations)."""
-        if not self.per_operation:
-            return list(body)
+        """``body`` with each operation's steps tagged by its index (when timing operations), and
+        every state step outside the iteration's tag (starting state is never timed)."""
         push, pop = self.activity.push, self.activity.pop
         out: list[Step] = []
         for i, step in enumerate(body):
             index = step.operation
-            if i == 0 or body[i - 1].operation != index:
+            if self.per_operation and (i == 0 or body[i - 1].operation != index):
                 out.append(Step(StepKind.TAG, push, (_OPERATION, index), index))
-            out.append(step)
-            if i + 1 == len(body) or body[i + 1].operation != index:
+            if step.kind is StepKind.STATE:
+                out += [
+                    Step(StepKind.TAG, self.suspend, (), index),
+                    step,
+                    Step(StepKind.TAG, self.resume, (), index),
+                ]
+            else:
+                out.append(step)
+            if self.per_operation and (i + 1 == len(body) or body[i + 1].operation != index):
                 out.append(Step(StepKind.TAG, pop, (_OPERATION,), index))
         return out
 
@@ -76,6 +83,16 @@ class CuptiClock:
         """Tag what is issued from now to :meth:`end` as iteration ``iteration`` (from 1)."""
         self.activity.push(_ITERATION, iteration)
         self._open = True
+        self._iteration = iteration
+
+    def suspend(self) -> None:
+        """Leave what is issued until :meth:`resume` out of the open iteration (starting state)."""
+        if self._open:
+            self.activity.pop(_ITERATION)
+
+    def resume(self) -> None:
+        if self._open:
+            self.activity.push(_ITERATION, self._iteration)
 
     def end(self) -> None:
         if self._open:
@@ -192,7 +209,7 @@ class OriginalSide:
     """The original program's device times for a benchmarked region (from the capture)."""
 
     busy_ns: int  # union of the timed operations' intervals in the original
-    span_ns: int
+    span_ns: int  # first start to last end: includes the recorder's own work between operations
     timed: int  # operations in the region with an original time
     untimed_device_ops: int  # device operations the original never ran (the recorder's snapshot uploads)
     operations: dict[int, int] = field(default_factory=dict)  # op index -> original ns
@@ -216,6 +233,12 @@ def median_ms(values: Sequence[float]) -> float:
     return statistics.median(values) if values else 0.0
 
 
+ORIGINAL_ELAPSED_ABSENT = (
+    "the original's elapsed time is not shown: measured under the recorder, it includes the recorder's own "
+    "work between operations; GPU busy compares like with like"
+)
+
+
 def side_by_side_lines(
     *,
     elapsed_ms: float,
@@ -225,30 +248,31 @@ def side_by_side_lines(
     clock: str,
     clock_note: str,
 ) -> list[str]:
-    """The region's replay figures beside the original program's, with their ratio."""
+    """The region's replay figures beside the original program's, with their ratio. Only what the
+    recorder measured faithfully is shown: the original's device busy time, never its elapsed time
+    (the recorder's own work between operations inflates it; a note says so)."""
     lines = []
     if clock_note:
         lines.append(f"note: {clock_note}")
     if busy_ms is None and original is None:
         return lines
     lines.append(f"{'region':<13} {'replay ms':>11} {'original ms':>12} {'replay/original':>16}")
-    if busy_ms is not None:
-        orig = f"{original.busy_ns / 1e6:12.4f}" if original else f"{'-':>12}"
-        lines.append(
-            f"{'GPU busy':<13} {busy_ms:11.4f} {orig} {ratio(busy_ms, original.busy_ns / 1e6) if original else '-':>16}"
-        )
+    replay_busy = f"{busy_ms:11.4f}" if busy_ms is not None else f"{'-':>11}"
+    orig = f"{original.busy_ns / 1e6:12.4f}" if original else f"{'-':>12}"
+    both = busy_ms is not None and original is not None
+    lines.append(f"{'GPU busy':<13} {replay_busy} {orig} {ratio(busy_ms, original.busy_ns / 1e6) if both else '-':>16}")
     if kernel_busy_ms is not None and busy_ms is not None and kernel_busy_ms < busy_ms:
         lines.append(f"{'  kernels':<13} {kernel_busy_ms:11.4f} {'':>12} {'':>16}  (busy time of the kernels alone)")
-    if original is not None:
+    lines.append(f"{'elapsed':<13} {elapsed_ms:11.4f} {'-':>12} {'-':>16}")
+    if busy_ms is not None and elapsed_ms > busy_ms:
         lines.append(
-            f"{'elapsed':<13} {elapsed_ms:11.4f} {original.span_ns / 1e6:12.4f} "
-            f"{ratio(elapsed_ms, original.span_ns / 1e6):>16}"
+            f"{'':<13} {elapsed_ms - busy_ms:11.4f} {'':>12}"
+            "  device idle inside the region (host launch gaps, synchronisations)"
         )
-        if busy_ms is not None and elapsed_ms > busy_ms:
-            lines.append(
-                f"{'':<13} {elapsed_ms - busy_ms:11.4f} {(original.span_ns - original.busy_ns) / 1e6:12.4f}"
-                "  device idle inside the region (host launch gaps, synchronisations)"
-            )
+    if original is not None:
+        lines.append(f"note: {ORIGINAL_ELAPSED_ABSENT}")
+        if busy_ms is None:
+            lines.append("note: the replay's GPU busy time needs CUPTI (--clock=auto or cupti)")
         if original.untimed_device_ops:
             n = original.untimed_device_ops
             verb = "has" if n == 1 else "have"

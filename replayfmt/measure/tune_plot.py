@@ -198,6 +198,21 @@ def _heatmap(points: list[Point], row_axis: str, col_axis: str, others: list[str
     return fig
 
 
+def check_plot_path(path: Path) -> None:
+    """Fail before any work when ``path`` could not take the plot: matplotlib missing, or an
+    extension that names no image format it writes (without one, matplotlib would add ".png" and
+    the plot would land beside the name given)."""
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError:
+        raise ReplayUsageError("--plot needs matplotlib: pip install 'replayfmt[plot]'") from None
+    formats = FigureCanvasBase.get_supported_filetypes()
+    suffix = path.suffix.lower().lstrip(".")
+    if suffix not in formats:
+        what = f"'.{suffix}' is no image format matplotlib writes" if suffix else "no extension names the format"
+        raise ReplayUsageError(f"--plot {path}: {what}; use .png, .svg or .pdf (or {', '.join(sorted(formats))})")
+
+
 def plot(results: list[CandidateResult], targets: Targets, path: Path) -> None:
     """Draw the results to ``path`` (PNG): a line chart over one swept axis, a heatmap over two
     (see :func:`figure`)."""

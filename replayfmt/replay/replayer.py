@@ -198,6 +198,12 @@ class Replayer:
         """The prepared steps, in capture order."""
         return self._built.steps
 
+    @property
+    def state(self) -> StateSetter:
+        """What sets starting state; its ``begin``/``elapsed_ms`` say how long setting it took (a
+        benchmark leaves that time out of a region that spans several captured regions)."""
+        return self._state
+
     def graph(self, index: int) -> PreparedGraph | None:
         """The graph that graph launch operation ``index`` runs (None for other operations)."""
         return self._built.graphs.get(index)

@@ -108,29 +108,56 @@ def test_cli_json_trace_and_compare(tmp_path, kernels):
     assert "graph mode" in graph.stdout and "speedup = baseline / now" in graph.stdout
 
 
-def test_nvtx_ranges_wrap_scopes_and_launches(tmp_path, kernels):
+class RecordedNvtx:
+    """The real NVTX library, with every range the replay opens and closes written down."""
+
+    def __init__(self, real) -> None:
+        self.real = real
+        self.calls: list[tuple[str, ...]] = []
+
+    def push(self, name: bytes) -> None:
+        self.calls.append(("push", name.decode()))
+        self.real.push(name)
+
+    def pop(self) -> None:
+        self.calls.append(("pop",))
+        self.real.pop()
+
+
+def test_nvtx_ranges_wrap_scopes_and_launches(tmp_path, kernels, monkeypatch):
+    """The ranges themselves, not only the exit codes: each benchmark iteration opens the scope's
+    range around its launches' (the scope's range was opened once at setup and never closed)."""
     from replayfmt.cuda.nvtx import Nvtx
+    from replayfmt.replay import replayer as replayer_module
 
     try:
-        Nvtx.load()
+        recorded = RecordedNvtx(Nvtx.load())
     except replayfmt.DeviceUnavailableError as exc:
         pytest.skip(str(exc))
+
+    class Loader:
+        @staticmethod
+        def load() -> RecordedNvtx:
+            return recorded
+
+    monkeypatch.setattr(replayer_module, "Nvtx", Loader)
     path, _, _ = in_place_capture(tmp_path, kernels)
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "replayfmt_tools.benchmark_replay",
-            "--nvtx",
-            "--scope=step",
-            "--repetitions=3",
-            str(path),
-        ],
-        capture_output=True,
-        text=True,
-    )
-    assert result.returncode == 0, result.stderr
-    result = subprocess.run(
-        [sys.executable, "-m", "replayfmt_tools.run_replay", "--nvtx", str(path)], capture_output=True, text=True
-    )
-    assert result.returncode == 0, result.stderr
+    one = [("push", "step"), ("push", "scale"), ("pop",), ("push", "axpy"), ("pop",), ("pop",)]
+    with replayfmt.open(path) as cap:
+        plan = build_plan(cap)
+        with Replayer(plan, ReplayOptions(uploads_from_host=True, nvtx=True)) as r:
+            bench = Benchmark(r, find_region(cap, "step"), BenchmarkOptions(scope="step", warmup=1, repetitions=3))
+            assert recorded.calls == []  # setup opens no range
+            bench.run()
+            assert recorded.calls == one * 4, recorded.calls  # 1 warm-up + 3 timed iterations
+            recorded.calls.clear()
+            r.run(1)
+            assert recorded.calls == one, recorded.calls
+    for tool in ("benchmark_replay", "run_replay"):  # the tools, with the library itself
+        flags = ["--scope=step", "--repetitions=3"] if tool == "benchmark_replay" else []
+        result = subprocess.run(
+            [sys.executable, "-m", f"replayfmt_tools.{tool}", "--nvtx", *flags, str(path)],
+            capture_output=True,
+            text=True,
+        )
+        assert result.returncode == 0, result.stderr

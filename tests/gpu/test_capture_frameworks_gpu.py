@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from numba_env import require_numba_runs
 from test_capture_gpu import EXAMPLES, SCRIPTS, capture, capture_ready, dump, needs, run, verified  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.usefixtures("capture_ready")
@@ -80,9 +81,7 @@ def test_cupy_host_function(tmp_path):
 )
 def test_numba_host_memory(tmp_path, flags):
     needs("numba")
-    plain = run([sys.executable, str(EXAMPLES / "numba_host_memory.py"), *flags])
-    if plain.returncode != 0:
-        pytest.skip(f"numba-cuda cannot run it here: {plain.stderr.strip().splitlines()[-1]}")
+    require_numba_runs(run([sys.executable, str(EXAMPLES / "numba_host_memory.py"), *flags]))
     out = tmp_path / "hostmem.kreplay"
     result = run(
         [sys.executable, "-m", "replayfmt.capture", "-o", str(out), str(EXAMPLES / "numba_host_memory.py"), *flags]

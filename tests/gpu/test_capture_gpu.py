@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from numba_env import require_numba_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "capture"
@@ -147,9 +148,7 @@ def test_cupy_rawkernel(tmp_path, capture_ready):
 
 def test_numba_kernel(tmp_path, capture_ready):
     needs("numba")
-    plain = run([sys.executable, str(EXAMPLES / "numba_kernel.py")])
-    if plain.returncode != 0:
-        pytest.skip(f"numba-cuda cannot compile here: {plain.stderr.strip().splitlines()[-1]}")
+    require_numba_runs(run([sys.executable, str(EXAMPLES / "numba_kernel.py")]))
     out = tmp_path / "numba.kreplay"
     capture(out, EXAMPLES / "numba_kernel.py")
     verified(out)

@@ -216,6 +216,22 @@ def test_substitution_with_the_same_abi_runs_and_verifies(tmp_path, kernels):
     assert result.verified
 
 
+def test_a_substitute_that_computes_another_answer_is_what_runs(tmp_path, kernels):
+    """Substitution of an ordinary launch takes effect: a substitute computing a * x + y + 1 makes
+    every element of the checkpoint mismatch (a substitute computing the same answer proves
+    nothing about which code ran)."""
+    path, exe = _axpy_capture(tmp_path, kernels)
+    sub = tmp_path / "wrong.cubin"
+    sub.write_bytes(kernels["replay_kernels_wrong"])
+    result = replay(path, substitutions=(Substitution(exe, sub),))
+    compared = [r for r in result.reports if r.elements]
+    assert compared and all(r.mismatches == r.elements == 1 << 14 for r in compared), [r.line() for r in compared]
+    assert not result.verified
+    cli = run_cli("--verify", f"--executable-substitution={exe}={sub}", str(path))
+    assert cli.returncode == 1 and "MISMATCH" in cli.stdout and "verification failed" in cli.stderr
+    assert run_cli("--verify", str(path)).returncode == 0  # the captured code computes the captured answer
+
+
 def test_substitution_with_another_abi_is_refused(tmp_path, kernels):
     path, exe = _axpy_capture(tmp_path, kernels)
     sub = tmp_path / "other.cubin"
