@@ -225,11 +225,6 @@ def test_help_names_the_clocks_it_times_with():
     assert "starting state stay outside the timed region" in summary
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="examples/triton_softmax.kreplay was recorded before the original's times were stored; issue 25 "
-    "records it again on the H100 (then this mark goes)",
-)
 def test_the_quick_start_capture_carries_the_originals_times():
     """The first benchmark a new user runs must have the original's times to compare with."""
     with replayfmt.open(ROOT / "examples" / "triton_softmax.kreplay") as cap:
