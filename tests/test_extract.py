@@ -13,7 +13,7 @@ from edit_captures import step_capture
 
 import replayfmt
 from replayfmt.edit import ExtractOptions, Selection, StateSource, extract
-from replayfmt.edit.prefix import Snapshots
+from replayfmt.edit.snapshots import Snapshots
 from replayfmt.errors import ReplayUsageError
 from replayfmt.format import model as m
 from replayfmt_tools.dump_replay import main as dump_main
@@ -250,3 +250,58 @@ def test_cli_output_replays_like_a_kernel_mode_capture(step, tmp_path):
     assert r.exit_code == 2 and "exactly one of" in r.output
     r = runner.invoke(extract_main, ["--operations", "9-3", "-o", str(tmp_path / "x.kreplay"), str(path)])
     assert r.exit_code == 2 and "FIRST..LAST" in r.output
+
+
+class FakeGpu:
+    """Buffers in host memory and a 'kernel' run by numpy: out[0:n] = in[a:a+n] + in[b:b+n] (in
+    buffer 1, out buffer 2), as the zeroed reruns of the narrowing see it."""
+
+    def __init__(self, a: int, b: int, n: int) -> None:
+        self.a, self.b, self.n = a, b, n
+        self.mem = {1: np.zeros(8192, np.uint8), 2: np.zeros(4096, np.uint8)}
+        self.reruns = 0
+
+    def read(self, buffer, size):
+        return self.mem[buffer][:size].copy()
+
+    def write(self, buffer, data):
+        self.mem[buffer][:] = data
+
+    def synchronize(self):
+        pass
+
+    def execute_steps(self, steps):
+        self.reruns += 1
+        x = self.mem[1].view(np.float32)
+        y = self.mem[2].view(np.float32)
+        a, b, n = self.a // 4, self.b // 4, self.n // 4
+        y[:n] = x[a : a + n] + x[b : b + n]
+
+
+def test_narrowing_keeps_the_validated_windows_only():
+    from replayfmt.edit.prefix import changed_ranges, narrow_kept
+    from replayfmt.edit.snapshots import Narrowing
+
+    gpu = FakeGpu(a=1024, b=4096, n=1024)
+    rng = np.random.default_rng(1)
+    gpu.mem[1][:] = rng.integers(1, 255, 8192, dtype=np.uint8)
+    gpu.mem[2][:] = 7
+    before = {b: gpu.read(b, len(v)) for b, v in gpu.mem.items()}
+    gpu.execute_steps([])
+    after = {b: gpu.read(b, len(v)) for b, v in gpu.mem.items()}
+    changed = {b: changed_ranges(before[b], after[b]) for b in before}
+    assert changed == {1: [], 2: [(0, 1024)]}
+    whole = {1: [(0, 8192)], 2: [(0, 4096)]}
+    # tier 1: the pointer at 1024 reaches the next target (2048), the one at 4096 keeps 4 KiB -> too little
+    # for neither; tier 2 (to the end) reproduces; then each buffer is lowered to tier 1 where it still does
+    tiers = ({1: [(1024, 2048), (4096, 8192)], 2: [(0, 256)]}, {1: [(1024, 8192), (4096, 8192)], 2: [(0, 4096)]})
+    kept, words = narrow_kept(gpu, gpu, [], Narrowing(tiers), before, after, changed, whole, whole)
+    assert kept == {1: [(1024, 2048), (4096, 8192)], 2: [(0, 1024)]}
+    assert words.startswith("6144 of 12288 bytes") and gpu.reruns == 4
+    # a window that misses bytes the kernel reads is refused: whole buffers then
+    short = ({1: [(1024, 1536)], 2: [(0, 256)]}, {1: [(1024, 1536)], 2: [(0, 256)]})
+    kept, words = narrow_kept(gpu, gpu, [], Narrowing(short), before, after, changed, whole, whole)
+    assert kept == whole and words.startswith("whole buffers")
+    # buffers holding pointers are never narrowed
+    kept, _ = narrow_kept(gpu, gpu, [], Narrowing(tiers, frozenset({1})), before, after, changed, whole, whole)
+    assert kept == {1: [(0, 8192)], 2: [(0, 1024)]}

@@ -86,6 +86,7 @@ def _report(result: ExtractResult) -> dict[str, object]:
         "output_bytes": result.output_size,
         "size_ratio": result.output_size / result.source_size if result.source_size else None,
         "why_gpu": result.needs,
+        "narrowed": result.narrowed or None,
     }
 
 
@@ -140,6 +141,8 @@ def main(
     click.echo(f"state      {result.state_bytes} bytes from {source}")
     click.echo(f"checkpoint {result.checkpoint_bytes} bytes from {source}")
     click.echo(f"times      {result.timed_operations} operations carry the original program's times")
+    if result.narrowed:
+        click.echo(f"narrowed   {result.narrowed}")
     if result.needs:
         click.echo(
             f"gpu needed {result.needs[0]}" + (f" (and {len(result.needs) - 1} more)" if len(result.needs) > 1 else "")

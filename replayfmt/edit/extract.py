@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +27,7 @@ import xxhash
 from replayfmt.edit.closure import Closure, compute_closure
 from replayfmt.edit.select import Resolved, Selection, SelectionKind, resolve
 from replayfmt.edit.shadow import ByteState, Shadow, iter_ranges
+from replayfmt.edit.snapshots import Narrowing
 from replayfmt.edit.transplant import Transplant
 from replayfmt.errors import ReplayUsageError, UnsupportedOperationError
 from replayfmt.format import model as m, timings
@@ -37,8 +38,6 @@ from replayfmt.writer import CaptureWriter
 _K = m.OperationKind
 _DROPPED = {_K.CREATE_OBJECT, _K.DESTROY_OBJECT, _K.MODULE_LOAD, _K.STATE}  # objects come first; state is folded in
 TOOL = "replayfmt extract-replay"
-
-Snapshotter = Callable[[str, int, int, dict, dict], "object"]  # replay_snapshots' shape (prefix.py)
 
 
 class StateSource:
@@ -75,6 +74,7 @@ class ExtractResult:
     source_size: int = 0
     output_size: int = 0
     needs: list[str] = field(default_factory=list)  # why the GPU was needed (buffer, range, writer)
+    narrowed: str = ""  # how the GPU replay narrowed whole buffers to the bytes kept
 
 
 def file_digest(path: str | os.PathLike[str]) -> str:
@@ -151,9 +151,12 @@ def extract(
                 + "; drop --no-gpu to produce it by replaying the operations before it on a GPU"
             )
         if plan.missing:
+            kwargs: dict[str, object] = {}
             if snapshot is None:
                 from replayfmt.edit.prefix import replay_snapshots as snapshot
-            plan.from_gpu(snapshot(str(source), where.first, where.last, closure.reads, closure.writes))  # type: ignore[misc]
+
+                kwargs = {"narrowing": narrowing(cap, ops, work, closure), "sizes": _sizes(cap, closure)}
+            plan.from_gpu(snapshot(str(source), where.first, where.last, closure.reads, closure.writes, **kwargs))  # type: ignore[misc]
         result = ExtractResult(
             output=output,
             source=str(source),
@@ -165,6 +168,7 @@ def extract(
             checkpoint_source=plan.source,
             gpu_device=plan.gpu_device,
             needs=plan.missing,
+            narrowed=plan.narrowed,
             source_size=cap.size,
         )
         metadata = _metadata(cap, source, selection, where, plan)
@@ -175,6 +179,51 @@ def extract(
     return result
 
 
+def _sizes(cap: Capture, closure: Closure) -> dict[int, int]:
+    return {b: cap.object(b).size for b in closure.buffers}  # type: ignore[attr-defined]
+
+
+def _relocations(op: m.Operation, lookup: Callable[[int], m.ObjectDef]) -> Iterator[m.Relocation]:
+    if op.kind == _K.LAUNCH:
+        yield from op.relocations  # type: ignore[union-attr]
+    elif op.kind == _K.GRAPH_LAUNCH:
+        graph = lookup(op.graph)  # type: ignore[union-attr]
+        if isinstance(graph, m.Graph):
+            for node in graph.nodes:
+                yield from node.relocations
+
+
+def narrowing(cap: Capture, ops: list[m.Operation], work: list[m.Operation], closure: Closure) -> Narrowing:
+    """The candidate windows of :mod:`replayfmt.edit.prefix`'s narrowing: from each pointer the
+    work passes to the next pointer target in that buffer anywhere in the capture (tier 1: 4 KiB
+    where there is none; tier 2: the buffer's end). Nothing is narrowed in a capture that stores
+    device addresses in memory (it needs fixed addresses), nor a buffer holding pointer sites."""
+    sizes = _sizes(cap, closure)
+    if any(isinstance(o, m.Buffer) and o.requires_fixed_address for o in cap.objects()):
+        return Narrowing((), frozenset(sizes))
+    targets: dict[int, set[int]] = {}
+    sites: set[int] = set()
+    for op in ops:
+        for r in _relocations(op, cap.object):
+            targets.setdefault(r.target_buffer, set()).add(r.target_offset)
+            if r.site_buffer:
+                sites.add(r.site_buffer)
+    ordered = {b: sorted(t) for b, t in targets.items()}
+    tier1: dict[int, list[tuple[int, int]]] = {}
+    tier2: dict[int, list[tuple[int, int]]] = {}
+    for op in work:
+        for r in _relocations(op, cap.object):
+            b, o = r.target_buffer, r.target_offset
+            size = sizes.get(b, 0)
+            if not 0 <= o < size:
+                continue
+            later = [t for t in ordered.get(b, ()) if t > o]
+            end = min(later[0], size) if later else None
+            tier1.setdefault(b, []).append((o, end if end is not None else min(size, o + 4096)))
+            tier2.setdefault(b, []).append((o, end if end is not None else size))
+    return Narrowing((tier1, tier2), frozenset(sites))
+
+
 class _Contents:
     """The starting state and the checkpoint of the extracted work: from the capture's data, or
     (where it lacks bytes) to be filled from a GPU replay by :meth:`from_gpu`."""
@@ -182,6 +231,7 @@ class _Contents:
     def __init__(self, cap: Capture, ops: list[m.Operation], where: Resolved, closure: Closure, names: _Names):
         self.source = StateSource.CAPTURE
         self.gpu_device = ""
+        self.narrowed = ""  # how a GPU replay narrowed the kept bytes (prefix.py), in words
         self.missing: list[str] = []
         tracked = set(closure.buffers)
         # device-to-device copies into tracked buffers make their sources matter too
@@ -227,6 +277,7 @@ class _Contents:
     def from_gpu(self, snapshots: object) -> None:
         self.source = StateSource.GPU
         self.gpu_device = getattr(snapshots, "device", "")
+        self.narrowed = getattr(snapshots, "narrowed", "")
         before, after = snapshots.before, snapshots.after  # type: ignore[attr-defined]
         self.state = [(b, lo, data) for (b, lo, _hi), data in sorted(before.items())]
         self.checkpoint = [(b, lo, data) for (b, lo, _hi), data in sorted(after.items())]
@@ -246,6 +297,7 @@ def _metadata(
         ("extract.source_tool", f"{src.tool} {src.tool_version}".strip()),
         ("extract.state", state),
         ("extract.checkpoint", state),
+        *((("extract.narrowed", plan.narrowed),) if plan.narrowed else ()),
     )
     return m.CaptureMetadata(
         tool=TOOL,
