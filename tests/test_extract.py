@@ -5,6 +5,7 @@ capture's own data, refusals, provenance, and the result replaying like a kernel
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,13 +15,14 @@ from edit_captures import step_capture
 import replayfmt
 from replayfmt.edit import ExtractOptions, Selection, StateSource, extract
 from replayfmt.edit.snapshots import Snapshots
-from replayfmt.errors import ReplayUsageError
+from replayfmt.errors import DeviceUnavailableError, ReplayUsageError
 from replayfmt.format import model as m
 from replayfmt_tools.dump_replay import main as dump_main
 from replayfmt_tools.extract_replay import main as extract_main
 from replayfmt_tools.run_replay import main as run_main
 
 _K = m.OperationKind
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 @pytest.fixture
@@ -305,3 +307,62 @@ def test_narrowing_keeps_the_validated_windows_only():
     # buffers holding pointers are never narrowed
     kept, _ = narrow_kept(gpu, gpu, [], Narrowing(tiers, frozenset({1})), before, after, changed, whole, whole)
     assert kept == {1: [(0, 8192)], 2: [(0, 1024)]}
+
+
+def test_no_gpu_writes_the_checkpoint_the_capture_holds_and_lists_the_rest(tmp_path):
+    """The saxpy example checkpoints only y after the launch: x (which the launch may write) is
+    left unchecked, and said so; the starting state comes from the uploads."""
+    out = tmp_path / "s.kreplay"
+    result = extract(EXAMPLES / "saxpy.kreplay", Selection.operation(9), out, ExtractOptions(allow_gpu=False))
+    _, states, checkpoints, _, _, _ = contents(out)
+    assert set(states) == {"x", "y"} and [set(c) for _, c in checkpoints] == [{"y"}]
+    assert len(result.unchecked) == 1 and result.unchecked[0].startswith("buffer 3 bytes [0, 16384) after operation 9")
+    r = CliRunner().invoke(
+        extract_main,
+        ["--operation", "9", "--no-gpu", "-o", str(tmp_path / "t.kreplay"), str(EXAMPLES / "saxpy.kreplay")],
+    )
+    assert r.exit_code == 0 and "unchecked  buffer 3 bytes [0, 16384) after operation 9" in r.output
+
+
+def test_without_a_gpu_the_error_says_what_the_gpu_was_for(tmp_path, cubin):
+    path = tmp_path / "bare.kreplay"
+    step_capture(path, cubin, checkpoints=False)
+
+    def no_gpu(*args, **kwargs):
+        raise DeviceUnavailableError("no CUDA driver")
+
+    with pytest.raises(DeviceUnavailableError, match=r"does not hold buffer \d+ bytes .* needs a GPU: no CUDA driver"):
+        extract(path, Selection.kernel("gather"), tmp_path / "g.kreplay", snapshot=no_gpu)
+    assert not (tmp_path / "g.kreplay").exists()
+
+
+def test_a_graph_launch_brings_its_graph_executable_and_event(sample, tmp_path):
+    """tests/samples.py's graph launch (a memset, a kernel and an event record node): the graph
+    object moves with its nodes' ids renumbered; its state comes from the (given) GPU read-back."""
+
+    def snapshot(source, first, last, reads, writes):
+        before = {(b, lo, hi): bytes(range(256)) * ((hi - lo) // 256) for b, rs in reads.items() for lo, hi in rs}
+        return Snapshots("NVIDIA H100", before, dict(before))
+
+    out = tmp_path / "graph.kreplay"
+    result = extract(sample, Selection.operation(28), out, snapshot=snapshot)
+    objects, states, checkpoints, ops, _, _ = contents(out)
+    assert [set(c) for _, c in checkpoints] == [{"x", "y"}]
+    kinds = sorted(type(o).__name__ for o in objects)
+    assert kinds == ["Buffer", "Buffer", "Device", "Event", "Executable", "Global", "Graph", "Stream"]
+    graph = next(o for o in objects if isinstance(o, m.Graph))
+    ids = {type(o).__name__: o.id for o in objects if not isinstance(o, m.Buffer)}
+    by_label = {o.label: o.id for o in objects if isinstance(o, m.Buffer)}
+    kernel = graph.nodes[1]
+    assert kernel.executable == ids["Executable"] and graph.nodes[2].event == ids["Event"]
+    assert {r.target_buffer for r in kernel.relocations} == {by_label["x"], by_label["y"]}
+    assert graph.nodes[0].dst_buffer == by_label["y"] and graph.edges == ((0, 1), (1, 2))
+    assert [op.kind.label for op in ops if op.kind not in (_K.CREATE_OBJECT,)] == [
+        "scope_begin",
+        "state",
+        "state",
+        "graph_launch",
+        "checkpoint",
+        "scope_end",
+    ]
+    assert set(states) == {"x", "y"} and result.state_source == StateSource.GPU

@@ -24,7 +24,9 @@ extract.* properties: source path and digest, operation range, how state was obt
 Starting state and checkpoint come from the capture's own data where it holds them (states,
 uploads, memsets, copies, checkpoints); otherwise the operations before the range are replayed
 on a GPU and the bytes read back (the report says "state from gpu-replay"). --no-gpu refuses
-instead and names the buffer, the byte range and the operation that wrote it.
+instead when starting state is missing, naming the buffer, the byte range and the operation that
+wrote it; where only the checkpoint is incomplete it writes what the capture holds and lists the
+ranges left unchecked.
 
 \b
 Exit status: 0 written; 1 the work cannot be extracted (an unsupported operation, a replay
@@ -68,6 +70,10 @@ def _selection(operation: int | None, operations: str | None, kernel: str | None
     return Selection.scope(scope or "")
 
 
+def _first(items: list[str]) -> str:
+    return items[0] + (f" (and {len(items) - 1} more)" if len(items) > 1 else "")
+
+
 def _report(result: ExtractResult) -> dict[str, object]:
     return {
         "output": str(result.output),
@@ -87,6 +93,7 @@ def _report(result: ExtractResult) -> dict[str, object]:
         "size_ratio": result.output_size / result.source_size if result.source_size else None,
         "why_gpu": result.needs,
         "narrowed": result.narrowed or None,
+        "unchecked": result.unchecked,
     }
 
 
@@ -143,10 +150,10 @@ def main(
     click.echo(f"times      {result.timed_operations} operations carry the original program's times")
     if result.narrowed:
         click.echo(f"narrowed   {result.narrowed}")
+    if result.unchecked:
+        click.echo(f"unchecked  {_first(result.unchecked)}")
     if result.needs:
-        click.echo(
-            f"gpu needed {result.needs[0]}" + (f" (and {len(result.needs) - 1} more)" if len(result.needs) > 1 else "")
-        )
+        click.echo(f"gpu needed {_first(result.needs)}")
     return EXIT_OK
 
 

@@ -29,13 +29,31 @@ from replayfmt.edit.select import Resolved, Selection, SelectionKind, resolve
 from replayfmt.edit.shadow import ByteState, Shadow, iter_ranges
 from replayfmt.edit.snapshots import Narrowing
 from replayfmt.edit.transplant import Transplant
-from replayfmt.errors import ReplayUsageError, UnsupportedOperationError
+from replayfmt.errors import DeviceUnavailableError, ReplayUsageError, UnsupportedOperationError
 from replayfmt.format import model as m, timings
 from replayfmt.reader import Capture, open_capture
 from replayfmt.version import __version__
 from replayfmt.writer import CaptureWriter
 
 _K = m.OperationKind
+# operations that leave device memory as it is: a checkpoint or state after them still tells what
+# the extracted work left behind
+_NO_DEVICE_WRITES = {
+    _K.CHECKPOINT,
+    _K.STATE,
+    _K.SCOPE_BEGIN,
+    _K.SCOPE_END,
+    _K.STREAM_SYNCHRONIZE,
+    _K.DEVICE_SYNCHRONIZE,
+    _K.EVENT_SYNCHRONIZE,
+    _K.EVENT_RECORD,
+    _K.STREAM_WAIT_EVENT,
+    _K.HOST_FUNCTION,
+    _K.COPY_DEVICE_TO_HOST,
+    _K.DESTROY_OBJECT,
+    _K.CREATE_OBJECT,
+    _K.MODULE_LOAD,
+}
 _DROPPED = {_K.CREATE_OBJECT, _K.DESTROY_OBJECT, _K.MODULE_LOAD, _K.STATE}  # objects come first; state is folded in
 TOOL = "replayfmt extract-replay"
 
@@ -75,6 +93,11 @@ class ExtractResult:
     output_size: int = 0
     needs: list[str] = field(default_factory=list)  # why the GPU was needed (buffer, range, writer)
     narrowed: str = ""  # how the GPU replay narrowed whole buffers to the bytes kept
+    unchecked: list[str] = field(default_factory=list)  # written ranges the checkpoint lacks (--no-gpu)
+
+
+def _first(problems: list[str]) -> str:
+    return problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
 
 
 def file_digest(path: str | os.PathLike[str]) -> str:
@@ -144,19 +167,32 @@ def extract(
                 what += f" (operations {where.first}..{where.last})"
             raise ReplayUsageError(f"{what} holds no device work (launches, copies, memsets or graph launches)")
         plan = _Contents(cap, ops, where, closure, names)
-        if plan.missing and not options.allow_gpu:
+        if plan.missing_state and not options.allow_gpu:
             raise ReplayUsageError(
-                f"the capture does not hold what {selection.describe()} needs: {plan.missing[0]}"
-                + (f" (and {len(plan.missing) - 1} more)" if len(plan.missing) > 1 else "")
+                f"the capture does not hold the starting state {selection.describe()} needs: "
+                + _first(plan.missing_state)
                 + "; drop --no-gpu to produce it by replaying the operations before it on a GPU"
             )
-        if plan.missing:
+        if plan.missing_checkpoint and not options.allow_gpu and not plan.checkpoint:
+            raise ReplayUsageError(
+                f"the capture holds no checkpoint of what {selection.describe()} writes, so nothing could be "
+                f"verified: {_first(plan.missing_checkpoint)}; drop --no-gpu to produce one on a GPU"
+            )
+        if options.allow_gpu and (plan.missing_state or plan.missing_checkpoint):
             kwargs: dict[str, object] = {}
             if snapshot is None:
                 from replayfmt.edit.prefix import replay_snapshots as snapshot
 
                 kwargs = {"narrowing": narrowing(cap, ops, work, closure), "sizes": _sizes(cap, closure)}
-            plan.from_gpu(snapshot(str(source), where.first, where.last, closure.reads, closure.writes, **kwargs))  # type: ignore[misc]
+            try:
+                snapshots = snapshot(str(source), where.first, where.last, closure.reads, closure.writes, **kwargs)
+            except DeviceUnavailableError as exc:
+                lacking = _first(plan.missing_state or plan.missing_checkpoint)
+                fix = "" if plan.missing_state else " (or --no-gpu: a checkpoint of only what the capture holds)"
+                raise DeviceUnavailableError(
+                    f"the capture does not hold {lacking}; producing it needs a GPU{fix}: {exc}"
+                ) from None
+            plan.from_gpu(snapshots)
         result = ExtractResult(
             output=output,
             source=str(source),
@@ -167,7 +203,8 @@ def extract(
             state_source=plan.source,
             checkpoint_source=plan.source,
             gpu_device=plan.gpu_device,
-            needs=plan.missing,
+            needs=plan.missing_state + plan.missing_checkpoint if plan.source == StateSource.GPU else [],
+            unchecked=plan.missing_checkpoint if plan.source == StateSource.CAPTURE else [],
             narrowed=plan.narrowed,
             source_size=cap.size,
         )
@@ -232,7 +269,8 @@ class _Contents:
         self.source = StateSource.CAPTURE
         self.gpu_device = ""
         self.narrowed = ""  # how a GPU replay narrowed the kept bytes (prefix.py), in words
-        self.missing: list[str] = []
+        self.missing_state: list[str] = []  # bytes the work reads that the capture does not give
+        self.missing_checkpoint: list[str] = []  # bytes it may write that the capture does not give
         tracked = set(closure.buffers)
         # device-to-device copies into tracked buffers make their sources matter too
         copies = [op for op in ops[: where.last + 1] if op.kind == _K.COPY_DEVICE_TO_DEVICE]
@@ -250,23 +288,25 @@ class _Contents:
         for op in ops[where.first : where.last + 1]:
             if op.kind == _K.STATE:  # hoisted: it holds where the region begins (FORMAT.md 4.2)
                 shadow.apply(op)
-        self.state = self._known(shadow, closure.reads, "before operation", where.first)
+        self.state = self._known(shadow, closure.reads, "before operation", where.first, self.missing_state)
         for op in ops[where.first : where.last + 1]:
             shadow.apply(op, names)
-        for op in ops[where.last + 1 :]:  # checkpoints right after the work say what it left
-            if op.kind not in (_K.CHECKPOINT, _K.SCOPE_END):
+        for op in ops[where.last + 1 :]:  # checkpoints (and states) before any more work say what it left
+            if op.kind not in _NO_DEVICE_WRITES:
                 break
             shadow.apply(op)
-        self.checkpoint = self._known(shadow, closure.writes, "after operation", where.last)
+        self.checkpoint = self._known(shadow, closure.writes, "after operation", where.last, self.missing_checkpoint)
 
-    def _known(self, shadow: Shadow, ranges: dict, when: str, at: int) -> list[tuple[int, int, bytes]]:
+    def _known(
+        self, shadow: Shadow, ranges: dict, when: str, at: int, missing: list[str]
+    ) -> list[tuple[int, int, bytes]]:
         out = []
         for buffer, lo, hi in iter_ranges(ranges):
             dirty = shadow.state_runs(buffer, lo, hi - lo, ByteState.DIRTY)
             if dirty:
                 why = shadow.dirtied(buffer)
                 by = f"; operation {why.operation} ({why.what}) wrote them" if why else ""
-                self.missing.append(
+                missing.append(
                     f"buffer {buffer} bytes [{dirty[0][0]}, {dirty[-1][1]}) {when} {at}{by} "
                     "and no state or checkpoint of the capture gives them afterwards"
                 )
