@@ -19,7 +19,7 @@ program. Seven tools, each printing this page with `--agents-md`:
 | `run-replay` | rebuild and run it, verify checkpoints; `--dry-run` checks everything else | yes (not `--dry-run`) |
 | `benchmark-replay` | time a scope of it from the same starting state | yes |
 | `tune-replay` | search launch shapes, every candidate verified | yes |
-| `extract-replay` | cut one launch, a scope or a range out into a standalone capture | only where the capture lacks bytes |
+| `extract-replay` | cut one launch, a scope or a range out as a standalone capture | where the capture lacks bytes |
 | `diff-replay` | compare two captures: kernels added, removed, changed; original times side by side | no |
 
 From Python: `replayfmt.open`, `replayfmt.CaptureWriter`, `replayfmt.capture.record` and
