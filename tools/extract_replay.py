@@ -117,6 +117,13 @@ def _report(result: ExtractResult) -> dict[str, object]:
 @click.option("--no-gpu", is_flag=True, help="Never replay on a GPU: refuse when the capture lacks the bytes.")
 @click.option("--force", is_flag=True, help="Replace OUTPUT if it exists.")
 @click.option(
+    "--max-read-gib",
+    type=click.FloatRange(min=0),
+    default=8.0,
+    show_default=True,
+    help="The most GiB of buffers a GPU replay may read back (the buffers the work uses, whole).",
+)
+@click.option(
     "--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True, help="How to report."
 )
 @agents_md_option("extract-replay")
@@ -130,11 +137,17 @@ def main(
     scope: str | None,
     no_gpu: bool,
     force: bool,
+    max_read_gib: float,
     fmt: str,
 ) -> int:
     """Cut one launch, a scope or an operation range out of CAPTURE into a standalone capture."""
     selection = _selection(operation, operations, kernel, scope)
-    result = extract(capture, selection, output, ExtractOptions(allow_gpu=not no_gpu, overwrite=force))
+    result = extract(
+        capture,
+        selection,
+        output,
+        ExtractOptions(allow_gpu=not no_gpu, overwrite=force, max_gpu_read=int(max_read_gib * (1 << 30))),
+    )
     if fmt == "json":
         click.echo(json.dumps(_report(result)))
         return EXIT_OK

@@ -16,6 +16,7 @@ are an error naming the buffer, the range and the operation that wrote them.
 
 from __future__ import annotations
 
+import enum
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -58,7 +59,9 @@ _DROPPED = {_K.CREATE_OBJECT, _K.DESTROY_OBJECT, _K.MODULE_LOAD, _K.STATE}  # ob
 TOOL = "replayfmt extract-replay"
 
 
-class StateSource:
+class StateSource(enum.StrEnum):
+    """Where an extract's starting state and checkpoint came from."""
+
     CAPTURE = "capture"  # the capture's states, uploads, memsets, copies and checkpoints
     GPU = "gpu-replay"  # a replay of the prefix on a GPU
 
@@ -66,10 +69,12 @@ class StateSource:
 @dataclass(frozen=True)
 class ExtractOptions:
     """``allow_gpu``: replay the prefix on a GPU where the capture lacks bytes (else refuse);
-    ``overwrite``: replace an existing output file."""
+    ``overwrite``: replace an existing output file; ``max_gpu_read``: the most bytes of buffers
+    the GPU path may read back (it reads the buffers the work uses whole, before and after)."""
 
     allow_gpu: bool = True
     overwrite: bool = False
+    max_gpu_read: int = 8 << 30  # bytes the GPU path may read back whole (host memory, twice)
 
 
 @dataclass
@@ -82,8 +87,8 @@ class ExtractResult:
     last: int
     scope: str
     operations: int  # in the new capture
-    state_source: str
-    checkpoint_source: str
+    state_source: StateSource
+    checkpoint_source: StateSource
     gpu_device: str = ""
     state_bytes: int = 0
     checkpoint_bytes: int = 0
@@ -179,6 +184,7 @@ def extract(
                 f"verified: {_first(plan.missing_checkpoint)}; drop --no-gpu to produce one on a GPU"
             )
         if options.allow_gpu and (plan.missing_state or plan.missing_checkpoint):
+            _check_read_size(cap, closure, options.max_gpu_read)
             kwargs: dict[str, object] = {}
             if snapshot is None:
                 from replayfmt.edit.prefix import replay_snapshots as snapshot
@@ -214,6 +220,17 @@ def extract(
             result.operations = w.operation_count
         result.output_size = output.stat().st_size
     return result
+
+
+def _check_read_size(cap: Capture, closure: Closure, limit: int) -> None:
+    sizes = _sizes(cap, closure)
+    if sum(sizes.values()) > limit:
+        largest = max(sizes, key=lambda b: sizes[b])
+        raise ReplayUsageError(
+            f"producing the missing bytes on a GPU reads the {len(sizes)} buffers the work uses whole, "
+            f"{sum(sizes.values())} bytes (buffer {largest}: {sizes[largest]}), over --max-read-gib "
+            f"({limit} bytes); raise it if the host has the memory (twice that)"
+        )
 
 
 def _sizes(cap: Capture, closure: Closure) -> dict[int, int]:
@@ -266,7 +283,7 @@ class _Contents:
     (where it lacks bytes) to be filled from a GPU replay by :meth:`from_gpu`."""
 
     def __init__(self, cap: Capture, ops: list[m.Operation], where: Resolved, closure: Closure, names: _Names):
-        self.source = StateSource.CAPTURE
+        self.source: StateSource = StateSource.CAPTURE
         self.gpu_device = ""
         self.narrowed = ""  # how a GPU replay narrowed the kept bytes (prefix.py), in words
         self.missing_state: list[str] = []  # bytes the work reads that the capture does not give

@@ -18,6 +18,7 @@ far the kernel reads or writes from it. Copies and memsets touch exactly their r
 
 from __future__ import annotations
 
+import bisect
 import enum
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -43,14 +44,94 @@ class Dirtied:
     what: str  # e.g. "launch of gemm_kernel", "graph launch of graph 9"
 
 
+class Intervals:
+    """A ByteState for every byte of ``[0, size)``, kept as sorted runs: a launch that dirties a
+    64 GiB arena costs one run, not 64 GiB of flags."""
+
+    __slots__ = ("_starts", "_states", "size")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._starts = [0]  # run k covers [starts[k], starts[k + 1]) (the last: to size)
+        self._states = [ByteState.UNDEFINED]
+
+    def _split(self, at: int) -> int:
+        """The index of the run that begins at ``at`` (splitting the run holding it)."""
+        k = bisect.bisect_right(self._starts, at) - 1
+        if self._starts[k] != at:
+            self._starts.insert(k + 1, at)
+            self._states.insert(k + 1, self._states[k])
+            k += 1
+        return k
+
+    def set(self, lo: int, hi: int, state: ByteState) -> None:
+        lo, hi = max(0, lo), min(self.size, hi)
+        if lo >= hi:
+            return
+        first = self._split(lo)
+        last = self._split(hi) if hi < self.size else len(self._starts)
+        self._starts[first:last] = [lo]
+        self._states[first:last] = [state]
+        # join with equal neighbours
+        if first + 1 < len(self._states) and self._states[first + 1] == state:
+            del self._starts[first + 1], self._states[first + 1]
+        if first > 0 and self._states[first - 1] == state:
+            del self._starts[first], self._states[first]
+
+    def pieces(self, lo: int, hi: int) -> list[tuple[int, int, ByteState]]:
+        """(start, end, state) of the runs within ``[lo, hi)``, clipped to it."""
+        out = []
+        k = max(0, bisect.bisect_right(self._starts, lo) - 1)
+        while k < len(self._starts) and self._starts[k] < hi:
+            end = self._starts[k + 1] if k + 1 < len(self._starts) else self.size
+            a, b = max(lo, self._starts[k]), min(hi, end)
+            if a < b:
+                out.append((a, b, self._states[k]))
+            k += 1
+        return out
+
+
+class Pages:
+    """Sparse bytes: 1 MiB pages made on first write (a buffer of 64 GiB costs what is set)."""
+
+    PAGE = 1 << 20
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._pages: dict[int, np.ndarray] = {}
+
+    def write(self, offset: int, data: np.ndarray) -> None:
+        done = 0
+        while done < len(data):
+            at = offset + done
+            page, within = divmod(at, self.PAGE)
+            n = min(len(data) - done, self.PAGE - within)
+            target = self._pages.get(page)
+            if target is None:
+                target = self._pages[page] = np.zeros(min(self.PAGE, self.size - page * self.PAGE), np.uint8)
+            target[within : within + n] = data[done : done + n]
+            done += n
+
+    def read(self, offset: int, size: int) -> np.ndarray:
+        out = np.zeros(size, np.uint8)
+        done = 0
+        while done < size:
+            page, within = divmod(offset + done, self.PAGE)
+            n = min(size - done, self.PAGE - within)
+            source = self._pages.get(page)
+            if source is not None:
+                out[done : done + n] = source[within : within + n]
+            done += n
+        return out
+
+
 class _Buffer:
     __slots__ = ("data", "dirtied", "size", "status")
 
     def __init__(self, size: int) -> None:
         self.size = size
-        # np.zeros maps pages lazily: a large buffer costs memory only where bytes are set
-        self.data = np.zeros(size, np.uint8)
-        self.status = np.zeros(size, np.uint8)
+        self.data = Pages(size)
+        self.status = Intervals(size)
         self.dirtied: Dirtied | None = None
 
 
@@ -128,16 +209,18 @@ class Shadow:
         b = self._range(buffer, offset, size)
         if b is None:
             return
-        self._read_payload(payload, b.data[offset : offset + size], payload_offset)
-        b.status[offset : offset + size] = ByteState.KNOWN
+        data = np.empty(size, np.uint8)
+        self._read_payload(payload, data, payload_offset)
+        b.data.write(offset, data)
+        b.status.set(offset, offset + size, ByteState.KNOWN)
 
     def set_bytes(self, buffer: int, offset: int, data: bytes | np.ndarray) -> None:
         view = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data.view(np.uint8)
         b = self._range(buffer, offset, len(view))
         if b is None:
             return
-        b.data[offset : offset + len(view)] = view
-        b.status[offset : offset + len(view)] = ByteState.KNOWN
+        b.data.write(offset, view)
+        b.status.set(offset, offset + len(view), ByteState.KNOWN)
 
     def memset(self, op: m.Memset) -> None:
         size = op.count * op.element_size
@@ -148,8 +231,8 @@ class Shadow:
         pattern = np.full(
             op.count, op.value & ((1 << (8 * op.element_size)) - 1), dtype=np.dtype(dtype).newbyteorder("<")
         )
-        b.data[op.offset : op.offset + size] = pattern.view(np.uint8)
-        b.status[op.offset : op.offset + size] = ByteState.KNOWN
+        b.data.write(op.offset, pattern.view(np.uint8))
+        b.status.set(op.offset, op.offset + size, ByteState.KNOWN)
 
     def copy(self, src: int, src_offset: int, dst: int, dst_offset: int, size: int, index: int) -> None:
         d = self._range(dst, dst_offset, size)
@@ -159,19 +242,22 @@ class Shadow:
         if s is None:
             self.dirty(dst, index, f"copy from buffer {src}, which is not tracked", dst_offset, size)
             return
-        data = s.data[src_offset : src_offset + size].copy()
-        status = s.status[src_offset : src_offset + size].copy()
-        d.data[dst_offset : dst_offset + size] = data
-        d.status[dst_offset : dst_offset + size] = status
-        if (status == ByteState.DIRTY).any() and s.dirtied is not None:
-            d.dirtied = s.dirtied
+        pieces = s.status.pieces(src_offset, src_offset + size)
+        shift = dst_offset - src_offset
+        data = {(a, b): s.data.read(a, b - a) for a, b, state in pieces if state == ByteState.KNOWN}
+        for a, b, state in pieces:
+            d.status.set(a + shift, b + shift, state)
+            if state == ByteState.KNOWN:
+                d.data.write(a + shift, data[(a, b)])
+            elif state == ByteState.DIRTY and s.dirtied is not None:
+                d.dirtied = s.dirtied
 
     def dirty(self, buffer: int, index: int, what: str, offset: int = 0, size: int | None = None) -> None:
         b = self._buffers.get(buffer)
         if b is None:
             return
         end = b.size if size is None else min(b.size, offset + size)
-        b.status[offset:end] = ByteState.DIRTY
+        b.status.set(offset, end, ByteState.DIRTY)
         b.dirtied = Dirtied(index, what)
 
     def apply(self, op: m.Operation, kernel_name: Callable[[m.Launch], str] | None = None) -> None:
@@ -209,14 +295,14 @@ class Shadow:
     def state_runs(self, buffer: int, offset: int, size: int, state: ByteState) -> list[tuple[int, int]]:
         """[start, end) runs of ``state`` within ``[offset, offset + size)`` of ``buffer``."""
         b = self._buffers[buffer]
-        return runs(b.status[offset : offset + size] == state, offset)
+        return merge((a, z) for a, z, s in b.status.pieces(offset, offset + size) if s == state)
 
     def dirtied(self, buffer: int) -> Dirtied | None:
         return self._buffers[buffer].dirtied
 
     def read(self, buffer: int, offset: int, size: int) -> np.ndarray:
         """A copy of the simulated bytes (meaningful where they are KNOWN)."""
-        return self._buffers[buffer].data[offset : offset + size].copy()
+        return self._buffers[buffer].data.read(offset, size)
 
 
 def merge(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
