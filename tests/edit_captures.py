@@ -32,8 +32,8 @@ GATHER = m.Function(
 )
 
 
-def saxpy_params(a: float) -> bytes:
-    return np.float32(a).tobytes() + bytes(4) + bytes(16) + np.int32(N).tobytes() + bytes(4)
+def saxpy_params(a: float, fill: int = 0) -> bytes:
+    return np.float32(a).tobytes() + bytes(4) + bytes([fill]) * 16 + np.int32(N).tobytes() + bytes(4)
 
 
 def gather_params() -> bytes:
@@ -166,6 +166,8 @@ class Variant:
     last_grid: int = 1  # the last saxpy's grid
     gather_image: bytes = b""  # appended to the gather executable's image (a recompiled kernel)
     saxpy_scale: float = 1.0  # saxpy launches' original times scaled
+    first_a: float = 2.0  # the first saxpy's scalar parameter
+    pointer_fill: int = 0  # the byte the parameter blocks hold at relocated pointer sites
 
 
 def program_capture(path: Path, image: bytes, variant: Variant = Variant()) -> None:
@@ -193,7 +195,7 @@ def program_capture(path: Path, image: bytes, variant: Variant = Variant()) -> N
                 function=0,
                 grid=(grid, 1, 1),
                 block=(N, 1, 1),
-                parameters=saxpy_params(a),
+                parameters=saxpy_params(a, variant.pointer_fill),
                 relocations=relocs,
             )
             times.append(OperationTime(i, 100_000 * i, int(20_000 * variant.saxpy_scale)))
@@ -211,7 +213,7 @@ def program_capture(path: Path, image: bytes, variant: Variant = Variant()) -> N
             times.append(OperationTime(i, 100_000 * i, 4_000))
 
         with w.scope("step"):
-            saxpy(2.0)
+            saxpy(variant.first_a)
             if variant.insert_gather:
                 gather()
             gather()

@@ -153,3 +153,18 @@ def test_usage_errors_exit_2(pair, tmp_path):
     with pytest.raises(ReplayUsageError, match="takes no percentage"):
         parse_fail_on("shape=5%")
     assert [t.describe() for t in parse_fail_on("time=+2.5%,any")][:2] == ["time=+2.5%", "shape"]
+
+
+def test_changed_parameters_but_not_pointers(tmp_path):
+    """Pointer words differ between any two runs (they are relocated): only the other bytes count."""
+    a, b, c = tmp_path / "a.kreplay", tmp_path / "b.kreplay", tmp_path / "c.kreplay"
+    program_capture(a, IMAGE)
+    program_capture(b, IMAGE, Variant(pointer_fill=0x7F))
+    program_capture(c, IMAGE, Variant(first_a=2.5))
+    assert CliRunner().invoke(main, [str(a), str(b)]).exit_code == 0
+    r = CliRunner().invoke(main, ["--fail-on", "parameters", str(a), str(c)])
+    assert r.exit_code == 1 and "parameters differ (byte 2)" in r.output
+    assert "verdict: different: parameters: 1 matched launches differ (saxpy)" in r.output
+    r = CliRunner().invoke(main, ["--all-launches", "--format=jsonl", str(a), str(c)])
+    launches = [row for row in rows(r.output) if row["kind"] == "launch"]
+    assert [row["changes"] for row in launches] == [["parameters"], [], [], []]

@@ -133,7 +133,10 @@ def _pair_detail(p: LaunchPair) -> str:
         parts.append(f"shape {_shape_text(p.a)} -> {_shape_text(p.b)}")
     if "parameters" in p.changes:
         at = [i for i, (x, y) in enumerate(zip(p.a.parameters, p.b.parameters)) if x != y]
-        where = f"bytes {at[0]}..{at[-1]}" if at else f"size {len(p.a.parameters)} -> {len(p.b.parameters)}"
+        if not at:
+            where = f"size {len(p.a.parameters)} -> {len(p.b.parameters)}"
+        else:
+            where = f"byte {at[0]}" if at[0] == at[-1] else f"bytes {at[0]}..{at[-1]}"
         parts.append(f"parameters differ ({where})")
     if "executable" in p.changes:
         parts.append(f"executable image {p.a.image[:12]} -> {p.b.image[:12]}")
