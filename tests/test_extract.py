@@ -408,3 +408,23 @@ def test_gpu_read_back_is_bounded(tmp_path, cubin):
         and "reads the 5 buffers the work uses whole" in r.output
         and "4112 bytes (buffer 3: 1024), over --max-read-gib (1073 bytes)" in r.output
     )
+
+
+def test_a_range_keeps_the_scopes_wholly_inside_it(step, tmp_path):
+    """layer0 ... act: both inner scopes are whole in the range, so both stay (the extract's own
+    scope is named after the range); the step's markers are outside it."""
+    path, e = step
+    first, last = e.ops["saxpy0"] - 1, e.ops["gather"] + 2  # layer0's begin .. act's end
+    out = tmp_path / "r.kreplay"
+    result = extract(path, Selection.range(first, last), out, ExtractOptions(allow_gpu=False))
+    _, _, checkpoints, ops, _, _ = contents(out)
+    names = [(op.kind.label, op.name) for op in ops if op.kind in (_K.SCOPE_BEGIN, _K.SCOPE_END)]
+    assert names == [
+        ("scope_begin", f"operations {first}..{last}"),
+        ("scope_begin", "layer0"),
+        ("scope_end", "layer0"),
+        ("scope_begin", "act"),
+        ("scope_end", "act"),
+        ("scope_end", f"operations {first}..{last}"),
+    ]
+    assert result.scope == f"operations {first}..{last}" and [n for n, _ in checkpoints][-1] == result.scope

@@ -382,8 +382,10 @@ def _write(
     for oid in closure.objects:
         label = type(cap.object(oid)).__name__.lower()
         result.kept[label] = result.kept.get(label, 0) + 1
-    inner = work[1:-1] if work[0].kind == _K.SCOPE_BEGIN and work[-1].kind == _K.SCOPE_END else work
-    balanced = _balanced_scopes(inner)
+    pairs = _scope_pairs(work)
+    # a range that is one scope becomes the extract's scope: its own markers are not repeated inside
+    inner = work[1:-1] if pairs.get(work[0].index) == work[-1].index else work
+    balanced = set(pairs) | set(pairs.values())
     old_times = cap.original_times()
     new_times: list[timings.OperationTime] = []
     w.scope_begin(where.name)
@@ -415,13 +417,13 @@ def _write(
     result.timed_operations = len(new_times)
 
 
-def _balanced_scopes(ops: list[m.Operation]) -> set[int]:
-    """Indices of the scope markers in ``ops`` whose partner is in ``ops`` too."""
+def _scope_pairs(ops: list[m.Operation]) -> dict[int, int]:
+    """ScopeBegin index -> its ScopeEnd index, for the scopes whose both markers are in ``ops``."""
     stack: list[int] = []
-    keep: set[int] = set()
+    pairs: dict[int, int] = {}
     for op in ops:
         if op.kind == _K.SCOPE_BEGIN:
             stack.append(op.index)
         elif op.kind == _K.SCOPE_END and stack:
-            keep.update((stack.pop(), op.index))
-    return keep
+            pairs[stack.pop()] = op.index
+    return pairs
