@@ -75,7 +75,8 @@ def commands(body: str) -> list[str]:
 
 
 def test_playbook_is_complete_and_current():
-    for tool in ("capture-replay", "dump-replay", "run-replay", "benchmark-replay", "tune-replay"):
+    tools = ("capture-replay", "dump-replay", "run-replay", "benchmark-replay", "tune-replay")
+    for tool in (*tools, "extract-replay", "diff-replay"):
         assert f"`{tool}`" in SHARED and tool in TOOLS and playbook(tool).startswith(SHARED)
     assert "still to come" not in SHARED + "".join(TOOLS.values())
     assert "examples/make_saxpy_capture.py" in SHARED

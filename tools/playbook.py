@@ -10,7 +10,7 @@ SHARED = """\
 # replayfmt playbook
 
 replayfmt captures GPU work into one `.kreplay` file and works on it without the original
-program. Five tools, each printing this page with `--agents-md`:
+program. Seven tools, each printing this page with `--agents-md`:
 
 | tool | does | needs a GPU |
 |---|---|---|
@@ -19,12 +19,14 @@ program. Five tools, each printing this page with `--agents-md`:
 | `run-replay` | rebuild and run it, verify checkpoints; `--dry-run` checks everything else | yes (not `--dry-run`) |
 | `benchmark-replay` | time a scope of it from the same starting state | yes |
 | `tune-replay` | search launch shapes, every candidate verified | yes |
+| `extract-replay` | cut one launch, a scope or a range out as a standalone capture | where the capture lacks bytes |
+| `diff-replay` | compare two captures: kernels added, removed, changed; original times side by side | no |
 
 From Python: `replayfmt.open`, `replayfmt.CaptureWriter`, `replayfmt.capture.record` and
 `replayfmt.execute.open_replay`. The front doors are `replayfmt/schema.fbs`, `writer.py`,
 `reader.py` and `execute.py`; behind them the library is laid out by job (`format/` the wire,
 `container/` the file's rooms, `cuda/` the driver, `replay/` plan and Replayer, `measure/` benchmark
-and tune, `dump/`, `capture/` the recorder), and these CLIs live apart in top-level `tools/`;
+and tune, `dump/`, `capture/` the recorder, `edit/` extract and diff), and these CLIs live apart in top-level `tools/`;
 docs/ARCHITECTURE.md maps every module.
 
 Every command on this page runs as written, from a checkout of replayfmt, on the example
@@ -198,6 +200,43 @@ tune-replay --kernel=saxpy --grid "8;16;32" --block "128;256" --plot=grid-block.
 ```
 
 The best shape is printed as ready `run-replay --launch=...` flags.
+
+## Cut one kernel out (the bug-report loop)
+
+From a big capture (a model step recorded with `--scope step`), write one launch, a scope or an
+operation range as a standalone capture shaped like a kernel-mode one: a scope (`kernel#K` for a
+launch) holding the starting state of what it reads, the work, and a checkpoint of what it
+writes; only the executables, buffers, graphs, streams and events it needs; its original times;
+and where it came from (`extract.*` metadata properties: source path and digest, operation range).
+
+```sh
+extract-replay --operation=9 --no-gpu -o launch9.kreplay cap.kreplay       # by operation index
+extract-replay --kernel='saxpy#0' --no-gpu --force -o launch9.kreplay cap.kreplay   # K-th launch a regex finds
+extract-replay --scope=saxpy --no-gpu --format=json -o scope.kreplay cap.kreplay    # a scope, JSON report
+run-replay --dry-run launch9.kreplay
+```
+
+Then `run-replay --verify launch9.kreplay` and `benchmark-replay --scope='saxpy#0' launch9.kreplay`
+on a GPU, or attach the file to the bug report. Starting state and checkpoint come from the
+capture's own data where it holds them (states, uploads, memsets, device copies, checkpoints);
+where it does not (the input was written by an earlier kernel of the step), the operations before
+are replayed on a GPU and the bytes read back, narrowed from whole allocations to the ranges a
+rerun with everything else zeroed proves enough (the report says which). `--no-gpu` refuses when
+starting state is missing and names the buffer, byte range and operation that wrote it.
+
+## Compare two captures (the regression loop)
+
+```sh
+diff-replay cap.kreplay launch9.kreplay                                   # a table; exit 0: the same
+diff-replay --format=jsonl --fail-on=time=+5% --fail-on=any cap.kreplay launch9.kreplay
+```
+
+Launches are matched by demangled kernel name and order: the two name sequences are aligned as
+diff aligns lines (longest matching blocks), so an inserted or removed launch shifts nothing
+after it; in a changed stretch the k-th launch of a name on each side is paired. Paired launches
+are compared by shape (grid, block, cluster, shared memory), parameters outside relocated
+pointers, and executable image hash; kernels' and scopes' original times are shown side by side
+with ratios. Exit 0: the same within `--fail-on`; 1: different; 2: usage or unreadable file.
 """
 
 TOOLS = {
@@ -307,6 +346,31 @@ TOOLS = {
 * `--csv` streams results and resumes; `--plot` draws a line chart over one swept axis or a
   heatmap over two, the captured shape marked; the winner is printed as `run-replay --launch=...`
   flags.
+""",
+    "extract-replay": """\
+## extract-replay notes
+
+* One of `--operation N`, `--operations FIRST..LAST` (both included), `--kernel 'REGEX#K'` (the
+  K-th launch, from 0, whose raw or demangled name the regex finds; without `#K` it must find
+  exactly one), `--scope 'NAME[#K]'`. A range must lie in one region (an outermost scope or a
+  stretch outside scopes).
+* Footprints: copies and memsets keep exactly their ranges; a launch keeps the buffers its
+  relocations name (sites inside buffers included). On the CPU path those are whole buffers,
+  minus bytes the capture never defined; on the GPU path they are narrowed (see above).
+* State from the capture is computed as a replay would see it: every upload, memset and device
+  copy before the range is simulated, and a checkpoint makes bytes known again after a kernel.
+* The output never replaces a file without `--force`, nor the source at all.
+""",
+    "diff-replay": """\
+## diff-replay notes
+
+* Without `--fail-on`, every structural check applies (`any`: shape, parameters, executable,
+  new-kernels, missing-kernels, launches); times fail only with `time=P%`, `scope-time=P%` or
+  `total-time=P%` (a leading `+`: only slowdowns).
+* JSONL rows: `summary` first (counts, `kernels_only_a`/`_b`, `verdict`, `failed`), then `kernel`,
+  `scope` and `launch` rows (changed launches only; `--all-launches` for all).
+* Times are the original program's (the recorder's CUPTI records); a capture without them shows
+  `-` and no ratio. Graph launches are not matched (kernel launches only).
 """,
     "benchmark-replay": """\
 ## benchmark-replay notes

@@ -1,0 +1,144 @@
+"""The dependency closure of a run of operations: exactly the objects it needs, and which bytes of
+which buffers it reads (and so needs starting state for) and may write (and so checkpoints).
+
+Footprints: a launch (or a graph launch) reads and may write the whole of every buffer its
+relocations name (a relocation says where a pointer points, not how far the kernel goes); a copy
+reads exactly its source range and writes exactly its destination range; a memset writes exactly
+its range. Objects: the buffers so named, the executables launched (and their globals and file
+references), graphs and their child graphs, the streams and events the operations use, and the
+devices all of those live on. Buffers marked as needing fixed addresses whose address range
+overlaps a kept buffer are kept too (the recorder marks a capture that stores device addresses
+in memory with such a buffer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from replayfmt.edit.shadow import graph_buffers, launch_buffers, merge
+from replayfmt.errors import ReplayUsageError
+from replayfmt.format import model as m
+
+_K = m.OperationKind
+_DEVICE_WORK = {
+    _K.LAUNCH,
+    _K.COPY_HOST_TO_DEVICE,
+    _K.COPY_DEVICE_TO_HOST,
+    _K.COPY_DEVICE_TO_DEVICE,
+    _K.MEMSET,
+    _K.GRAPH_LAUNCH,
+}
+
+
+@dataclass
+class Closure:
+    """What a run of operations needs (object ids of the source capture) and touches."""
+
+    reads: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # buffer -> [start, end)
+    writes: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    buffers: set[int] = field(default_factory=set)
+    executables: set[int] = field(default_factory=set)
+    graphs: set[int] = field(default_factory=set)
+    streams: set[int] = field(default_factory=set)
+    events: set[int] = field(default_factory=set)  # recorded inside the run
+    files: set[int] = field(default_factory=set)
+    objects: list[int] = field(default_factory=list)  # every kept object id, in source order
+    device_work: int = 0  # launches, copies, memsets and graph launches in the run
+
+    def read_bytes(self) -> int:
+        return sum(hi - lo for ranges in self.reads.values() for lo, hi in ranges)
+
+
+def compute_closure(ops: Iterable[m.Operation], lookup: Callable[[int], m.ObjectDef], object_count: int) -> Closure:
+    """The closure of ``ops`` (see the module docstring); ``lookup(id)`` returns a source object."""
+    c = Closure()
+    reads: dict[int, list[tuple[int, int]]] = {}
+    writes: dict[int, list[tuple[int, int]]] = {}
+
+    def whole(buffer: int, into: dict[int, list[tuple[int, int]]]) -> None:
+        obj = lookup(buffer)
+        if not isinstance(obj, m.Buffer):
+            raise ReplayUsageError(f"object {buffer} is named as a buffer but is a {type(obj).__name__}")
+        into.setdefault(buffer, []).append((0, obj.size))
+
+    for op in ops:
+        kind = op.kind
+        if kind in _DEVICE_WORK:
+            c.device_work += 1
+        stream = getattr(op, "stream", 0)
+        if stream and (kind in _DEVICE_WORK or kind in (_K.EVENT_RECORD, _K.STREAM_SYNCHRONIZE, _K.HOST_FUNCTION)):
+            c.streams.add(stream)
+        if kind == _K.LAUNCH:
+            c.executables.add(op.executable)  # type: ignore[union-attr]
+            for buffer in launch_buffers(op):  # type: ignore[arg-type]
+                whole(buffer, reads)
+                whole(buffer, writes)
+        elif kind == _K.GRAPH_LAUNCH:
+            _add_graph(c, op.graph, lookup)  # type: ignore[union-attr]
+            graph = lookup(op.graph)  # type: ignore[union-attr]
+            if isinstance(graph, m.Graph):
+                for buffer in graph_buffers(graph, lookup):
+                    whole(buffer, reads)
+                    whole(buffer, writes)
+        elif kind == _K.MEMSET:
+            writes.setdefault(op.buffer, []).append((op.offset, op.offset + op.count * op.element_size))  # type: ignore[union-attr]
+        elif kind in (_K.COPY_HOST_TO_DEVICE, _K.COPY_DEVICE_TO_DEVICE, _K.COPY_DEVICE_TO_HOST):
+            if op.src_buffer:  # type: ignore[union-attr]
+                reads.setdefault(op.src_buffer, []).append((op.src_offset, op.src_offset + op.size))  # type: ignore[union-attr]
+            if op.dst_buffer:  # type: ignore[union-attr]
+                writes.setdefault(op.dst_buffer, []).append((op.dst_offset, op.dst_offset + op.size))  # type: ignore[union-attr]
+            if op.src_file:  # type: ignore[union-attr]
+                c.files.add(op.src_file)  # type: ignore[union-attr]
+        elif kind == _K.EVENT_RECORD:
+            c.events.add(op.event)  # type: ignore[union-attr]
+        elif kind in (_K.STREAM_WAIT_EVENT,) and op.event in c.events:  # type: ignore[union-attr]
+            c.streams.add(op.stream)  # type: ignore[union-attr]
+    c.reads = {b: merge(r) for b, r in reads.items()}
+    c.writes = {b: merge(r) for b, r in writes.items()}
+    c.buffers = set(c.reads) | set(c.writes)
+    _finish_objects(c, lookup, object_count)
+    return c
+
+
+def _add_graph(c: Closure, graph_id: int, lookup: Callable[[int], m.ObjectDef]) -> None:
+    if graph_id in c.graphs:
+        return
+    graph = lookup(graph_id)
+    if not isinstance(graph, m.Graph):
+        raise ReplayUsageError(f"graph launch names object {graph_id}, which is a {type(graph).__name__}")
+    c.graphs.add(graph_id)
+    for node in graph.nodes:
+        if node.kind == m.GraphNodeKind.KERNEL:
+            c.executables.add(node.executable)
+        if node.event:
+            c.events.add(node.event)
+        if node.graph:
+            _add_graph(c, node.graph, lookup)
+
+
+def _finish_objects(c: Closure, lookup: Callable[[int], m.ObjectDef], object_count: int) -> None:
+    """Globals of kept executables, file references, fixed-address markers and the devices."""
+    kept = c.buffers | c.executables | c.graphs | c.streams | c.events | c.files
+    spans = []
+    for b in c.buffers:
+        buf = lookup(b)
+        if isinstance(buf, m.Buffer) and buf.address:
+            spans.append((buf.address, buf.address + buf.size))
+    devices: set[int] = set()
+    for oid in range(1, object_count + 1):
+        obj = lookup(oid)
+        if isinstance(obj, m.Global) and obj.executable in c.executables:
+            kept.add(oid)
+        elif isinstance(obj, m.Buffer) and obj.requires_fixed_address and oid not in kept:
+            if any(lo < obj.address + obj.size and obj.address < hi for lo, hi in spans):
+                kept.add(oid)
+        elif isinstance(obj, m.Executable) and oid in c.executables and obj.file:
+            kept.add(obj.file)
+    for oid in kept:
+        obj = lookup(oid)
+        if isinstance(obj, m.Buffer | m.Stream | m.Event | m.Graph) and obj.device:
+            devices.add(obj.device)  # (a FileReference's ``device`` is st_dev, not an object)
+    if not devices:  # work on the default stream only: keep every device the capture describes
+        devices = {oid for oid in range(1, object_count + 1) if isinstance(lookup(oid), m.Device)}
+    c.objects = sorted(kept | devices)

@@ -1,0 +1,325 @@
+"""What a capture itself knows about buffer contents at each operation, computed on the CPU.
+
+A :class:`Shadow` walks a capture's operations and keeps, for the buffers it tracks, each byte's
+value and whether the capture defines it there:
+
+* ``UNDEFINED``: nothing in the capture says what the byte holds (docs/FORMAT.md 4.2: bytes no
+  state covers are undefined when a region begins, and a capture must not depend on them);
+* ``KNOWN``: its value follows from the capture's data: a ``State`` row, a host-to-device copy
+  from a payload, a memset, a device-to-device copy of known bytes, or a ``Checkpoint`` (which
+  gives what buffers hold at that point: the recorder checkpoints every buffer a scope touched,
+  unchanged ones too);
+* ``DIRTY``: work the CPU cannot simulate (a launch, a graph launch, a copy from a host file)
+  may have written it; its value is known again only once a checkpoint covers it.
+
+Launch and graph footprints are whole buffers: a relocation says where a pointer points, not how
+far the kernel reads or writes from it. Copies and memsets touch exactly their ranges.
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from replayfmt.format import model as m
+
+_K = m.OperationKind
+
+
+class ByteState(enum.IntEnum):
+    UNDEFINED = 0
+    KNOWN = 1
+    DIRTY = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Dirtied:
+    """Why bytes of a buffer are dirty: the operation that may have written them last."""
+
+    operation: int
+    what: str  # e.g. "launch of gemm_kernel", "graph launch of graph 9"
+
+
+class Intervals:
+    """A ByteState for every byte of ``[0, size)``, kept as sorted runs: a launch that dirties a
+    64 GiB arena costs one run, not 64 GiB of flags."""
+
+    __slots__ = ("_starts", "_states", "size")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._starts = [0]  # run k covers [starts[k], starts[k + 1]) (the last: to size)
+        self._states = [ByteState.UNDEFINED]
+
+    def _split(self, at: int) -> int:
+        """The index of the run that begins at ``at`` (splitting the run holding it)."""
+        k = bisect.bisect_right(self._starts, at) - 1
+        if self._starts[k] != at:
+            self._starts.insert(k + 1, at)
+            self._states.insert(k + 1, self._states[k])
+            k += 1
+        return k
+
+    def set(self, lo: int, hi: int, state: ByteState) -> None:
+        lo, hi = max(0, lo), min(self.size, hi)
+        if lo >= hi:
+            return
+        first = self._split(lo)
+        last = self._split(hi) if hi < self.size else len(self._starts)
+        self._starts[first:last] = [lo]
+        self._states[first:last] = [state]
+        # join with equal neighbours
+        if first + 1 < len(self._states) and self._states[first + 1] == state:
+            del self._starts[first + 1], self._states[first + 1]
+        if first > 0 and self._states[first - 1] == state:
+            del self._starts[first], self._states[first]
+
+    def pieces(self, lo: int, hi: int) -> list[tuple[int, int, ByteState]]:
+        """(start, end, state) of the runs within ``[lo, hi)``, clipped to it."""
+        out = []
+        k = max(0, bisect.bisect_right(self._starts, lo) - 1)
+        while k < len(self._starts) and self._starts[k] < hi:
+            end = self._starts[k + 1] if k + 1 < len(self._starts) else self.size
+            a, b = max(lo, self._starts[k]), min(hi, end)
+            if a < b:
+                out.append((a, b, self._states[k]))
+            k += 1
+        return out
+
+
+class Pages:
+    """Sparse bytes: 1 MiB pages made on first write (a buffer of 64 GiB costs what is set)."""
+
+    PAGE = 1 << 20
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._pages: dict[int, np.ndarray] = {}
+
+    def write(self, offset: int, data: np.ndarray) -> None:
+        done = 0
+        while done < len(data):
+            at = offset + done
+            page, within = divmod(at, self.PAGE)
+            n = min(len(data) - done, self.PAGE - within)
+            target = self._pages.get(page)
+            if target is None:
+                target = self._pages[page] = np.zeros(min(self.PAGE, self.size - page * self.PAGE), np.uint8)
+            target[within : within + n] = data[done : done + n]
+            done += n
+
+    def read(self, offset: int, size: int) -> np.ndarray:
+        out = np.zeros(size, np.uint8)
+        done = 0
+        while done < size:
+            page, within = divmod(offset + done, self.PAGE)
+            n = min(size - done, self.PAGE - within)
+            source = self._pages.get(page)
+            if source is not None:
+                out[done : done + n] = source[within : within + n]
+            done += n
+        return out
+
+
+class _Buffer:
+    __slots__ = ("data", "dirtied", "size", "status")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.data = Pages(size)
+        self.status = Intervals(size)
+        self.dirtied: Dirtied | None = None
+
+
+def runs(mask: np.ndarray, base: int = 0) -> list[tuple[int, int]]:
+    """[start, end) runs of True in a boolean array, offset by ``base``."""
+    if not mask.size:
+        return []
+    padded = np.concatenate(([False], mask, [False])).astype(np.int8)
+    edges = np.flatnonzero(np.diff(padded))
+    return [(base + int(a), base + int(b)) for a, b in zip(edges[::2], edges[1::2])]
+
+
+def graph_buffers(graph: m.Graph, lookup: Callable[[int], m.ObjectDef]) -> set[int]:
+    """Every buffer a graph's nodes (and its child graphs', recursively) name."""
+    out: set[int] = set()
+    seen: set[int] = set()
+    stack = [graph]
+    while stack:
+        g = stack.pop()
+        if g.id in seen:
+            continue
+        seen.add(g.id)
+        for node in g.nodes:
+            for r in node.relocations:
+                out.add(r.target_buffer)
+                if r.site_buffer:
+                    out.add(r.site_buffer)
+            out.update(b for b in (node.src_buffer, node.dst_buffer) if b)
+            if node.graph:
+                child = lookup(node.graph)
+                if isinstance(child, m.Graph):
+                    stack.append(child)
+    out.discard(0)
+    return out
+
+
+def launch_buffers(op: m.Launch) -> set[int]:
+    """The buffers a launch's relocations name (targets, and buffers that hold pointer sites)."""
+    out = {r.target_buffer for r in op.relocations} | {r.site_buffer for r in op.relocations}
+    out.discard(0)
+    return out
+
+
+class Shadow:
+    """The capture's knowledge of the tracked buffers' bytes (see the module docstring).
+
+    ``sizes`` maps each tracked buffer id to its size; operations on other buffers are ignored.
+    ``read_payload(payload, offset, out)`` fills ``out`` with payload bytes (the reader's
+    ``read_payload_into``); ``lookup(id)`` returns an object (graphs are looked up by it).
+    """
+
+    def __init__(
+        self,
+        sizes: dict[int, int],
+        read_payload: Callable[[int, np.ndarray, int], object],
+        lookup: Callable[[int], m.ObjectDef],
+    ) -> None:
+        self._buffers = {b: _Buffer(size) for b, size in sizes.items()}
+        self._read_payload = read_payload
+        self._lookup = lookup
+
+    @property
+    def tracked(self) -> set[int]:
+        return set(self._buffers)
+
+    def _range(self, buffer: int, offset: int, size: int) -> _Buffer | None:
+        b = self._buffers.get(buffer)
+        if b is None or size <= 0 or offset < 0 or offset + size > b.size:
+            return None  # untracked, or out of range (the plan refuses those; nothing to learn)
+        return b
+
+    # -- what operations do ---------------------------------------------------------------------
+
+    def set_payload(self, buffer: int, offset: int, payload: int, size: int, payload_offset: int = 0) -> None:
+        b = self._range(buffer, offset, size)
+        if b is None:
+            return
+        data = np.empty(size, np.uint8)
+        self._read_payload(payload, data, payload_offset)
+        b.data.write(offset, data)
+        b.status.set(offset, offset + size, ByteState.KNOWN)
+
+    def set_bytes(self, buffer: int, offset: int, data: bytes | np.ndarray) -> None:
+        view = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data.view(np.uint8)
+        b = self._range(buffer, offset, len(view))
+        if b is None:
+            return
+        b.data.write(offset, view)
+        b.status.set(offset, offset + len(view), ByteState.KNOWN)
+
+    def memset(self, op: m.Memset) -> None:
+        size = op.count * op.element_size
+        b = self._range(op.buffer, op.offset, size)
+        if b is None:
+            return
+        dtype = {1: np.uint8, 2: np.uint16, 4: np.uint32}[op.element_size]
+        pattern = np.full(
+            op.count, op.value & ((1 << (8 * op.element_size)) - 1), dtype=np.dtype(dtype).newbyteorder("<")
+        )
+        b.data.write(op.offset, pattern.view(np.uint8))
+        b.status.set(op.offset, op.offset + size, ByteState.KNOWN)
+
+    def copy(self, src: int, src_offset: int, dst: int, dst_offset: int, size: int, index: int) -> None:
+        d = self._range(dst, dst_offset, size)
+        if d is None:
+            return
+        s = self._range(src, src_offset, size)
+        if s is None:
+            self.dirty(dst, index, f"copy from buffer {src}, which is not tracked", dst_offset, size)
+            return
+        pieces = s.status.pieces(src_offset, src_offset + size)
+        shift = dst_offset - src_offset
+        data = {(a, b): s.data.read(a, b - a) for a, b, state in pieces if state == ByteState.KNOWN}
+        for a, b, state in pieces:
+            d.status.set(a + shift, b + shift, state)
+            if state == ByteState.KNOWN:
+                d.data.write(a + shift, data[(a, b)])
+            elif state == ByteState.DIRTY and s.dirtied is not None:
+                d.dirtied = s.dirtied
+
+    def dirty(self, buffer: int, index: int, what: str, offset: int = 0, size: int | None = None) -> None:
+        b = self._buffers.get(buffer)
+        if b is None:
+            return
+        end = b.size if size is None else min(b.size, offset + size)
+        b.status.set(offset, end, ByteState.DIRTY)
+        b.dirtied = Dirtied(index, what)
+
+    def apply(self, op: m.Operation, kernel_name: Callable[[m.Launch], str] | None = None) -> None:
+        """What operation ``op`` does to the tracked buffers' bytes, as far as the CPU can tell."""
+        kind = op.kind
+        if kind == _K.LAUNCH:
+            name = kernel_name(op) if kernel_name else f"executable {op.executable}"  # type: ignore[arg-type]
+            for buffer in launch_buffers(op):  # type: ignore[arg-type]
+                self.dirty(buffer, op.index, f"launch of {name}")
+        elif kind == _K.MEMSET:
+            self.memset(op)  # type: ignore[arg-type]
+        elif kind == _K.COPY_HOST_TO_DEVICE:
+            if op.payload:  # type: ignore[union-attr]
+                self.set_payload(op.dst_buffer, op.dst_offset, op.payload, op.size, op.src_offset)  # type: ignore[union-attr]
+            else:
+                self.dirty(op.dst_buffer, op.index, "a copy from a host file", op.dst_offset, op.size)  # type: ignore[union-attr]
+        elif kind == _K.COPY_DEVICE_TO_DEVICE:
+            self.copy(op.src_buffer, op.src_offset, op.dst_buffer, op.dst_offset, op.size, op.index)  # type: ignore[union-attr]
+        elif kind == _K.STATE:
+            self.set_payload(op.buffer, op.offset, op.payload, op.size)  # type: ignore[union-attr]
+        elif kind == _K.CHECKPOINT:
+            for e in op.entries:  # type: ignore[union-attr]
+                self.set_payload(e.buffer, e.offset, e.payload, e.size)
+        elif kind == _K.GRAPH_LAUNCH:
+            graph = self._lookup(op.graph)  # type: ignore[union-attr]
+            if isinstance(graph, m.Graph):
+                for buffer in graph_buffers(graph, self._lookup):
+                    self.dirty(buffer, op.index, f"graph launch of graph {graph.id}")
+        elif kind == _K.NONE:  # an operation this reader does not know: it may have written anything
+            for buffer in self._buffers:
+                self.dirty(buffer, op.index, f"an unknown operation (code {getattr(op, 'code', '?')})")
+
+    # -- what is known ------------------------------------------------------------------------------
+
+    def state_runs(self, buffer: int, offset: int, size: int, state: ByteState) -> list[tuple[int, int]]:
+        """[start, end) runs of ``state`` within ``[offset, offset + size)`` of ``buffer``."""
+        b = self._buffers[buffer]
+        return merge((a, z) for a, z, s in b.status.pieces(offset, offset + size) if s == state)
+
+    def dirtied(self, buffer: int) -> Dirtied | None:
+        return self._buffers[buffer].dirtied
+
+    def read(self, buffer: int, offset: int, size: int) -> np.ndarray:
+        """A copy of the simulated bytes (meaningful where they are KNOWN)."""
+        return self._buffers[buffer].data.read(offset, size)
+
+
+def merge(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """[start, end) ranges sorted and joined where they overlap or touch."""
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(ranges):
+        if hi <= lo:
+            continue
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def iter_ranges(ranges: dict[int, list[tuple[int, int]]]) -> Iterator[tuple[int, int, int]]:
+    """(buffer, start, end) of each range, by buffer id then offset."""
+    for buffer in sorted(ranges):
+        for lo, hi in ranges[buffer]:
+            yield buffer, lo, hi

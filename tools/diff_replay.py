@@ -1,0 +1,71 @@
+"""diff-replay: compare two captures of one program (before and after a compiler, library or driver
+change): kernels that appeared, vanished or changed, and how the original times moved."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+import replayfmt
+from replayfmt.edit.diff import diff_captures
+from replayfmt.edit.diff_view import DEFAULT_FAIL_ON, Threshold, failures, json_rows, parse_fail_on, render_text
+from replayfmt_tools.common import EXIT_OK, EXIT_PROBLEM, agents_md_option, reports_errors
+
+EPILOG = """\b
+Matching: each capture's launches in order form a sequence of (demangled) kernel names; the two
+sequences are aligned like diff aligns lines (difflib, longest matching blocks), so an inserted or
+removed launch shifts nothing after it. Inside a changed stretch, the k-th launch of a name on
+each side is paired; the rest are inserted or removed. Paired launches are compared by shape
+(grid, block, cluster, dynamic shared memory), parameters (outside relocated pointers) and their
+executable image's hash. Times are the original program's (the recorder's CUPTI records).
+
+\b
+--fail-on CHECK[,CHECK...] (repeatable): time=P% (a kernel's total time moved more than P%;
+time=+P%: only slower), scope-time=P%, total-time=P%, shape, parameters, executable,
+new-kernels, missing-kernels, launches, any (all the structural checks). Default: any.
+
+\b
+Exit status: 0 the same within the thresholds; 1 different; 2 usage error or unreadable capture.
+
+\b
+Examples:
+  diff-replay before.kreplay after.kreplay
+  diff-replay --fail-on time=+5% --fail-on new-kernels before.kreplay after.kreplay
+  diff-replay --format=jsonl a.kreplay b.kreplay | jq 'select(.kind=="kernel" and .ratio > 1.05)'
+"""
+
+
+@click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("before", type=click.Path(path_type=Path))
+@click.argument("after", type=click.Path(path_type=Path))
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "jsonl"]),
+    default="text",
+    show_default=True,
+    help="A table, or JSON rows for jq.",
+)
+@click.option("--fail-on", "fail_on", multiple=True, metavar="CHECKS", help="What counts as different (see below).")
+@click.option("--all-launches", is_flag=True, help="List every launch pair, not only the changed ones.")
+@agents_md_option("diff-replay")
+@reports_errors("diff-replay")
+def main(before: Path, after: Path, fmt: str, fail_on: tuple[str, ...], all_launches: bool) -> int:
+    """Compare two captures: kernels added, removed or changed, and original times side by side."""
+    thresholds: list[Threshold] = [t for text in fail_on for t in parse_fail_on(text)] or list(DEFAULT_FAIL_ON)
+    with replayfmt.open(before) as a, replayfmt.open(after) as b:
+        d = diff_captures(a, b)
+    failed = failures(d, thresholds)
+    if fmt == "jsonl":
+        for row in json_rows(d, failed, thresholds, all_launches=all_launches):
+            click.echo(json.dumps(row))
+    else:
+        for line in render_text(d, failed, all_launches=all_launches):
+            click.echo(line)
+    return EXIT_PROBLEM if failed else EXIT_OK
+
+
+if __name__ == "__main__":
+    main()
