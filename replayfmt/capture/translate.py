@@ -587,6 +587,7 @@ class Translator(MemoryEvents, GraphEvents, StateEvents):
         ev.GraphInstantiated: GraphEvents._on_graph_instantiated,
         ev.GraphKernelUpdated: GraphEvents._on_graph_kernel_updated,
         ev.GraphNodeUpdated: GraphEvents._on_graph_node_updated,
+        ev.GraphNodeEnabled: GraphEvents._on_graph_node_enabled,
         ev.GraphExecDestroyed: GraphEvents._on_graph_exec_destroyed,
         ev.GraphLaunched: GraphEvents._on_graph_launched,
         ev.NotReproducible: _on_not_reproducible,
