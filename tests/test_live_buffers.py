@@ -17,6 +17,7 @@ from replayfmt.capture.hostfiles import HostFiles
 from replayfmt.capture.live_buffers import (
     ByteRange,
     LiveBuffers,
+    LiveRanges,
     LiveView,
     TorchCachingAllocator,
     clip,
@@ -24,6 +25,7 @@ from replayfmt.capture.live_buffers import (
     torch_view,
     widen,
 )
+from replayfmt.cuda.driver import CudaCallError
 from replayfmt.errors import ReplayError
 from replayfmt.format import model as m
 from replayfmt.replay.plan import PlanOptions, build_plan
@@ -259,3 +261,68 @@ def test_frameworks_sharing_an_allocation_each_keep_their_live_buffers():
     ranges = LiveBuffers([jax, torch], min_size=0, gap=0).ranges(ARENA, 64 * MiB, step=1)
     assert ranges.source == "jax+torch"
     assert ranges.ranges == [ByteRange(ARENA, ARENA + 4096), ByteRange(ARENA + 8 * MiB, ARENA + 8 * MiB + 512)]
+
+
+class DonatingSource(FakeSource):
+    """JAX as a donating step sees it: asked at the region's start, then after the step deleted
+    the arrays it donated (``after``), with its arena known by size."""
+
+    donates = True
+
+    def __init__(self, live, after, arena_sizes=()) -> None:
+        super().__init__("jax", live)
+        self.after, self.arena_sizes = list(after), tuple(arena_sizes)
+
+    def view(self) -> LiveView | None:
+        self.calls += 1
+        live = self.live if self.calls == 1 else self.after
+        return LiveView(self.name, tuple(merge(live)), arena_sizes=self.arena_sizes)
+
+
+def test_an_arena_known_by_size_speaks_before_any_array_lives_in_it():
+    """A region that starts with the program (no --scope): XLA's arena holds no array yet, and its
+    size says it is JAX's, so nothing of it is snapshotted rather than all of it refused."""
+    jax = DonatingSource([], [], arena_sizes=[(4 * MiB - 64, 4 * MiB + 64)])
+    live = LiveBuffers([jax], min_size=0)
+    assert live.ranges(ARENA, 4 * MiB, step=1) == LiveRanges("jax", [])
+    assert live.ranges(ARENA, 8 * MiB, step=1) is None  # another size, no array inside: not JAX's
+
+
+def test_buffers_donated_by_the_step_count_from_the_regions_start(tmp_path):
+    """The step deletes what it donates before its kernels run: the view held at the region's start
+    keeps those bytes in the state (they are what the step reads)."""
+    memory = arena_memory()
+    donated, kept = ByteRange(ARENA + MiB, ARENA + MiB + 4096), ByteRange(ARENA + 2 * MiB, ARENA + 2 * MiB + 512)
+    jax = DonatingSource([donated, kept], [kept])
+    events = [ev.Allocation(ARENA, 4 * MiB, call="cuMemMap"), ev.Memset(ARENA + 3 * MiB, 0, 4, 16)]
+    path, t = record(tmp_path, events, memory, LiveBuffers([jax], min_size=MiB, gap=0))
+    assert not t.report.errors
+    with replayfmt.open(path) as cap:
+        states = [op for op in cap.iter_operations() if op.kind == m.OperationKind.STATE]
+        assert [(s.offset, s.size) for s in states] == [(MiB, 4096), (2 * MiB, 512)]
+
+
+class RefusingMemory(FakeMemory):
+    """A device whose copies of one range fail, as cuMemcpyDtoHAsync answers for memory that is not
+    (or no longer) mapped."""
+
+    def snapshot(self, address: int, size: int, stream, writer, inspect=None) -> int:
+        if address == ARENA:
+            raise CudaCallError(
+                "cuMemcpyDtoHAsync (snapshot) failed: CUDA_ERROR_INVALID_VALUE", "CUDA_ERROR_INVALID_VALUE"
+            )
+        return super().snapshot(address, size, stream, writer, inspect)
+
+
+def test_a_refused_snapshot_names_the_buffer_and_the_capture_refuses_to_replay(tmp_path):
+    memory = RefusingMemory()
+    memory.device[ARENA] = bytearray(4096)
+    events = [ev.Allocation(ARENA, 4096, call="cuMemAlloc_v2"), ev.Memset(ARENA + 64, 0, 4, 16)]
+    path, t = record(tmp_path, events, memory, LiveBuffers([], min_size=MiB))
+    reason = (
+        f"snapshot of buffer 2 failed: 4096 bytes at offset 0 of 4096 bytes at {ARENA:#x} (cuMemAlloc_v2): "
+        "cuMemcpyDtoHAsync (snapshot) failed: CUDA_ERROR_INVALID_VALUE"
+    )
+    assert t.report.errors[0] == reason and t.report.unsupported == {"snapshot": 1}
+    with replayfmt.open(path) as cap, pytest.raises(ReplayError, match="snapshot of buffer 2 failed"):
+        build_plan(cap, PlanOptions())

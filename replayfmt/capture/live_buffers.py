@@ -12,6 +12,12 @@ framework speaks for it (then it is snapshotted whole, within the recorder's bou
 
 A source never imports its framework: it answers only when the program has imported it already
 (``sys.modules``), so recording a program that never uses JAX costs nothing here.
+
+JAX in any program shape: XLA's arena is known by its size (``memory_stats()``: the pool it
+preallocated) before any array lives in it, so a region that starts with the program (no
+``--scope``) still bounds it; arrays a step donates are deleted before the step's kernels run,
+so the view taken when the region begins (:meth:`LiveBuffers.hold`) counts too. XLA's temporaries are no live arrays: a
+step writes them before it reads them, so their starting bytes are not needed.
 """
 
 from __future__ import annotations
@@ -75,11 +81,16 @@ class LiveView:
     # the memory it manages (PyTorch's segments), sorted and disjoint; empty when it cannot say
     # (JAX): then it speaks for an allocation only where one of its live buffers lies inside it
     managed: tuple[ByteRange, ...] = ()
+    # (smallest, largest) sizes of the arenas it preallocated (XLA's pool), whose addresses it does
+    # not say: an allocation of such a size is its own even before any live buffer lies inside it
+    arena_sizes: tuple[tuple[int, int], ...] = ()
 
     def speaks_for(self, start: int, stop: int) -> bool:
         """Whether this framework manages [start, stop), so that bytes it does not call live are free."""
         if self.managed:
             return bool(clip(self.managed, start, stop))
+        if any(low <= stop - start <= high for low, high in self.arena_sizes):
+            return True
         return bool(clip(self.live, start, stop))
 
 
@@ -92,17 +103,24 @@ class LiveBufferSource(Protocol):
         """The framework's live buffers now, or None when the program does not use it."""
 
 
+ARENA_SLACK = 64 << 20  # an arena's mapped size may differ from XLA's pool size by its rounding
+_ARENA_STATS = ("pool_bytes", "bytes_limit", "bytes_reservable_limit")  # memory_stats() keys naming the arena
+
+
 class JaxLiveArrays:
     """JAX (XLA): ``jax.live_arrays()``, each addressable shard's buffer pointer and its size on
-    the device. XLA's temporaries inside a step are no live arrays: their starting bytes are not
-    needed (the step writes them before reading them)."""
+    the device, and the size of the arena XLA preallocated (each GPU's ``memory_stats()``). XLA's
+    temporaries inside a step are no live arrays: their starting bytes are not needed (the step
+    writes them before reading them). Arrays a step donates are deleted once it is dispatched:
+    ``donates`` asks :class:`LiveBuffers` to keep the view from the region's start as well."""
 
     name = "jax"
+    donates = True
 
     def view(self) -> LiveView | None:
         jax = sys.modules.get("jax")
-        if jax is None or not hasattr(jax, "live_arrays"):
-            return None
+        if jax is None or not hasattr(jax, "live_arrays") or not _gpu_started(jax):
+            return None  # (asking would start JAX's GPU client, and its arena, inside the program's call)
         live = []
         for array in jax.live_arrays():
             if array.is_deleted():
@@ -113,7 +131,30 @@ class JaxLiveArrays:
                 data = shard.data
                 pointer = data.unsafe_buffer_pointer()
                 live.append(ByteRange(pointer, pointer + max(data.nbytes, _on_device_size(data))))
-        return LiveView(self.name, tuple(merge(live)))
+        return LiveView(self.name, tuple(merge(live)), arena_sizes=_arena_sizes(jax))
+
+
+def _arena_sizes(jax: Any) -> tuple[tuple[int, int], ...]:
+    """The (smallest, largest) size of each GPU's XLA arena (its pool, as ``memory_stats()`` says),
+    for those of LIVE_VIEW_MIN bytes or more; none when the backend is not started or says nothing."""
+    sizes = set()
+    for device in jax.local_devices(backend="gpu"):
+        stats = device.memory_stats() or {}
+        for key in _ARENA_STATS:
+            value = int(stats.get(key, 0) or 0)
+            if value >= LIVE_VIEW_MIN:
+                sizes.add((max(0, value - ARENA_SLACK), value + ARENA_SLACK))
+    return tuple(sorted(sizes))
+
+
+def _gpu_started(jax: Any) -> bool:
+    """Whether the program has started JAX's GPU client (JAX's own table of started backends:
+    asking a JAX that has not would start it, and its arena, from inside a driver callback)."""
+    bridge = getattr(getattr(jax, "_src", None), "xla_bridge", None)
+    started = getattr(bridge, "_backends", None)
+    if started is None:  # a JAX without that table: ask as before
+        return True
+    return any(name in started for name in ("cuda", "gpu", "rocm"))
 
 
 def _on_device_size(data: Any) -> int:
@@ -183,6 +224,14 @@ class LiveBuffers:
     queries: int = 0  # how often the sources were asked (once per step at most)
     _step: Hashable = None
     _views: list[LiveView] | None = None
+    _held: tuple[Hashable, list[LiveView]] | None = None  # (step, views taken when it began)
+
+    def hold(self, step: Hashable) -> None:
+        """The moment ``step`` begins (a region's start): the sources whose programs donate
+        buffers (``donates``: JAX) are asked now, and their live buffers count for ``step`` too,
+        as a step reads what it donates after the framework has deleted it."""
+        sources = [s for s in self.sources if getattr(s, "donates", False)]
+        self._held = (step, self._ask(sources)) if sources else None
 
     def ranges(self, address: int, size: int, step: Hashable) -> LiveRanges | None:
         """The live sub-ranges of the allocation [address, address + size), merged across gaps
@@ -196,19 +245,28 @@ class LiveBuffers:
             return None
         # every framework's live buffers inside it (a JAX array in a PyTorch segment, through DLPack)
         widened = [widen(r) for v in views for r in clip(v.live, address, stop)]
-        return LiveRanges("+".join(v.source for v in views), clip(merge(widened, self.gap), address, stop))
+        names = "+".join(dict.fromkeys(v.source for v in views))
+        return LiveRanges(names, clip(merge(widened, self.gap), address, stop))
 
     def _current(self, step: Hashable) -> list[LiveView]:
         if self._views is None or step != self._step:
-            self._step, self._views = step, []
-            self.queries += 1
-            for source in list(self.sources):
-                try:
-                    view = source.view()
-                except Exception as exc:  # a framework's API changed: snapshot whole, say so
-                    self.sources.remove(source)
-                    self.problems.append(f"{source.name} live buffers: {type(exc).__name__}: {exc}")
-                    continue
-                if view is not None:
-                    self._views.append(view)
+            self._step = step
+            self._views = self._ask(list(self.sources))
+            if self._held is not None and self._held[0] == step:
+                self._views += self._held[1]  # what the step's start held: donated buffers
         return self._views
+
+    def _ask(self, sources: list[LiveBufferSource]) -> list[LiveView]:
+        views = []
+        self.queries += 1
+        for source in sources:
+            try:
+                view = source.view()
+            except Exception as exc:  # a framework's API changed: snapshot whole, say so
+                if source in self.sources:
+                    self.sources.remove(source)
+                self.problems.append(f"{source.name} live buffers: {type(exc).__name__}: {exc}")
+                continue
+            if view is not None:
+                views.append(view)
+        return views

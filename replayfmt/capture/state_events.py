@@ -16,6 +16,7 @@ from replayfmt.capture import events as ev
 from replayfmt.capture.allocations import Allocation, AllocationTable
 from replayfmt.capture.live_buffers import LiveBuffers
 from replayfmt.capture.options import CaptureMode, RecordOptions
+from replayfmt.errors import DeviceError
 from replayfmt.format import model as m
 
 if TYPE_CHECKING:
@@ -75,7 +76,11 @@ class StateEvents:
         scan = self.options.detect_pointers and not self.options.fixed_addresses and not self._marked_fixed
         for offset, size in spans:
             inspect = functools.partial(self._look_for_stored_pointers, allocation, offset) if scan else None
-            payload = self.memory.snapshot(allocation.address + offset, size, stream, self.writer, inspect)
+            try:
+                payload = self.memory.snapshot(allocation.address + offset, size, stream, self.writer, inspect)
+            except DeviceError as exc:  # the state is missing: replay must refuse, saying which buffer
+                self._snapshot_failed(allocation, buffer, offset, size, exc)
+                break
             self.writer.state(buffer=buffer, payload=payload, size=size, offset=offset)
             if (offset, size) == (0, allocation.size):
                 allocation.before = payload
@@ -110,6 +115,17 @@ class StateEvents:
             self.report.errors.append(reason)
             self.writer.unsupported("snapshot", reason, 0)
         return None
+
+    def _snapshot_failed(self, allocation: Allocation, buffer: int, offset: int, size: int, exc: Exception) -> None:
+        """A snapshot the driver refused: the capture says which buffer and bytes, where they came
+        from, and that replay cannot start from them (an unsupported operation)."""
+        reason = (
+            f"snapshot of buffer {buffer} failed: {size} bytes at offset {offset} of {allocation.size} bytes at "
+            f"{allocation.address:#x} ({allocation.call}): {exc}"
+        )
+        self.report.unsupported["snapshot"] = self.report.unsupported.get("snapshot", 0) + 1
+        self.report.errors.append(reason)
+        self.writer.unsupported("snapshot", reason, 0)
 
     def _note_scoped(self, allocation: Allocation) -> None:
         for _, touched in self._scopes:  # each open scope checkpoints it at its end
@@ -159,7 +175,11 @@ class StateEvents:
                 spans = allocation.state_spans
             started = time.perf_counter()
             for offset, size in spans or ():
-                payload = self.memory.snapshot(allocation.address + offset, size, stream, self.writer)
+                try:
+                    payload = self.memory.snapshot(allocation.address + offset, size, stream, self.writer)
+                except DeviceError as exc:  # compared no more, and said so
+                    self.report.errors.append(f"checkpoint {name!r}: buffer {allocation.buffer} not read: {exc}")
+                    continue
                 self.report.snapshot_bytes += size
                 entries.append(m.CheckpointEntry(allocation.buffer, payload, offset, size))
             self.report.snapshot_seconds += time.perf_counter() - started
