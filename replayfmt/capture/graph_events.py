@@ -5,7 +5,8 @@ GraphLaunch operations.
 An executable graph is described when it is instantiated, and again when cuGraphExecUpdate
 gives it another graph; a node update (cuGraphExecKernelNodeSetParams and kin, a child graph
 swapped in by cuGraphExecChildGraphNodeSetParams, an event changed) replaces the node it names,
-and a node disabled with cuGraphNodeSetEnabled is written as an empty node until enabled again. At its first launch in a region it becomes a :class:`model.Graph` object: kernel nodes
+and a node disabled with cuGraphNodeSetEnabled is written as an empty node until enabled again.
+At its first launch in a region it becomes a :class:`model.Graph` object: kernel nodes
 with relocations worked out exactly as for launches, copies and memsets with their buffers,
 events, child graphs (written first) and the dependency edges. A launch snapshots every
 allocation the graph touches first (as a launch does, before the launch runs) and writes a
