@@ -88,7 +88,7 @@ class Step:
         return text if len(text) <= 160 else text[:157] + "..."
 
 
-def run(command: list[str], timeout: float, env: dict[str, str] | None = None) -> Step:
+def run_step(command: list[str], timeout: float, env: dict[str, str] | None = None) -> Step:
     began = time.perf_counter()
     try:
         done = subprocess.run(
@@ -110,23 +110,30 @@ def tool(name: str) -> list[str]:
     return [sys.executable, "-m", modules[name]]
 
 
-def one(program: Path, work: Path, timeout: float) -> Row:
+def one(program: Path, work: Path, timeout: float, logs: Path | None = None) -> Row:
     row = Row(program.stem)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    alone = run([sys.executable, str(program)] if program.suffix == ".py" else [str(program)], timeout, env)
+
+    def run(command: list[str], step: str) -> Step:
+        done = run_step(command, timeout, env)
+        if logs is not None:
+            (logs / f"{program.stem}.{step}.log").write_text(f"$ {' '.join(command)}\n{done.out}\nexit {done.code}\n")
+        return done
+
+    alone = run([sys.executable, str(program)] if program.suffix == ".py" else [str(program)], "program")
     if alone.code != 0:
         row.error = f"the program alone: {alone.last_line}"
         return row
     row.program_s = alone.seconds
     capture = work / f"{program.stem}.kreplay"
-    captured = run([*tool("capture-replay"), "-o", str(capture), "--scope", SCOPE, str(program)], timeout, env)
+    captured = run([*tool("capture-replay"), "-o", str(capture), "--scope", SCOPE, str(program)], "capture")
     row.capture_s = captured.seconds
     verdict = re.search(r"replayable: (\S+)", captured.out)
     row.verdict = verdict.group(1).rstrip(";,") if verdict else ""
     if captured.code != 0 or not capture.exists():
         row.error = f"capture: {captured.last_line}"
         return row
-    verified = run([*tool("run-replay"), "--verify", "--tolerance", str(capture)], timeout, env)
+    verified = run([*tool("run-replay"), "--verify", "--tolerance", str(capture)], "verify")
     count = re.search(r"verified: (\d+) buffer range", verified.out)
     row.verify = f"{count.group(1)} ranges" if count else "no"
     if verified.code != 0 or not count or int(count.group(1)) == 0:
@@ -134,7 +141,7 @@ def one(program: Path, work: Path, timeout: float) -> Row:
         return row
     result = work / f"{program.stem}.json"
     bench = [*tool("benchmark-replay"), "--scope", SCOPE, "--format", "json", "--output", str(result)]
-    timed = run([*bench, "--warmup", "1", "--min-time", "0.2", str(capture)], timeout, env)
+    timed = run([*bench, "--warmup", "1", "--min-time", "0.2", str(capture)], "benchmark")
     if timed.code != 0 or not result.exists():
         row.error = f"benchmark: {timed.last_line}"
         return row
@@ -174,6 +181,7 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per step (default 120)")
     parser.add_argument("--budget", type=float, default=0.0, help="start no program after this many seconds")
     parser.add_argument("--workdir", type=Path, help="keep captures and results here (default: a temporary dir)")
+    parser.add_argument("--logs", type=Path, help="write each step's output to LOGS/PROGRAM.STEP.log")
     parser.add_argument("--list", action="store_true", help="list the programs and exit")
     parser.add_argument("--check", action="store_true", help=f"exit 1 when under {PASS_SHARE:.0%} of rows pass")
     args = parser.parse_args()
@@ -192,12 +200,14 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="corpus-") as tmp:
         work = args.workdir or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
+        if args.logs is not None:
+            args.logs.mkdir(parents=True, exist_ok=True)
         print("  ".join(HEADER), flush=True)
         for program in chosen:
             if args.budget and time.perf_counter() - began > args.budget:
                 skipped.append(program.stem)
                 continue
-            row = one(program, work, args.timeout)
+            row = one(program, work, args.timeout, args.logs)
             rows.append(row)
             print("  ".join(row.cells()), flush=True)
     print()
