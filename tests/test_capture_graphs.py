@@ -484,3 +484,29 @@ def test_a_swapped_child_graph_and_a_disabled_node_write_new_graph_versions(tmp_
         assert launched[3] is not launched[2] and launched[3].id == launched[1].id  # written once per version
         (refused,) = [op for op in ops if op.kind == m.OperationKind.UNSUPPORTED]
         assert refused.reason == "cuGraphNodeSetEnabled named node 0x99, no node of the executable graph"
+
+
+def test_a_node_of_a_child_graph_is_updated_and_an_unreadable_body_says_why(tmp_path, cubin):
+    k2 = ev.GraphKernel(kernel(), (1, 1, 1), (64, 1, 1), 0, saxpy_params(2.0, A, B, 64))
+    k5 = ev.GraphKernel(kernel(), (1, 1, 1), (64, 1, 1), 0, saxpy_params(5.0, A, B, 64))
+    child = ev.GraphDescription([ev.GraphNodeInfo(_N.KERNEL, handle=0x21, kernel=k2)], [])
+    nested = ev.GraphDescription([ev.GraphNodeInfo(_N.CHILD_GRAPH, handle=0x30, child=child)], [])
+    loop = ev.GraphDescription([ev.GraphNodeInfo(_N.EMPTY, handle=0x40, unsupported="a conditional node")], [])
+    events = [
+        *setup_events(cubin),
+        ev.GraphInstantiated(1, nested),
+        ev.GraphKernelUpdated(1, 0x21, k5),  # a node inside the child graph
+        ev.GraphLaunched(1, 0x5000),
+        ev.GraphInstantiated(2, loop),
+        ev.GraphNodeUpdated(2, 0x77, ev.GraphNodeInfo(_N.MEMCPY, src=A, dst=B, size=4)),  # in the loop's body
+        ev.GraphLaunched(2, 0x5000),
+    ]
+    path, _t = record(tmp_path, events, graph_memory())
+    with replayfmt.open(path) as cap:
+        graphs = {o.id: o for o in cap.objects() if isinstance(o, m.Graph)}
+        ops = list(cap.iter_operations())
+        (launch,) = [op for op in ops if op.kind == m.OperationKind.GRAPH_LAUNCH]
+        inner = graphs[graphs[launch.graph].nodes[0].graph]
+        assert np.frombuffer(inner.nodes[0].parameters[:4], np.float32)[0] == 5.0
+        (refused,) = [op for op in ops if op.kind == m.OperationKind.UNSUPPORTED]
+        assert refused.reason == "a conditional node"

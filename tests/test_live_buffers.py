@@ -188,11 +188,12 @@ def test_state_and_checkpoints_cover_live_buffers_only(tmp_path):
     ]
     path, t = record(tmp_path, events, memory, live)
     assert not t.report.errors
-    spans = [(MiB, 8192), (3 * MiB, 1024)]
-    assert t.report.snapshot_bytes == 2 * sum(size for _, size in spans)  # state, then the checkpoint
-    assert t.report.skipped_bytes == 2 * (4 * MiB - sum(size for _, size in spans))
+    spans = [(MiB, 8192), (3 * MiB, 1024)]  # the state: live buffers widened to 256 bytes
+    exact = [(MiB, 8192), (3 * MiB, 1000)]  # the checkpoint: the buffers' own bytes
+    assert t.report.snapshot_bytes == sum(size for _, size in spans + exact)  # state, then the checkpoint
+    assert t.report.skipped_bytes == 2 * 4 * MiB - sum(size for _, size in spans + exact)
     assert t.report.live_sources == {"jax"}
-    assert "snapshots skipped 8370176 bytes outside live buffers (jax)" in "\n".join(t.report.lines())
+    assert "snapshots skipped 8370200 bytes outside live buffers (jax)" in "\n".join(t.report.lines())
     assert source.calls == 2  # once for the region's state, once for its checkpoint
     with replayfmt.open(path) as cap:
         ops = list(cap.iter_operations())
@@ -202,9 +203,9 @@ def test_state_and_checkpoints_cover_live_buffers_only(tmp_path):
         for state in states:
             assert cap.read_payload(state.payload) == original[state.offset : state.offset + state.size]
         checkpoint = next(op for op in ops if op.kind == m.OperationKind.CHECKPOINT)
-        assert [(e.offset, e.size) for e in checkpoint.entries] == spans
+        assert [(e.offset, e.size) for e in checkpoint.entries] == exact
         after = cap.read_payload(checkpoint.entries[1].payload)
-        assert after[:16] == b"\xff" * 16 and after[16:] == original[3 * MiB + 16 : 3 * MiB + 1024]
+        assert after[:16] == b"\xff" * 16 and after[16:] == original[3 * MiB + 16 : 3 * MiB + 1000]
         build_plan(cap, PlanOptions())  # replayable
 
 
@@ -326,3 +327,36 @@ def test_a_refused_snapshot_names_the_buffer_and_the_capture_refuses_to_replay(t
     assert t.report.errors[0] == reason and t.report.unsupported == {"snapshot": 1}
     with replayfmt.open(path) as cap, pytest.raises(ReplayError, match="snapshot of buffer 2 failed"):
         build_plan(cap, PlanOptions())
+
+
+class PaddedSource(FakeSource):
+    """A framework whose buffers are padded by its allocator (XLA rounds each to 256 bytes)."""
+
+    def __init__(self, exact) -> None:
+        super().__init__("jax", [widen(r) for r in exact])
+        self.exact = list(exact)
+
+    def view(self) -> LiveView | None:
+        self.calls += 1
+        return LiveView(self.name, tuple(merge(self.live)), exact=tuple(merge(self.exact)))
+
+
+@pytest.mark.parametrize("inside", [False, True])
+def test_stored_addresses_are_looked_for_in_the_buffers_own_bytes_only(tmp_path, inside):
+    """Padding after a scalar holds what earlier work left (a pointer table of another step): it is
+    state, but no sign that the step reads stored addresses; inside the buffer it is one."""
+    memory = arena_memory()
+    other = ARENA + 8 * MiB
+    memory.device[other] = bytearray(4096)
+    scalar = ARENA + MiB
+    where = MiB + (0 if inside else 64)
+    memory.device[ARENA][where : where + 8] = other.to_bytes(8, "little")
+    source = PaddedSource([ByteRange(scalar, scalar + (16 if inside else 4))])
+    events = [ev.Allocation(ARENA, 4 * MiB), ev.Allocation(other, 4096), ev.Memset(ARENA + 3 * MiB, 0, 4, 16)]
+    path, t = record(tmp_path, events, memory, LiveBuffers([source], min_size=MiB, gap=0))
+    assert bool(t.report.needs_fixed_addresses) == inside
+    with replayfmt.open(path) as cap:
+        ops = list(cap.iter_operations())
+        assert next((s.offset, s.size) for s in ops if s.kind == m.OperationKind.STATE) == (MiB, 256)
+        checkpoint = next(op for op in ops if op.kind == m.OperationKind.CHECKPOINT)
+        assert next((e.offset, e.size) for e in checkpoint.entries) == (MiB, 16 if inside else 4)

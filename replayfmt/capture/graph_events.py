@@ -113,13 +113,12 @@ class GraphEvents:
         if info.unsupported:
             executable.broken = info.unsupported
             return
-        for index, node in enumerate(executable.description.nodes):
-            if node.handle == handle and node.kind == info.kind:
-                info.handle = handle
-                executable.description.nodes[index] = info
-                executable.graph = 0
-                return
-        executable.broken = missing
+        if _replace(executable.description, handle, info):
+            executable.graph = 0
+            return
+        # a node the description does not hold: inside a node the recorder cannot read (a
+        # conditional node's body: XLA's while loops), whose reason says more than the handle
+        executable.broken = _unsupported_reason(executable.description) or missing
 
     def _on_graph_launched(self, event: ev.GraphLaunched) -> None:
         if not self._recording:
@@ -243,3 +242,23 @@ class GraphEvents:
             raise Unrecordable(f"a graph node uses address {address:#x}, in no recorded allocation")
         self._buffer(allocation)
         return allocation
+
+
+def _replace(description: ev.GraphDescription, handle: int, info: ev.GraphNodeInfo) -> bool:
+    """Put ``info`` in place of node ``handle`` of the same kind, in ``description`` or in one of
+    its child graphs (a node of a child graph can be updated through the executable too)."""
+    for index, node in enumerate(description.nodes):
+        if node.handle == handle and node.kind == info.kind:
+            info.handle = handle
+            description.nodes[index] = info
+            return True
+    return any(node.child is not None and _replace(node.child, handle, info) for node in description.nodes)
+
+
+def _unsupported_reason(description: ev.GraphDescription) -> str:
+    for node in description.nodes:
+        if node.unsupported:
+            return node.unsupported
+        if node.child is not None and (reason := _unsupported_reason(node.child)):
+            return reason
+    return ""

@@ -84,6 +84,10 @@ class LiveView:
     # (smallest, largest) sizes of the arenas it preallocated (XLA's pool), whose addresses it does
     # not say: an allocation of such a size is its own even before any live buffer lies inside it
     arena_sizes: tuple[tuple[int, int], ...] = ()
+    # the bytes its buffers hold, without the allocator's padding after each (sorted, disjoint); empty:
+    # ``live``. Padding holds what earlier work left there: starting state may carry it, a checkpoint
+    # must not compare it (a step writes its outputs, never their padding)
+    exact: tuple[ByteRange, ...] = ()
 
     def speaks_for(self, start: int, stop: int) -> bool:
         """Whether this framework manages [start, stop), so that bytes it does not call live are free."""
@@ -121,7 +125,7 @@ class JaxLiveArrays:
         jax = sys.modules.get("jax")
         if jax is None or not hasattr(jax, "live_arrays") or not _gpu_started(jax):
             return None  # (asking would start JAX's GPU client, and its arena, inside the program's call)
-        live = []
+        live, exact = [], []
         for array in jax.live_arrays():
             if array.is_deleted():
                 continue
@@ -131,7 +135,8 @@ class JaxLiveArrays:
                 data = shard.data
                 pointer = data.unsafe_buffer_pointer()
                 live.append(ByteRange(pointer, pointer + max(data.nbytes, _on_device_size(data))))
-        return LiveView(self.name, tuple(merge(live)), arena_sizes=_arena_sizes(jax))
+                exact.append(ByteRange(pointer, pointer + data.nbytes))
+        return LiveView(self.name, tuple(merge(live)), arena_sizes=_arena_sizes(jax), exact=tuple(merge(exact)))
 
 
 def _arena_sizes(jax: Any) -> tuple[tuple[int, int], ...]:
@@ -184,7 +189,7 @@ def torch_view(segments: list[dict[str, Any]], *, expandable: bool = False) -> L
     (``expandable``: the allocator's setting; or a segment marked ``is_expandable``) are left out:
     mapped piece by piece as they grow, they are whole snapshotted, as before live buffers were
     asked (an H100 run found a capture of them failing verification when bounded)."""
-    managed, live = [], []
+    managed, live, exact = [], [], []
     for segment in segments:
         if expandable or segment.get("is_expandable"):
             continue
@@ -192,7 +197,9 @@ def torch_view(segments: list[dict[str, Any]], *, expandable: bool = False) -> L
         for block in segment.get("blocks", ()):
             if block["state"] != "inactive":  # active_allocated, active_pending_free
                 live.append(ByteRange(block["address"], block["address"] + block["size"]))
-    return LiveView(TorchCachingAllocator.name, tuple(merge(live)), tuple(merge(managed)))
+                asked = block.get("requested_size") or block["size"]
+                exact.append(ByteRange(block["address"], block["address"] + min(asked, block["size"])))
+    return LiveView(TorchCachingAllocator.name, tuple(merge(live)), tuple(merge(managed)), exact=tuple(merge(exact)))
 
 
 def default_sources() -> list[LiveBufferSource]:
@@ -206,6 +213,7 @@ class LiveRanges:
 
     source: str
     ranges: list[ByteRange]
+    exact: list[ByteRange] = field(default_factory=list)  # the buffers' own bytes (no padding, no gaps)
 
     @property
     def size(self) -> int:
@@ -246,7 +254,8 @@ class LiveBuffers:
         # every framework's live buffers inside it (a JAX array in a PyTorch segment, through DLPack)
         widened = [widen(r) for v in views for r in clip(v.live, address, stop)]
         names = "+".join(dict.fromkeys(v.source for v in views))
-        return LiveRanges(names, clip(merge(widened, self.gap), address, stop))
+        exact = merge(r for v in views for r in clip(v.exact or v.live, address, stop))
+        return LiveRanges(names, clip(merge(widened, self.gap), address, stop), exact)
 
     def _current(self, step: Hashable) -> list[LiveView]:
         if self._views is None or step != self._step:

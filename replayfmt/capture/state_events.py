@@ -72,10 +72,14 @@ class StateEvents:
         allocation.state_spans = spans if spans != [(0, allocation.size)] else None
         if spans is None:
             return
+        # stored addresses are looked for in the buffers' own bytes: padding and gaps between live
+        # buffers hold what earlier work (temporaries, pointer tables of other steps) left there
+        held = self._spans(allocation, ("state", self._region), buffer, exact=True, count=False)
+        held = None if held == spans else held
         started = time.perf_counter()
         scan = self.options.detect_pointers and not self.options.fixed_addresses and not self._marked_fixed
         for offset, size in spans:
-            inspect = functools.partial(self._look_for_stored_pointers, allocation, offset) if scan else None
+            inspect = functools.partial(self._look_for_stored_pointers, allocation, offset, held) if scan else None
             try:
                 payload = self.memory.snapshot(allocation.address + offset, size, stream, self.writer, inspect)
             except DeviceError as exc:  # the state is missing: replay must refuse, saying which buffer
@@ -91,17 +95,22 @@ class StateEvents:
         if self.options.mode == CaptureMode.REGION:
             self._touched.append(allocation)
 
-    def _spans(self, allocation: Allocation, step: Hashable, buffer: int) -> list[tuple[int, int]] | None:
+    def _spans(
+        self, allocation: Allocation, step: Hashable, buffer: int, *, exact: bool = False, count: bool = True
+    ) -> list[tuple[int, int]] | None:
         """(offset, size) of each part of the allocation to snapshot: its live framework buffers
-        where a framework manages it, else all of it; None (and an unsupported operation, once)
-        when it is larger than options.max_snapshot and no framework says which bytes are live."""
+        where a framework manages it (``exact``: their own bytes, without padding or gaps), else
+        all of it; None (and an unsupported operation, once) when it is larger than
+        options.max_snapshot and no framework says which bytes are live."""
         live = None
         if self.options.live_buffers and allocation.api == ev.MemoryApi.DEVICE:
             live = self.live_buffers.ranges(allocation.address, allocation.size, step)
         if live is not None:
-            self.report.skipped_bytes += allocation.size - live.size
-            self.report.live_sources.add(live.source)
-            return [(r.start - allocation.address, r.size) for r in live.ranges]
+            ranges = live.exact if exact else live.ranges
+            if count:  # (for the report)
+                self.report.skipped_bytes += allocation.size - sum(r.size for r in ranges)
+                self.report.live_sources.add(live.source)
+            return [(r.start - allocation.address, r.size) for r in ranges]
         if allocation.size <= self.options.max_snapshot:
             return [(0, allocation.size)] if allocation.size else []
         if allocation.address not in self._refused:  # written in either mode: replay must refuse it
@@ -132,17 +141,38 @@ class StateEvents:
             touched[allocation.address] = allocation
 
     def _look_for_stored_pointers(
-        self, allocation: Allocation, base: int, offset: int, data: bytes | memoryview
+        self,
+        allocation: Allocation,
+        base: int,
+        held: list[tuple[int, int]] | None,
+        offset: int,
+        data: bytes | memoryview,
     ) -> None:
         """Device memory holding addresses of allocations (pointer arrays, cuBLAS workspaces)
         cannot be relocated: mark the capture as needing --fixed-addresses. ``data``: the bytes
         at ``base + offset`` in the allocation (each frame of a snapshot, taken at ``base``, that
-        crossed the bus)."""
-        found = None if self._marked_fixed else self.allocations.stored_device_address(data)
+        crossed the bus); ``held``: (offset, size) in the allocation of the bytes its framework's
+        buffers hold (None: all of them), the only ones looked at."""
+        if self._marked_fixed:
+            return
+        start = base + offset
+        pieces = [(0, len(data))]
+        if held is not None:
+            pieces = [
+                (max(o, start) - start, min(o + n, start + len(data)) - start)
+                for o, n in held
+                if o < start + len(data) and o + n > start
+            ]
+        found = None
+        for low, high in pieces:
+            found = self.allocations.stored_device_address(data[low:high])
+            if found is not None:
+                found = (found[0], found[1] + low, found[2])
+                break
         if found is None:
             return
         value, where, target = found
-        where += base + offset
+        where += start
         self._marked_fixed = True
         holder, target_buffer = allocation.buffer, self._buffer(target)
         reason = f"buffer {holder} holds the address {value:#x} (of buffer {target_buffer}) at byte {where}"
@@ -167,7 +197,7 @@ class StateEvents:
         for allocation in allocations:
             if not self.allocations.is_live(allocation):
                 continue  # freed meanwhile
-            spans = self._spans(allocation, ("checkpoint", self._checkpoints), allocation.buffer)
+            spans = self._spans(allocation, ("checkpoint", self._checkpoints), allocation.buffer, exact=True)
             if spans == [(0, allocation.size)] and allocation.state_spans is not None:
                 # the state held only the live buffers of a framework that no longer speaks for this
                 # memory (expandable segments released, say): the other bytes are undefined at
