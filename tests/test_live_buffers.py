@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 from test_capture_translate import FakeMemory
@@ -21,6 +22,7 @@ from replayfmt.capture.live_buffers import (
     LiveView,
     TorchCachingAllocator,
     clip,
+    may_hold_addresses,
     merge,
     torch_view,
     widen,
@@ -360,3 +362,42 @@ def test_stored_addresses_are_looked_for_in_the_buffers_own_bytes_only(tmp_path,
         assert next((s.offset, s.size) for s in ops if s.kind == m.OperationKind.STATE) == (MiB, 256)
         checkpoint = next(op for op in ops if op.kind == m.OperationKind.CHECKPOINT)
         assert next((e.offset, e.size) for e in checkpoint.entries) == (MiB, 16 if inside else 4)
+
+
+class TypedSource(FakeSource):
+    """JAX's view with dtypes: only the buffers in ``wide`` are of a type that can hold addresses."""
+
+    def __init__(self, exact, wide) -> None:
+        super().__init__("jax", exact)
+        self.wide = list(wide)
+
+    def view(self) -> LiveView | None:
+        self.calls += 1
+        live = tuple(merge(self.live))
+        return LiveView(self.name, live, exact=live, addresses=tuple(merge(self.wide)))
+
+
+@pytest.mark.parametrize("wide", [False, True])
+def test_an_int32_arrays_pairs_are_no_stored_addresses(tmp_path, wide):
+    """Labels (5, 6) as two int32s read 0x500000006: inside an arena at a low address, yet no
+    address; a 64-bit integer array holding the same word may be a pointer table."""
+    memory = FakeMemory()
+    low = 0x3_0000_0000
+    memory.device[low] = bytearray(4 * MiB)
+    memory.device[low][MiB : MiB + 8] = np.array([6, 5], np.int32).tobytes()
+    labels = ByteRange(low + MiB, low + MiB + 4096)
+    source = TypedSource([labels], [labels] if wide else [])
+    events = [ev.Allocation(low, 4 * MiB), ev.Allocation(0x5_0000_0000, 4096), ev.Memset(low + 3 * MiB, 0, 4, 4)]
+    _, t = record(tmp_path, events, memory, LiveBuffers([source], min_size=MiB, gap=0))
+    assert bool(t.report.needs_fixed_addresses) == wide
+
+
+def test_which_dtypes_can_hold_addresses():
+    assert [may_hold_addresses(np.dtype(d)) for d in ("int32", "float64", "uint64", "int64", "V8", "float16")] == [
+        False,
+        False,
+        True,
+        True,
+        True,
+        False,
+    ]

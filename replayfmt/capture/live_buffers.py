@@ -88,6 +88,9 @@ class LiveView:
     # ``live``. Padding holds what earlier work left there: starting state may carry it, a checkpoint
     # must not compare it (a step writes its outputs, never their padding)
     exact: tuple[ByteRange, ...] = ()
+    # the buffers whose type can hold a device address (64-bit integers, untyped bytes), sorted and
+    # disjoint; None: every live buffer may (the framework does not say what they hold)
+    addresses: tuple[ByteRange, ...] | None = None
 
     def speaks_for(self, start: int, stop: int) -> bool:
         """Whether this framework manages [start, stop), so that bytes it does not call live are free."""
@@ -125,10 +128,11 @@ class JaxLiveArrays:
         jax = sys.modules.get("jax")
         if jax is None or not hasattr(jax, "live_arrays") or not _gpu_started(jax):
             return None  # (asking would start JAX's GPU client, and its arena, inside the program's call)
-        live, exact = [], []
+        live, exact, addresses = [], [], []
         for array in jax.live_arrays():
             if array.is_deleted():
                 continue
+            wide = may_hold_addresses(array.dtype)
             for shard in array.addressable_shards:
                 if shard.device.platform != "gpu":
                     continue
@@ -136,7 +140,15 @@ class JaxLiveArrays:
                 pointer = data.unsafe_buffer_pointer()
                 live.append(ByteRange(pointer, pointer + max(data.nbytes, _on_device_size(data))))
                 exact.append(ByteRange(pointer, pointer + data.nbytes))
-        return LiveView(self.name, tuple(merge(live)), arena_sizes=_arena_sizes(jax), exact=tuple(merge(exact)))
+                if wide:
+                    addresses.append(exact[-1])
+        return LiveView(
+            self.name,
+            tuple(merge(live)),
+            arena_sizes=_arena_sizes(jax),
+            exact=tuple(merge(exact)),
+            addresses=tuple(merge(addresses)),
+        )
 
 
 def _arena_sizes(jax: Any) -> tuple[tuple[int, int], ...]:
@@ -160,6 +172,13 @@ def _gpu_started(jax: Any) -> bool:
     if started is None:  # a JAX without that table: ask as before
         return True
     return any(name in started for name in ("cuda", "gpu", "rocm"))
+
+
+def may_hold_addresses(dtype: Any) -> bool:
+    """Whether an array of ``dtype`` can hold a device address: 64-bit integers or raw bytes (an
+    int32 array's pairs of small numbers look like addresses inside an arena at a low address)."""
+    kind, size = getattr(dtype, "kind", "V"), getattr(dtype, "itemsize", 8)
+    return kind == "V" or (kind in "iu" and size == 8)
 
 
 def _on_device_size(data: Any) -> int:
@@ -214,6 +233,7 @@ class LiveRanges:
     source: str
     ranges: list[ByteRange]
     exact: list[ByteRange] = field(default_factory=list)  # the buffers' own bytes (no padding, no gaps)
+    addresses: list[ByteRange] | None = None  # the buffers that may hold device addresses (None: all of them)
 
     @property
     def size(self) -> int:
@@ -255,7 +275,10 @@ class LiveBuffers:
         widened = [widen(r) for v in views for r in clip(v.live, address, stop)]
         names = "+".join(dict.fromkeys(v.source for v in views))
         exact = merge(r for v in views for r in clip(v.exact or v.live, address, stop))
-        return LiveRanges(names, clip(merge(widened, self.gap), address, stop), exact)
+        addresses = None
+        if all(v.addresses is not None for v in views):
+            addresses = merge(r for v in views for r in clip(v.addresses or (), address, stop))
+        return LiveRanges(names, clip(merge(widened, self.gap), address, stop), exact, addresses)
 
     def _current(self, step: Hashable) -> list[LiveView]:
         if self._views is None or step != self._step:

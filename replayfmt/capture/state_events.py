@@ -72,9 +72,11 @@ class StateEvents:
         allocation.state_spans = spans if spans != [(0, allocation.size)] else None
         if spans is None:
             return
-        # stored addresses are looked for in the buffers' own bytes: padding and gaps between live
-        # buffers hold what earlier work (temporaries, pointer tables of other steps) left there
-        held = self._spans(allocation, ("state", self._region), buffer, exact=True, count=False)
+        # stored addresses are looked for in the buffers' own bytes, of those whose type can hold
+        # one: padding and gaps between live buffers hold what earlier work (temporaries, pointer
+        # tables of other steps) left there, and an int32 array's pairs look like addresses in an
+        # arena at a low address
+        held = self._address_spans(allocation, ("state", self._region))
         held = None if held == spans else held
         started = time.perf_counter()
         scan = self.options.detect_pointers and not self.options.fixed_addresses and not self._marked_fixed
@@ -96,7 +98,7 @@ class StateEvents:
             self._touched.append(allocation)
 
     def _spans(
-        self, allocation: Allocation, step: Hashable, buffer: int, *, exact: bool = False, count: bool = True
+        self, allocation: Allocation, step: Hashable, buffer: int, *, exact: bool = False
     ) -> list[tuple[int, int]] | None:
         """(offset, size) of each part of the allocation to snapshot: its live framework buffers
         where a framework manages it (``exact``: their own bytes, without padding or gaps), else
@@ -107,9 +109,8 @@ class StateEvents:
             live = self.live_buffers.ranges(allocation.address, allocation.size, step)
         if live is not None:
             ranges = live.exact if exact else live.ranges
-            if count:  # (for the report)
-                self.report.skipped_bytes += allocation.size - sum(r.size for r in ranges)
-                self.report.live_sources.add(live.source)
+            self.report.skipped_bytes += allocation.size - sum(r.size for r in ranges)
+            self.report.live_sources.add(live.source)
             return [(r.start - allocation.address, r.size) for r in ranges]
         if allocation.size <= self.options.max_snapshot:
             return [(0, allocation.size)] if allocation.size else []
@@ -135,6 +136,17 @@ class StateEvents:
         self.report.unsupported["snapshot"] = self.report.unsupported.get("snapshot", 0) + 1
         self.report.errors.append(reason)
         self.writer.unsupported("snapshot", reason, 0)
+
+    def _address_spans(self, allocation: Allocation, step: Hashable) -> list[tuple[int, int]] | None:
+        """(offset, size) of the parts of the allocation that may hold device addresses (its
+        framework's buffers of a type that can); None: all of it (no framework describes it)."""
+        if not self.options.live_buffers or allocation.api != ev.MemoryApi.DEVICE:
+            return None
+        live = self.live_buffers.ranges(allocation.address, allocation.size, step)
+        if live is None:
+            return None
+        ranges = live.exact if live.addresses is None else live.addresses
+        return [(r.start - allocation.address, r.size) for r in ranges]
 
     def _note_scoped(self, allocation: Allocation) -> None:
         for _, touched in self._scopes:  # each open scope checkpoints it at its end
