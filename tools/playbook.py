@@ -205,7 +205,10 @@ TOOLS = {
 ## capture-replay notes (python -m replayfmt.capture)
 
 * Needs cupti-python matching the driver's CUPTI (`pip install -e '.[capture]'`); CUPTI
-  allows one subscriber, so torch.profiler, nsys or ncu in the same process is a clear error.
+  allows one subscriber: a recorder started under torch.profiler, nsys or ncu is a clear error;
+  a profiler the program starts itself runs with its GPU side off (proton's start does nothing,
+  torch.profiler keeps its CPU events), said in a `note:` line; any other failure of the
+  program's own CUPTI client is traced to the conflict in one line.
 * Region mode (default) records everything; `--scope NAME` only inside
   `replayfmt.capture.scope(NAME)` blocks. The first touch of an allocation records its contents
   as the region's starting state (`state` rows: replay sets them before the region begins and
@@ -213,8 +216,10 @@ TOOLS = {
   its end, so `run-replay --verify` checks them.
 * Framework arenas (XLA preallocates most of the device as one; PyTorch's caching allocator keeps
   free blocks): in allocations of 16 MiB or more that JAX or PyTorch manages, only the live
-  buffers are snapshotted (`jax.live_arrays()`, the allocator's active blocks); the report says
-  how many bytes were skipped, which are undefined at replay. `--whole-allocations` snapshots
+  buffers are snapshotted (`jax.live_arrays()` with the arrays a step donates, the allocator's
+  active blocks; XLA's arena known by its size from the program's start); checkpoints compare
+  the buffers' own bytes; the report says how many bytes were skipped, which are undefined at
+  replay. `--whole-allocations` snapshots
   whole allocations; a snapshot over `--max-snapshot-gib` (16) that no framework describes is
   refused (the capture says why), never attempted.
 * Kernel mode: `--mode kernel --kernels REGEX [--skip-first N] [--max-per-kernel N]`; each
