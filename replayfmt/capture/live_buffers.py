@@ -111,6 +111,7 @@ class LiveBufferSource(Protocol):
 
 
 ARENA_SLACK = 64 << 20  # an arena's mapped size may differ from XLA's pool size by its rounding
+ARENA_MIN = 1 << 30  # smaller pools (XLA_PYTHON_CLIENT_PREALLOCATE=false) are no arena: known by their arrays only
 _ARENA_STATS = ("pool_bytes", "bytes_limit", "bytes_reservable_limit")  # memory_stats() keys naming the arena
 
 
@@ -153,13 +154,13 @@ class JaxLiveArrays:
 
 def _arena_sizes(jax: Any) -> tuple[tuple[int, int], ...]:
     """The (smallest, largest) size of each GPU's XLA arena (its pool, as ``memory_stats()`` says),
-    for those of LIVE_VIEW_MIN bytes or more; none when the backend is not started or says nothing."""
+    for those of ARENA_MIN bytes or more (a size that large is no other allocator's by chance)."""
     sizes = set()
     for device in jax.local_devices(backend="gpu"):
         stats = device.memory_stats() or {}
         for key in _ARENA_STATS:
             value = int(stats.get(key, 0) or 0)
-            if value >= LIVE_VIEW_MIN:
+            if value >= ARENA_MIN:
                 sizes.add((max(0, value - ARENA_SLACK), value + ARENA_SLACK))
     return tuple(sorted(sizes))
 
