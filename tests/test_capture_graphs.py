@@ -136,6 +136,10 @@ IDS = {
     "cuGraphExecKernelNodeSetParams_v2": 954,
     "cuGraphExecUpdate_v2": 956,
     "cuGraphExecMemsetNodeSetParams": 957,
+    "cuGraphExecChildGraphNodeSetParams": 958,
+    "cuGraphExecEventWaitNodeSetEvent": 959,
+    "cuGraphNodeSetEnabled": 960,
+    "cuGraphExecNodeSetParams": 961,
 }
 
 
@@ -212,6 +216,32 @@ def test_updates_become_events_and_an_unreadable_graph_says_why():
     assert replaced.graph_exec == EXEC and [n.kind for n in replaced.graph.nodes] == [_N.EMPTY]
     (node,) = unreadable.graph.nodes
     assert node.unsupported.startswith("cuGraphExecUpdate_v2: the recorder could not read the graph (KeyError")
+
+
+def test_child_graph_event_and_enable_changes_become_events():
+    """XLA's command buffers swap the graph a child node runs between launches
+    (cuGraphExecChildGraphNodeSetParams): the new child is read at the call, as are a changed
+    event, a node disabled, and a child graph given through cuGraphExecNodeSetParams."""
+    keep, source, seen, _ = graph_source()
+    call = caller(keep, source)
+    swap = struct.pack("<QQQ", EXEC, 13, CHILD + 5)
+    call("cuGraphExecChildGraphNodeSetParams", 0, swap)
+    call("cuGraphExecChildGraphNodeSetParams", 1, swap)
+    call("cuGraphExecChildGraphNodeSetParams", 0, swap)
+    call("cuGraphExecChildGraphNodeSetParams", 1, swap, result=1)  # it failed: no event
+    call("cuGraphExecEventWaitNodeSetEvent", 0, struct.pack("<QQQ", EXEC, 18, 0x32))
+    call("cuGraphExecEventWaitNodeSetEvent", 1, struct.pack("<QQQ", EXEC, 18, 0x32))
+    call("cuGraphNodeSetEnabled", 0, struct.pack("<QQI4x", EXEC, 11, 0))
+    call("cuGraphNodeSetEnabled", 1, struct.pack("<QQI4x", EXEC, 11, 0))
+    generic = keep.put(struct.pack("<i12xQ", 4, CHILD) + bytes(64))  # CUgraphNodeParams of a child graph
+    call("cuGraphExecNodeSetParams", 0, struct.pack("<QQQ", EXEC, 16, generic))
+    call("cuGraphExecNodeSetParams", 1, struct.pack("<QQQ", EXEC, 16, generic))
+    swapped, waited, disabled, nested = seen
+    assert (swapped.graph_exec, swapped.node, swapped.info.kind) == (EXEC, 13, _N.CHILD_GRAPH)
+    assert [n.kind for n in swapped.info.child.nodes] == [_N.EMPTY]
+    assert waited == ev.GraphNodeUpdated(EXEC, 18, ev.GraphNodeInfo(_N.EVENT_WAIT, event=0x32))
+    assert disabled == ev.GraphNodeEnabled(EXEC, 11, False)
+    assert [n.kind for n in nested.info.child.nodes] == [_N.HOST, _N.EMPTY]
 
 
 def test_kernel_mode_refuses_graph_launches():
@@ -408,3 +438,75 @@ def test_memset_and_memcpy_node_updates_write_new_versions_and_an_unread_change_
             "a memset node update named node 0x11, no such node",
             "cuGraphExecNodeSetParams changed a conditional node",
         ]
+
+
+def test_a_swapped_child_graph_and_a_disabled_node_write_new_graph_versions(tmp_path, cubin):
+    """A child node's graph swapped between launches (XLA's command buffers) and a node disabled:
+    each launch runs the graph as it was then, and enabling the node again returns to the first."""
+    k = ev.GraphKernel(kernel(), (1, 1, 1), (64, 1, 1), 0, saxpy_params(2.0, A, B, 64))
+    k3 = ev.GraphKernel(kernel(), (1, 1, 1), (64, 1, 1), 0, saxpy_params(3.0, A, B, 64))
+
+    def child(node: ev.GraphKernel) -> ev.GraphDescription:
+        return ev.GraphDescription([ev.GraphNodeInfo(_N.KERNEL, handle=0x21, kernel=node)], [])
+
+    outer = ev.GraphDescription(
+        [
+            ev.GraphNodeInfo(_N.CHILD_GRAPH, handle=0x30, child=child(k)),
+            ev.GraphNodeInfo(_N.MEMSET, handle=0x31, dst=C, value=0, element_size=4, width=64),
+        ],
+        [(0, 1)],
+    )
+    launch = ev.GraphLaunched(0xE0E0, 0x5000)
+    events = [
+        *setup_events(cubin),
+        ev.GraphInstantiated(0xE0E0, outer),
+        launch,
+        ev.GraphNodeUpdated(0xE0E0, 0x30, ev.GraphNodeInfo(_N.CHILD_GRAPH, child=child(k3))),
+        launch,
+        ev.GraphNodeEnabled(0xE0E0, 0x31, False),
+        launch,
+        ev.GraphNodeEnabled(0xE0E0, 0x31, True),
+        launch,
+        ev.GraphNodeEnabled(0xE0E0, 0x99, False),  # no such node: later launches are refused
+        launch,
+    ]
+    path, t = record(tmp_path, events, graph_memory())
+    assert not t.report.errors
+    with replayfmt.open(path) as cap:
+        objects = {o.id: o for o in cap.objects() if isinstance(o, m.Graph)}
+        ops = list(cap.iter_operations())
+        launched = [objects[op.graph] for op in ops if op.kind == m.OperationKind.GRAPH_LAUNCH]
+        assert len(launched) == 4
+        children = [objects[g.nodes[0].graph] for g in launched]
+        a = [np.frombuffer(c.nodes[0].parameters[:4], np.float32)[0] for c in children]
+        assert a == [2.0, 3.0, 3.0, 3.0]
+        assert [g.nodes[1].kind for g in launched] == [_N.MEMSET, _N.MEMSET, _N.EMPTY, _N.MEMSET]
+        assert launched[3] is not launched[2] and launched[3].id == launched[1].id  # written once per version
+        (refused,) = [op for op in ops if op.kind == m.OperationKind.UNSUPPORTED]
+        assert refused.reason == "cuGraphNodeSetEnabled named node 0x99, no node of the executable graph"
+
+
+def test_a_node_of_a_child_graph_is_updated_and_an_unreadable_body_says_why(tmp_path, cubin):
+    k2 = ev.GraphKernel(kernel(), (1, 1, 1), (64, 1, 1), 0, saxpy_params(2.0, A, B, 64))
+    k5 = ev.GraphKernel(kernel(), (1, 1, 1), (64, 1, 1), 0, saxpy_params(5.0, A, B, 64))
+    child = ev.GraphDescription([ev.GraphNodeInfo(_N.KERNEL, handle=0x21, kernel=k2)], [])
+    nested = ev.GraphDescription([ev.GraphNodeInfo(_N.CHILD_GRAPH, handle=0x30, child=child)], [])
+    loop = ev.GraphDescription([ev.GraphNodeInfo(_N.EMPTY, handle=0x40, unsupported="a conditional node")], [])
+    events = [
+        *setup_events(cubin),
+        ev.GraphInstantiated(1, nested),
+        ev.GraphKernelUpdated(1, 0x21, k5),  # a node inside the child graph
+        ev.GraphLaunched(1, 0x5000),
+        ev.GraphInstantiated(2, loop),
+        ev.GraphNodeUpdated(2, 0x77, ev.GraphNodeInfo(_N.MEMCPY, src=A, dst=B, size=4)),  # in the loop's body
+        ev.GraphLaunched(2, 0x5000),
+    ]
+    path, _t = record(tmp_path, events, graph_memory())
+    with replayfmt.open(path) as cap:
+        graphs = {o.id: o for o in cap.objects() if isinstance(o, m.Graph)}
+        ops = list(cap.iter_operations())
+        (launch,) = [op for op in ops if op.kind == m.OperationKind.GRAPH_LAUNCH]
+        inner = graphs[graphs[launch.graph].nodes[0].graph]
+        assert np.frombuffer(inner.nodes[0].parameters[:4], np.float32)[0] == 5.0
+        (refused,) = [op for op in ops if op.kind == m.OperationKind.UNSUPPORTED]
+        assert refused.reason == "a conditional node"

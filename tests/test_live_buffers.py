@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 from test_capture_translate import FakeMemory
@@ -17,13 +18,16 @@ from replayfmt.capture.hostfiles import HostFiles
 from replayfmt.capture.live_buffers import (
     ByteRange,
     LiveBuffers,
+    LiveRanges,
     LiveView,
     TorchCachingAllocator,
     clip,
+    may_hold_addresses,
     merge,
     torch_view,
     widen,
 )
+from replayfmt.cuda.driver import CudaCallError
 from replayfmt.errors import ReplayError
 from replayfmt.format import model as m
 from replayfmt.replay.plan import PlanOptions, build_plan
@@ -186,11 +190,12 @@ def test_state_and_checkpoints_cover_live_buffers_only(tmp_path):
     ]
     path, t = record(tmp_path, events, memory, live)
     assert not t.report.errors
-    spans = [(MiB, 8192), (3 * MiB, 1024)]
-    assert t.report.snapshot_bytes == 2 * sum(size for _, size in spans)  # state, then the checkpoint
-    assert t.report.skipped_bytes == 2 * (4 * MiB - sum(size for _, size in spans))
+    spans = [(MiB, 8192), (3 * MiB, 1024)]  # the state: live buffers widened to 256 bytes
+    exact = [(MiB, 8192), (3 * MiB, 1000)]  # the checkpoint: the buffers' own bytes
+    assert t.report.snapshot_bytes == sum(size for _, size in spans + exact)  # state, then the checkpoint
+    assert t.report.skipped_bytes == 2 * 4 * MiB - sum(size for _, size in spans + exact)
     assert t.report.live_sources == {"jax"}
-    assert "snapshots skipped 8370176 bytes outside live buffers (jax)" in "\n".join(t.report.lines())
+    assert "snapshots skipped 8370200 bytes outside live buffers (jax)" in "\n".join(t.report.lines())
     assert source.calls == 2  # once for the region's state, once for its checkpoint
     with replayfmt.open(path) as cap:
         ops = list(cap.iter_operations())
@@ -200,9 +205,9 @@ def test_state_and_checkpoints_cover_live_buffers_only(tmp_path):
         for state in states:
             assert cap.read_payload(state.payload) == original[state.offset : state.offset + state.size]
         checkpoint = next(op for op in ops if op.kind == m.OperationKind.CHECKPOINT)
-        assert [(e.offset, e.size) for e in checkpoint.entries] == spans
+        assert [(e.offset, e.size) for e in checkpoint.entries] == exact
         after = cap.read_payload(checkpoint.entries[1].payload)
-        assert after[:16] == b"\xff" * 16 and after[16:] == original[3 * MiB + 16 : 3 * MiB + 1024]
+        assert after[:16] == b"\xff" * 16 and after[16:] == original[3 * MiB + 16 : 3 * MiB + 1000]
         build_plan(cap, PlanOptions())  # replayable
 
 
@@ -259,3 +264,140 @@ def test_frameworks_sharing_an_allocation_each_keep_their_live_buffers():
     ranges = LiveBuffers([jax, torch], min_size=0, gap=0).ranges(ARENA, 64 * MiB, step=1)
     assert ranges.source == "jax+torch"
     assert ranges.ranges == [ByteRange(ARENA, ARENA + 4096), ByteRange(ARENA + 8 * MiB, ARENA + 8 * MiB + 512)]
+
+
+class DonatingSource(FakeSource):
+    """JAX as a donating step sees it: asked at the region's start, then after the step deleted
+    the arrays it donated (``after``), with its arena known by size."""
+
+    donates = True
+
+    def __init__(self, live, after, arena_sizes=()) -> None:
+        super().__init__("jax", live)
+        self.after, self.arena_sizes = list(after), tuple(arena_sizes)
+
+    def view(self) -> LiveView | None:
+        self.calls += 1
+        live = self.live if self.calls == 1 else self.after
+        return LiveView(self.name, tuple(merge(live)), arena_sizes=self.arena_sizes)
+
+
+def test_an_arena_known_by_size_speaks_before_any_array_lives_in_it():
+    """A region that starts with the program (no --scope): XLA's arena holds no array yet, and its
+    size says it is JAX's, so nothing of it is snapshotted rather than all of it refused."""
+    jax = DonatingSource([], [], arena_sizes=[(4 * MiB - 64, 4 * MiB + 64)])
+    live = LiveBuffers([jax], min_size=0)
+    assert live.ranges(ARENA, 4 * MiB, step=1) == LiveRanges("jax", [])
+    assert live.ranges(ARENA, 8 * MiB, step=1) is None  # another size, no array inside: not JAX's
+
+
+def test_buffers_donated_by_the_step_count_from_the_regions_start(tmp_path):
+    """The step deletes what it donates before its kernels run: the view held at the region's start
+    keeps those bytes in the state (they are what the step reads)."""
+    memory = arena_memory()
+    donated, kept = ByteRange(ARENA + MiB, ARENA + MiB + 4096), ByteRange(ARENA + 2 * MiB, ARENA + 2 * MiB + 512)
+    jax = DonatingSource([donated, kept], [kept])
+    events = [ev.Allocation(ARENA, 4 * MiB, call="cuMemMap"), ev.Memset(ARENA + 3 * MiB, 0, 4, 16)]
+    path, t = record(tmp_path, events, memory, LiveBuffers([jax], min_size=MiB, gap=0))
+    assert not t.report.errors
+    with replayfmt.open(path) as cap:
+        states = [op for op in cap.iter_operations() if op.kind == m.OperationKind.STATE]
+        assert [(s.offset, s.size) for s in states] == [(MiB, 4096), (2 * MiB, 512)]
+
+
+class RefusingMemory(FakeMemory):
+    """A device whose copies of one range fail, as cuMemcpyDtoHAsync answers for memory that is not
+    (or no longer) mapped."""
+
+    def snapshot(self, address: int, size: int, stream, writer, inspect=None) -> int:
+        if address == ARENA:
+            raise CudaCallError(
+                "cuMemcpyDtoHAsync (snapshot) failed: CUDA_ERROR_INVALID_VALUE", "CUDA_ERROR_INVALID_VALUE"
+            )
+        return super().snapshot(address, size, stream, writer, inspect)
+
+
+def test_a_refused_snapshot_names_the_buffer_and_the_capture_refuses_to_replay(tmp_path):
+    memory = RefusingMemory()
+    memory.device[ARENA] = bytearray(4096)
+    events = [ev.Allocation(ARENA, 4096, call="cuMemAlloc_v2"), ev.Memset(ARENA + 64, 0, 4, 16)]
+    path, t = record(tmp_path, events, memory, LiveBuffers([], min_size=MiB))
+    reason = (
+        f"snapshot of buffer 2 failed: 4096 bytes at offset 0 of 4096 bytes at {ARENA:#x} (cuMemAlloc_v2): "
+        "cuMemcpyDtoHAsync (snapshot) failed: CUDA_ERROR_INVALID_VALUE"
+    )
+    assert t.report.errors[0] == reason and t.report.unsupported == {"snapshot": 1}
+    with replayfmt.open(path) as cap, pytest.raises(ReplayError, match="snapshot of buffer 2 failed"):
+        build_plan(cap, PlanOptions())
+
+
+class PaddedSource(FakeSource):
+    """A framework whose buffers are padded by its allocator (XLA rounds each to 256 bytes)."""
+
+    def __init__(self, exact) -> None:
+        super().__init__("jax", [widen(r) for r in exact])
+        self.exact = list(exact)
+
+    def view(self) -> LiveView | None:
+        self.calls += 1
+        return LiveView(self.name, tuple(merge(self.live)), exact=tuple(merge(self.exact)))
+
+
+@pytest.mark.parametrize("inside", [False, True])
+def test_stored_addresses_are_looked_for_in_the_buffers_own_bytes_only(tmp_path, inside):
+    """Padding after a scalar holds what earlier work left (a pointer table of another step): it is
+    state, but no sign that the step reads stored addresses; inside the buffer it is one."""
+    memory = arena_memory()
+    other = ARENA + 8 * MiB
+    memory.device[other] = bytearray(4096)
+    scalar = ARENA + MiB
+    where = MiB + (0 if inside else 64)
+    memory.device[ARENA][where : where + 8] = other.to_bytes(8, "little")
+    source = PaddedSource([ByteRange(scalar, scalar + (16 if inside else 4))])
+    events = [ev.Allocation(ARENA, 4 * MiB), ev.Allocation(other, 4096), ev.Memset(ARENA + 3 * MiB, 0, 4, 16)]
+    path, t = record(tmp_path, events, memory, LiveBuffers([source], min_size=MiB, gap=0))
+    assert bool(t.report.needs_fixed_addresses) == inside
+    with replayfmt.open(path) as cap:
+        ops = list(cap.iter_operations())
+        assert next((s.offset, s.size) for s in ops if s.kind == m.OperationKind.STATE) == (MiB, 256)
+        checkpoint = next(op for op in ops if op.kind == m.OperationKind.CHECKPOINT)
+        assert next((e.offset, e.size) for e in checkpoint.entries) == (MiB, 16 if inside else 4)
+
+
+class TypedSource(FakeSource):
+    """JAX's view with dtypes: only the buffers in ``wide`` are of a type that can hold addresses."""
+
+    def __init__(self, exact, wide) -> None:
+        super().__init__("jax", exact)
+        self.wide = list(wide)
+
+    def view(self) -> LiveView | None:
+        self.calls += 1
+        live = tuple(merge(self.live))
+        return LiveView(self.name, live, exact=live, addresses=tuple(merge(self.wide)))
+
+
+@pytest.mark.parametrize("wide", [False, True])
+def test_an_int32_arrays_pairs_are_no_stored_addresses(tmp_path, wide):
+    """Labels (5, 6) as two int32s read 0x500000006: inside an arena at a low address, yet no
+    address; a 64-bit integer array holding the same word may be a pointer table."""
+    memory = FakeMemory()
+    low = 0x3_0000_0000
+    memory.device[low] = bytearray(4 * MiB)
+    memory.device[low][MiB : MiB + 8] = np.array([6, 5], np.int32).tobytes()
+    labels = ByteRange(low + MiB, low + MiB + 4096)
+    source = TypedSource([labels], [labels] if wide else [])
+    events = [ev.Allocation(low, 4 * MiB), ev.Allocation(0x5_0000_0000, 4096), ev.Memset(low + 3 * MiB, 0, 4, 4)]
+    _, t = record(tmp_path, events, memory, LiveBuffers([source], min_size=MiB, gap=0))
+    assert bool(t.report.needs_fixed_addresses) == wide
+
+
+def test_which_dtypes_can_hold_addresses():
+    assert [may_hold_addresses(np.dtype(d)) for d in ("int32", "float64", "uint64", "int64", "V8", "float16")] == [
+        False,
+        False,
+        True,
+        True,
+        True,
+        False,
+    ]

@@ -10,7 +10,7 @@ from samples import SAXPY
 
 import replayfmt
 from replayfmt.capture import events as ev
-from replayfmt.capture.original_times import OriginalTimes, operation_times
+from replayfmt.capture.original_times import OriginalTimes, graph_times, operation_times
 from replayfmt.capture.report import Report
 from replayfmt.cuda.activity import RECORD_SIZES, ActivityBatch, ActivityKind, ActivityRecord, parse_records
 from replayfmt.dump import Dumper
@@ -280,6 +280,21 @@ def test_operation_times_take_the_program_record_of_a_call():
         ActivityRecord(k, "memcpy DtoH", 45, 60, 0, 1, 5, bytes=1 << 20),
     ]
     assert operation_times(records, {5: (3, k, 4096)}) == [OperationTime(3, 25, 15)]
+
+
+def test_a_graph_launch_is_timed_by_its_nodes_busy_time():
+    """XLA runs a step as one graph launch: its nodes' records carry the launch's correlation id and
+    a graph node; the recorder's snapshot work in the callback (no node) is left out, and the time
+    is the union of the nodes' intervals, from the first node's start."""
+    k = ActivityKind
+    records = [
+        ActivityRecord(k.MEMCPY, "memcpy DtoH", 10, 40, 0, 1, 5, bytes=4096),  # the snapshot of its inputs
+        ActivityRecord(k.CONCURRENT_KERNEL, "a", 100, 150, 0, 1, 5, graph_node=1),
+        ActivityRecord(k.CONCURRENT_KERNEL, "b", 140, 180, 0, 1, 5, graph_node=2),  # overlaps a
+        ActivityRecord(k.MEMSET, "memset", 300, 310, 0, 1, 5, graph_node=3, bytes=64),  # after a gap
+        ActivityRecord(k.CONCURRENT_KERNEL, "c", 100, 900, 0, 1, 6, graph_node=1),  # another launch, unbound
+    ]
+    assert graph_times(records, {5: 4}) == [OperationTime(4, 100, 90)]
 
 
 # -- benchmark-replay's text --------------------------------------------------------------------

@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from replayfmt.capture import CaptureMode, Recorder, RecordOptions
+from replayfmt.capture.profilers import conflict_line
 from replayfmt.cuda.address_space import restart_without_aslr
 from replayfmt.format import model as m
 from replayfmt_tools.common import (
@@ -146,16 +147,22 @@ def main(
     sys.argv = [script, *args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     namespace: dict[str, object] = {}  # the script's globals live until the final checkpoint (live buffers)
+    conflict: str | None = None
     try:
         namespace = runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except Exception as exc:  # the program's own failure: its traceback follows; a CUPTI conflict is said first
+        conflict = conflict_line(exc)
+        raise
     finally:
         report = recorder.close()
         namespace.clear()
         if not quiet:
             for line in report.lines():
                 click.echo(line, err=True)
+        if conflict:
+            click.echo(f"capture-replay: {conflict}", err=True)
     verdict = report.verdict
     if code or verdict is None or verdict.replayable:
         return code

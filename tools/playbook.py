@@ -244,7 +244,10 @@ TOOLS = {
 ## capture-replay notes (python -m replayfmt.capture)
 
 * Needs cupti-python matching the driver's CUPTI (`pip install -e '.[capture]'`); CUPTI
-  allows one subscriber, so torch.profiler, nsys or ncu in the same process is a clear error.
+  allows one subscriber: a recorder started under torch.profiler, nsys or ncu is a clear error;
+  a profiler the program starts itself runs with its GPU side off (proton's start does nothing,
+  torch.profiler keeps its CPU events), said in a `note:` line; any other failure of the
+  program's own CUPTI client is traced to the conflict in one line.
 * `-o` is checked before CUDA or the program start (a missing or read-only directory, an
   existing file: it is replaced only with `--overwrite`).
 * Region mode (default) records everything; `--scope NAME` only inside
@@ -254,8 +257,10 @@ TOOLS = {
   its end, so `run-replay --verify` checks them.
 * Framework arenas (XLA preallocates most of the device as one; PyTorch's caching allocator keeps
   free blocks): in allocations of 16 MiB or more that JAX or PyTorch manages, only the live
-  buffers are snapshotted (`jax.live_arrays()`, the allocator's active blocks); the report says
-  how many bytes were skipped, which are undefined at replay. `--whole-allocations` snapshots
+  buffers are snapshotted (`jax.live_arrays()` with the arrays a step donates, the allocator's
+  active blocks; XLA's arena known by its size from the program's start); checkpoints compare
+  the buffers' own bytes; the report says how many bytes were skipped, which are undefined at
+  replay. `--whole-allocations` snapshots
   whole allocations; a snapshot over `--max-snapshot-gib` (16) that no framework describes is
   refused (the capture says why), never attempted.
 * Kernel mode: `--mode kernel --kernels REGEX [--skip-first N] [--max-per-kernel N]`; each
@@ -280,9 +285,11 @@ TOOLS = {
   `--executable-substitution` reach kernel nodes. Region mode only. An executable changed
   between launches is written again as a new graph: cuGraphExecUpdate,
   cuGraphExecKernelNodeSetParams, cuGraphExecMemsetNodeSetParams,
-  cuGraphExecMemcpyNodeSetParams, and cuGraphExecNodeSetParams on those node kinds. Other node
-  updates (host, child-graph and event nodes, cuGraphNodeSetEnabled), host-memory and 2D/3D
-  memcpy nodes, memory-allocation and conditional nodes are recorded as unsupported.
+  cuGraphExecMemcpyNodeSetParams, cuGraphExecNodeSetParams, cuGraphExecChildGraphNodeSetParams,
+  cuGraphExecEventRecordNodeSetEvent, cuGraphExecEventWaitNodeSetEvent,
+  cuGraphExecHostNodeSetParams and cuGraphNodeSetEnabled (a disabled node is written as an empty
+  node), inside child graphs too. Host-memory and 2D/3D memcpy nodes, memory-allocation and
+  conditional nodes are recorded as unsupported.
 * Not reproducible, recorded as unsupported (replay refuses): IPC, NCCL kernels, peer and 2D/3D
   copies.
 * The report at the end lists kernels seen, instances captured and bytes stored, and any error

@@ -31,7 +31,7 @@ from replayfmt.capture.cupti_api import (
     RESOURCE_MODULE_UNLOAD_STARTING,
     Cupti,
 )
-from replayfmt.capture.graphs import GRAPH_NODE_UPDATES, GRAPH_UPDATES_NOT_FOLLOWED, GraphCalls
+from replayfmt.capture.graphs import GRAPH_NODE_CHANGES, GRAPH_NODE_UPDATES, GRAPH_UPDATES_NOT_FOLLOWED, GraphCalls
 from replayfmt.capture.process_memory import MEMORY, c_string, image_bytes, read, u64
 from replayfmt.cuda.driver import driver
 from replayfmt.cuda.functions import parameter_layout
@@ -543,6 +543,7 @@ for _names, _decoder in [
     ),
     (_variants("cuStreamEndCapture"), GraphCalls._on_capture_end),
     (GRAPH_NODE_UPDATES, GraphCalls._on_graph_node_update),
+    (GRAPH_NODE_CHANGES, GraphCalls._on_graph_node_change),
     (GRAPH_UPDATES_NOT_FOLLOWED, _refusal_decoder("this change to an executable graph is not followed yet")),
     (
         ["cuIpcOpenMemHandle", "cuIpcOpenMemHandle_v2", "cuIpcGetMemHandle"],

@@ -1,4 +1,5 @@
-"""Framework metadata for captures: Triton's argument names and kinds, PyTorch tensor types.
+"""Framework metadata for captures: Triton's argument names and kinds, PyTorch tensor types; and
+the guards that turn off the program's own CUPTI clients (:mod:`profilers`).
 
 Each hook is installed only when its framework is already imported, through the framework's own
 hook mechanism (Triton's hook chains with add/remove, a PyTorch dispatch mode), and every
@@ -13,6 +14,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from replayfmt.capture import profilers
 from replayfmt.capture.allocations import TensorLabel
 from replayfmt.capture.labels import KernelAnnotation
 from replayfmt.capture.translate import Translator
@@ -156,6 +158,14 @@ def _install_torch(translator: Translator) -> Callable[[], None] | None:
     return lambda: mode.__exit__(None, None, None)
 
 
+def _install_proton(translator: Translator) -> Callable[[], None] | None:
+    return profilers.install_proton(translator.report.notes)
+
+
+def _install_torch_profiler(translator: Translator) -> Callable[[], None] | None:
+    return profilers.install_torch_profiler(translator.report.notes)
+
+
 class _AfterImport(importlib.abc.MetaPathFinder):
     """Runs ``install`` once module ``name`` is imported: under ``python -m replayfmt.capture``
     the recorder starts before the program imports its frameworks."""
@@ -200,6 +210,7 @@ def enrich(translator: Translator) -> list[Callable[[], None]]:
             removers.append(remove)
 
     wanted = [("triton", _install_triton)] + ([("torch", _install_torch)] if translator.options.label_tensors else [])
+    wanted += [("triton.profiler", _install_proton), ("torch.profiler", _install_torch_profiler)]
     for name, installer in wanted:
         if name in sys.modules:
             install(installer)

@@ -291,6 +291,16 @@ class GraphNodeUpdated:
 
 
 @dataclass(slots=True)
+class GraphNodeEnabled:
+    """cuGraphNodeSetEnabled: a node of an executable graph was disabled (it runs as an empty
+    node) or enabled again."""
+
+    graph_exec: int
+    node: int  # the CUgraphNode handle (of the graph it was instantiated from)
+    enabled: bool
+
+
+@dataclass(slots=True)
 class GraphExecDestroyed:
     graph_exec: int
 
@@ -338,6 +348,7 @@ Event = (
     | GraphInstantiated
     | GraphKernelUpdated
     | GraphNodeUpdated
+    | GraphNodeEnabled
     | GraphExecDestroyed
     | GraphLaunched
     | NotReproducible

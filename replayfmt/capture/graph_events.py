@@ -3,8 +3,10 @@ executable graphs followed from their instantiation, graph launches written as G
 GraphLaunch operations.
 
 An executable graph is described when it is instantiated, and again when cuGraphExecUpdate
-gives it another graph; a kernel-node update (cuGraphExecKernelNodeSetParams) changes the node
-it names. At its first launch in a region it becomes a :class:`model.Graph` object: kernel nodes
+gives it another graph; a node update (cuGraphExecKernelNodeSetParams and kin, a child graph
+swapped in by cuGraphExecChildGraphNodeSetParams, an event changed) replaces the node it names,
+and a node disabled with cuGraphNodeSetEnabled is written as an empty node until enabled again.
+At its first launch in a region it becomes a :class:`model.Graph` object: kernel nodes
 with relocations worked out exactly as for launches, copies and memsets with their buffers,
 events, child graphs (written first) and the dependency edges. A launch snapshots every
 allocation the graph touches first (as a launch does, before the launch runs) and writes a
@@ -40,6 +42,7 @@ class GraphExecutable:
     targets: list[Allocation] = field(default_factory=list)
     kernels: list[str] = field(default_factory=list)
     broken: str = ""  # why its launches cannot be replayed ("" when they can)
+    disabled: set[int] = field(default_factory=set)  # node handles disabled (cuGraphNodeSetEnabled): run as empty
 
 
 class Unrecordable(Exception):
@@ -84,6 +87,22 @@ class GraphEvents:
         missing = f"a {event.info.kind.name.lower()} node update named node {event.node:#x}, no such node"
         self._update_node(event.graph_exec, event.node, event.info, missing)
 
+    def _on_graph_node_enabled(self, event: ev.GraphNodeEnabled) -> None:
+        """A disabled node is written as an empty node (its edges still order the others)."""
+        executable = self._executables.get(event.graph_exec)
+        if executable is None:
+            return
+        if not any(node.handle == event.node for node in executable.description.nodes):
+            executable.broken = f"cuGraphNodeSetEnabled named node {event.node:#x}, no node of the executable graph"
+            return
+        before = set(executable.disabled)
+        if event.enabled:
+            executable.disabled.discard(event.node)
+        else:
+            executable.disabled.add(event.node)
+        if executable.disabled != before:
+            executable.graph = 0
+
     def _update_node(self, graph_exec: int, handle: int, info: ev.GraphNodeInfo, missing: str) -> None:
         """Node ``handle`` of the executable's graph becomes ``info`` (its graph is written again at
         the next launch); an update the recorder cannot read, or of no such node, refuses its
@@ -94,13 +113,12 @@ class GraphEvents:
         if info.unsupported:
             executable.broken = info.unsupported
             return
-        for index, node in enumerate(executable.description.nodes):
-            if node.handle == handle and node.kind == info.kind:
-                info.handle = handle
-                executable.description.nodes[index] = info
-                executable.graph = 0
-                return
-        executable.broken = missing
+        if _replace(executable.description, handle, info):
+            executable.graph = 0
+            return
+        # a node the description does not hold: inside a node the recorder cannot read (a
+        # conditional node's body: XLA's while loops), whose reason says more than the handle
+        executable.broken = _unsupported_reason(executable.description) or missing
 
     def _on_graph_launched(self, event: ev.GraphLaunched) -> None:
         if not self._recording:
@@ -117,7 +135,7 @@ class GraphEvents:
         epoch = self.allocations.epoch
         if executable.graph == 0 or executable.epoch != epoch:
             try:
-                graph, targets, kernels = self._graph_object(executable.description)
+                graph, targets, kernels = self._graph_object(executable.description, executable.disabled)
             except Unrecordable as exc:
                 self._unsupported("cuGraphLaunch", str(exc), event.stream)
                 return
@@ -132,13 +150,19 @@ class GraphEvents:
             stats.occurrences += 1
             stats.captured += 1
 
-    def _graph_object(self, description: ev.GraphDescription) -> tuple[m.Graph, list[Allocation], list[str]]:
+    def _graph_object(
+        self, description: ev.GraphDescription, disabled: set[int] | None = None
+    ) -> tuple[m.Graph, list[Allocation], list[str]]:
         """The Graph object of a description (child graphs written first), the allocations its
-        nodes touch and the names of its kernels (one per kernel node)."""
+        nodes touch and the names of its kernels (one per kernel node); ``disabled`` nodes (by
+        handle) become empty nodes."""
         nodes: list[GraphNode] = []
         targets: list[Allocation] = []
         kernels: list[str] = []
         for info in description.nodes:
+            if disabled and info.handle in disabled:
+                nodes.append(GraphNode(kind=_N.EMPTY))
+                continue
             if info.unsupported:
                 raise Unrecordable(info.unsupported)
             node, touched = self._graph_node(info, kernels)
@@ -218,3 +242,23 @@ class GraphEvents:
             raise Unrecordable(f"a graph node uses address {address:#x}, in no recorded allocation")
         self._buffer(allocation)
         return allocation
+
+
+def _replace(description: ev.GraphDescription, handle: int, info: ev.GraphNodeInfo) -> bool:
+    """Put ``info`` in place of node ``handle`` of the same kind, in ``description`` or in one of
+    its child graphs (a node of a child graph can be updated through the executable too)."""
+    for index, node in enumerate(description.nodes):
+        if node.handle == handle and node.kind == info.kind:
+            info.handle = handle
+            description.nodes[index] = info
+            return True
+    return any(node.child is not None and _replace(node.child, handle, info) for node in description.nodes)
+
+
+def _unsupported_reason(description: ev.GraphDescription) -> str:
+    for node in description.nodes:
+        if node.unsupported:
+            return node.unsupported
+        if node.child is not None and (reason := _unsupported_reason(node.child)):
+            return reason
+    return ""

@@ -3,8 +3,10 @@
 
 A graph is read with the driver's node queries when it is instantiated (cuGraphInstantiate*:
 PyTorch destroys its graph right after) and again when an executable graph is wholly updated
-(cuGraphExecUpdate); a single kernel-node update (cuGraphExecKernelNodeSetParams) is read from
-the call's own parameters while the caller's argument pointers are valid. What a graph holds
+(cuGraphExecUpdate); a single node update (cuGraphExecKernelNodeSetParams and kin; a child graph
+swapped in by cuGraphExecChildGraphNodeSetParams, as XLA's command buffers do between launches;
+an event changed; a node disabled or enabled again) is read from the call's own parameters while
+the caller's pointers are valid. What a graph holds
 becomes an :class:`events.GraphDescription` (nodes with their parameters, dependency edges), so
 a launch (cuGraphLaunch) is recorded as a Graph object and a GraphLaunch operation. Graphs made
 by stream capture and by the explicit API are read the same way. Node kinds read: kernel,
@@ -242,9 +244,47 @@ class GraphCalls:
             return ev.GraphNodeUpdated(graph_exec, node, memset_node(read(params + 16, _MEMSET_PARAMS.size)))
         if kind == MEMCPY:  # CUDA_MEMCPY_NODE_PARAMS: flags, reserved, copyCtx, then the CUDA_MEMCPY3D
             return ev.GraphNodeUpdated(graph_exec, node, memcpy_node(read(params + 32, _MEMCPY_SIZE)))
+        if kind == GRAPH:  # CUDA_CHILD_GRAPH_NODE_PARAMS: the graph whose copy the node runs now
+            return ev.GraphNodeUpdated(graph_exec, node, self._child(u64(params + 16), call))
+        if kind in (EVENT_RECORD, WAIT_EVENT):  # CUDA_EVENT_RECORD_NODE_PARAMS / _WAIT_: the event
+            event_kind = _N.EVENT_RECORD if kind == EVENT_RECORD else _N.EVENT_WAIT
+            return ev.GraphNodeUpdated(graph_exec, node, ev.GraphNodeInfo(event_kind, event=u64(params + 16)))
+        if kind == HOST:  # a host function is not recorded (its node replays as a no-op): nothing changes
+            return ev.GraphNodeUpdated(graph_exec, node, ev.GraphNodeInfo(_N.HOST))
         what = NODE_TYPE_NAMES.get(kind, f"type {kind}")
         reason = f"{call} changed a {what} node, which the recorder does not follow yet"
         return ev.GraphNodeUpdated(graph_exec, node, ev.GraphNodeInfo(_N.EMPTY, unsupported=reason))
+
+    def _child(self, graph: int, call: str) -> ev.GraphNodeInfo:
+        """A child-graph node that now runs a copy of ``graph`` (read now: the caller may change
+        or destroy ``graph`` once the call returned)."""
+        return ev.GraphNodeInfo(_N.CHILD_GRAPH, child=self._described(graph, call))
+
+    def _on_graph_node_change(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
+        """The node changes whose parameters are handles, not pointers to structs:
+        cuGraphExecChildGraphNodeSetParams (exec, node, child graph: XLA's command buffers update
+        their nested command buffers so), cuGraphExec{EventRecord,EventWait}NodeSetEvent (exec,
+        node, event), cuGraphExecHostNodeSetParams (exec, node, params) and cuGraphNodeSetEnabled
+        (exec, node, enabled). Read at entry, sent once the call succeeded."""
+        graph_exec, node, value = struct.unpack_from("<QQQ", MEMORY, p)
+        thread = threading.get_ident()
+        if site == ENTER:
+            update: ev.Event
+            if call == "cuGraphExecChildGraphNodeSetParams":
+                update = ev.GraphNodeUpdated(graph_exec, node, self._child(value, call))
+            elif call == "cuGraphExecEventRecordNodeSetEvent":
+                update = ev.GraphNodeUpdated(graph_exec, node, ev.GraphNodeInfo(_N.EVENT_RECORD, event=value))
+            elif call == "cuGraphExecEventWaitNodeSetEvent":
+                update = ev.GraphNodeUpdated(graph_exec, node, ev.GraphNodeInfo(_N.EVENT_WAIT, event=value))
+            elif call == "cuGraphExecHostNodeSetParams":
+                update = ev.GraphNodeUpdated(graph_exec, node, ev.GraphNodeInfo(_N.HOST))
+            else:  # cuGraphNodeSetEnabled (hGraphExec, hNode, unsigned int isEnabled)
+                update = ev.GraphNodeEnabled(graph_exec, node, (value & 0xFFFFFFFF) != 0)
+            self._pending_updates[thread] = update
+            return
+        pending = self._pending_updates.pop(thread, None)
+        if pending is not None and self._succeeded(result):
+            self._sink(pending)
 
     def _on_graph_exec_destroy(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
         if site == ENTER:
@@ -291,11 +331,15 @@ GRAPH_NODE_UPDATES = [
 ]
 """Changes to an executable graph's nodes the recorder follows (as new versions of its graph)."""
 
-GRAPH_UPDATES_NOT_FOLLOWED = [
-    "cuGraphExecHostNodeSetParams",
+GRAPH_NODE_CHANGES = [
     "cuGraphExecChildGraphNodeSetParams",
     "cuGraphExecEventRecordNodeSetEvent",
     "cuGraphExecEventWaitNodeSetEvent",
+    "cuGraphExecHostNodeSetParams",
     "cuGraphNodeSetEnabled",
 ]
-"""Changes to an executable graph's nodes the recorder does not follow (refused at the call)."""
+"""Changes to an executable graph's nodes given by handle, followed too (``_on_graph_node_change``)."""
+
+GRAPH_UPDATES_NOT_FOLLOWED: list[str] = []
+"""Changes to an executable graph's nodes the recorder does not follow (refused at the call): none
+that the driver offers today; a new one is refused here until it is read."""

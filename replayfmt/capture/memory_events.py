@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from replayfmt.capture import events as ev
 from replayfmt.capture.allocations import Allocation, AllocationTable, Extent
+from replayfmt.errors import DeviceError
 from replayfmt.format import model as m
 
 if TYPE_CHECKING:
@@ -48,6 +49,9 @@ class MemoryEvents:
         def _buffer(self, allocation: Allocation) -> int: ...
         def _stream(self, handle: int) -> int: ...
         def _touch(self, allocation: Allocation, stream: int, kernel: str) -> None: ...
+        def _snapshot_failed(
+            self, allocation: Allocation, buffer: int, offset: int, size: int, exc: Exception
+        ) -> None: ...
 
     def _on_allocation(self, event: ev.Allocation) -> None:
         self.allocations.add(event.address, event.size, event.api, event.call)
@@ -107,7 +111,11 @@ class MemoryEvents:
             allocation.latest = allocation.before
             return
         started = time.perf_counter()
-        data = self.memory.read(allocation.address, allocation.size, stream)
+        try:
+            data = self.memory.read(allocation.address, allocation.size, stream)
+        except DeviceError as exc:  # the replay would start from stale bytes: it must refuse, saying which
+            self._snapshot_failed(allocation, self._buffer(allocation), 0, allocation.size, exc)
+            return
         self.report.snapshot_seconds += time.perf_counter() - started
         payload = self.writer.add_payload(data)
         if payload != allocation.latest:

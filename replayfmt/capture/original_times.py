@@ -43,6 +43,7 @@ class OriginalTimes:
         self.lock = threading.RLock()
         # correlation id -> (operation index, the record kind it issues, kernel name or bytes)
         self._bound: dict[int, tuple[int, ActivityKind, str | int]] = {}
+        self._graphs: dict[int, int] = {}  # correlation id of a cuGraphLaunch -> its GraphLaunch operation
         self.activity: KernelActivity | None = None
         self.note = ""
         if not enabled:
@@ -67,7 +68,7 @@ class OriginalTimes:
         """``handle`` (the translator's), binding the operations it writes for the program."""
         if self.activity is None:
             return handle
-        writer, report, bound, lock = self.writer, self.report, self._bound, self.lock
+        writer, report, bound, graphs, lock = self.writer, self.report, self._bound, self._graphs, self.lock
         kernels, unsupported = report.kernels, report.unsupported
         launch, kernel_kind = ev.LaunchBegin, ActivityKind.CONCURRENT_KERNEL
 
@@ -81,6 +82,12 @@ class OriginalTimes:
                     stats = kernels.get(name)
                     if stats is not None and stats.captured != captured:
                         bound[self.correlation()] = (writer.operation_count - 1, kernel_kind, name)
+                    return
+                if type(event) is ev.GraphLaunched:  # its nodes' records carry the launch's correlation id
+                    launches = report.graph_launches
+                    handle(event)
+                    if report.graph_launches != launches:
+                        graphs[self.correlation()] = writer.operation_count - 1
                     return
                 if not isinstance(event, _DEVICE_EVENTS):
                     handle(event)
@@ -109,7 +116,8 @@ class OriginalTimes:
         except ReplayError as exc:
             self.report.timing = f"the original program's device times are not recorded: {exc}"
             return
-        times = operation_times(batch.records, self._bound)
+        times = operation_times(batch.records, self._bound) + graph_times(batch.records, self._graphs)
+        times.sort(key=lambda t: t.operation)
         if times:
             self.writer.set_original_times(times)
         lost = f", {batch.dropped} records dropped by CUPTI" if batch.dropped else ""
@@ -141,3 +149,25 @@ def operation_times(
         if best is None or record.start_ns > best.start_ns:
             chosen[index] = record
     return [OperationTime(i, r.start_ns, r.duration_ns) for i, r in sorted(chosen.items())]
+
+
+def graph_times(records: list[ActivityRecord], graphs: dict[int, int]) -> list[OperationTime]:
+    """One time per bound graph launch, from the records of its nodes (``graph_node`` set; the
+    recorder's own snapshot work in the launch's callback has none): it starts with its first node,
+    and its duration is the time some node of it ran (the union of their intervals), so that the
+    region's busy time counts the device's work and not the gaps between nodes."""
+    spans: dict[int, list[tuple[int, int]]] = {}
+    for record in records:
+        index = graphs.get(record.correlation_id)
+        if index is not None and record.graph_node and record.kind in DEVICE_WORK:
+            spans.setdefault(index, []).append((record.start_ns, record.end_ns))
+    times = []
+    for index, intervals in sorted(spans.items()):
+        intervals.sort()
+        busy, reach = 0, intervals[0][0]
+        for start, end in intervals:
+            if end > reach:
+                busy += end - max(start, reach)
+                reach = end
+        times.append(OperationTime(index, intervals[0][0], busy))
+    return times

@@ -31,6 +31,9 @@ class Report:
     needs_fixed_addresses: str = ""  # why, when the capture needs --fixed-addresses
     verdict: Verdict | None = None  # run-replay's plan on the closed file (None: not checked)
     timing: str = ""  # whether the original program's device times were recorded (CUPTI)
+    notes: list[str] = field(
+        default_factory=list
+    )  # what the recorder changed in the program (its profilers turned off)
 
     def kernel(self, name: str) -> KernelStats:
         stats = self.kernels.get(name)
@@ -68,6 +71,7 @@ class Report:
             out.append(f"  needs --fixed-addresses: {self.needs_fixed_addresses}")
         if self.timing:
             out.append(f"  {self.timing}")
+        out.extend(f"  note: {note}" for note in self.notes)
         if self.verdict is not None:
             out.append(f"  {self.verdict.host_line()}")
             out.append(f"  {self.verdict.line()}")

@@ -16,6 +16,7 @@ from replayfmt.capture import events as ev
 from replayfmt.capture.allocations import Allocation, AllocationTable
 from replayfmt.capture.live_buffers import LiveBuffers
 from replayfmt.capture.options import CaptureMode, RecordOptions
+from replayfmt.errors import DeviceError
 from replayfmt.format import model as m
 
 if TYPE_CHECKING:
@@ -71,11 +72,21 @@ class StateEvents:
         allocation.state_spans = spans if spans != [(0, allocation.size)] else None
         if spans is None:
             return
+        # stored addresses are looked for in the buffers' own bytes, of those whose type can hold
+        # one: padding and gaps between live buffers hold what earlier work (temporaries, pointer
+        # tables of other steps) left there, and an int32 array's pairs look like addresses in an
+        # arena at a low address
+        held = self._address_spans(allocation, ("state", self._region))
+        held = None if held == spans else held
         started = time.perf_counter()
         scan = self.options.detect_pointers and not self.options.fixed_addresses and not self._marked_fixed
         for offset, size in spans:
-            inspect = functools.partial(self._look_for_stored_pointers, allocation, offset) if scan else None
-            payload = self.memory.snapshot(allocation.address + offset, size, stream, self.writer, inspect)
+            inspect = functools.partial(self._look_for_stored_pointers, allocation, offset, held) if scan else None
+            try:
+                payload = self.memory.snapshot(allocation.address + offset, size, stream, self.writer, inspect)
+            except DeviceError as exc:  # the state is missing: replay must refuse, saying which buffer
+                self._snapshot_failed(allocation, buffer, offset, size, exc)
+                break
             self.writer.state(buffer=buffer, payload=payload, size=size, offset=offset)
             if (offset, size) == (0, allocation.size):
                 allocation.before = payload
@@ -86,17 +97,21 @@ class StateEvents:
         if self.options.mode == CaptureMode.REGION:
             self._touched.append(allocation)
 
-    def _spans(self, allocation: Allocation, step: Hashable, buffer: int) -> list[tuple[int, int]] | None:
+    def _spans(
+        self, allocation: Allocation, step: Hashable, buffer: int, *, exact: bool = False
+    ) -> list[tuple[int, int]] | None:
         """(offset, size) of each part of the allocation to snapshot: its live framework buffers
-        where a framework manages it, else all of it; None (and an unsupported operation, once)
-        when it is larger than options.max_snapshot and no framework says which bytes are live."""
+        where a framework manages it (``exact``: their own bytes, without padding or gaps), else
+        all of it; None (and an unsupported operation, once) when it is larger than
+        options.max_snapshot and no framework says which bytes are live."""
         live = None
         if self.options.live_buffers and allocation.api == ev.MemoryApi.DEVICE:
             live = self.live_buffers.ranges(allocation.address, allocation.size, step)
         if live is not None:
-            self.report.skipped_bytes += allocation.size - live.size
+            ranges = live.exact if exact else live.ranges
+            self.report.skipped_bytes += allocation.size - sum(r.size for r in ranges)
             self.report.live_sources.add(live.source)
-            return [(r.start - allocation.address, r.size) for r in live.ranges]
+            return [(r.start - allocation.address, r.size) for r in ranges]
         if allocation.size <= self.options.max_snapshot:
             return [(0, allocation.size)] if allocation.size else []
         if allocation.address not in self._refused:  # written in either mode: replay must refuse it
@@ -111,22 +126,65 @@ class StateEvents:
             self.writer.unsupported("snapshot", reason, 0)
         return None
 
+    def _snapshot_failed(self, allocation: Allocation, buffer: int, offset: int, size: int, exc: Exception) -> None:
+        """A snapshot the driver refused: the capture says which buffer and bytes, where they came
+        from, and that replay cannot start from them (an unsupported operation)."""
+        reason = (
+            f"snapshot of buffer {buffer} failed: {size} bytes at offset {offset} of {allocation.size} bytes at "
+            f"{allocation.address:#x} ({allocation.call}): {exc}"
+        )
+        self.report.unsupported["snapshot"] = self.report.unsupported.get("snapshot", 0) + 1
+        self.report.errors.append(reason)
+        self.writer.unsupported("snapshot", reason, 0)
+
+    def _address_spans(self, allocation: Allocation, step: Hashable) -> list[tuple[int, int]] | None:
+        """(offset, size) of the parts of the allocation that may hold device addresses (its
+        framework's buffers of a type that can); None: all of it (no framework describes it)."""
+        if not self.options.live_buffers or allocation.api != ev.MemoryApi.DEVICE:
+            return None
+        live = self.live_buffers.ranges(allocation.address, allocation.size, step)
+        if live is None:
+            return None
+        ranges = live.exact if live.addresses is None else live.addresses
+        return [(r.start - allocation.address, r.size) for r in ranges]
+
     def _note_scoped(self, allocation: Allocation) -> None:
         for _, touched in self._scopes:  # each open scope checkpoints it at its end
             touched[allocation.address] = allocation
 
     def _look_for_stored_pointers(
-        self, allocation: Allocation, base: int, offset: int, data: bytes | memoryview
+        self,
+        allocation: Allocation,
+        base: int,
+        held: list[tuple[int, int]] | None,
+        offset: int,
+        data: bytes | memoryview,
     ) -> None:
         """Device memory holding addresses of allocations (pointer arrays, cuBLAS workspaces)
         cannot be relocated: mark the capture as needing --fixed-addresses. ``data``: the bytes
         at ``base + offset`` in the allocation (each frame of a snapshot, taken at ``base``, that
-        crossed the bus)."""
-        found = None if self._marked_fixed else self.allocations.stored_device_address(data)
+        crossed the bus); ``held``: (offset, size) in the allocation of the bytes its framework's
+        buffers hold (None: all of them), the only ones looked at."""
+        if self._marked_fixed:
+            return
+        start = base + offset
+        pieces = [(0, len(data))]
+        if held is not None:
+            pieces = [
+                (max(o, start) - start, min(o + n, start + len(data)) - start)
+                for o, n in held
+                if o < start + len(data) and o + n > start
+            ]
+        found = None
+        for low, high in pieces:
+            found = self.allocations.stored_device_address(data[low:high])
+            if found is not None:
+                found = (found[0], found[1] + low, found[2])
+                break
         if found is None:
             return
         value, where, target = found
-        where += base + offset
+        where += start
         self._marked_fixed = True
         holder, target_buffer = allocation.buffer, self._buffer(target)
         reason = f"buffer {holder} holds the address {value:#x} (of buffer {target_buffer}) at byte {where}"
@@ -151,7 +209,7 @@ class StateEvents:
         for allocation in allocations:
             if not self.allocations.is_live(allocation):
                 continue  # freed meanwhile
-            spans = self._spans(allocation, ("checkpoint", self._checkpoints), allocation.buffer)
+            spans = self._spans(allocation, ("checkpoint", self._checkpoints), allocation.buffer, exact=True)
             if spans == [(0, allocation.size)] and allocation.state_spans is not None:
                 # the state held only the live buffers of a framework that no longer speaks for this
                 # memory (expandable segments released, say): the other bytes are undefined at
@@ -159,7 +217,11 @@ class StateEvents:
                 spans = allocation.state_spans
             started = time.perf_counter()
             for offset, size in spans or ():
-                payload = self.memory.snapshot(allocation.address + offset, size, stream, self.writer)
+                try:
+                    payload = self.memory.snapshot(allocation.address + offset, size, stream, self.writer)
+                except DeviceError as exc:  # compared no more, and said so
+                    self.report.errors.append(f"checkpoint {name!r}: buffer {allocation.buffer} not read: {exc}")
+                    continue
                 self.report.snapshot_bytes += size
                 entries.append(m.CheckpointEntry(allocation.buffer, payload, offset, size))
             self.report.snapshot_seconds += time.perf_counter() - started

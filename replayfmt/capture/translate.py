@@ -130,6 +130,8 @@ class Translator(MemoryEvents, GraphEvents, StateEvents):
             name = name or (f"region#{self._region}" if self._region > 1 else "")  # where its state applies
             self._region_name = name
             self._touched = []
+            if self.options.live_buffers:  # what the program holds now: a step may donate it
+                self.live_buffers.hold(("state", self._region))
             if name:
                 self.writer.scope_begin(name)
 
@@ -587,6 +589,7 @@ class Translator(MemoryEvents, GraphEvents, StateEvents):
         ev.GraphInstantiated: GraphEvents._on_graph_instantiated,
         ev.GraphKernelUpdated: GraphEvents._on_graph_kernel_updated,
         ev.GraphNodeUpdated: GraphEvents._on_graph_node_updated,
+        ev.GraphNodeEnabled: GraphEvents._on_graph_node_enabled,
         ev.GraphExecDestroyed: GraphEvents._on_graph_exec_destroyed,
         ev.GraphLaunched: GraphEvents._on_graph_launched,
         ev.NotReproducible: _on_not_reproducible,
