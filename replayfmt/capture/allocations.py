@@ -8,8 +8,6 @@ import bisect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from replayfmt.capture import events as ev
 from replayfmt.format import model as m
 
@@ -44,6 +42,9 @@ class Allocation:
     labels: list[TensorLabel] = field(default_factory=list)
     # (offset, size) of the live framework buffers its state covered in that region; None: all of it
     state_spans: list[tuple[int, int]] | None = None
+    # allocations its captured bytes point into (pointers stored in it), by address: a kernel that
+    # reads it may follow them, so their contents are captured with it
+    pointees: dict[int, Allocation] = field(default_factory=dict)
 
 
 class AllocationTable:
@@ -124,20 +125,6 @@ class AllocationTable:
             return None
         last = self._by_address[self._starts[-1]]
         return self._starts[0], last.address + last.size
-
-    def stored_device_address(self, data: bytes | memoryview) -> tuple[int, int, Allocation] | None:
-        """The first 8-byte-aligned word of ``data`` that is the address of a live device
-        allocation, as (value, byte offset in data, allocation); None when there is none."""
-        span = self.span()
-        if span is None or len(data) < 8:
-            return None
-        words = np.frombuffer(data, dtype=np.uint64, count=len(data) // 8)
-        candidates = words[(words >= span[0]) & (words < span[1])]
-        for value in np.unique(candidates)[:4096].tolist():
-            target = self.find(value)
-            if target is not None and target.api == ev.MemoryApi.DEVICE:
-                return value, int(np.flatnonzero(words == value)[0]) * 8, target
-        return None
 
 
 Extent = tuple[int, int]  # (address, size)

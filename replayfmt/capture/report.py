@@ -28,7 +28,9 @@ class Report:
     graph_launches: int = 0  # cuGraphLaunch calls written as GraphLaunch operations
     graphs: int = 0  # Graph objects written (a graph changed between launches is written again)
     errors: list[str] = field(default_factory=list)  # problems met inside callbacks
-    needs_fixed_addresses: str = ""  # why, when the capture needs --fixed-addresses
+    stored_pointers: int = 0  # pointers found in state and uploads, relocated on replay (data relocations)
+    # buffer id -> what it holds that may be pointers or data: left as captured (--fixed-addresses replays it)
+    ambiguous_pointers: dict[int, str] = field(default_factory=dict)
     verdict: Verdict | None = None  # run-replay's plan on the closed file (None: not checked)
     timing: str = ""  # whether the original program's device times were recorded (CUPTI)
 
@@ -64,8 +66,14 @@ class Report:
             )
         for call, count in sorted(self.unsupported.items()):
             out.append(f"  unsupported: {call} x{count} (recorded; replay will refuse the capture)")
-        if self.needs_fixed_addresses:
-            out.append(f"  needs --fixed-addresses: {self.needs_fixed_addresses}")
+        if self.stored_pointers:
+            out.append(f"  stored pointers: {self.stored_pointers} in state and uploads, relocated on replay")
+        for why in list(self.ambiguous_pointers.values())[:5]:
+            out.append(
+                f"  may hold pointers: {why}; left as captured (if replay fails, capture with --fixed-addresses)"
+            )
+        if len(self.ambiguous_pointers) > 5:
+            out.append(f"  ... and {len(self.ambiguous_pointers) - 5} more buffers that may hold pointers")
         if self.timing:
             out.append(f"  {self.timing}")
         if self.verdict is not None:
