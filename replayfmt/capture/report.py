@@ -31,6 +31,7 @@ class Report:
     stored_pointers: int = 0  # pointers found in state and uploads, relocated on replay (data relocations)
     # buffer id -> what it holds that may be pointers or data: left as captured (--fixed-addresses replays it)
     ambiguous_pointers: dict[int, str] = field(default_factory=dict)
+    partial: str = ""  # why the capture stopped before the program did ("" complete): written in the file
     verdict: Verdict | None = None  # run-replay's plan on the closed file (None: not checked)
     timing: str = ""  # whether the original program's device times were recorded (CUPTI)
 
@@ -76,6 +77,8 @@ class Report:
             out.append(f"  ... and {len(self.ambiguous_pointers) - 5} more buffers that may hold pointers")
         if self.timing:
             out.append(f"  {self.timing}")
+        if self.partial:
+            out.append(f"  partial: {self.partial}")
         if self.verdict is not None:
             out.append(f"  {self.verdict.host_line()}")
             out.append(f"  {self.verdict.line()}")

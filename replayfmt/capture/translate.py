@@ -182,12 +182,25 @@ class Translator(MemoryEvents, GraphEvents, StateEvents):
     # -- events ----------------------------------------------------------------------------
 
     def handle(self, event: ev.Event) -> None:
-        """Record one event; problems are kept in the report, never raised into the program."""
+        """Record one event; problems are kept in the report, never raised into the program. The
+        first problem stops the recording: what follows it would be recorded without the event
+        it lost, so the capture is partial (``report.partial``) and nothing more is written."""
         with self._lock:
+            if self.report.partial:
+                return
             try:
                 self._dispatch[type(event)](self, event)
             except Exception as exc:  # a callback must never break the program
-                self.report.errors.append(f"{type(event).__name__}: {type(exc).__name__}: {exc}")
+                problem = f"{type(event).__name__}: {type(exc).__name__}: {exc}"
+                self.report.errors.append(problem)
+                self.report.partial = f"the recorder stopped at its first error: {problem}"
+                self._recording = False
+                self._scopes.clear()
+
+    @property
+    def in_progress(self) -> bool:
+        """Whether work is being recorded now (a region open, a kernel instance awaiting its end)."""
+        return self._recording or bool(self._instances)
 
     def _on_module(self, event: ev.ModuleImage) -> None:
         self._modules[event.key] = Module(event)
