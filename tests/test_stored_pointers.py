@@ -19,7 +19,7 @@ import replayfmt
 from replayfmt.capture import RecordOptions, TensorLabel, Translator, events as ev
 from replayfmt.capture.allocations import AllocationTable
 from replayfmt.capture.hostfiles import HostFiles
-from replayfmt.capture.stored_pointers import FrameWords, candidate_words, resolve
+from replayfmt.capture.stored_pointers import FrameWords, Words, candidate_words, resolve
 from replayfmt.cuda import driver as driver_module
 from replayfmt.errors import ReplayFormatError
 from replayfmt.format import model as m
@@ -42,43 +42,52 @@ def table(*allocations: tuple[int, int]) -> AllocationTable:
 # -- finding them ------------------------------------------------------------------------------
 
 
-def test_candidates_are_the_words_aligned_in_their_buffer_that_could_be_addresses():
+SPAN = (A, ARENA + (60 << 30) + (1 << 48))  # what the tests' allocations span, and more
+
+
+def pairs(words: Words) -> list[tuple[int, int]]:
+    return list(zip(words.sites.tolist(), words.values.tolist(), strict=True))
+
+
+def test_candidates_are_the_words_aligned_in_their_buffer_inside_the_span():
     data = struct.pack("<QQQQ", B + 8, 7, 0x3F80_0000_3F80_0000, C)  # pointer, int, two floats, pointer
-    assert candidate_words(data, 0) == [(0, B + 8), (24, C)]
+    assert pairs(candidate_words(data, 0, A, C + 1)) == [(0, B + 8), (24, C)]
+    assert pairs(candidate_words(data, 0, A, C)) == [(0, B + 8)]  # C is past the span
     # bytes that start 4 bytes into their buffer: words are aligned in the buffer, not in the bytes
     shifted = bytes(4) + struct.pack("<QQ", B, C)
-    assert candidate_words(shifted, 4) == [(8, B), (16, C)]
-    assert all(site % 8 == 0 for site, _ in candidate_words(struct.pack("<QQ", B, C), 4))
-    assert candidate_words(bytes(7), 0) == []
+    assert pairs(candidate_words(shifted, 4, A, C + 1)) == [(8, B), (16, C)]
+    assert all(site % 8 == 0 for site, _ in pairs(candidate_words(struct.pack("<QQ", B, C), 4, 0, 1 << 63)))
+    assert not len(candidate_words(bytes(7), 0, 0, 1 << 63))
 
 
 def test_pointers_into_allocations_resolve_and_pairs_of_integers_stay_ambiguous():
     allocations = table((A, 4096), (B, 1 << 20), (ARENA, 60 << 30))
     holder = allocations.find(A)
-    words = [
-        (0, B + 256),  # a pointer inside B
-        (8, B),  # B's start
-        (16, 0x7F00_0000_1234_5678),  # into nothing recorded: data
-        (24, ARENA + (5 << 32) + 100_000),  # (100000, 5): an int32 pair inside the arena
-        (32, ARENA),  # the arena's own start: a pointer whatever its halves
-        (40, (0x7F00 << 32) | 3),  # A + 3, or the pair (3, 0x7f00)
+    values = [
+        B + 256,  # a pointer inside B
+        B,  # B's start
+        0x7F00_0000_1234_5678,  # into nothing recorded: data
+        ARENA + (5 << 32) + 100_000,  # (100000, 5): an int32 pair inside the arena
+        ARENA,  # the arena's own start: a pointer whatever its halves
+        (0x7F00 << 32) | 3,  # A + 3, or the pair (3, 0x7f00)
     ]
+    words = Words(np.arange(0, 48, 8, dtype=np.int64), np.array(values, dtype=np.uint64))
     resolved = resolve(words, allocations, holder)
     assert [(site, offset, t.address) for site, offset, t in resolved.relocations] == [
         (0, 256, B),
         (8, 0, B),
         (32, 0, ARENA),
     ]
-    assert [(a.site, a.value) for a in resolved.ambiguous] == [(24, ARENA + (5 << 32) + 100_000), (40, A + 3)]
+    assert resolved.ambiguous == 2 and resolved.example[:2] == (24, ARENA + (5 << 32) + 100_000)
 
 
 def test_a_small_integer_low_half_is_ambiguous_unless_it_is_an_allocation_start():
     base = 0x7F01_0000_0000  # an allocation that starts at a 4 GiB boundary: its start's low half is 0
     allocations = table((base, 1 << 20))
-    holder = allocations.find(base)
-    resolved = resolve([(0, base), (8, base + 64)], allocations, holder)
+    words = Words(np.array([0, 8], dtype=np.int64), np.array([base, base + 64], dtype=np.uint64))
+    resolved = resolve(words, allocations, allocations.find(base))
     assert [site for site, _, _ in resolved.relocations] == [0]
-    assert [a.site for a in resolved.ambiguous] == [8]  # (64, 0x7f01): two integers or a pointer
+    assert resolved.ambiguous == 1 and resolved.example[0] == 8  # (64, 0x7f01): two integers or a pointer
 
 
 def test_words_inside_tensors_typed_as_data_are_never_pointers():
@@ -86,19 +95,36 @@ def test_words_inside_tensors_typed_as_data_are_never_pointers():
     holder = allocations.find(A)
     holder.labels.append(TensorLabel(A, 64, m.DType.INT32, name="token ids"))
     holder.labels.append(TensorLabel(A + 64, 64, m.DType.INT64, name="pointer table"))
-    resolved = resolve([(8, B + 8), (72, B + 16)], allocations, holder)
-    assert [(site, offset) for site, offset, _ in resolved.relocations] == [(72, 16)]
+    words = Words(np.array([8, 72], dtype=np.int64), np.array([B + 8, B + 16], dtype=np.uint64))
+    assert [(site, offset) for site, offset, _ in resolve(words, allocations, holder).relocations] == [(72, 16)]
+
+
+def test_data_that_looks_like_addresses_costs_no_python_per_word():
+    """An int32 tensor of small values inside a 60 GB arena: every word is (integer, small integer)."""
+    allocations = table((ARENA, 60 << 30))
+    holder = allocations.find(ARENA)
+    pairs_of_ints = np.empty(1 << 21, dtype=np.int32)
+    pairs_of_ints[0::2] = np.arange(1 << 20) % 7 + 100_000
+    pairs_of_ints[1::2] = 5  # each word: (100000 + i % 7, 5), an "address" 20 GiB into the arena
+    data = pairs_of_ints.tobytes()
+    words = candidate_words(data, 0, *allocations.span())
+    assert len(words) == 1 << 20
+    resolved = resolve(words, allocations, holder)
+    assert not resolved.relocations and resolved.ambiguous == 1 << 20
 
 
 def test_frame_words_remember_frames_by_digest():
     frames = FrameWords()
-    frames.begin()
+    frames.begin(A, C + 1)
     frames.visit(0, b"d1", memoryview(struct.pack("<QQ", 5, B)))
     frames.visit(4096, b"d2", None)  # held by the file, never seen
-    assert frames.words == [(8, B)] and frames.unseen == [(4096, b"d2")]
-    frames.begin()
+    assert pairs(frames.words()) == [(8, B)] and frames.unseen == [(4096, b"d2")]
+    frames.begin(A, C + 1)
     frames.visit(8192, b"d1", None)  # seen before: known by its digest
-    assert frames.words == [(8192 + 8, B)] and frames.unseen == []
+    assert pairs(frames.words()) == [(8192 + 8, B)] and frames.unseen == []
+    frames.begin(A, C + 4096)  # allocations span more now: the frame is read again
+    frames.visit(0, b"d1", None)
+    assert frames.unseen == [(0, b"d1")]
 
 
 # -- the recorder ------------------------------------------------------------------------------

@@ -8,6 +8,8 @@ import bisect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from replayfmt.capture import events as ev
 from replayfmt.format import model as m
 
@@ -62,6 +64,7 @@ class AllocationTable:
         # parameter words below this are numbers: POINTER_LOW, or lower where host memory that kernels
         # read lies lower (a non-PIE interpreter's heap, registered with cuMemHostRegister)
         self.pointer_low = POINTER_LOW
+        self._bounds: tuple[int, np.ndarray, np.ndarray, list[Allocation]] | None = None  # epoch, starts, ends, ...
 
     def add(self, address: int, size: int, api: ev.MemoryApi, call: str) -> Allocation:
         self.remove(address)
@@ -118,6 +121,18 @@ class AllocationTable:
         if allocation is not None and allocation.api != ev.MemoryApi.DEVICE:
             return allocation
         return self.device_allocation(address)
+
+    def bounds(self) -> tuple[np.ndarray, np.ndarray, list[Allocation]]:
+        """Every live allocation as sorted ``starts`` and ``ends`` (uint64 arrays; a zero-size one
+        holds its own address) and the allocations in that order: :meth:`find` for many
+        addresses at once. Worked out again only when the table changed."""
+        cached = self._bounds
+        if cached is None or cached[0] != self.epoch:
+            allocations = [self._by_address[a] for a in self._starts]
+            starts = np.array(self._starts, dtype=np.uint64)
+            ends = np.array([a.address + max(a.size, 1) for a in allocations], dtype=np.uint64)
+            cached = self._bounds = (self.epoch, starts, ends, allocations)
+        return cached[1], cached[2], cached[3]
 
     def span(self) -> tuple[int, int] | None:
         """[lowest start, highest end) over every live allocation, or None when there is none."""

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from replayfmt.capture import events as ev
 from replayfmt.capture.allocations import Allocation, AllocationTable, Extent
-from replayfmt.capture.stored_pointers import Word, candidate_words
+from replayfmt.capture.stored_pointers import Words, candidate_words
 from replayfmt.format import model as m
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ class MemoryEvents:
         def _buffer(self, allocation: Allocation) -> int: ...
         def _stream(self, handle: int) -> int: ...
         def _touch(self, allocation: Allocation, stream: int, kernel: str) -> None: ...
-        def stored_pointers(self, holder: Allocation, words: list[Word]) -> tuple[m.Relocation, ...]: ...
+        def stored_pointers(self, holder: Allocation, words: Words) -> tuple[m.Relocation, ...]: ...
 
         @property
         def scans_pointers(self) -> bool: ...
@@ -120,7 +120,7 @@ class MemoryEvents:
         self.report.snapshot_seconds += time.perf_counter() - started
         payload = self.writer.add_payload(data)
         if payload != allocation.latest:
-            words = candidate_words(data, 0, low=self.allocations.pointer_low) if self.scans_pointers else []
+            words = self._candidates(data, 0)
             self.writer.copy_h2d(
                 dst_buffer=self._buffer(allocation),
                 payload=payload,
@@ -151,7 +151,7 @@ class MemoryEvents:
                 )
                 return
         data = self.memory.host_bytes(event.src, event.size)
-        words = candidate_words(data, offset, low=self.allocations.pointer_low) if self.scans_pointers else []
+        words = self._candidates(data, offset)
         self.writer.copy_h2d(
             dst_buffer=dst.buffer,
             data=data,
@@ -160,3 +160,8 @@ class MemoryEvents:
             flags=flags,
             relocations=self.stored_pointers(dst, words),
         )
+
+    def _candidates(self, data: bytes | memoryview, first: int) -> Words:
+        """Words of uploaded bytes (from byte ``first`` of their buffer) that may be stored pointers."""
+        span = self.allocations.span() if self.scans_pointers else None
+        return candidate_words(data, first, *span) if span is not None else Words()

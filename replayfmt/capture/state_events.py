@@ -15,7 +15,7 @@ from replayfmt.capture import events as ev
 from replayfmt.capture.allocations import Allocation, AllocationTable
 from replayfmt.capture.live_buffers import LiveBuffers
 from replayfmt.capture.options import CaptureMode, RecordOptions
-from replayfmt.capture.stored_pointers import MAX_POINTERS, FrameWords, Resolved, Word, resolve
+from replayfmt.capture.stored_pointers import MAX_POINTERS, FrameWords, Resolved, Words, resolve
 from replayfmt.format import model as m
 
 if TYPE_CHECKING:
@@ -72,10 +72,11 @@ class StateEvents:
         if spans is None:
             return
         started = time.perf_counter()
+        span = self.allocations.span() if self.scans_pointers else None
         for offset, size in spans:
-            frames = self._frame_words if self.scans_pointers and offset % 8 == 0 else None
+            frames = self._frame_words if span is not None and offset % 8 == 0 else None
             if frames is not None:
-                frames.begin()
+                frames.begin(*span)
             visit = frames.visit if frames is not None else None
             payload = self.memory.snapshot(allocation.address + offset, size, stream, self.writer, frames=visit)
             relocations = self._snapshot_pointers(allocation, offset, size, stream) if frames is not None else ()
@@ -135,12 +136,12 @@ class StateEvents:
         for at, digest in frames.unseen:
             length = min(frame_size, size - at)
             frames.learn(at, digest, self.memory.read(allocation.address + offset + at, length, stream))
-        return self.stored_pointers(allocation, [(offset + site, value) for site, value in frames.words])
+        return self.stored_pointers(allocation, frames.words().shifted(offset))
 
-    def stored_pointers(self, holder: Allocation, words: list[Word]) -> tuple[m.Relocation, ...]:
+    def stored_pointers(self, holder: Allocation, words: Words) -> tuple[m.Relocation, ...]:
         """Data relocations of the candidate ``words`` (byte offsets in ``holder``); the targets
         become the holder's pointees, and words it cannot tell from data are reported."""
-        if not words:
+        if not len(words):
             return ()
         resolved = resolve(words, self.allocations, holder)
         relocations = []
@@ -156,12 +157,11 @@ class StateEvents:
     def _report_ambiguous(self, holder: Allocation, resolved: Resolved) -> None:
         if holder.buffer in self.report.ambiguous_pointers:
             return
-        if resolved.ambiguous:
-            first = resolved.ambiguous[0]
-            target = self._buffer(first.target)
+        if resolved.example is not None:
+            site, value, target = resolved.example
             what = (
-                f"{len(resolved.ambiguous)} word(s) that point into recorded buffers or are pairs of integers, "
-                f"e.g. {first.value:#x} at byte {first.site} (into buffer {target})"
+                f"{resolved.ambiguous} word(s) that point into recorded buffers or are pairs of integers, "
+                f"e.g. {value:#x} at byte {site} (into buffer {self._buffer(target)})"
             )
         else:
             what = f"more than {MAX_POINTERS} stored pointers"

@@ -15,49 +15,71 @@ inside an allocation that spans a 4 GiB boundary; unless it is an allocation's o
 left as captured and reported (``Ambiguity``): the recorder cannot tell, and ``--fixed-addresses``
 replays such a capture at its recorded addresses.
 
-Snapshots are content-addressed: a frame the file already holds never crosses the bus again, so
+Candidates are the words whose values lie between the lowest and highest recorded address (most
+data falls outside: floats have high exponent bits, small integers are below any address), and
+they are resolved against the allocation table all at once (numpy), so that data which does
+look like addresses (int32 pairs inside a 60 GB arena) costs no Python per word. Snapshots are
+content-addressed: a frame the file already holds never crosses the bus again, so
 :class:`FrameWords` remembers the candidate words of every frame it saw by the frame's digest.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from replayfmt.capture.allocations import POINTER_HIGH, POINTER_LOW, Allocation, AllocationTable
-from replayfmt.capture.parameter_words import integer_pair
+from replayfmt.capture.allocations import Allocation, AllocationTable
 from replayfmt.format import model as m
 
 MAX_POINTERS = 1 << 20  # stored pointers kept per operation: more are reported, not relocated
-Word = tuple[int, int]  # (byte offset, value)
 _ARENA = 1 << 32  # an allocation this large spans 4 GiB boundaries
-_SMALL_HIGH = 1 << 16
+_SMALL = 1 << 16  # an integer of smaller magnitude is "small" (parameter_words' rule)
+_INT32_MIN = 0x80000000
+_TOP = (1 << 64) - 1
 _POINTER_DTYPES = frozenset({m.DType.UNKNOWN, m.DType.INT64, m.DType.UINT64})
+_NO_SITES = np.zeros(0, dtype=np.int64)
+_NO_VALUES = np.zeros(0, dtype=np.uint64)
 
 
-def candidate_words(data: bytes | memoryview, first: int, *, low: int = POINTER_LOW) -> list[Word]:
-    """(byte offset in the buffer, value) of each word of ``data`` aligned to 8 bytes in its
-    buffer (``data`` starts at byte ``first`` of it) whose value could be an address: in
-    [low, POINTER_HIGH). Floats, small integers and text fall outside; what remains is resolved
-    against the allocation table by :func:`resolve`."""
+@dataclass
+class Words:
+    """Candidate words: their byte offsets in the buffer and their values (parallel arrays)."""
+
+    sites: np.ndarray = field(default_factory=lambda: _NO_SITES)
+    values: np.ndarray = field(default_factory=lambda: _NO_VALUES)
+
+    def __len__(self) -> int:
+        return len(self.sites)
+
+    @staticmethod
+    def join(parts: list[Words]) -> Words:
+        parts = [p for p in parts if len(p)]
+        if len(parts) < 2:
+            return parts[0] if parts else Words()
+        return Words(np.concatenate([p.sites for p in parts]), np.concatenate([p.values for p in parts]))
+
+    def shifted(self, by: int) -> Words:
+        return Words(self.sites + by, self.values) if by else self
+
+    def within(self, low: int, high: int) -> Words:
+        keep = (self.values >= np.uint64(low)) & (self.values < np.uint64(high))
+        return self if bool(keep.all()) else Words(self.sites[keep], self.values[keep])
+
+
+def candidate_words(data: bytes | memoryview, first: int, low: int, high: int) -> Words:
+    """The words of ``data`` aligned to 8 bytes in their buffer (``data`` starts at byte ``first``
+    of it) whose values lie in [low, high): the span of the recorded allocations. The values are
+    copied (``data`` may be a pinned slot about to be reused)."""
     skip = (-first) % 8
     count = max(0, (len(data) - skip) // 8)
-    if not count:
-        return []
+    if not count or low >= high:
+        return Words()
     words = np.frombuffer(data, "<u8", count, skip)
-    hits = np.flatnonzero((words >= np.uint64(low)) & (words < np.uint64(POINTER_HIGH)))
-    base = first + skip
-    return list(zip((base + 8 * hits).tolist(), words[hits].tolist(), strict=True))
-
-
-@dataclass(frozen=True, slots=True)
-class Ambiguity:
-    """A word that points into an allocation or is two small integers: left as captured."""
-
-    site: int  # byte offset in the holding buffer
-    value: int
-    target: Allocation
+    hits = np.flatnonzero((words >= np.uint64(low)) & (words < np.uint64(min(high, _TOP))))
+    if not hits.size:
+        return Words()
+    return Words(first + skip + 8 * hits.astype(np.int64), words[hits])
 
 
 @dataclass
@@ -65,64 +87,90 @@ class Resolved:
     """What the candidate words of one operation's bytes turned out to be."""
 
     relocations: list[tuple[int, int, Allocation]]  # (site, offset in the target, target)
-    ambiguous: list[Ambiguity]
+    ambiguous: int = 0  # words that point into an allocation or are two integers: left as captured
+    example: tuple[int, int, Allocation] | None = None  # the first of them: (site, value, target)
     dropped: int = 0  # pointers past MAX_POINTERS, left as captured
 
 
-def resolve(words: list[Word], allocations: AllocationTable, holder: Allocation) -> Resolved:
+def resolve(words: Words, allocations: AllocationTable, holder: Allocation) -> Resolved:
     """Which candidate words of ``holder``'s bytes point into a recorded allocation (see the
     module docstring). Words inside tensors the framework typed as anything but 64-bit integers
     are data; in an allocation of 4 GiB or more (an arena: XLA's spans tens of GB from
     0x3_0000_0000), any (integer, small integer) pair reads as an address, so a word there whose
     high half is small is ambiguous unless it is the allocation's start."""
-    out = Resolved([], [])
-    typed = [
-        (t.address - holder.address, t.address - holder.address + t.size)
-        for t in holder.labels
-        if t.dtype not in _POINTER_DTYPES
-    ]
-    for site, value in words:
-        target = allocations.find(value)
-        if target is None or any(start <= site < end for start, end in typed):
-            continue
-        pair = integer_pair(value) or (target.size >= _ARENA and value >> 32 < _SMALL_HIGH)
-        if pair and value != target.address:
-            out.ambiguous.append(Ambiguity(site, value, target))
-        elif len(out.relocations) < MAX_POINTERS:
-            out.relocations.append((site, value - target.address, target))
-        else:
-            out.dropped += 1
+    if not len(words):
+        return Resolved([])
+    starts, ends, table = allocations.bounds()
+    sites, values = words.sites, words.values
+    index = np.searchsorted(starts, values, side="right").astype(np.int64) - 1
+    inside = index >= 0
+    index = np.maximum(index, 0)
+    inside &= values < ends[index] if len(ends) else False
+    for tensor in holder.labels:
+        if tensor.dtype not in _POINTER_DTYPES:
+            start = tensor.address - holder.address
+            inside &= (sites < start) | (sites >= start + tensor.size)
+    sites, values, index = sites[inside], values[inside], index[inside]
+    target_starts = starts[index]
+    low = (values & np.uint64(0xFFFFFFFF)).astype(np.int64)
+    signed = np.where(low >= _INT32_MIN, low - (1 << 32), low)
+    pair = ((signed > -_SMALL) & (signed < _SMALL)) | (low == _INT32_MIN)
+    arena = ((ends[index] - target_starts) >= np.uint64(_ARENA)) & ((values >> np.uint64(32)) < np.uint64(_SMALL))
+    ambiguous = (pair | arena) & (values != target_starts)
+    out = Resolved([], ambiguous=int(ambiguous.sum()))
+    if out.ambiguous:
+        k = int(np.flatnonzero(ambiguous)[0])
+        out.example = (int(sites[k]), int(values[k]), table[int(index[k])])
+    good = np.flatnonzero(~ambiguous)
+    out.dropped = max(0, len(good) - MAX_POINTERS)
+    good = good[:MAX_POINTERS]
+    offsets = (values[good] - target_starts[good]).tolist()
+    targets = [table[i] for i in index[good].tolist()]
+    out.relocations = list(zip(sites[good].tolist(), offsets, targets, strict=True))
     return out
+
+
+@dataclass
+class _Known:
+    low: int
+    high: int
+    words: Words  # offsets within the frame
 
 
 class FrameWords:
     """Candidate words of snapshot frames, remembered by frame digest (frames the file holds are
-    never copied again, so their words come from here). Frames never seen are listed in
-    ``unseen`` (offset in the snapshot, digest) for the caller to read and :meth:`learn`."""
+    never copied again, so their words come from here). Frames never seen, or seen while the
+    recorded allocations spanned less, are listed in ``unseen`` (offset in the snapshot, digest)
+    for the caller to read and :meth:`learn`."""
 
-    def __init__(self, low: int = POINTER_LOW) -> None:
-        self.low = low
-        self._known: dict[bytes, tuple[Word, ...]] = {}
-        self.words: list[Word] = []
+    def __init__(self) -> None:
+        self._known: dict[bytes, _Known] = {}
+        self._parts: list[Words] = []
         self.unseen: list[tuple[int, bytes]] = []
+        self.low, self.high = 0, 0
 
-    def begin(self) -> None:
-        """A new snapshot: nothing gathered yet."""
-        self.words, self.unseen = [], []
+    def begin(self, low: int, high: int) -> None:
+        """A new snapshot, with candidates in [low, high) (the recorded allocations' span)."""
+        self._parts, self.unseen = [], []
+        self.low, self.high = low, high
 
     def learn(self, offset: int, digest: bytes, frame: bytes | memoryview) -> None:
         """The frame at ``offset`` of the snapshot holds ``frame`` (its digest: ``digest``)."""
-        words = tuple(candidate_words(frame, 0, low=self.low))
-        self._known[digest] = words
-        self.words += [(offset + site, value) for site, value in words]
+        words = candidate_words(frame, 0, self.low, self.high)
+        self._known[digest] = _Known(self.low, self.high, words)
+        self._parts.append(words.shifted(offset))
 
     def visit(self, offset: int, digest: bytes, frame: memoryview | None) -> None:
         """A :data:`~replayfmt.capture.snapshots.FrameVisitor`."""
         if frame is not None:
             self.learn(offset, digest, frame)
             return
-        words = self._known.get(digest)
-        if words is None:
+        known = self._known.get(digest)
+        if known is None or known.low > self.low or known.high < self.high:
             self.unseen.append((offset, digest))
         else:
-            self.words += [(offset + site, value) for site, value in words]
+            self._parts.append(known.words.within(self.low, self.high).shifted(offset))
+
+    def words(self) -> Words:
+        """The candidates gathered since :meth:`begin`, offsets from the snapshot's start."""
+        return Words.join(self._parts)
