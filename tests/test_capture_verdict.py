@@ -197,13 +197,13 @@ def test_a_capture_whose_replay_fails_is_removed_unless_kept(tmp_path, cubin, mo
     assert result.exit_code == 0 and out.exists() and "kept" in stderr
 
 
-def test_a_replay_that_verifies_differently_keeps_the_file_and_exits_1(tmp_path, cubin, monkeypatch):
+def test_a_replay_that_verifies_differently_is_reported_and_kept(tmp_path, cubin, monkeypatch):
     _FakeRecorder.image = cubin
     mismatch = ReplayCheck(Outcome.MISMATCH, detail="op 9 buffer 2: MISMATCH 16 float32 compared")
     result, stderr, out = run_tool(tmp_path, monkeypatch, replay=mismatch)
-    assert result.exit_code == 1 and out.exists()
+    assert result.exit_code == 0 and out.exists()
     assert "replayable: yes (replayed, but verification failed: op 9 buffer 2: MISMATCH" in stderr
-    assert stderr.strip().splitlines()[-1].startswith(f"capture-replay: error: replaying {out} found a difference")
+    assert stderr.strip().splitlines()[-1].startswith(f"capture-replay: warning: replaying {out} found a difference")
 
 
 def test_a_capture_stopped_by_the_recorders_error_is_partial_and_removed_unless_kept(tmp_path, cubin, monkeypatch):

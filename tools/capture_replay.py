@@ -141,8 +141,8 @@ def main(
     ranges)`, or what failed. A capture that cannot be replayed, or that stopped on an error (the
     recorder's, or the program's while it was recorded: the file is marked partial), is removed
     and the exit status is 1 (--keep-partial keeps the file and exits 0); a replay whose
-    verification finds a difference keeps the file and exits 1. The report also says what replay
-    needs from this host.
+    verification finds a difference is reported and kept. The report also says what replay needs
+    from this host.
     """
     if fixed_addresses:
         restart_without_aslr()  # the driver's address range then lands where a replay finds it
@@ -197,8 +197,11 @@ def _outcome(report: Report, output: str, code: int, *, keep_partial: bool) -> i
     """Keep or remove OUTPUT after the verdict; the exit status."""
     verdict = report.verdict
     if verdict is not None and verdict.replay is not None and verdict.replay.outcome == Outcome.MISMATCH:
-        raise ToolExit(
-            EXIT_PROBLEM, f"error: replaying {output} found a difference; kept it (run-replay --verify {output})"
+        # it replays: the file is worth keeping; what differs is for the user to judge (tolerances)
+        click.echo(
+            f"capture-replay: warning: replaying {output} found a difference (run-replay --verify {output}; "
+            "--tolerance compares floating-point buffers within their dtype's tolerance)",
+            err=True,
         )
     if verdict is None or (verdict.replayable and not report.partial):
         return code

@@ -29,7 +29,8 @@ def test_a_cuda_kernel_following_a_device_pointer_table(tmp_path, flags):
     needs("cupy")
     out = tmp_path / "table.kreplay"
     report = self_checked(out, SCRIPTS / "pointer_table_shifted.py", *flags)
-    assert re.search(r"stored pointers: 6 in state and uploads", report), report[-3000:]
+    stored = re.search(r"stored pointers: (\d+) in state and uploads", report)
+    assert stored and int(stored.group(1)) >= 6, report[-3000:]
     text = dump(out)
     assert "pointers=6 (@" in text, text[-3000:]
     assert ("(starting state) pointers=6" in text) == bool(flags)
@@ -57,7 +58,8 @@ def test_triton_grouped_gemm_with_pointer_tables_and_device_descriptors(tmp_path
     tma = "TMA on the device: yes" in result.stdout
     print(f"TMA descriptors built on the device: {tma}")
     text = dump(out)
-    assert "grouped_gemm" in text and "pointers=3" in text, text[-3000:]
+    tables = [int(n) for n in re.findall(r"pointers=(\d+) \(@", text)]  # one table per upload, or joined in state
+    assert "grouped_gemm" in text and tables and sum(tables) >= 9, text[-3000:]
     if tma:
         assert "grouped_gemm_tma" in text
     verified(out)
