@@ -125,6 +125,12 @@ def test_frame_words_remember_frames_by_digest():
     frames.begin(A, C + 4096)  # allocations span more now: the frame is read again
     frames.visit(0, b"d1", None)
     assert frames.unseen == [(0, b"d1")]
+    dense = np.full(8192, B, dtype=np.uint64).tobytes()  # every word a candidate: not remembered
+    frames.visit(0, b"dense", memoryview(dense))
+    assert len(frames.words()) == 8192  # used for this snapshot
+    frames.begin(A, C + 4096)
+    frames.visit(0, b"dense", None)
+    assert frames.unseen == [(0, b"dense")]  # read again when it is met again
 
 
 # -- the recorder ------------------------------------------------------------------------------

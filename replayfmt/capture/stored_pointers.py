@@ -130,11 +130,16 @@ def resolve(words: Words, allocations: AllocationTable, holder: Allocation) -> R
     return out
 
 
+_DENSE = 4  # a frame with more than 1 candidate in this many words (and more than _FEW) is not remembered
+_FEW = 4096
+_REMEMBERED = 1 << 22  # candidate words remembered across all frames (64 MiB of arrays)
+
+
 @dataclass
 class _Known:
     low: int
     high: int
-    words: Words  # offsets within the frame
+    words: Words | None  # offsets within the frame; None: too many to remember (read it again)
 
 
 class FrameWords:
@@ -145,6 +150,7 @@ class FrameWords:
 
     def __init__(self) -> None:
         self._known: dict[bytes, _Known] = {}
+        self._remembered = 0  # candidate words held by _known
         self._parts: list[Words] = []
         self.unseen: list[tuple[int, bytes]] = []
         self.low, self.high = 0, 0
@@ -157,7 +163,11 @@ class FrameWords:
     def learn(self, offset: int, digest: bytes, frame: bytes | memoryview) -> None:
         """The frame at ``offset`` of the snapshot holds ``frame`` (its digest: ``digest``)."""
         words = candidate_words(frame, 0, self.low, self.high)
-        self._known[digest] = _Known(self.low, self.high, words)
+        # data that looks like addresses (int32 pairs in an arena) is not remembered: memory stays bounded
+        few = len(words) <= _FEW or len(words) * _DENSE <= len(frame) // 8
+        keep = few and self._remembered + len(words) <= _REMEMBERED
+        self._known[digest] = _Known(self.low, self.high, words if keep else None)
+        self._remembered += len(words) if keep else 0
         self._parts.append(words.shifted(offset))
 
     def visit(self, offset: int, digest: bytes, frame: memoryview | None) -> None:
@@ -166,7 +176,7 @@ class FrameWords:
             self.learn(offset, digest, frame)
             return
         known = self._known.get(digest)
-        if known is None or known.low > self.low or known.high < self.high:
+        if known is None or known.words is None or known.low > self.low or known.high < self.high:
             self.unseen.append((offset, digest))
         else:
             self._parts.append(known.words.within(self.low, self.high).shifted(offset))
