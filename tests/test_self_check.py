@@ -39,7 +39,9 @@ MISMATCH_OUT = "op     12 buffer 3: MISMATCH 64 float32 compared (exact), 3 mism
             0,
             ILLEGAL,
         ),
-        (2, "", "", Outcome.FAILED, 0, "run-replay exited with status 2"),
+        (1, "", "", Outcome.FAILED, 0, "run-replay exited with status 1"),
+        # another process gets no device (exclusive compute mode, say): nothing learnt of the capture
+        (2, "", "run-replay: error: no CUDA device\n", Outcome.SKIPPED, 0, "run-replay could not run here: no CUDA"),
     ],
 )
 def test_what_run_replay_says_earns_the_verdict(code, stdout, stderr, outcome, ranges, detail):
@@ -49,7 +51,7 @@ def test_what_run_replay_says_earns_the_verdict(code, stdout, stderr, outcome, r
 
 def test_the_verdict_lines():
     assert judge(0, VERIFIED, "").describe() == "replayed and verified: 3 ranges"
-    assert judge(2, "", "x: error: boom\n").describe() == "the replay failed: boom"
+    assert judge(1, "", "x: error: boom\n").describe() == "the replay failed: boom"
 
 
 def test_the_child_is_run_replay_verify_with_this_interpreter(tmp_path):

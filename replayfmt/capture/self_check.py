@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 _TAIL = 400  # characters of a failure kept in the verdict
+_ENVIRONMENT = 2  # run-replay's exit status for usage, format and environment errors (no GPU, no driver)
 _OPERATION_FAILED = re.compile(r"operation \d+|operation\(s\) failed|Traceback")
 
 
@@ -106,7 +107,7 @@ def judge(returncode: int, stdout: str, stderr: str, seconds: float = 0.0) -> Re
     if returncode == 0 and verified:
         ranges = int(verified[-1].split()[1])
         return ReplayCheck(Outcome.VERIFIED, ranges, seconds=seconds)
-    nothing = "the capture holds no checkpoints or expected downloads" in stdout and returncode in (0, 1)
+    nothing = "the capture holds no checkpoints or expected downloads" in stdout
     # run-replay says so (and exits 1 where nothing compared is a failure of --verify): not a failed replay
     if nothing and ": MISMATCH " not in stdout and not _OPERATION_FAILED.search(stderr):
         return ReplayCheck(Outcome.NOTHING_TO_VERIFY, seconds=seconds)
@@ -119,4 +120,6 @@ def judge(returncode: int, stdout: str, stderr: str, seconds: float = 0.0) -> Re
         return ReplayCheck(Outcome.MISMATCH, detail=(mismatch[0] if mismatch else detail)[:_TAIL], seconds=seconds)
     if returncode == 0:  # replayed, no verified line: nothing compared
         return ReplayCheck(Outcome.NOTHING_TO_VERIFY, seconds=seconds)
+    if returncode == _ENVIRONMENT:  # no device for another process, a driver refusal: says nothing of the capture
+        return ReplayCheck(Outcome.SKIPPED, detail=f"run-replay could not run here: {detail[:_TAIL]}", seconds=seconds)
     return ReplayCheck(Outcome.FAILED, detail=detail[:_TAIL], seconds=seconds)
