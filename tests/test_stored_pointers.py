@@ -372,3 +372,18 @@ def test_verification_takes_a_relocated_pointer_for_the_captured_one():
     assert replayed.align(expected[4:], actual[4:], 4) == expected[4:8] + aligned[8:]
     same = ReplayedAddresses(buffers, {1: A, 2: B})
     assert same.align(expected, actual, 0) == expected  # fixed addresses: nothing moved, nothing to take
+
+
+def test_a_kernel_mode_instance_captures_and_checkpoints_what_its_table_points_to(tmp_path, cubin):
+    from replayfmt.capture import CaptureMode
+
+    mem = FakeMemory()
+    events = [*pointer_table_program(mem, cubin, upload=False), ev.LaunchEnd(0)]
+    path, t = record(tmp_path, events, mem, options=RecordOptions(mode=CaptureMode.KERNEL), region=False)
+    assert not t.report.errors and t.report.stored_pointers == 2
+    with replayfmt.open(path) as cap:
+        buffers = {o.address: o.id for o in cap.objects() if isinstance(o, m.Buffer)}
+        ops = list(cap.iter_operations())
+        assert {buffers[B], buffers[C]} <= {op.buffer for op in ops if isinstance(op, m.State)}
+        checkpoint = next(op for op in ops if isinstance(op, m.Checkpoint))
+        assert {buffers[A], buffers[B], buffers[C]} <= {e.buffer for e in checkpoint.entries}
