@@ -89,6 +89,7 @@ class Capture:
         self._fd = self._file.fd
         self.size = self._file.size
         self.recovered = False
+        self.partial = ""
         self.discarded_bytes = 0
         self.recovery_reason = ""
         self._timings_offset = 0  # the TIMINGS chunk (the original program's device times), if any
@@ -132,6 +133,7 @@ class Capture:
         batches = records.struct_array(index["batches"], "BatchEntry")
         frames = records.struct_array(index["frames"], "FrameEntry")
         self.metadata = self._read_metadata(index["metadata_offset"])
+        self.partial = str(index.get("partial") or "")  # (1.3) why the capture stopped early; "" complete
         self._timings_offset = int(index.get("timings_offset") or 0)
         self._set_directory(batches, frames, index["operation_count"], index["object_count"], index["payload_count"])
         self._check_unlisted(index["metadata_offset"], index_offset)

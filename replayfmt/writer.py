@@ -18,9 +18,9 @@ survives an OS crash) is in its docstring; the first thread to store a frame cla
 it pending in one step, and a batch that refers to a frame still being written waits for it.
 
 Errors while writing (a full disk, an I/O error) are ReplayErrors naming the file and offset. Every
-chunk is written at an offset the writer owns, so a failed write leaves at most a torn last chunk:
-the file stays readable up to it (the reader recovers it), and a writer that fails before its
-first chunk is complete removes the file, so a retry is never refused as "already exists".
+chunk is written at an offset the writer owns, so a failed write leaves at most a torn last chunk
+(the reader recovers the file up to it); a writer that fails before its first chunk is complete
+removes the file, so a retry is never refused as "already exists".
 """
 
 from __future__ import annotations
@@ -188,16 +188,8 @@ class CaptureWriter:
                 f"{exc.strerror}; everything flushed before is kept (replayfmt.open recovers it)"
             ) from None
 
-    def _append_chunk(
-        self,
-        kind: ChunkKind,
-        codec: Codec,
-        body: bytes | memoryview,
-        logical_size: int,
-        key: bytes = bytes(16),
-        flags: int = 0,
-    ) -> int:
-        header = pack_chunk_header(kind, flags, codec, body, logical_size, key)
+    def _append_chunk(self, kind: ChunkKind, codec: Codec, body: bytes | memoryview, size: int, flags: int = 0) -> int:
+        header = pack_chunk_header(kind, flags, codec, body, size, bytes(16))  # size: logical (decoded) bytes
         pad = _ZERO_PAD[: align_up(len(body)) - len(body)]
         return self._append_raw([header, body, pad])
 
@@ -208,11 +200,8 @@ class CaptureWriter:
     # -- payloads --------------------------------------------------------------------------
 
     def add_payload(self, data: BytesLike) -> int:
-        """Store bytes once (content-addressed) and return their payload id (from 1).
-
-        The bytes are copied before this returns, so the caller may reuse its buffer. Writing the
-        same content again returns the same id and stores nothing more.
-        """
+        """Store bytes once (content-addressed; copied before this returns, so the caller may reuse its
+        buffer) and return their payload id (from 1): the same content again stores nothing more."""
         self._check_open()
         view = memoryview(data)
         if not view.c_contiguous:
@@ -278,12 +267,8 @@ class CaptureWriter:
         shared_memory: int = 0,
         flags: int = 0,
     ) -> int:
-        """Record a kernel launch; returns its operation index.
-
-        ``function`` is the index of the function in the executable's ``functions``. Each
-        relocation says which pointer (in the parameters, or inside a buffer) to re-point at
-        which buffer + offset on replay.
-        """
+        """Record a kernel launch; returns its operation index. ``function`` indexes the executable's
+        ``functions``; each relocation re-points a pointer (in the parameters or a buffer) on replay."""
         if type(relocations) is not tuple:
             relocations = tuple(relocations)
         # The hot path: one struct pack, relocation sets packed once each, the seal test inline.
@@ -334,9 +319,10 @@ class CaptureWriter:
         dst_offset: int = 0,
         stream: int = 0,
         flags: int = 0,
+        relocations: Iterable[m.Relocation] = (),
     ) -> int:
-        """Record a host-to-device copy from ``data`` (stored as a payload), an existing
-        ``payload`` id, or ``size`` bytes of the file reference ``src_file`` at ``src_offset``."""
+        """A host-to-device copy from ``data`` (stored as a payload), a ``payload`` id, or ``size`` bytes
+        of file reference ``src_file`` at ``src_offset``; ``relocations`` (1.3): pointers stored in them."""
         if data is not None:
             payload = self.add_payload(data)
             size = memoryview(data).nbytes
@@ -345,7 +331,7 @@ class CaptureWriter:
         if bool(payload) == bool(src_file):
             raise ReplayUsageError("copy_h2d needs exactly one source: data/payload or src_file")
         row = (stream, 0, dst_buffer, payload, src_file, flags, src_offset, dst_offset, size)
-        return self._append_row(_K.COPY_HOST_TO_DEVICE, row)
+        return self._append_row(_K.COPY_HOST_TO_DEVICE, row, relocations)
 
     def copy_d2h(
         self,
@@ -376,13 +362,14 @@ class CaptureWriter:
         row = (stream, src_buffer, dst_buffer, 0, 0, flags, src_offset, dst_offset, size)
         return self._append_row(_K.COPY_DEVICE_TO_DEVICE, row)
 
-    def _append_row(self, kind: m.OperationKind, row: tuple[int, ...]) -> int:
+    def _append_row(self, kind: m.OperationKind, row: tuple[int, ...], relocations: Iterable[m.Relocation] = ()) -> int:
         """A copy or memset: one struct row in the batch's column of its kind."""
         with self._lock:
             self._check_open()
             index = self._next_operation
             self._next_operation += 1
             self._batch.kinds.append(kind)
+            self._batch.add_data_relocations(index, relocations)
             (self._batch.memsets if kind == _K.MEMSET else self._batch.copies).append(row)
             self._after_append()
             return index
@@ -447,8 +434,7 @@ class CaptureWriter:
             self.scope_end(name)
 
     def checkpoint(self, expected: Mapping[int, BytesLike] | Iterable[m.CheckpointEntry], *, name: str = "") -> int:
-        """Record what buffers must hold at this point: ``{buffer_id: bytes}`` (from offset 0)
-        or CheckpointEntry(buffer, payload, offset, size) rows."""
+        """What buffers must hold here: ``{buffer_id: bytes}`` (from offset 0) or CheckpointEntry rows."""
         if isinstance(expected, Mapping):
             entries = [m.CheckpointEntry(b, self.add_payload(d), 0, memoryview(d).nbytes) for b, d in expected.items()]
         else:
@@ -456,16 +442,23 @@ class CaptureWriter:
         return self._table_op(m.Checkpoint, name, tuple(entries))
 
     def state(
-        self, *, buffer: int, data: BytesLike | None = None, payload: int = 0, size: int | None = None, offset: int = 0
+        self,
+        *,
+        buffer: int,
+        data: BytesLike | None = None,
+        payload: int = 0,
+        size: int | None = None,
+        offset: int = 0,
+        relocations: Iterable[m.Relocation] = (),
     ) -> int:
         """Record what ``buffer`` holds at ``offset`` when the enclosing region begins (format 1.1):
-        starting state, which replay restores outside timing, never a copy the program made. No
-        earlier operation of the region may touch the range (docs/FORMAT.md 4.2)."""
+        starting state, which replay restores outside timing, never a copy the program made. No earlier
+        operation of the region may touch the range (docs/FORMAT.md 4.2). ``relocations`` (1.3): pointers in it."""
         if data is not None:
             payload, size = self.add_payload(data), memoryview(data).nbytes
         if not payload or size is None:
             raise ReplayUsageError("state needs data, or a payload id with a size")
-        return self._table_op(m.State, buffer, payload, offset, size)
+        return self._table_op(m.State, buffer, payload, offset, size, tuple(relocations))
 
     def unsupported(self, call: str, reason: str, stream: int = 0) -> int:
         """Record a call that cannot be reproduced: dump shows it, replay refuses the capture."""
@@ -481,6 +474,8 @@ class CaptureWriter:
         self._next_operation += 1
         batch = self._batch
         batch.kinds.append(op.kind)
+        if isinstance(op, m.State):
+            batch.add_data_relocations(index, op.relocations)
         if op.kind in records.ID_OPERATIONS:
             batch.id_operations += _ID_OPERATION_STRUCT.pack(*records.id_operation_fields(op))
         else:
@@ -527,9 +522,8 @@ class CaptureWriter:
         raise ReplayError(f"{self.path}: writing the capture failed: {exc}") from exc
 
     def flush(self, *, durable: bool | None = None) -> None:
-        """Write everything recorded so far to the file: when this returns, a crash of the process
-        loses none of it. ``durable=True`` (default: the writer's ``durable`` option) also fsyncs
-        the file, so that it survives an OS crash or power loss too (slower: milliseconds)."""
+        """Write everything recorded so far to the file: a crash of the process then loses none of it.
+        ``durable=True`` (default: the writer's option) also fsyncs it against an OS crash (milliseconds)."""
         with self._lock:
             self._check_open()
             self._seal()
@@ -551,15 +545,16 @@ class CaptureWriter:
     def operation_count(self) -> int:
         return self._next_operation
 
-    def close(self) -> None:
-        """Flush, write the index and footer, and close the file. Idempotent."""
+    def close(self, *, partial: str = "") -> None:
+        """Flush, write the index and footer, and close the file. Idempotent. ``partial`` (1.3):
+        why the capture stopped before its program did (readers then refuse to replay it)."""
         if self._closed:
             return
         try:
             self.flush()
             with self._lock:
                 self._closed = True
-            self._write_index()
+            self._write_index(partial)
             self._sync()
         finally:
             self._closed = True
@@ -568,7 +563,7 @@ class CaptureWriter:
             self._record_pool.shutdown(wait=True)
             os.close(self._fd)
 
-    def _write_index(self) -> None:
+    def _write_index(self, partial: str) -> None:
         frames = frame_entries(self._frame_store.rows())
         batches = self._sealer.entries()
         timings_offset = self._write_original_times()
@@ -580,6 +575,7 @@ class CaptureWriter:
             batches=batches,
             frames=frames,
             timings_offset=timings_offset,
+            partial=partial,
         )
         codec, stored = self._record_compressor.compress(body)
         index_offset = self._append_chunk(ChunkKind.INDEX, codec, stored, len(body))

@@ -40,14 +40,14 @@ class FakeMemory:
                 return bytes(data[address - base : address - base + size])
         raise AssertionError(f"read of unknown memory {address:#x}")
 
-    def snapshot(self, address: int, size: int, stream: int | None, writer, inspect=None) -> int:
+    def snapshot(self, address: int, size: int, stream: int | None, writer, inspect=None, *, frames=None) -> int:
         """Through the real snapshot pipeline, on a fake device over the same memory."""
         self.reads.append((address, size, stream))
         device = FakeDevice()
         device.memory = self.device
         snapshots = Snapshotter(device, slot_size=writer.frame_size, slots=2)
         try:
-            return snapshots.snapshot(address, size, stream, writer, inspect)
+            return snapshots.snapshot(address, size, stream, writer, inspect, frames=frames)
         finally:
             snapshots.close()
 
@@ -268,27 +268,6 @@ def test_allocations_made_before_recording_are_found_through_the_driver(tmp_path
         assert [(b.address, b.size) for b in buffers] == [(C, 128)]
         launch = next(op for op in cap.iter_operations() if op.kind == m.OperationKind.LAUNCH)
         assert sorted(r.target_offset for r in launch.relocations) == [0, 64]
-
-
-def test_stored_pointers_mark_the_capture_for_fixed_addresses(tmp_path, cubin):
-    mem = FakeMemory()
-    mem.device[A] = bytearray(struct.pack("<QQ", B + 8, 3))  # a pointer table
-    mem.device[B] = bytearray(64)
-    path, t = record(
-        tmp_path,
-        [
-            ev.ModuleImage(MODULE, cubin, None),
-            ev.Allocation(A, 16),
-            ev.Allocation(B, 64),
-            ev.LaunchBegin(kernel(), (1, 1, 1), (1, 1, 1), 0, 0, saxpy_params(1.0, A, B, 2)),
-        ],
-        mem,
-    )
-    assert "holds the address" in t.report.needs_fixed_addresses
-    with replayfmt.open(path) as cap:
-        plan = build_plan(cap, PlanOptions(continue_on_error=True))
-        assert any("--fixed-addresses" in p for p in plan.problems)
-        assert not build_plan(cap, PlanOptions(fixed_addresses=True)).problems
 
 
 def test_tensor_maps_become_tensor_map_relocations(tmp_path, cubin):

@@ -3,6 +3,7 @@ work into a .kreplay file, with no change to the script."""
 
 from __future__ import annotations
 
+import gc
 import os
 import runpy
 import sys
@@ -10,8 +11,9 @@ from pathlib import Path
 
 import click
 
-from replayfmt.capture import CaptureMode, Recorder, RecordOptions
+from replayfmt.capture import CaptureMode, Recorder, RecordOptions, Report, SelfCheck
 from replayfmt.capture.profilers import conflict_line
+from replayfmt.capture.self_check import Outcome
 from replayfmt.cuda.address_space import restart_without_aslr
 from replayfmt.format import model as m
 from replayfmt_tools.common import (
@@ -87,7 +89,28 @@ MODULE_NAME = "python -m replayfmt.capture"  # how README starts the recorder; m
 @click.option(
     "--keep-partial",
     is_flag=True,
-    help="Keep OUTPUT and exit 0 when the capture cannot be replayed (default: remove it, exit 1).",
+    help="Keep OUTPUT (marked partial when it stopped on an error) and exit 0 when the capture cannot be "
+    "replayed (default: remove it, exit 1).",
+)
+@click.option(
+    "--no-self-check",
+    is_flag=True,
+    help="Do not replay and verify the capture in a child process at the end (the plan's checks only).",
+)
+@click.option(
+    "--self-check-timeout",
+    type=click.FloatRange(min=1),
+    default=300.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="The self-check's replay gets this long; past it the verdict says it was not replayed.",
+)
+@click.option(
+    "--self-check-max-gib",
+    type=click.FloatRange(min=0),
+    default=16.0,
+    show_default=True,
+    help="A larger capture file is not replayed by the self-check (the verdict says so).",
 )
 @click.option("--quiet", is_flag=True, help="Do not print the report at the end.")
 @agents_md_option("capture-replay")
@@ -109,6 +132,9 @@ def main(
     whole_allocations: bool,
     max_snapshot_gib: float,
     keep_partial: bool,
+    no_self_check: bool,
+    self_check_timeout: float,
+    self_check_max_gib: float,
     quiet: bool,
     script: str,
     args: tuple[str, ...],
@@ -119,9 +145,14 @@ def main(
     it wrote at the end; kernel mode keeps --kernels launches with before and after snapshots.
     Replay the result with run-replay, benchmark-replay or tune-replay.
 
-    At the end the capture is checked as run-replay's plan checks it: `replayable: yes`, or the
-    first reason why not, in which case OUTPUT is removed and the exit status is 1 (--keep-partial
-    keeps the file and exits 0). The report also says what replay needs from this host.
+    At the end the capture is checked as run-replay's plan checks it, then replayed and verified
+    in a child process (run-replay --verify; bounded by --self-check-timeout and
+    --self-check-max-gib, off with --no-self-check): `replayable: yes (replayed and verified: N
+    ranges)`, or what failed. A capture that cannot be replayed, or that stopped on an error (the
+    recorder's, or the program's while it was recorded: the file is marked partial), is removed
+    and the exit status is 1 (--keep-partial keeps the file and exits 0); a replay whose
+    verification finds a difference is reported and kept. The report also says what replay needs
+    from this host.
     """
     # before CUDA, CUPTI or the program start: a path that cannot take the capture is one line now
     check_new_file(Path(output), "-o", overwrite_flag="--overwrite", overwrite=overwrite)
@@ -147,33 +178,67 @@ def main(
     sys.argv = [script, *args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     namespace: dict[str, object] = {}  # the script's globals live until the final checkpoint (live buffers)
-    conflict: str | None = None
+    failure, error, conflict = "", None, None
     try:
         namespace = runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except Exception as exc:  # the program's own failure: its traceback follows; a CUPTI conflict is said first
-        conflict = conflict_line(exc)
-        raise
-    finally:
-        report = recorder.close()
-        namespace.clear()
-        if not quiet:
-            for line in report.lines():
-                click.echo(line, err=True)
-        if conflict:
-            click.echo(f"capture-replay: {conflict}", err=True)
+        failure = f"it exited with status {code}" if code else ""
+    except BaseException as exc:  # the program's own error: the capture is partial; raised again below
+        failure, error = f"it raised {type(exc).__name__}: {exc}", exc
+        conflict = conflict_line(exc) if isinstance(exc, Exception) else None  # a CUPTI conflict is said first
+    report = recorder.close(program_failed=failure)
+    namespace.clear()
+    if not no_self_check and report.verdict is not None and report.verdict.replayable and not report.partial:
+        _release_cached_memory()
+        recorder.self_check(SelfCheck(self_check_timeout, int(self_check_max_gib * (1 << 30))))
+    if not quiet:
+        for line in report.lines():
+            click.echo(line, err=True)
+    name = invoked_name("capture-replay", (MODULE_NAME,))
+    if conflict:
+        click.echo(f"{name}: {conflict}", err=True)
+    try:
+        code = _outcome(report, output, code, keep_partial=keep_partial, name=name)
+    except ToolExit as exc:
+        if error is None:
+            raise
+        click.echo(f"{name}: {exc.message}", err=True)  # then the program's own error
+    if error is not None:
+        raise error
+    return code
+
+
+def _outcome(report: Report, output: str, code: int, *, keep_partial: bool, name: str) -> int:
+    """Keep or remove OUTPUT after the verdict; the exit status."""
     verdict = report.verdict
-    if code or verdict is None or verdict.replayable:
+    if verdict is not None and verdict.replay is not None and verdict.replay.outcome == Outcome.MISMATCH:
+        # it replays: the file is worth keeping; what differs is for the user to judge (tolerances)
+        click.echo(
+            f"{name}: warning: replaying {output} found a difference (run-replay --verify {output}; "
+            "--tolerance compares floating-point buffers within their dtype's tolerance)",
+            err=True,
+        )
+    if verdict is None or (verdict.replayable and not report.partial):
         return code
+    reason = f"it is partial: {report.partial}" if report.partial else verdict.reason
     if keep_partial:
-        name = invoked_name("capture-replay", (MODULE_NAME,))
-        click.echo(f"{name}: kept {output} although it cannot be replayed (--keep-partial)", err=True)
+        click.echo(f"{name}: kept {output} although it cannot be replayed (--keep-partial): {reason}", err=True)
         return code
     Path(output).unlink(missing_ok=True)
-    raise ToolExit(
-        EXIT_PROBLEM, f"error: {output} cannot be replayed ({verdict.reason}); removed it (--keep-partial keeps it)"
-    )
+    raise ToolExit(EXIT_PROBLEM, f"error: {output} cannot be replayed ({reason}); removed it (--keep-partial keeps it)")
+
+
+def _release_cached_memory() -> None:
+    """Let the self-check's replay have the device memory the program's framework only caches
+    (PyTorch's allocator keeps freed blocks); what the program still holds it keeps."""
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            torch.cuda.empty_cache()
+        except Exception:  # a torch without CUDA, or a broken context: the self-check then says so
+            pass
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from __future__ import annotations
 from replayfmt.capture.allocations import TensorLabel
 from replayfmt.capture.labels import KernelAnnotation
 from replayfmt.capture.options import CaptureMode, RecordOptions
-from replayfmt.capture.recorder import Recorder, active, record, scope
+from replayfmt.capture.recorder import Recorder, SelfCheck, active, record, scope
 from replayfmt.capture.report import KernelStats, Report
 from replayfmt.capture.translate import Translator
 
@@ -31,6 +31,7 @@ __all__ = [
     "RecordOptions",
     "Recorder",
     "Report",
+    "SelfCheck",
     "TensorLabel",
     "Translator",
     "active",

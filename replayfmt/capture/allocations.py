@@ -44,6 +44,9 @@ class Allocation:
     labels: list[TensorLabel] = field(default_factory=list)
     # (offset, size) of the live framework buffers its state covered in that region; None: all of it
     state_spans: list[tuple[int, int]] | None = None
+    # allocations its captured bytes point into (pointers stored in it), by address: a kernel that
+    # reads it may follow them, so their contents are captured with it
+    pointees: dict[int, Allocation] = field(default_factory=dict)
 
 
 class AllocationTable:
@@ -61,6 +64,7 @@ class AllocationTable:
         # parameter words below this are numbers: POINTER_LOW, or lower where host memory that kernels
         # read lies lower (a non-PIE interpreter's heap, registered with cuMemHostRegister)
         self.pointer_low = POINTER_LOW
+        self._bounds: tuple[int, np.ndarray, np.ndarray, list[Allocation]] | None = None  # epoch, starts, ends, ...
 
     def add(self, address: int, size: int, api: ev.MemoryApi, call: str) -> Allocation:
         self.remove(address)
@@ -118,26 +122,24 @@ class AllocationTable:
             return allocation
         return self.device_allocation(address)
 
+    def bounds(self) -> tuple[np.ndarray, np.ndarray, list[Allocation]]:
+        """Every live allocation as sorted ``starts`` and ``ends`` (uint64 arrays; a zero-size one
+        holds its own address) and the allocations in that order: :meth:`find` for many
+        addresses at once. Worked out again only when the table changed."""
+        cached = self._bounds
+        if cached is None or cached[0] != self.epoch:
+            allocations = [self._by_address[a] for a in self._starts]
+            starts = np.array(self._starts, dtype=np.uint64)
+            ends = np.array([a.address + max(a.size, 1) for a in allocations], dtype=np.uint64)
+            cached = self._bounds = (self.epoch, starts, ends, allocations)
+        return cached[1], cached[2], cached[3]
+
     def span(self) -> tuple[int, int] | None:
         """[lowest start, highest end) over every live allocation, or None when there is none."""
         if not self._starts:
             return None
         last = self._by_address[self._starts[-1]]
         return self._starts[0], last.address + last.size
-
-    def stored_device_address(self, data: bytes | memoryview) -> tuple[int, int, Allocation] | None:
-        """The first 8-byte-aligned word of ``data`` that is the address of a live device
-        allocation, as (value, byte offset in data, allocation); None when there is none."""
-        span = self.span()
-        if span is None or len(data) < 8:
-            return None
-        words = np.frombuffer(data, dtype=np.uint64, count=len(data) // 8)
-        candidates = words[(words >= span[0]) & (words < span[1])]
-        for value in np.unique(candidates)[:4096].tolist():
-            target = self.find(value)
-            if target is not None and target.api == ev.MemoryApi.DEVICE:
-                return value, int(np.flatnonzero(words == value)[0]) * 8, target
-        return None
 
 
 Extent = tuple[int, int]  # (address, size)

@@ -71,6 +71,7 @@ class GraphEvents:
         def _function(self, kernel: ev.Kernel) -> tuple[int, int] | None: ...
         def _relocations(self, parameters: bytes, shape: Any) -> tuple[tuple[m.Relocation, ...], list[Allocation]]: ...
         def _touch_for_launch(self, allocation: Allocation, stream: int, kernel: str) -> None: ...
+        def _reached(self, holder: Allocation) -> list[Allocation]: ...
 
     def _on_graph_instantiated(self, event: ev.GraphInstantiated) -> None:
         self._executables[event.graph_exec] = GraphExecutable(event.graph)
@@ -143,6 +144,8 @@ class GraphEvents:
             executable.epoch, executable.targets, executable.kernels = epoch, targets, kernels
         for allocation in executable.targets:  # snapshots first: what the graph starts from
             self._touch_for_launch(allocation, event.stream, "")
+            for reached in self._reached(allocation) if allocation.pointees else ():  # through stored pointers
+                self._touch_for_launch(reached, event.stream, "")
         self.writer.graph_launch(executable.graph, self._stream(event.stream))
         self.report.graph_launches += 1
         for name in executable.kernels:

@@ -19,11 +19,14 @@ from typing import TYPE_CHECKING
 
 from replayfmt.capture import events as ev
 from replayfmt.capture.allocations import Allocation, AllocationTable, Extent
+from replayfmt.capture.stored_pointers import Words, candidate_words
 from replayfmt.errors import DeviceError
 from replayfmt.format import model as m
 
 if TYPE_CHECKING:
     from replayfmt.capture.device_memory import DeviceMemory
+    from replayfmt.capture.file_references import FileReferences
+    from replayfmt.capture.hostfiles import HostFiles
     from replayfmt.capture.report import Report
     from replayfmt.writer import CaptureWriter
 
@@ -43,6 +46,8 @@ class MemoryEvents:
     report: Report
     _recording: bool
     _region: int
+    _host_files: HostFiles
+    _file_references: FileReferences
 
     if TYPE_CHECKING:  # provided by the translator (real stubs here would shadow its mixins' methods)
 
@@ -52,6 +57,10 @@ class MemoryEvents:
         def _snapshot_failed(
             self, allocation: Allocation, buffer: int, offset: int, size: int, exc: Exception
         ) -> None: ...
+        def stored_pointers(self, holder: Allocation, words: Words) -> tuple[m.Relocation, ...]: ...
+
+        @property
+        def scans_pointers(self) -> bool: ...
 
     def _on_allocation(self, event: ev.Allocation) -> None:
         self.allocations.add(event.address, event.size, event.api, event.call)
@@ -119,8 +128,48 @@ class MemoryEvents:
         self.report.snapshot_seconds += time.perf_counter() - started
         payload = self.writer.add_payload(data)
         if payload != allocation.latest:
+            words = self._candidates(data, 0)
             self.writer.copy_h2d(
-                dst_buffer=self._buffer(allocation), payload=payload, size=allocation.size, stream=self._stream(stream)
+                dst_buffer=self._buffer(allocation),
+                payload=payload,
+                size=allocation.size,
+                stream=self._stream(stream),
+                relocations=self.stored_pointers(allocation, words),
             )
             self.report.snapshot_bytes += allocation.size
             allocation.latest = payload
+
+    def _copy_from_host(self, event: ev.Copy, dst: Allocation, stream: int, flags: int) -> None:
+        offset = event.dst - dst.address
+        mapped = self._host_files.file_range(event.src, event.size) if event.size else None
+        if mapped is not None:
+            path, file_offset = mapped
+            reference = self._file_references.for_copy(
+                path, file_offset, event.size, lambda: self.memory.host_bytes(event.src, event.size)
+            )
+            if reference:
+                self.writer.copy_h2d(
+                    dst_buffer=dst.buffer,
+                    src_file=reference,
+                    src_offset=file_offset,
+                    size=event.size,
+                    dst_offset=offset,
+                    stream=stream,
+                    flags=flags,
+                )
+                return
+        data = self.memory.host_bytes(event.src, event.size)
+        words = self._candidates(data, offset)
+        self.writer.copy_h2d(
+            dst_buffer=dst.buffer,
+            data=data,
+            dst_offset=offset,
+            stream=stream,
+            flags=flags,
+            relocations=self.stored_pointers(dst, words),
+        )
+
+    def _candidates(self, data: bytes | memoryview, first: int) -> Words:
+        """Words of uploaded bytes (from byte ``first`` of their buffer) that may be stored pointers."""
+        span = self.allocations.span() if self.scans_pointers else None
+        return candidate_words(data, first, *span) if span is not None else Words()

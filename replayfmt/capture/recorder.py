@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from replayfmt.capture.labels import KernelAnnotation
 from replayfmt.capture.options import CaptureMode, RecordOptions
 from replayfmt.capture.original_times import OriginalTimes
 from replayfmt.capture.report import Report
+from replayfmt.capture.self_check import Outcome, ReplayCheck, replay_check, skip_reason
 from replayfmt.capture.translate import Translator
 from replayfmt.capture.verdict import check_capture
 from replayfmt.errors import ReplayUsageError
@@ -31,6 +33,14 @@ from replayfmt.format import model as m
 from replayfmt.writer import CaptureWriter
 
 _active: list[Recorder] = []  # the listening recorder (CUPTI has one subscriber per process)
+
+
+@dataclass(frozen=True)
+class SelfCheck:
+    """Bounds of the recorder's self-check (a replay of its capture in a child process)."""
+
+    timeout_s: float = 300.0  # the child replay's wall time
+    max_bytes: int = 16 << 30  # a larger capture file is not replayed (the check says so)
 
 
 def active() -> Recorder | None:
@@ -144,14 +154,23 @@ class Recorder:
     def annotate(self, kernel: str, annotation: KernelAnnotation) -> None:
         self.translator.annotate_kernel(None, kernel, annotation)
 
-    def close(self) -> Report:
+    def close(self, *, program_failed: str = "", self_check: SelfCheck | None = None) -> Report:
         """Stop listening, close any open region, write the index, and check the file as
-        run-replay's plan would (``report.verdict``); returns the report."""
+        run-replay's plan would (``report.verdict``); returns the report.
+
+        ``program_failed`` (why the program stopped on an error, e.g. an exception) makes the
+        capture partial when work was being recorded then (a region open): the file says so
+        (format 1.3 ``Index.partial``) and no replay accepts it; so does the recorder's own first
+        error. ``self_check``: then replay and verify the file in a child process
+        (:meth:`self_check`)."""
         if self._closed:
             return self.report
         self._closed = True
+        if program_failed and self.translator.in_progress and not self.report.partial:
+            self.report.partial = f"the program stopped while it was being recorded: {program_failed}"
         try:
-            self.stop()
+            if not self.report.partial:
+                self.stop()
         finally:
             for undo in self._enrichment:
                 undo()
@@ -160,10 +179,43 @@ class Recorder:
                 _active.pop()
             self.times.close()  # before the writer closes: the times go in at close
             self.memory.close()
-            self.writer.close()
+            self.writer.close(partial=self.report.partial)
             self.report.operations = self.writer.operation_count
         self.report.verdict = check_capture(self.path, fixed_addresses=self.options.fixed_addresses)
+        if self_check is not None:
+            self.self_check(self_check)
         return self.report
+
+    def self_check(self, limits: SelfCheck = SelfCheck()) -> Report:
+        """Replay and verify the closed capture in a child process (``run-replay --verify``), within
+        ``limits``; the outcome goes into ``report.verdict`` (a failed replay makes it not
+        replayable). Call after :meth:`close`, once the program has let go of what memory it can."""
+        verdict = self.report.verdict
+        if not self._closed or verdict is None or not verdict.replayable:
+            return self.report
+        free = self._free_device_memory()
+        why = skip_reason(
+            self.path, device_bytes=verdict.device_bytes, free_bytes=free, max_file_bytes=limits.max_bytes
+        )
+        if why:
+            verdict.replay = ReplayCheck(Outcome.SKIPPED, detail=why)
+        else:
+            verdict.replay = replay_check(
+                self.path, fixed_addresses=verdict.fixed_addresses, timeout_s=limits.timeout_s
+            )
+        if verdict.replay.outcome == Outcome.FAILED:
+            verdict.replayable, verdict.reason = False, verdict.replay.describe()
+        return self.report
+
+    def _free_device_memory(self) -> int | None:
+        """Device memory free now (bytes), or None when the driver cannot say."""
+        from replayfmt.cuda.driver import CudaCallError, check
+
+        try:
+            free, _ = check(self.memory.cu.cuMemGetInfo(), "cuMemGetInfo")
+        except CudaCallError:
+            return None
+        return int(free)
 
     def __enter__(self) -> Recorder:
         return self

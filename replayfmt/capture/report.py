@@ -28,7 +28,10 @@ class Report:
     graph_launches: int = 0  # cuGraphLaunch calls written as GraphLaunch operations
     graphs: int = 0  # Graph objects written (a graph changed between launches is written again)
     errors: list[str] = field(default_factory=list)  # problems met inside callbacks
-    needs_fixed_addresses: str = ""  # why, when the capture needs --fixed-addresses
+    stored_pointers: int = 0  # pointers found in state and uploads, relocated on replay (data relocations)
+    # buffer id -> what it holds that may be pointers or data: left as captured (--fixed-addresses replays it)
+    ambiguous_pointers: dict[int, str] = field(default_factory=dict)
+    partial: str = ""  # why the capture stopped before the program did ("" complete): written in the file
     verdict: Verdict | None = None  # run-replay's plan on the closed file (None: not checked)
     timing: str = ""  # whether the original program's device times were recorded (CUPTI)
     notes: list[str] = field(
@@ -67,11 +70,19 @@ class Report:
             )
         for call, count in sorted(self.unsupported.items()):
             out.append(f"  unsupported: {call} x{count} (recorded; replay will refuse the capture)")
-        if self.needs_fixed_addresses:
-            out.append(f"  needs --fixed-addresses: {self.needs_fixed_addresses}")
+        if self.stored_pointers:
+            out.append(f"  stored pointers: {self.stored_pointers} in state and uploads, relocated on replay")
+        for why in list(self.ambiguous_pointers.values())[:5]:
+            out.append(
+                f"  may hold pointers: {why}; left as captured (if replay fails, capture with --fixed-addresses)"
+            )
+        if len(self.ambiguous_pointers) > 5:
+            out.append(f"  ... and {len(self.ambiguous_pointers) - 5} more buffers that may hold pointers")
         if self.timing:
             out.append(f"  {self.timing}")
         out.extend(f"  note: {note}" for note in self.notes)
+        if self.partial:
+            out.append(f"  partial: {self.partial}")
         if self.verdict is not None:
             out.append(f"  {self.verdict.host_line()}")
             out.append(f"  {self.verdict.line()}")

@@ -37,6 +37,8 @@ from replayfmt.cuda.driver import CudaCallError, check
 from replayfmt.format.payloads import frame_hash
 
 Inspect = Callable[[int, memoryview], None]  # (offset in the snapshot, the frame's bytes)
+# (offset in the snapshot, the frame's digest, its bytes when they crossed the bus, else None)
+FrameVisitor = Callable[[int, bytes, memoryview | None], None]
 
 
 class SnapshotDevice(Protocol):
@@ -118,25 +120,49 @@ class Snapshotter:
             return slot
         return self._pool.get()
 
-    def snapshot(self, address: int, size: int, stream: int | None, writer: Any, inspect: Inspect | None = None) -> int:
+    def snapshot(
+        self,
+        address: int,
+        size: int,
+        stream: int | None,
+        writer: Any,
+        inspect: Inspect | None = None,
+        *,
+        frames: FrameVisitor | None = None,
+    ) -> int:
         """The payload id of the ``size`` bytes at device ``address``, once ``stream`` is done.
         ``inspect(offset, frame)`` sees each frame that crosses the bus (the file lacked it), on
-        this thread, before the writer does; frames the file holds were inspected when stored."""
+        this thread, before the writer does. ``frames(offset, digest, frame)`` (instead of
+        ``inspect``) sees every frame with its digest: with its bytes when they crossed the bus,
+        with None when the file held them already (the caller knows them by their digest)."""
         self.device.synchronize(stream)
         frame_size = writer.frame_size
         if size and self.slot_size % frame_size:
             raise ValueError(f"slot size {self.slot_size} is not a multiple of the frame size {frame_size}")
-        frames = [(address + start, min(frame_size, size - start)) for start in range(0, size, frame_size)]
+        pieces = [(address + start, min(frame_size, size - start)) for start in range(0, size, frame_size)]
         started = time.perf_counter()
-        digests = self._digests(frames)
+        digests = self._digests(pieces)
         self.stats.hash_seconds += time.perf_counter() - started
         self.stats.snapshots += 1
         self.stats.logical_bytes += size
         started = time.perf_counter()
+        crossed: set[int] = set()
+        if frames is not None:
+            visit = frames
+
+            def inspect(offset: int, view: memoryview) -> None:
+                crossed.add(offset)
+                visit(offset, digests[offset // frame_size], view)
+
         try:
-            return writer.add_payload_frames(size, digests, lambda missing: self._fetch(frames, missing, inspect))
+            payload = writer.add_payload_frames(size, digests, lambda missing: self._fetch(pieces, missing, inspect))
         finally:
             self.stats.copy_seconds += time.perf_counter() - started
+        if frames is not None:
+            for index, digest in enumerate(digests):
+                if index * frame_size not in crossed:
+                    frames(index * frame_size, digest, None)
+        return payload
 
     def _digests(self, frames: list[tuple[int, int]]) -> list[bytes]:
         on_device = [f for f in frames if f[1] >= SHORTEST and f[0] % 8 == 0]

@@ -1,13 +1,12 @@
 """What the translator records of memory the program had before a region: each allocation's
 contents at its first touch in a region (or kernel instance) become *state* (format 1.1: never a
-copy the program made), a snapshot that crossed the bus is scanned for stored device addresses
-(which force --fixed-addresses), and the region and each scope in it checkpoint what they touched.
+copy the program made), with the pointers stored in those bytes (format 1.3 data relocations:
+:mod:`stored_pointers`), and the region and each scope in it checkpoint what they touched.
 A mixin of :class:`~replayfmt.capture.translate.Translator`, like ``MemoryEvents``.
 """
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Hashable
 from typing import TYPE_CHECKING
@@ -16,6 +15,7 @@ from replayfmt.capture import events as ev
 from replayfmt.capture.allocations import Allocation, AllocationTable
 from replayfmt.capture.live_buffers import LiveBuffers
 from replayfmt.capture.options import CaptureMode, RecordOptions
+from replayfmt.capture.stored_pointers import MAX_POINTERS, FrameWords, Resolved, Words, resolve
 from replayfmt.errors import DeviceError
 from replayfmt.format import model as m
 
@@ -35,7 +35,7 @@ class StateEvents:
     report: Report
     _region: int
     _device: int
-    _marked_fixed: bool
+    _frame_words: FrameWords
     _touched: list[Allocation]
     _scopes: list[tuple[str, dict[int, Allocation]]]
     live_buffers: LiveBuffers
@@ -79,15 +79,21 @@ class StateEvents:
         held = self._address_spans(allocation, ("state", self._region))
         held = None if held == spans else held
         started = time.perf_counter()
-        scan = self.options.detect_pointers and not self.options.fixed_addresses and not self._marked_fixed
+        span = self.allocations.span() if self.scans_pointers else None
         for offset, size in spans:
-            inspect = functools.partial(self._look_for_stored_pointers, allocation, offset, held) if scan else None
+            frames = self._frame_words if span is not None and offset % 8 == 0 else None
+            if frames is not None:
+                frames.begin(*span)
+            visit = frames.visit if frames is not None else None
             try:
-                payload = self.memory.snapshot(allocation.address + offset, size, stream, self.writer, inspect)
+                payload = self.memory.snapshot(allocation.address + offset, size, stream, self.writer, frames=visit)
+                relocations = (
+                    self._snapshot_pointers(allocation, offset, size, stream, held) if frames is not None else ()
+                )
             except DeviceError as exc:  # the state is missing: replay must refuse, saying which buffer
                 self._snapshot_failed(allocation, buffer, offset, size, exc)
                 break
-            self.writer.state(buffer=buffer, payload=payload, size=size, offset=offset)
+            self.writer.state(buffer=buffer, payload=payload, size=size, offset=offset, relocations=relocations)
             if (offset, size) == (0, allocation.size):
                 allocation.before = payload
             self.report.snapshot_bytes += size
@@ -152,52 +158,70 @@ class StateEvents:
         for _, touched in self._scopes:  # each open scope checkpoints it at its end
             touched[allocation.address] = allocation
 
-    def _look_for_stored_pointers(
-        self,
-        allocation: Allocation,
-        base: int,
-        held: list[tuple[int, int]] | None,
-        offset: int,
-        data: bytes | memoryview,
-    ) -> None:
-        """Device memory holding addresses of allocations (pointer arrays, cuBLAS workspaces)
-        cannot be relocated: mark the capture as needing --fixed-addresses. ``data``: the bytes
-        at ``base + offset`` in the allocation (each frame of a snapshot, taken at ``base``, that
-        crossed the bus); ``held``: (offset, size) in the allocation of the bytes its framework's
-        buffers hold (None: all of them), the only ones looked at."""
-        if self._marked_fixed:
+    @property
+    def scans_pointers(self) -> bool:
+        """Whether captured data is searched for stored pointers (replay at the recorded
+        addresses needs none relocated)."""
+        return self.options.detect_pointers and not self.options.fixed_addresses
+
+    def _snapshot_pointers(
+        self, allocation: Allocation, offset: int, size: int, stream: int, held: list[tuple[int, int]] | None
+    ) -> tuple[m.Relocation, ...]:
+        """The stored pointers of the snapshot just taken at ``offset`` of the allocation: the
+        frames that crossed the bus were scanned as they did; frames the file held are known
+        by digest, or read again when they were stored unscanned (a checkpoint's, say). ``held``:
+        (offset, size) in the allocation of the bytes its framework's buffers hold that can hold an
+        address (None: all of it), the only ones taken."""
+        frames = self._frame_words
+        frame_size = self.writer.frame_size
+        for at, digest in frames.unseen:
+            length = min(frame_size, size - at)
+            frames.learn(at, digest, self.memory.read(allocation.address + offset + at, length, stream))
+        words = frames.words().shifted(offset)
+        return self.stored_pointers(allocation, words if held is None else words.in_spans(held))
+
+    def stored_pointers(self, holder: Allocation, words: Words) -> tuple[m.Relocation, ...]:
+        """Data relocations of the candidate ``words`` (byte offsets in ``holder``); the targets
+        become the holder's pointees, and words it cannot tell from data are reported."""
+        if not len(words):
+            return ()
+        resolved = resolve(words, self.allocations, holder)
+        relocations = []
+        for site, offset, target in resolved.relocations:
+            relocations.append(m.Relocation(holder.buffer, self._buffer(target), site, offset))
+            if target is not holder:
+                holder.pointees[target.address] = target
+        if resolved.ambiguous or resolved.dropped:
+            self._report_ambiguous(holder, resolved)
+        self.report.stored_pointers += len(relocations)
+        return tuple(relocations)
+
+    def _report_ambiguous(self, holder: Allocation, resolved: Resolved) -> None:
+        if holder.buffer in self.report.ambiguous_pointers:
             return
-        start = base + offset
-        pieces = [(0, len(data))]
-        if held is not None:
-            pieces = [
-                (max(o, start) - start, min(o + n, start + len(data)) - start)
-                for o, n in held
-                if o < start + len(data) and o + n > start
-            ]
-        found = None
-        for low, high in pieces:
-            found = self.allocations.stored_device_address(data[low:high])
-            if found is not None:
-                found = (found[0], found[1] + low, found[2])
-                break
-        if found is None:
-            return
-        value, where, target = found
-        where += start
-        self._marked_fixed = True
-        holder, target_buffer = allocation.buffer, self._buffer(target)
-        reason = f"buffer {holder} holds the address {value:#x} (of buffer {target_buffer}) at byte {where}"
-        self.report.needs_fixed_addresses = reason
-        # objects are immutable once written: one alias buffer marks the whole capture
-        marker = m.Buffer(
-            size=allocation.size,
-            device=self._device,
-            address=allocation.address,
-            requires_fixed_address=True,
-            label=f"fixed-address marker: {reason}",
-        )
-        self.writer.add_object(marker)
+        if resolved.example is not None:
+            site, value, target = resolved.example
+            what = (
+                f"{resolved.ambiguous} word(s) that point into recorded buffers or are pairs of integers, "
+                f"e.g. {value:#x} at byte {site} (into buffer {self._buffer(target)})"
+            )
+        else:
+            what = f"more than {MAX_POINTERS} stored pointers"
+        self.report.ambiguous_pointers[holder.buffer] = f"buffer {holder.buffer} ({holder.call}) holds {what}"
+
+    def _reached(self, holder: Allocation) -> list[Allocation]:
+        """Live allocations reachable through the pointers stored in ``holder`` (and in those)."""
+        reached: list[Allocation] = []
+        seen = {holder.address}
+        todo = list(holder.pointees.values())
+        while todo:
+            allocation = todo.pop()
+            if allocation.address in seen or not self.allocations.is_live(allocation):
+                continue
+            seen.add(allocation.address)
+            reached.append(allocation)
+            todo += allocation.pointees.values()
+        return reached
 
     def _checkpoint(self, allocations: list[Allocation], *, stream: int | None, name: str) -> None:
         """What the allocations hold now, for those still alive (their live framework buffers

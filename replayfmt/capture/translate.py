@@ -36,6 +36,7 @@ from replayfmt.capture.options import CaptureMode, RecordOptions
 from replayfmt.capture.parameter_words import integer_pair, struct_words
 from replayfmt.capture.report import KernelStats, Report
 from replayfmt.capture.state_events import StateEvents
+from replayfmt.capture.stored_pointers import FrameWords
 from replayfmt.format import model as m
 from replayfmt.format.names import matches_kernel
 from replayfmt.writer import CaptureWriter
@@ -106,7 +107,7 @@ class Translator(MemoryEvents, GraphEvents, StateEvents):
         self._touched: list[Allocation] = []
         self._scopes: list[tuple[str, dict[int, Allocation]]] = []  # open scopes in a region: what they touch
         self._pending_d2h: dict[int, tuple[int, Allocation, int, int, int]] = {}
-        self._marked_fixed = False
+        self._frame_words = FrameWords()  # stored-pointer candidates of snapshot frames, by digest
         self._executables: dict[int, GraphExecutable] = {}
         self._graph_ids: dict[m.Graph, int] = {}
         # which bytes of large allocations hold live framework buffers (JAX, PyTorch), asked once per step
@@ -183,12 +184,25 @@ class Translator(MemoryEvents, GraphEvents, StateEvents):
     # -- events ----------------------------------------------------------------------------
 
     def handle(self, event: ev.Event) -> None:
-        """Record one event; problems are kept in the report, never raised into the program."""
+        """Record one event; problems are kept in the report, never raised into the program. The
+        first problem stops the recording: what follows it would be recorded without the event
+        it lost, so the capture is partial (``report.partial``) and nothing more is written."""
         with self._lock:
+            if self.report.partial:
+                return
             try:
                 self._dispatch[type(event)](self, event)
             except Exception as exc:  # a callback must never break the program
-                self.report.errors.append(f"{type(event).__name__}: {type(exc).__name__}: {exc}")
+                problem = f"{type(event).__name__}: {type(exc).__name__}: {exc}"
+                self.report.errors.append(problem)
+                self.report.partial = f"the recorder stopped at its first error: {problem}"
+                self._recording = False
+                self._scopes.clear()
+
+    @property
+    def in_progress(self) -> bool:
+        """Whether work is being recorded now (a region open, a kernel instance awaiting its end)."""
+        return self._recording or bool(self._instances)
 
     def _on_module(self, event: ev.ModuleImage) -> None:
         self._modules[event.key] = Module(event)
@@ -219,6 +233,9 @@ class Translator(MemoryEvents, GraphEvents, StateEvents):
             shape.last = (event.parameters, self.allocations.epoch, relocations, targets)
         for allocation in targets:
             self._touch_for_launch(allocation, event.stream, kernel.name)
+            if allocation.pointees:  # the kernel may follow the pointers stored in it
+                for reached in self._reached(allocation):
+                    self._touch_for_launch(reached, event.stream, kernel.name)
         self._write_launch(event, function, relocations)
         shape.stats.captured += 1
 
@@ -256,8 +273,12 @@ class Translator(MemoryEvents, GraphEvents, StateEvents):
         scope = f"{name}#{seen - 1}"
         self.writer.scope_begin(scope)
         self._region += 1  # each instance uploads everything it reads
-        for allocation in targets:
+        for allocation in list(targets):
             self._touch(allocation, event.stream, name)
+            for reached in self._reached(allocation) if allocation.pointees else ():
+                if reached not in targets:  # reached through stored pointers: checkpointed too
+                    targets.append(reached)
+                self._touch(reached, event.stream, name)
         self._write_launch(event, function, relocations)
         stats.captured += 1
         self._instances[threading.get_ident()] = _Instance(scope, event.stream, targets)
@@ -335,33 +356,6 @@ class Translator(MemoryEvents, GraphEvents, StateEvents):
                 flags=flags,
             )
         return None
-
-    def _copy_from_host(self, event: ev.Copy, dst: Allocation, stream: int, flags: int) -> None:
-        offset = event.dst - dst.address
-        mapped = self._host_files.file_range(event.src, event.size) if event.size else None
-        if mapped is not None:
-            path, file_offset = mapped
-            reference = self._file_references.for_copy(
-                path, file_offset, event.size, lambda: self.memory.host_bytes(event.src, event.size)
-            )
-            if reference:
-                self.writer.copy_h2d(
-                    dst_buffer=dst.buffer,
-                    src_file=reference,
-                    src_offset=file_offset,
-                    size=event.size,
-                    dst_offset=offset,
-                    stream=stream,
-                    flags=flags,
-                )
-                return
-        self.writer.copy_h2d(
-            dst_buffer=dst.buffer,
-            data=self.memory.host_bytes(event.src, event.size),
-            dst_offset=offset,
-            stream=stream,
-            flags=flags,
-        )
 
     def _on_copy_done(self, event: ev.CopyDone) -> None:
         pending = self._pending_d2h.pop(threading.get_ident(), None)

@@ -1,12 +1,15 @@
 """The recorder's verdict on its own file: the checks run-replay's plan makes (with default
 options), run once the capture is closed, so that no capture that cannot replay leaves the
-recorder looking like a success. Also what the capture needs from the host it was made on."""
+recorder looking like a success; then, where asked, a replay of it (:mod:`self_check`): only a
+replay earns ``replayable: yes (replayed and verified: N ranges)``. Also what the capture needs
+from the host it was made on."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from replayfmt.capture.self_check import Outcome, ReplayCheck
 from replayfmt.errors import ReplayError
 from replayfmt.format import model as m
 from replayfmt.reader import open_capture
@@ -21,12 +24,26 @@ class Verdict:
     reason: str = ""
     fixed_addresses: bool = False  # replayable with --fixed-addresses (the capture requires it)
     host_files: list[str] = field(default_factory=list)  # paths replay reads from the host
+    device_bytes: int = 0  # device memory its buffers take on replay
+    replay: ReplayCheck | None = None  # the self-check's replay (None: not asked for)
+
+    @property
+    def replay_failed(self) -> bool:
+        return self.replay is not None and self.replay.outcome == Outcome.FAILED
 
     def line(self) -> str:
-        """``replayable: yes`` or ``replayable: no: <reason>``."""
+        """``replayable: yes (replayed and verified: N ranges)``, ``replayable: yes (plan only: ...)``
+        when no replay earned more, or ``replayable: no: <reason>``."""
         if not self.replayable:
             return f"replayable: no: {self.reason}"
-        return "replayable: yes" + (" (with --fixed-addresses)" if self.fixed_addresses else "")
+        fixed = " with --fixed-addresses" if self.fixed_addresses else ""
+        if self.replay is None:
+            return f"replayable: yes (plan only{fixed}: not replayed)"
+        if self.replay.outcome == Outcome.FAILED:
+            return f"replayable: no: {self.replay.describe()}"
+        if self.replay.outcome == Outcome.SKIPPED:
+            return f"replayable: yes (plan only{fixed}: {self.replay.describe()})"
+        return f"replayable: yes ({self.replay.describe()}{fixed})"
 
     def host_line(self) -> str:
         """What replay needs from the host: the referenced files, or nothing."""
@@ -48,7 +65,7 @@ def check_capture(path: str | Path, *, fixed_addresses: bool = False) -> Verdict
             objects = list(cap.objects())
             fixed = fixed_addresses or any(isinstance(o, m.Buffer) and o.requires_fixed_address for o in objects)
             files = host_files(objects)
-            build_plan(cap, PlanOptions(fixed_addresses=fixed))
+            plan = build_plan(cap, PlanOptions(fixed_addresses=fixed))
     except ReplayError as exc:
         return Verdict(False, str(exc))
-    return Verdict(True, fixed_addresses=fixed, host_files=files)
+    return Verdict(True, fixed_addresses=fixed, host_files=files, device_bytes=plan.buffer_bytes)

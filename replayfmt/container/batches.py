@@ -9,6 +9,7 @@ the index entry and the batch's own blocks, then builds model records in one pas
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import operator
 import struct
@@ -106,6 +107,8 @@ class OpenBatch:
         self.parameters = bytearray()
         self.objects: list[m.ObjectDef] = []
         self.payloads: list[tuple[bytes, int, int, tuple[bytes, ...]]] = []
+        # (1.3) (operation, site_offset, target_offset, target_buffer, kind) of State and upload pointers
+        self.data_relocations: list[tuple[int, int, int, int, int]] = []
         self.extra_bytes = 0
         self.started = time.monotonic()
 
@@ -131,7 +134,14 @@ class OpenBatch:
             parameter_bytes=self.parameters,
             objects=self.objects,
             payloads=self.payloads,
+            data_relocations=np.array(self.data_relocations, dtype=dt("DataRelocation")),
         )
+
+    def add_data_relocations(self, operation: int, relocations: Iterable[m.Relocation]) -> None:
+        """Pointers stored in the bytes operation ``operation`` (a State or an upload) writes."""
+        rows = [(operation, r.site_offset, r.target_offset, r.target_buffer, int(r.kind)) for r in relocations]
+        self.data_relocations += rows
+        self.extra_bytes += 32 * len(rows)
 
 
 class DecodedBatch:
@@ -139,6 +149,7 @@ class DecodedBatch:
 
     __slots__ = (
         "copies",
+        "data_relocations",
         "first_object",
         "first_operation",
         "first_payload",
@@ -210,6 +221,7 @@ def decode_batch(d: dict[str, Any], entry: BatchEntry, limits: Limits, error: Er
             raise fail("launches' relocation ranges overlap (they add up to more than the relocation table)")
     first = d["first_operation"]
     table_positions = np.flatnonzero(category == 4)
+    data_relocations = _data_relocations(d.get("data_relocations"), first, kinds, fail)
     table_ops = []
     for pos, td in zip(table_positions.tolist(), table_dicts, strict=True):
         code = int(kinds[pos])
@@ -218,6 +230,8 @@ def decode_batch(d: dict[str, Any], entry: BatchEntry, limits: Limits, error: Er
             raise fail(f"operation {first + pos}: its kind {code} disagrees with its record")
         if code not in _KNOWN_KINDS and not isinstance(op, m.UnknownOperation):
             op = m.UnknownOperation(first + pos, code)
+        elif isinstance(op, m.State) and op.index in data_relocations:
+            op = dataclasses.replace(op, relocations=_sited(data_relocations[op.index], op.buffer))
         table_ops.append(op)
     decoded_objects = []
     for j, od in enumerate(objects):
@@ -248,7 +262,42 @@ def decode_batch(d: dict[str, Any], entry: BatchEntry, limits: Limits, error: Er
         payloads=decoded_payloads,
         first_object=d["first_object"],
         first_payload=d["first_payload"],
+        data_relocations=data_relocations,
     )
+
+
+# (site_offset, target_offset, target_buffer, kind) of one stored pointer, as decoded
+_DataRow = tuple[int, int, int, int]
+
+
+def _data_relocations(
+    vector: Any, first: int, kinds: np.ndarray, fail: Callable[[str], ReplayFormatError]
+) -> dict[int, list[_DataRow]]:
+    """(1.3) A batch's data relocations by operation index, checked: each names a State or an
+    upload of this batch, in order, with a pointer-aligned site."""
+    rows = records.struct_array(vector, "DataRelocation")
+    if not len(rows):
+        return {}
+    operations = rows["operation"].astype(np.int64)
+    if bool((np.diff(operations) < 0).any()):
+        raise fail("its data relocations are not in operation order")
+    positions = operations - first
+    if int(positions.min()) < 0 or int(positions.max()) >= len(kinds):
+        raise fail("a data relocation names an operation outside the batch")
+    bad = ~np.isin(kinds[positions], (int(_K.STATE), int(_K.COPY_HOST_TO_DEVICE)))
+    if bool(bad.any()):
+        where = int(operations[np.flatnonzero(bad)[0]])
+        raise fail(f"a data relocation names operation {where}, which is neither a state nor an upload")
+    if bool((rows["site_offset"] % 8 != 0).any()) or bool((rows["kind"] != int(m.RelocationKind.POINTER)).any()):
+        raise fail("a data relocation is not an 8-byte-aligned pointer")
+    out: dict[int, list[_DataRow]] = {}
+    for op, site, target_offset, target, kind in rows.tolist():
+        out.setdefault(op, []).append((site, target_offset, target, kind))
+    return out
+
+
+def _sited(rows: list[_DataRow], site_buffer: int) -> tuple[m.Relocation, ...]:
+    return tuple(m.Relocation(site_buffer, t, s, o, m.RelocationKind(k)) for s, o, t, k in rows)
 
 
 def check_payload(info: m.PayloadInfo, limits: Limits, error: ErrorAt) -> None:
@@ -282,8 +331,14 @@ def materialize(b: DecodedBatch) -> list[m.Operation]:
     if counts[1]:
         copy_kinds = [_COPY_KINDS[k] for k in b.kinds[category == 1].tolist()]
         copy_cols = (b.copies[name].tolist() for name in b.copies.dtype.names)
-        rows = zip(_positions(category, 1, first, len(category)), copy_kinds, *copy_cols)
+        rows = zip(_positions(category, 1, first, len(category)), copy_kinds, *copy_cols, repeat(()))
         copy_ops = list(map(_new_tuple, repeat(m.Copy), rows))
+        if b.data_relocations:
+            data = b.data_relocations
+            copy_ops = [
+                op._replace(relocations=_sited(data[op.index], op.dst_buffer)) if op.index in data else op
+                for op in copy_ops
+            ]
     memset_ops: list[m.Operation] = []
     if counts[2]:
         memset_cols = (b.memsets[name].tolist() for name in b.memsets.dtype.names)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import json
 from typing import Any
 
 
@@ -24,3 +25,34 @@ def _fields_of(cls: type) -> tuple[str, ...]:
 
 def field_names(op: Any) -> tuple[str, ...]:
     return _fields_of(type(op))
+
+
+def stored_pointers_text(relocations: tuple[Any, ...]) -> str:
+    """`` pointers=N (@site->buffer#B+offset, ...)``: the pointers stored in a state's or an
+    upload's bytes (1.3 data relocations; sites are offsets in the written buffer); "" for none."""
+    if not relocations:
+        return ""
+    shown = ", ".join(f"@{r.site_offset}->buffer#{r.target_buffer}+{r.target_offset}" for r in relocations[:4])
+    more = f", and {len(relocations) - 4} more" if len(relocations) > 4 else ""
+    return f" pointers={len(relocations)} ({shown}{more})"
+
+
+def stored_pointers_rows(relocations: tuple[Any, ...]) -> list[dict[str, Any]]:
+    """The pointers stored in a state's or an upload's bytes as JSONL rows (the launch rows' keys)."""
+    return [
+        {
+            "site_buffer": r.site_buffer,
+            "site_offset": r.site_offset,
+            "target_buffer": r.target_buffer,
+            "target_offset": r.target_offset,
+            "kind": "pointer",
+        }
+        for r in relocations
+    ]
+
+
+def stored_pointers_json(relocations: tuple[Any, ...]) -> str:
+    """``,"relocations":[...]`` for a state or upload holding pointers; "" for none."""
+    if not relocations:
+        return ""
+    return ',"relocations":' + json.dumps(stored_pointers_rows(relocations), separators=(",", ":"))

@@ -42,6 +42,7 @@ class Summary:
     recovered: bool = False
     discarded_bytes: int = 0
     recovery_reason: str = ""
+    partial: str = ""  # (1.3) why the capture stopped before its program did; "" complete
     damaged: str = ""
     replayable: bool = True
     not_replayable_because: list[str] = field(default_factory=list)
@@ -49,6 +50,7 @@ class Summary:
     object_count: int = 0
     state_bytes: int = 0  # starting state (format 1.1 state operations): restored, not work
     upload_bytes: int = 0  # host-to-device copies the program made
+    stored_pointers: int = 0  # (1.3) pointers inside state and uploads, relocated on replay
 
     def as_row(self) -> dict[str, Any]:
         row: dict[str, Any] = {"kind": "summary"}
@@ -73,6 +75,7 @@ def summarize(cap: Capture) -> Summary:
         recovered=cap.recovered,
         discarded_bytes=cap.discarded_bytes,
         recovery_reason=cap.recovery_reason,
+        partial=cap.partial,
         operation_count=cap.operation_count,
         object_count=cap.object_count,
     )
@@ -90,6 +93,7 @@ def summarize(cap: Capture) -> Summary:
             kind_counts.update(dict(zip(codes.tolist(), counts.tolist())))
             copy_kinds = batch.kinds[np.isin(batch.kinds, _COPY_CODES)]
             s.upload_bytes += int(batch.copies["size"][copy_kinds == int(_K.COPY_HOST_TO_DEVICE)].sum())
+            s.stored_pointers += sum(len(rows) for rows in batch.data_relocations.values())
             for op in batch.table_ops:
                 kind = op.kind
                 if kind == _K.STATE:
@@ -135,6 +139,8 @@ def summarize(cap: Capture) -> Summary:
         problems.insert(0, f"unsupported operations: {calls}")
     if s.missing_frames:
         problems.append(f"{s.missing_frames} payload frame(s) missing (the capture was cut short)")
+    if s.partial:
+        problems.insert(0, f"the capture is partial: it stopped before its program did ({s.partial})")
     if s.recovered and not s.operation_count:
         problems.append(recovery_problem(s.discarded_bytes))
     s.not_replayable_because = [p for p in problems if not p.startswith(("scope end", "scope '"))]
@@ -179,6 +185,9 @@ def render_summary_text(s: Summary) -> list[str]:
         lines.append(f"recovered     yes: {s.discarded_bytes} bytes discarded ({s.recovery_reason})")
     else:
         lines.append("recovered     no (index and footer intact)")
+    lines.append(f"partial       yes: {s.partial}" if s.partial else "partial       no")
+    if s.stored_pointers:
+        lines.append(f"pointers      {s.stored_pointers} stored in state and uploads (relocated on replay)")
     if s.replayable:
         lines.append("replayable    yes (strict)" + (": the recovered operations only" if s.recovered else ""))
     else:

@@ -20,7 +20,13 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from replayfmt.dump.export import export_payload, prepare_directory
-from replayfmt.dump.fields import field_names, label_of
+from replayfmt.dump.fields import (
+    field_names,
+    label_of,
+    stored_pointers_json,
+    stored_pointers_rows,
+    stored_pointers_text,
+)
 from replayfmt.dump.filters import JSONL_VERSION, DumpFilter, PayloadMode
 from replayfmt.dump.graphs import graph_fields, graph_node_lines, graph_summary, kernel_names
 from replayfmt.dump.launch_json import LaunchTemplate
@@ -242,6 +248,8 @@ class Dumper:
             )
             if self._original:
                 row["original_ns"] = self._original.duration_ns(op.index)
+            if op.relocations:
+                row["relocations"] = stored_pointers_rows(op.relocations)
         elif isinstance(op, m.Memset):
             row.update(
                 stream=op.stream,
@@ -255,6 +263,8 @@ class Dumper:
                 row["original_ns"] = self._original.duration_ns(op.index)
         elif isinstance(op, m.State):
             row.update(buffer=op.buffer, offset=op.offset, size=op.size, payload=self.payload_ref(op.payload))
+            if op.relocations:
+                row["relocations"] = stored_pointers_rows(op.relocations)
         elif isinstance(op, m.Checkpoint):
             entries = [
                 {"buffer": e.buffer, "offset": e.offset, "size": e.size, "payload": self.payload_ref(e.payload)}
@@ -334,7 +344,7 @@ class Dumper:
                 f'{{"kind":"{op.op.label}","index":{op.index},"stream":{op.stream},"src_buffer":{op.src_buffer},'
                 f'"dst_buffer":{op.dst_buffer},"src_offset":{op.src_offset},"dst_offset":{op.dst_offset},'
                 f'"size":{op.size},"src_file":{op.src_file},"flags":{op.flags},"payload":{self.payload_json(op.payload)}'
-                f"{self._original_json(op.index)}}}"
+                f"{self._original_json(op.index)}{stored_pointers_json(op.relocations)}}}"
             )
         if isinstance(op, m.Memset):
             return (
@@ -456,7 +466,8 @@ class Dumper:
                 else (f"buffer#{op.src_buffer}+{op.src_offset}" if op.src_buffer else f"payload#{op.payload}")
             )
             dst = f"buffer#{op.dst_buffer}+{op.dst_offset}" if op.dst_buffer else "host"
-            return f"{head} {src} -> {dst} size={op.size} stream={op.stream}{self._original_text(op.index)}"
+            pointers = stored_pointers_text(op.relocations)
+            return f"{head} {src} -> {dst} size={op.size} stream={op.stream}{self._original_text(op.index)}{pointers}"
         if isinstance(op, m.Memset):
             return (
                 f"{head} buffer#{op.buffer}+{op.offset} value={op.value:#x} x{op.count} "
@@ -466,7 +477,8 @@ class Dumper:
             obj = self._object_or_none(op.object)
             return f"{head} {obj.kind.label if obj else 'object'}#{op.object}"
         if isinstance(op, m.State):
-            return f"{head} payload#{op.payload} -> buffer#{op.buffer}+{op.offset} size={op.size} (starting state)"
+            state = f"payload#{op.payload} -> buffer#{op.buffer}+{op.offset} size={op.size} (starting state)"
+            return f"{head} {state}{stored_pointers_text(op.relocations)}"
         if isinstance(op, m.Checkpoint):
             entries = ", ".join(f"buffer#{e.buffer}+{e.offset}:{e.size}" for e in op.entries)
             return f"{head} {op.name!r} {entries}"
@@ -570,13 +582,13 @@ def _ids_of(op: m.Operation) -> set[int]:
                 ids.add(r.site_buffer)
         return ids
     if isinstance(op, m.Copy):
-        return {op.stream, op.src_buffer, op.dst_buffer, op.src_file} - {0}
+        return {op.stream, op.src_buffer, op.dst_buffer, op.src_file, *(r.target_buffer for r in op.relocations)} - {0}
     if isinstance(op, m.Memset):
         return {op.stream, op.buffer}
     if isinstance(op, m.Checkpoint):
         return {e.buffer for e in op.entries}
     if isinstance(op, m.State):
-        return {op.buffer}
+        return {op.buffer, *(r.target_buffer for r in op.relocations)}
     if isinstance(op, m.UnknownOperation | m.ScopeBegin | m.ScopeEnd):
         return set()
     names = ("object", "executable", "device", "event", "stream", "graph")

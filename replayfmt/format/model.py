@@ -286,6 +286,9 @@ class Copy(NamedTuple):
     src_offset: int
     dst_offset: int
     size: int
+    # (1.3) host-to-device: pointers stored in the uploaded bytes (site_buffer: dst_buffer,
+    # site_offset: in dst_buffer), written as the replay's addresses
+    relocations: tuple[Relocation, ...] = ()
 
     @property
     def kind(self) -> OperationKind:  # type: ignore[override]
@@ -405,6 +408,8 @@ class State:
     payload: int
     offset: int
     size: int
+    # (1.3) pointers stored in these bytes (site_buffer: buffer, site_offset: in buffer)
+    relocations: tuple[Relocation, ...] = ()
     kind: ClassVar[OperationKind] = OperationKind.STATE
 
 

@@ -516,6 +516,7 @@ def encode_record_batch(
     parameter_bytes: bytes | bytearray,
     objects: list[m.ObjectDef],
     payloads: list[tuple[bytes, int, int, tuple[bytes, ...]]],
+    data_relocations: np.ndarray | None = None,
 ) -> bytes:
     # Sized once for everything but the tables, so the builder does not grow (and copy) itself.
     columns = launches.nbytes + copies.nbytes + memsets.nbytes + id_operations.nbytes + relocations.nbytes
@@ -540,6 +541,8 @@ def encode_record_batch(
         FbPayload.AddFrames(b, frames_vec)
         payload_offsets.append(FbPayload.End(b))
     payload_vec = _table_vector(b, payload_offsets)
+    has_data = data_relocations is not None and len(data_relocations) > 0
+    data_vec = _struct_vector(b, "DataRelocation", data_relocations) if has_data else 0
     FbRecordBatch.Start(b)
     FbRecordBatch.AddFirstOperation(b, first_operation)
     FbRecordBatch.AddFirstObject(b, first_object)
@@ -554,6 +557,8 @@ def encode_record_batch(
     FbRecordBatch.AddParameterBytes(b, param_vec)
     FbRecordBatch.AddObjects(b, obj_vec)
     FbRecordBatch.AddPayloads(b, payload_vec)
+    if has_data:  # (1.3) written only when there are any: files without them read as 1.2 wrote them
+        FbRecordBatch.AddDataRelocations(b, data_vec)
     b.Finish(FbRecordBatch.End(b))
     return bytes(memoryview(b.Bytes)[b.Head() :])
 
@@ -567,8 +572,10 @@ def encode_index(
     batches: np.ndarray,
     frames: np.ndarray,
     timings_offset: int = 0,
+    partial: str = "",
 ) -> bytes:
     b = flatbuffers.Builder(1024 + batches.nbytes + frames.nbytes)
+    partial_text = _string(b, partial) if partial else 0
     batch_vec = _struct_vector(b, "BatchEntry", batches)
     frame_vec = _struct_vector(b, "FrameEntry", frames)
     FbIndex.Start(b)
@@ -580,5 +587,7 @@ def encode_index(
     FbIndex.AddFrames(b, frame_vec)
     if timings_offset:
         FbIndex.AddTimingsOffset(b, timings_offset)
+    if partial:
+        FbIndex.AddPartial(b, partial_text)
     b.Finish(FbIndex.End(b))
     return bytes(b.Output())

@@ -48,7 +48,10 @@ UploadKey = tuple[str, int, int]
 
 
 def upload_key(op: m.Copy) -> UploadKey:
-    """What a host-to-device copy reads: a payload, or a file from an offset (staged once each)."""
+    """What a host-to-device copy reads: a payload, or a file from an offset (staged once each);
+    bytes holding stored pointers (1.3) are staged apart for each operation, relocated once."""
+    if op.relocations:
+        return ("relocated", op.index, op.payload)
     return ("file", op.src_file, op.src_offset) if op.src_file else ("payload", op.payload, 0)
 
 
@@ -173,6 +176,12 @@ def build_plan(capture: Capture, options: PlanOptions = PlanOptions()) -> Plan:
                     f"object {obj.id} has kind {obj.type_code}, unknown to this replayfmt: upgrade replayfmt"
                 )
             )
+    if capture.partial:
+        checker.fail(
+            UnsupportedOperationError(
+                f"the capture is partial: it stopped before its program did ({capture.partial}); capture again"
+            )
+        )
     if plan.needs_fixed_addresses and not options.fixed_addresses:
         checker.fail(
             UnsupportedOperationError(
@@ -241,7 +250,10 @@ def _plan_state(plan: Plan, objects: dict[int, m.ObjectDef], op: m.State, hoist:
     _check_range(op, buffer, op.offset, op.size, "state")
     if not 1 <= op.payload <= plan.capture.payload_count or plan.capture.payload(op.payload).size < op.size:
         raise ReplayFormatError(f"operation {op.index} (state): payload {op.payload} is missing or too small")
-    copy = m.Copy(op.index, _K.COPY_HOST_TO_DEVICE, 0, 0, op.buffer, op.payload, 0, 0, 0, op.offset, op.size)
+    _check_data_relocations(objects, op, op.relocations, op.offset, op.size)
+    copy = m.Copy(
+        op.index, _K.COPY_HOST_TO_DEVICE, 0, 0, op.buffer, op.payload, 0, 0, 0, op.offset, op.size, op.relocations
+    )
     plan.state.setdefault(hoist, []).append(copy)
     key = upload_key(copy)
     if key not in plan.uploads:
@@ -394,6 +406,24 @@ def _need(objects: dict[int, m.ObjectDef], oid: int, cls: type, op: m.Operation,
     return obj
 
 
+def _check_data_relocations(
+    objects: dict[int, m.ObjectDef], op: m.Operation, relocations: tuple[m.Relocation, ...], offset: int, size: int
+) -> None:
+    """(1.3) Each pointer stored in the bytes ``op`` writes lies inside them and points into a buffer."""
+    for r in relocations:
+        if not offset <= r.site_offset <= offset + size - 8:
+            raise ReplayFormatError(
+                f"operation {op.index} ({op.kind.label}): a stored pointer at byte {r.site_offset} lies outside "
+                f"the range [{offset}, {offset + size}) it writes"
+            )
+        target = _need(objects, r.target_buffer, m.Buffer, op, "stored pointer's target")
+        if r.target_offset > target.size:
+            raise ReplayFormatError(
+                f"operation {op.index} ({op.kind.label}): a stored pointer at byte {r.site_offset} points "
+                f"{r.target_offset} bytes into buffer {target.id} ({target.size} bytes)"
+            )
+
+
 def _check_range(op: m.Operation, buffer: m.Buffer, offset: int, size: int, role: str) -> None:
     if offset < 0 or size < 0 or offset + size > buffer.size:
         raise ReplayFormatError(
@@ -467,6 +497,7 @@ def _check_operation(
         if op.kind == _K.COPY_HOST_TO_DEVICE:
             dst = _need(objects, op.dst_buffer, m.Buffer, op, "destination")
             _check_range(op, dst, op.dst_offset, op.size, "destination")
+            _check_data_relocations(objects, op, op.relocations, op.dst_offset, op.size)
             if op.src_file:
                 resolved = plan.files.get(op.src_file)
                 _need(objects, op.src_file, m.FileReference, op, "source file")

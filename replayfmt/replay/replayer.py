@@ -44,6 +44,7 @@ from replayfmt.replay.steps import (
     set_launch_shape,
     wrap_with_events,
 )
+from replayfmt.replay.stored_pointers import relocate_staged
 from replayfmt.replay.streams import Streams
 from replayfmt.replay.verify import RangeObserver, Verifier
 
@@ -79,6 +80,9 @@ class Replayer:
             lambda: stage_uploads(
                 devices, plan, from_host=options.uploads_from_host, check_payloads=options.check_payloads
             ),
+        )
+        self.stored_pointers: int = self._phase(  # (1.3) pointers the program stored in memory
+            "relocate_stored_pointers", lambda: relocate_staged(devices, plan, self._staging, self.addresses)
         )
         self._verifier = Verifier(devices, plan, self.addresses, options.tolerance, options.save_output)
         self._state = StateSetter(devices, self._streams, self._staging.staged, self.addresses)

@@ -17,6 +17,7 @@ from replayfmt.replay.compare import NUMPY_DTYPES, BufferReport, Tolerance, comp
 from replayfmt.replay.devices import Devices
 from replayfmt.replay.options import RunResult
 from replayfmt.replay.plan import Plan
+from replayfmt.replay.stored_pointers import ReplayedAddresses
 
 _EXPECTED_CACHE = 1 << 30  # bytes of decoded checkpoint payloads kept between runs
 
@@ -48,6 +49,7 @@ class Verifier:
         self._result = RunResult()
         self._repetition = 0
         self._verify = False
+        self._pointers = ReplayedAddresses(plan.buffers, addresses)  # stored pointers compare as relocated
         # sees every verified range's bytes (a replay.nondeterminism.NondeterminismTracker), or None
         self.observer: RangeObserver | None = None
 
@@ -78,7 +80,7 @@ class Verifier:
             actual = self.read_back(entry.buffer, entry.offset, entry.size)
             buffer = self.plan.buffers[entry.buffer]
             if self._verify:
-                expected = self._expected_bytes(entry.payload, entry.size)
+                expected = self._pointers.align(self._expected_bytes(entry.payload, entry.size), actual, entry.offset)
                 tolerance, offset = self.tolerance, entry.offset
                 self._report(
                     compare(expected, actual, buffer=buffer, operation=op.index, tolerance=tolerance, offset=offset)
@@ -94,7 +96,7 @@ class Verifier:
             return
         check(self.devices.synchronize_all(), "cuCtxSynchronize before checking a download")
         actual = ctypes.string_at(host, op.size)
-        expected = self._expected_bytes(op.payload, op.size)
+        expected = self._pointers.align(self._expected_bytes(op.payload, op.size), actual, op.src_offset)
         buffer = self.plan.buffers[op.src_buffer]
         self._report(
             compare(expected, actual, buffer=buffer, operation=op.index, tolerance=self.tolerance, offset=op.src_offset)

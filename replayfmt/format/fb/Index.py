@@ -107,8 +107,15 @@ class Index(object):
             return self._tab.Get(flatbuffers.number_types.Uint64Flags, o + self._tab.Pos)
         return 0
 
+    # Index
+    def Partial(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(18))
+        if o != 0:
+            return self._tab.String(o + self._tab.Pos)
+        return None
+
 def IndexStart(builder):
-    builder.StartObject(7)
+    builder.StartObject(8)
 
 def Start(builder):
     IndexStart(builder)
@@ -166,6 +173,12 @@ def IndexAddTimingsOffset(builder, timingsOffset):
 
 def AddTimingsOffset(builder, timingsOffset):
     IndexAddTimingsOffset(builder, timingsOffset)
+
+def IndexAddPartial(builder, partial):
+    builder.PrependUOffsetTRelativeSlot(7, flatbuffers.number_types.UOffsetTFlags.py_type(partial), 0)
+
+def AddPartial(builder, partial):
+    IndexAddPartial(builder, partial)
 
 def IndexEnd(builder):
     return builder.EndObject()

@@ -294,8 +294,32 @@ class RecordBatch(object):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(28))
         return o == 0
 
+    # RecordBatch
+    def DataRelocations(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(30))
+        if o != 0:
+            x = self._tab.Vector(o)
+            x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 32
+            from replayfmt.format.fb.DataRelocation import DataRelocation
+            obj = DataRelocation()
+            obj.Init(self._tab.Bytes, x)
+            return obj
+        return None
+
+    # RecordBatch
+    def DataRelocationsLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(30))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # RecordBatch
+    def DataRelocationsIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(30))
+        return o == 0
+
 def RecordBatchStart(builder):
-    builder.StartObject(13)
+    builder.StartObject(14)
 
 def Start(builder):
     RecordBatchStart(builder)
@@ -437,6 +461,18 @@ def RecordBatchStartPayloadsVector(builder, numElems):
 
 def StartPayloadsVector(builder, numElems):
     return RecordBatchStartPayloadsVector(builder, numElems)
+
+def RecordBatchAddDataRelocations(builder, dataRelocations):
+    builder.PrependUOffsetTRelativeSlot(13, flatbuffers.number_types.UOffsetTFlags.py_type(dataRelocations), 0)
+
+def AddDataRelocations(builder, dataRelocations):
+    RecordBatchAddDataRelocations(builder, dataRelocations)
+
+def RecordBatchStartDataRelocationsVector(builder, numElems):
+    return builder.StartVector(32, numElems, 8)
+
+def StartDataRelocationsVector(builder, numElems):
+    return RecordBatchStartDataRelocationsVector(builder, numElems)
 
 def RecordBatchEnd(builder):
     return builder.EndObject()

@@ -1,0 +1,65 @@
+"""Issue 23 on a GPU: kernels that read pointers from device memory (a CUDA kernel following a
+table of pointers; Triton's grouped GEMM with its pointer tables and, on sm_90, TMA descriptors
+built on the device in scratch memory) captured, replayed and verified, the pointers relocated
+(format 1.3 data relocations); and the recorder's self-check catching a capture that does not
+replay (the same table recorded with the search for stored pointers off)."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from test_capture_gpu import EXAMPLES, SCRIPTS, capture, capture_ready, dump, needs, run, verified  # noqa: F401 - a fixture
+
+pytestmark = pytest.mark.usefixtures("capture_ready")
+
+
+def self_checked(out: Path, script: Path, *flags: str) -> str:
+    """Capture ``script``; the recorder's self-check must have replayed and verified it."""
+    stderr = capture(out, script, *flags).stderr
+    found = re.search(r"replayable: yes \(replayed and verified: (\d+) ranges\)", stderr)
+    assert found and int(found.group(1)) > 0, stderr[-3000:]
+    return stderr
+
+
+@pytest.mark.parametrize("flags", [(), ("--scope", "sum")], ids=["upload", "starting-state"])
+def test_a_cuda_kernel_following_a_device_pointer_table(tmp_path, flags):
+    needs("cupy")
+    out = tmp_path / "table.kreplay"
+    report = self_checked(out, SCRIPTS / "pointer_table_shifted.py", *flags)
+    stored = re.search(r"stored pointers: (\d+) in state and uploads", report)
+    assert stored and int(stored.group(1)) >= 6, report[-3000:]
+    text = dump(out)
+    assert "pointers=6 (@" in text, text[-3000:]
+    assert ("(starting state) pointers=6" in text) == bool(flags)
+    verified(out)  # and by hand, as a user would
+
+
+def test_the_self_check_catches_a_capture_that_does_not_replay(tmp_path):
+    needs("cupy")
+    out = tmp_path / "unrelocated.kreplay"
+    result = run([sys.executable, str(SCRIPTS / "pointer_table_unrelocated.py"), str(out)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    line = result.stdout.strip().splitlines()[-1]
+    caught = line.startswith("replayable: no: the replay failed: ") or "verification failed" in line
+    assert caught, (result.stdout + result.stderr)[-3000:]
+
+
+@pytest.mark.parametrize("flags", [(), ("--scope", "grouped")], ids=["whole-program", "scope"])
+def test_triton_grouped_gemm_with_pointer_tables_and_device_descriptors(tmp_path, flags):
+    needs("torch")
+    needs("triton")
+    out = tmp_path / "grouped.kreplay"
+    result = capture(out, EXAMPLES / "triton_grouped_gemm.py", *flags)
+    found = re.search(r"replayable: yes \(replayed and verified: (\d+) ranges\)", result.stderr)
+    assert found and int(found.group(1)) > 0, result.stderr[-3000:]
+    tma = "TMA on the device: yes" in result.stdout
+    print(f"TMA descriptors built on the device: {tma}")
+    text = dump(out)
+    tables = [int(n) for n in re.findall(r"pointers=(\d+) \(@", text)]  # one table per upload, or joined in state
+    assert "grouped_gemm" in text and tables and sum(tables) >= 9, text[-3000:]
+    if tma:
+        assert "grouped_gemm_tma" in text
+    verified(out)
