@@ -1,5 +1,6 @@
-"""capture-replay (also ``python -m replayfmt.capture``): run a Python script and record its GPU
-work into a .kreplay file, with no change to the script."""
+"""capture-replay (also ``python -m replayfmt.capture``): run a program and record its GPU work
+into a .kreplay file, with no change to the program: a Python script in this process, any other
+program (an ELF binary, a shell script) as a child through CUDA's injection entry point."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 import click
 
 from replayfmt.capture import CaptureMode, Recorder, RecordOptions
+from replayfmt.capture.injection import Target, TargetKind, classify, describe_failure, record_program
 from replayfmt.cuda.address_space import restart_without_aslr
 from replayfmt.format import model as m
 from replayfmt_tools.common import EXIT_PROBLEM, ToolExit, agents_md_option, reports_errors
@@ -40,7 +42,8 @@ from replayfmt_tools.common import EXIT_PROBLEM, ToolExit, agents_md_option, rep
     "scopes",
     multiple=True,
     metavar="NAME",
-    help="Region mode: record only inside replayfmt.capture.scope(NAME) blocks (repeatable).",
+    help="Region mode: record only inside replayfmt.capture.scope(NAME) blocks, or inside a native "
+    "program's NVTX ranges named NAME (repeatable).",
 )
 @click.option(
     "--fixed-addresses",
@@ -81,7 +84,7 @@ from replayfmt_tools.common import EXIT_PROBLEM, ToolExit, agents_md_option, rep
 )
 @click.option("--quiet", is_flag=True, help="Do not print the report at the end.")
 @agents_md_option("capture-replay")
-@click.argument("script", type=click.Path(exists=True, dir_okay=False))
+@click.argument("script", metavar="PROGRAM")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @reports_errors("capture-replay")
 def main(
@@ -103,7 +106,12 @@ def main(
     script: str,
     args: tuple[str, ...],
 ) -> int:
-    """Run SCRIPT with ARGS and record its GPU work into OUTPUT.
+    """Run PROGRAM with ARGS and record its GPU work into OUTPUT.
+
+    A Python script (by its #! line or its source) runs in this process. Any other program (an
+    ELF binary, a shell script) runs as a child process that CUDA's injection entry point
+    (CUDA_INJECTION64_PATH) makes host the same recorder, with the same options: --scope then
+    names NVTX ranges the program pushes. See docs/INJECTION.md.
 
     Region mode records everything from the start (or inside --scope blocks) and checkpoints what
     it wrote at the end; kernel mode keeps --kernels launches with before and after snapshots.
@@ -128,6 +136,11 @@ def main(
         live_buffers=not whole_allocations,
         max_snapshot=int(max_snapshot_gib * (1 << 30)),
     )
+    target = classify(script)
+    if target.kind == TargetKind.NATIVE:
+        return _record_native(
+            target, args, output, options, overwrite=overwrite, keep_partial=keep_partial, quiet=quiet
+        )
     recorder = Recorder(output, options, overwrite=overwrite, command_line=(script, *args))
     if options.mode == CaptureMode.REGION and not scopes:
         recorder.start()
@@ -146,15 +159,44 @@ def main(
             for line in report.lines():
                 click.echo(line, err=True)
     verdict = report.verdict
-    if code or verdict is None or verdict.replayable:
+    if verdict is None:
+        return code
+    return _verdict_exit(code, verdict.replayable, verdict.reason, output, keep_partial)
+
+
+def _record_native(
+    target: Target,
+    args: tuple[str, ...],
+    output: str,
+    options: RecordOptions,
+    *,
+    overwrite: bool,
+    keep_partial: bool,
+    quiet: bool,
+) -> int:
+    """A program that is not Python: a child process hosting the recorder (docs/INJECTION.md)."""
+    run = record_program(target, args, output, options, overwrite=overwrite)
+    if not quiet:
+        for line in run.report_lines:
+            click.echo(line, err=True)
+    for other in run.others:
+        click.echo(f"capture-replay: not recorded: process {other}", err=True)
+    if run.replayable is None:
+        raise ToolExit(EXIT_PROBLEM, f"error: {describe_failure(run, target.path)}")
+    for error in run.errors:
+        click.echo(f"capture-replay: {error}", err=True)
+    return _verdict_exit(run.exit_code, run.replayable, run.reason, output, keep_partial)
+
+
+def _verdict_exit(code: int, replayable: bool, reason: str, output: str, keep_partial: bool) -> int:
+    """The program's status, or 1 (and OUTPUT removed) when the capture cannot be replayed."""
+    if code or replayable:
         return code
     if keep_partial:
         click.echo(f"capture-replay: kept {output} although it cannot be replayed (--keep-partial)", err=True)
         return code
     Path(output).unlink(missing_ok=True)
-    raise ToolExit(
-        EXIT_PROBLEM, f"error: {output} cannot be replayed ({verdict.reason}); removed it (--keep-partial keeps it)"
-    )
+    raise ToolExit(EXIT_PROBLEM, f"error: {output} cannot be replayed ({reason}); removed it (--keep-partial keeps it)")
 
 
 if __name__ == "__main__":
