@@ -114,7 +114,7 @@ def main() -> int:
             return 1 if args.check else 0
         original_ms = original["busy_ns"] / 1e6
         deviation = busy / original_ms - 1
-        print(f"GPU busy of the scope 'timed' ({args.launches + 50} launches and a copy), CUPTI both sides")
+        print(f"GPU busy of the scope 'timed' ({args.launches + 50} launches), CUPTI both sides")
         print(f"  original program  {original_ms:9.4f} ms (stored by the recorder)")
         ratio = busy / original_ms
         print(f"  replay (median)   {busy:9.4f} ms   replay/original {ratio:.4f} (goal within {BUSY_GOAL:.0%})")

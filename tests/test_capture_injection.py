@@ -262,9 +262,18 @@ def host(tmp_path_factory, library) -> Path:
 
 def test_library_exports_its_entry_points(library):
     lib = ctypes.CDLL(str(library))
-    for name in ("InitializeInjection", "replayfmt_injection_forward", "replayfmt_injection_subscriber"):
+    for name in (
+        "InitializeInjection",
+        "replayfmt_injection_forward",
+        "replayfmt_injection_subscriber",
+        "replayfmt_injection_runtime_correlation",
+        "replayfmt_injection_skip_exit",
+    ):
         assert hasattr(lib, name)
     assert library_abi(library) == INJECTION_ABI
+    lib.replayfmt_injection_runtime_correlation.restype = ctypes.c_uint32
+    assert lib.replayfmt_injection_runtime_correlation() == 0  # outside any runtime call
+    assert lib.replayfmt_injection_skip_exit(5) == 0 and lib.replayfmt_injection_skip_exit(1 << 20) == -1
     nm = shutil.which("nm")
     if nm:
         exported = subprocess.run([nm, "-D", "--defined-only", str(library)], capture_output=True, text=True).stdout

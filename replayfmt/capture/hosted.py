@@ -37,6 +37,7 @@ NVTX_DOMAIN_PUSH_EX, NVTX_DOMAIN_POP = 33, 34
 _MESSAGE_ASCII, _MESSAGE_UNICODE = 1, 2  # nvtxMessageType_t
 _ATTRIBUTE_MESSAGE_TYPE, _ATTRIBUTE_MESSAGE = 32, 40  # offsets in nvtxEventAttributes_t (v2)
 _MAX_NAME = 4096
+_LAUNCH_CALLS = ("cuLaunchKernel", "cuLaunchCooperativeKernel")  # and their _ptsz, Ex variants
 
 
 class HostedCupti(Cupti):
@@ -49,6 +50,7 @@ class HostedCupti(Cupti):
         library.replayfmt_injection_subscriber.restype = ctypes.c_void_p
         library.replayfmt_injection_forward.argtypes = [ctypes.c_int, ctypes.c_void_p]
         library.replayfmt_injection_forward.restype = ctypes.c_int
+        library.replayfmt_injection_skip_exit.argtypes = [ctypes.c_uint]
 
     def subscribe(self, callback: Callable[[int | None, int, int, int | None], None], name: str) -> tuple[Any, Any]:
         c_callback = CallbackType(callback)
@@ -164,6 +166,14 @@ def start(folder: str) -> None:
     recorder = Recorder(
         config.output, config.options, overwrite=config.overwrite, command_line=config.command_line, cupti=cupti
     )
+    # called on every launch: through PyDLL, which keeps the GIL (the call takes nanoseconds)
+    outer = ctypes.PyDLL(os.environ["CUDA_INJECTION64_PATH"]).replayfmt_injection_runtime_correlation
+    outer.restype, outer.argtypes = ctypes.c_uint32, []
+    recorder.times.outer_correlation = outer
+    if config.options.mode == CaptureMode.REGION:  # launch exits only matter to kernel mode
+        for name, cbid in cupti.driver_callback_ids.items():
+            if name.startswith(_LAUNCH_CALLS):
+                library.replayfmt_injection_skip_exit(cbid)
     keep: list[Any] = []
     if config.options.mode == CaptureMode.REGION and config.options.region_scopes:
         scopes = NvtxScopes(recorder, config.options.region_scopes)

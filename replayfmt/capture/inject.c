@@ -44,8 +44,10 @@
 
 #define EXPORT __attribute__((visibility("default")))
 
-enum { DOMAIN_DRIVER_API = 1, DOMAIN_NVTX = 5 };
-#define REPLAYFMT_INJECTION_ABI 1 /* replayfmt.capture.injection.INJECTION_ABI: bump both together */
+enum { DOMAIN_DRIVER_API = 1, DOMAIN_RUNTIME_API = 2, DOMAIN_NVTX = 5 };
+enum { SITE_ENTER = 0, SITE_EXIT = 1, CORRELATION_ID_OFFSET = 64 };  /* CUpti_CallbackData */
+#define MAX_CBID 4096
+#define REPLAYFMT_INJECTION_ABI 2 /* replayfmt.capture.injection.INJECTION_ABI: bump both together */
 /* CUpti_driver_api_trace_cbid (cupti_driver_cbid.h) */
 enum { CBID_INIT = 1, CBID_CTX_DESTROY = 11, CBID_CTX_DESTROY_V2 = 322, CBID_PRIMARY_RESET = 389,
        CBID_PRIMARY_RESET_V2 = 545 };
@@ -77,6 +79,11 @@ static enable_callback_fn enable_callback;
 static pid_t owner;
 static volatile int forked_child;
 static _Thread_local int starting_here;
+/* The runtime call (cudaLaunchKernel...) this thread is inside: CUPTI gives the work a runtime
+ * call issues that call's correlation id, not the id of the driver call the recorder sees. */
+static _Thread_local uint32_t runtime_correlation;
+static _Thread_local int runtime_depth;
+static unsigned char skip_exit[MAX_CBID];  /* driver calls whose exit the recorder ignores */
 static char session[PATH_MAX];
 static wchar_t python_home[PATH_MAX];
 static py_gil_ensure_fn gil_ensure;
@@ -218,6 +225,7 @@ static void start_recorder(void) {
     if (ok && enable_callback)  /* the capture closes before the program's context goes away */
         for (size_t i = 0; i < sizeof TEARDOWN / sizeof TEARDOWN[0]; ++i)
             enable_callback(1, subscriber, DOMAIN_DRIVER_API, TEARDOWN[i]);
+    if (ok) enable_domain(1, subscriber, DOMAIN_RUNTIME_API);  /* only followed here, in C */
     atomic_store(&state, ok ? HOSTING : FAILED);
 }
 
@@ -230,7 +238,20 @@ static int tears_down(int domain, unsigned cbid, const void *data) {
     return 0;
 }
 
+static void track_runtime_call(const void *data) {
+    if (*(const uint32_t *)data == SITE_ENTER) {
+        if (runtime_depth++ == 0)
+            runtime_correlation = *(const uint32_t *)((const char *)data + CORRELATION_ID_OFFSET);
+    } else if (runtime_depth > 0 && --runtime_depth == 0) {
+        runtime_correlation = 0;
+    }
+}
+
 static void trampoline(void *userdata, int domain, unsigned cbid, const void *data) {
+    if (domain == DOMAIN_RUNTIME_API) {
+        if (data) track_runtime_call(data);
+        return;
+    }
     int now = atomic_load_explicit(&state, memory_order_acquire);
     if (now != HOSTING) {
         if (now != ARMED && now != STARTING) return;
@@ -247,6 +268,9 @@ static void trampoline(void *userdata, int domain, unsigned cbid, const void *da
         if (atomic_load(&state) != HOSTING) return;
     }
     if (forked_child) return;
+    if (domain == DOMAIN_DRIVER_API && data && cbid < MAX_CBID && skip_exit[cbid] &&
+        *(const uint32_t *)data == SITE_EXIT)
+        return;  /* a launch's exit in region mode: the recorder would only return */
     if (tears_down(domain, cbid, data)) {  /* cudaDeviceReset, cuCtxDestroy: close while memory lives */
         finish();
         return;
@@ -322,6 +346,18 @@ EXPORT void *replayfmt_injection_subscriber(void) { return subscriber; }
 EXPORT int replayfmt_injection_forward(int slot, callback_fn target) {
     if (slot != SLOT_DRIVER && slot != SLOT_NVTX) return -1;
     atomic_store_explicit(&forward[slot], target, memory_order_release);
+    return 0;
+}
+
+/* For the hosted recorder (ctypes): the correlation id of the runtime call this thread is in
+ * (0: none), which the kernels, copies and memsets that call issues carry in CUPTI's records. */
+EXPORT uint32_t replayfmt_injection_runtime_correlation(void) { return runtime_correlation; }
+
+/* For the hosted recorder (ctypes): stop forwarding the exit of driver call ``cbid`` (the
+ * recorder ignores it: launches in region mode), which saves a callback into Python a launch. */
+EXPORT int replayfmt_injection_skip_exit(unsigned cbid) {
+    if (cbid >= MAX_CBID) return -1;
+    skip_exit[cbid] = 1;
     return 0;
 }
 

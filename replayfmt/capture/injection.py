@@ -34,7 +34,7 @@ from replayfmt.errors import DeviceUnavailableError, ReplayUsageError
 from replayfmt.format import model as m
 
 CONFIG_VERSION = 1
-INJECTION_ABI = 1  # inject.c's REPLAYFMT_INJECTION_ABI: bump both together
+INJECTION_ABI = 2  # inject.c's REPLAYFMT_INJECTION_ABI: bump both together
 _SOURCE = Path(__file__).with_name("inject.c")
 _ELF_MAGIC = b"\x7fELF"
 _ELFCLASS64 = 2

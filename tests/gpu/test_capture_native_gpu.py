@@ -125,7 +125,8 @@ def test_runtime_api_streams_and_events(tmp_path, native_ready):
     assert len({r["stream"] for r in launches(out)}) == 3
     verify(out, result.stderr)
     data = benchmark(out)
-    assert data.get("original"), "the original program's device times were not stored"
+    # every launch has its time in the original program (runtime calls' correlation ids bound)
+    assert data["original"]["timed"] >= 12, data["original"]
 
 
 def test_cublas_sgemm_and_gemm_ex(tmp_path, native_ready):
@@ -157,7 +158,7 @@ def test_nvtx_range_as_scope(tmp_path, native_ready):
     assert len(names) == 6 and all("warm" not in n for n in names), names  # only the step's launches
     verify(out, result.stderr)
     data = benchmark(out, "--scope=step")
-    assert data.get("original"), "the original program's device times were not stored"
+    assert data["original"]["timed"] >= 6, data["original"]
 
 
 def test_kernel_mode(tmp_path, native_ready):
