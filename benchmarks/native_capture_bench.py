@@ -113,6 +113,11 @@ def main() -> int:
             print(f"GPU busy: not measured (clock {data.get('clock')}; original times stored: {bool(original)})")
             return 1 if args.check else 0
         original_ms = original["busy_ns"] / 1e6
+        if original.get("untimed_device_ops"):
+            print(
+                f"note: the original's times cover {original.get('timed')} of the scope's device operations "
+                f"({original['untimed_device_ops']} without one): the busy-time comparison is not meaningful"
+            )
         deviation = busy / original_ms - 1
         print(f"GPU busy of the scope 'timed' ({args.launches + 50} launches), CUPTI both sides")
         print(f"  original program  {original_ms:9.4f} ms (stored by the recorder)")
