@@ -196,6 +196,9 @@ def test_record_program_refusals_before_running(tmp_path):
     with pytest.raises(ReplayUsageError, match="exists; pass --overwrite"):
         record_program(program, (), out, RecordOptions(), environment={})
     assert out.read_bytes() == b"mine"
+    interpreter = classify(str(executable(tmp_path / "python3.12", Path(sys.executable).read_bytes())))
+    with pytest.raises(ReplayUsageError, match="is a Python interpreter: pass the script itself"):
+        record_program(interpreter, ("train.py",), tmp_path / "i.kreplay", RecordOptions(), environment={})
     profiler = classify(str(executable(tmp_path / "prof.sh", "#!/bin/sh\n# dlopen libcupti.so.13\n")))
     with pytest.raises(ReplayUsageError, match="loads libcupti itself"):
         record_program(profiler, (), tmp_path / "p.kreplay", RecordOptions(), environment={})

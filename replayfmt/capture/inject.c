@@ -225,7 +225,6 @@ static void start_recorder(void) {
     if (ok && enable_callback)  /* the capture closes before the program's context goes away */
         for (size_t i = 0; i < sizeof TEARDOWN / sizeof TEARDOWN[0]; ++i)
             enable_callback(1, subscriber, DOMAIN_DRIVER_API, TEARDOWN[i]);
-    if (ok) enable_domain(1, subscriber, DOMAIN_RUNTIME_API);  /* only followed here, in C */
     atomic_store(&state, ok ? HOSTING : FAILED);
 }
 
@@ -323,6 +322,11 @@ EXPORT int InitializeInjection(void) {
     }
     int result = subscribe(&subscriber, trampoline, NULL);
     if (result == 0) result = enable_domain(1, subscriber, DOMAIN_DRIVER_API);
+    /* the runtime domain (followed in C only, for correlation ids) is enabled here, before the
+     * runtime's own initialisation goes on, in case a runtime settles then whether it reports
+     * its calls to CUPTI (enabled later, at the recorder's start, the H100 run bound no work a
+     * runtime call issued; not yet checked on a GPU enabled here) */
+    if (result == 0) result = enable_domain(1, subscriber, DOMAIN_RUNTIME_API);
     if (result != 0) {
         const char *text = NULL;
         if (result_string) result_string(result, &text);

@@ -361,6 +361,11 @@ def record_program(
         )
     if os.path.exists(output) and not overwrite:
         raise ReplayUsageError(f"{output} exists; pass --overwrite to replace it")
+    if os.path.basename(target.resolved).startswith(_PYTHON_NAMES):
+        raise ReplayUsageError(
+            f"{target.path} is a Python interpreter: pass the script itself (capture-replay -o OUT script.py ARGS), "
+            "which records in this process"
+        )
     if uses_cupti(target.resolved):
         raise ReplayUsageError(
             f"{target.path} loads libcupti itself: CUPTI allows one subscriber per process, so it and the "
