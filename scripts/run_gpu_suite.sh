@@ -23,13 +23,15 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   # --check: a missed goal fails the suite (each benchmark prints its misses last)
-  python3 benchmarks/replay_bench.py --check 2>&1 | tee "$out/replay-bench.log"
+  python3 benchmarks/replay_bench.py --check 2>&1 | tee "$out/replay_bench.log"
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
-  python3 benchmarks/fidelity_bench.py --check 2>&1 | tee "$out/fidelity-bench.log"
+  python3 benchmarks/fidelity_bench.py --check 2>&1 | tee "$out/fidelity_bench.log"
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
-  python3 benchmarks/tune_bench.py --check 2>&1 | tee "$out/tune-bench.log"
+  python3 benchmarks/tune_bench.py --check 2>&1 | tee "$out/tune_bench.log"
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
-  python3 benchmarks/capture_bench.py --check 2>&1 | tee "$out/capture-bench.log"
+  python3 benchmarks/capture_bench.py --check 2>&1 | tee "$out/capture_bench.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  python3 benchmarks/native_capture_bench.py --check 2>&1 | tee "$out/native_capture_bench.log"
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
 exit "$status"

@@ -272,6 +272,33 @@ def test_recorder_binds_the_program_operation_not_the_snapshot(tmp_path):
         assert {i: (t.start_ns, t.duration_ns) for i, t in got.operations.items()} == {3: (100, 30), 5: (200, 60)}
 
 
+def test_recorder_binds_the_runtime_call_around_the_driver_call(tmp_path):
+    # a program recorded through the injection library: CUPTI's record of a kernel that
+    # cudaLaunchKernel issued carries the runtime call's id (40), not the driver call's (9)
+    activity = _Activity([ActivityRecord(ActivityKind.CONCURRENT_KERNEL, "k", 200, 260, 0, 1, 40)])
+    writer = replayfmt.CaptureWriter(tmp_path / "r.kreplay", threads=0)
+    dev = writer.add_object(m.Device())
+    buf = writer.add_object(m.Buffer(size=64, device=dev))
+    report = Report()
+    times = OriginalTimes(writer, report, activity=activity)
+    times.start()
+    times.correlation = lambda: 9
+    times.outer_correlation = lambda: 40
+
+    def translator(event):
+        report.kernel("k").captured += 1
+        writer.memset(buffer=buf, value=1, count=64)  # stands for the launch
+
+    times.wrap(translator)(
+        ev.LaunchBegin(ev.Kernel(1, "k", None, ()), (1, 1, 1), (1, 1, 1), 0, 0, b"", (0, 0, 0), False, "cuLaunchKernel")
+    )
+    times.close()
+    writer.close()
+    with replayfmt.open(tmp_path / "r.kreplay") as cap:
+        got = cap.original_times()
+        assert {i: (t.start_ns, t.duration_ns) for i, t in got.operations.items()} == {2: (200, 60)}
+
+
 def test_operation_times_take_the_program_record_of_a_call():
     k = ActivityKind.MEMCPY
     records = [

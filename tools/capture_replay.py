@@ -1,5 +1,6 @@
-"""capture-replay (also ``python -m replayfmt.capture``): run a Python script and record its GPU
-work into a .kreplay file, with no change to the script."""
+"""capture-replay (also ``python -m replayfmt.capture``): run a program and record its GPU work
+into a .kreplay file, with no change to the program: a Python script in this process, any other
+program (an ELF binary, a shell script) as a child through CUDA's injection entry point."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from pathlib import Path
 import click
 
 from replayfmt.capture import CaptureMode, Recorder, RecordOptions, Report, SelfCheck
+from replayfmt.capture.injection import Target, TargetKind, classify, describe_failure, record_program
 from replayfmt.capture.profilers import conflict_line
-from replayfmt.capture.self_check import Outcome
+from replayfmt.capture.self_check import Outcome, replay_check
 from replayfmt.cuda.address_space import restart_without_aslr
 from replayfmt.format import model as m
 from replayfmt_tools.common import (
@@ -52,7 +54,8 @@ MODULE_NAME = "python -m replayfmt.capture"  # how README starts the recorder; m
     "scopes",
     multiple=True,
     metavar="NAME",
-    help="Region mode: record only inside replayfmt.capture.scope(NAME) blocks (repeatable).",
+    help="Region mode: record only inside replayfmt.capture.scope(NAME) blocks, or inside a native "
+    "program's NVTX ranges named NAME (repeatable).",
 )
 @click.option(
     "--fixed-addresses",
@@ -114,7 +117,7 @@ MODULE_NAME = "python -m replayfmt.capture"  # how README starts the recorder; m
 )
 @click.option("--quiet", is_flag=True, help="Do not print the report at the end.")
 @agents_md_option("capture-replay")
-@click.argument("script", type=click.Path(exists=True, dir_okay=False))
+@click.argument("script", metavar="PROGRAM")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @reports_errors("capture-replay", aliases=(MODULE_NAME,))
 def main(
@@ -139,7 +142,12 @@ def main(
     script: str,
     args: tuple[str, ...],
 ) -> int:
-    """Run SCRIPT with ARGS and record its GPU work into OUTPUT.
+    """Run PROGRAM with ARGS and record its GPU work into OUTPUT.
+
+    A Python script (by its #! line or its source) runs in this process. Any other program (an
+    ELF binary, a shell script) runs as a child process that CUDA's injection entry point
+    (CUDA_INJECTION64_PATH) makes host the same recorder, with the same options: --scope then
+    names NVTX ranges the program pushes. See docs/INJECTION.md.
 
     Region mode records everything from the start (or inside --scope blocks) and checkpoints what
     it wrote at the end; kernel mode keeps --kernels launches with before and after snapshots.
@@ -171,6 +179,20 @@ def main(
         live_buffers=not whole_allocations,
         max_snapshot=int(max_snapshot_gib * (1 << 30)),
     )
+    target = classify(script)
+    if target.kind == TargetKind.NATIVE:
+        limits = None if no_self_check else SelfCheck(self_check_timeout, int(self_check_max_gib * (1 << 30)))
+        return _record_native(
+            target,
+            args,
+            output,
+            options,
+            overwrite=overwrite,
+            keep_partial=keep_partial,
+            quiet=quiet,
+            self_check=limits,
+            name=invoked_name("capture-replay", (MODULE_NAME,)),
+        )
     recorder = Recorder(output, options, overwrite=overwrite, command_line=(script, *args))
     if options.mode == CaptureMode.REGION and not scopes:
         recorder.start()
@@ -213,15 +235,64 @@ def _outcome(report: Report, output: str, code: int, *, keep_partial: bool, name
     """Keep or remove OUTPUT after the verdict; the exit status."""
     verdict = report.verdict
     if verdict is not None and verdict.replay is not None and verdict.replay.outcome == Outcome.MISMATCH:
-        # it replays: the file is worth keeping; what differs is for the user to judge (tolerances)
-        click.echo(
-            f"{name}: warning: replaying {output} found a difference (run-replay --verify {output}; "
-            "--tolerance compares floating-point buffers within their dtype's tolerance)",
-            err=True,
-        )
-    if verdict is None or (verdict.replayable and not report.partial):
+        _warn_mismatch(output, name)
+    if verdict is None:
         return code
     reason = f"it is partial: {report.partial}" if report.partial else verdict.reason
+    return _verdict_exit(code, verdict.replayable and not report.partial, reason, output, keep_partial, name)
+
+
+def _warn_mismatch(output: str, name: str) -> None:
+    """It replays: the file is worth keeping; what differs is for the user to judge (tolerances)."""
+    click.echo(
+        f"{name}: warning: replaying {output} found a difference (run-replay --verify {output}; "
+        "--tolerance compares floating-point buffers within their dtype's tolerance)",
+        err=True,
+    )
+
+
+def _record_native(
+    target: Target,
+    args: tuple[str, ...],
+    output: str,
+    options: RecordOptions,
+    *,
+    overwrite: bool,
+    keep_partial: bool,
+    quiet: bool,
+    self_check: SelfCheck | None,
+    name: str,
+) -> int:
+    """A program that is not Python: a child process hosting the recorder (docs/INJECTION.md); its
+    capture is then replayed and verified from here, as a Python program's is."""
+    run = record_program(target, args, output, options, overwrite=overwrite)
+    replayable, reason = run.replayable, run.reason
+    check = None
+    if replayable and self_check is not None:
+        check = replay_check(output, fixed_addresses=options.fixed_addresses, timeout_s=self_check.timeout_s)
+        if check.outcome == Outcome.FAILED:
+            replayable, reason = False, check.describe()
+    if not quiet:
+        for line in run.report_lines:
+            click.echo(line, err=True)
+        if check is not None:
+            click.echo(f"  replayable: {'yes' if replayable else 'no'} ({check.describe()})", err=True)
+    for other in run.others:
+        click.echo(f"{name}: not recorded: process {other}", err=True)
+    if replayable is None:
+        raise ToolExit(EXIT_PROBLEM, f"error: {describe_failure(run, target.path)}")
+    for error in run.errors:
+        click.echo(f"{name}: {error}", err=True)
+    if check is not None and check.outcome == Outcome.MISMATCH:
+        _warn_mismatch(output, name)
+    return _verdict_exit(run.exit_code, replayable, reason, output, keep_partial, name)
+
+
+def _verdict_exit(code: int, replayable: bool, reason: str, output: str, keep_partial: bool, name: str) -> int:
+    """The program's status, or 1 (and OUTPUT removed unless --keep-partial) when the capture
+    cannot be replayed."""
+    if replayable:
+        return code
     if keep_partial:
         click.echo(f"{name}: kept {output} although it cannot be replayed (--keep-partial): {reason}", err=True)
         return code

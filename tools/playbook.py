@@ -14,7 +14,7 @@ program. Seven tools, each printing this page with `--agents-md`:
 
 | tool | does | needs a GPU |
 |---|---|---|
-| `capture-replay` (also `python -m replayfmt.capture`) | record a Python program's GPU work | yes |
+| `capture-replay` (also `python -m replayfmt.capture`) | record a program's GPU work (Python or any executable) | yes |
 | `dump-replay` | inspect: summary, one line or JSON row per record, jq | no |
 | `run-replay` | rebuild and run it, verify checkpoints; `--dry-run` checks everything else | yes (not `--dry-run`) |
 | `benchmark-replay` | time a scope of it from the same starting state | yes |
@@ -56,6 +56,7 @@ With the recorder, from any Python program, no code change (needs a GPU and
 ```sh
 python -m replayfmt.capture -o add.kreplay examples/capture/triton_add.py
 python -m replayfmt.capture -o k.kreplay --mode kernel --kernels add_kernel examples/capture/triton_add.py
+capture-replay -o gemm.kreplay --scope step ./a.out     # any executable; --scope = NVTX range "step"
 ```
 
 Or with the writer, from Python, no GPU (a complete script: `examples/make_saxpy_capture.py`;
@@ -266,6 +267,12 @@ TOOLS = {
 * Kernel mode: `--mode kernel --kernels REGEX [--skip-first N] [--max-per-kernel N]`; each
   instance is a scope `NAME#K` with its inputs, the launch and a checkpoint of what it changed:
   `benchmark-replay --scope 'NAME#K'`, `tune-replay --launch OP`.
+* Programs that are not Python (ELF binaries, non-Python scripts) run as a child that hosts the
+  same recorder through CUDA's injection entry point (docs/INJECTION.md): same flags, file and
+  verdict; `--scope NAME` records inside the program's NVTX ranges named NAME. Needs the shared
+  libpython of the Python that runs capture-replay. Only the first process that initialises
+  CUDA records; others are listed. A program that names libcupti, or CUDA_INJECTION64_PATH
+  already set (nsys, ncu), is refused.
 * Modules must load while the recorder listens: start it first (the CLI does). Libraries
   (cuBLAS, cuDNN, PyTorch's own kernels) load their cubins lazily: CUPTI's resource domain
   reports each, and a launched kernel is matched to the cubin that defines its name. A kernel

@@ -40,6 +40,10 @@ class OriginalTimes:
         self.writer = writer
         self.report = report
         self.correlation: Callable[[], int] = lambda: 0
+        # the id of the runtime call (cudaLaunchKernel...) around the driver call, where the host
+        # tracks one (a program recorded through the injection library): CUPTI gives the work a
+        # runtime call issues the runtime call's id, so an operation is bound under both
+        self.outer_correlation: Callable[[], int] = lambda: 0
         self.lock = threading.RLock()
         # correlation id -> (operation index, the record kind it issues, kernel name or bytes)
         self._bound: dict[int, tuple[int, ActivityKind, str | int]] = {}
@@ -81,7 +85,7 @@ class OriginalTimes:
                     handle(event)
                     stats = kernels.get(name)
                     if stats is not None and stats.captured != captured:
-                        bound[self.correlation()] = (writer.operation_count - 1, kernel_kind, name)
+                        bind((writer.operation_count - 1, kernel_kind, name))
                     return
                 if type(event) is ev.GraphLaunched:  # its nodes' records carry the launch's correlation id
                     launches = report.graph_launches
@@ -98,7 +102,13 @@ class OriginalTimes:
                     # the program's operation is the last one the translator wrote (objects and
                     # snapshots it needed come first); a synchronous D2H is rebound at its CopyDone
                     kind, size = _expected(event)
-                    bound[self.correlation()] = (writer.operation_count - 1, kind, size)
+                    bind((writer.operation_count - 1, kind, size))
+
+        def bind(entry: tuple[int, ActivityKind, str | int]) -> None:
+            bound[self.correlation()] = entry
+            outer = self.outer_correlation()
+            if outer:
+                bound[outer] = entry
 
         return sink
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from replayfmt.capture.cupti_api import load_cupti
+from replayfmt.capture.cupti_api import Cupti, load_cupti
 from replayfmt.capture.cupti_source import CuptiSource
 from replayfmt.capture.device_memory import DriverMemory
 from replayfmt.capture.labels import KernelAnnotation
@@ -63,10 +63,13 @@ class Recorder:
         *,
         overwrite: bool = False,
         command_line: tuple[str, ...] = (),
+        cupti: Cupti | None = None,
     ) -> None:
+        """``cupti``: the CUPTI to subscribe through (default: cupti-python's libcupti; a program
+        recorded through the injection library passes the subscriber that library holds)."""
         if active() is not None:
             raise ReplayUsageError("a replayfmt recorder is already listening in this process; close it first")
-        cupti = load_cupti()  # a one-line error before anything is created
+        cupti = cupti or load_cupti()  # a one-line error before anything is created
         self.options = options
         guard = threading.local()
         self.memory = DriverMemory(guard)

@@ -1,0 +1,32 @@
+"""Builds the one C part of replayfmt: the CUDA injection library (replayfmt/capture/inject.c)
+that records programs that are not Python. It needs a C compiler and nothing else: no Python
+or CUDA headers (it opens libcupti and libpython with dlopen). The extension is optional: where
+it cannot be built, the install still succeeds, and capture-replay builds it on first use with
+the C compiler, or says in one line what is missing. Everything else is in pyproject.toml."""
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+# the same flags replayfmt.capture.injection.compile_flags() gives a build on first use
+_FLAGS = ["-O2", "-std=gnu11", "-fvisibility=hidden", "-Wall"]
+
+
+class _BuildLibrary(build_ext):
+    """A plain shared library, not a Python module: no PyInit_ symbol is looked for."""
+
+    def get_export_symbols(self, ext: Extension) -> list[str]:
+        return []
+
+
+setup(
+    ext_modules=[
+        Extension(
+            "replayfmt.capture._inject",
+            sources=["replayfmt/capture/inject.c"],
+            extra_compile_args=_FLAGS,
+            libraries=["dl", "pthread"],
+            optional=True,
+        )
+    ],
+    cmdclass={"build_ext": _BuildLibrary},
+)
