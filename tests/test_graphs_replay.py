@@ -278,7 +278,7 @@ def test_format_1_1_files_still_open_and_mean_what_they_meant(tmp_path):
     golden = Path(__file__).parent / "golden" / "sample-1.1.kreplay"
     write_sample(tmp_path / "now.kreplay", n=64)
     with replayfmt.open(golden) as old, replayfmt.open(tmp_path / "now.kreplay") as now:
-        assert (old.header.major, old.header.minor) == (1, 1) and (now.header.major, now.header.minor) == (1, 2)
+        assert (old.header.major, old.header.minor) == (1, 1) and (now.header.major, now.header.minor) == (1, 3)
         graphs = {o.id for o in now.objects() if isinstance(o, m.Graph)}
         assert not [o for o in old.objects() if isinstance(o, m.Graph)] and len(graphs) == 1
         kept = [

@@ -45,7 +45,7 @@ def test_state_round_trips_and_is_no_copy(tmp_path):
             w.memset(buffer=buf, value=0, count=4)
 
     with replayfmt.open(write(tmp_path / "s.kreplay", build)) as cap:
-        assert (cap.header.major, cap.header.minor) == (1, 2)
+        assert (cap.header.major, cap.header.minor) == (1, 3)
         state = next(op for op in cap if isinstance(op, m.State))
         assert state.kind == m.OperationKind.STATE and state.kind.label == "state"
         assert (state.buffer, state.offset, state.size) == (2, 256, 256)

@@ -24,3 +24,17 @@ def _fields_of(cls: type) -> tuple[str, ...]:
 
 def field_names(op: Any) -> tuple[str, ...]:
     return _fields_of(type(op))
+
+
+def typed_tensor_row(t: Any) -> dict[str, Any]:
+    """A checkpoint's typed tensor (format 1.3) as JSON (docs/JSONL.md)."""
+    shape, strides = list(t.shape), list(t.strides)
+    return {
+        "buffer": t.buffer,
+        "offset": t.offset,
+        "size": t.size,
+        "dtype": label_of(t.dtype),
+        "shape": shape,
+        "strides": strides,
+        "name": t.name,
+    }

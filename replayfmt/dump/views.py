@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from replayfmt.dump.export import check_writable, export_payload
-from replayfmt.dump.fields import field_names, label_of
+from replayfmt.dump.fields import field_names, label_of, typed_tensor_row
 from replayfmt.dump.filters import JSONL_VERSION, DumpFilter, PayloadMode
 from replayfmt.dump.graphs import graph_fields, graph_node_lines, graph_summary, kernel_names
 from replayfmt.dump.launch_json import LaunchTemplate
@@ -265,6 +265,8 @@ class Dumper:
                 for e in op.entries
             ]
             row.update(name=op.name, entries=entries)
+            if op.types:  # (1.3) what the program's framework said the ranges hold
+                row["types"] = [typed_tensor_row(t) for t in op.types]
         elif isinstance(op, m.UnknownOperation):
             row["code"] = op.code
         else:
@@ -473,7 +475,7 @@ class Dumper:
             return f"{head} payload#{op.payload} -> buffer#{op.buffer}+{op.offset} size={op.size} (starting state)"
         if isinstance(op, m.Checkpoint):
             entries = ", ".join(f"buffer#{e.buffer}+{e.offset}:{e.size}" for e in op.entries)
-            return f"{head} {op.name!r} {entries}"
+            return f"{head} {op.name!r} {entries}" + (f" ({len(op.types)} typed range(s))" if op.types else "")
         if isinstance(op, m.Unsupported):
             return f"{head} {op.call}: {op.reason}"
         if isinstance(op, m.UnknownOperation):

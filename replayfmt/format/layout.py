@@ -23,7 +23,8 @@ MAGIC = b"KREPLAY\x00"
 FOOTER_MAGIC = b"KRFOOTER"
 CHUNK_MAGIC = b"KRCK"
 FORMAT_MAJOR = 1
-FORMAT_MINOR = 2  # 1.1: State operations, Buffer.ranges (typed sub-ranges); 1.2: Graph objects, GraphLaunch
+FORMAT_MINOR = 3  # 1.1: State operations, Buffer.ranges (typed sub-ranges); 1.2: Graph objects, GraphLaunch;
+# 1.3: Checkpoint.types (typed tensors of checkpointed ranges)
 
 ALIGNMENT = 8
 

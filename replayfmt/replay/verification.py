@@ -1,0 +1,511 @@
+"""Verification over several replays, with evidence: the verdict of ``run-replay --verify``.
+
+:class:`Verification` watches the replays a Replayer runs (it is their ``observer``), then:
+
+1. every piece of every compared range (a checkpoint entry or expected download, cut into typed
+   and untyped pieces) that a replay reproduced bit for bit is **exact**; when none differs, that
+   is all (a deterministic program pays for one replay, as before);
+2. a piece that differed is replayed again until ``replays`` replays in all, and judged per
+   element against their spread (:mod:`replayfmt.replay.judge`): within run-to-run variation, or
+   wrong;
+3. a piece whose checkpoint expects what its starting state already holds proves nothing by
+   matching: it is replayed *poisoned* (:mod:`replayfmt.replay.evidence`) and reported as proven,
+   unchanged by the region, or could not be proven; with a reference replay of the unmodified
+   capture (when kernels were substituted, reshaped or skipped), bytes the captured kernels write
+   but this replay left as they started are a failure.
+
+The verdict (:class:`VerificationReport`) is earned: verified means no piece is wrong and at least
+one piece was compared with evidence. The rule is docs/VERIFY.md.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from replayfmt.errors import ReplayUsageError
+from replayfmt.format import model as m
+from replayfmt.replay.compare import FLOATING, Tolerance, tolerances
+from replayfmt.replay.evidence import Classified, Evidence, Piece, classify, patched, pieces, poison
+from replayfmt.replay.judge import Judgement, RangeObservation, Verdict, part_size
+from replayfmt.replay.options import RunResult
+from replayfmt.replay.plan import Plan
+from replayfmt.replay.state import PoisonWrite
+
+DEFAULT_REPLAYS = 4  # replays in all when a piece differs from the capture
+SINGLE_ROUNDS = 4  # pieces still tainted after two poisoned rounds that are poisoned one by one
+Key = tuple[int, int, int]  # (operation, buffer, offset) of a piece
+
+
+class EvidencePolicy(enum.Enum):
+    """When the ranges that start as expected are replayed poisoned."""
+
+    AUTO = "auto"  # when kernels were changed (substituted, reshaped, skipped), or nothing else is evidence
+    ALWAYS = "always"
+    NEVER = "never"
+
+
+class VerifyingReplayer(Protocol):
+    """What verification needs of a Replayer."""
+
+    plan: Plan
+    observer: Any
+
+    def run(self, repetitions: int = 1, *, verify: bool | None = None) -> RunResult: ...
+
+    def poison(self, writes: dict[int, list[PoisonWrite]] | None) -> None: ...
+
+    def verify_only(self, ranges: set[tuple[int, int, int]] | None) -> None: ...
+
+
+@dataclass
+class RangeReport:
+    """The verdict on one piece: how it compared, and what that proves."""
+
+    piece: Piece
+    judgement: Judgement
+    evidence: Evidence
+    note: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return self.judgement.verdict is not Verdict.WRONG and self.evidence is not Evidence.LEFT
+
+    @property
+    def counts(self) -> bool:
+        """Whether it is evidence for the verdict (compared against bytes it did not start with)."""
+        return self.passed and self.evidence in (Evidence.COMPARED, Evidence.PROVEN)
+
+    def line(self) -> str:
+        p, j = self.piece, self.judgement
+        name = f"buffer {p.buffer}" + (f" ({p.label})" if p.label else "")
+        what = f"{j.dtype}" + (f"{list(p.shape)}" if p.shape else "") if p.typed else "untyped bytes"
+        if p.name:
+            what += f" {p.name!r}"
+        verdict = "FAIL" if not self.passed else "ok"
+        text = f"op {p.operation:>6} {name} bytes {p.offset}+{p.size} ({what}): {verdict} {j.verdict.value}"
+        if j.verdict is Verdict.VARIES:
+            text += (
+                f" (largest difference {j.largest_abs_diff:.3g}, {j.largest_ulp_diff} ulp; replays spread "
+                f"{j.spread_abs:.3g}, {j.spread_ulps} ulp; {j.differing} of {j.elements} differ)"
+            )
+        elif j.verdict is Verdict.WRONG:
+            text += f": {j.wrong} of {j.elements} {'elements' if p.typed else 'bytes'} wrong"
+        text += f"; {self.evidence.value}" + (f" ({self.note})" if self.note else "")
+        return text
+
+    def detail(self) -> list[str]:
+        """numpy's assert_allclose, per piece: the first differing elements."""
+        j = self.judgement
+        if j.verdict is Verdict.EXACT or not j.shown:
+            return []
+        unit = "index" if self.piece.typed else "byte"
+        out = [f"    {unit:>12} {'captured':>14} {'replay min':>14} {'replay max':>14} {'abs diff':>10} {'ulp':>8}"]
+        for e in j.shown:
+            where = ",".join(str(x) for x in e.position)
+            flag = "  <- wrong" if e.wrong else ""
+            out.append(
+                f"    {where:>12} {e.captured:>14.7g} {e.replay_min:>14.7g} {e.replay_max:>14.7g} "
+                f"{e.abs_diff:>10.3g} {e.ulp_diff:>8}{flag}"
+            )
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        p, j = self.piece, self.judgement
+        return {
+            "operation": p.operation,
+            "buffer": p.buffer,
+            "label": p.label,
+            "offset": p.offset,
+            "size": p.size,
+            "dtype": j.dtype if p.typed else None,
+            "typed_by": p.typed_by or None,
+            "shape": list(p.shape),
+            "name": p.name,
+            "verdict": j.verdict.name.lower(),
+            "evidence": self.evidence.name.lower(),
+            "note": self.note,
+            "passed": self.passed,
+            "elements": j.elements,
+            "differing": j.differing,
+            "wrong": j.wrong,
+            "largest_abs_diff": _finite(j.largest_abs_diff),
+            "largest_ulp_diff": j.largest_ulp_diff,
+            "spread_abs": _finite(j.spread_abs),
+            "spread_ulps": j.spread_ulps,
+            "widening_ulps": j.widening_ulps,
+            "first": [e.as_dict() for e in j.shown],
+        }
+
+
+def _finite(x: float) -> float | str:
+    return x if np.isfinite(x) else str(x)
+
+
+@dataclass
+class VerificationReport:
+    """Every compared piece's verdict and what it proves; :attr:`verified` is earned."""
+
+    ranges: list[RangeReport] = field(default_factory=list)
+    replays: int = 0
+    poisoned_replays: int = 0
+    nondeterministic: bool = False
+    reference: bool = False  # a replay of the unmodified capture said which bytes its kernels write
+
+    @property
+    def compared(self) -> int:
+        return len(self.ranges)
+
+    @property
+    def failed(self) -> list[RangeReport]:
+        return [r for r in self.ranges if not r.passed]
+
+    @property
+    def evidence(self) -> int:
+        """Pieces compared against bytes they did not start with (or proven so)."""
+        return sum(r.counts for r in self.ranges)
+
+    @property
+    def verified(self) -> bool:
+        return not self.failed and self.evidence > 0
+
+    def problem(self) -> str | None:
+        """Why the verdict is not "verified" (None when it is)."""
+        if not self.ranges:
+            return "nothing was compared: the capture holds no checkpoints or expected downloads"
+        failed = self.failed
+        if failed:
+            return f"{len(failed)} of {self.compared} compared range(s) failed; first: {failed[0].line()}"
+        if not self.evidence:
+            return (
+                f"nothing was proven: every one of the {self.compared} compared range(s) held its expected bytes "
+                "before the region ran, and no replay showed the region writing them"
+            )
+        return None
+
+    def summary(self) -> str:
+        counts: dict[str, int] = {}
+        for r in self.ranges:
+            counts[r.judgement.verdict.value] = counts.get(r.judgement.verdict.value, 0) + 1
+        verdicts = ", ".join(f"{n} {v}" for v, n in counts.items())
+        proven = sum(r.evidence is Evidence.PROVEN for r in self.ranges)
+        typed = sum(r.piece.typed for r in self.ranges)
+        return (
+            f"{'verified' if self.verified else 'NOT verified'}: {self.compared} range(s) compared "
+            f"({typed} typed) over "
+            f"{self.replays} replay(s): {verdicts}; {self.evidence} with evidence ({proven} proven by "
+            f"{self.poisoned_replays} poisoned replay(s))"
+        )
+
+    def lines(self, *, all_ranges: bool = False) -> list[str]:
+        """The summary's detail: every piece that did not compare exactly or proves little (all
+        pieces with ``all_ranges``), with the first differing elements of each."""
+        out = []
+        for r in self.ranges:
+            quiet = r.judgement.verdict is Verdict.EXACT and r.evidence is Evidence.COMPARED
+            if all_ranges or not quiet:
+                out.append(r.line())
+                out += r.detail()
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "verified": self.verified,
+            "problem": self.problem(),
+            "compared": self.compared,
+            "evidence": self.evidence,
+            "replays": self.replays,
+            "poisoned_replays": self.poisoned_replays,
+            "nondeterministic": self.nondeterministic,
+            "reference": self.reference,
+            "ranges": [r.as_dict() for r in self.ranges],
+        }
+
+
+class _Collector:
+    """The Replayer's observer: folds each replay's bytes of each piece."""
+
+    def __init__(self, owner: Verification) -> None:
+        self.owner = owner
+
+    def observe(
+        self,
+        operation: int,
+        buffer: m.Buffer,
+        offset: int,
+        expected: bytes,
+        actual: bytes,
+        types: tuple[m.TypedTensor, ...],
+    ) -> None:
+        self.owner.observe(operation, buffer, offset, expected, actual, types)
+
+
+class Verification:
+    """Collects the replays of one Replayer and judges them (see the module's docstring).
+
+    ``replays``: replays in all when a piece differs (1: judge the first replay alone);
+    ``evidence``: when to replay poisoned what matched by starting as expected."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        *,
+        replays: int = DEFAULT_REPLAYS,
+        evidence: EvidencePolicy = EvidencePolicy.AUTO,
+        tolerance: Tolerance = Tolerance(),
+    ) -> None:
+        if replays < 1:
+            raise ReplayUsageError(f"verification needs at least one replay, not {replays}")
+        self.plan = plan
+        self.tolerance = tolerance
+        self.replays_wanted = replays
+        self.policy = evidence
+        self.poisoning = False  # whether pieces that start as expected were replayed poisoned
+        self.entry_of: dict[Key, Key] = {}  # piece -> the (operation, buffer, offset) of its compared range
+        self.collector = _Collector(self)
+        self.pieces: dict[Key, Piece] = {}
+        self.observed: dict[Key, RangeObservation] = {}  # pieces that differed in some replay
+        self.seen: dict[Key, int] = {}  # replays that compared each piece
+        self.candidates = self._candidates()  # (operation, buffer, entry offset) -> region start
+        self.expected: dict[Key, bytes] = {}  # the expected bytes of pieces of candidate entries
+        self.replays = 0
+        self.poisoned_replays = 0
+        self.evidence: dict[Key, Evidence] = {}
+        self.notes: dict[Key, str] = {}
+        self.round_written: dict[Key, np.ndarray] = {}  # bytes written in the first poisoned replay
+        self.regions: dict[Key, int] = {}  # pieces of candidate entries -> where their region begins
+        self.reference = False  # a replay of the unmodified capture said which bytes its kernels write
+        self._poisoned: dict[Key, bytes] | None = None  # the poisoned replay's bytes, while one runs
+        self._poisoned_keys: set[Key] = set()
+        self._track_only: set[Key] | None = None
+
+    # -- collecting ---------------------------------------------------------------------------
+
+    def observe(
+        self,
+        operation: int,
+        buffer: m.Buffer,
+        offset: int,
+        expected: bytes,
+        actual: bytes,
+        types: tuple[m.TypedTensor, ...],
+    ) -> None:
+        """One replay's bytes of one compared range."""
+        region = self.candidates.get((operation, buffer.id, offset))
+        for piece in pieces(operation, buffer, offset, len(expected), types):
+            key = piece.key
+            want = expected[piece.start : piece.start + piece.size]
+            got = actual[piece.start : piece.start + piece.size]
+            if self._poisoned is not None:
+                if key in self._poisoned_keys:
+                    self._poisoned[key] = got
+                continue
+            if self._track_only is not None and key not in self._track_only:
+                continue
+            self.pieces.setdefault(key, piece)
+            self.entry_of.setdefault(key, (operation, buffer.id, offset))
+            seen = self.seen.get(key, 0)
+            self.seen[key] = seen + 1
+            if region is not None and key not in self.expected:
+                self.expected[key] = want
+                self.regions[key] = region
+            observation = self.observed.get(key)
+            if observation is None and got != want:
+                observation = self.observed[key] = RangeObservation(
+                    want, piece.dtype if piece.typed else m.DType.UNKNOWN, piece.shape
+                )
+                for _ in range(seen):  # the earlier replays reproduced it
+                    observation.add(want)
+            if observation is not None:
+                observation.add(got)
+
+    def _candidates(self) -> dict[tuple[int, int, int], int]:
+        """Checkpoint entries whose expected bytes are their region's starting state (same
+        payload, or the same bytes): matching them proves nothing by itself."""
+        out: dict[tuple[int, int, int], int] = {}
+        if not self.plan.state:
+            return out
+        capture = self.plan.capture
+        for index, region in self.plan.checkpoint_regions.items():
+            copies = self.plan.state.get(region, [])
+            if not copies:
+                continue
+            op = capture.operation(index)
+            assert isinstance(op, m.Checkpoint)
+            for e in op.entries:
+                for c in copies:
+                    if c.dst_buffer != e.buffer or not (
+                        c.dst_offset <= e.offset and e.offset + e.size <= c.dst_offset + c.size
+                    ):
+                        continue
+                    if (c.dst_offset, c.size) == (e.offset, e.size):
+                        same = (
+                            c.payload == e.payload or capture.payload(c.payload).hash == capture.payload(e.payload).hash
+                        )
+                    else:
+                        start = capture.read_payload(c.payload, e.offset - c.dst_offset, e.size)
+                        same = start == capture.read_payload(e.payload, 0, e.size)
+                    if same:
+                        out[(index, e.buffer, e.offset)] = region
+                    break
+        return out
+
+    # -- running ------------------------------------------------------------------------------
+
+    def attach(self, replayer: VerifyingReplayer) -> None:
+        """Watch the replays ``replayer`` runs from now on (with verification on)."""
+        replayer.observer = self.collector
+
+    def note_runs(self, result: RunResult) -> None:
+        """The replayer ran ``len(result.device_ms)`` replays while attached."""
+        self.replays += len(result.device_ms)
+
+    def finish(self, replayer: VerifyingReplayer) -> list[str]:
+        """Replay what differed until ``replays`` replays in all, then poison what proves nothing
+        (see the module's docstring); returns the errors of those runs."""
+        errors: list[str] = []
+        if self.observed and self.replays < self.replays_wanted:
+            self._track_only = set(self.observed)
+            replayer.verify_only({self.entry_of[k] for k in self.observed})
+            try:
+                more = replayer.run(self.replays_wanted - self.replays, verify=True)
+            finally:
+                replayer.verify_only(None)
+                self._track_only = None
+            self.replays += len(more.device_ms)
+            errors += more.errors
+        if self.expected and self._wants_poison():
+            self.poisoning = True
+            errors += self._poison_rounds(replayer)
+        return errors
+
+    @property
+    def kernels_changed(self) -> bool:
+        """Whether the replay runs other work than the capture's (substitutions, launch overrides)."""
+        options = self.plan.options
+        return bool(options.substitutions or options.launch_overrides)
+
+    def _wants_poison(self) -> bool:
+        if self.policy is EvidencePolicy.AUTO:
+            return self.kernels_changed or all(key in self.expected for key in self.pieces)
+        return self.policy is EvidencePolicy.ALWAYS
+
+    def _poison_run(self, replayer: VerifyingReplayer, keys: list[Key]) -> dict[Key, bytes]:
+        writes: dict[int, list[PoisonWrite]] = {}
+        for key in keys:
+            piece = self.pieces[key]
+            writes.setdefault(self.regions[key], []).append(
+                PoisonWrite(piece.buffer, piece.offset, poison(self.expected[key]))
+            )
+        self._poisoned, self._poisoned_keys = {}, set(keys)
+        replayer.poison(writes)
+        replayer.verify_only({self.entry_of[k] for k in keys})
+        try:
+            result = replayer.run(1, verify=True)
+        finally:
+            replayer.poison(None)
+            replayer.verify_only(None)
+            got, self._poisoned = self._poisoned, None
+        self.poisoned_replays += 1
+        return got if not result.errors else {}
+
+    def _poison_rounds(self, replayer: VerifyingReplayer) -> list[str]:
+        """Round 1 poisons every candidate piece; round 2 those written wrongly (from a poisoned
+        input, say); then up to SINGLE_ROUNDS one by one; what stays tainted reads itself."""
+        keys = sorted(self.expected)
+        pending = keys
+        for round_number in range(2 + SINGLE_ROUNDS):
+            if not pending:
+                break
+            batch = pending if round_number < 2 else pending[:1]
+            got = self._poison_run(replayer, batch)
+            if not got:
+                return [f"a poisoned replay failed; {len(pending)} range(s) could not be proven"]
+            tainted = []
+            for key in batch:
+                result = self._classify(key, got[key])
+                if round_number == 0:
+                    self.round_written[key] = result.written
+                if result.evidence is Evidence.TAINTED:
+                    tainted.append(key)
+                else:
+                    self.evidence[key] = result.evidence
+                    piece = self.pieces[key]
+                    if result.evidence is Evidence.PROVEN and result.written_bytes < piece.size:
+                        self.notes[key] = f"{result.written_bytes} of {piece.size} bytes written, the rest unchanged"
+            if round_number < 2:
+                pending = tainted
+            else:
+                pending = pending[1:] + tainted
+                if len(pending) > SINGLE_ROUNDS - (round_number - 2):
+                    break
+        for key in pending:
+            self.evidence[key] = Evidence.UNPROVEN
+            self.notes[key] = "the region reads it before writing it"
+        return []
+
+    def _classify(self, key: Key, actual: bytes) -> Classified:
+        expected = self.expected[key]
+        observation = self.observed.get(key)
+        if observation is None:
+            return classify(expected, actual)
+        written = classify(expected, actual, judge_ok=True).written
+        again = RangeObservation(expected, observation.dtype, observation.shape)
+        again.lo, again.hi, again.nan_count = observation.lo.copy(), observation.hi.copy(), observation.nan_count.copy()
+        again.replays, again.identical = observation.replays, observation.identical
+        again.add(patched(expected, actual, written))
+        ok = again.judge(nondeterministic=True).verdict is not Verdict.WRONG
+        return classify(expected, actual, judge_ok=ok)
+
+    @property
+    def wants_reference(self) -> bool:
+        """Whether kernels were changed (substituted, reshaped, skipped) and pieces were replayed
+        poisoned: then a poisoned replay of the unmodified capture says which bytes its kernels
+        write (:meth:`reference_written`, on another Replayer; :meth:`apply_reference`)."""
+        return bool(self.round_written) and self.kernels_changed
+
+    def reference_written(self, replayer: VerifyingReplayer) -> dict[Key, np.ndarray]:
+        """Run the first poisoned round on a replayer of the *unmodified* capture (set up with
+        verification on): which bytes of each poisoned piece the captured kernels write."""
+        self.attach(replayer)
+        keys = sorted(self.round_written)
+        got = self._poison_run(replayer, keys) if keys else {}
+        return {key: classify(self.expected[key], got[key]).written for key in keys if key in got}
+
+    def apply_reference(self, written: dict[Key, np.ndarray]) -> None:
+        """Bytes the captured kernels write that this replay left as they started: a failure."""
+        self.reference = True
+        for key, reference in written.items():
+            mine = self.round_written.get(key)
+            if mine is None:
+                continue
+            missing = int((reference & ~mine).sum())
+            if missing:
+                self.evidence[key] = Evidence.LEFT
+                self.notes[key] = f"{missing} byte(s) the captured kernels write were not written by this replay"
+
+    # -- the verdict --------------------------------------------------------------------------
+
+    def report(self) -> VerificationReport:
+        observations = self.observed
+        nondeterministic = any(o.varies for o in observations.values())
+        ranges = []
+        for key, piece in self.pieces.items():
+            observation = observations.get(key)
+            if observation is None:
+                lanes = piece.size // (part_size(piece.dtype) if piece.typed else 1)
+                name = piece.dtype.name.lower() if piece.typed else "bytes"
+                judgement = Judgement(Verdict.EXACT, name, piece.typed, lanes, 0, 0)
+            else:
+                floating = self.tolerance.enabled and piece.typed and piece.dtype in FLOATING
+                asked = tolerances(piece.dtype, self.tolerance) if floating else None
+                judgement = observation.judge(nondeterministic=nondeterministic, tolerance=asked)
+            default = Evidence.UNPROVEN if key in self.expected else Evidence.COMPARED
+            if key in self.expected and not self.poisoning:
+                self.notes.setdefault(key, "it started as expected; not replayed poisoned: --evidence=always")
+            evidence = self.evidence.get(key, default)
+            ranges.append(RangeReport(piece, judgement, evidence, self.notes.get(key, "")))
+        return VerificationReport(ranges, self.replays, self.poisoned_replays, nondeterministic, self.reference)

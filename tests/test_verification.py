@@ -1,0 +1,264 @@
+"""Verification over several replays, with evidence: real captures (written by the CaptureWriter,
+planned by the real plan) played by a host-memory replayer whose "kernels" are numpy programs:
+deterministic, nondeterministic (float sums in a different order each run, as atomics give),
+skipped, neutered, planted bugs, and captures taken after a warm-up."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fake_replayer import HostReplayer
+
+import replayfmt
+from replayfmt.format import model as m
+from replayfmt.replay.evidence import Evidence
+from replayfmt.replay.judge import Verdict
+from replayfmt.replay.plan import PlanOptions, build_plan
+from replayfmt.replay.plan_options import LaunchOverride
+from replayfmt.replay.verification import EvidencePolicy, Verification
+
+ROWS, COLS = 64, 256
+X_ID, OUT_ID, Y_ID = 2, 3, 4  # buffer ids as the writer hands them out (the device is 1)
+
+
+def inputs() -> np.ndarray:
+    rng = np.random.default_rng(7)
+    return (rng.standard_normal((ROWS, COLS)) * 3).astype(np.float32)
+
+
+def row_sums(x: np.ndarray, order: int | None) -> np.ndarray:
+    """Each row's sum in float32, term by term in a shuffled order (as atomics accumulate), or in
+    column order when ``order`` is None."""
+    columns = np.arange(x.shape[1]) if order is None else np.random.default_rng(order).permutation(x.shape[1])
+    return np.cumsum(x[:, columns], axis=1, dtype=np.float32)[:, -1].copy()
+
+
+def write_capture(
+    path: Path, *, out_start: np.ndarray, out_expected: np.ndarray, second: np.ndarray | None = None, typed: bool = True
+) -> Path:
+    """A step reading X and writing OUT (and Y when ``second`` is given: a second kernel's output
+    that starts as it ends); each starts as ``*_start`` and is checkpointed as expected."""
+    x = inputs()
+    with replayfmt.CaptureWriter(path) as w:
+        dev = w.add_object(m.Device(name="NVIDIA H100", compute_capability=(9, 0)))
+        assert w.add_object(m.Buffer(size=x.nbytes, device=dev, label="x")) == X_ID
+        assert w.add_object(m.Buffer(size=out_expected.nbytes, device=dev, label="out")) == OUT_ID
+        if second is not None:
+            assert w.add_object(m.Buffer(size=second.nbytes, device=dev, label="y")) == Y_ID
+        with w.scope("step"):
+            w.state(buffer=X_ID, data=x)
+            w.state(buffer=OUT_ID, data=out_start)
+            if second is not None:
+                w.state(buffer=Y_ID, data=second)
+            expected = {X_ID: x, OUT_ID: out_expected} | ({Y_ID: second} if second is not None else {})
+            entries = [m.CheckpointEntry(b, w.add_payload(d), 0, d.nbytes) for b, d in expected.items()]
+            types = [
+                m.TypedTensor(b, 0, d.nbytes, m.DType.FLOAT32, d.shape, (), name)
+                for (b, d), name in zip(expected.items(), ("x", "out", "y"), strict=False)
+            ]
+            w.checkpoint(entries, name="step", types=types if typed else ())
+    return path
+
+
+def f32(memory: dict[int, bytearray], buffer: int) -> np.ndarray:
+    return np.frombuffer(memory[buffer], np.float32)
+
+
+def program(*, nondeterministic: bool = False, bug: str = "", skip_out: bool = False, y: bool = False):
+    """The step's kernels: OUT = each row's sum of X (Y = 2 X[:, 0] when ``y``), with a planted bug."""
+
+    def run(memory: dict[int, bytearray], _checkpoint: int, number: int) -> None:
+        x = f32(memory, X_ID).reshape(ROWS, COLS)
+        if bug == "off-by-one":
+            x = np.roll(x, 1, axis=0)
+        elif bug == "dropped term":
+            x = x[:, :-1]
+        out = row_sums(x, number if nondeterministic else None)
+        if bug == "wrong constant":
+            out = out * np.float32(1.001)
+        if not skip_out:
+            memory[OUT_ID][:] = out.tobytes()
+        if y:
+            memory[Y_ID][:] = (2 * x[:, 0]).astype(np.float32).tobytes()
+
+    return run
+
+
+def verify(path: Path, run, *, replays: int = 4, evidence: EvidencePolicy = EvidencePolicy.AUTO):
+    with replayfmt.open(path) as cap:
+        plan = build_plan(cap, PlanOptions())
+        replayer = HostReplayer(plan, run)
+        v = Verification(plan, replays=replays, evidence=evidence)
+        v.attach(replayer)
+        v.note_runs(replayer.run(1))
+        assert v.finish(replayer) == []
+        return v.report(), replayer
+
+
+def by_label(report) -> dict[str, object]:
+    return {r.piece.label: r for r in report.ranges}
+
+
+def test_a_deterministic_program_verifies_exactly_in_one_replay(tmp_path):
+    x = inputs()
+    path = write_capture(tmp_path / "c.kreplay", out_start=np.zeros(ROWS, np.float32), out_expected=row_sums(x, None))
+    report, replayer = verify(path, program())
+    assert report.verified and replayer.runs == 1 and report.replays == 1
+    assert {r.judgement.verdict for r in report.ranges} == {Verdict.EXACT}
+    ranges = by_label(report)
+    assert ranges["out"].evidence is Evidence.COMPARED and ranges["out"].piece.dtype == m.DType.FLOAT32
+    # x started as expected, but out changed and matched: no poisoned replay unless asked (1.2x budget)
+    assert ranges["x"].evidence is Evidence.UNPROVEN and "--evidence=always" in ranges["x"].note
+    assert replayer.poisoned_runs == 0
+    assert report.summary().startswith("verified: 2 range(s) compared (2 typed) over 1 replay(s)")
+
+
+def test_the_input_that_starts_as_expected_is_unchanged_by_the_region(tmp_path):
+    x = inputs()
+    path = write_capture(tmp_path / "c.kreplay", out_start=np.zeros(ROWS, np.float32), out_expected=row_sums(x, None))
+    report, replayer = verify(path, program(), evidence=EvidencePolicy.ALWAYS)
+    assert by_label(report)["x"].evidence is Evidence.UNCHANGED and report.verified
+    assert replayer.poisoned_runs == 1 and report.poisoned_replays == 1
+
+
+def test_a_nondeterministic_program_verifies_within_run_to_run_variation(tmp_path):
+    x = inputs()
+    captured = row_sums(x, 1000)
+    assert not np.array_equal(captured, row_sums(x, 1))  # the sums really vary run to run
+    path = write_capture(tmp_path / "c.kreplay", out_start=np.zeros(ROWS, np.float32), out_expected=captured)
+    report, replayer = verify(path, program(nondeterministic=True))
+    out = by_label(report)["out"]
+    assert report.verified and report.nondeterministic, report.lines()
+    assert out.judgement.verdict is Verdict.VARIES and out.judgement.wrong == 0 and replayer.runs >= 4
+    assert 0 < out.judgement.largest_ulp_diff < 1000 and out.judgement.spread_abs > 0
+    assert "within run-to-run variation (largest difference" in out.line()
+
+
+@pytest.mark.parametrize("bug", ["off-by-one", "dropped term", "wrong constant"])
+def test_a_planted_bug_fails_on_a_nondeterministic_program_naming_the_element(tmp_path, bug):
+    x = inputs()
+    path = write_capture(tmp_path / "c.kreplay", out_start=np.zeros(ROWS, np.float32), out_expected=row_sums(x, 1000))
+    report, _ = verify(path, program(nondeterministic=True, bug=bug))
+    out = by_label(report)["out"]
+    assert not report.verified and out.judgement.verdict is Verdict.WRONG
+    first = out.judgement.shown[0]
+    assert first.wrong and first.abs_diff > out.judgement.spread_abs and first.ulp_diff > 4
+    assert not (first.replay_min <= first.captured <= first.replay_max)
+    assert report.problem().startswith("1 of 2 compared range(s) failed; first: op ")
+    text = "\n".join(report.lines())
+    assert "captured" in text and "<- wrong" in text and f"{first.index:>12}" in text
+
+
+def test_a_capture_after_a_warm_up_is_proven_by_a_poisoned_replay(tmp_path):
+    x = inputs()
+    answer = row_sums(x, None)
+    path = write_capture(tmp_path / "c.kreplay", out_start=answer, out_expected=answer)  # the warm-up left it
+    report, replayer = verify(path, program())
+    ranges = by_label(report)
+    assert ranges["out"].evidence is Evidence.PROVEN and report.verified
+    assert report.poisoned_replays >= 1 and replayer.poisoned_runs == report.poisoned_replays
+
+
+def test_a_skipped_kernel_fails_a_capture_after_a_warm_up(tmp_path):
+    x = inputs()
+    answer = row_sums(x, None)
+    path = write_capture(tmp_path / "c.kreplay", out_start=answer, out_expected=answer)
+    report, _ = verify(path, program(skip_out=True))
+    assert {r.evidence for r in report.ranges} == {Evidence.UNCHANGED}
+    assert not report.verified and report.problem().startswith("nothing was proven")
+
+
+def test_a_skipped_kernel_among_others_fails_against_the_reference_replay(tmp_path):
+    """OUT is written (changed); Y started as expected and its kernel is skipped: without a
+    reference Y looks unchanged by the region; the unmodified capture's poisoned replay says its
+    kernels write Y, so the skip fails."""
+    x = inputs()
+    y = (2 * x[:, 0]).astype(np.float32)
+    path = write_capture(
+        tmp_path / "c.kreplay", out_start=np.zeros(ROWS, np.float32), out_expected=row_sums(x, None), second=y
+    )
+    report, _ = verify(path, program(), evidence=EvidencePolicy.ALWAYS)
+    assert by_label(report)["y"].evidence is Evidence.UNCHANGED and report.verified  # no reference: not seen
+    with replayfmt.open(path) as cap:
+        plan = build_plan(cap, PlanOptions())
+        plan.options = PlanOptions(launch_overrides=(LaunchOverride(0, skip=True),))  # kernels were changed
+        v = Verification(plan)
+        replayer = HostReplayer(plan, program())  # the kernel writing Y does not run
+        v.attach(replayer)
+        v.note_runs(replayer.run(1))
+        v.finish(replayer)
+        assert v.wants_reference
+        v.apply_reference(v.reference_written(HostReplayer(plan, program(y=True))))
+        report = v.report()
+    y_range = by_label(report)["y"]
+    assert y_range.evidence is Evidence.LEFT and not y_range.passed and not report.verified
+    assert "the captured kernels write were not written by this replay" in y_range.line()
+
+
+def test_an_output_computed_from_a_poisoned_input_is_proven_in_a_second_round(tmp_path):
+    """X and OUT both start as expected (a warm-up): poisoning both makes OUT wrong in round 1
+    (computed from poisoned X); round 2 poisons OUT alone and proves it."""
+    x = inputs()
+    answer = row_sums(x, None)
+    path = write_capture(tmp_path / "c.kreplay", out_start=answer, out_expected=answer)
+    report, _ = verify(path, program())
+    assert by_label(report)["out"].evidence is Evidence.PROVEN
+    assert report.poisoned_replays == 2
+
+
+def test_a_range_the_region_reads_before_writing_could_not_be_proven(tmp_path):
+    x = inputs()
+    answer = row_sums(x, None)
+    path = write_capture(tmp_path / "c.kreplay", out_start=answer, out_expected=answer)
+
+    def in_place(memory, _checkpoint, _number):  # a running average: reads out, writes it back
+        fresh = row_sums(f32(memory, X_ID).reshape(ROWS, COLS), None)
+        memory[OUT_ID][:] = (f32(memory, OUT_ID) * np.float32(0.5) + fresh * np.float32(0.5)).tobytes()
+
+    report, _ = verify(path, in_place)
+    out = by_label(report)["out"]
+    assert out.evidence is Evidence.UNPROVEN and "reads it before writing it" in out.line()
+    assert out.passed and not report.verified  # nothing else proves anything
+
+
+def test_nothing_compared_is_never_verified(tmp_path):
+    path = tmp_path / "empty.kreplay"
+    with replayfmt.CaptureWriter(path) as w:
+        dev = w.add_object(m.Device(name="NVIDIA H100", compute_capability=(9, 0)))
+        w.add_object(m.Buffer(size=64, device=dev))
+    report, _ = verify(path, lambda *a: None)
+    assert report.compared == 0 and not report.verified
+    assert report.problem() == "nothing was compared: the capture holds no checkpoints or expected downloads"
+
+
+def test_untyped_ranges_are_judged_as_bytes_and_reported_so(tmp_path):
+    x = inputs()
+    path = write_capture(
+        tmp_path / "c.kreplay", out_start=np.zeros(ROWS, np.float32), out_expected=row_sums(x, 1000), typed=False
+    )
+    report, _ = verify(path, program(nondeterministic=True))
+    out = by_label(report)["out"]
+    assert not out.piece.typed and out.judgement.dtype == "bytes" and "untyped bytes" in out.line()
+    assert out.as_dict()["dtype"] is None and out.as_dict()["typed_by"] is None
+
+
+def test_the_report_is_json_for_scripts(tmp_path):
+    x = inputs()
+    path = write_capture(tmp_path / "c.kreplay", out_start=np.zeros(ROWS, np.float32), out_expected=row_sums(x, 1000))
+    report, _ = verify(path, program(nondeterministic=True, bug="off-by-one"))
+    data = json.loads(json.dumps(report.as_dict()))
+    (bad,) = [r for r in data["ranges"] if not r["passed"]]
+    assert data["verified"] is False and data["compared"] == 2 and bad["dtype"] == "float32"
+    assert bad["verdict"] == "wrong" and bad["shape"] == [ROWS] and bad["name"] == "out"
+    first = bad["first"][0]
+    assert set(first) == {"index", "position", "captured", "replay_min", "replay_max", "abs_diff", "ulp_diff", "wrong"}
+
+
+def test_one_replay_judges_the_first_alone(tmp_path):
+    x = inputs()
+    path = write_capture(tmp_path / "c.kreplay", out_start=np.zeros(ROWS, np.float32), out_expected=row_sums(x, 1000))
+    report, _ = verify(path, program(nondeterministic=True), replays=1)
+    assert report.replays == 1 and not report.nondeterministic and not report.verified  # exact, and it is not
