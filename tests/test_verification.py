@@ -262,3 +262,127 @@ def test_one_replay_judges_the_first_alone(tmp_path):
     path = write_capture(tmp_path / "c.kreplay", out_start=np.zeros(ROWS, np.float32), out_expected=row_sums(x, 1000))
     report, _ = verify(path, program(nondeterministic=True), replays=1)
     assert report.replays == 1 and not report.nondeterministic and not report.verified  # exact, and it is not
+
+
+# -- the command line and the format ---------------------------------------------------------------
+
+
+def run_cli(*args: str):
+    from click.testing import CliRunner
+
+    from replayfmt_tools.run_replay import main
+
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--nondeterminism-runs", "3"], "--nondeterminism-runs"),
+        (["--evidence", "always"], "--evidence"),
+        (["--nondeterminism-runs", "2", "--evidence", "never"], "--nondeterminism-runs and --evidence"),
+    ],
+)
+def test_verification_flags_without_verify_are_usage_errors(tmp_path, flags, named):
+    x = inputs()
+    path = write_capture(tmp_path / "c.kreplay", out_start=np.zeros(ROWS, np.float32), out_expected=row_sums(x, None))
+    code, _, err = run_cli(*flags, "--dry-run", str(path))
+    assert code == 2 and err.strip() == f"run-replay: error: {named} only mean something with --verify; add --verify"
+
+
+def test_launch_skip_is_parsed_and_planned(tmp_path):
+    assert LaunchOverride.parse("12:skip") == LaunchOverride(12, skip=True)
+    from replayfmt.errors import ReplayUsageError
+
+    with pytest.raises(ReplayUsageError, match="unknown setting 'skip'"):
+        LaunchOverride.parse("12:grid=1,skip")
+
+
+def test_a_skipped_launch_is_said_in_the_plan_and_left_out_of_the_steps(tmp_path):
+    from samples import write_sample
+
+    from replayfmt.replay.steps import build_steps
+
+    write_sample(tmp_path / "s.kreplay", n=64)
+    with replayfmt.open(tmp_path / "s.kreplay") as cap:
+        launch = next(op for op in cap if op.kind == m.OperationKind.LAUNCH)
+        plan = build_plan(
+            cap, PlanOptions(launch_overrides=(LaunchOverride(launch.index, skip=True),), continue_on_error=True)
+        )
+        assert (
+            f"override      operation {launch.index}: skipped (not run; its results are left as they start)"
+            in plan.describe()
+        )
+        assert plan.overrides[launch.index].skip
+    assert build_steps.__doc__  # the steps builder passes over it (a GPU test replays it: tests/gpu)
+
+
+def test_format_1_2_files_still_open_with_untyped_checkpoints():
+    golden = Path(__file__).parent / "golden" / "sample-1.2.kreplay"
+    with replayfmt.open(golden) as cap:
+        assert (cap.header.major, cap.header.minor) == (1, 2)
+        (checkpoint,) = [op for op in cap if isinstance(op, m.Checkpoint)]
+        assert checkpoint.types == () and len(checkpoint.entries) == 1
+        plan = build_plan(cap, PlanOptions(continue_on_error=True))
+        assert checkpoint.index in plan.checkpoint_regions  # where its region begins, for poisoning
+
+
+def test_typed_tensors_round_trip_and_show_in_jsonl(tmp_path):
+    from click.testing import CliRunner
+
+    from replayfmt_tools.dump_replay import main as dump_main
+
+    x = inputs()
+    path = write_capture(tmp_path / "c.kreplay", out_start=np.zeros(ROWS, np.float32), out_expected=row_sums(x, None))
+    with replayfmt.open(path) as cap:
+        assert (cap.header.major, cap.header.minor) == (1, 3)
+        (checkpoint,) = [op for op in cap if isinstance(op, m.Checkpoint)]
+        assert checkpoint.types[1] == m.TypedTensor(OUT_ID, 0, ROWS * 4, m.DType.FLOAT32, (ROWS,), (), "out")
+    out = CliRunner().invoke(dump_main, ["--format=jsonl", "--kind=checkpoint", str(path)]).stdout
+    row = json.loads(out.splitlines()[-1])
+    assert row["types"][1] == {
+        "buffer": OUT_ID,
+        "offset": 0,
+        "size": ROWS * 4,
+        "dtype": "float32",
+        "shape": [ROWS],
+        "strides": [],
+        "name": "out",
+    }
+
+
+def test_malformed_typed_tensors_are_refused_by_the_writer_and_the_plan(tmp_path, monkeypatch):
+    from replayfmt.errors import ReplayFormatError, ReplayUsageError
+
+    outside = m.TypedTensor(2, 32, 64, m.DType.FLOAT32)
+
+    def write(path: Path) -> Path:
+        with replayfmt.CaptureWriter(path) as w:
+            dev = w.add_object(m.Device(name="NVIDIA H100", compute_capability=(9, 0)))
+            b = w.add_object(m.Buffer(size=64, device=dev))
+            w.checkpoint({b: bytes(64)}, name="c", types=(outside,))
+        return path
+
+    with pytest.raises(
+        ReplayUsageError, match=r"checkpoint 'c': typed tensor 0 \(buffer 2, bytes 32\+64\) lies outside"
+    ):
+        write(tmp_path / "a.kreplay")
+    monkeypatch.setattr(m, "checked_checkpoint", lambda name, entries, types: (entries, types))  # a hostile writer
+    with (
+        replayfmt.open(write(tmp_path / "b.kreplay")) as cap,
+        pytest.raises(ReplayFormatError, match="lies outside every entry"),
+    ):
+        build_plan(cap, PlanOptions())
+    overlapping = (m.TypedTensor(2, 0, 32, m.DType.FLOAT32), m.TypedTensor(2, 16, 16, m.DType.INT32))
+    assert "overlaps another" in m.typed_tensor_problem((m.CheckpointEntry(2, 1, 0, 64),), overlapping)
+
+
+def test_run_result_is_not_verified_when_nothing_was_compared():
+    from replayfmt.errors import VerificationError
+    from replayfmt.replay.options import RunResult
+
+    empty = RunResult(device_ms=[1.0], state_ms=[0.0])
+    assert empty.verified is False
+    with pytest.raises(VerificationError, match="verification compared nothing"):
+        empty.require_verified()

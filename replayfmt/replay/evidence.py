@@ -33,7 +33,8 @@ class Piece:
     dtype: m.DType
     shape: tuple[int, ...] = ()
     name: str = ""
-    typed_by: str = ""  # "checkpoint" (the framework, at capture), "buffer", or "" (untyped)
+    # "checkpoint" (the framework, at capture), "buffer", "kernel parameter" (a launch's pointer), "" (untyped)
+    typed_by: str = ""
 
     @property
     def key(self) -> tuple[int, int, int]:
@@ -44,7 +45,14 @@ class Piece:
         return bool(self.typed_by)
 
 
-def pieces(operation: int, buffer: m.Buffer, offset: int, size: int, types: tuple[m.TypedTensor, ...]) -> list[Piece]:
+def pieces(
+    operation: int,
+    buffer: m.Buffer,
+    offset: int,
+    size: int,
+    types: tuple[m.TypedTensor, ...],
+    source: str = "checkpoint",
+) -> list[Piece]:
     """The compared range [offset, offset + size) of ``buffer`` cut into typed and untyped pieces:
     by the checkpoint's typed tensors when it has them, else by the buffer's dtype or typed ranges.
     A typed run's tail that is no whole element is left untyped."""
@@ -58,7 +66,7 @@ def pieces(operation: int, buffer: m.Buffer, offset: int, size: int, types: tupl
             if a > pos:
                 runs.append((pos, a, m.DType.UNKNOWN, (), "", ""))
             exact = a == t.offset - offset and b == t.offset + t.size - offset
-            runs.append((a, b, t.dtype, t.shape if exact else (), t.name, "checkpoint"))
+            runs.append((a, b, t.dtype, t.shape if exact else (), t.name, source))
             pos = b
         if pos < size:
             runs.append((pos, size, m.DType.UNKNOWN, (), "", ""))

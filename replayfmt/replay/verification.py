@@ -30,7 +30,7 @@ from replayfmt.errors import ReplayUsageError
 from replayfmt.format import model as m
 from replayfmt.replay.compare import FLOATING, Tolerance, tolerances
 from replayfmt.replay.evidence import Classified, Evidence, Piece, classify, patched, pieces, poison
-from replayfmt.replay.judge import Judgement, RangeObservation, Verdict, part_size
+from replayfmt.replay.judge import Judgement, RangeObservation, Verdict, judged_dtype, part_size
 from replayfmt.replay.options import RunResult
 from replayfmt.replay.plan import Plan
 from replayfmt.replay.state import PoisonWrite
@@ -281,6 +281,9 @@ class Verification:
         self._poisoned: dict[Key, bytes] | None = None  # the poisoned replay's bytes, while one runs
         self._poisoned_keys: set[Key] = set()
         self._track_only: set[Key] | None = None
+        self.pointer_types: dict[int, list[tuple[int, m.DType]]] | None = None  # from launches, when needed
+        self.entry_types: dict[Key, tuple[m.TypedTensor, ...]] = {}  # compared ranges typed by launches
+        self.retyped: dict[Key, int] = {}  # such ranges -> replays that matched them before they were typed
 
     # -- collecting ---------------------------------------------------------------------------
 
@@ -294,8 +297,11 @@ class Verification:
         types: tuple[m.TypedTensor, ...],
     ) -> None:
         """One replay's bytes of one compared range."""
-        region = self.candidates.get((operation, buffer.id, offset))
-        for piece in pieces(operation, buffer, offset, len(expected), types):
+        entry = (operation, buffer.id, offset)
+        region = self.candidates.get(entry)
+        types = self._entry_types(entry, buffer, expected, actual, types)
+        source = "kernel parameter" if entry in self.entry_types else "checkpoint"
+        for piece in pieces(operation, buffer, offset, len(expected), types, source):
             key = piece.key
             want = expected[piece.start : piece.start + piece.size]
             got = actual[piece.start : piece.start + piece.size]
@@ -307,7 +313,7 @@ class Verification:
                 continue
             self.pieces.setdefault(key, piece)
             self.entry_of.setdefault(key, (operation, buffer.id, offset))
-            seen = self.seen.get(key, 0)
+            seen = self.seen.get(key, self.retyped.get((operation, buffer.id, offset), 0))
             self.seen[key] = seen + 1
             if region is not None and key not in self.expected:
                 self.expected[key] = want
@@ -321,6 +327,27 @@ class Verification:
                     observation.add(want)
             if observation is not None:
                 observation.add(got)
+
+    def _entry_types(
+        self, entry: Key, buffer: m.Buffer, expected: bytes, actual: bytes, types: tuple[m.TypedTensor, ...]
+    ) -> tuple[m.TypedTensor, ...]:
+        """The types a compared range is cut by: the capture's (checkpoint, then buffer); for an
+        untyped range that differs, the element types of the kernel parameters that point into it
+        (Triton's signatures name them), found once, when first needed."""
+        known = self.entry_types.get(entry)
+        if known is not None:
+            return known
+        if types or buffer.dtype != m.DType.UNKNOWN or buffer.ranges or expected == actual:
+            return types
+        if self.pointer_types is None:
+            self.pointer_types = pointer_types(self.plan)
+        found = entry_pointer_types(self.pointer_types.get(buffer.id, []), buffer.id, entry[2], len(expected))
+        self.entry_types[entry] = found
+        for key in [k for k, e in self.entry_of.items() if e == entry and k in self.pieces]:
+            if not self.pieces[key].typed and key not in self.observed:  # re-cut: the earlier replays matched
+                self.retyped[entry] = self.seen.pop(key, 0)
+                del self.pieces[key]
+        return found
 
     def _candidates(self) -> dict[tuple[int, int, int], int]:
         """Checkpoint entries whose expected bytes are their region's starting state (same
@@ -509,3 +536,37 @@ class Verification:
             evidence = self.evidence.get(key, default)
             ranges.append(RangeReport(piece, judgement, evidence, self.notes.get(key, "")))
         return VerificationReport(ranges, self.replays, self.poisoned_replays, nondeterministic, self.reference)
+
+
+def pointer_types(plan: Plan) -> dict[int, list[tuple[int, m.DType]]]:
+    """Buffer id -> (offset, dtype) of every launch parameter that points into it and whose element
+    type the capture knows (a Triton signature's ``*fp32``), sorted by offset."""
+    out: dict[int, set[tuple[int, m.DType]]] = {}
+    for op in plan.capture.iter_operations():
+        if not isinstance(op, m.Launch) or op.executable not in plan.images:
+            continue
+        fn = plan.function(op.executable, op.function)
+        typed = {p.offset: p.dtype for p in fn.parameters if p.kind == m.ParameterKind.POINTER and p.dtype}
+        for r in op.relocations:
+            dtype = typed.get(r.site_offset) if r.site_buffer == 0 else None
+            if dtype is not None and judged_dtype(dtype):
+                out.setdefault(r.target_buffer, set()).add((r.target_offset, dtype))
+    return {buffer: sorted(found) for buffer, found in out.items()}
+
+
+def entry_pointer_types(
+    found: list[tuple[int, m.DType]], buffer: int, offset: int, size: int
+) -> tuple[m.TypedTensor, ...]:
+    """The range [offset, offset + size) of a buffer typed from the pointers into it: each from
+    where a pointer points to where the next begins (one pointed at with two dtypes: untyped)."""
+    points: dict[int, set[m.DType]] = {}
+    for at, dtype in found:
+        if offset <= at < offset + size:
+            points.setdefault(at, set()).add(dtype)
+    starts = sorted(points)
+    out = []
+    for k, at in enumerate(starts):
+        end = starts[k + 1] if k + 1 < len(starts) else offset + size
+        if len(points[at]) == 1:
+            out.append(m.TypedTensor(buffer, at, end - at, next(iter(points[at])), name="(a kernel parameter's type)"))
+    return tuple(out)
