@@ -40,7 +40,7 @@ capture, or no GPU/driver.
 Examples:
   run-replay --verify cap.kreplay
   run-replay --verify --format=json cap.kreplay | jq '.verification.ranges[] | select(.passed|not)'
-  run-replay --verify --launch 12:skip cap.kreplay     # must fail: a kernel left out
+  run-replay --verify --launch 9:skip cap.kreplay      # must fail: a kernel left out
   run-replay --dry-run --executable-substitution 5=new.cubin cap.kreplay
   run-replay --file-remap /old/models=/data/models --verify cap.kreplay
   run-replay --launch 42:grid=128,1,1,block=256 --repetitions 10 cap.kreplay
