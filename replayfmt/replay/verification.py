@@ -281,6 +281,7 @@ class Verification:
         self._poisoned: dict[Key, bytes] | None = None  # the poisoned replay's bytes, while one runs
         self._poisoned_keys: set[Key] = set()
         self._track_only: set[Key] | None = None
+        self._cut: dict[Key, list[Piece]] = {}  # compared range -> its pieces, as last cut
         self.pointer_types: dict[int, list[tuple[int, m.DType]]] | None = None  # from launches, when needed
         self.entry_types: dict[Key, tuple[m.TypedTensor, ...]] = {}  # compared ranges typed by launches
         self.retyped: dict[Key, int] = {}  # such ranges -> replays that matched them before they were typed
@@ -299,15 +300,19 @@ class Verification:
         """One replay's bytes of one compared range."""
         entry = (operation, buffer.id, offset)
         region = self.candidates.get(entry)
-        types = self._entry_types(entry, buffer, expected, actual, types)
-        source = "kernel parameter" if entry in self.entry_types else "checkpoint"
-        for piece in pieces(operation, buffer, offset, len(expected), types, source):
+        same = expected == actual  # the common case: nothing to slice, nothing to fold
+        types = self._entry_types(entry, buffer, expected, actual, types) if not same else types
+        cut = self._cut.get(entry)
+        if cut is None or not same:
+            source = "kernel parameter" if entry in self.entry_types else "checkpoint"
+            cut = self._cut[entry] = pieces(operation, buffer, offset, len(expected), types, source)
+        for piece in cut:
             key = piece.key
-            want = expected[piece.start : piece.start + piece.size]
-            got = actual[piece.start : piece.start + piece.size]
+            whole = piece.start == 0 and piece.size == len(expected)
+            end = piece.start + piece.size
             if self._poisoned is not None:
                 if key in self._poisoned_keys:
-                    self._poisoned[key] = got
+                    self._poisoned[key] = actual if whole else actual[piece.start : end]
                 continue
             if self._track_only is not None and key not in self._track_only:
                 continue
@@ -315,11 +320,15 @@ class Verification:
             self.entry_of.setdefault(key, (operation, buffer.id, offset))
             seen = self.seen.get(key, self.retyped.get((operation, buffer.id, offset), 0))
             self.seen[key] = seen + 1
+            if same and key not in self.observed and (region is None or key in self.expected):
+                continue  # reproduced: nothing to slice, nothing to fold
+            want = expected if whole else expected[piece.start : end]
+            got = want if same else actual if whole else actual[piece.start : end]
             if region is not None and key not in self.expected:
                 self.expected[key] = want
                 self.regions[key] = region
             observation = self.observed.get(key)
-            if observation is None and got != want:
+            if observation is None and not same and got != want:
                 observation = self.observed[key] = RangeObservation(
                     want, piece.dtype if piece.typed else m.DType.UNKNOWN, piece.shape
                 )
