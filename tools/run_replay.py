@@ -187,7 +187,8 @@ def main(
         # which bytes the captured kernels write: a poisoned replay of the capture as recorded
         reference_plan = dataclasses.replace(options, substitutions=(), launch_overrides=())
         with open_replay(capture, reference_plan) as reference:
-            verification.apply_reference(verification.reference_written(reference.start(replay)))
+            replayer = reference.start(dataclasses.replace(replay, save_output=None))
+            verification.apply_reference(verification.reference_written(replayer))
     for i, (ms, state_ms) in enumerate(zip(result.device_ms, result.state_ms, strict=True)):
         state = f" (starting state set apart: {state_ms:.3f} ms)" if plan.state else ""
         say(f"repetition {i + 1}: {ms:.3f} ms device time{state}")

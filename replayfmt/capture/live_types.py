@@ -27,22 +27,32 @@ def _torch_labels(objects: list[Any]) -> list[TensorLabel]:
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_initialized():
         return []
-    out, seen = [], set()
+    out: list[TensorLabel] = []
+    seen: set[int] = set()
     for obj in objects:
-        if type(obj) is not torch.Tensor and not isinstance(obj, torch.Tensor):
+        if not isinstance(obj, torch.Tensor):
             continue
-        if not obj.is_cuda or obj.is_sparse:
+        try:
+            label = _torch_label(obj, seen)
+        except Exception:  # a tensor with no storage (fake, functional, meta): not device memory we compare
             continue
-        storage = obj.untyped_storage()
-        address, size = storage.data_ptr(), storage.nbytes()
-        if not size or address in seen:
-            continue
-        seen.add(address)
-        whole = obj.storage_offset() == 0 and obj.is_contiguous() and obj.numel() * obj.element_size() == size
-        shape = tuple(obj.shape) if whole else ()
-        strides = tuple(obj.stride()) if whole else ()
-        out.append(TensorLabel(address, size, dtype_of(str(obj.dtype)), shape, strides))
+        if label is not None:
+            out.append(label)
     return out
+
+
+def _torch_label(obj: Any, seen: set[int]) -> TensorLabel | None:
+    if not obj.is_cuda or obj.is_sparse:
+        return None
+    storage = obj.untyped_storage()
+    address, size = storage.data_ptr(), storage.nbytes()
+    if not size or address in seen:
+        return None
+    seen.add(address)
+    whole = obj.storage_offset() == 0 and obj.is_contiguous() and obj.numel() * obj.element_size() == size
+    shape = tuple(obj.shape) if whole else ()
+    strides = tuple(obj.stride()) if whole else ()
+    return TensorLabel(address, size, dtype_of(str(obj.dtype)), shape, strides)
 
 
 def _cupy_labels(objects: list[Any]) -> list[TensorLabel]:
