@@ -386,3 +386,83 @@ def test_run_result_is_not_verified_when_nothing_was_compared():
     assert empty.verified is False
     with pytest.raises(VerificationError, match="verification compared nothing"):
         empty.require_verified()
+
+
+class HostSession:
+    """Stands for run-replay's ReplaySession: the real capture and plan, the host replayer."""
+
+    def __init__(self, path: Path, options: PlanOptions, run) -> None:
+        self.capture = replayfmt.open(path)
+        self.plan = build_plan(self.capture, options)
+        self.program = run
+
+    def start(self, _options):
+        replayer = HostReplayer(self.plan, self.program)
+        replayer.gpus, replayer.staging = [], type("Staging", (), {"bytes": 0})()
+        return replayer
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.capture.close()
+
+
+def run_replay_on_host(monkeypatch, path: Path, programs: list, *flags: str):
+    """run-replay itself, its replays played by the host replayer (a program per session opened)."""
+    from click.testing import CliRunner
+
+    from replayfmt_tools import run_replay
+
+    sessions = iter(programs)
+    monkeypatch.setattr(run_replay, "open_replay", lambda p, options: HostSession(Path(p), options, next(sessions)))
+    result = CliRunner().invoke(run_replay.main, ["--verify", *flags, str(path)])
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_run_replay_prints_json_and_fails_on_a_planted_bug(tmp_path, monkeypatch):
+    x = inputs()
+    path = write_capture(tmp_path / "c.kreplay", out_start=np.zeros(ROWS, np.float32), out_expected=row_sums(x, 1000))
+    code, out, err = run_replay_on_host(monkeypatch, path, [program(nondeterministic=True)], "--format=json")
+    data = json.loads(out)
+    assert code == 0 and data["verification"]["verified"] and data["verification"]["nondeterministic"], err
+    assert "verified: 2 range(s) compared (2 typed) over 4 replay(s)" in err and "capture       " in err
+    code, out, err = run_replay_on_host(monkeypatch, path, [program(nondeterministic=True, bug="dropped term")])
+    assert code == 1 and "FAIL wrong" in out and "<- wrong" in out and "NOT verified" in out
+    assert err.strip().startswith("run-replay: error: verification: 1 of 2 compared range(s) failed; first: op")
+
+
+def test_run_replay_fails_a_skipped_kernel_against_the_reference_replay(tmp_path, monkeypatch):
+    """The CLI's reference replay: a second session of the capture as recorded (no overrides)
+    says which bytes its kernels write; the skipped kernel's output was left poisoned."""
+    x = inputs()
+    answer = row_sums(x, None)
+    path = write_capture(tmp_path / "c.kreplay", out_start=answer, out_expected=answer)
+    code, out, err = run_replay_on_host(monkeypatch, path, [program()])
+    assert code == 0 and "proven" in out, err
+    skipped_options = []
+
+    def with_skip(p, options):
+        skipped_options.append(options)
+        return HostSession(Path(p), PlanOptions(), program(skip_out=not skipped_options[1:]))
+
+    from click.testing import CliRunner
+
+    from replayfmt_tools import run_replay
+
+    # a skip of "operation 0" stands for any change of kernels: the plan says the work changed
+    monkeypatch.setattr(run_replay, "open_replay", with_skip)
+    monkeypatch.setattr(Verification, "kernels_changed", property(lambda self: True))
+    result = CliRunner().invoke(run_replay.main, ["--verify", str(path)])
+    assert result.exit_code == 1, result.stderr
+    assert len(skipped_options) == 2 and skipped_options[1].launch_overrides == ()
+    assert "left as it started" in result.stdout and "not written by this replay" in result.stdout
+
+
+def test_run_replay_with_nothing_to_compare_says_so(tmp_path, monkeypatch):
+    path = tmp_path / "empty.kreplay"
+    with replayfmt.CaptureWriter(path) as w:
+        dev = w.add_object(m.Device(name="NVIDIA H100", compute_capability=(9, 0)))
+        w.add_object(m.Buffer(size=64, device=dev))
+    code, _, err = run_replay_on_host(monkeypatch, path, [lambda *a: None])
+    assert code == 1 and "nothing was compared" in err
