@@ -37,7 +37,13 @@ def row_sums(x: np.ndarray, order: int | None) -> np.ndarray:
 
 
 def write_capture(
-    path: Path, *, out_start: np.ndarray, out_expected: np.ndarray, second: np.ndarray | None = None, typed: bool = True
+    path: Path,
+    *,
+    out_start: np.ndarray,
+    out_expected: np.ndarray,
+    second: np.ndarray | None = None,
+    typed: bool = True,
+    x_dtype: m.DType = m.DType.FLOAT32,
 ) -> Path:
     """A step reading X and writing OUT (and Y when ``second`` is given: a second kernel's output
     that starts as it ends); each starts as ``*_start`` and is checkpointed as expected."""
@@ -56,7 +62,7 @@ def write_capture(
             expected = {X_ID: x, OUT_ID: out_expected} | ({Y_ID: second} if second is not None else {})
             entries = [m.CheckpointEntry(b, w.add_payload(d), 0, d.nbytes) for b, d in expected.items()]
             types = [
-                m.TypedTensor(b, 0, d.nbytes, m.DType.FLOAT32, d.shape, (), name)
+                m.TypedTensor(b, 0, d.nbytes, x_dtype if b == X_ID else m.DType.FLOAT32, d.shape, (), name)
                 for (b, d), name in zip(expected.items(), ("x", "out", "y"), strict=False)
             ]
             w.checkpoint(entries, name="step", types=types if typed else ())
@@ -466,3 +472,15 @@ def test_run_replay_with_nothing_to_compare_says_so(tmp_path, monkeypatch):
         w.add_object(m.Buffer(size=64, device=dev))
     code, _, err = run_replay_on_host(monkeypatch, path, [lambda *a: None])
     assert code == 1 and "nothing was compared" in err
+
+
+def test_integer_ranges_are_never_poisoned(tmp_path):
+    """Poisoned indices would send kernels out of bounds: an integer range that starts as
+    expected is not poisoned and proves nothing; the float output is still proven."""
+    x = inputs()
+    answer = row_sums(x, None)
+    path = write_capture(tmp_path / "c.kreplay", out_start=answer, out_expected=answer, x_dtype=m.DType.INT32)
+    report, _ = verify(path, program())
+    ranges = by_label(report)
+    assert ranges["x"].evidence is Evidence.UNPROVEN and "not poisoned" in ranges["x"].note
+    assert ranges["out"].evidence is Evidence.PROVEN and report.verified and report.poisoned_replays == 1

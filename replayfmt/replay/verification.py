@@ -301,8 +301,13 @@ class Verification:
         entry = (operation, buffer.id, offset)
         region = self.candidates.get(entry)
         same = expected == actual  # the common case: nothing to slice, nothing to fold
-        types = self._entry_types(entry, buffer, expected, actual, types) if not same else types
         cut = self._cut.get(entry)
+        if self._poisoned is not None:  # a poisoned replay: the pieces as the replays cut them
+            for piece in cut or ():
+                if piece.key in self._poisoned_keys:
+                    self._poisoned[piece.key] = actual[piece.start : piece.start + piece.size]
+            return
+        types = self._entry_types(entry, buffer, expected, actual, types) if not same else types
         if cut is None or not same:
             source = "kernel parameter" if entry in self.entry_types else "checkpoint"
             cut = self._cut[entry] = pieces(operation, buffer, offset, len(expected), types, source)
@@ -310,10 +315,6 @@ class Verification:
             key = piece.key
             whole = piece.start == 0 and piece.size == len(expected)
             end = piece.start + piece.size
-            if self._poisoned is not None:
-                if key in self._poisoned_keys:
-                    self._poisoned[key] = actual if whole else actual[piece.start : end]
-                continue
             if self._track_only is not None and key not in self._track_only:
                 continue
             self.pieces.setdefault(key, piece)
@@ -449,9 +450,16 @@ class Verification:
         return got if not result.errors else {}
 
     def _poison_rounds(self, replayer: VerifyingReplayer) -> list[str]:
-        """Round 1 poisons every candidate piece; round 2 those written wrongly (from a poisoned
-        input, say); then up to SINGLE_ROUNDS one by one; what stays tainted reads itself."""
-        keys = sorted(self.expected)
+        """Round 1 poisons every candidate piece of a floating dtype; round 2 those written wrongly
+        (from a poisoned input, say); then up to SINGLE_ROUNDS one by one; what stays tainted reads
+        itself. Integer and untyped pieces are never poisoned: they may hold indices or addresses,
+        which poison would send out of bounds (a fault that ends the replay)."""
+        keys = []
+        for key in sorted(self.expected):
+            if self.pieces[key].typed and self.pieces[key].dtype in FLOATING:
+                keys.append(key)
+            else:
+                self.notes[key] = "it started as expected; not poisoned: integers or untyped bytes may be indices"
         pending = keys
         for round_number in range(2 + SINGLE_ROUNDS):
             if not pending:
@@ -462,6 +470,9 @@ class Verification:
                 return [f"a poisoned replay failed; {len(pending)} range(s) could not be proven"]
             tainted = []
             for key in batch:
+                if key not in got:  # not read back (its range was not compared in that replay)
+                    self.notes[key] = "a poisoned replay did not read it back"
+                    continue
                 result = self._classify(key, got[key])
                 if round_number == 0:
                     self.round_written[key] = result.written
