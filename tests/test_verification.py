@@ -484,3 +484,52 @@ def test_integer_ranges_are_never_poisoned(tmp_path):
     ranges = by_label(report)
     assert ranges["x"].evidence is Evidence.UNPROVEN and "not poisoned" in ranges["x"].note
     assert ranges["out"].evidence is Evidence.PROVEN and report.verified and report.poisoned_replays == 1
+
+
+def test_a_skipped_kernel_is_seen_in_a_segment_whose_other_tensors_changed(tmp_path):
+    """One allocation (a caching-allocator segment) holds OUT, which changes, and Y, which starts
+    as it ends: the entry as a whole is no candidate, but with kernels changed its float piece Y
+    is poisoned, and the reference replay shows the skipped kernel's bytes left."""
+    x = inputs()
+    out, y = row_sums(x, None), (2 * x[:, 0]).astype(np.float32)
+    path = tmp_path / "seg.kreplay"
+    with replayfmt.CaptureWriter(path) as w:
+        dev = w.add_object(m.Device(name="NVIDIA H100", compute_capability=(9, 0)))
+        assert w.add_object(m.Buffer(size=x.nbytes, device=dev, label="x")) == X_ID
+        segment = w.add_object(m.Buffer(size=2 * out.nbytes, device=dev, label="segment"))
+        with w.scope("step"):
+            w.state(buffer=X_ID, data=x)
+            w.state(buffer=segment, data=np.concatenate([np.zeros_like(out), y]))
+            entries = [
+                m.CheckpointEntry(X_ID, w.add_payload(x), 0, x.nbytes),
+                m.CheckpointEntry(segment, w.add_payload(np.concatenate([out, y])), 0, 2 * out.nbytes),
+            ]
+            types = [
+                m.TypedTensor(segment, 0, out.nbytes, m.DType.FLOAT32, (ROWS,), (), "out"),
+                m.TypedTensor(segment, out.nbytes, y.nbytes, m.DType.FLOAT32, (ROWS,), (), "y"),
+            ]
+            w.checkpoint(entries, name="step", types=types)
+
+    def kernels(*, write_y: bool):
+        def run(memory, _checkpoint, _number):
+            xs = f32(memory, X_ID).reshape(ROWS, COLS)
+            memory[segment][: out.nbytes] = row_sums(xs, None).tobytes()
+            if write_y:
+                memory[segment][out.nbytes :] = (2 * xs[:, 0]).astype(np.float32).tobytes()
+
+        return run
+
+    with replayfmt.open(path) as cap:
+        plan = build_plan(cap, PlanOptions())
+        plan.options = PlanOptions(launch_overrides=(LaunchOverride(0, skip=True),))  # kernels were changed
+        v = Verification(plan)
+        assert all(b != segment for _, b, _ in v.candidates)  # the segment as a whole does not start as it ends
+        replayer = HostReplayer(plan, kernels(write_y=False))
+        v.attach(replayer)
+        v.note_runs(replayer.run(1))
+        v.finish(replayer)
+        v.apply_reference(v.reference_written(HostReplayer(plan, kernels(write_y=True))))
+        report = v.report()
+    pieces_by_name = {r.piece.name: r for r in report.ranges}
+    assert pieces_by_name["y"].evidence is Evidence.LEFT and pieces_by_name["out"].evidence is Evidence.COMPARED
+    assert not report.verified
