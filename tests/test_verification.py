@@ -533,3 +533,11 @@ def test_a_skipped_kernel_is_seen_in_a_segment_whose_other_tensors_changed(tmp_p
     pieces_by_name = {r.piece.name: r for r in report.ranges}
     assert pieces_by_name["y"].evidence is Evidence.LEFT and pieces_by_name["out"].evidence is Evidence.COMPARED
     assert not report.verified
+
+
+def test_a_dry_run_in_json_is_json(tmp_path):
+    x = inputs()
+    path = write_capture(tmp_path / "c.kreplay", out_start=np.zeros(ROWS, np.float32), out_expected=row_sums(x, None))
+    code, out, err = run_cli("--dry-run", "--format=json", str(path))
+    assert code == 0 and json.loads(out) == {"capture": str(path), "dry_run": True, "problems": []}
+    assert "dry run: plan OK" in err

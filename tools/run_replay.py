@@ -161,6 +161,8 @@ def main(
             click.echo(f"run-replay: error: {problem}", err=True)
         if dry_run:
             say(f"dry run: plan {'has problems' if problems else 'OK'}; nothing was executed")
+            if as_json:
+                click.echo(json.dumps({"capture": str(capture), "dry_run": True, "problems": problems}, indent=2))
             return EXIT_PROBLEM if problems else EXIT_OK
         if problems:
             raise ToolExit(EXIT_PROBLEM, f"{len(problems)} problem(s); nothing was executed")
