@@ -50,7 +50,12 @@ Examples:
 @click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("capture", type=click.Path(path_type=Path))
 @replay_options
-@click.option("--verify", is_flag=True, help="Compare every checkpoint (and expected download) with the replay.")
+@click.option(
+    "--verify",
+    is_flag=True,
+    help="Compare every checkpoint (and expected download) with the replay: by dtype, over several replays where "
+    "the program is nondeterministic, with evidence (docs/VERIFY.md).",
+)
 @tolerance_options
 @click.option(
     "--save-output",
