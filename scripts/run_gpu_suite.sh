@@ -26,5 +26,6 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   python3 benchmarks/fidelity_bench.py 2>&1 | tee "$out/fidelity-bench.log" || status=1
   python3 benchmarks/tune_bench.py 2>&1 | tee "$out/tune-bench.log" || status=1
   python3 benchmarks/capture_bench.py 2>&1 | tee "$out/capture-bench.log" || status=1
+  python3 benchmarks/verify_bench.py --check 2>&1 | tee "$out/verify-bench.log" || status=1
 fi
 exit "$status"

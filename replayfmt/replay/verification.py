@@ -325,9 +325,10 @@ class Verification:
                 self.notes[key] = "it started as expected; not poisoned: integers or untyped bytes may be indices"
         pending = keys
         for round_number in range(2 + SINGLE_ROUNDS):
-            if not pending:
-                break
-            batch = pending if round_number < 2 else pending[:1]
+            single = round_number >= 2
+            if not pending or (single and len(pending) > 2 + SINGLE_ROUNDS - round_number):
+                break  # done, or too many left to poison one by one
+            batch = pending[:1] if single else pending
             got = self._poison_run(replayer, batch)
             if not got:
                 return [f"a poisoned replay failed; {len(pending)} range(s) could not be proven"]
@@ -346,15 +347,16 @@ class Verification:
                     piece = self.pieces[key]
                     if result.evidence is Evidence.PROVEN and result.written_bytes < piece.size:
                         self.notes[key] = f"{result.written_bytes} of {piece.size} bytes written, the rest unchanged"
-            if round_number < 2:
-                pending = tainted
+            if single:
+                for key in tainted:  # poisoned alone and still written wrongly: it reads itself
+                    self.evidence[key] = Evidence.UNPROVEN
+                    self.notes[key] = "the region reads it before writing it"
+                pending = pending[1:]
             else:
-                pending = pending[1:] + tainted
-                if len(pending) > SINGLE_ROUNDS - (round_number - 2):
-                    break
+                pending = tainted
         for key in pending:
             self.evidence[key] = Evidence.UNPROVEN
-            self.notes[key] = "the region reads it before writing it"
+            self.notes[key] = "the region reads it before writing it (or reads another range that does)"
         return []
 
     def _classify(self, key: Key, actual: bytes) -> Classified:
