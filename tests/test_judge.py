@@ -270,6 +270,17 @@ def test_pointer_types_type_an_untyped_range_up_to_the_next_pointer():
     found = [(0, D.FLOAT32), (256, D.BFLOAT16), (256, D.FLOAT16), (512, D.INT32), (4096, D.FLOAT32)]
     typed = entry_pointer_types(found, 7, 0, 1024)
     assert [(t.offset, t.size, t.dtype) for t in typed] == [(0, 256, D.FLOAT32), (512, 512, D.INT32)]
+    # a segment whose live tensors are typed: pointers fill only the gaps, up to the next typed range
+    live = (m.TypedTensor(7, 0, 128, D.BFLOAT16), m.TypedTensor(7, 768, 256, D.FLOAT16))
+    typed = entry_pointer_types([(0, D.FLOAT32), (512, D.INT32)], 7, 0, 1024, around=live)
+    assert [(t.offset, t.size, t.dtype) for t in typed] == [(512, 256, D.INT32)]
+    cut = pieces(1, m.Buffer(size=1024), 0, 1024, tuple(sorted((*live, *typed), key=lambda t: t.offset)))
+    assert [(p.offset, p.typed_by) for p in cut] == [
+        (0, "checkpoint"),
+        (128, ""),
+        (512, "kernel parameter"),
+        (768, "checkpoint"),
+    ]
 
 
 def test_poison_differs_from_every_expected_byte():

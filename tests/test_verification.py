@@ -541,3 +541,61 @@ def test_a_dry_run_in_json_is_json(tmp_path):
     code, out, err = run_cli("--dry-run", "--format=json", str(path))
     assert code == 0 and json.loads(out) == {"capture": str(path), "dry_run": True, "problems": []}
     assert "dry run: plan OK" in err
+
+
+def test_an_untyped_range_that_differs_is_typed_by_the_kernel_parameters_pointing_into_it(tmp_path, cubin):
+    """Triton's signatures name pointer element types (``*fp32``): the capture stores them on the
+    function's parameters, and a differing untyped range is judged by them (values, ulps), not as
+    bytes; the earlier replays that matched count for the new pieces."""
+    import dataclasses
+
+    from samples import SAXPY
+
+    typed_y = dataclasses.replace(
+        SAXPY,
+        parameters=(
+            *SAXPY.parameters[:2],
+            dataclasses.replace(SAXPY.parameters[2], dtype=m.DType.FLOAT32),
+            SAXPY.parameters[3],
+        ),
+    )
+    n = 64
+    expected = np.arange(n, dtype=np.float32)
+    path = tmp_path / "p.kreplay"
+    with replayfmt.CaptureWriter(path) as w:
+        dev = w.add_object(m.Device(name="NVIDIA H100", compute_capability=(9, 0)))
+        x = w.add_object(m.Buffer(size=4 * n, device=dev))
+        y = w.add_object(m.Buffer(size=8 * n, device=dev))  # untyped, twice the tensor: its tail is not pointed at
+        exe = w.add_object(
+            m.Executable(
+                format=m.ExecutableFormat.CUBIN, target_arch="sm_90", payload=w.add_payload(cubin), functions=(typed_y,)
+            )
+        )
+        w.module_load(exe, dev)
+        params = np.float32(2.0).tobytes() + bytes(20) + np.int32(n).tobytes() + bytes(4)
+        w.launch(
+            executable=exe,
+            function=0,
+            grid=(1, 1, 1),
+            block=(64, 1, 1),
+            parameters=params,
+            relocations=[m.Relocation(0, x, 8, 0), m.Relocation(0, y, 16, 0)],
+        )
+        w.checkpoint({y: np.concatenate([expected, np.zeros(n, np.float32)])}, name="y")
+    with replayfmt.open(path) as cap:
+        plan = build_plan(cap, PlanOptions(continue_on_error=True))
+        v = Verification(plan)
+        checkpoint = next(op for op in cap if isinstance(op, m.Checkpoint))
+        want = cap.read_payload(checkpoint.entries[0].payload)
+        buffer = plan.buffers[y]
+        v.observe(checkpoint.index, buffer, 0, want, want, ())  # the first replay matched
+        nudged = np.frombuffer(want, np.float32).copy()
+        nudged[5] = np.nextafter(nudged[5], np.float32(100))  # one ulp, as atomics give
+        v.observe(checkpoint.index, buffer, 0, want, nudged.tobytes(), ())
+        v.replays = 2
+        report = v.report()
+    (piece,) = [r for r in report.ranges if r.piece.typed]
+    assert piece.piece.typed_by == "kernel parameter" and piece.piece.dtype == m.DType.FLOAT32
+    assert piece.piece.size == 8 * n  # from where the pointer points to the end of the range
+    assert piece.judgement.verdict is Verdict.VARIES and piece.judgement.shown[0].index == 5
+    assert piece.judgement.shown[0].ulp_diff == 1

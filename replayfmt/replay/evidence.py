@@ -66,7 +66,8 @@ def pieces(
             if a > pos:
                 runs.append((pos, a, m.DType.UNKNOWN, (), "", ""))
             exact = a == t.offset - offset and b == t.offset + t.size - offset
-            runs.append((a, b, t.dtype, t.shape if exact else (), t.name, source))
+            by = "kernel parameter" if t.name == "(a kernel parameter's type)" else source
+            runs.append((a, b, t.dtype, t.shape if exact else (), t.name, by))
             pos = b
         if pos < size:
             runs.append((pos, size, m.DType.UNKNOWN, (), "", ""))

@@ -145,8 +145,7 @@ class Verification:
             return
         types = self._entry_types(entry, buffer, expected, actual, types) if not same else types
         if cut is None or not same:
-            source = "kernel parameter" if entry in self.entry_types else "checkpoint"
-            cut = self._cut[entry] = pieces(operation, buffer, offset, len(expected), types, source)
+            cut = self._cut[entry] = pieces(operation, buffer, offset, len(expected), types)
         for piece in cut:
             key = piece.key
             whole = piece.start == 0 and piece.size == len(expected)
@@ -177,17 +176,22 @@ class Verification:
     def _entry_types(
         self, entry: Key, buffer: m.Buffer, expected: bytes, actual: bytes, types: tuple[m.TypedTensor, ...]
     ) -> tuple[m.TypedTensor, ...]:
-        """The types a compared range is cut by: the capture's (checkpoint, then buffer); for an
-        untyped range that differs, the element types of the kernel parameters that point into it
+        """The types a compared range is cut by: the capture's (checkpoint, then buffer); where a
+        range that differs has untyped bytes (no types at all, or dead tensors between the live
+        ones of a segment), the element types of the kernel parameters that point into them
         (Triton's signatures name them), found once, when first needed."""
         known = self.entry_types.get(entry)
         if known is not None:
             return known
-        if types or buffer.dtype != m.DType.UNKNOWN or buffer.ranges or expected == actual:
+        if buffer.dtype != m.DType.UNKNOWN or buffer.ranges or expected == actual:
             return types
         if self.pointer_types is None:
             self.pointer_types = pointer_types(self.plan)
-        found = entry_pointer_types(self.pointer_types.get(buffer.id, []), buffer.id, entry[2], len(expected))
+        points = self.pointer_types.get(buffer.id, [])
+        found = entry_pointer_types(points, buffer.id, entry[2], len(expected), around=types)
+        if not found:
+            return types
+        found = tuple(sorted((*types, *found), key=lambda t: t.offset))
         self.entry_types[entry] = found
         for key in [k for k, e in self.entry_of.items() if e == entry and k in self.pieces]:
             if not self.pieces[key].typed and key not in self.observed:  # re-cut: the earlier replays matched
@@ -442,19 +446,29 @@ def pointer_types(plan: Plan) -> dict[int, list[tuple[int, m.DType]]]:
     return {buffer: sorted(found) for buffer, found in out.items()}
 
 
+POINTED = "(a kernel parameter's type)"  # the name of a range typed by the pointers into it
+
+
 def entry_pointer_types(
-    found: list[tuple[int, m.DType]], buffer: int, offset: int, size: int
+    found: list[tuple[int, m.DType]],
+    buffer: int,
+    offset: int,
+    size: int,
+    *,
+    around: tuple[m.TypedTensor, ...] = (),
 ) -> tuple[m.TypedTensor, ...]:
-    """The range [offset, offset + size) of a buffer typed from the pointers into it: each from
-    where a pointer points to where the next begins (one pointed at with two dtypes: untyped)."""
+    """The untyped bytes of [offset, offset + size) of a buffer (outside ``around``, the types it
+    has) typed from the pointers into them: each from where a pointer points to where the next
+    pointer or typed range begins (a place pointed at with two dtypes stays untyped)."""
     points: dict[int, set[m.DType]] = {}
     for at, dtype in found:
-        if offset <= at < offset + size:
+        inside = any(t.offset <= at < t.offset + t.size for t in around)
+        if offset <= at < offset + size and not inside:
             points.setdefault(at, set()).add(dtype)
-    starts = sorted(points)
+    bounds = sorted({*points, *(t.offset for t in around), offset + size})
     out = []
-    for k, at in enumerate(starts):
-        end = starts[k + 1] if k + 1 < len(starts) else offset + size
+    for at in sorted(points):
+        end = min(b for b in bounds if b > at)
         if len(points[at]) == 1:
-            out.append(m.TypedTensor(buffer, at, end - at, next(iter(points[at])), name="(a kernel parameter's type)"))
+            out.append(m.TypedTensor(buffer, at, end - at, next(iter(points[at])), name=POINTED))
     return tuple(out)
