@@ -128,3 +128,15 @@ def test_typing_can_be_turned_off(tmp_path, cubin):
     with replayfmt.open(path) as cap:
         (checkpoint,) = [op for op in cap if isinstance(op, m.Checkpoint)]
         assert [t.dtype for t in checkpoint.types] == [D.FLOAT32]  # explicit labels still type it
+
+
+def test_asking_stops_once_its_budget_is_spent(monkeypatch):
+    fake = types.ModuleType("cupy")
+    fake.ndarray = FakeArray
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    keep = FakeArray(0x3000, (4,), "float32")
+    live = LiveTypes(budget=0.0)
+    assert [t.address for t in live.labels() if t.address == 0x3000] == [0x3000]  # the first ask is free
+    assert live.labels() == [] and live.labels() == [] and not live.enabled
+    assert len(live.problems) == 1 and live.problems[0].startswith("typing checkpoints stopped after 1 checkpoints")
+    del keep

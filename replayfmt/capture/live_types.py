@@ -14,6 +14,7 @@ from __future__ import annotations
 import bisect
 import gc
 import sys
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -86,19 +87,41 @@ def _jax_labels() -> list[TensorLabel]:
     return out
 
 
+BUDGET_SECONDS = 10.0  # asking stops once it has taken this long in one recording (kernel mode, many instances)
+
+
 @dataclass
 class LiveTypes:
-    """The typed arrays of the frameworks a program uses, asked once per checkpoint."""
+    """The typed arrays of the frameworks a program uses, asked once per checkpoint, until asking
+    has cost ``budget`` seconds in all (then the rest of the checkpoints are untyped, and
+    ``problems`` says so once)."""
 
     enabled: bool = True
     problems: list[str] = field(default_factory=list)
-    seconds: float = 0.0  # spent asking (the report shows it)
+    budget: float = BUDGET_SECONDS
+    seconds: float = 0.0  # spent asking
+    asked: int = 0
     _broken: set[str] = field(default_factory=set)
 
     def labels(self) -> list[TensorLabel]:
         """Every live typed array now, sorted by address."""
         if not self.enabled:
             return []
+        if self.seconds > self.budget:
+            self.enabled = False
+            self.problems.append(
+                f"typing checkpoints stopped after {self.asked} checkpoints ({self.seconds:.1f} s asking the "
+                "frameworks for their arrays); later checkpoints are compared as bytes where their buffers are untyped"
+            )
+            return []
+        started = time.perf_counter()
+        try:
+            return self._labels()
+        finally:
+            self.asked += 1
+            self.seconds += time.perf_counter() - started
+
+    def _labels(self) -> list[TensorLabel]:
         heap: list[Any] | None = None
         out: list[TensorLabel] = []
         for name in ("torch", "cupy", "jax"):
