@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from replayfmt.format import model as m
-from replayfmt.replay.evidence import Evidence, classify, patched, pieces, poison
+from replayfmt.replay.evidence import Evidence, Poison, classify, patched, pieces, poison
 from replayfmt.replay.judge import (
     ULP_WIDENING,
     RangeObservation,
@@ -286,6 +286,21 @@ def test_pointer_types_type_an_untyped_range_up_to_the_next_pointer():
 def test_poison_differs_from_every_expected_byte():
     expected = np.random.default_rng(1).integers(0, 256, 4096, dtype=np.uint8).tobytes()
     assert all(a != b for a, b in zip(poison(expected), expected, strict=True))
+
+
+def test_gentle_poison_moves_each_element_by_its_lowest_bit():
+    indices = np.array([0, 1, 2, 1023, -5], np.int32)
+    poisoned = np.frombuffer(poison(indices.tobytes(), Poison(4, True)), np.int32)
+    assert poisoned.tolist() == [1, 0, 3, 1022, -6] and np.all(np.abs(poisoned - indices) == 1)
+    words = bytes(range(10))  # untyped: 4-byte words, and a 2-byte tail
+    gentle = np.frombuffer(poison(words, Poison(4, True)), np.uint8)
+    assert np.flatnonzero(gentle != np.frombuffer(words, np.uint8)).tolist() == [0, 4, 8]
+    left = classify(indices.tobytes(), poisoned.tobytes(), how=Poison(4, True))
+    assert left.evidence is Evidence.UNCHANGED
+    one_written = poisoned.copy()
+    one_written[2] = 2
+    done = classify(indices.tobytes(), one_written.tobytes(), how=Poison(4, True))
+    assert done.evidence is Evidence.PROVEN and done.written_bytes == 4 and done.written[8:12].all()
 
 
 def test_a_poisoned_piece_is_proven_unchanged_or_tainted():

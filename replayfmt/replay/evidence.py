@@ -104,11 +104,29 @@ def _merge_untyped(out: list[Piece]) -> list[Piece]:
     return merged
 
 
-def poison(expected: bytes) -> bytes:
-    """The bytes a piece starts with in a poisoned replay: each the complement of the expected
-    byte, so none of them is the answer (a float's complement is another finite number or NaN:
-    either way not the captured value)."""
-    return np.invert(np.frombuffer(expected, np.uint8)).tobytes()
+@dataclass(frozen=True)
+class Poison:
+    """How a piece starts in a poisoned replay. Floats (``gentle=False``): every byte the
+    complement of the expected byte (another number or a NaN, which spreads through whatever reads
+    it). Integers and untyped bytes (``gentle=True``): the lowest bit of each element flipped, so
+    that an index stays within one of its value (never a fault) and still is not the answer.
+    Either way no element of the poison is the expected one."""
+
+    lane: int  # bytes per element (4 for untyped bytes: the common element size of GPU data)
+    gentle: bool
+
+    def of(self, expected: bytes) -> bytes:
+        data = np.frombuffer(expected, np.uint8)
+        if not self.gentle:
+            return np.invert(data).tobytes()
+        flipped = data.copy()
+        flipped[:: self.lane] ^= 1  # little-endian: the first byte of an element holds its lowest bit
+        return flipped.tobytes()
+
+
+def poison(expected: bytes, how: Poison = Poison(1, False)) -> bytes:
+    """The bytes a piece starts with in a poisoned replay (see :class:`Poison`)."""
+    return how.of(expected)
 
 
 class Evidence(enum.Enum):
@@ -132,13 +150,20 @@ class Classified:
     written_bytes: int
 
 
-def classify(expected: bytes, actual: bytes, *, judge_ok: bool | None = None) -> Classified:
-    """A piece as a poisoned replay left it. ``judge_ok``: for a piece whose replays vary, whether
-    its written values (the rest taken as expected) are within run-to-run variation; None: they
-    must be the expected bytes exactly."""
+def classify(
+    expected: bytes, actual: bytes, *, how: Poison = Poison(1, False), judge_ok: bool | None = None
+) -> Classified:
+    """A piece as a poisoned replay left it, element by element (``how.lane`` bytes): an element
+    still all poison was left, any other was written. ``judge_ok``: for a piece whose replays
+    vary, whether its written values (the rest taken as expected) are within run-to-run
+    variation; None: they must be the expected bytes exactly."""
     want = np.frombuffer(expected, np.uint8)
     got = np.frombuffer(actual, np.uint8)
-    written = got != np.invert(want)
+    left = got == np.frombuffer(how.of(expected), np.uint8)
+    whole = len(left) // how.lane * how.lane
+    if how.lane > 1 and whole:
+        left[:whole] = np.repeat(left[:whole].reshape(-1, how.lane).all(axis=1), how.lane)
+    written = ~left
     count = int(written.sum())
     if count == 0:
         return Classified(Evidence.UNCHANGED, written, 0)

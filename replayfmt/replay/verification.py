@@ -28,8 +28,8 @@ import numpy as np
 from replayfmt.errors import ReplayUsageError
 from replayfmt.format import model as m
 from replayfmt.replay.compare import FLOATING, Tolerance, tolerances
-from replayfmt.replay.evidence import Classified, Evidence, Piece, classify, patched, pieces, poison
-from replayfmt.replay.judge import Judgement, RangeObservation, Verdict, judged_dtype, part_size
+from replayfmt.replay.evidence import Classified, Evidence, Piece, Poison, classify, patched, pieces, poison
+from replayfmt.replay.judge import WORD, Judgement, RangeObservation, Verdict, judged_dtype, part_size
 from replayfmt.replay.options import RunResult
 from replayfmt.replay.plan import Plan
 from replayfmt.replay.state import PoisonWrite
@@ -302,7 +302,7 @@ class Verification:
         for key in keys:
             piece = self.pieces[key]
             writes.setdefault(self.regions[key], []).append(
-                PoisonWrite(piece.buffer, piece.offset, poison(self.expected[key]))
+                PoisonWrite(piece.buffer, piece.offset, poison(self.expected[key], self._how(key)))
             )
         self._poisoned, self._poisoned_keys = {}, set(keys)
         replayer.poison(writes)
@@ -317,16 +317,16 @@ class Verification:
         return got if not result.errors else {}
 
     def _poison_rounds(self, replayer: VerifyingReplayer) -> list[str]:
-        """Round 1 poisons every candidate piece of a floating dtype; round 2 those written wrongly
-        (from a poisoned input, say); then up to SINGLE_ROUNDS one by one; what stays tainted reads
-        itself. Integer and untyped pieces are never poisoned: they may hold indices or addresses,
-        which poison would send out of bounds (a fault that ends the replay)."""
+        """Round 1 poisons every candidate piece (:meth:`_how`); round 2 those written wrongly (from
+        a poisoned input, say); then up to SINGLE_ROUNDS one by one; what stays tainted reads
+        itself. Integer and untyped pieces are not poisoned where the capture stores device
+        addresses in memory (a poisoned address would fault)."""
         keys = []
         for key in sorted(self.expected):
-            if self.pieces[key].typed and self.pieces[key].dtype in FLOATING:
-                keys.append(key)
+            if self.plan.needs_fixed_addresses and self._how(key).gentle:
+                self.notes[key] = "it started as expected; not poisoned: the capture stores device addresses in memory"
             else:
-                self.notes[key] = "it started as expected; not poisoned: integers or untyped bytes may be indices"
+                keys.append(key)
         pending = keys
         for round_number in range(2 + SINGLE_ROUNDS):
             single = round_number >= 2
@@ -363,18 +363,25 @@ class Verification:
             self.notes[key] = "the region reads it before writing it (or reads another range that does)"
         return []
 
+    def _how(self, key: Key) -> Poison:
+        """Floats are poisoned whole; integers and untyped bytes gently (indices stay in bounds)."""
+        piece = self.pieces[key]
+        if piece.typed and piece.dtype in FLOATING:
+            return Poison(1, False)
+        return Poison(part_size(piece.dtype) if piece.typed else WORD, True)
+
     def _classify(self, key: Key, actual: bytes) -> Classified:
         expected = self.expected[key]
         observation = self.observed.get(key)
         if observation is None:
-            return classify(expected, actual)
-        written = classify(expected, actual, judge_ok=True).written
+            return classify(expected, actual, how=self._how(key))
+        written = classify(expected, actual, how=self._how(key), judge_ok=True).written
         again = RangeObservation(expected, observation.dtype, observation.shape)
         again.lo, again.hi, again.nan_count = observation.lo.copy(), observation.hi.copy(), observation.nan_count.copy()
         again.replays, again.identical = observation.replays, observation.identical
         again.add(patched(expected, actual, written))
         ok = again.judge(nondeterministic=True, tolerance=self._asked(self.pieces[key])).verdict is not Verdict.WRONG
-        return classify(expected, actual, judge_ok=ok)
+        return classify(expected, actual, how=self._how(key), judge_ok=ok)
 
     @property
     def wants_reference(self) -> bool:
@@ -389,7 +396,7 @@ class Verification:
         self.attach(replayer)
         keys = sorted(self.round_written)
         got = self._poison_run(replayer, keys) if keys else {}
-        return {key: classify(self.expected[key], got[key]).written for key in keys if key in got}
+        return {key: classify(self.expected[key], got[key], how=self._how(key)).written for key in keys if key in got}
 
     def apply_reference(self, written: dict[Key, np.ndarray]) -> None:
         """Bytes the captured kernels write that this replay left as they started: a failure."""
