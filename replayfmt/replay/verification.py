@@ -114,6 +114,7 @@ class Verification:
         self.round_written: dict[Key, np.ndarray] = {}  # bytes written in the first poisoned replay
         self.regions: dict[Key, int] = {}  # pieces of candidate entries -> where their region begins
         self.reference = False  # a replay of the unmodified capture said which bytes its kernels write
+        self.nothing_else = False  # every compared piece started as expected
         self._poisoned: dict[Key, bytes] | None = None  # the poisoned replay's bytes, while one runs
         self._poisoned_keys: set[Key] = set()
         self._track_only: set[Key] | None = None
@@ -254,6 +255,8 @@ class Verification:
                 self._track_only = None
             self.replays += len(more.device_ms)
             errors += more.errors
+        # nothing else is evidence: every piece started as expected (a capture after a warm-up)
+        self.nothing_else = bool(self.pieces) and all(key in self.expected for key in self.pieces)
         if self.kernels_changed and self.policy is not EvidencePolicy.NEVER:
             self._piece_candidates()
         if self.expected and self._wants_poison():
@@ -294,7 +297,7 @@ class Verification:
 
     def _wants_poison(self) -> bool:
         if self.policy is EvidencePolicy.AUTO:
-            return self.kernels_changed or all(key in self.expected for key in self.pieces)
+            return self.kernels_changed or self.nothing_else
         return self.policy is EvidencePolicy.ALWAYS
 
     def _poison_run(self, replayer: VerifyingReplayer, keys: list[Key]) -> dict[Key, bytes]:
@@ -322,9 +325,17 @@ class Verification:
         itself. Integer and untyped pieces are not poisoned where the capture stores device
         addresses in memory (a poisoned address would fault)."""
         keys = []
+        gentle = self.policy is EvidencePolicy.ALWAYS or self.nothing_else
         for key in sorted(self.expected):
-            if self.plan.needs_fixed_addresses and self._how(key).gentle:
+            if not self._how(key).gentle:
+                keys.append(key)
+            elif self.plan.needs_fixed_addresses:
                 self.notes[key] = "it started as expected; not poisoned: the capture stores device addresses in memory"
+            elif not gentle:
+                self.notes[key] = (
+                    "it started as expected; integers and untyped bytes are poisoned only when nothing else is "
+                    "evidence (they may be locks or counters a kernel waits on): --evidence=always"
+                )
             else:
                 keys.append(key)
         pending = keys
