@@ -617,3 +617,27 @@ def test_an_untyped_range_that_differs_is_typed_by_the_kernel_parameters_pointin
     assert piece.piece.size == 8 * n  # from where the pointer points to the end of the range
     assert piece.judgement.verdict is Verdict.VARIES and piece.judgement.shown[0].index == 5
     assert piece.judgement.shown[0].ulp_diff == 1
+
+
+def test_integers_are_left_unpoisoned_when_other_ranges_are_evidence(tmp_path):
+    """Kernels changed, OUT changed (evidence): X, integer and unchanged, may be a lock a kernel
+    spins on, so it is not poisoned unless asked (--evidence=always)."""
+    x = inputs()
+    path = write_capture(
+        tmp_path / "c.kreplay",
+        out_start=np.zeros(ROWS, np.float32),
+        out_expected=row_sums(x, None),
+        x_dtype=m.DType.INT32,
+    )
+    for policy, poisoned in [(EvidencePolicy.AUTO, False), (EvidencePolicy.ALWAYS, True)]:
+        with replayfmt.open(path) as cap:
+            plan = build_plan(cap, PlanOptions())
+            plan.options = PlanOptions(launch_overrides=(LaunchOverride(0, skip=True),))  # kernels were changed
+            v = Verification(plan, evidence=policy)
+            replayer = HostReplayer(plan, program())
+            v.attach(replayer)
+            v.note_runs(replayer.run(1))
+            v.finish(replayer)
+            x_range = by_label(v.report())["x"]
+        assert (x_range.evidence is Evidence.UNCHANGED) is poisoned, x_range.line()
+        assert poisoned or "--evidence=always" in x_range.note
