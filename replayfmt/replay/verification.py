@@ -75,8 +75,9 @@ class _Collector:
         expected: bytes,
         actual: bytes,
         types: tuple[m.TypedTensor, ...],
+        same: bool | None = None,
     ) -> None:
-        self.owner.observe(operation, buffer, offset, expected, actual, types)
+        self.owner.observe(operation, buffer, offset, expected, actual, types, same)
 
 
 class Verification:
@@ -133,11 +134,14 @@ class Verification:
         expected: bytes,
         actual: bytes,
         types: tuple[m.TypedTensor, ...],
+        same: bool | None = None,
     ) -> None:
-        """One replay's bytes of one compared range."""
+        """One replay's bytes of one compared range; ``same``: whether they are the expected bytes,
+        when the caller knows already (None: compared here)."""
         entry = (operation, buffer.id, offset)
         region = self.candidates.get(entry)
-        same = expected == actual  # the common case: nothing to slice, nothing to fold
+        if same is None:
+            same = expected == actual  # the common case: nothing to slice, nothing to fold
         cut = self._cut.get(entry)
         if self._poisoned is not None:  # a poisoned replay: the pieces as the replays cut them
             for piece in cut or ():

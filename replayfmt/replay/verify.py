@@ -33,6 +33,7 @@ class RangeObserver(Protocol):
         expected: bytes,
         actual: bytes,
         types: tuple[m.TypedTensor, ...],
+        same: bool | None = None,
     ) -> None: ...
 
 
@@ -94,13 +95,15 @@ class Verifier:
             if self._verify:
                 expected = self._expected_bytes(entry.payload, entry.size)
                 tolerance, offset = self.tolerance, entry.offset
-                self._report(
-                    compare(expected, actual, buffer=buffer, operation=op.index, tolerance=tolerance, offset=offset)
+                report = compare(
+                    expected, actual, buffer=buffer, operation=op.index, tolerance=tolerance, offset=offset
                 )
+                self._report(report)
                 if self.observer is not None:
                     end = entry.offset + entry.size
                     types = tuple(t for t in op.types if t.buffer == entry.buffer and entry.offset <= t.offset < end)
-                    self.observer.observe(op.index, buffer, entry.offset, expected, actual, types)
+                    same = report.passed if report.mode == "exact" else None  # known: no second comparison
+                    self.observer.observe(op.index, buffer, entry.offset, expected, actual, types, same)
             if saving:
                 self._save(op, buffer, entry.offset, actual)
 
