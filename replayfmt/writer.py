@@ -67,6 +67,7 @@ from replayfmt.format.payloads import (
 )
 
 BytesLike = bytes | bytearray | memoryview | np.ndarray
+Checkpointed = Mapping[int, BytesLike] | Iterable[m.CheckpointEntry]
 
 _K = m.OperationKind
 _ZERO_PAD = bytes(8)
@@ -433,13 +434,13 @@ class CaptureWriter:
         finally:
             self.scope_end(name)
 
-    def checkpoint(self, expected: Mapping[int, BytesLike] | Iterable[m.CheckpointEntry], *, name: str = "") -> int:
-        """What buffers must hold here: ``{buffer_id: bytes}`` (from offset 0) or CheckpointEntry rows."""
+    def checkpoint(self, expected: Checkpointed, *, name: str = "", types: Sequence[m.TypedTensor] = ()) -> int:
+        """Record what buffers hold here (``{buffer_id: bytes}`` or CheckpointEntry rows), typed by ``types``."""
         if isinstance(expected, Mapping):
             entries = [m.CheckpointEntry(b, self.add_payload(d), 0, memoryview(d).nbytes) for b, d in expected.items()]
         else:
             entries = [m.CheckpointEntry(*e) for e in expected]
-        return self._table_op(m.Checkpoint, name, tuple(entries))
+        return self._table_op(m.Checkpoint, name, *m.checked_checkpoint(name, tuple(entries), tuple(types)))
 
     def state(
         self,

@@ -33,5 +33,7 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
   python3 benchmarks/native_capture_bench.py --check 2>&1 | tee "$out/native_capture_bench.log"
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  python3 benchmarks/verify_bench.py --check 2>&1 | tee "$out/verify_bench.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
 exit "$status"

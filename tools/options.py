@@ -95,7 +95,8 @@ def replay_options(fn: F) -> F:
                 "launches",
                 multiple=True,
                 metavar="OP:grid=X,Y,Z,block=X,Y,Z,smem=N",
-                help="Override one launch's shape, validated against the function's limits. Repeatable.",
+                help="Override one launch's shape, validated against the function's limits; OP:skip does not run it "
+                "(to see that --verify notices a missing kernel). Repeatable.",
             ),
             click.option(
                 "--nvtx", is_flag=True, help="Emit NVTX ranges around scopes and launches (for nsys, and ncu --nvtx)."
@@ -113,7 +114,7 @@ def tolerance_options(fn: F) -> F:
                 "--tolerance",
                 "use_tolerance",
                 is_flag=True,
-                help="Compare floating-point buffers of known dtype with per-dtype tolerances instead of bytes.",
+                help="Also accept floating-point values within per-dtype tolerances (rtol, atol) of the capture.",
             ),
             click.option(
                 "--rtol", type=float, callback=tolerance_value, help="Relative tolerance (implies --tolerance)."

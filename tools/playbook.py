@@ -134,12 +134,13 @@ dump-replay --format=jsonl --kind=copy_h2d --payloads=files:payloads/ cap.krepla
 
 ```sh
 run-replay --dry-run cap.kreplay          # everything that needs no GPU: files, ABIs, plan
-run-replay --verify cap.kreplay           # replay and compare every checkpoint, byte for byte
+run-replay --verify cap.kreplay           # compare every checkpoint: exact, or judged by dtype over replays
 run-replay --verify --tolerance cap.kreplay         # per-dtype tolerances for float buffers
 run-replay --verify --rtol=1e-3 --atol=1e-5 cap.kreplay
 run-replay --repetitions=10 cap.kreplay   # device time of each run (CUDA events)
 run-replay --verify --save-output=out/ cap.kreplay  # replayed checkpoint buffers as .npy
-run-replay --verify --nondeterminism-runs=3 cap.kreplay  # atomics: bytes differing between replays set apart
+run-replay --verify --format=json cap.kreplay  # per range: exact / within run-to-run variation / wrong (docs/VERIFY.md)
+run-replay --verify --launch=9:skip cap.kreplay  # must fail: verification is evidence (docs/VERIFY.md)
 ```
 
 ## Substitute a newly compiled kernel

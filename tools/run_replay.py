@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+from collections.abc import Callable
 from pathlib import Path
 
 import click
 
 from replayfmt.cuda.address_space import restart_without_aslr
 from replayfmt.dump import recovery_problem
-from replayfmt.errors import VerificationError
+from replayfmt.errors import ReplayUsageError, VerificationError
 from replayfmt.execute import open_replay
 from replayfmt.reader import Capture
-from replayfmt.replay.nondeterminism import NondeterminismTracker
 from replayfmt.replay.options import ReplayOptions
+from replayfmt.replay.verification import DEFAULT_REPLAYS, EvidencePolicy, Verification
 from replayfmt_tools.common import EXIT_OK, EXIT_PROBLEM, ToolExit, agents_md_option, reports_errors
 from replayfmt_tools.options import parse_devices, plan_options, replay_options, tolerance, tolerance_options
 
@@ -23,12 +26,21 @@ replay with one line naming the operation index, object id, kernel and CUDA erro
 skipped silently. --continue-on-error reports every failure it can and still exits non-zero.
 
 \b
+Verification (--verify, docs/VERIFY.md): each compared range is exact, within run-to-run
+variation (judged per element against several replays, by dtype), or wrong; a range that starts as
+it should end is replayed poisoned and reported as proven, unchanged by the region, or could not
+be proven. "verified" needs at least one range compared with evidence and none wrong.
+
+\b
 Exit status: 0 replayed (and verified, with --verify); 1 the capture cannot be reproduced here,
-or verification found a mismatch; 2 usage error, unreadable capture, or no GPU/driver.
+verification found a wrong range, or nothing was compared or proven; 2 usage error, unreadable
+capture, or no GPU/driver.
 
 \b
 Examples:
   run-replay --verify cap.kreplay
+  run-replay --verify --format=json cap.kreplay | jq '.verification.ranges[] | select(.passed|not)'
+  run-replay --verify --launch 9:skip cap.kreplay      # must fail: a kernel left out
   run-replay --dry-run --executable-substitution 5=new.cubin cap.kreplay
   run-replay --file-remap /old/models=/data/models --verify cap.kreplay
   run-replay --launch 42:grid=128,1,1,block=256 --repetitions 10 cap.kreplay
@@ -38,7 +50,12 @@ Examples:
 @click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("capture", type=click.Path(path_type=Path))
 @replay_options
-@click.option("--verify", is_flag=True, help="Compare every checkpoint (and expected download) with the replay.")
+@click.option(
+    "--verify",
+    is_flag=True,
+    help="Compare every checkpoint (and expected download) with the replay: by dtype, over several replays where "
+    "the program is nondeterministic, with evidence (docs/VERIFY.md).",
+)
 @tolerance_options
 @click.option(
     "--save-output",
@@ -55,12 +72,29 @@ Examples:
 )
 @click.option(
     "--nondeterminism-runs",
-    type=click.IntRange(min=0),
-    default=0,
+    type=click.IntRange(min=1),
+    default=None,
     metavar="N",
-    help="With --verify: replay N times (at least 2) and report bytes that differ between replays as "
-    "nondeterministic, judging only the others. Default 0: replay once more only when a mismatch is found; "
-    "1: never.",
+    help=f"With --verify: when a range differs from the capture, replay until N replays in all (default "
+    f"{DEFAULT_REPLAYS}) and judge each element against the replays' spread (docs/VERIFY.md); 1: judge the "
+    "first replay alone. A program whose replays reproduce the capture pays for one replay.",
+)
+@click.option(
+    "--evidence",
+    type=click.Choice([p.value for p in EvidencePolicy]),
+    default=None,
+    help="With --verify: when the ranges that start as they are expected to end are replayed poisoned, to prove "
+    "the region writes them. auto (default): when kernels were substituted, reshaped or skipped, or when nothing "
+    "else was compared with evidence; always; never (such ranges then prove nothing).",
+)
+@click.option(
+    "--format",
+    "output_format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="json: one JSON object on stdout (device times, the verification report, errors) for scripts; the text "
+    "lines go to stderr.",
 )
 @click.option("--continue-on-error", is_flag=True, help="Report every failure, then exit non-zero.")
 @click.option(
@@ -85,7 +119,9 @@ def main(
     atol: float | None,
     save_output: Path | None,
     repetitions: int,
-    nondeterminism_runs: int,
+    nondeterminism_runs: int | None,
+    evidence: str | None,
+    output_format: str,
     continue_on_error: bool,
     no_payload_checks: bool,
     dry_run: bool,
@@ -93,8 +129,17 @@ def main(
     """Rebuild a capture on a CUDA device and run it: buffers reallocated and pointers relocated,
     streams and events rebuilt so captured concurrency is kept, optionally verified against the
     capture's checkpoints."""
+    if not verify:
+        given = [flag for flag, on in (("--nondeterminism-runs", nondeterminism_runs), ("--evidence", evidence)) if on]
+        if given:
+            raise ReplayUsageError(f"{' and '.join(given)} only mean something with --verify; add --verify")
     if fixed_addresses and not dry_run:
         restart_without_aslr()  # recorded addresses are reachable only so (see address_space)
+    as_json = output_format == "json"
+
+    def say(line: str) -> None:
+        click.echo(line, err=as_json)  # with --format=json stdout holds only the JSON object
+
     options = plan_options(
         substitutions=substitutions,
         remaps=remaps,
@@ -111,71 +156,84 @@ def main(
         nvtx=nvtx,
         check_payloads=not no_payload_checks,
     )
+    verification = None
     with open_replay(capture, options) as session:
         plan = session.plan
         for line in plan.describe():
-            click.echo(line)
-        problems = [*plan.problems, *_recovery_lines(session.capture)]
+            say(line)
+        problems = [*plan.problems, *_recovery_lines(session.capture, say)]
         for problem in problems:
             click.echo(f"run-replay: error: {problem}", err=True)
         if dry_run:
-            click.echo(f"dry run: plan {'has problems' if problems else 'OK'}; nothing was executed")
+            say(f"dry run: plan {'has problems' if problems else 'OK'}; nothing was executed")
+            if as_json:
+                click.echo(json.dumps({"capture": str(capture), "dry_run": True, "problems": problems}, indent=2))
             return EXIT_PROBLEM if problems else EXIT_OK
         if problems:
             raise ToolExit(EXIT_PROBLEM, f"{len(problems)} problem(s); nothing was executed")
         replayer = session.start(replay)
         for k, gpu in enumerate(replayer.gpus):
             major, minor = gpu.compute_capability
-            click.echo(f"device        #{k + 1} on cuda:{gpu.ordinal} {gpu.name} sm_{major}{minor}")
+            say(f"device        #{k + 1} on cuda:{gpu.ordinal} {gpu.name} sm_{major}{minor}")
         if replayer.staging.bytes:
-            click.echo(f"uploads       {replayer.staging.line()}")
-        tracker, more = None, None
-        if verify and nondeterminism_runs >= 2:  # every replay's bytes are kept to compare them
-            tracker = replayer.observer = NondeterminismTracker(replay.tolerance)
+            say(f"uploads       {replayer.staging.line()}")
+        if verify:
+            verification = Verification(
+                plan,
+                replays=nondeterminism_runs or DEFAULT_REPLAYS,
+                evidence=EvidencePolicy(evidence or "auto"),
+                tolerance=replay.tolerance,
+            )
+            verification.attach(replayer)
         result = replayer.run(repetitions)
-        if verify and nondeterminism_runs == 0 and result.mismatches:
-            tracker = replayer.observer = NondeterminismTracker(replay.tolerance)  # a mismatch: two replays more
-            more = replayer.run(2)
-        elif tracker is not None and nondeterminism_runs > repetitions:
-            more = replayer.run(nondeterminism_runs - repetitions)
+        errors = list(result.errors)
+        if verification is not None:
+            verification.note_runs(result)
+            errors += verification.finish(replayer)
+    if verification is not None and verification.wants_reference and not errors:
+        # which bytes the captured kernels write: a poisoned replay of the capture as recorded
+        reference_plan = dataclasses.replace(options, substitutions=(), launch_overrides=())
+        with open_replay(capture, reference_plan) as reference:
+            replayer = reference.start(dataclasses.replace(replay, save_output=None))
+            verification.apply_reference(verification.reference_written(replayer))
     for i, (ms, state_ms) in enumerate(zip(result.device_ms, result.state_ms, strict=True)):
         state = f" (starting state set apart: {state_ms:.3f} ms)" if plan.state else ""
-        click.echo(f"repetition {i + 1}: {ms:.3f} ms device time{state}")
-    errors = result.errors + (more.errors if more is not None else [])
-    verdicts = tracker.verdicts() if tracker is not None and tracker.replays > 1 else None
-    for report in result.reports:
-        click.echo(report.line())
-    if tracker is not None and verdicts is not None:  # judged again, bytes that differ between replays set apart
-        click.echo(f"nondeterminism: {tracker.replays} replays compared with each other and with the capture")
-        for verdict in verdicts:
-            click.echo(verdict.line())
+        say(f"repetition {i + 1}: {ms:.3f} ms device time{state}")
+    report = verification.report() if verification is not None else None
+    if report is not None:
+        for line in report.lines():
+            say(line)
     for error in errors:
         click.echo(f"run-replay: error: {error}", err=True)
-    if verify and not result.reports:
-        click.echo("verify: the capture holds no checkpoints or expected downloads to compare")
-    if verdicts is None:
-        result.require_verified()
-    else:
-        failed = [v for v in verdicts if not v.passed]
-        if failed:
-            raise VerificationError(
-                f"verification failed for {len(failed)} buffer range(s) outside their nondeterministic bytes; "
-                f"first: {failed[0].line().strip()}"
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "capture": str(capture),
+                    "device_ms": result.device_ms,
+                    "state_ms": result.state_ms,
+                    "verification": report.as_dict() if report is not None else None,
+                    "errors": errors,
+                },
+                indent=2,
             )
+        )
+    if report is not None:
+        say(report.summary())
+        problem = report.problem()
+        if problem is not None:
+            raise VerificationError(f"verification: {problem}")
     if errors:
         raise ToolExit(EXIT_PROBLEM, f"{len(errors)} operation(s) failed")
-    if verify and result.reports:
-        apart = " (outside their nondeterministic bytes)" if verdicts is not None and result.mismatches else ""
-        click.echo(f"verified: {len(result.reports)} buffer range(s) match{apart}")
     return EXIT_OK
 
 
-def _recovery_lines(cap: Capture) -> list[str]:
+def _recovery_lines(cap: Capture, say: Callable[[str], None]) -> list[str]:
     """Say that a file was recovered (a prefix of the capture replays); a problem when nothing survived."""
     if not cap.recovered:
         return []
     kept = f"; only the {cap.operation_count} recovered operations replay" if cap.operation_count else ""
-    click.echo(
+    say(
         f"recovered     yes: the file was not closed properly; {cap.discarded_bytes} bytes at its end were "
         f"discarded ({cap.recovery_reason}){kept}"
     )

@@ -16,50 +16,9 @@ from typing import Any
 
 from replayfmt.capture import profilers
 from replayfmt.capture.allocations import TensorLabel
-from replayfmt.capture.labels import KernelAnnotation
+from replayfmt.capture.labels import KernelAnnotation, dtype_of
 from replayfmt.capture.translate import Translator
 from replayfmt.format import model as m
-
-_DTYPES = {
-    "bool": m.DType.BOOL,
-    "int8": m.DType.INT8,
-    "uint8": m.DType.UINT8,
-    "int16": m.DType.INT16,
-    "uint16": m.DType.UINT16,
-    "int32": m.DType.INT32,
-    "uint32": m.DType.UINT32,
-    "int64": m.DType.INT64,
-    "uint64": m.DType.UINT64,
-    "float16": m.DType.FLOAT16,
-    "bfloat16": m.DType.BFLOAT16,
-    "float32": m.DType.FLOAT32,
-    "float64": m.DType.FLOAT64,
-    "float8_e4m3fn": m.DType.FLOAT8_E4M3FN,
-    "float8_e5m2": m.DType.FLOAT8_E5M2,
-    "complex64": m.DType.COMPLEX64,
-    "complex128": m.DType.COMPLEX128,
-    # Triton's signature spellings
-    "i1": m.DType.BOOL,
-    "i8": m.DType.INT8,
-    "u8": m.DType.UINT8,
-    "i16": m.DType.INT16,
-    "u16": m.DType.UINT16,
-    "i32": m.DType.INT32,
-    "u32": m.DType.UINT32,
-    "i64": m.DType.INT64,
-    "u64": m.DType.UINT64,
-    "fp16": m.DType.FLOAT16,
-    "bf16": m.DType.BFLOAT16,
-    "fp32": m.DType.FLOAT32,
-    "fp64": m.DType.FLOAT64,
-    "fp8e4nv": m.DType.FLOAT8_E4M3FN,
-    "fp8e5": m.DType.FLOAT8_E5M2,
-}
-
-
-def dtype_of(name: str) -> m.DType:
-    """A DType from a PyTorch (``torch.float32``), NumPy or Triton (``fp32``) dtype name."""
-    return _DTYPES.get(str(name).removeprefix("torch.").lstrip("*"), m.DType.UNKNOWN)
 
 
 def tensor_label(tensor: Any, name: str = "") -> TensorLabel | None:

@@ -34,6 +34,8 @@ class RecordOptions:
     original_times: bool = True  # record the original program's device times (CUPTI activity records)
     # snapshot only the live framework buffers (JAX arrays, PyTorch blocks) of large allocations
     live_buffers: bool = True
+    # type checkpointed ranges from the frameworks' live arrays (PyTorch, JAX, CuPy), once per checkpoint
+    type_checkpoints: bool = True
     max_snapshot: int = 16 << 30  # bytes: a larger snapshot with no framework view is refused, never tried
 
     def __post_init__(self) -> None:

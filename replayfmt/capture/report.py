@@ -22,6 +22,9 @@ class Report:
     operations: int = 0
     snapshot_bytes: int = 0
     snapshot_seconds: float = 0.0
+    checkpoint_bytes: int = 0  # bytes checkpointed
+    typed_bytes: int = 0  # of them, typed by a framework's arrays (format 1.3)
+    typing_seconds: float = 0.0  # spent asking the frameworks what their arrays are
     skipped_bytes: int = 0  # bytes of allocations left out of snapshots: outside every live framework buffer
     live_sources: set[str] = field(default_factory=set)  # frameworks whose live buffers bounded snapshots
     unsupported: dict[str, int] = field(default_factory=dict)  # call -> count
@@ -59,6 +62,11 @@ class Report:
         if self.snapshot_bytes:
             rate = self.snapshot_bytes / self.snapshot_seconds / 1e9 if self.snapshot_seconds else 0.0
             out.append(f"  snapshots: {self.snapshot_bytes} bytes read from the device at {rate:.1f} GB/s")
+        if self.checkpoint_bytes:
+            out.append(
+                f"  checkpoints: {self.typed_bytes} of {self.checkpoint_bytes} bytes typed by the program's arrays "
+                f"({self.typing_seconds:.3f} s asking); the rest is compared as bytes"
+            )
         if self.graph_launches:
             graphs = f"{self.graph_launches} launches recorded as graph launches of {self.graphs} graph objects"
             out.append(f"  CUDA graphs: {graphs}")

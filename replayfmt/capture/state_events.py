@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from replayfmt.capture import events as ev
 from replayfmt.capture.allocations import Allocation, AllocationTable
 from replayfmt.capture.live_buffers import LiveBuffers
+from replayfmt.capture.live_types import LiveTypes, typed_tensors
 from replayfmt.capture.options import CaptureMode, RecordOptions
 from replayfmt.capture.stored_pointers import MAX_POINTERS, FrameWords, Resolved, Words, resolve
 from replayfmt.errors import DeviceError
@@ -39,6 +40,7 @@ class StateEvents:
     _touched: list[Allocation]
     _scopes: list[tuple[str, dict[int, Allocation]]]
     live_buffers: LiveBuffers
+    live_types: LiveTypes  # the frameworks' typed arrays, asked once per checkpoint
     _refused: set[int]  # allocations too large to snapshot blindly (reported once each)
     _checkpoints: int
 
@@ -228,8 +230,12 @@ class StateEvents:
         where a framework manages them): unchanged ones too (a step run again on the same inputs
         rewrites its outputs with the bytes they held), at no cost in the file, where their
         payload is their state's."""
-        entries = []
+        entries: list[m.CheckpointEntry] = []
+        types: list[m.TypedTensor] = []
         self._checkpoints += 1
+        started = time.perf_counter()
+        live = self.live_types.labels() if allocations else []  # what the frameworks say it holds, once
+        self.report.typing_seconds += time.perf_counter() - started
         for allocation in allocations:
             if not self.allocations.is_live(allocation):
                 continue  # freed meanwhile
@@ -249,4 +255,9 @@ class StateEvents:
                 self.report.snapshot_bytes += size
                 entries.append(m.CheckpointEntry(allocation.buffer, payload, offset, size))
             self.report.snapshot_seconds += time.perf_counter() - started
-        self.writer.checkpoint(entries, name=name)
+            labels = sorted([*live, *allocation.labels], key=lambda t: (t.address, -t.size))
+            typed = typed_tensors(allocation.buffer, allocation.address, spans or (), labels)
+            self.report.typed_bytes += sum(t.size for t in typed)
+            self.report.checkpoint_bytes += sum(size for _, size in spans or ())
+            types += typed
+        self.writer.checkpoint(entries, name=name, types=types)

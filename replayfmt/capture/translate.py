@@ -30,6 +30,7 @@ from replayfmt.capture.graph_events import GraphEvents, GraphExecutable
 from replayfmt.capture.hostfiles import HostFiles
 from replayfmt.capture.labels import KernelAnnotation, typed_ranges
 from replayfmt.capture.live_buffers import LiveBuffers
+from replayfmt.capture.live_types import LiveTypes
 from replayfmt.capture.memory_events import MEMORY_KINDS, MemoryEvents
 from replayfmt.capture.modules import Module, store_module
 from replayfmt.capture.options import CaptureMode, RecordOptions
@@ -114,6 +115,7 @@ class Translator(MemoryEvents, GraphEvents, StateEvents):
         self.live_buffers = live_buffers if live_buffers is not None else LiveBuffers(problems=self.report.errors)
         self._refused: set[int] = set()
         self._checkpoints = 0
+        self.live_types = LiveTypes(enabled=options.type_checkpoints, problems=self.report.errors)
 
     # -- regions ---------------------------------------------------------------------------
 

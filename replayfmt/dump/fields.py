@@ -56,3 +56,17 @@ def stored_pointers_json(relocations: tuple[Any, ...]) -> str:
     if not relocations:
         return ""
     return ',"relocations":' + json.dumps(stored_pointers_rows(relocations), separators=(",", ":"))
+
+
+def typed_tensor_row(t: Any) -> dict[str, Any]:
+    """A checkpoint's typed tensor (format 1.3) as JSON (docs/JSONL.md)."""
+    shape, strides = list(t.shape), list(t.strides)
+    return {
+        "buffer": t.buffer,
+        "offset": t.offset,
+        "size": t.size,
+        "dtype": label_of(t.dtype),
+        "shape": shape,
+        "strides": strides,
+        "name": t.name,
+    }

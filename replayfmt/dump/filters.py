@@ -10,7 +10,8 @@ from replayfmt.errors import ReplayUsageError
 from replayfmt.format import model as m
 
 JSONL_VERSION = 3  # 2: state rows, buffer ranges, summary state/upload bytes, original_ns, demangled names;
-# 3: relocations of state and copy_h2d rows (pointers stored in data), summary partial and stored_pointers
+# 3: relocations of state and copy_h2d rows (pointers stored in data), checkpoint types, summary partial and
+# stored_pointers
 _K = m.OperationKind
 _COPY_LABELS = {"copy_h2d", "copy_d2h", "copy_d2d"}
 OPERATION_LABELS = {k.label for k in _K if k != _K.NONE}

@@ -26,6 +26,7 @@ from replayfmt.dump.fields import (
     stored_pointers_json,
     stored_pointers_rows,
     stored_pointers_text,
+    typed_tensor_row,
 )
 from replayfmt.dump.filters import JSONL_VERSION, DumpFilter, PayloadMode
 from replayfmt.dump.graphs import graph_fields, graph_node_lines, graph_summary, kernel_names
@@ -271,6 +272,8 @@ class Dumper:
                 for e in op.entries
             ]
             row.update(name=op.name, entries=entries)
+            if op.types:  # (1.3) what the program's framework said the ranges hold
+                row["types"] = [typed_tensor_row(t) for t in op.types]
         elif isinstance(op, m.UnknownOperation):
             row["code"] = op.code
         else:
@@ -481,7 +484,7 @@ class Dumper:
             return f"{head} {state}{stored_pointers_text(op.relocations)}"
         if isinstance(op, m.Checkpoint):
             entries = ", ".join(f"buffer#{e.buffer}+{e.offset}:{e.size}" for e in op.entries)
-            return f"{head} {op.name!r} {entries}"
+            return f"{head} {op.name!r} {entries}" + (f" ({len(op.types)} typed range(s))" if op.types else "")
         if isinstance(op, m.Unsupported):
             return f"{head} {op.call}: {op.reason}"
         if isinstance(op, m.UnknownOperation):

@@ -24,7 +24,8 @@ FOOTER_MAGIC = b"KRFOOTER"
 CHUNK_MAGIC = b"KRCK"
 FORMAT_MAJOR = 1
 FORMAT_MINOR = 3  # 1.1: State operations, Buffer.ranges (typed sub-ranges); 1.2: Graph objects, GraphLaunch;
-# 1.3: data relocations (pointers stored in State and upload bytes), Index.partial
+# 1.3: data relocations (pointers stored in State and upload bytes), Index.partial, Checkpoint.types (typed
+# tensors of checkpointed ranges)
 
 ALIGNMENT = 8
 

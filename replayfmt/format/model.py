@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, NamedTuple
 
 # Exported here too (m.DType), so the whole Python view is one import.
+from replayfmt.errors import ReplayUsageError
 from replayfmt.format.enums import (
     COPY_FLAG_ASYNC as COPY_FLAG_ASYNC,
     EXECUTABLE_FORMATS as EXECUTABLE_FORMATS,
@@ -391,11 +392,51 @@ class CheckpointEntry(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
+class TypedTensor:
+    """(1.3) What ``size`` bytes at ``offset`` of checkpointed buffer ``buffer`` hold, as the
+    program's framework described them when the checkpoint was taken."""
+
+    buffer: int
+    offset: int
+    size: int
+    dtype: DType
+    shape: tuple[int, ...] = ()
+    strides: tuple[int, ...] = ()
+    name: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Checkpoint:
     index: int
     name: str
     entries: tuple[CheckpointEntry, ...] = field(default=())
+    types: tuple[TypedTensor, ...] = field(default=())  # (1.3) typed ranges of the entries
     kind: ClassVar[OperationKind] = OperationKind.CHECKPOINT
+
+
+def typed_tensor_problem(entries: tuple[CheckpointEntry, ...], types: tuple[TypedTensor, ...]) -> str | None:
+    """Why a checkpoint's typed tensors are malformed (one outside every entry of its buffer, or
+    overlapping another), or None."""
+    ends: dict[int, int] = {}
+    for k, t in enumerate(sorted(types, key=lambda t: (t.buffer, t.offset))):
+        if t.size <= 0 or not any(
+            e.buffer == t.buffer and e.offset <= t.offset and t.offset + t.size <= e.offset + e.size for e in entries
+        ):
+            return f"typed tensor {k} (buffer {t.buffer}, bytes {t.offset}+{t.size}) lies outside every entry"
+        if t.offset < ends.get(t.buffer, 0):
+            return f"typed tensor {k} (buffer {t.buffer}, bytes {t.offset}+{t.size}) overlaps another"
+        ends[t.buffer] = t.offset + t.size
+    return None
+
+
+def checked_checkpoint(
+    name: str, entries: tuple[CheckpointEntry, ...], types: tuple[TypedTensor, ...]
+) -> tuple[tuple[CheckpointEntry, ...], tuple[TypedTensor, ...]]:
+    """A checkpoint's entries and typed tensors, refused (ReplayUsageError) when malformed."""
+    problem = typed_tensor_problem(entries, types)
+    if problem is not None:
+        raise ReplayUsageError(f"checkpoint {name!r}: {problem}")
+    return entries, types
 
 
 @dataclass(frozen=True, slots=True)

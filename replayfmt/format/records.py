@@ -42,6 +42,7 @@ from replayfmt.format.fb import (
 )
 from replayfmt.format.graph_records import decode_graph, encode_graph
 from replayfmt.format.schema import load_schema
+from replayfmt.format.typed_records import decode_typed_tensor, encode_typed_tensor
 
 
 @functools.cache
@@ -450,9 +451,12 @@ def encode_table_op(b: flatbuffers.Builder, op: Any) -> int:
         name = _string(b, op.name)
         array = np.array([tuple(e) for e in op.entries], dtype=dtype("CheckpointEntry"))
         entries = _struct_vector(b, "CheckpointEntry", array)
+        types = _table_vector(b, [encode_typed_tensor(b, t) for t in op.types]) if op.types else 0
         FbCheckpoint.Start(b)
         FbCheckpoint.AddName(b, name)
         FbCheckpoint.AddEntries(b, entries)
+        if types:
+            FbCheckpoint.AddTypes(b, types)
         body = FbCheckpoint.End(b)
     elif kind == _K.STATE:
         FbState.Start(b)
@@ -491,7 +495,8 @@ def decode_table_op(index: int, kind_code: int, d: dict[str, Any]) -> Any:
         return m.ScopeEnd(index, v["name"])
     if kind == _K.CHECKPOINT:
         entries = struct_array(v["entries"], "CheckpointEntry").tolist()
-        return m.Checkpoint(index, v["name"], tuple(m.CheckpointEntry(*e) for e in entries))
+        types = tuple(decode_typed_tensor(t) for t in v.get("types") or ())
+        return m.Checkpoint(index, v["name"], tuple(m.CheckpointEntry(*e) for e in entries), types)
     if kind == _K.STATE:
         return m.State(index, v["buffer"], v["payload"], v["offset"], v["size"])
     return m.Unsupported(index, v["call"], v["reason"], v["stream"])

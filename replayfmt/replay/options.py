@@ -30,7 +30,8 @@ class RunResult:
 
     @property
     def verified(self) -> bool:
-        return all(r.passed for r in self.reports)
+        """Something was compared (N > 0 ranges) and nothing differed: never true of nothing."""
+        return bool(self.reports) and all(r.passed for r in self.reports)
 
     @property
     def mismatches(self) -> list[BufferReport]:
@@ -38,7 +39,13 @@ class RunResult:
         return [r for r in self.reports if not r.passed]
 
     def require_verified(self) -> None:
-        """Raise VerificationError naming the first buffer range that differs from the capture."""
+        """Raise VerificationError naming the first buffer range that differs from the capture, or
+        saying that nothing was compared."""
+        if not self.reports:
+            raise VerificationError(
+                "verification compared nothing: the capture holds no checkpoints or expected downloads "
+                "(or the replay was not made with ReplayOptions(verify=True))"
+            )
         failed = self.mismatches
         if failed:
             raise VerificationError(

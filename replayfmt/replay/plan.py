@@ -91,6 +91,8 @@ class Plan:
     # as host-to-device copies (stream 0) that are staged like uploads but are not the program's work
     state: dict[int, list[m.Copy]] = field(default_factory=dict)
     graphs: dict[int, m.Graph] = field(default_factory=dict)  # launched graphs (and their children), checked
+    # checkpoint operation index -> where its region begins (the key of its region's state)
+    checkpoint_regions: dict[int, int] = field(default_factory=dict)
 
     @property
     def state_bytes(self) -> int:
@@ -130,7 +132,10 @@ class Plan:
                 "applied before each region begins, outside any timing"
             )
         for op, o in sorted(self.overrides.items()):
-            lines.append(f"override      operation {op}: grid={o.grid} block={o.block} smem={o.shared_memory}")
+            if o.skip:
+                lines.append(f"override      operation {op}: skipped (not run; its results are left as they start)")
+            else:
+                lines.append(f"override      operation {op}: grid={o.grid} block={o.block} smem={o.shared_memory}")
         return lines
 
 
@@ -202,6 +207,8 @@ def build_plan(capture: Capture, options: PlanOptions = PlanOptions()) -> Plan:
             if isinstance(op, m.State):
                 _plan_state(plan, objects, op, hoist)
             else:
+                if isinstance(op, m.Checkpoint):
+                    plan.checkpoint_regions[op.index] = hoist
                 _check_operation(plan, objects, op, overrides.pop(op.index, None))
         except ReplayError as exc:
             checker.fail(exc)
@@ -536,6 +543,9 @@ def _check_operation(
             _check_range(op, buf, e.offset, e.size, "checkpoint")
             if not 1 <= e.payload <= plan.capture.payload_count:
                 raise ReplayFormatError(f"operation {op.index} (checkpoint): payload {e.payload} does not exist")
+        problem = m.typed_tensor_problem(op.entries, op.types)
+        if problem is not None:
+            raise ReplayFormatError(f"operation {op.index} (checkpoint): {problem}")
     elif isinstance(op, m.EventRecord | m.EventSynchronize | m.StreamWaitEvent):
         _need(objects, op.event, m.Event, op, "event")
     elif isinstance(op, m.ModuleLoad):

@@ -63,23 +63,29 @@ _DIMS = re.compile(r"^(\d+)(?:,(\d+))?(?:,(\d+))?$")
 
 @dataclass(frozen=True)
 class LaunchOverride:
-    """``--launch=OP:grid=X,Y,Z,block=X,Y,Z,smem=N``: change one launch's shape."""
+    """``--launch=OP:grid=X,Y,Z,block=X,Y,Z,smem=N``: change one launch's shape;
+    ``--launch=OP:skip``: do not run it (to see that verification notices a missing kernel)."""
 
     operation: int
     grid: m.Dims | None = None
     block: m.Dims | None = None
     shared_memory: int | None = None
+    skip: bool = False
 
     @classmethod
     def parse(cls, spec: str) -> LaunchOverride:
         op, sep, rest = spec.partition(":")
         if not sep or not op.isdigit() or not rest:
-            raise ReplayUsageError(f"--launch {spec!r}: expected OP:grid=X,Y,Z,block=X,Y,Z,smem=N")
+            raise ReplayUsageError(f"--launch {spec!r}: expected OP:grid=X,Y,Z,block=X,Y,Z,smem=N or OP:skip")
+        if rest == "skip":
+            return cls(int(op), skip=True)
         values: dict[str, object] = {}
         for part in re.split(r",(?=[a-z])", rest):
             key, eq, value = part.partition("=")
             if not eq or key not in ("grid", "block", "smem"):
-                raise ReplayUsageError(f"--launch {spec!r}: unknown setting {part!r} (grid, block or smem)")
+                raise ReplayUsageError(
+                    f"--launch {spec!r}: unknown setting {part!r} (grid, block or smem; or skip alone)"
+                )
             if key == "smem":
                 if not value.isdigit():
                     raise ReplayUsageError(f"--launch {spec!r}: smem must be a byte count")

@@ -34,7 +34,7 @@ from replayfmt.replay.options import ReplayOptions, RunResult
 from replayfmt.replay.plan import Plan
 from replayfmt.replay.running import StepRunner
 from replayfmt.replay.staging import Staging, StagingStats, stage_uploads
-from replayfmt.replay.state import StateSetter
+from replayfmt.replay.state import PoisonWrite, StateSetter
 from replayfmt.replay.steps import (
     BuiltSteps,
     Step,
@@ -137,6 +137,15 @@ class Replayer:
     @observer.setter
     def observer(self, value: RangeObserver | None) -> None:
         self._verifier.observer = value
+
+    def poison(self, writes: dict[int, list[PoisonWrite]] | None) -> None:
+        """Write these bytes over buffer ranges right after the starting state of the region that
+        begins at each key is set, in every following run (None: stop); docs/VERIFY.md."""
+        self._state.poison = dict(writes or {})
+
+    def verify_only(self, ranges: set[tuple[int, int, int]] | None) -> None:
+        """Compare only these (operation, buffer, offset) ranges in the following runs (None: all)."""
+        self._verifier.only = None if ranges is None else set(ranges)
 
     @property
     def cu(self) -> Any:

@@ -4,6 +4,8 @@ timed events, so that a run can leave that interval out of the program's device 
 
 from __future__ import annotations
 
+import ctypes
+from dataclasses import dataclass
 from typing import Any
 
 from replayfmt.cuda.driver import check
@@ -12,6 +14,16 @@ from replayfmt.replay.devices import Devices
 from replayfmt.replay.plan import upload_key
 from replayfmt.replay.staging import Staged
 from replayfmt.replay.streams import Streams
+
+
+@dataclass(frozen=True)
+class PoisonWrite:
+    """Bytes written over ``buffer`` at ``offset`` right after its region's starting state is set
+    (verification's poisoned replays: docs/VERIFY.md)."""
+
+    buffer: int
+    offset: int
+    data: bytes
 
 
 class StateSetter:
@@ -25,10 +37,14 @@ class StateSetter:
         self.addresses = addresses
         self._events: dict[int, tuple[Any, Any]] = {}  # region start -> events around its state
         self.applied: list[tuple[Any, Any]] = []  # since the repetition began
+        # region start -> bytes written over ranges once its state is set (poisoned replays)
+        self.poison: dict[int, list[PoisonWrite]] = {}
+        self._poison_hosts: list[Any] = []  # host copies of the poison, alive while copies may run
 
     def begin(self) -> None:
-        """A repetition starts: nothing applied yet."""
+        """A repetition starts: nothing applied yet (the previous one has finished its copies)."""
         self.applied = []
+        self._poison_hosts = []
 
     def apply(self, index: int, copies: list[m.Copy]) -> None:
         """Set the starting state of the region beginning at operation ``index``: after all work
@@ -49,6 +65,14 @@ class StateSetter:
             fn = source.copy_call(cu)
             target = self.addresses[copy.dst_buffer] + copy.dst_offset
             check(fn(target, source.address, copy.size, self.streams.timing_stream), f"operation {copy.index} (state)")
+        for write in self.poison.get(index, ()):
+            host = (ctypes.c_char * len(write.data)).from_buffer_copy(write.data)
+            self._poison_hosts.append(host)
+            target = self.addresses[write.buffer] + write.offset
+            where = f"operation {index} (poisoning buffer {write.buffer} at byte {write.offset})"
+            check(
+                cu.cuMemcpyHtoDAsync(target, ctypes.addressof(host), len(write.data), self.streams.timing_stream), where
+            )
         self.streams.fork(events[1])
         self.applied.append(events)
 

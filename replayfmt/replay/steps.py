@@ -115,7 +115,10 @@ def build_steps(
             current = gpu
         stream = streams.stream(getattr(op, "stream", 0), gpu or 0)
         built.op_streams[index] = stream
-        if isinstance(op, m.Launch):
+        override = plan.overrides.get(index) if isinstance(op, m.Launch) else None
+        if override is not None and override.skip:
+            pass  # --launch OP:skip: not run at all
+        elif isinstance(op, m.Launch):
             launch = prepare_launch(devices, plan, modules, A, op, stream, gpu or 0)
             built.launches.append(launch)
             for site, value in launch.buffer_sites:

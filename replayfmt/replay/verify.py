@@ -23,9 +23,19 @@ _EXPECTED_CACHE = 1 << 30  # bytes of decoded checkpoint payloads kept between r
 
 
 class RangeObserver(Protocol):
-    """Something that watches every verified range (expected and actual bytes) across replays."""
+    """Something that watches every verified range (expected and actual bytes) across replays;
+    ``types``: what the capture says ranges of it hold (format 1.3), empty when it does not."""
 
-    def observe(self, operation: int, buffer: m.Buffer, offset: int, expected: bytes, actual: bytes) -> None: ...
+    def observe(
+        self,
+        operation: int,
+        buffer: m.Buffer,
+        offset: int,
+        expected: bytes,
+        actual: bytes,
+        types: tuple[m.TypedTensor, ...],
+        same: bool | None = None,
+    ) -> None: ...
 
 
 class Verifier:
@@ -47,11 +57,14 @@ class Verifier:
         self.save_output = save_output
         self._expected: dict[tuple[int, int], bytes] = {}  # (payload, size) -> decoded expected bytes
         self._result = RunResult()
+        self._saved: set[Path] = set()
         self._repetition = 0
         self._verify = False
         self._pointers = ReplayedAddresses(plan.buffers, addresses)  # stored pointers compare as relocated
-        # sees every verified range's bytes (a replay.nondeterminism.NondeterminismTracker), or None
+        # sees every verified range's bytes (a replay.verification.Verification's collector), or None
         self.observer: RangeObserver | None = None
+        # (operation, buffer, offset) of the ranges to compare (None: all): later replays of a verification
+        self.only: set[tuple[int, int, int]] | None = None
 
     def begin(self, result: RunResult, repetition: int, *, verify: bool) -> None:
         """The next steps belong to repetition ``repetition`` of a run reporting into ``result``."""
@@ -77,22 +90,28 @@ class Verifier:
         if not (self._verify or saving):
             return  # nothing to compare or save: no read-back, no synchronisation
         for entry in op.entries:
+            if self.only is not None and (op.index, entry.buffer, entry.offset) not in self.only:
+                continue
             actual = self.read_back(entry.buffer, entry.offset, entry.size)
             buffer = self.plan.buffers[entry.buffer]
             if self._verify:
                 expected = self._pointers.align(self._expected_bytes(entry.payload, entry.size), actual, entry.offset)
                 tolerance, offset = self.tolerance, entry.offset
-                self._report(
-                    compare(expected, actual, buffer=buffer, operation=op.index, tolerance=tolerance, offset=offset)
+                report = compare(
+                    expected, actual, buffer=buffer, operation=op.index, tolerance=tolerance, offset=offset
                 )
+                self._report(report)
                 if self.observer is not None:
-                    self.observer.observe(op.index, buffer, entry.offset, expected, actual)
+                    end = entry.offset + entry.size
+                    types = tuple(t for t in op.types if t.buffer == entry.buffer and entry.offset <= t.offset < end)
+                    same = report.passed if report.mode == "exact" else None  # known: no second comparison
+                    self.observer.observe(op.index, buffer, entry.offset, expected, actual, types, same)
             if saving:
                 self._save(op, buffer, entry.offset, actual)
 
     def check_download(self, op: m.Copy, host: int) -> None:
         """Compare a download that the capture recorded the bytes of with what the replay read."""
-        if not self._verify:
+        if not self._verify or (self.only is not None and (op.index, op.src_buffer, op.src_offset) not in self.only):
             return
         check(self.devices.synchronize_all(), "cuCtxSynchronize before checking a download")
         actual = ctypes.string_at(host, op.size)
@@ -102,7 +121,7 @@ class Verifier:
             compare(expected, actual, buffer=buffer, operation=op.index, tolerance=self.tolerance, offset=op.src_offset)
         )
         if self.observer is not None:
-            self.observer.observe(op.index, buffer, op.src_offset, expected, actual)
+            self.observer.observe(op.index, buffer, op.src_offset, expected, actual, ())
 
     def _expected_bytes(self, payload: int, size: int) -> bytes:
         """Expected bytes, decoded once: repetitions and tuning candidates compare against them."""
@@ -125,6 +144,9 @@ class Verifier:
         code = NUMPY_DTYPES.get(buffer.dtype)
         stem = f"op{op.index}_buffer{buffer.id}" + (f"_at{offset}" if offset else "")
         path = directory / (stem + (".npy" if code else ".bin"))
+        if path in self._saved:
+            return  # saved by this replayer's first run (verification replays again)
+        self._saved.add(path)
         if path.exists():
             raise ReplayUsageError(f"--save-output: {path} already exists; choose an empty directory")
         if code:

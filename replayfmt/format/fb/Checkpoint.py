@@ -55,8 +55,33 @@ class Checkpoint(object):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
         return o == 0
 
+    # Checkpoint
+    def Types(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            x = self._tab.Vector(o)
+            x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 4
+            x = self._tab.Indirect(x)
+            from replayfmt.format.fb.TypedTensor import TypedTensor
+            obj = TypedTensor()
+            obj.Init(self._tab.Bytes, x)
+            return obj
+        return None
+
+    # Checkpoint
+    def TypesLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # Checkpoint
+    def TypesIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        return o == 0
+
 def CheckpointStart(builder):
-    builder.StartObject(2)
+    builder.StartObject(3)
 
 def Start(builder):
     CheckpointStart(builder)
@@ -78,6 +103,18 @@ def CheckpointStartEntriesVector(builder, numElems):
 
 def StartEntriesVector(builder, numElems):
     return CheckpointStartEntriesVector(builder, numElems)
+
+def CheckpointAddTypes(builder, types):
+    builder.PrependUOffsetTRelativeSlot(2, flatbuffers.number_types.UOffsetTFlags.py_type(types), 0)
+
+def AddTypes(builder, types):
+    CheckpointAddTypes(builder, types)
+
+def CheckpointStartTypesVector(builder, numElems):
+    return builder.StartVector(4, numElems, 4)
+
+def StartTypesVector(builder, numElems):
+    return CheckpointStartTypesVector(builder, numElems)
 
 def CheckpointEnd(builder):
     return builder.EndObject()

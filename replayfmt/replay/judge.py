@@ -1,0 +1,343 @@
+"""Judging a capture's expected values against several replays: the rule of docs/VERIFY.md.
+
+A compared range is a checkpoint entry cut into typed pieces (a dtype from the capture's typed
+checkpoint entries or its buffer) and untyped pieces. Each replay's bytes of a piece are folded
+into a :class:`RangeObservation` (per element: the smallest and largest value the replays
+produced, NaN counts), so that memory does not grow with the number of replays, and
+:meth:`RangeObservation.judge` answers one of three verdicts:
+
+* **exact**: every replay reproduced the captured bytes;
+* **within run-to-run variation**: each captured element lies inside the replays' [min, max] for
+  that element, widened by the largest spread seen anywhere in the piece (absolute) or by a few
+  ulps of the dtype (:data:`ULP_WIDENING`, only when the program showed nondeterminism at all);
+* **wrong**: some element lies outside that.
+
+Values are compared in their own type through *ordered keys*: a float's bits mapped to an integer
+that grows with the value, so that the ulp distance of two floats is the difference of their keys
+(+0 and -0 share a key; NaN is handled apart: a captured NaN needs a NaN in some replay).
+Untyped pieces are judged as bytes: a byte may differ from the capture only inside a 4-byte word
+that varied between replays.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from replayfmt.format import model as m
+
+D = m.DType
+# (bytes, mantissa bits, exponent bits) of each float dtype; complex as its parts
+_FLOATS: dict[m.DType, tuple[int, int, int]] = {
+    D.FLOAT16: (2, 10, 5),
+    D.BFLOAT16: (2, 7, 8),
+    D.FLOAT32: (4, 23, 8),
+    D.FLOAT64: (8, 52, 11),
+    D.COMPLEX64: (4, 23, 8),
+    D.COMPLEX128: (8, 52, 11),
+    D.FLOAT8_E4M3FN: (1, 3, 4),
+    D.FLOAT8_E5M2: (1, 2, 5),
+}
+_INTEGERS: dict[m.DType, str] = {
+    D.BOOL: "u1",
+    D.INT8: "i1",
+    D.UINT8: "u1",
+    D.INT16: "<i2",
+    D.UINT16: "<u2",
+    D.INT32: "<i4",
+    D.UINT32: "<u4",
+    D.INT64: "<i8",
+    D.UINT64: "<u8",
+}
+# How many ulps a captured float may lie outside the replays' values when the program is shown to
+# be nondeterministic: low bits that vary can agree by chance in every replay and still differ in
+# the captured run. Small on purpose (docs/VERIFY.md says why a real bug is larger).
+ULP_WIDENING: dict[m.DType, int] = {
+    D.FLOAT64: 4,
+    D.FLOAT32: 4,
+    D.COMPLEX64: 4,
+    D.COMPLEX128: 4,
+    D.FLOAT16: 2,
+    D.BFLOAT16: 2,
+    D.FLOAT8_E4M3FN: 1,
+    D.FLOAT8_E5M2: 1,
+}
+WORD = 4  # untyped bytes vary by 4-byte words (the common element size of GPU data)
+SHOWN = 5  # differing elements listed per range
+
+
+def judged_dtype(dtype: m.DType) -> bool:
+    """Whether values of this dtype are judged as values (else as bytes)."""
+    return dtype in _FLOATS or dtype in _INTEGERS
+
+
+def part_size(dtype: m.DType) -> int:
+    """Bytes of one judged lane: an element, or one part of a complex element."""
+    if dtype in _FLOATS:
+        return _FLOATS[dtype][0]
+    return np.dtype(_INTEGERS[dtype]).itemsize
+
+
+def _unsigned(width: int) -> str:
+    return {1: "u1", 2: "<u2", 4: "<u4", 8: "<u8"}[width]
+
+
+def ordered_keys(data: bytes | np.ndarray, dtype: m.DType) -> tuple[np.ndarray, np.ndarray]:
+    """(keys, nan): int64 keys ordered like the values (their difference is the ulp distance for
+    floats), and a mask of NaNs. ``data`` holds whole lanes of ``dtype``."""
+    raw = np.frombuffer(data, np.uint8) if isinstance(data, bytes | bytearray | memoryview) else data
+    if dtype in _INTEGERS:
+        values = raw.view(_INTEGERS[dtype])
+        if dtype == D.UINT64:
+            keys = (values.view(np.int64) ^ np.int64(-(2**63))).astype(np.int64)
+        else:
+            keys = values.astype(np.int64)
+        return keys, np.zeros(len(keys), bool)
+    width, mantissa, exponent = _FLOATS[dtype]
+    bits = raw.view(_unsigned(width)).astype(np.uint64)
+    sign_bit = np.uint64(1) << np.uint64(width * 8 - 1)
+    magnitude = bits & ~sign_bit & np.uint64((1 << (width * 8)) - 1)
+    keys = magnitude.astype(np.int64)
+    keys = np.where(bits & sign_bit, -keys, keys)
+    exp_mask = ((1 << exponent) - 1) << mantissa
+    man_mask = (1 << mantissa) - 1
+    if dtype == D.FLOAT8_E4M3FN:  # no infinities: S.1111.111 is NaN
+        nan = (magnitude & np.uint64(0x7F)) == np.uint64(0x7F)
+    else:
+        nan = ((magnitude & np.uint64(exp_mask)) == np.uint64(exp_mask)) & ((magnitude & np.uint64(man_mask)) != 0)
+    return keys, nan
+
+
+def _fp8_table(mantissa: int, exponent: int, *, finite_max: bool) -> np.ndarray:
+    """The float64 value of each of the 128 non-negative fp8 encodings."""
+    bias = (1 << (exponent - 1)) - 1
+    out = np.empty(128)
+    for code in range(128):
+        e, f = code >> mantissa, code & ((1 << mantissa) - 1)
+        if e == (1 << exponent) - 1 and not finite_max:
+            out[code] = np.inf if f == 0 else np.nan
+        elif e == 0:
+            out[code] = f / (1 << mantissa) * 2.0 ** (1 - bias)
+        else:
+            out[code] = (1 + f / (1 << mantissa)) * 2.0 ** (e - bias)
+    if finite_max:
+        out[127] = np.nan
+    return out
+
+
+_FP8 = {
+    D.FLOAT8_E4M3FN: _fp8_table(3, 4, finite_max=True),
+    D.FLOAT8_E5M2: _fp8_table(2, 5, finite_max=False),
+}
+
+
+def key_values(keys: np.ndarray, dtype: m.DType) -> np.ndarray:
+    """The float64 values of ordered keys (NaN keys give meaningless numbers: mask them apart)."""
+    keys = np.asarray(keys, np.int64)
+    if dtype in _INTEGERS:
+        if dtype == D.UINT64:
+            return (keys ^ np.int64(-(2**63))).view(np.uint64).astype(np.float64)
+        return keys.astype(np.float64)
+    width = _FLOATS[dtype][0]
+    negative = keys < 0
+    magnitude = np.abs(keys).astype(np.uint64)
+    if dtype in _FP8:
+        values = _FP8[dtype][np.minimum(magnitude, 127).astype(np.intp)]
+    elif dtype == D.BFLOAT16:
+        values = (magnitude.astype(np.uint32) << np.uint32(16)).view(np.float32).astype(np.float64)
+    else:
+        code = {2: "<f2", 4: "<f4", 8: "<f8"}[width]
+        values = magnitude.astype(_unsigned(width)).view(code).astype(np.float64)
+    return np.where(negative, -values, values)
+
+
+class Verdict(enum.Enum):
+    EXACT = "exact"
+    VARIES = "within run-to-run variation"
+    WRONG = "wrong"
+
+
+@dataclass(frozen=True)
+class ElementDiff:
+    """One differing element: its index in the piece (``position``: as a multi-dimensional index
+    when the shape is known), the captured value and the replays' smallest and largest, and the
+    largest absolute and ulp difference between the captured value and a replay."""
+
+    index: int
+    position: tuple[int, ...]
+    captured: float
+    replay_min: float
+    replay_max: float
+    abs_diff: float
+    ulp_diff: int
+    wrong: bool
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "index": self.index,
+            "position": list(self.position),
+            "captured": _json_float(self.captured),
+            "replay_min": _json_float(self.replay_min),
+            "replay_max": _json_float(self.replay_max),
+            "abs_diff": _json_float(self.abs_diff),
+            "ulp_diff": self.ulp_diff,
+            "wrong": self.wrong,
+        }
+
+
+def _json_float(x: float) -> float | str:
+    return x if np.isfinite(x) else str(x)
+
+
+@dataclass
+class Judgement:
+    """The verdict on one piece of a compared range over every replay."""
+
+    verdict: Verdict
+    dtype: str  # "float32", ...; "bytes" for untyped pieces
+    typed: bool
+    elements: int
+    differing: int  # elements differing from the capture in some replay
+    wrong: int
+    largest_abs_diff: float = 0.0
+    largest_ulp_diff: int = 0
+    spread_abs: float = 0.0  # the largest difference between two replays of one element
+    spread_ulps: int = 0
+    widening_ulps: int = 0
+    shown: list[ElementDiff] = field(default_factory=list)
+
+
+class RangeObservation:
+    """Every replay of one piece (bytes [start, start + size) of a checkpoint entry, of one dtype
+    or untyped), folded per element; :meth:`judge` gives the verdict."""
+
+    def __init__(self, expected: bytes, dtype: m.DType, shape: tuple[int, ...] = ()) -> None:
+        self.typed = judged_dtype(dtype)
+        self.dtype = dtype if self.typed else D.UINT8
+        self.expected = expected
+        lane = part_size(self.dtype)
+        self.lanes = len(expected) // lane
+        self.shape = shape if shape and int(np.prod(shape)) == self.lanes else ()
+        self.replays = 0
+        self.identical = True  # every replay reproduced the captured bytes
+        self.lo = self.hi = np.empty(0, np.int64)
+        self.nan_count = np.zeros(self.lanes, np.int32)
+        self.captured_keys, self.captured_nan = ordered_keys(expected[: self.lanes * lane], self.dtype)
+
+    def add(self, actual: bytes) -> None:
+        """One replay's bytes of the piece."""
+        if len(actual) != len(self.expected):
+            raise ValueError(f"a replay gave {len(actual)} bytes for a piece of {len(self.expected)}")
+        self.replays += 1
+        self.identical = self.identical and actual == self.expected
+        keys, nan = ordered_keys(actual[: self.lanes * part_size(self.dtype)], self.dtype)
+        self.nan_count += nan
+        lo = np.where(nan, np.iinfo(np.int64).max, keys)
+        hi = np.where(nan, np.iinfo(np.int64).min, keys)
+        if self.replays == 1:
+            self.lo, self.hi = lo, hi
+        else:
+            np.minimum(self.lo, lo, out=self.lo)
+            np.maximum(self.hi, hi, out=self.hi)
+
+    @property
+    def varies(self) -> bool:
+        """Whether the replays disagreed with each other anywhere in the piece."""
+        numbers = self.nan_count < self.replays
+        mixed = (self.nan_count > 0) & numbers
+        return bool(np.any(numbers & (self.lo != self.hi)) or mixed.any())
+
+    def judge(self, *, nondeterministic: bool, tolerance: tuple[float, float] | None = None) -> Judgement:
+        """The verdict; ``nondeterministic``: the program showed run-to-run variation somewhere,
+        which allows the dtype's ulp widening (never for integers or untyped bytes).
+        ``tolerance``: (rtol, atol) asked for with --tolerance, also allowed for floats."""
+        name = self.dtype.name.lower() if self.typed else "bytes"
+        if self.replays == 0:
+            raise ValueError("a piece must be observed in at least one replay before it is judged")
+        if self.identical:
+            return Judgement(Verdict.EXACT, name, self.typed, self.lanes, 0, 0)
+        c, c_nan, lo, hi = self.captured_keys, self.captured_nan, self.lo, self.hi
+        has_number = self.nan_count < self.replays
+        has_nan = self.nan_count > 0
+        number_spread = np.where(has_number, hi - lo, 0)
+        values_lo, values_hi = key_values(lo, self.dtype), key_values(hi, self.dtype)
+        captured = key_values(c, self.dtype)
+        with np.errstate(invalid="ignore", over="ignore"):
+            spread_values = np.where(has_number, values_hi - values_lo, 0.0)
+        finite_spread = spread_values[np.isfinite(spread_values)]
+        spread_abs = float(finite_spread.max()) if finite_spread.size else 0.0
+        spread_ulps = int(number_spread.max()) if number_spread.size else 0
+        inside = np.where(c_nan, has_nan, has_number & (lo <= c) & (c <= hi))
+        differs = c_nan & (self.nan_count < self.replays) | ~c_nan & (has_nan | (has_number & ((lo != c) | (hi != c))))
+        if not self.typed:
+            word_varies = _words(number_spread != 0)
+            wrong = differs & ~word_varies
+            widening = 0
+            ulp_out = np.zeros(self.lanes, np.int64)
+        else:
+            widening = ULP_WIDENING.get(self.dtype, 0) if nondeterministic else 0
+            below = np.where(has_number & (c < lo), lo - c, 0)
+            above = np.where(has_number & (c > hi), c - hi, 0)
+            ulp_out = np.maximum(below, above)
+            edge = np.where(c < lo, values_lo, values_hi)
+            with np.errstate(invalid="ignore", over="ignore"):
+                abs_out = np.abs(captured - edge)
+            abs_out = np.where(np.isnan(abs_out), np.inf, abs_out)
+            tolerated = (ulp_out <= widening) | (abs_out <= spread_abs)
+            if tolerance is not None and self.dtype in _FLOATS:
+                with np.errstate(invalid="ignore", over="ignore"):
+                    tolerated |= abs_out <= tolerance[1] + tolerance[0] * np.abs(captured)
+            # a NaN where no replay gave one, or a number where every replay gave NaN: wrong
+            wrong = ~inside & (c_nan | ~has_number | ~tolerated)
+        with np.errstate(invalid="ignore", over="ignore"):
+            abs_diff = np.maximum(np.abs(captured - values_lo), np.abs(captured - values_hi))
+        abs_diff = np.where(c_nan | ~has_number | np.isnan(abs_diff), np.where(differs, np.inf, 0.0), abs_diff)
+        abs_diff = np.where(differs, abs_diff, 0.0)
+        ulp_diff = np.where(differs & has_number & ~c_nan, np.maximum(np.abs(c - lo), np.abs(c - hi)), 0)
+        n_wrong = int(wrong.sum())
+        verdict = Verdict.WRONG if n_wrong else Verdict.VARIES
+        pick = np.flatnonzero(wrong if n_wrong else differs)[:SHOWN]
+        shown = [
+            ElementDiff(
+                int(i),
+                tuple(int(x) for x in np.unravel_index(int(i), self.shape)) if self.shape else (int(i),),
+                float(captured[i]) if not c_nan[i] else float("nan"),
+                float(values_lo[i]) if has_number[i] else float("nan"),
+                float(values_hi[i]) if has_number[i] else float("nan"),
+                float(abs_diff[i]),
+                int(ulp_diff[i]),
+                bool(wrong[i]),
+            )
+            for i in pick
+        ]
+        finite = abs_diff[np.isfinite(abs_diff)]
+        largest_abs = float(abs_diff.max()) if abs_diff.size else 0.0
+        if finite.size and not np.isfinite(largest_abs):
+            largest_abs = float("inf")
+        return Judgement(
+            verdict,
+            name,
+            self.typed,
+            self.lanes,
+            int(differs.sum()),
+            n_wrong,
+            largest_abs,
+            int(ulp_diff.max()) if ulp_diff.size else 0,
+            spread_abs,
+            spread_ulps,
+            widening,
+            shown,
+        )
+
+
+def _words(mask: np.ndarray) -> np.ndarray:
+    """A byte mask widened to the 4-byte words it touches."""
+    whole = len(mask) // WORD * WORD
+    out = mask.copy()
+    if whole:
+        out[:whole] = np.repeat(mask[:whole].reshape(-1, WORD).any(axis=1), WORD)
+    if whole < len(mask) and mask[whole:].any():
+        out[whole:] = True
+    return out

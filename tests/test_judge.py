@@ -1,0 +1,318 @@
+"""The judging rule of docs/VERIFY.md, element by element: ordered keys and ulps of every float
+dtype (fp64 to fp8), NaN and infinities, spreads over replays, the dtype's ulp widening, integers,
+untyped bytes, and how compared ranges are cut into typed pieces."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from replayfmt.format import model as m
+from replayfmt.replay.evidence import Evidence, Poison, classify, patched, pieces, poison
+from replayfmt.replay.judge import (
+    ULP_WIDENING,
+    RangeObservation,
+    Verdict,
+    key_values,
+    ordered_keys,
+    part_size,
+)
+from replayfmt.replay.verification import entry_pointer_types
+
+D = m.DType
+
+
+def bf16(values) -> bytes:
+    """bfloat16 by truncating float32 (values chosen to be exact)."""
+    return (np.asarray(values, np.float32).view(np.uint32) >> 16).astype("<u2").tobytes()
+
+
+def fp8_e4m3(codes) -> bytes:
+    return np.asarray(codes, np.uint8).tobytes()
+
+
+ENCODE = {
+    D.FLOAT16: lambda v: np.asarray(v, "<f2").tobytes(),
+    D.FLOAT32: lambda v: np.asarray(v, "<f4").tobytes(),
+    D.FLOAT64: lambda v: np.asarray(v, "<f8").tobytes(),
+    D.BFLOAT16: bf16,
+}
+
+
+@pytest.mark.parametrize("dtype", [D.FLOAT16, D.BFLOAT16, D.FLOAT32, D.FLOAT64])
+def test_keys_order_like_values_and_count_ulps(dtype):
+    values = [-np.inf, -2.0, -1.0, -0.0, 0.0, 1.0, 1.5, 2.0, np.inf]
+    keys, nan = ordered_keys(ENCODE[dtype](values), dtype)
+    assert not nan.any()
+    assert np.all(np.diff(keys) >= 0) and keys[3] == keys[4] == 0  # -0 and +0 share a key
+    assert key_values(keys, dtype).tolist() == [-np.inf, -2.0, -1.0, 0.0, 0.0, 1.0, 1.5, 2.0, np.inf]
+    mantissa = {D.FLOAT16: 10, D.BFLOAT16: 7, D.FLOAT32: 23, D.FLOAT64: 52}[dtype]
+    assert keys[7] - keys[5] == 1 << mantissa  # 1.0 to 2.0 is one binade: 2**mantissa ulps
+    assert keys[5] + keys[2] == 0  # symmetric about zero
+
+
+@pytest.mark.parametrize("dtype", [D.FLOAT16, D.BFLOAT16, D.FLOAT32, D.FLOAT64])
+def test_neighbouring_floats_are_one_ulp_apart_across_zero(dtype):
+    tiny = {D.FLOAT16: "<u2", D.BFLOAT16: "<u2", D.FLOAT32: "<u4", D.FLOAT64: "<u8"}[dtype]
+    sign = 1 << (part_size(dtype) * 8 - 1)
+    bits = np.array([sign | 1, 0, 1], tiny)  # -min subnormal, +0, +min subnormal
+    keys, _ = ordered_keys(bits.tobytes(), dtype)
+    assert keys.tolist() == [-1, 0, 1]
+
+
+def test_nan_payloads_are_found_in_every_float_dtype():
+    assert ordered_keys(np.array([np.nan, 1], "<f4").tobytes(), D.FLOAT32)[1].tolist() == [True, False]
+    assert ordered_keys(np.array([0x7E00, 0xFC00], "<u2").tobytes(), D.FLOAT16)[1].tolist() == [True, False]
+    assert ordered_keys(np.array([0x7FC1, 0xFF80], "<u2").tobytes(), D.BFLOAT16)[1].tolist() == [True, False]
+    nan64 = np.array([0x7FF0000000000001, 0xFFF0000000000000], "<u8")
+    assert ordered_keys(nan64.tobytes(), D.FLOAT64)[1].tolist() == [True, False]
+    # e4m3fn has no infinities: only S.1111.111 is NaN; e5m2 is IEEE-like
+    assert ordered_keys(fp8_e4m3([0x7F, 0xFF, 0x7E, 0x78]), D.FLOAT8_E4M3FN)[1].tolist() == [True, True, False, False]
+    assert ordered_keys(fp8_e4m3([0x7C, 0x7D, 0xFF, 0x7B]), D.FLOAT8_E5M2)[1].tolist() == [False, True, True, False]
+
+
+def test_fp8_values_and_keys():
+    e4m3 = key_values(ordered_keys(fp8_e4m3([0x38, 0x7E, 0xB8, 0x01, 0x00]), D.FLOAT8_E4M3FN)[0], D.FLOAT8_E4M3FN)
+    assert e4m3.tolist() == [1.0, 448.0, -1.0, 2.0**-9, 0.0]
+    e5m2 = key_values(ordered_keys(fp8_e4m3([0x3C, 0x7B, 0x7C, 0xBC]), D.FLOAT8_E5M2)[0], D.FLOAT8_E5M2)
+    assert e5m2.tolist() == [1.0, 57344.0, np.inf, -1.0]
+    keys, _ = ordered_keys(fp8_e4m3([0x38, 0x39]), D.FLOAT8_E4M3FN)
+    assert keys[1] - keys[0] == 1
+
+
+@pytest.mark.parametrize(
+    ("dtype", "values"),
+    [
+        (D.INT8, [-128, -1, 0, 127]),
+        (D.UINT8, [0, 1, 255, 7]),
+        (D.INT32, [-(2**31), -5, 0, 2**31 - 1]),
+        (D.UINT32, [0, 2**32 - 1, 3, 9]),
+        (D.INT64, [-(2**63), -1, 0, 2**63 - 1]),
+        (D.UINT64, [0, 2**63, 2**64 - 1, 1]),
+        (D.BOOL, [0, 1, 1, 0]),
+    ],
+)
+def test_integer_keys_keep_order_and_values(dtype, values):
+    code = {D.INT8: "i1", D.UINT8: "u1", D.INT32: "<i4", D.UINT32: "<u4", D.INT64: "<i8", D.UINT64: "<u8", D.BOOL: "u1"}
+    data = np.array(values, code[dtype]).tobytes()
+    keys, nan = ordered_keys(data, dtype)
+    assert not nan.any()
+    order = np.argsort(np.array(values, dtype=object).astype(float), kind="stable")
+    assert np.all(np.diff(keys[order]) >= 0)
+    assert key_values(keys, dtype).tolist() == [float(v) for v in values]
+
+
+def observe(dtype, captured, replays) -> RangeObservation:
+    encode = ENCODE.get(dtype, lambda v: np.asarray(v, "<i4").tobytes())
+    o = RangeObservation(encode(captured), dtype)
+    for r in replays:
+        o.add(encode(r))
+    return o
+
+
+def test_identical_replays_are_exact():
+    o = observe(D.FLOAT32, [1.0, 2.0], [[1.0, 2.0]] * 3)
+    judgement = o.judge(nondeterministic=True)
+    assert judgement.verdict is Verdict.EXACT and judgement.elements == 2 and not o.varies
+
+
+def test_inside_the_replays_spread_is_run_to_run_variation():
+    o = observe(D.FLOAT32, [1.0, 5.0], [[1.0, 4.9], [1.0, 5.1]])
+    j = o.judge(nondeterministic=True)
+    assert o.varies and j.verdict is Verdict.VARIES and j.wrong == 0 and j.differing == 1
+    assert j.spread_abs == pytest.approx(0.2, rel=1e-5) and j.largest_abs_diff == pytest.approx(0.1, rel=1e-4)
+    assert j.shown[0].position == (1,) and j.shown[0].replay_min == pytest.approx(4.9) and not j.shown[0].wrong
+
+
+def test_a_value_outside_the_spread_by_more_than_it_is_wrong():
+    o = observe(D.FLOAT32, [1.0, 5.75], [[1.0, 4.75], [1.0, 5.25]])  # 0.5 past the max; spread 0.5: tolerated
+    assert o.judge(nondeterministic=True).verdict is Verdict.VARIES
+    o = observe(D.FLOAT32, [1.0, 5.875], [[1.0, 4.75], [1.0, 5.25]])
+    j = o.judge(nondeterministic=True)
+    assert j.verdict is Verdict.WRONG and j.wrong == 1 and j.shown[0].wrong and j.shown[0].index == 1
+
+
+@pytest.mark.parametrize("dtype", [D.FLOAT16, D.BFLOAT16, D.FLOAT32, D.FLOAT64])
+def test_the_ulp_widening_follows_the_dtype_and_needs_nondeterminism(dtype):
+    one = ordered_keys(ENCODE[dtype]([1.0]), dtype)[0][0]
+    widening = ULP_WIDENING[dtype]
+
+    def with_ulps(k: int) -> float:
+        return float(key_values(np.array([one + k]), dtype)[0])
+
+    # every replay agrees (by chance) on 1.0; the captured value is a few ulps off
+    for ulps, nondeterministic, verdict in [
+        (widening, True, Verdict.VARIES),
+        (widening + 1, True, Verdict.WRONG),
+        (1, False, Verdict.WRONG),  # a program that never varied is judged exactly
+    ]:
+        o = observe(dtype, [with_ulps(ulps)], [[1.0], [1.0], [1.0]])
+        j = o.judge(nondeterministic=nondeterministic)
+        assert j.verdict is verdict, (ulps, nondeterministic)
+        assert j.largest_ulp_diff == ulps and j.widening_ulps == (widening if nondeterministic else 0)
+
+
+def test_fp8_widening_is_one_ulp():
+    o = RangeObservation(fp8_e4m3([0x39]), D.FLOAT8_E4M3FN)
+    for _ in range(3):
+        o.add(fp8_e4m3([0x38]))
+    assert o.judge(nondeterministic=True).verdict is Verdict.VARIES
+    o = RangeObservation(fp8_e4m3([0x3A]), D.FLOAT8_E4M3FN)
+    o.add(fp8_e4m3([0x38]))
+    assert o.judge(nondeterministic=True).verdict is Verdict.WRONG
+
+
+def test_nan_needs_a_nan_and_a_number_needs_a_number():
+    assert observe(D.FLOAT32, [np.nan], [[1.0], [np.nan]]).judge(nondeterministic=True).verdict is Verdict.VARIES
+    j = observe(D.FLOAT32, [np.nan], [[1.0], [1.0]]).judge(nondeterministic=True)
+    assert j.verdict is Verdict.WRONG and np.isnan(j.shown[0].captured) and j.shown[0].abs_diff == np.inf
+    j = observe(D.FLOAT32, [1.0], [[np.nan], [np.nan]]).judge(nondeterministic=True)
+    assert j.verdict is Verdict.WRONG and np.isnan(j.shown[0].replay_min)
+    # a NaN with another payload is still a NaN
+    other = np.array([0x7FC00001], "<u4").tobytes()
+    o = RangeObservation(np.array([np.nan], "<f4").tobytes(), D.FLOAT32)
+    o.add(other)
+    assert o.judge(nondeterministic=False).verdict is Verdict.VARIES
+
+
+def test_infinities_compare_as_the_largest_values():
+    assert observe(D.FLOAT32, [np.inf], [[np.inf]] * 2).judge(nondeterministic=True).verdict is Verdict.EXACT
+    j = observe(D.FLOAT32, [np.inf], [[3e38], [3.1e38]]).judge(nondeterministic=True)
+    assert j.verdict is Verdict.WRONG and j.shown[0].abs_diff == np.inf
+    assert observe(D.FLOAT32, [3.05e38], [[3e38], [np.inf]]).judge(nondeterministic=True).verdict is Verdict.VARIES
+
+
+def test_signed_zeros_are_one_value():
+    j = observe(D.FLOAT32, [-0.0], [[0.0], [0.0]]).judge(nondeterministic=False)
+    assert j.verdict is Verdict.VARIES and j.wrong == 0 and j.largest_ulp_diff == 0
+
+
+def test_integers_allow_only_the_spread():
+    assert observe(D.INT32, [5], [[4], [6]]).judge(nondeterministic=True).verdict is Verdict.VARIES
+    assert observe(D.INT32, [9], [[4], [6]]).judge(nondeterministic=True).verdict is Verdict.WRONG
+    j = observe(D.INT32, [7], [[5], [5]]).judge(nondeterministic=True)
+    assert j.verdict is Verdict.WRONG and j.widening_ulps == 0 and j.shown[0].ulp_diff == 2
+
+
+def test_a_tolerance_asked_for_also_allows_values():
+    o = observe(D.FLOAT32, [1.001], [[1.0], [1.0]])
+    assert o.judge(nondeterministic=False).verdict is Verdict.WRONG
+    assert o.judge(nondeterministic=False, tolerance=(1e-2, 0.0)).verdict is Verdict.VARIES
+
+
+def test_untyped_bytes_may_differ_only_in_words_that_varied():
+    expected = bytes(range(16))
+    first, second = bytearray(expected), bytearray(expected)
+    first[5] ^= 1  # word 1 varies between replays
+    second[4] ^= 2
+    o = RangeObservation(expected, D.UNKNOWN)
+    o.add(bytes(first))
+    o.add(bytes(second))
+    j = o.judge(nondeterministic=True)
+    assert j.verdict is Verdict.VARIES and j.dtype == "bytes" and not j.typed and j.elements == 16
+    third = bytearray(expected)
+    third[12] ^= 4  # word 3 never varied between replays... yet differs from the capture in every one
+    o = RangeObservation(expected, D.UNKNOWN)
+    for _ in range(2):
+        o.add(bytes(third))
+    j = o.judge(nondeterministic=True)
+    assert j.verdict is Verdict.WRONG and j.wrong == 1 and j.shown[0].index == 12
+
+
+def test_many_elements_show_the_first_few_with_the_count():
+    captured = np.arange(1000, dtype=np.float32)
+    replay = captured + 100
+    o = RangeObservation(captured.tobytes(), D.FLOAT32, (10, 100))
+    o.add(replay.tobytes())
+    j = o.judge(nondeterministic=True)
+    assert j.wrong == 1000 and len(j.shown) == 5
+    assert [e.position for e in j.shown] == [(0, 0), (0, 1), (0, 2), (0, 3), (0, 4)]
+    assert j.shown[0].abs_diff == 100 and j.largest_abs_diff == 100
+
+
+def test_an_observation_needs_replays_of_its_size():
+    o = RangeObservation(bytes(8), D.FLOAT32)
+    with pytest.raises(ValueError, match="at least one replay"):
+        o.judge(nondeterministic=True)
+    with pytest.raises(ValueError, match="a replay gave 4 bytes for a piece of 8"):
+        o.add(bytes(4))
+
+
+# -- pieces and poison ---------------------------------------------------------------------------
+
+
+def test_pieces_follow_the_checkpoint_types_and_leave_gaps_untyped():
+    buffer = m.Buffer(size=1024, label="seg")
+    types = (
+        m.TypedTensor(2, 128, 256, D.BFLOAT16, (128,), (1,), "w"),
+        m.TypedTensor(2, 512, 10, D.FLOAT32),  # 2 floats and a 2-byte tail
+    )
+    cut = pieces(9, buffer, 64, 960 - 64, types)
+    assert [(p.offset, p.size, p.dtype, p.typed_by) for p in cut] == [
+        (64, 64, D.UNKNOWN, ""),
+        (128, 256, D.BFLOAT16, "checkpoint"),
+        (384, 128, D.UNKNOWN, ""),
+        (512, 8, D.FLOAT32, "checkpoint"),
+        (520, 960 - 520, D.UNKNOWN, ""),
+    ]
+    assert cut[1].shape == (128,) and cut[1].name == "w" and cut[1].start == 64
+
+
+def test_pieces_follow_the_buffer_when_the_checkpoint_says_nothing():
+    whole = pieces(1, m.Buffer(size=64, dtype=D.FLOAT16, shape=(32,)), 0, 64, ())
+    assert [(p.dtype, p.shape, p.typed_by) for p in whole] == [(D.FLOAT16, (32,), "buffer")]
+    ranged = m.Buffer(size=64, ranges=(m.TypedRange(0, 32, D.INT32),))
+    assert [(p.dtype, p.size) for p in pieces(1, ranged, 0, 64, ())] == [(D.INT32, 32), (D.UNKNOWN, 32)]
+    assert [p.typed for p in pieces(1, m.Buffer(size=64), 0, 64, ())] == [False]
+
+
+def test_pointer_types_type_an_untyped_range_up_to_the_next_pointer():
+    found = [(0, D.FLOAT32), (256, D.BFLOAT16), (256, D.FLOAT16), (512, D.INT32), (4096, D.FLOAT32)]
+    typed = entry_pointer_types(found, 7, 0, 1024)
+    assert [(t.offset, t.size, t.dtype) for t in typed] == [(0, 256, D.FLOAT32), (512, 512, D.INT32)]
+    # a segment whose live tensors are typed: pointers fill only the gaps, up to the next typed range
+    live = (m.TypedTensor(7, 0, 128, D.BFLOAT16), m.TypedTensor(7, 768, 256, D.FLOAT16))
+    typed = entry_pointer_types([(0, D.FLOAT32), (512, D.INT32)], 7, 0, 1024, around=live)
+    assert [(t.offset, t.size, t.dtype) for t in typed] == [(512, 256, D.INT32)]
+    cut = pieces(1, m.Buffer(size=1024), 0, 1024, tuple(sorted((*live, *typed), key=lambda t: t.offset)))
+    assert [(p.offset, p.typed_by) for p in cut] == [
+        (0, "checkpoint"),
+        (128, ""),
+        (512, "kernel parameter"),
+        (768, "checkpoint"),
+    ]
+
+
+def test_poison_differs_from_every_expected_byte():
+    expected = np.random.default_rng(1).integers(0, 256, 4096, dtype=np.uint8).tobytes()
+    assert all(a != b for a, b in zip(poison(expected), expected, strict=True))
+
+
+def test_gentle_poison_moves_each_element_by_its_lowest_bit():
+    indices = np.array([0, 1, 2, 1023, -5], np.int32)
+    poisoned = np.frombuffer(poison(indices.tobytes(), Poison(4, True)), np.int32)
+    assert poisoned.tolist() == [1, 0, 3, 1022, -6] and np.all(np.abs(poisoned - indices) == 1)
+    words = bytes(range(10))  # untyped: 4-byte words, and a 2-byte tail
+    gentle = np.frombuffer(poison(words, Poison(4, True)), np.uint8)
+    assert np.flatnonzero(gentle != np.frombuffer(words, np.uint8)).tolist() == [0, 4, 8]
+    left = classify(indices.tobytes(), poisoned.tobytes(), how=Poison(4, True))
+    assert left.evidence is Evidence.UNCHANGED
+    one_written = poisoned.copy()
+    one_written[2] = 2
+    done = classify(indices.tobytes(), one_written.tobytes(), how=Poison(4, True))
+    assert done.evidence is Evidence.PROVEN and done.written_bytes == 4 and done.written[8:12].all()
+
+
+def test_a_poisoned_piece_is_proven_unchanged_or_tainted():
+    expected = np.arange(8, dtype=np.float32).tobytes()
+    start = poison(expected)
+    assert classify(expected, start).evidence is Evidence.UNCHANGED
+    written = classify(expected, expected)
+    assert written.evidence is Evidence.PROVEN and written.written_bytes == 32
+    half = start[:16] + expected[16:]
+    partial = classify(expected, half)
+    assert partial.evidence is Evidence.PROVEN and partial.written_bytes == 16
+    assert patched(expected, half, partial.written) == expected
+    wrong = start[:16] + np.full(4, 7, np.float32).tobytes()
+    assert classify(expected, wrong).evidence is Evidence.TAINTED
+    assert classify(expected, wrong, judge_ok=True).evidence is Evidence.PROVEN
