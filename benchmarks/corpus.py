@@ -15,7 +15,7 @@ Each program under benchmarks/corpus/ is small and marks the work worth replayin
 
 1. the program alone (``program s``: its wall time);
 2. ``capture-replay --scope step`` (``capture s``, and the recorder's verdict);
-3. ``run-replay --verify --tolerance`` (the number of buffer ranges compared, or the first error;
+3. ``run-replay --verify`` (judged by docs/VERIFY.md: the number of buffer ranges compared, or the first error;
    ``(fixed)`` when run-replay asked for ``--fixed-addresses``, which the retry and the benchmark
    then use: the capture holds addresses it could not relocate; where the recorded range cannot be
    had in the replay's process, the program is captured again with ``--fixed-addresses``, as
@@ -142,10 +142,10 @@ def one(program: Path, work: Path, timeout: float, logs: Path | None = None) -> 
         row.error = f"capture: {captured.last_line}"
         return row
     fixed: list[str] = []
-    verified = run([*tool("run-replay"), "--verify", "--tolerance", str(capture)], "verify")
+    verified = run([*tool("run-replay"), "--verify", str(capture)], "verify")
     if verified.code != 0 and "replay it with --fixed-addresses" in verified.out:
         fixed = ["--fixed-addresses"]  # as run-replay says: the capture holds addresses it cannot relocate
-        verified = run([*tool("run-replay"), "--verify", "--tolerance", *fixed, str(capture)], "verify-fixed")
+        verified = run([*tool("run-replay"), "--verify", *fixed, str(capture)], "verify-fixed")
         if verified.code != 0 and "Capture and replay with the tools' --fixed-addresses" in verified.out:
             # the recorded addresses are taken in this process: capture again with them fixed, as it says
             capture.unlink(missing_ok=True)
@@ -154,8 +154,8 @@ def one(program: Path, work: Path, timeout: float, logs: Path | None = None) -> 
             if recaptured.code != 0 or not capture.exists():
                 row.error = f"capture --fixed-addresses: {recaptured.last_line}"
                 return row
-            verified = run([*tool("run-replay"), "--verify", "--tolerance", *fixed, str(capture)], "verify-fixed")
-    count = re.search(r"verified: (\d+) buffer range", verified.out)
+            verified = run([*tool("run-replay"), "--verify", *fixed, str(capture)], "verify-fixed")
+    count = re.search(r"^verified: (\d+) range\(s\) compared", verified.out, re.M)
     row.verify = (f"{count.group(1)} ranges" if count else "no") + (" (fixed)" if fixed else "")
     if verified.code != 0 or not count or int(count.group(1)) == 0:
         row.error = f"verify: {verified.last_line}"

@@ -641,3 +641,21 @@ def test_integers_are_left_unpoisoned_when_other_ranges_are_evidence(tmp_path):
             x_range = by_label(v.report())["x"]
         assert (x_range.evidence is Evidence.UNCHANGED) is poisoned, x_range.line()
         assert poisoned or "--evidence=always" in x_range.note
+
+
+@pytest.mark.parametrize("typed", [True, False])
+def test_a_permutation_of_a_poisoned_input_is_proven_when_poisoned_alone(tmp_path, typed):
+    """A kernel that only moves values (a copy, a reverse) carries a poisoned input's poison into
+    its output whole: poisoned together, the output looks left as poisoned (seen on the H100 with
+    kernel-mode captures of a reverse kernel after a warm-up). Poisoned alone, it is proven."""
+    x = inputs()
+    moved = x.ravel()[::-1].reshape(ROWS, COLS)[:, 0].copy()  # ROWS values, as OUT holds
+    path = write_capture(tmp_path / "c.kreplay", out_start=moved, out_expected=moved, typed=typed)
+
+    def reverse(memory, _checkpoint, _number):
+        memory[OUT_ID][:] = f32(memory, X_ID)[::-1].reshape(ROWS, COLS)[:, 0].copy().tobytes()
+
+    report, _ = verify(path, reverse)
+    ranges = by_label(report)
+    assert ranges["out"].evidence is Evidence.PROVEN, ranges["out"].line()
+    assert ranges["x"].evidence is Evidence.UNCHANGED and report.verified

@@ -343,6 +343,7 @@ class Verification:
             else:
                 keys.append(key)
         pending = keys
+        unsure: set[Key] = set()  # left as poisoned in a round that poisoned others too
         for round_number in range(2 + SINGLE_ROUNDS):
             single = round_number >= 2
             if not pending or (single and len(pending) > 2 + SINGLE_ROUNDS - round_number):
@@ -352,15 +353,23 @@ class Verification:
             if not got:
                 return [f"a poisoned replay failed; {len(pending)} range(s) could not be proven"]
             tainted = []
+            results = {key: self._classify(key, got[key]) for key in batch if key in got}
+            # a region whose every poisoned piece came back as poisoned seems to write nothing; or
+            # it wrote from a poisoned input that a permutation (a copy, a reverse) carried over
+            # whole: poisoned alone, each piece tells
+            silent = set() if single else self._silent_regions(results)
             for key in batch:
                 if key not in got:  # not read back (its range was not compared in that replay)
                     self.notes[key] = "a poisoned replay did not read it back"
                     continue
-                result = self._classify(key, got[key])
+                result = results[key]
                 if round_number == 0:
                     self.round_written[key] = result.written
                 if result.evidence is Evidence.TAINTED:
                     tainted.append(key)
+                elif result.evidence is Evidence.UNCHANGED and self.regions[key] in silent:
+                    tainted.append(key)
+                    unsure.add(key)
                 else:
                     self.evidence[key] = result.evidence
                     piece = self.pieces[key]
@@ -374,9 +383,19 @@ class Verification:
             else:
                 pending = tainted
         for key in pending:
+            if key in unsure:  # too many to poison one by one: as the rounds together left it
+                self.evidence[key] = Evidence.UNCHANGED
+                continue
             self.evidence[key] = Evidence.UNPROVEN
             self.notes[key] = "the region reads it before writing it (or reads another range that does)"
         return []
+
+    def _silent_regions(self, results: dict[Key, Classified]) -> set[int]:
+        """The regions of which more than one piece was poisoned and every one came back unchanged."""
+        pieces: dict[int, list[Evidence]] = {}
+        for key, result in results.items():
+            pieces.setdefault(self.regions[key], []).append(result.evidence)
+        return {r for r, seen in pieces.items() if len(seen) > 1 and all(e is Evidence.UNCHANGED for e in seen)}
 
     def _how(self, key: Key) -> Poison:
         """Floats are poisoned whole; integers and untyped bytes gently (indices stay in bounds)."""

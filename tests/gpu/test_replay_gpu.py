@@ -218,14 +218,17 @@ def test_substitution_with_the_same_abi_runs_and_verifies(tmp_path, kernels):
 
 def test_a_substitute_that_computes_another_answer_is_what_runs(tmp_path, kernels):
     """Substitution of an ordinary launch takes effect: a substitute computing a * x + y + 1 makes
-    every element of the checkpoint mismatch (a substitute computing the same answer proves
-    nothing about which code ran)."""
+    the checkpoint mismatch from its first element on (a substitute computing the same answer
+    proves nothing about which code ran). Exact comparison counts bytes: adding 1.0 leaves some
+    bytes of a float as they were."""
     path, exe = _axpy_capture(tmp_path, kernels)
     sub = tmp_path / "wrong.cubin"
     sub.write_bytes(kernels["replay_kernels_wrong"])
     result = replay(path, substitutions=(Substitution(exe, sub),))
     compared = [r for r in result.reports if r.elements]
-    assert compared and all(r.mismatches == r.elements == 1 << 14 for r in compared), [r.line() for r in compared]
+    assert compared and all(not r.passed and r.mismatches and r.first_mismatch < 4 for r in compared), [
+        r.line() for r in compared
+    ]
     assert not result.verified
     cli = run_cli("--verify", f"--executable-substitution={exe}={sub}", str(path))
     assert cli.returncode == 1 and "MISMATCH" in cli.stdout and "verification failed" in cli.stderr
