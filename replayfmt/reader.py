@@ -92,6 +92,8 @@ class Capture:
         self.discarded_bytes = 0
         self.recovery_reason = ""
         self._timings_offset = 0  # the TIMINGS chunk (the original program's device times), if any
+        self.timings_problem = ""  # why an invalid (OPTIONAL) TIMINGS chunk was dropped, if it was
+        self._graph_charged: dict[int, tuple[int, int]] = {}  # batch -> (graph nodes, edges) it defines
         self._chunks = ChunkReader(self._file, self.path, self.limits)
         try:
             self.header: FileHeader = unpack_file_header(self._file.read(0, FILE_HEADER_SIZE), self.path)
@@ -208,9 +210,35 @@ class Capture:
         d = self._chunks.decode(entry.offset, ChunkKind.RECORDS, "RecordBatch", self.limits.max_record_batch_size)
         if not self.recovered:  # the gap after a batch (its end is known once its header is read)
             self._gaps.walk(self._chunks.header(entry.offset, f"record batch {i}").end)
-        return decode_batch(
+        batch = decode_batch(
             d, entry, self.limits, lambda message, record: self._chunks.error(message, entry.offset, record)
         )
+        self._charge_graphs(i, entry.offset, batch)
+        return batch
+
+    def _charge_graphs(self, i: int, offset: int, batch: DecodedBatch) -> None:
+        """Graphs are charged to the capture's whole budget (Limits.max_graph_nodes_total and
+        max_graph_edges_total) the first time their batch is decoded: each graph is bounded by
+        the decoder, and so is what every graph of the file costs together."""
+        graphs = [o for o in batch.objects if isinstance(o, m.Graph)]
+        with self._lock:
+            if not graphs or i in self._graph_charged:
+                return
+            self._graph_charged[i] = (sum(len(g.nodes) for g in graphs), sum(len(g.edges) for g in graphs))
+            nodes = sum(n for n, _ in self._graph_charged.values())
+            edges = sum(e for _, e in self._graph_charged.values())
+        limits = self.limits
+        for total, most, name in (
+            (nodes, limits.max_graph_nodes_total, "nodes"),
+            (edges, limits.max_graph_edges_total, "edges"),
+        ):
+            if total > most:
+                raise self._chunks.error(
+                    f"the capture's graphs hold more than {most} {name} in all "
+                    f"(Limits.max_graph_{name}_total): refused before more are decoded",
+                    offset,
+                    f"record batch {i}",
+                )
 
     def _batch_of_operation(self, index: int) -> int:
         if not 0 <= index < self.operation_count:
@@ -259,12 +287,19 @@ class Capture:
         return np.concatenate([self._batch(i).kinds for i in range(self.batch_count)])
 
     def original_times(self) -> OriginalTimes:
-        """The original program's device times (the recorder's CUPTI records); empty when none."""
+        """The original program's device times (the recorder's CUPTI records); empty when none.
+
+        The TIMINGS chunk is OPTIONAL: an invalid one is dropped (empty times), and
+        ``timings_problem`` says why, for the tools to warn; it never fails the read."""
         at = self._timings_offset
-        if not at:
+        if not at or self.timings_problem:
             return OriginalTimes()
-        d = self._chunks.decode(at, ChunkKind.TIMINGS, "Timings", self.limits.max_index_size)
-        return decode_timings(d, self.operation_count, path=self.path, offset=at)
+        try:
+            d = self._chunks.decode(at, ChunkKind.TIMINGS, "Timings", self.limits.max_index_size)
+            return decode_timings(d, self.operation_count, path=self.path, offset=at)
+        except ReplayFormatError as exc:
+            self.timings_problem = f"the original program's times (TIMINGS chunk) were dropped: {exc}"
+            return OriginalTimes()
 
     # -- objects ---------------------------------------------------------------------------
 
@@ -425,6 +460,14 @@ class Capture:
         if header.logical_size > self.limits.max_frame_size:
             raise self._chunks.error(f"declares {header.logical_size} bytes, over the frame limit", loc[0], record)
         return header, digest, record
+
+    def check_frames(self, payload_id: int) -> None:
+        """Check, without decompressing, that every frame of a payload is in the file as the
+        index says: a FRAME chunk with this key, holding the bytes the payload expects, within
+        the frame limit (ReplayFormatError naming the payload, frame and offset)."""
+        info = self.payload(payload_id)
+        for k in range(len(info.frames)):
+            self._frame_header(info, k)
 
     def _read_frame(self, info: m.PayloadInfo, k: int) -> bytes | memoryview:
         header, digest, record = self._frame_header(info, k)

@@ -13,6 +13,7 @@ import click
 import replayfmt
 from replayfmt.dump import Dumper, DumpFilter, PayloadMode, render_summary_text, summarize
 from replayfmt.errors import ReplayFormatError, ReplayUsageError
+from replayfmt.replay.judge import judge
 from replayfmt_tools.common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, ToolExit, agents_md_option, reports_errors
 
 _FLUSH_EVERY = 2048
@@ -141,7 +142,10 @@ def main(
     with cap:
         _check_usage(cap, fmt, payloads, object_id, jq_program)
         dumper = Dumper(cap, filter=dump_filter, payloads=payload_mode, payload_dir=payload_dir)
-        summary = summarize(cap)
+        verdict = judge(cap)  # the plan's verdict: the one run-replay --dry-run gives
+        summary = summarize(
+            cap, problems=verdict.problems, warnings=verdict.warnings, fixed_addresses=verdict.fixed_addresses
+        )
         if fmt == "json" and not jq_program:
             click.echo(json.dumps(summary.as_row(), indent=2))
         else:

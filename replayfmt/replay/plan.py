@@ -26,7 +26,14 @@ from replayfmt.format.cubin import CubinError, CubinInfo, detect_format, parse_c
 from replayfmt.format.model import EXECUTABLE_FORMATS
 from replayfmt.format.names import demangle
 from replayfmt.reader import Capture
-from replayfmt.replay.graph_plan import check_graph
+from replayfmt.replay.graph_plan import GraphSize, check_graph, graph_references
+from replayfmt.replay.plan_checks import (
+    FrameChecks,
+    LiveObjects,
+    check_graph_lifetimes,
+    device_work_problem,
+    plan_warnings,
+)
 from replayfmt.replay.plan_options import (
     MAX_BLOCK,
     MAX_GRID,
@@ -82,12 +89,14 @@ class Plan:
     max_block_threads: dict[tuple[int, int], int] = field(default_factory=dict)
     max_cluster_blocks: dict[tuple[int, int], int] = field(default_factory=dict)  # blocks per cluster
     problems: list[str] = field(default_factory=list)  # collected under --continue-on-error
+    warnings: list[str] = field(default_factory=list)  # what the replay goes on without (a dropped TIMINGS chunk)
     uploads: dict[UploadKey, tuple[m.Copy, int]] = field(default_factory=dict)  # first copy of each source, bytes
     needs_fixed_addresses: bool = False
     # starting state, hoisted: operation index a region begins at -> the state to apply before it,
     # as host-to-device copies (stream 0) that are staged like uploads but are not the program's work
     state: dict[int, list[m.Copy]] = field(default_factory=dict)
     graphs: dict[int, m.Graph] = field(default_factory=dict)  # launched graphs (and their children), checked
+    graph_sizes: dict[int, GraphSize] = field(default_factory=dict)  # each checked graph, expanded
 
     @property
     def state_bytes(self) -> int:
@@ -185,17 +194,27 @@ def build_plan(capture: Capture, options: PlanOptions = PlanOptions()) -> Plan:
         raise ReplayUsageError("--launch: an operation is overridden twice")
     counts: dict[str, int] = {}
     regions = RegionTracker()
+    live = LiveObjects(objects)  # what each operation may use: nothing after its DestroyObject
+    frames = FrameChecks(capture)
     for op in capture.iter_operations():
         label = op.kind.label if not isinstance(op, m.UnknownOperation) else "unknown"
         counts[label] = counts.get(label, 0) + 1
         hoist = regions.step(op)
         try:
             if isinstance(op, m.State):
-                _plan_state(plan, objects, op, hoist)
+                _plan_state(plan, live, op, hoist)
+            elif isinstance(op, m.DestroyObject):
+                live.destroy(op)
             else:
-                _check_operation(plan, objects, op, overrides.pop(op.index, None))
+                _check_operation(plan, live, op, overrides.pop(op.index, None))
+            for payload in _payloads_of(op):
+                frames.check(op, payload)
         except ReplayError as exc:
             checker.fail(exc)
+    nothing = device_work_problem(capture, counts)
+    if nothing:  # the whole capture's verdict, not one operation's: listed, whatever --continue-on-error
+        plan.problems.append(nothing)
+    plan.warnings = plan_warnings(capture)
     for op_index in overrides:
         checker.fail(ReplayUsageError(f"--launch {op_index}: operation {op_index} is not in the capture"))
     plan.operation_counts = counts
@@ -384,10 +403,20 @@ def layout_difference(
     return f"executable {eid}: function {name} has another ABI: {detail}"
 
 
+def _payloads_of(op: m.Operation) -> tuple[int, ...]:
+    """The payloads an operation reads (their frames are checked once each)."""
+    if isinstance(op, m.State) or (isinstance(op, m.Copy) and op.kind == _K.COPY_HOST_TO_DEVICE and not op.src_file):
+        return (op.payload,)
+    if isinstance(op, m.Checkpoint):
+        return tuple(e.payload for e in op.entries)
+    return ()
+
+
 def _need(objects: dict[int, m.ObjectDef], oid: int, cls: type, op: m.Operation, role: str) -> m.ObjectDef:
     obj = objects.get(oid)
     if not isinstance(obj, cls):
-        what = f"object {oid} is a {obj.kind.label}" if obj is not None else f"object {oid} does not exist"
+        missing = objects.missing(oid) if isinstance(objects, LiveObjects) else f"object {oid} does not exist"
+        what = f"object {oid} is a {obj.kind.label}" if obj is not None else missing
         raise ReplayFormatError(
             f"operation {op.index} ({op.kind.label}): its {role} {what}, not a {cls.__name__.lower()}"
         )
@@ -511,7 +540,17 @@ def _check_operation(
         _need(objects, op.executable, m.Executable, op, "executable")
     elif isinstance(op, m.GraphLaunch):
         graph = _need(objects, op.graph, m.Graph, op, "graph")
-        check_graph(plan.graphs, objects, graph, lambda launch: _check_operation(plan, objects, launch, None), op.index)
+        check_graph(
+            plan.graphs,
+            objects,
+            graph,
+            lambda launch: _check_operation(plan, objects, launch, None),
+            op.index,
+            limits=plan.capture.limits,
+            sizes=plan.graph_sizes,
+        )
+        if isinstance(objects, LiveObjects):
+            check_graph_lifetimes(objects, op, graph_references(plan.graphs, graph.id))
 
 
 def _check_function_limits(plan: Plan, eid: int, index: int, threads: int, checker: _Checker) -> None:

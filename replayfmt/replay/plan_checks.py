@@ -1,0 +1,92 @@
+"""Checks the plan makes across operations, beside the per-operation ones of ``plan``: object
+lifetimes (nothing used after its DestroyObject), payloads whose frames the index promises (each
+frame's chunk header read, nothing decompressed), whether a recovered capture kept any device
+work, and what a replay goes on without (an invalid OPTIONAL TIMINGS chunk, dropped)."""
+
+from __future__ import annotations
+
+from replayfmt.errors import ReplayFormatError
+from replayfmt.format import model as m
+from replayfmt.reader import Capture
+
+_K = m.OperationKind
+DEVICE_WORK = frozenset(
+    {_K.LAUNCH, _K.GRAPH_LAUNCH, _K.COPY_HOST_TO_DEVICE, _K.COPY_DEVICE_TO_HOST, _K.COPY_DEVICE_TO_DEVICE, _K.MEMSET}
+)
+
+
+class LiveObjects(dict[int, m.ObjectDef]):
+    """The objects alive at the operation being checked: a DestroyObject takes its object out,
+    and ``destroyed`` remembers by which operation (so that a later use is named as such)."""
+
+    def __init__(self, objects: dict[int, m.ObjectDef]) -> None:
+        super().__init__(objects)
+        self.destroyed: dict[int, int] = {}
+
+    def destroy(self, op: m.DestroyObject) -> None:
+        """Apply a DestroyObject; ReplayFormatError when its object does not exist or is gone."""
+        if op.object in self.destroyed:
+            raise ReplayFormatError(
+                f"operation {op.index} (destroy): object {op.object} was destroyed already by operation "
+                f"{self.destroyed[op.object]}"
+            )
+        if op.object not in self:
+            raise ReplayFormatError(f"operation {op.index} (destroy): object {op.object} does not exist")
+        del self[op.object]
+        self.destroyed[op.object] = op.index
+
+    def missing(self, oid: int) -> str:
+        """Why ``oid`` is not here, for a message."""
+        gone = self.destroyed.get(oid)
+        return f"object {oid} was destroyed by operation {gone}" if gone is not None else f"object {oid} does not exist"
+
+
+def check_graph_lifetimes(live: LiveObjects, op: m.GraphLaunch, used: set[int]) -> None:
+    """A graph launch after a buffer, event or child graph its nodes use was destroyed."""
+    gone = sorted(oid for oid in used if oid in live.destroyed)
+    if gone:
+        raise ReplayFormatError(f"operation {op.index} (graph_launch): graph {op.graph} uses {live.missing(gone[0])}")
+
+
+class FrameChecks:
+    """Each payload an operation uses, checked once: its frames are where the index says."""
+
+    def __init__(self, capture: Capture) -> None:
+        self.capture = capture
+        self.checked: set[int] = set()
+
+    def check(self, op: m.Operation, payload: int) -> None:
+        if payload in self.checked or not 1 <= payload <= self.capture.payload_count:
+            return  # a missing payload is the operation's own check
+        self.checked.add(payload)
+        try:
+            self.capture.check_frames(payload)
+        except ReplayFormatError as exc:
+            raise ReplayFormatError(f"operation {op.index} ({op.kind.label}) uses payload {payload}: {exc}") from None
+
+
+def device_work_problem(capture: Capture, counts: dict[str, int]) -> str | None:
+    """Why a recovered capture is not replayable work: nothing survived, or nothing that runs on
+    a device (a launch, graph launch, copy or memset); None otherwise. dump-replay and run-replay
+    --dry-run say it in these words."""
+    if not capture.recovered:
+        return None
+    work = sum(n for label, n in counts.items() if label in {k.label for k in DEVICE_WORK})
+    if work:
+        return None
+    kept = (
+        f"none of the {capture.operation_count} operations that survived is device work "
+        "(a launch, graph launch, copy or memset)"
+        if capture.operation_count
+        else "no operation survived"
+    )
+    return (
+        f"the file was recovered and {kept} ({capture.discarded_bytes} bytes at its end were discarded): "
+        "not replayable as captured"
+    )
+
+
+def plan_warnings(capture: Capture) -> list[str]:
+    """What a replay goes on without: an invalid OPTIONAL TIMINGS chunk, dropped."""
+    capture.original_times()
+    return [capture.timings_problem] if capture.timings_problem else []
