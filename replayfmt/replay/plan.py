@@ -321,7 +321,7 @@ def _plan_executables(
                         _check_substitute_arch(plan, eid, exe, image)
                     _check_cubin_abi(eid, exe, image, launched.get(eid, set()))
             plan.images[eid] = image
-        except (CubinError, AbiMismatchError) as exc:
+        except (CubinError, AbiMismatchError, FileMismatchError) as exc:
             checker.fail(exc)
             plan.images[eid] = ExecutableImage(exe, b"", exe.format, "unusable")
 
@@ -362,8 +362,18 @@ def _captured_image(plan: Plan, eid: int, exe: m.Executable) -> bytes:
     size = ref.size if resolved.path is not None else plan.capture.payload(ref.payload).size if ref.payload else 0
     if size > plan.capture.limits.max_executable_size:
         raise ReplayUsageError(f"executable {eid}: {size} bytes, over Limits.max_executable_size")
-    if resolved.path is not None:  # a regular file, read up to its recorded size only
-        return read_reference(resolved.path, ref.size)
+    if resolved.path is not None:  # a regular file of its recorded size, and an image of the captured kind
+        try:
+            data = read_reference(resolved.path, ref.size, exact=True)
+            found = EXECUTABLE_FORMATS[detect_format(data)]
+        except (FileMismatchError, CubinError):
+            found = None
+        if found is None or exe.format not in (m.ExecutableFormat.UNKNOWN, found):
+            raise FileMismatchError(  # one message whatever is wrong with the file: no oracle
+                f"executable {eid}: {ref.path} is not the {ref.size}-byte {exe.format.name.lower()} executable "
+                f"image the capture recorded (file reference {exe.file}); give the right file with --file-remap"
+            )
+        return data
     if ref.payload:
         return plan.capture.read_payload(ref.payload)
     raise ReplayUsageError(f"executable {eid}: the capture holds no bytes of {ref.path}")
