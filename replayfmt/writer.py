@@ -130,7 +130,7 @@ class CaptureWriter:
         self._sealer = RecordSealer(self._record_pool, self._record_compressor, self._append_chunk)
         self._lock = threading.RLock()  # operations, objects, payload ids, the open batch
         self._file_lock = threading.Lock()  # the file end; taken by workers
-        self._end = 0
+        self._end = self._metadata_offset = 0  # the metadata's offset: set once it is down (a failed write says)
         self._closed = False
         self._next_operation = 0
         self._next_object = 1
@@ -145,12 +145,10 @@ class CaptureWriter:
             self._append_raw([pack_file_header(header)])
             meta = records.encode_metadata(metadata or m.CaptureMetadata())
             self._metadata_offset = self._append_chunk(ChunkKind.METADATA, Codec.RAW, meta, len(meta))
-        except BaseException as exc:
+        except BaseException:
             os.close(self._fd)
             with contextlib.suppress(OSError):
                 self.path.unlink()  # ours (created just now): nothing was recorded; a retry must not be refused
-            if isinstance(exc, ReplayError):
-                raise ReplayError(f"{exc} (nothing was recorded; {self.path} was removed)") from None
             raise
         if flush_interval > 0:
             threading.Thread(target=self._seal_stale_batches, name="kreplay-sealer", daemon=True).start()
@@ -183,10 +181,11 @@ class CaptureWriter:
         try:
             return write_all(self._fd, parts, offset)
         except OSError as exc:
-            raise ReplayError(
-                f"{self.path}: cannot write {sum(len(p) for p in parts)} bytes at offset {offset}: "
-                f"{exc.strerror}; everything flushed before is kept (replayfmt.open recovers it)"
-            ) from None
+            kept = f"nothing was recorded and {self.path} is removed"  # the header or metadata failed
+            if self._metadata_offset:
+                kept = "everything flushed before is kept (replayfmt.open recovers it)"
+            where = f"{self.path}: cannot write {sum(len(p) for p in parts)} bytes at offset {offset}"
+            raise ReplayError(f"{where}: {exc.strerror}; {kept}") from None
 
     def _append_chunk(
         self,
