@@ -134,7 +134,7 @@ def children_first(
         graph = objects[gid]
         assert isinstance(graph, m.Graph)
         nodes = graph.nodes
-        while at < len(nodes) and (nodes[at].kind != _N.CHILD_GRAPH or nodes[at].graph in seen):
+        while at < len(nodes) and nodes[at].kind != _N.CHILD_GRAPH:
             at += 1
         if at == len(nodes):
             stack.pop()
@@ -145,14 +145,13 @@ def children_first(
         child = objects.get(child_id)
         where = f"graph {gid} node {at} (child_graph)"
         if not isinstance(child, m.Graph):
-            what = (
-                f"object {child_id} is a {child.kind.label}"
-                if child is not None
-                else f"object {child_id} does not exist"
-            )
+            missing = getattr(objects, "missing", lambda oid: f"object {oid} does not exist")(child_id)
+            what = f"object {child_id} is a {child.kind.label}" if child is not None else missing
             raise ReplayFormatError(f"{where}: its child graph {what}, not a graph")
-        if child_id >= gid:
+        if child_id >= gid:  # so a graph never holds itself, nor any cycle of graphs
             raise ReplayFormatError(f"{where}: child graph {child_id} is not written before graph {gid}")
+        if child_id in seen:
+            continue
         if len(stack) >= limits.max_graph_depth:
             raise UnsupportedOperationError(
                 f"graph {root}: child graphs nest more than {limits.max_graph_depth} deep (Limits.max_graph_depth)"

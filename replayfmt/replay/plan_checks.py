@@ -45,7 +45,10 @@ def check_graph_lifetimes(live: LiveObjects, op: m.GraphLaunch, used: set[int]) 
     """A graph launch after a buffer, event or child graph its nodes use was destroyed."""
     gone = sorted(oid for oid in used if oid in live.destroyed)
     if gone:
-        raise ReplayFormatError(f"operation {op.index} (graph_launch): graph {op.graph} uses {live.missing(gone[0])}")
+        raise ReplayFormatError(
+            f"operation {op.index} (graph_launch): graph {op.graph} uses object {gone[0]}, destroyed by "
+            f"operation {live.destroyed[gone[0]]}"
+        )
 
 
 class FrameChecks:
