@@ -229,11 +229,11 @@ def _check_node(
     # a child graph was checked before this graph (children_first)
 
 
-def graph_buffers(graphs: dict[int, m.Graph], graph_id: int) -> set[int]:
+def graph_buffers(graphs: dict[int, m.Graph], graph_id: int, limits: Limits = DEFAULT_LIMITS) -> set[int]:
     """Every buffer a checked graph's nodes (its children's included) use; each graph is looked
     at once, however often it is reached."""
     used: set[int] = set()
-    for gid in children_first(graphs, graph_id, {}):
+    for gid in children_first(graphs, graph_id, {}, limits):
         for node in graphs[gid].nodes:
             if node.kind == _N.KERNEL:
                 for r in node.relocations:
@@ -243,11 +243,11 @@ def graph_buffers(graphs: dict[int, m.Graph], graph_id: int) -> set[int]:
     return used
 
 
-def graph_references(graphs: dict[int, m.Graph], graph_id: int) -> set[int]:
+def graph_references(graphs: dict[int, m.Graph], graph_id: int, limits: Limits = DEFAULT_LIMITS) -> set[int]:
     """Every object a checked graph's nodes refer to (buffers, events, executables, child graphs),
     its children's included: what must still be alive when it is launched."""
     used: set[int] = set()
-    for gid in children_first(graphs, graph_id, {}):
+    for gid in children_first(graphs, graph_id, {}, limits):
         used.add(gid)
         for node in graphs[gid].nodes:
             used |= {node.executable, node.src_buffer, node.dst_buffer, node.event, node.graph}
@@ -257,12 +257,14 @@ def graph_references(graphs: dict[int, m.Graph], graph_id: int) -> set[int]:
     return used
 
 
-def kernel_nodes(graphs: dict[int, m.Graph], graph_id: int) -> list[tuple[int, int, GraphNode]]:
+def kernel_nodes(
+    graphs: dict[int, m.Graph], graph_id: int, limits: Limits = DEFAULT_LIMITS
+) -> list[tuple[int, int, GraphNode]]:
     """(graph id, node index, node) of every kernel node of a checked graph, its children's
     included, each once (a child graph reached along several paths is listed once)."""
     return [
         (gid, i, node)
-        for gid in children_first(graphs, graph_id, {})
+        for gid in children_first(graphs, graph_id, {}, limits)
         for i, node in enumerate(graphs[gid].nodes)
         if node.kind == _N.KERNEL
     ]

@@ -357,7 +357,7 @@ def _captured_image(plan: Plan, eid: int, exe: m.Executable) -> bytes:
         return plan.capture.read_payload(exe.payload) if exe.payload else b""
     resolved = plan.files.get(exe.file)
     if resolved is None:
-        raise ReplayUsageError(f"executable {eid}: its file reference {exe.file} is unusable (see above)")
+        raise FileMismatchError(f"executable {eid}: its file reference {exe.file} is unusable (see above)")
     ref = resolved.reference
     size = ref.size if resolved.path is not None else plan.capture.payload(ref.payload).size if ref.payload else 0
     if size > plan.capture.limits.max_executable_size:
@@ -560,7 +560,7 @@ def _check_operation(
             sizes=plan.graph_sizes,
         )
         if isinstance(objects, LiveObjects):
-            check_graph_lifetimes(objects, op, graph_references(plan.graphs, graph.id))
+            check_graph_lifetimes(objects, op, graph_references(plan.graphs, graph.id, plan.capture.limits))
 
 
 def _check_function_limits(plan: Plan, eid: int, index: int, threads: int, checker: _Checker) -> None:
