@@ -25,6 +25,9 @@ Examples:
   dump-replay --jq 'select(.kind=="launch") | .function' cap.kreplay
   dump-replay --format=json cap.kreplay | jq .replayable
 
+The summary's "replayable" is the verdict run-replay --dry-run gives (the same plan, default
+options): why not, in the same words; warnings (a dropped TIMINGS chunk) do not change it.
+
 Exit status: 0 ok; 1 the file is damaged or truncated (everything readable is printed first);
 2 usage or unreadable file.
 """
