@@ -466,8 +466,11 @@ class Capture:
         index says: a FRAME chunk with this key, holding the bytes the payload expects, within
         the frame limit (ReplayFormatError naming the payload, frame and offset)."""
         info = self.payload(payload_id)
-        for k in range(len(info.frames)):
-            self._frame_header(info, k)
+        seen: set[bytes] = set()
+        for k, digest in enumerate(info.frames):  # a frame repeated (deduplicated) is looked at once
+            if digest not in seen or k == len(info.frames) - 1:  # (the last may be shorter)
+                seen.add(digest)
+                self._frame_header(info, k)
 
     def _read_frame(self, info: m.PayloadInfo, k: int) -> bytes | memoryview:
         header, digest, record = self._frame_header(info, k)

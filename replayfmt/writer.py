@@ -5,22 +5,21 @@ sealed every ``batch_operations`` operations or ``batch_bytes`` bytes (and by a 
 once a batch is ``flush_interval`` seconds old) and written out, and at most ``2 * threads``
 payload frames are in flight at once.
 
-Concurrency: every method may be called from any thread. Operations are numbered in the order
-their calls take the writer's lock. Payload frames are hashed on the calling thread (so identical
-frames are recognised at once and never compressed twice), or their digests given
-(add_payload_frames), then compressed and written, each at its own reserved offset, by a pool
-of worker threads. Record batches are compressed and written, in order, by one more worker, each
-only after the frames it refers to are on disk, so a file cut short by a crash never refers to a
-frame written after the records that use it.
+Concurrency: every method may be called from any thread; operations are numbered in the order
+their calls take the writer's lock. Payload frames are hashed on the calling thread (identical
+frames are recognised at once) or their digests given (add_payload_frames), then compressed and
+written at their own reserved offsets by a pool of worker threads. Record batches are compressed
+and written in order by one more worker, each only after the frames it refers to are on disk, so
+a file cut short by a crash never refers to a frame written after the records that use it.
 
 What ``flush()`` promises (a process crash loses nothing recorded before it; ``durable=True`` also
-survives an OS crash) is in its docstring; the first thread to store a frame claims it and makes
-it pending in one step, and a batch that refers to a frame still being written waits for it.
+survives an OS crash) is in its docstring; a frame is claimed and made pending in one step, and
+a batch that refers to a frame still being written waits for it.
 
 Errors while writing (a full disk, an I/O error) are ReplayErrors naming the file and offset. Every
-chunk is written at an offset the writer owns, so a failed write leaves at most a torn last chunk:
-the file stays readable up to it (the reader recovers it), and a writer that fails before its
-first chunk is complete removes the file, so a retry is never refused as "already exists".
+chunk is written at an offset the writer owns, so a failed write leaves at most a torn last chunk
+(the reader recovers the file up to it); a writer that fails before its metadata is down removes
+the file and says so, so a retry is never refused as "already exists".
 """
 
 from __future__ import annotations
@@ -45,6 +44,7 @@ from replayfmt.container.payload_store import FetchMissing, FrameStore
 from replayfmt.container.sealing import RecordSealer
 from replayfmt.errors import ReplayError, ReplayUsageError
 from replayfmt.format import model as m, records, timings
+from replayfmt.format.graph_records import check_writable
 from replayfmt.format.layout import (
     FILE_HEADER_SIZE,
     FORMAT_MAJOR,
@@ -249,6 +249,7 @@ class CaptureWriter:
         """Define an object (a CreateObject operation) and return its id (dense from 1)."""
         if type(obj) not in m.OBJECT_TYPES.values():
             raise ReplayUsageError(f"cannot write an object of type {type(obj).__name__}")
+        check_writable(obj)  # a graph its reader would refuse: refused now, not when sealed on another thread
         with self._lock:
             self._check_open()
             oid = self._next_object

@@ -146,9 +146,7 @@ def main(
         _check_usage(cap, fmt, payloads, object_id, jq_program)
         dumper = Dumper(cap, filter=dump_filter, payloads=payload_mode, payload_dir=payload_dir)
         verdict = judge(cap)  # the plan's verdict: the one run-replay --dry-run gives
-        summary = summarize(
-            cap, problems=verdict.problems, warnings=verdict.warnings, fixed_addresses=verdict.fixed_addresses
-        )
+        summary = summarize(cap, problems=verdict.problems, warnings=verdict.warnings)
         if fmt == "json" and not jq_program:
             click.echo(json.dumps(summary.as_row(), indent=2))
         else:

@@ -49,7 +49,6 @@ class Summary:
     damaged: str = ""
     replayable: bool | None = None  # the plan's verdict (None: not judged)
     not_replayable_because: list[str] = field(default_factory=list)
-    fixed_addresses: bool = False  # replayable with --fixed-addresses (the capture requires it)
     warnings: list[str] = field(default_factory=list)  # what a replay goes on without; oddities seen
     operation_count: int = 0
     object_count: int = 0
@@ -69,7 +68,6 @@ def summarize(
     *,
     problems: Sequence[str] | None = None,
     warnings: Sequence[str] = (),
-    fixed_addresses: bool = False,
 ) -> Summary:
     """Counts over a whole capture; a damaged batch ends the count and is noted. ``problems`` and
     ``warnings`` are the plan's verdict (``replayfmt.replay.judge``): none given, the summary says
@@ -140,7 +138,6 @@ def summarize(
     if problems is not None:
         s.replayable = not problems
         s.not_replayable_because = list(problems)
-    s.fixed_addresses = fixed_addresses
     s.warnings = [*warnings, *notes]
     return s
 
@@ -176,11 +173,7 @@ def render_summary_text(s: Summary) -> list[str]:
     if s.replayable is None:
         lines.append("replayable    not judged (the plan was not run)")
     elif s.replayable:
-        lines.append(
-            "replayable    yes (strict)"
-            + (" with --fixed-addresses" if s.fixed_addresses else "")
-            + (": the recovered operations only" if s.recovered else "")
-        )
+        lines.append("replayable    yes (strict)" + (": the recovered operations only" if s.recovered else ""))
     else:
         lines.append("replayable    no:")
         lines += [f"  - {reason}" for reason in s.not_replayable_because]

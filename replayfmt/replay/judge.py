@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from replayfmt.errors import ReplayError
-from replayfmt.format import model as m
 from replayfmt.reader import Capture
 from replayfmt.replay.plan import PlanOptions, build_plan
 from replayfmt.replay.plan_checks import plan_warnings
@@ -16,12 +15,11 @@ from replayfmt.replay.plan_checks import plan_warnings
 @dataclass
 class Judgement:
     """The one verdict on a capture with default options (what ``run-replay --dry-run`` decides):
-    ``problems`` (empty: replayable), ``warnings`` (replayable all the same: an OPTIONAL chunk
-    dropped), and whether it needs ``--fixed-addresses``."""
+    ``problems`` (empty: replayable) and ``warnings`` (replayable all the same: an OPTIONAL chunk
+    dropped)."""
 
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    fixed_addresses: bool = False
 
     @property
     def replayable(self) -> bool:
@@ -29,12 +27,11 @@ class Judgement:
 
 
 def judge(capture: Capture) -> Judgement:
-    """Plan ``capture`` with default options, collecting every problem (as ``--continue-on-error``
-    does); a capture whose buffers need fixed addresses is judged as replayed with them."""
-    fixed = False
+    """Plan ``capture`` with the dry run's default options, collecting every problem (as
+    ``--continue-on-error`` does): a capture that needs a flag (``--fixed-addresses``,
+    ``--file-remap``) is not replayable as it stands, and the problem names the flag."""
     try:
-        fixed = any(isinstance(o, m.Buffer) and o.requires_fixed_address for o in capture.objects())
-        plan = build_plan(capture, PlanOptions(fixed_addresses=fixed, continue_on_error=True))
+        plan = build_plan(capture, PlanOptions(continue_on_error=True))
     except ReplayError as exc:
-        return Judgement([str(exc)], plan_warnings(capture), fixed)
-    return Judgement(list(plan.problems), list(plan.warnings), fixed)
+        return Judgement([str(exc)], plan_warnings(capture))
+    return Judgement(list(plan.problems), list(plan.warnings))
