@@ -94,6 +94,8 @@ class Capture:
         self._timings_offset = 0  # the TIMINGS chunk (the original program's device times), if any
         self.timings_problem = ""  # why an invalid (OPTIONAL) TIMINGS chunk was dropped, if it was
         self._graph_charged: dict[int, tuple[int, int]] = {}  # batch -> (graph nodes, edges) it defines
+        self._graph_batches: dict[int, DecodedBatch] = {}  # those batches, kept (bounded by the totals)
+        self._graph_refused: dict[int, ReplayFormatError] = {}  # batches whose graphs went over the totals
         self._chunks = ChunkReader(self._file, self.path, self.limits)
         try:
             self.header: FileHeader = unpack_file_header(self._file.read(0, FILE_HEADER_SIZE), self.path)
@@ -121,6 +123,7 @@ class Capture:
             self._pool.shutdown(wait=True)
             self._pool = None
         self._cache.clear()
+        self._graph_batches.clear()
         self._last_materialized = None
         self._file.close()
         self._fd = -1
@@ -194,12 +197,19 @@ class Capture:
 
     def _batch(self, i: int) -> DecodedBatch:
         with self._lock:
-            cached = self._cache.get(i)
-            if cached is not None:
+            refused = self._graph_refused.get(i)
+            if refused is not None:  # over the capture's graph budget: refused again, never decoded again
+                raise refused
+            cached = self._cache.get(i) or self._graph_batches.get(i)
+            if i in self._cache:
                 self._cache.move_to_end(i)
+            if cached is not None:
                 return cached
         batch = self._decode_batch(i)
         with self._lock:
+            if i in self._graph_charged:  # graphs decode slowly and are bounded: kept, never decoded twice
+                self._graph_batches[i] = batch
+                return batch
             self._cache[i] = batch
             while len(self._cache) > _BATCH_CACHE:
                 self._cache.popitem(last=False)
@@ -233,12 +243,16 @@ class Capture:
             (edges, limits.max_graph_edges_total, "edges"),
         ):
             if total > most:
-                raise self._chunks.error(
+                refused = self._chunks.error(
                     f"the capture's graphs hold more than {most} {name} in all "
                     f"(Limits.max_graph_{name}_total): refused before more are decoded",
                     offset,
                     f"record batch {i}",
                 )
+                with self._lock:
+                    del self._graph_charged[i]  # not kept: remembered as refused
+                    self._graph_refused[i] = refused
+                raise refused
 
     def _batch_of_operation(self, index: int) -> int:
         if not 0 <= index < self.operation_count:

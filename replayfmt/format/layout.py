@@ -105,12 +105,12 @@ class Limits:
     # counts a 1.2 record declares, checked when the decoder reaches the vector (before its
     # elements are decoded or anything is allocated for them): a graph's nodes and dependency
     # edges, and the TIMINGS chunk's operation and scope rows
-    max_graph_nodes: int = 1 << 16
-    max_graph_edges: int = 1 << 19
+    max_graph_nodes: int = 1 << 15
+    max_graph_edges: int = 1 << 18
     max_timing_rows: int = 1 << 20
     # and every graph of a capture together (charged as record batches are first decoded)
-    max_graph_nodes_total: int = 1 << 18
-    max_graph_edges_total: int = 1 << 21
+    max_graph_nodes_total: int = 1 << 16
+    max_graph_edges_total: int = 1 << 20
     # walks over CUDA graphs and their child graphs (checks, dumps, per-kernel timing, tuning):
     # child graphs nest at most max_graph_depth deep, and one walk visits at most
     # max_graph_visits nodes in all (a child graph reached again is remembered, not walked again)
