@@ -35,7 +35,7 @@ from replayfmt.format.layout import (
     pack_footer,
     unpack_chunk_header,
 )
-from replayfmt.format.timings import OperationTime, OriginalTimes, encode_timings
+from replayfmt.format.timings import OperationTime, OriginalTimes, ScopeTime, encode_timings
 
 _N = m.GraphNodeKind
 _K = m.OperationKind
@@ -217,6 +217,14 @@ def timings_name_missing_operations(root: Path) -> Path:
         return encode_timings(OriginalTimes("cupti-activity", {999: OperationTime(999, 0, 5)}))
 
     return _replace_timings(_timed_capture(root / "timings-missing-ops.kreplay"), patch)
+
+
+def timings_scope_out_of_range(root: Path) -> Path:
+    def patch(body: bytearray) -> bytes:
+        times = {1: OperationTime(1, 0, 5)}
+        return encode_timings(OriginalTimes("cupti-activity", times, (ScopeTime(1, 999, 5, 5),)))
+
+    return _replace_timings(_timed_capture(root / "timings-scope.kreplay"), patch)
 
 
 def timings_not_a_flatbuffer(root: Path) -> Path:
@@ -467,6 +475,7 @@ BUILDERS: tuple[Callable[[Path], Path], ...] = (
     diamond_2x6_every,
     timings_declare_10m_rows,
     timings_name_missing_operations,
+    timings_scope_out_of_range,
     timings_not_a_flatbuffer,
     child_graph_self,
     child_graph_cycle,

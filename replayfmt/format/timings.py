@@ -175,6 +175,10 @@ def decode_timings(
         index = ops["operation"].astype(np.int64)
         if int(index.max()) >= operation_count:
             raise fail(f"a time for operation {int(index.max())}, but the capture holds {operation_count} operations")
+    if scopes is not None and len(scopes):
+        begin, end = scopes["begin"].astype(np.int64), scopes["end"].astype(np.int64)
+        if int(end.max()) >= operation_count or bool((begin > end).any()):
+            raise fail(f"a scope's markers are not two of the capture's {operation_count} operations in order")
     operations = (
         {}
         if ops is None
