@@ -128,7 +128,8 @@ class GraphBuilder:
         built = self._graphs.get((graph_id, gpu))
         if built is not None:
             return built
-        for gid in children_first(self.plan.graphs, graph_id, {g for g, on in self._graphs if on == gpu}):
+        built_here = {g for g, on in self._graphs if on == gpu}
+        for gid in children_first(self.plan.graphs, graph_id, built_here, self.plan.capture.limits):
             self._build(gid, index, gpu)
         return self._graphs[(graph_id, gpu)]
 
