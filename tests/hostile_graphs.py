@@ -442,6 +442,16 @@ def reference_to_directory(root: Path) -> Path:
     )
 
 
+def reference_not_normalised(root: Path) -> Path:
+    ref = m.FileReference(path="/models/../etc/passwd", size=16, validation=m.FileValidation.NONE)
+    return _reference(root / "dotdot.kreplay", ref)
+
+
+def reference_relative(root: Path) -> Path:
+    ref = m.FileReference(path="weights.bin", size=16, validation=m.FileValidation.NONE)
+    return _reference(root / "relative.kreplay", ref)
+
+
 def environ_as_executable(root: Path) -> Path:
     ref = m.FileReference(path="/proc/self/environ", size=0, validation=m.FileValidation.NONE)
     return _reference(root / "environ.kreplay", ref, executable=True)
@@ -504,6 +514,8 @@ BUILDERS: tuple[Callable[[Path], Path], ...] = (
     cut_without_device_work,
     reference_to_ptmx,
     reference_to_directory,
+    reference_not_normalised,
+    reference_relative,
     environ_as_executable,
     symlink_as_executable,
     text_file_as_executable,

@@ -189,6 +189,9 @@ def resolve_file(ref: FileReference, remaps: Iterable[FileRemap] = ()) -> Resolv
         )
     if ref.policy in (FilePolicy.CAPTURE_ALL, FilePolicy.CAPTURE_RANGES):
         return ResolvedFile(ref, None)
+    if not ref.path.startswith("/") or os.path.normpath(ref.path) != ref.path or ref.path.startswith("//"):
+        # a recorder writes absolute paths as the kernel reports them: anything else was made up
+        raise FileMismatchError(f"{who}: its path {ref.path!r} is not absolute and normalised; refused")
     try:
         path = remap_path(ref.path, remaps)
     except ReplayUsageError as exc:
