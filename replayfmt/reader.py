@@ -29,7 +29,13 @@ from typing import Any
 
 import numpy as np
 
-from replayfmt.container.batches import DecodedBatch, collector_paused, decode_batch, materialize
+from replayfmt.container.batches import (
+    DecodedBatch,
+    collector_paused,
+    decode_batch,
+    distinct_operations,
+    materialize,
+)
 from replayfmt.container.bounded import BoundedFile, ChunkGaps
 from replayfmt.container.chunks import ChunkReader
 from replayfmt.container.directory import Directory, build_directory, frame_entries
@@ -279,6 +285,17 @@ class Capture:
             ops = self._batch_operations(bi)
             yield from ops[lo:hi] if lo or hi < len(ops) else ops
             bi += 1
+
+    def distinct_operations(self) -> Iterator[tuple[m.Operation, int]]:
+        """Every operation in capture order, except that a launch, copy or memset equal to an
+        earlier one of its record batch in all but index (a launch's parameter values aside) is
+        folded into it: ``(operation, how many it stands for)``. What a checker looks at once
+        (the replay plan): a million launches of a few shapes are a few records."""
+        for bi in range(self.batch_count):
+            batch = self._batch(bi)
+            with collector_paused():
+                groups = distinct_operations(batch)
+            yield from groups
 
     def __iter__(self) -> Iterator[m.Operation]:
         return self.iter_operations()

@@ -32,7 +32,10 @@ from replayfmt.replay.plan_checks import (
     LiveObjects,
     check_graph_lifetimes,
     device_work_problem,
+    payloads_of,
     plan_warnings,
+    repeat_key,
+    unfolded,
 )
 from replayfmt.replay.plan_options import (
     MAX_BLOCK,
@@ -192,25 +195,39 @@ def build_plan(capture: Capture, options: PlanOptions = PlanOptions()) -> Plan:
     overrides = {o.operation: o for o in options.launch_overrides}
     if len(overrides) != len(options.launch_overrides):
         raise ReplayUsageError("--launch: an operation is overridden twice")
-    counts: dict[str, int] = {}
+    kinds: dict[m.OperationKind | int, int] = {}
     regions = RegionTracker()
     live = LiveObjects(objects)  # what each operation may use: nothing after its DestroyObject
     frames = FrameChecks(capture)
-    for op in capture.iter_operations():
-        label = op.kind.label if not isinstance(op, m.UnknownOperation) else "unknown"
-        counts[label] = counts.get(label, 0) + 1
+    passed: set[tuple[object, ...]] = set()  # launches, copies, memsets checked already (all but the index)
+    # operations equal but for their index come folded (the reader's distinct_operations): checked once
+    for op, n in unfolded(capture, bool(overrides)):
+        kind = op.kind if not isinstance(op, m.UnknownOperation) else -1
+        kinds[kind] = kinds.get(kind, 0) + n
+        key = repeat_key(op) if op.index not in overrides else None
+        if key is not None and key in passed:  # a repeat: the same checks, the same outcome (the hot path)
+            regions.step(op)
+            if kind == _K.LAUNCH:
+                plan.launches_of[(op.executable, op.function)] += n
+            continue
         hoist = regions.step(op)
         try:
             if isinstance(op, m.State):
                 _plan_state(plan, live, op, hoist)
             elif isinstance(op, m.DestroyObject):
                 live.destroy(op)
+                passed.clear()  # what passed before may use what is gone now
             else:
                 _check_operation(plan, live, op, overrides.pop(op.index, None))
-            for payload in _payloads_of(op):
-                frames.check(op, payload)
+                if n > 1 and kind == _K.LAUNCH:
+                    plan.launches_of[(op.executable, op.function)] += n - 1
+                for payload in payloads_of(op):
+                    frames.check(op, payload)
+                if key is not None:
+                    passed.add(key)
         except ReplayError as exc:
             checker.fail(exc)
+    counts = {(k.label if k != -1 else "unknown"): n for k, n in kinds.items()}  # type: ignore[union-attr]
     nothing = device_work_problem(capture, counts)
     if nothing:  # the whole capture's verdict, not one operation's: listed, whatever --continue-on-error
         plan.problems.append(nothing)
@@ -232,7 +249,8 @@ class RegionTracker:
 
     A region is an outermost scope (it begins at its ScopeBegin) or a stretch of operations
     outside every scope (it begins at its first operation, just after the previous outermost
-    scope ends, or at the capture's start). Feed every operation in order to :meth:`step`."""
+    scope ends, or at the capture's start). Feed operations in order to :meth:`step`: every
+    scope marker and every operation whose region matters (a repeat folded away need not be)."""
 
     def __init__(self) -> None:
         self.depth = 0
@@ -250,7 +268,7 @@ class RegionTracker:
         if isinstance(op, m.ScopeEnd) and self.depth > 0:
             self.depth -= 1
             if self.depth == 0:
-                self.begin = None  # the next operation begins a new region
+                self.begin = op.index + 1  # the next operation begins a new region (stepped or not)
         return begin
 
 
@@ -411,15 +429,6 @@ def layout_difference(
             f"loaded=(offset {loaded[i][0]}, size {loaded[i][1]})"
         )
     return f"executable {eid}: function {name} has another ABI: {detail}"
-
-
-def _payloads_of(op: m.Operation) -> tuple[int, ...]:
-    """The payloads an operation reads (their frames are checked once each)."""
-    if isinstance(op, m.State) or (isinstance(op, m.Copy) and op.kind == _K.COPY_HOST_TO_DEVICE and not op.src_file):
-        return (op.payload,)
-    if isinstance(op, m.Checkpoint):
-        return tuple(e.payload for e in op.entries)
-    return ()
 
 
 def _need(objects: dict[int, m.ObjectDef], oid: int, cls: type, op: m.Operation, role: str) -> m.ObjectDef:

@@ -5,8 +5,10 @@ work, and what a replay goes on without (an invalid OPTIONAL TIMINGS chunk, drop
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from replayfmt.errors import ReplayFormatError
-from replayfmt.format import model as m
+from replayfmt.format import model as m, records
 from replayfmt.reader import Capture
 
 _K = m.OperationKind
@@ -93,3 +95,40 @@ def plan_warnings(capture: Capture) -> list[str]:
     """What a replay goes on without: an invalid OPTIONAL TIMINGS chunk, dropped."""
     capture.original_times()
     return [capture.timings_problem] if capture.timings_problem else []
+
+
+_ID_FIELDS: dict[type, tuple[str, ...]] = {
+    cls: names
+    for kind, (cls, names) in records.ID_OPERATIONS.items()
+    if kind not in (_K.CREATE_OBJECT, _K.DESTROY_OBJECT)
+}
+
+
+def repeat_key(op: m.Operation) -> tuple[object, ...] | None:
+    """What an operation is checked on, all but its index (of a launch's parameters, only their
+    length is checked), so that the plan checks a repeat once; None for operations checked every
+    time (table operations: state, checkpoints, scopes; objects created and destroyed)."""
+    cls = type(op)
+    if cls is m.Launch:
+        return (*op[1:9], len(op.parameters), op.relocations)
+    if cls is m.Copy or cls is m.Memset:
+        return (op.kind, *op[1:])
+    names = _ID_FIELDS.get(cls)  # events, synchronisations, module loads, graph launches
+    return None if names is None else (cls, *(getattr(op, n) for n in names))
+
+
+def payloads_of(op: m.Operation) -> tuple[int, ...]:
+    """The payloads an operation reads (their frames are checked once each)."""
+    if isinstance(op, m.State) or (isinstance(op, m.Copy) and op.kind == _K.COPY_HOST_TO_DEVICE and not op.src_file):
+        return (op.payload,)
+    if isinstance(op, m.Checkpoint):
+        return tuple(e.payload for e in op.entries)
+    return ()
+
+
+def unfolded(capture: Capture, each: bool) -> Iterator[tuple[m.Operation, int]]:
+    """The capture's operations with repeats folded (``Capture.distinct_operations``), or ``each``
+    standing for itself (when --launch overrides some by index)."""
+    if each:
+        return ((op, 1) for op in capture.iter_operations())
+    return capture.distinct_operations()
