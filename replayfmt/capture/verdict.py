@@ -48,7 +48,9 @@ def check_capture(path: str | Path, *, fixed_addresses: bool = False) -> Verdict
             objects = list(cap.objects())
             fixed = fixed_addresses or any(isinstance(o, m.Buffer) and o.requires_fixed_address for o in objects)
             files = host_files(objects)
-            build_plan(cap, PlanOptions(fixed_addresses=fixed))
+            problems = build_plan(cap, PlanOptions(fixed_addresses=fixed)).problems  # (the whole capture's)
     except ReplayError as exc:
         return Verdict(False, str(exc))
+    if problems:
+        return Verdict(False, problems[0])
     return Verdict(True, fixed_addresses=fixed, host_files=files)
