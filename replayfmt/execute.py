@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 
-from replayfmt.errors import ReplayUsageError
+from replayfmt.errors import ReplayError, ReplayUsageError
 from replayfmt.reader import Capture, open_capture
 from replayfmt.replay.options import ReplayOptions, RunResult
 from replayfmt.replay.plan import PlanOptions, build_plan
@@ -49,9 +49,12 @@ class ReplaySession:
         return self._replayer
 
     def start(self, options: ReplayOptions | None = None) -> Replayer:
-        """Set the plan up on the devices (once per session)."""
+        """Set the plan up on the devices (once per session); a plan with problems is refused
+        unless it was made with ``continue_on_error`` (the verdict run-replay --dry-run gives)."""
         if self._replayer is not None:
             raise ReplayUsageError("this replay session has started its Replayer already")
+        if self.plan.problems and not self.plan.options.continue_on_error:
+            raise ReplayError(self.plan.problems[0])
         self._replayer = Replayer(self.plan, options)
         return self._replayer
 

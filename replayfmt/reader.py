@@ -29,7 +29,13 @@ from typing import Any
 
 import numpy as np
 
-from replayfmt.container.batches import DecodedBatch, collector_paused, decode_batch, materialize
+from replayfmt.container.batches import (
+    DecodedBatch,
+    collector_paused,
+    decode_batch,
+    distinct_operations,
+    materialize,
+)
 from replayfmt.container.bounded import BoundedFile, ChunkGaps
 from replayfmt.container.chunks import ChunkReader
 from replayfmt.container.directory import Directory, build_directory, frame_entries
@@ -93,6 +99,10 @@ class Capture:
         self.discarded_bytes = 0
         self.recovery_reason = ""
         self._timings_offset = 0  # the TIMINGS chunk (the original program's device times), if any
+        self.timings_problem = ""  # why an invalid (OPTIONAL) TIMINGS chunk was dropped, if it was
+        self._graph_charged: dict[int, tuple[int, int]] = {}  # batch -> (graph nodes, edges) it defines
+        self._graph_batches: dict[int, DecodedBatch] = {}  # those batches, kept (bounded by the totals)
+        self._graph_refused: dict[int, ReplayFormatError] = {}  # batches whose graphs went over the totals
         self._chunks = ChunkReader(self._file, self.path, self.limits)
         try:
             self.header: FileHeader = unpack_file_header(self._file.read(0, FILE_HEADER_SIZE), self.path)
@@ -120,6 +130,7 @@ class Capture:
             self._pool.shutdown(wait=True)
             self._pool = None
         self._cache.clear()
+        self._graph_batches.clear()
         self._last_materialized = None
         self._file.close()
         self._fd = -1
@@ -194,12 +205,19 @@ class Capture:
 
     def _batch(self, i: int) -> DecodedBatch:
         with self._lock:
-            cached = self._cache.get(i)
-            if cached is not None:
+            refused = self._graph_refused.get(i)
+            if refused is not None:  # over the capture's graph budget: refused again, never decoded again
+                raise refused
+            cached = self._cache.get(i) or self._graph_batches.get(i)
+            if i in self._cache:
                 self._cache.move_to_end(i)
+            if cached is not None:
                 return cached
         batch = self._decode_batch(i)
         with self._lock:
+            if i in self._graph_charged:  # graphs decode slowly and are bounded: kept, never decoded twice
+                self._graph_batches[i] = batch
+                return batch
             self._cache[i] = batch
             while len(self._cache) > _BATCH_CACHE:
                 self._cache.popitem(last=False)
@@ -210,9 +228,39 @@ class Capture:
         d = self._chunks.decode(entry.offset, ChunkKind.RECORDS, "RecordBatch", self.limits.max_record_batch_size)
         if not self.recovered:  # the gap after a batch (its end is known once its header is read)
             self._gaps.walk(self._chunks.header(entry.offset, f"record batch {i}").end)
-        return decode_batch(
+        batch = decode_batch(
             d, entry, self.limits, lambda message, record: self._chunks.error(message, entry.offset, record)
         )
+        self._charge_graphs(i, entry.offset, batch)
+        return batch
+
+    def _charge_graphs(self, i: int, offset: int, batch: DecodedBatch) -> None:
+        """Graphs are charged to the capture's whole budget (Limits.max_graph_nodes_total and
+        max_graph_edges_total) the first time their batch is decoded: each graph is bounded by
+        the decoder, and so is what every graph of the file costs together."""
+        graphs = [o for o in batch.objects if isinstance(o, m.Graph)]
+        with self._lock:
+            if not graphs or i in self._graph_charged:
+                return
+            self._graph_charged[i] = (sum(len(g.nodes) for g in graphs), sum(len(g.edges) for g in graphs))
+            nodes = sum(n for n, _ in self._graph_charged.values())
+            edges = sum(e for _, e in self._graph_charged.values())
+        limits = self.limits
+        for total, most, name in (
+            (nodes, limits.max_graph_nodes_total, "nodes"),
+            (edges, limits.max_graph_edges_total, "edges"),
+        ):
+            if total > most:
+                refused = self._chunks.error(
+                    f"the capture's graphs hold more than {most} {name} in all "
+                    f"(Limits.max_graph_{name}_total): refused before more are decoded",
+                    offset,
+                    f"record batch {i}",
+                )
+                with self._lock:
+                    del self._graph_charged[i]  # not kept: remembered as refused
+                    self._graph_refused[i] = refused
+                raise refused
 
     def _batch_of_operation(self, index: int) -> int:
         if not 0 <= index < self.operation_count:
@@ -240,6 +288,17 @@ class Capture:
             yield from ops[lo:hi] if lo or hi < len(ops) else ops
             bi += 1
 
+    def distinct_operations(self) -> Iterator[tuple[m.Operation, int]]:
+        """Every operation in capture order, except that a launch, copy or memset equal to an
+        earlier one of its record batch in all but index (a launch's parameter values aside) is
+        folded into it: ``(operation, how many it stands for)``. What a checker looks at once
+        (the replay plan): a million launches of a few shapes are a few records."""
+        for bi in range(self.batch_count):
+            batch = self._batch(bi)
+            with collector_paused():
+                groups = distinct_operations(batch)
+            yield from groups
+
     def __iter__(self) -> Iterator[m.Operation]:
         return self.iter_operations()
 
@@ -261,12 +320,19 @@ class Capture:
         return np.concatenate([self._batch(i).kinds for i in range(self.batch_count)])
 
     def original_times(self) -> OriginalTimes:
-        """The original program's device times (the recorder's CUPTI records); empty when none."""
+        """The original program's device times (the recorder's CUPTI records); empty when none.
+
+        The TIMINGS chunk is OPTIONAL: an invalid one is dropped (empty times), and
+        ``timings_problem`` says why, for the tools to warn; it never fails the read."""
         at = self._timings_offset
-        if not at:
+        if not at or self.timings_problem:
             return OriginalTimes()
-        d = self._chunks.decode(at, ChunkKind.TIMINGS, "Timings", self.limits.max_index_size)
-        return decode_timings(d, self.operation_count, path=self.path, offset=at)
+        try:
+            d = self._chunks.decode(at, ChunkKind.TIMINGS, "Timings", self.limits.max_index_size)
+            return decode_timings(d, self.operation_count, path=self.path, offset=at)
+        except ReplayFormatError as exc:
+            self.timings_problem = f"the original program's times (TIMINGS chunk) were dropped: {exc}"
+            return OriginalTimes()
 
     # -- objects ---------------------------------------------------------------------------
 
@@ -427,6 +493,17 @@ class Capture:
         if header.logical_size > self.limits.max_frame_size:
             raise self._chunks.error(f"declares {header.logical_size} bytes, over the frame limit", loc[0], record)
         return header, digest, record
+
+    def check_frames(self, payload_id: int) -> None:
+        """Check, without decompressing, that every frame of a payload is in the file as the
+        index says: a FRAME chunk with this key, holding the bytes the payload expects, within
+        the frame limit (ReplayFormatError naming the payload, frame and offset)."""
+        info = self.payload(payload_id)
+        seen: set[bytes] = set()
+        for k, digest in enumerate(info.frames):  # a frame repeated (deduplicated) is looked at once
+            if digest not in seen or k == len(info.frames) - 1:  # (the last may be shorter)
+                seen.add(digest)
+                self._frame_header(info, k)
 
     def _read_frame(self, info: m.PayloadInfo, k: int) -> bytes | memoryview:
         header, digest, record = self._frame_header(info, k)

@@ -5,22 +5,21 @@ sealed every ``batch_operations`` operations or ``batch_bytes`` bytes (and by a 
 once a batch is ``flush_interval`` seconds old) and written out, and at most ``2 * threads``
 payload frames are in flight at once.
 
-Concurrency: every method may be called from any thread. Operations are numbered in the order
-their calls take the writer's lock. Payload frames are hashed on the calling thread (so identical
-frames are recognised at once and never compressed twice), or their digests given
-(add_payload_frames), then compressed and written, each at its own reserved offset, by a pool
-of worker threads. Record batches are compressed and written, in order, by one more worker, each
-only after the frames it refers to are on disk, so a file cut short by a crash never refers to a
-frame written after the records that use it.
+Concurrency: every method may be called from any thread; operations are numbered in the order
+their calls take the writer's lock. Payload frames are hashed on the calling thread (identical
+frames are recognised at once) or their digests given (add_payload_frames), then compressed and
+written at their own reserved offsets by a pool of worker threads. Record batches are compressed
+and written in order by one more worker, each only after the frames it refers to are on disk, so
+a file cut short by a crash never refers to a frame written after the records that use it.
 
 What ``flush()`` promises (a process crash loses nothing recorded before it; ``durable=True`` also
-survives an OS crash) is in its docstring; the first thread to store a frame claims it and makes
-it pending in one step, and a batch that refers to a frame still being written waits for it.
+survives an OS crash) is in its docstring; a frame is claimed and made pending in one step, and
+a batch that refers to a frame still being written waits for it.
 
 Errors while writing (a full disk, an I/O error) are ReplayErrors naming the file and offset. Every
 chunk is written at an offset the writer owns, so a failed write leaves at most a torn last chunk
-(the reader recovers the file up to it); a writer that fails before its first chunk is complete
-removes the file, so a retry is never refused as "already exists".
+(the reader recovers the file up to it); a writer that fails before its metadata is down removes
+the file and says so, so a retry is never refused as "already exists".
 """
 
 from __future__ import annotations
@@ -45,6 +44,7 @@ from replayfmt.container.payload_store import FetchMissing, FrameStore
 from replayfmt.container.sealing import RecordSealer
 from replayfmt.errors import ReplayError, ReplayUsageError
 from replayfmt.format import model as m, records, timings
+from replayfmt.format.graph_records import check_writable
 from replayfmt.format.layout import (
     FILE_HEADER_SIZE,
     FORMAT_MAJOR,
@@ -131,7 +131,7 @@ class CaptureWriter:
         self._sealer = RecordSealer(self._record_pool, self._record_compressor, self._append_chunk)
         self._lock = threading.RLock()  # operations, objects, payload ids, the open batch
         self._file_lock = threading.Lock()  # the file end; taken by workers
-        self._end = 0
+        self._end = self._metadata_offset = 0  # the metadata's offset: set once it is down (a failed write says)
         self._closed = False
         self._next_operation = 0
         self._next_object = 1
@@ -146,12 +146,10 @@ class CaptureWriter:
             self._append_raw([pack_file_header(header)])
             meta = records.encode_metadata(metadata or m.CaptureMetadata())
             self._metadata_offset = self._append_chunk(ChunkKind.METADATA, Codec.RAW, meta, len(meta))
-        except BaseException as exc:
+        except BaseException:
             os.close(self._fd)
             with contextlib.suppress(OSError):
                 self.path.unlink()  # ours (created just now): nothing was recorded; a retry must not be refused
-            if isinstance(exc, ReplayError):
-                raise ReplayError(f"{exc} (nothing was recorded; {self.path} was removed)") from None
             raise
         if flush_interval > 0:
             threading.Thread(target=self._seal_stale_batches, name="kreplay-sealer", daemon=True).start()
@@ -184,10 +182,11 @@ class CaptureWriter:
         try:
             return write_all(self._fd, parts, offset)
         except OSError as exc:
-            raise ReplayError(
-                f"{self.path}: cannot write {sum(len(p) for p in parts)} bytes at offset {offset}: "
-                f"{exc.strerror}; everything flushed before is kept (replayfmt.open recovers it)"
-            ) from None
+            kept = f"nothing was recorded and {self.path} is removed"  # the header or metadata failed
+            if self._metadata_offset:
+                kept = "everything flushed before is kept (replayfmt.open recovers it)"
+            where = f"{self.path}: cannot write {sum(len(p) for p in parts)} bytes at offset {offset}"
+            raise ReplayError(f"{where}: {exc.strerror}; {kept}") from None
 
     def _append_chunk(self, kind: ChunkKind, codec: Codec, body: bytes | memoryview, size: int, flags: int = 0) -> int:
         header = pack_chunk_header(kind, flags, codec, body, size, bytes(16))  # size: logical (decoded) bytes
@@ -240,6 +239,7 @@ class CaptureWriter:
         """Define an object (a CreateObject operation) and return its id (dense from 1)."""
         if type(obj) not in m.OBJECT_TYPES.values():
             raise ReplayUsageError(f"cannot write an object of type {type(obj).__name__}")
+        check_writable(obj)  # a graph its reader would refuse: refused now, not when sealed on another thread
         with self._lock:
             self._check_open()
             oid = self._next_object

@@ -395,9 +395,11 @@ def test_maps_parsing_and_lookup(tmp_path):
         "7f00000000-7f00100000 r--p 00010000 08:02 99 /data/model.safetensors\n"
         "7f00200000-7f00300000 rw-p 00000000 00:00 0 \n"
         "7f00400000-7f00500000 r--p 00000000 08:02 77 /tmp/gone (deleted)\n"
+        "7f00600000-7f00700000 rw-s 00000000 00:05 451 /dev/nvidiactl\n"
+        "7f00800000-7f00900000 rw-s 00000000 00:19 12 /dev/shm/torch_1_2\n"
     )
     mappings = parse_maps(text)
-    assert [mp.file_backed for mp in mappings] == [True, True, False, False]
+    assert [mp.file_backed for mp in mappings] == [True, True, False, False, False, True]  # never a device
     maps = tmp_path / "maps"
     maps.write_text(text)
     files = HostFiles(maps)

@@ -15,6 +15,7 @@ from samples import write_sample
 import replayfmt
 from replayfmt.dump import Dumper, DumpFilter, summarize
 from replayfmt.format import model as m
+from replayfmt.replay.replayable import judge
 from replayfmt_tools.dump_replay import main
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -212,11 +213,13 @@ def test_summary_reports_verdicts(tmp_path):
         w.scope_begin("outer")
         w.scope_end("inner")
     with replayfmt.open(path) as cap:
-        s = summarize(cap)
-    assert not s.replayable
+        assert summarize(cap).replayable is None  # the summary alone judges nothing
+        verdict = judge(cap)
+        s = summarize(cap, problems=verdict.problems, warnings=verdict.warnings)
+    assert not s.replayable and s.not_replayable_because == verdict.problems
     assert any("policy fail" in r for r in s.not_replayable_because)
-    assert any("matches no open scope" in r for r in s.not_replayable_because)
-    assert any("never closed" in r for r in s.not_replayable_because)
+    assert any("matches no open scope" in r for r in s.warnings)
+    assert any("never closed" in r for r in s.warnings)
     assert s.files == {"fail/identity": 1}
 
 

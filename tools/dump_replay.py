@@ -14,6 +14,7 @@ import replayfmt
 from replayfmt.dump import Dumper, DumpFilter, PayloadMode, render_summary_text, summarize
 from replayfmt.dump.export import prepare_directory
 from replayfmt.errors import ReplayFormatError, ReplayUsageError
+from replayfmt.replay.replayable import judge
 from replayfmt_tools.common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, ToolExit, agents_md_option, reports_errors
 
 _FLUSH_EVERY = 2048
@@ -24,6 +25,9 @@ Examples:
   dump-replay --format=jsonl --kind=launch,copy cap.kreplay
   dump-replay --jq 'select(.kind=="launch") | .function' cap.kreplay
   dump-replay --format=json cap.kreplay | jq .replayable
+
+The summary's "replayable" is the verdict run-replay --dry-run gives (the same plan, default
+options): why not, in the same words; warnings (a dropped TIMINGS chunk) do not change it.
 
 Exit status: 0 ok; 1 the file is damaged or truncated (everything readable is printed first);
 2 usage or unreadable file.
@@ -169,7 +173,8 @@ def main(
         if payload_dir is not None and prepare_directory(payload_dir):
             click.echo(f"dump-replay: created the directory {payload_dir} for payload files", err=True)
         dumper = Dumper(cap, filter=dump_filter, payloads=payload_mode, payload_dir=payload_dir)
-        summary = summarize(cap)
+        verdict = judge(cap)  # the plan's verdict: the one run-replay --dry-run gives
+        summary = summarize(cap, problems=verdict.problems, warnings=verdict.warnings)
         if fmt == "json" and jq_program:
             _write_lines(_jq_lines(jq_program, iter([json.dumps(summary.as_row())])))
         elif fmt == "json":

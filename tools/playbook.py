@@ -105,7 +105,7 @@ run-replay --dry-run mine.kreplay
 ## Inspect
 
 ```sh
-dump-replay cap.kreplay                         # summary (replayable? why not?) + one line per record
+dump-replay cap.kreplay                         # summary (replayable, as --dry-run says) + one line per record
 dump-replay --format=json cap.kreplay           # the summary alone, for scripts
 dump-replay --format=jsonl cap.kreplay          # row 1 file, row 2 summary, then objects and operations
 dump-replay --kind=launch --grep=saxpy cap.kreplay

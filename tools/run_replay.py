@@ -10,7 +10,6 @@ from pathlib import Path
 import click
 
 from replayfmt.cuda.address_space import restart_without_aslr
-from replayfmt.dump import recovery_problem
 from replayfmt.errors import ReplayUsageError, VerificationError
 from replayfmt.execute import open_replay
 from replayfmt.reader import Capture
@@ -161,7 +160,10 @@ def main(
         plan = session.plan
         for line in plan.describe():
             say(line)
-        problems = [*plan.problems, *_recovery_lines(session.capture, say)]
+        _say_recovered(session.capture, say)
+        for warning in plan.warnings:
+            say(f"warning       {warning}")
+        problems = plan.problems
         for problem in problems:
             click.echo(f"run-replay: error: {problem}", err=True)
         if dry_run:
@@ -228,16 +230,16 @@ def main(
     return EXIT_OK
 
 
-def _recovery_lines(cap: Capture, say: Callable[[str], None]) -> list[str]:
-    """Say that a file was recovered (a prefix of the capture replays); a problem when nothing survived."""
+def _say_recovered(cap: Capture, say: Callable[[str], None]) -> None:
+    """Say that a file was recovered (a prefix of the capture replays; the plan says when that
+    prefix holds no device work)."""
     if not cap.recovered:
-        return []
+        return
     kept = f"; only the {cap.operation_count} recovered operations replay" if cap.operation_count else ""
     say(
         f"recovered     yes: the file was not closed properly; {cap.discarded_bytes} bytes at its end were "
         f"discarded ({cap.recovery_reason}){kept}"
     )
-    return [] if cap.operation_count else [recovery_problem(cap.discarded_bytes)]
 
 
 if __name__ == "__main__":

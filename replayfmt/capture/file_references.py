@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from replayfmt.capture.options import RecordOptions
-from replayfmt.container.files import file_digest, identity_of
+from replayfmt.container.files import file_digest, identity_of, read_blocks
 from replayfmt.format import model as m
 from replayfmt.writer import CaptureWriter
 
@@ -41,9 +41,8 @@ class FileReferences:
         validation = self.options.file_validation
         digest = file_digest(path) if validation == m.FileValidation.DIGEST else None
         payload = 0
-        if policy == m.FilePolicy.CAPTURE_ALL:
-            with open(path, "rb") as f:
-                payload = self.writer.add_payload(f.read())
+        if policy == m.FilePolicy.CAPTURE_ALL:  # a regular file only, and no more than it held when looked at
+            payload = self.writer.add_payload(b"".join(read_blocks(path, identity["size"])))
         ref = self.writer.add_object(
             m.FileReference(
                 path=path,

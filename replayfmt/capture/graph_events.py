@@ -22,7 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 from replayfmt.capture import events as ev
 from replayfmt.capture.allocations import Allocation, AllocationTable
+from replayfmt.errors import ReplayUsageError
 from replayfmt.format import model as m
+from replayfmt.format.graph_records import check_writable
 from replayfmt.format.model import GraphNode, GraphNodeKind
 
 if TYPE_CHECKING:
@@ -171,7 +173,12 @@ class GraphEvents:
             node, touched = self._graph_node(info, kernels)
             nodes.append(node)
             targets.extend(a for a in touched if a not in targets)
-        return m.Graph(device=self._device, nodes=tuple(nodes), edges=tuple(description.edges)), targets, kernels
+        graph = m.Graph(device=self._device, nodes=tuple(nodes), edges=tuple(description.edges))
+        try:
+            check_writable(graph)  # more nodes or edges than a reader decodes: the launch is refused
+        except ReplayUsageError as exc:
+            raise Unrecordable(str(exc)) from None
+        return graph, targets, kernels
 
     def _graph_node(self, info: ev.GraphNodeInfo, kernels: list[str]) -> tuple[GraphNode, list[Allocation]]:
         kind = info.kind

@@ -19,7 +19,11 @@ class Mapping:
 
     @property
     def file_backed(self) -> bool:
-        return self.inode != 0 and self.path.startswith("/")
+        """A mapping of a file that a capture may reference: never a device's (the driver maps its
+        pinned memory from /dev/nvidiactl) nor a kernel pseudo-file's, which replay refuses to read."""
+        if self.inode == 0 or not self.path.startswith("/"):
+            return False
+        return self.path.startswith("/dev/shm/") or not self.path.startswith(("/dev/", "/proc/", "/sys/"))
 
 
 def parse_maps(text: str) -> list[Mapping]:

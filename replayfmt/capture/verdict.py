@@ -68,4 +68,6 @@ def check_capture(path: str | Path, *, fixed_addresses: bool = False) -> Verdict
             plan = build_plan(cap, PlanOptions(fixed_addresses=fixed))
     except ReplayError as exc:
         return Verdict(False, str(exc))
+    if plan.problems:  # (the whole capture's, such as no device work left)
+        return Verdict(False, plan.problems[0])
     return Verdict(True, fixed_addresses=fixed, host_files=files, device_bytes=plan.buffer_bytes)

@@ -346,16 +346,7 @@ def materialize(b: DecodedBatch) -> list[m.Operation]:
     id_ops: list[m.Operation] = []
     order = category
     if counts[3]:
-        # one map() per id-only kind; those kinds are then ordered by kind code among themselves
-        id_kinds = b.kinds[category == 3]
-        id_positions = np.asarray(_positions(category, 3, first, 0))
-        for code in np.unique(id_kinds).tolist():
-            cls, names = records.ID_OPERATIONS[_K(code)]
-            chosen = id_kinds == code
-            columns = [id_positions[chosen].tolist(), b.id_operations["first"][chosen].tolist()]
-            if len(names) == 2:
-                columns.append(b.id_operations["second"][chosen].tolist())
-            id_ops += map(cls, *columns)
+        id_ops = _id_operations(b, category)
         order = (category.astype(np.uint16) << 8) | np.where(category == 3, b.kinds, 0)
     # Interleave the categories back into capture order: the records laid end to end in category
     # order, then picked in capture order by one C call (itemgetter) from where each one landed.
@@ -365,6 +356,110 @@ def materialize(b: DecodedBatch) -> list[m.Operation]:
     landed = np.empty(len(category), np.int64)
     landed[np.argsort(order, kind="stable")] = np.arange(len(category))
     return list(operator.itemgetter(*landed.tolist())(grouped))
+
+
+def _id_operations(b: DecodedBatch, category: np.ndarray) -> list[m.Operation]:
+    """The batch's id-only operations, one map() per kind: ordered by kind code, then index."""
+    id_ops: list[m.Operation] = []
+    id_kinds = b.kinds[category == 3]
+    id_positions = np.asarray(_positions(category, 3, b.first_operation, 0))
+    for code in np.unique(id_kinds).tolist():
+        cls, names = records.ID_OPERATIONS[_K(code)]
+        chosen = id_kinds == code
+        columns = [id_positions[chosen].tolist(), b.id_operations["first"][chosen].tolist()]
+        if len(names) == 2:
+            columns.append(b.id_operations["second"][chosen].tolist())
+        id_ops += map(cls, *columns)
+    return id_ops
+
+
+def distinct_operations(b: DecodedBatch) -> list[tuple[m.Operation, int]]:
+    """The batch's operations in capture order, each launch, copy or memset standing for itself
+    and the later ones of the batch that equal it in everything but index (and, for a launch, the
+    values of its parameters, not their length): ``(operation, how many it stands for)``. What a
+    checker needs to look at once, without building a record per operation. A batch that
+    destroys an object is returned whole (order matters there: a use after the destroy)."""
+    category = _CATEGORY[b.kinds]
+    if bool((b.kinds == int(_K.DESTROY_OBJECT)).any()):
+        return [(op, 1) for op in materialize(b)]
+    first = b.first_operation
+    out: list[tuple[m.Operation, int]] = [(op, 1) for op in b.table_ops]
+    if len(b.id_operations):  # events, synchronisations, graph launches: folded alike
+        id_kinds = b.kinds[category == 3].astype(np.uint32)
+        keys = np.column_stack([id_kinds, b.id_operations["first"], b.id_operations["second"]]).astype(np.uint32)
+        js, n = _distinct_rows(np.ascontiguousarray(keys))
+        positions = (np.flatnonzero(category == 3)[js] + first).tolist()
+        for code, index, one, two, count in zip(
+            id_kinds[js].tolist(),
+            positions,
+            b.id_operations["first"][js].tolist(),
+            b.id_operations["second"][js].tolist(),
+            n.tolist(),
+            strict=True,
+        ):
+            cls, names = records.ID_OPERATIONS[_K(code)]
+            out.append((cls(index, one, two) if len(names) == 2 else cls(index, one), count))
+    if len(b.launches):
+        js, n = _distinct_launches(b)
+        positions = np.flatnonzero(category == 0)[js] + first
+        chosen = DecodedBatch(launches=b.launches[js], parameters=b.parameters, relocations=b.relocations)
+        out += zip(_launches(chosen, positions.tolist()), n.tolist(), strict=True)
+    if len(b.copies):
+        copy_kinds = b.kinds[category == 1]
+        if b.data_relocations:  # uploads holding stored pointers differ by them (1.3): none folded
+            js, n = np.arange(len(b.copies)), np.ones(len(b.copies), dtype=np.int64)
+        else:
+            raw = b.copies.view(np.uint8).reshape(len(b.copies), b.copies.dtype.itemsize)
+            js, n = _distinct_rows(np.ascontiguousarray(np.hstack([raw, copy_kinds[:, None]])))
+        positions = (np.flatnonzero(category == 1)[js] + first).tolist()
+        kinds = [_COPY_KINDS[k] for k in copy_kinds[js].tolist()]
+        rows = zip(positions, kinds, *(b.copies[name][js].tolist() for name in b.copies.dtype.names), repeat(()))
+        copies = list(map(_new_tuple, repeat(m.Copy), rows))
+        data = b.data_relocations
+        if data:
+            copies = [
+                op._replace(relocations=_sited(data[op.index], op.dst_buffer)) if op.index in data else op
+                for op in copies
+            ]
+        out += zip(copies, n.tolist(), strict=True)
+    if len(b.memsets):
+        raw = b.memsets.view(np.uint8).reshape(len(b.memsets), b.memsets.dtype.itemsize)
+        js, n = _distinct_rows(np.ascontiguousarray(raw))
+        positions = (np.flatnonzero(category == 2)[js] + first).tolist()
+        rows = zip(positions, *(b.memsets[name][js].tolist() for name in b.memsets.dtype.names))
+        out += zip(map(_new_tuple, repeat(m.Memset), rows), n.tolist(), strict=True)
+    out.sort(key=lambda item: item[0].index)
+    return out
+
+
+def _distinct_launches(b: DecodedBatch) -> tuple[np.ndarray, np.ndarray]:
+    """``_distinct_rows`` of the launches by everything but their index, where their parameter
+    bytes lie and their values: relocations compared by content (each launch has its own rows)."""
+    words = b.launches.view("<u4").reshape(-1, 18)
+    base = np.delete(words, [14, 16], axis=1)  # not the parameter offset, not the first relocation
+    table = b.relocations.view(np.uint8).reshape(len(b.relocations), b.relocations.dtype.itemsize)
+    counts = words[:, 17]
+    firsts, sizes = [], []
+    for c in np.unique(counts).tolist():  # one gather per relocation count (a few)
+        rows = np.flatnonzero(counts == c)
+        key = base[rows].view(np.uint8).reshape(len(rows), -1)
+        if c:
+            where = words[rows, 16][:, None].astype(np.int64) + np.arange(c)
+            key = np.hstack([key, table[where].reshape(len(rows), -1)])
+        js, n = _distinct_rows(np.ascontiguousarray(key))
+        firsts.append(rows[js])
+        sizes.append(n)
+    first, size = np.concatenate(firsts), np.concatenate(sizes)
+    order = np.argsort(first)
+    return first[order], size[order]
+
+
+def _distinct_rows(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(first row of each distinct row of ``keys``, in row order; how many rows equal it)."""
+    rows = keys.view(np.dtype((np.void, keys.dtype.itemsize * keys.shape[1]))).ravel()
+    _, first, counts = np.unique(rows, return_index=True, return_counts=True)
+    order = np.argsort(first)
+    return first[order], counts[order]
 
 
 def _positions(category: np.ndarray, which: int, first: int, total: int) -> list[int] | range:

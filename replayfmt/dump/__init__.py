@@ -1,7 +1,7 @@
 """The views behind ``dump-replay``: summaries, text and JSONL rows, filters and payload export."""
 
 from replayfmt.dump.filters import DumpFilter, PayloadMode
-from replayfmt.dump.summary import Summary, recovery_problem, render_summary_text, summarize
+from replayfmt.dump.summary import Summary, render_summary_text, summarize
 from replayfmt.dump.views import Dumper
 
-__all__ = ["DumpFilter", "Dumper", "PayloadMode", "Summary", "recovery_problem", "render_summary_text", "summarize"]
+__all__ = ["DumpFilter", "Dumper", "PayloadMode", "Summary", "render_summary_text", "summarize"]

@@ -59,7 +59,8 @@ class LaunchTemplate:
         for i, p in enumerate(params):
             if p.offset < end:
                 return  # overlapping parameters: leave this function to the raw-bytes form
-            fmt += "x" * (p.offset - end)
+            if p.offset > end:
+                fmt += f"{p.offset - end}x"  # a count, never the pad spelled out: offsets are the file's
             name = p.name if p.name and p.name not in seen else f"p{i}"
             seen.add(name)
             if p.kind == m.ParameterKind.POINTER and p.size == 8:
@@ -135,7 +136,7 @@ def _compile_renderer(unpack: struct.Struct, slots: list[tuple[str, int, int, st
         lines += [
             f"def {name}(raw, targets, lead, index, middle, tail):",
             "    try:",
-            f"        ({values},) = UNPACK(raw)",
+            f"        ({values},) = UNPACK(raw)" if slots else "        UNPACK(raw)",  # () = ... for no parameter
             "    except ERROR:",
             "        return None  # shorter than the layout: the caller shows the raw bytes",
         ]

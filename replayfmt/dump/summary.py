@@ -1,8 +1,12 @@
-"""The summary dump-replay prints first: counts, sizes, compression and replayability."""
+"""The summary dump-replay prints first: counts, sizes, compression and replayability.
+
+The verdict (``replayable`` and why not) is not decided here: it is the plan's, the one every tool
+gives (``replayfmt.replay.replayable``), handed in by the caller; this room only reads the file."""
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,8 +48,9 @@ class Summary:
     recovery_reason: str = ""
     partial: str = ""  # (1.3) why the capture stopped before its program did; "" complete
     damaged: str = ""
-    replayable: bool = True
+    replayable: bool | None = None  # the plan's verdict (None: not judged)
     not_replayable_because: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # what a replay goes on without; oddities seen
     operation_count: int = 0
     object_count: int = 0
     state_bytes: int = 0  # starting state (format 1.1 state operations): restored, not work
@@ -60,8 +65,15 @@ class Summary:
         return row
 
 
-def summarize(cap: Capture) -> Summary:
-    """Counts and verdicts over a whole capture; a damaged batch ends the count and is noted."""
+def summarize(
+    cap: Capture,
+    *,
+    problems: Sequence[str] | None = None,
+    warnings: Sequence[str] = (),
+) -> Summary:
+    """Counts over a whole capture; a damaged batch ends the count and is noted. ``problems`` and
+    ``warnings`` are the plan's verdict (``replayfmt.replay.replayable``): none given, the summary says
+    the capture was not judged."""
     meta = cap.metadata
     s = Summary(
         format_version=f"{cap.header.major}.{cap.header.minor}",
@@ -85,7 +97,7 @@ def summarize(cap: Capture) -> Summary:
     scopes: Counter[str] = Counter()
     files: Counter[str] = Counter()
     open_scopes: list[tuple[str, int]] = []
-    problems: list[str] = []
+    notes: list[str] = []
     try:
         for bi in range(cap.batch_count):
             batch = cap._batch(bi)
@@ -105,56 +117,33 @@ def summarize(cap: Capture) -> Summary:
                     open_scopes.append((op.name, op.index))
                 elif kind == _K.SCOPE_END:
                     if not open_scopes or open_scopes[-1][0] != op.name:
-                        problems.append(f"scope end '{op.name}' at operation {op.index} matches no open scope")
+                        notes.append(f"scope end '{op.name}' at operation {op.index} matches no open scope")
                     else:
                         open_scopes.pop()
-                elif isinstance(op, m.UnknownOperation):
-                    problems.append(f"operation {op.index} has kind {op.code}, unknown to this reader")
             for obj in batch.objects:
                 objects[obj.kind.label if not isinstance(obj, m.UnknownObject) else "unknown_object"] += 1
                 if isinstance(obj, m.FileReference):
                     files[f"{label_of(obj.policy)}/{label_of(obj.validation)}"] += 1
                     if obj.policy == m.FilePolicy.REFERENCE and obj.path not in s.needs_from_host:
                         s.needs_from_host.append(obj.path)
-                    if obj.policy == m.FilePolicy.FAIL:
-                        problems.append(f"file reference {obj.id} ({obj.path}) was refused at capture (policy fail)")
-                elif isinstance(obj, m.UnknownObject):
-                    problems.append(f"object {obj.id} has kind {obj.type_code}, unknown to this reader")
         stats = cap.payload_stats()
         s.payloads, s.payload_logical_bytes = stats.payloads, stats.logical_bytes
         s.payload_stored_bytes, s.compression_ratio = stats.stored_bytes, round(stats.compression_ratio, 4)
         s.dedup_saved_bytes, s.missing_frames = stats.dedup_saved_bytes, stats.missing_frames
     except ReplayFormatError as exc:
         s.damaged = str(exc)
-        problems.append(f"the file is damaged: {exc}")
     for name, index in open_scopes:
-        problems.append(f"scope '{name}' opened at operation {index} is never closed")
+        notes.append(f"scope '{name}' opened at operation {index} is never closed")
     s.operations = {
         _K(k).label if k in m.OperationKind._value2member_map_ else f"unknown_{k}": n
         for k, n in sorted(kind_counts.items())
     }
     s.objects, s.unsupported, s.scopes, s.files = dict(objects), dict(unsupported), dict(scopes), dict(files)
-    if unsupported:
-        calls = ", ".join(f"{name} x{n}" for name, n in unsupported.most_common())
-        problems.insert(0, f"unsupported operations: {calls}")
-    if s.missing_frames:
-        problems.append(f"{s.missing_frames} payload frame(s) missing (the capture was cut short)")
-    if s.partial:
-        problems.insert(0, f"the capture is partial: it stopped before its program did ({s.partial})")
-    if s.recovered and not s.operation_count:
-        problems.append(recovery_problem(s.discarded_bytes))
-    s.not_replayable_because = [p for p in problems if not p.startswith(("scope end", "scope '"))]
-    s.replayable = not s.not_replayable_because
-    s.not_replayable_because += [p for p in problems if p.startswith(("scope end", "scope '"))]
+    if problems is not None:
+        s.replayable = not problems
+        s.not_replayable_because = list(problems)
+    s.warnings = [*warnings, *notes]
     return s
-
-
-def recovery_problem(discarded_bytes: int) -> str:
-    """Why a recovered file that kept no operation cannot be replayed (dump-replay and run-replay say it alike)."""
-    return (
-        f"the file was recovered and no operation survived ({discarded_bytes} bytes at its end were discarded): "
-        "not replayable as captured"
-    )
 
 
 def render_summary_text(s: Summary) -> list[str]:
@@ -188,11 +177,14 @@ def render_summary_text(s: Summary) -> list[str]:
     lines.append(f"partial       yes: {s.partial}" if s.partial else "partial       no")
     if s.stored_pointers:
         lines.append(f"pointers      {s.stored_pointers} stored in state and uploads (relocated on replay)")
-    if s.replayable:
+    if s.replayable is None:
+        lines.append("replayable    not judged (the plan was not run)")
+    elif s.replayable:
         lines.append("replayable    yes (strict)" + (": the recovered operations only" if s.recovered else ""))
     else:
         lines.append("replayable    no:")
         lines += [f"  - {reason}" for reason in s.not_replayable_because]
+    lines += [f"warning       {warning}" for warning in s.warnings]
     return lines
 
 

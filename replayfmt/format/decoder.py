@@ -83,6 +83,7 @@ class _Decoder:
         self.objects_left = min(limits.max_decode_objects, self.n // 4 + 64)
         # (position, type) -> (value, bytes it cost): shared offsets are decoded once
         self.memo: dict[tuple[int, str], tuple[Any, int]] = {}
+        self.caps = limits.vector_caps()
 
     def u32(self, pos: int) -> int:
         if pos < 0 or pos + 4 > self.n:
@@ -96,6 +97,13 @@ class _Decoder:
             raise _Failure(pos, "decoding produces more than the decode budget allows (shared offsets amplify it)")
         if self.objects_left < 0:
             raise _Failure(pos, "too many references (shared offsets amplify the work)")
+
+    def check_count(self, pos: int, table: str, name: str) -> None:
+        """A vector whose element count ``Limits`` caps: refused before any element is decoded."""
+        most, limit = self.caps[(table, name)]
+        count = self.u32(pos)
+        if count > most:
+            raise _Failure(pos, f"{table}.{name} declares {count} elements, over Limits.{limit} ({most})")
 
     def shared(self, pos: int, kind: str, decode: Any) -> Any:
         """Decode the value at ``pos`` once; later references reuse it and are charged its cost."""
@@ -146,6 +154,8 @@ class _Decoder:
             base = f.type.base
             if f.type.vector:
                 fp = field_pos(f.slot, 4)
+                if fp is not None and (table.name, f.name) in self.caps:
+                    self.check_count(fp + self.u32(fp), table.name, f.name)
                 out[f.name] = None if fp is None else self.vector(fp + self.u32(fp), base, depth)
             elif base in schema.unions:
                 tp = field_pos(f.slot - 1, 1)

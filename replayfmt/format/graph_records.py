@@ -12,9 +12,11 @@ from typing import Any
 import flatbuffers
 import numpy as np
 
+from replayfmt.errors import ReplayUsageError
 from replayfmt.format import model as m
 from replayfmt.format.decoder import StructVector
 from replayfmt.format.fb import Graph as FbGraph, GraphNode as FbGraphNode, KernelDims as FbKernelDims
+from replayfmt.format.layout import DEFAULT_LIMITS
 from replayfmt.format.model import GraphNode, GraphNodeKind
 from replayfmt.format.schema import load_schema
 
@@ -73,8 +75,25 @@ def _encode_node(b: flatbuffers.Builder, node: GraphNode) -> int:
     return n.End(b)
 
 
+def check_writable(graph: m.ObjectDef) -> None:
+    """ReplayUsageError for a graph no reader with default ``Limits`` would decode: a writer
+    never writes a file its own reader refuses (any other object passes)."""
+    if not isinstance(graph, m.Graph):
+        return
+    for count, most, name in (
+        (len(graph.nodes), DEFAULT_LIMITS.max_graph_nodes, "nodes"),
+        (len(graph.edges), DEFAULT_LIMITS.max_graph_edges, "edges"),
+    ):
+        if count > most:
+            raise ReplayUsageError(
+                f"graph {graph.id or '(new)'}: {count} {name}, more than a reader decodes "
+                f"(Limits.max_graph_{name}, {most})"
+            )
+
+
 def encode_graph(b: flatbuffers.Builder, graph: m.Graph) -> int:
-    """The Graph table of ``graph``."""
+    """The Graph table of ``graph`` (refused as :func:`check_writable` says)."""
+    check_writable(graph)
     nodes = [_encode_node(b, node) for node in graph.nodes]
     b.StartVector(4, len(nodes), 4)
     for offset in reversed(nodes):

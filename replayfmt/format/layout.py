@@ -104,6 +104,30 @@ class Limits:
     max_read_size: int = 16 << 30
     # an executable image read whole to plan a replay (captured payload or referenced file)
     max_executable_size: int = 256 << 20
+    # counts a 1.2 record declares, checked when the decoder reaches the vector (before its
+    # elements are decoded or anything is allocated for them): a graph's nodes and dependency
+    # edges, and the TIMINGS chunk's operation and scope rows
+    max_graph_nodes: int = 1 << 15
+    max_graph_edges: int = 1 << 18
+    max_timing_rows: int = 1 << 20
+    # and every graph of a capture together (charged as record batches are first decoded)
+    max_graph_nodes_total: int = 1 << 16
+    max_graph_edges_total: int = 1 << 20
+    # walks over CUDA graphs and their child graphs (checks, dumps, per-kernel timing, tuning):
+    # child graphs nest at most max_graph_depth deep, and one walk visits at most
+    # max_graph_visits nodes in all (a child graph reached again is remembered, not walked again)
+    max_graph_depth: int = 16
+    max_graph_visits: int = 1 << 21
+
+    def vector_caps(self) -> dict[tuple[str, str], tuple[int, str]]:
+        """(table, vector field) -> (most elements, the Limits field that sets it): what
+        :func:`replayfmt.format.decoder.decode_buffer` checks a declared count against."""
+        return {
+            ("Graph", "nodes"): (self.max_graph_nodes, "max_graph_nodes"),
+            ("Graph", "edges"): (self.max_graph_edges, "max_graph_edges"),
+            ("Timings", "operations"): (self.max_timing_rows, "max_timing_rows"),
+            ("Timings", "scopes"): (self.max_timing_rows, "max_timing_rows"),
+        }
 
     def check_expansion(self, stored: int, logical: int) -> str | None:
         """Why a chunk of ``stored`` bytes may not declare ``logical`` bytes, or None."""

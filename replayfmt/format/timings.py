@@ -160,20 +160,42 @@ def decode_timings(
     schema = load_schema()
     ops = d["operations"].to_numpy(schema.numpy_dtype("OperationTime")) if d.get("operations") else None
     scopes = d["scopes"].to_numpy(schema.numpy_dtype("ScopeTime")) if d.get("scopes") else None
-    operations: dict[int, OperationTime] = {}
-    for row in ops if ops is not None else ():
-        index = int(row["operation"])
-        if index >= operation_count:
-            raise ReplayFormatError(
-                f"a time for operation {index}, but the capture holds {operation_count} operations",
-                path=path,
-                offset=offset,
-                record="TIMINGS chunk",
+
+    def fail(message: str) -> ReplayFormatError:
+        return ReplayFormatError(message, path=path, offset=offset, record="TIMINGS chunk")
+
+    # checked whole, with numpy, before one row becomes an object: a time per operation at most
+    rows = 0 if ops is None else len(ops)
+    if rows > operation_count or (scopes is not None and len(scopes) > operation_count):
+        raise fail(
+            f"{rows} operation times and {0 if scopes is None else len(scopes)} scope times, "
+            f"but the capture holds {operation_count} operations"
+        )
+    if rows:
+        index = ops["operation"].astype(np.int64)
+        if int(index.max()) >= operation_count:
+            raise fail(f"a time for operation {int(index.max())}, but the capture holds {operation_count} operations")
+    if scopes is not None and len(scopes):
+        begin, end = scopes["begin"].astype(np.int64), scopes["end"].astype(np.int64)
+        if int(end.max()) >= operation_count or bool((begin > end).any()):
+            raise fail(f"a scope's markers are not two of the capture's {operation_count} operations in order")
+    operations = (
+        {}
+        if ops is None
+        else {
+            i: OperationTime(i, start, duration)
+            for i, start, duration in zip(
+                ops["operation"].tolist(), ops["start_ns"].tolist(), ops["duration_ns"].tolist(), strict=True
             )
-        operations[index] = OperationTime(index, int(row["start_ns"]), int(row["duration_ns"]))
-    scope_rows = tuple(
-        ScopeTime(int(r["begin"]), int(r["end"]), int(r["busy_ns"]), int(r["span_ns"]))
-        for r in (scopes if scopes is not None else ())
+        }
+    )
+    scope_rows = (
+        ()
+        if scopes is None
+        else tuple(
+            ScopeTime(*row)
+            for row in zip(*(scopes[name].tolist() for name in ("begin", "end", "busy_ns", "span_ns")), strict=True)
+        )
     )
     return OriginalTimes(d.get("clock") or "", operations, scope_rows)
 

@@ -304,7 +304,7 @@ class Benchmark:
     def _buffers_of(self, op: object) -> set[int]:
         """The buffers an operation touches, a graph launch's nodes' included."""
         if isinstance(op, m.GraphLaunch):
-            return graph_buffers(self.r.plan.graphs, op.graph)
+            return graph_buffers(self.r.plan.graphs, op.graph, self.r.plan.capture.limits)
         return buffers_of(op)
 
     def _snapshot(self, spans: list[Span]) -> list[tuple[int, int, int]]:

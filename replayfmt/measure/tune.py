@@ -162,7 +162,7 @@ def find_targets(plan: Plan, *, launch: int | None, kernel: str | None) -> Targe
     node_launches: list[int] = []
     for op in plan.capture.iter_operations():
         if isinstance(op, m.GraphLaunch) and pattern is not None:
-            for graph, index, node in kernel_nodes(plan.graphs, op.graph):
+            for graph, index, node in kernel_nodes(plan.graphs, op.graph, plan.capture.limits):
                 if matches_kernel(pattern, plan.function(node.executable, node.function).name):
                     nodes.setdefault((graph, index), node_launch(op.index, node))
                     node_launches.append(op.index)

@@ -1,19 +1,23 @@
 """The plan's checks of CUDA graphs, without a GPU: node references, kernel-node parameter
 layouts and relocations (checked as launches are), copy and memset ranges, child graphs and the
-dependency edges (in range, acyclic)."""
+dependency edges (in range, acyclic). Every walk over child graphs here is iterative, memoised
+and bounded by ``Limits`` (``max_graph_depth``, ``max_graph_visits``): a capture's graphs are
+untrusted, and neither a chain of thousands of child graphs nor a diamond that doubles at every
+level may recurse or run for long."""
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from replayfmt.errors import ReplayError, ReplayFormatError, UnsupportedOperationError
 from replayfmt.format import model as m
+from replayfmt.format.layout import DEFAULT_LIMITS, Limits
 from replayfmt.format.model import GraphNode, GraphNodeKind
 
 _N = GraphNodeKind
-_MAX_DEPTH = 16
 
 
 def node_launch(index: int, node: GraphNode) -> m.Launch:
@@ -70,9 +74,19 @@ def _range(graph: m.Graph, buffer: m.Buffer, offset: int, size: int, role: str) 
 def _need(objects: dict[int, m.ObjectDef], oid: int, cls: type, graph: m.Graph, role: str) -> Any:
     obj = objects.get(oid)
     if not isinstance(obj, cls):
-        what = f"object {oid} is a {obj.kind.label}" if obj is not None else f"object {oid} does not exist"
+        missing = getattr(objects, "missing", lambda oid: f"object {oid} does not exist")(oid)
+        what = f"object {oid} is a {obj.kind.label}" if obj is not None else missing
         raise ReplayFormatError(f"its {role} {what}, not a {cls.__name__.lower()}")
     return obj
+
+
+@dataclass(frozen=True, slots=True)
+class GraphSize:
+    """What one checked graph amounts to once its child graphs are expanded, as the driver
+    instantiates it: how deep its child graphs nest (1: none) and how many nodes it runs."""
+
+    depth: int
+    nodes: int
 
 
 def check_graph(
@@ -81,45 +95,114 @@ def check_graph(
     graph: m.Graph,
     check_launch: Callable[[m.Launch], None],
     index: int,
+    *,
+    limits: Limits = DEFAULT_LIMITS,
+    sizes: dict[int, GraphSize] | None = None,
 ) -> None:
     """Check ``graph`` (launched by operation ``index``) and its children; checked graphs go
-    into ``graphs``. ``check_launch`` checks a kernel node as the plan checks a launch. Errors
+    into ``graphs`` and their expanded sizes into ``sizes``. ``check_launch`` checks a kernel node
+    as the plan checks a launch. The walk is iterative and memoised (a child graph reached again
+    is not walked again), child graphs nest at most ``limits.max_graph_depth`` deep and a launch
+    expands to at most ``limits.max_graph_visits`` nodes (a chain of thousands of child graphs, or
+    a diamond whose expansion doubles at every level, is refused, never recursed into). Errors
     name the operation, the graph and the node."""
+    sizes = {} if sizes is None else sizes
     try:
-        _check_graph(graphs, objects, graph, check_launch, index, 0)
+        for gid in children_first(objects, graph.id, graphs, limits):
+            child = objects[gid]
+            assert isinstance(child, m.Graph)
+            _check_one(graphs, objects, child, check_launch, index, limits, sizes)
     except ReplayError as exc:
         raise type(exc)(f"operation {index} (graph_launch): {exc}") from None
 
 
-def _check_graph(
+def children_first(
+    objects: Mapping[int, m.ObjectDef], root: int, done: Mapping[int, object], limits: Limits = DEFAULT_LIMITS
+) -> list[int]:
+    """The graphs reachable from Graph ``root`` through child-graph nodes (``root`` included),
+    each once, every child before the graphs that hold it: an iterative walk that skips the ids
+    in ``done``. A child that is not a graph, a child written after its parent (the only way a
+    cycle can form) and nesting deeper than ``limits.max_graph_depth`` are refused."""
+    order: list[int] = []
+    seen: set[int] = set(done)
+    if root in seen:
+        return order
+    seen.add(root)
+    stack: list[tuple[int, int]] = [(root, 0)]  # (graph id, next node to look at)
+    while stack:
+        gid, at = stack[-1]
+        graph = objects[gid]
+        assert isinstance(graph, m.Graph)
+        nodes = graph.nodes
+        while at < len(nodes) and nodes[at].kind != _N.CHILD_GRAPH:
+            at += 1
+        if at == len(nodes):
+            stack.pop()
+            order.append(gid)
+            continue
+        stack[-1] = (gid, at + 1)
+        child_id = nodes[at].graph
+        child = objects.get(child_id)
+        where = f"graph {gid} node {at} (child_graph)"
+        if not isinstance(child, m.Graph):
+            missing = getattr(objects, "missing", lambda oid: f"object {oid} does not exist")(child_id)
+            what = f"object {child_id} is a {child.kind.label}" if child is not None else missing
+            raise ReplayFormatError(f"{where}: its child graph {what}, not a graph")
+        if child_id >= gid:  # so a graph never holds itself, nor any cycle of graphs
+            raise ReplayFormatError(f"{where}: child graph {child_id} is not written before graph {gid}")
+        if child_id in seen:
+            continue
+        if len(stack) >= limits.max_graph_depth:
+            raise UnsupportedOperationError(
+                f"graph {root}: child graphs nest more than {limits.max_graph_depth} deep (Limits.max_graph_depth)"
+            )
+        seen.add(child_id)
+        stack.append((child_id, 0))
+    return order
+
+
+def _check_one(
     graphs: dict[int, m.Graph],
     objects: dict[int, m.ObjectDef],
     graph: m.Graph,
     check_launch: Callable[[m.Launch], None],
     index: int,
-    depth: int,
+    limits: Limits,
+    sizes: dict[int, GraphSize],
 ) -> None:
-    if graph.id in graphs:
-        return
-    if depth > _MAX_DEPTH:
-        raise UnsupportedOperationError(f"graph {graph.id}: child graphs nest more than {_MAX_DEPTH} deep")
+    """Check one graph whose children are checked (and sized) already."""
     topological_order(graph)
+    depth, expanded = 1, 0
     for i, node in enumerate(graph.nodes):
         try:
-            _check_node(graphs, objects, graph, node, check_launch, index, depth)
+            _check_node(objects, graph, node, check_launch, index)
         except ReplayError as exc:
             raise type(exc)(f"graph {graph.id} node {i} ({node.label}): {exc}") from None
+        if node.kind == _N.CHILD_GRAPH:
+            child = sizes[node.graph]
+            depth, expanded = max(depth, child.depth + 1), expanded + child.nodes
+        else:
+            expanded += 1
+    if depth > limits.max_graph_depth:
+        raise UnsupportedOperationError(
+            f"graph {graph.id}: child graphs nest {depth} deep, more than {limits.max_graph_depth} "
+            "(Limits.max_graph_depth)"
+        )
+    if expanded > limits.max_graph_visits:
+        raise UnsupportedOperationError(
+            f"graph {graph.id}: its child graphs expand it to {expanded} nodes, more than "
+            f"Limits.max_graph_visits ({limits.max_graph_visits})"
+        )
+    sizes[graph.id] = GraphSize(depth, expanded)
     graphs[graph.id] = graph
 
 
 def _check_node(
-    graphs: dict[int, m.Graph],
     objects: dict[int, m.ObjectDef],
     graph: m.Graph,
     node: GraphNode,
     check_launch: Callable[[m.Launch], None],
     index: int,
-    depth: int,
 ) -> None:
     kind = node.kind
     if not isinstance(kind, GraphNodeKind):
@@ -143,33 +226,45 @@ def _check_node(
         _range(graph, dst, node.dst_offset, (node.height - 1) * node.pitch + row, "memset")
     elif kind in (_N.EVENT_RECORD, _N.EVENT_WAIT):
         _need(objects, node.event, m.Event, graph, "event")
-    elif kind == _N.CHILD_GRAPH:
-        child = _need(objects, node.graph, m.Graph, graph, "child graph")
-        if child.id >= graph.id:
-            raise ReplayFormatError(f"child graph {child.id} is not written before graph {graph.id}")
-        _check_graph(graphs, objects, child, check_launch, index, depth + 1)
+    # a child graph was checked before this graph (children_first)
 
 
-def graph_buffers(graphs: dict[int, m.Graph], graph_id: int) -> set[int]:
-    """Every buffer a checked graph's nodes (its children's included) use."""
+def graph_buffers(graphs: dict[int, m.Graph], graph_id: int, limits: Limits = DEFAULT_LIMITS) -> set[int]:
+    """Every buffer a checked graph's nodes (its children's included) use; each graph is looked
+    at once, however often it is reached."""
     used: set[int] = set()
-    for node in graphs[graph_id].nodes:
-        if node.kind == _N.KERNEL:
-            for r in node.relocations:
-                used |= {r.target_buffer, r.site_buffer} - {0}
-        elif node.kind in (_N.MEMCPY, _N.MEMSET):
-            used |= {node.src_buffer, node.dst_buffer} - {0}
-        elif node.kind == _N.CHILD_GRAPH:
-            used |= graph_buffers(graphs, node.graph)
+    for gid in children_first(graphs, graph_id, {}, limits):
+        for node in graphs[gid].nodes:
+            if node.kind == _N.KERNEL:
+                for r in node.relocations:
+                    used |= {r.target_buffer, r.site_buffer} - {0}
+            elif node.kind in (_N.MEMCPY, _N.MEMSET):
+                used |= {node.src_buffer, node.dst_buffer} - {0}
     return used
 
 
-def kernel_nodes(graphs: dict[int, m.Graph], graph_id: int) -> list[tuple[int, int, GraphNode]]:
-    """(graph id, node index, node) of every kernel node of a checked graph, its children's included."""
-    found = []
-    for i, node in enumerate(graphs[graph_id].nodes):
-        if node.kind == _N.KERNEL:
-            found.append((graph_id, i, node))
-        elif node.kind == _N.CHILD_GRAPH:
-            found += kernel_nodes(graphs, node.graph)
-    return found
+def graph_references(graphs: dict[int, m.Graph], graph_id: int, limits: Limits = DEFAULT_LIMITS) -> set[int]:
+    """Every object a checked graph's nodes refer to (buffers, events, executables, child graphs),
+    its children's included: what must still be alive when it is launched."""
+    used: set[int] = set()
+    for gid in children_first(graphs, graph_id, {}, limits):
+        used.add(gid)
+        for node in graphs[gid].nodes:
+            used |= {node.executable, node.src_buffer, node.dst_buffer, node.event, node.graph}
+            for r in node.relocations:
+                used |= {r.target_buffer, r.site_buffer}
+    used.discard(0)
+    return used
+
+
+def kernel_nodes(
+    graphs: dict[int, m.Graph], graph_id: int, limits: Limits = DEFAULT_LIMITS
+) -> list[tuple[int, int, GraphNode]]:
+    """(graph id, node index, node) of every kernel node of a checked graph, its children's
+    included, each once (a child graph reached along several paths is listed once)."""
+    return [
+        (gid, i, node)
+        for gid in children_first(graphs, graph_id, {}, limits)
+        for i, node in enumerate(graphs[gid].nodes)
+        if node.kind == _N.KERNEL
+    ]

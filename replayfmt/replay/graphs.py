@@ -19,7 +19,7 @@ from replayfmt.errors import DeviceError, ReplayUsageError, UnsupportedOperation
 from replayfmt.format import model as m
 from replayfmt.format.model import GraphNode, GraphNodeKind
 from replayfmt.replay.devices import Devices
-from replayfmt.replay.graph_plan import node_launch, topological_order
+from replayfmt.replay.graph_plan import children_first, node_launch, topological_order
 from replayfmt.replay.launches import PreparedLaunch, prepare_launch
 from replayfmt.replay.modules import Modules
 from replayfmt.replay.plan import Plan
@@ -123,10 +123,18 @@ class GraphBuilder:
         return {index: self.prepared(op, gpu) for index, (op, gpu) in self._launched.items()}
 
     def _graph(self, graph_id: int, index: int, gpu: int) -> _Built:
-        key = (graph_id, gpu)
-        built = self._graphs.get(key)
+        """The CUgraph of a checked graph on ``gpu``: its child graphs are built first, each once
+        (an iterative walk, bounded as the plan checked it), so no build recurses."""
+        built = self._graphs.get((graph_id, gpu))
         if built is not None:
             return built
+        built_here = {g for g, on in self._graphs if on == gpu}
+        for gid in children_first(self.plan.graphs, graph_id, built_here, self.plan.capture.limits):
+            self._build(gid, index, gpu)
+        return self._graphs[(graph_id, gpu)]
+
+    def _build(self, graph_id: int, index: int, gpu: int) -> None:
+        key = (graph_id, gpu)
         cu = self.devices.cu
         graph_def = self.plan.graphs[graph_id]
         where = f"operation {index}: graph {graph_id}"
@@ -145,7 +153,6 @@ class GraphBuilder:
             handles[i] = check(added, f"{where} node {i} ({node.label})")
             built.calls[start:] = [replace(c, node=f"{i}.{c.node}" if c.node else str(i)) for c in built.calls[start:]]
         self._graphs[key] = built
-        return built
 
     def _add(
         self,
@@ -202,7 +209,7 @@ class GraphBuilder:
             calls.append(NodeCall("event_wait", cu.cuStreamWaitEvent, (STREAM, event, 0), False))
             return cu.cuGraphAddEventWaitNode(graph, deps, len(deps), event)
         if kind == _N.CHILD_GRAPH:
-            child = self._graph(node.graph, index, gpu)
+            child = self._graphs[(node.graph, gpu)]  # built before its parent (children_first)
             built.launches.extend(child.launches)
             calls.extend(child.calls)
             return cu.cuGraphAddChildGraphNode(graph, deps, len(deps), child.graph)

@@ -11,7 +11,8 @@ from replayfmt.cuda.functions import parameter_layout
 from replayfmt.errors import AbiMismatchError, DeviceError, ReplayUsageError
 from replayfmt.format import model as m
 from replayfmt.replay.devices import Devices, ReplayDevice
-from replayfmt.replay.plan import ExecutableImage, Plan, layout_difference
+from replayfmt.replay.executables import ExecutableImage, layout_difference
+from replayfmt.replay.plan import Plan
 
 FunctionKey = tuple[int, int]  # (executable id, function index)
 _STATIC_SHARED = 48 * 1024  # dynamic shared memory above this must be opted in to

@@ -9,10 +9,9 @@ this step, so CI can exercise all of it without a GPU.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
-from replayfmt.container.files import ResolvedFile, read_reference, resolve_file
+from replayfmt.container.files import ResolvedFile, resolve_file
 from replayfmt.errors import (
     AbiMismatchError,
     FileMismatchError,
@@ -22,11 +21,20 @@ from replayfmt.errors import (
     UnsupportedOperationError,
 )
 from replayfmt.format import model as m
-from replayfmt.format.cubin import CubinError, CubinInfo, detect_format, parse_cubin
-from replayfmt.format.model import EXECUTABLE_FORMATS
 from replayfmt.format.names import demangle
 from replayfmt.reader import Capture
-from replayfmt.replay.graph_plan import check_graph
+from replayfmt.replay.executables import ExecutableImage, ExecutableSources, plan_executables
+from replayfmt.replay.graph_plan import GraphSize, check_graph, graph_references
+from replayfmt.replay.plan_checks import (
+    FrameChecks,
+    LiveObjects,
+    check_graph_lifetimes,
+    device_work_problem,
+    payloads_of,
+    plan_warnings,
+    repeat_key,
+    unfolded,
+)
 from replayfmt.replay.plan_options import (
     MAX_BLOCK,
     MAX_GRID,
@@ -56,18 +64,6 @@ def upload_key(op: m.Copy) -> UploadKey:
 
 
 @dataclass
-class ExecutableImage:
-    """The code that will be loaded for one captured executable."""
-
-    executable: m.Executable
-    data: bytes
-    format: m.ExecutableFormat
-    source: str  # "capture" or the substitution file
-    cubin: CubinInfo | None = None  # when the image is a readable cubin
-    abi_checked: bool = False  # checked without a GPU from cubin metadata
-
-
-@dataclass
 class Plan:
     capture: Capture
     options: PlanOptions
@@ -85,6 +81,7 @@ class Plan:
     max_block_threads: dict[tuple[int, int], int] = field(default_factory=dict)
     max_cluster_blocks: dict[tuple[int, int], int] = field(default_factory=dict)  # blocks per cluster
     problems: list[str] = field(default_factory=list)  # collected under --continue-on-error
+    warnings: list[str] = field(default_factory=list)  # what the replay goes on without (a dropped TIMINGS chunk)
     uploads: dict[UploadKey, tuple[m.Copy, int]] = field(default_factory=dict)  # first copy of each source, bytes
     needs_fixed_addresses: bool = False
     # starting state, hoisted: operation index a region begins at -> the state to apply before it,
@@ -93,6 +90,7 @@ class Plan:
     graphs: dict[int, m.Graph] = field(default_factory=dict)  # launched graphs (and their children), checked
     # checkpoint operation index -> where its region begins (the key of its region's state)
     checkpoint_regions: dict[int, int] = field(default_factory=dict)
+    graph_sizes: dict[int, GraphSize] = field(default_factory=dict)  # each checked graph, expanded
 
     @property
     def state_bytes(self) -> int:
@@ -197,28 +195,54 @@ def build_plan(capture: Capture, options: PlanOptions = PlanOptions()) -> Plan:
     overrides = {o.operation: o for o in options.launch_overrides}
     if len(overrides) != len(options.launch_overrides):
         raise ReplayUsageError("--launch: an operation is overridden twice")
-    counts: dict[str, int] = {}
+    kinds: dict[m.OperationKind | int, int] = {}
     regions = RegionTracker()
-    for op in capture.iter_operations():
-        label = op.kind.label if not isinstance(op, m.UnknownOperation) else "unknown"
-        counts[label] = counts.get(label, 0) + 1
+    live = LiveObjects(objects)  # what each operation may use: nothing after its DestroyObject
+    frames = FrameChecks(capture)
+    passed: set[tuple[object, ...]] = set()  # launches, copies, memsets checked already (all but the index)
+    # operations equal but for their index come folded (the reader's distinct_operations): checked once
+    for op, n in unfolded(capture, bool(overrides)):
+        kind = op.kind if not isinstance(op, m.UnknownOperation) else -1
+        kinds[kind] = kinds.get(kind, 0) + n
+        key = repeat_key(op) if op.index not in overrides else None
+        if key is not None and key in passed:  # a repeat: the same checks, the same outcome (the hot path)
+            regions.step(op)
+            if kind == _K.LAUNCH:
+                plan.launches_of[(op.executable, op.function)] += n
+            continue
         hoist = regions.step(op)
         try:
             if isinstance(op, m.State):
-                _plan_state(plan, objects, op, hoist)
+                _plan_state(plan, live, op, hoist)
+            elif isinstance(op, m.DestroyObject):
+                live.destroy(op)
+                passed.clear()  # what passed before may use what is gone now
             else:
                 if isinstance(op, m.Checkpoint):
                     plan.checkpoint_regions[op.index] = hoist
-                _check_operation(plan, objects, op, overrides.pop(op.index, None))
+                _check_operation(plan, live, op, overrides.pop(op.index, None))
+                if n > 1 and kind == _K.LAUNCH:
+                    plan.launches_of[(op.executable, op.function)] += n - 1
+                for payload in payloads_of(op):
+                    frames.check(op, payload)
+                if key is not None:
+                    passed.add(key)
         except ReplayError as exc:
             checker.fail(exc)
+    counts = {(k.label if k != -1 else "unknown"): n for k, n in kinds.items()}  # type: ignore[union-attr]
+    nothing = device_work_problem(capture, counts)
+    if nothing:  # the whole capture's verdict, not one operation's: listed, whatever --continue-on-error
+        plan.problems.append(nothing)
+    plan.warnings = plan_warnings(capture)
     for op_index in overrides:
         checker.fail(ReplayUsageError(f"--launch {op_index}: operation {op_index} is not in the capture"))
     plan.operation_counts = counts
     launched: dict[int, set[int]] = {}
     for eid, index in plan.launches_of:
         launched.setdefault(eid, set()).add(index)
-    _plan_executables(plan, objects, checker, launched)
+    plan.images = plan_executables(
+        ExecutableSources(capture, options, plan.devices, plan.files), objects, checker.fail, launched
+    )
     for (eid, fn), threads in plan.max_block_threads.items():
         _check_function_limits(plan, eid, fn, threads, checker)
     return plan
@@ -229,7 +253,8 @@ class RegionTracker:
 
     A region is an outermost scope (it begins at its ScopeBegin) or a stretch of operations
     outside every scope (it begins at its first operation, just after the previous outermost
-    scope ends, or at the capture's start). Feed every operation in order to :meth:`step`."""
+    scope ends, or at the capture's start). Feed operations in order to :meth:`step`: every
+    scope marker and every operation whose region matters (a repeat folded away need not be)."""
 
     def __init__(self) -> None:
         self.depth = 0
@@ -247,7 +272,7 @@ class RegionTracker:
         if isinstance(op, m.ScopeEnd) and self.depth > 0:
             self.depth -= 1
             if self.depth == 0:
-                self.begin = None  # the next operation begins a new region
+                self.begin = op.index + 1  # the next operation begins a new region (stepped or not)
         return begin
 
 
@@ -267,146 +292,11 @@ def _plan_state(plan: Plan, objects: dict[int, m.ObjectDef], op: m.State, hoist:
         plan.uploads[key] = (copy, plan.capture.payload(op.payload).size)
 
 
-def _plan_executables(
-    plan: Plan, objects: dict[int, m.ObjectDef], checker: _Checker, launched: dict[int, set[int]]
-) -> None:
-    subs = {s.target: s for s in plan.options.substitutions}
-    executables = {i: o for i, o in objects.items() if isinstance(o, m.Executable)}
-    for target in subs:
-        if target is not None and target not in executables:
-            what = (
-                f"object {target} is a {objects[target].kind.label}, not an executable"
-                if target in objects
-                else (f"the capture has no object {target}")
-            )
-            raise ReplayUsageError(
-                f"--executable-substitution {target}: {what}; "
-                f"executables: {', '.join(map(str, sorted(executables))) or 'none'}"
-            )
-    captured_images: dict[tuple[int, int], bytes] = {}  # a recorder writes one executable per kernel of a module
-    for eid, exe in executables.items():
-        sub = subs.get(eid) or subs.get(None)
-        try:
-            if sub is None:
-                key = (exe.payload, exe.file)
-                if key not in captured_images:
-                    captured_images[key] = _captured_image(plan, eid, exe)
-                image = ExecutableImage(exe, captured_images[key], exe.format, "capture")
-            else:
-                try:
-                    data = sub.path.read_bytes()
-                except OSError as exc:
-                    raise ReplayUsageError(
-                        f"--executable-substitution {eid}: cannot read {sub.path} ({exc.strerror})"
-                    ) from None
-                try:
-                    detected = EXECUTABLE_FORMATS[detect_format(data)]
-                except CubinError as exc:
-                    raise CubinError(f"--executable-substitution {eid}: {sub.path}: {exc}") from None
-                if sub.format is not None and sub.format != detected:
-                    raise ReplayUsageError(
-                        f"--executable-substitution {eid}: {sub.path} is a {detected.name.lower()}, "
-                        f"not a {sub.format.name.lower()}"
-                    )
-                image = ExecutableImage(exe, data, detected, str(sub.path))
-            if image.format == m.ExecutableFormat.CUBIN and image.data[:4] == b"\x7fELF":
-                try:
-                    image.cubin = parse_cubin(image.data)
-                except CubinError as exc:
-                    if sub is not None:
-                        raise CubinError(f"--executable-substitution {eid}: {sub.path}: {exc}") from None
-                    # the captured image is for the driver to judge at load; only substitutes must parse
-                if image.cubin is not None:
-                    if sub is not None:
-                        _check_substitute_arch(plan, eid, exe, image)
-                    _check_cubin_abi(eid, exe, image, launched.get(eid, set()))
-            plan.images[eid] = image
-        except (CubinError, AbiMismatchError) as exc:
-            checker.fail(exc)
-            plan.images[eid] = ExecutableImage(exe, b"", exe.format, "unusable")
-
-
-def _check_substitute_arch(plan: Plan, eid: int, exe: m.Executable, image: ExecutableImage) -> None:
-    """A cubin runs only on its own major architecture, at its minor version or newer: compare a
-    substitute's with the captured executable's target (or, without one, the captured devices')."""
-    assert image.cubin is not None
-    have = divmod(image.cubin.arch, 10)
-    target = re.fullmatch(r"sm_(\d+)(\d)[a-z]?", exe.target_arch or "")
-    wanted = [(int(target[1]), int(target[2]))] if target else [d.compute_capability for d in plan.devices]
-    for major, minor in wanted:
-        if major and (have[0] != major or have[1] > minor):
-            where = (
-                f"the captured executable targets sm_{major}{minor}"
-                if target
-                else f"the capture's device is sm_{major}{minor}"
-            )
-            raise AbiMismatchError(
-                f"executable {eid}: {image.source} is a cubin for sm_{have[0]}{have[1]}, but {where}: "
-                f"it cannot run it (rebuild it with -arch=sm_{major}{minor})"
-            )
-
-
-def _captured_image(plan: Plan, eid: int, exe: m.Executable) -> bytes:
-    """The bytes of a captured executable: its payload, or the file it was loaded from."""
-    if exe.payload or not exe.file:
-        if exe.payload and plan.capture.payload(exe.payload).size > plan.capture.limits.max_executable_size:
-            raise ReplayUsageError(
-                f"executable {eid}: payload {exe.payload} is {plan.capture.payload(exe.payload).size} bytes, "
-                f"over Limits.max_executable_size ({plan.capture.limits.max_executable_size})"
-            )
-        return plan.capture.read_payload(exe.payload) if exe.payload else b""
-    resolved = plan.files.get(exe.file)
-    if resolved is None:
-        raise ReplayUsageError(f"executable {eid}: its file reference {exe.file} is unusable (see above)")
-    ref = resolved.reference
-    size = ref.size if resolved.path is not None else plan.capture.payload(ref.payload).size if ref.payload else 0
-    if size > plan.capture.limits.max_executable_size:
-        raise ReplayUsageError(f"executable {eid}: {size} bytes, over Limits.max_executable_size")
-    if resolved.path is not None:  # a regular file, read up to its recorded size only
-        return read_reference(resolved.path, ref.size)
-    if ref.payload:
-        return plan.capture.read_payload(ref.payload)
-    raise ReplayUsageError(f"executable {eid}: the capture holds no bytes of {ref.path}")
-
-
-def _check_cubin_abi(eid: int, exe: m.Executable, image: ExecutableImage, launched: set[int]) -> None:
-    """Every captured function the capture launches must exist in the image with the same layout
-    (a substitute may leave out kernels the capture never launches)."""
-    assert image.cubin is not None
-    for index, fn in enumerate(exe.functions):
-        if index not in launched:
-            continue
-        kernel = image.cubin.kernels.get(fn.name)
-        if kernel is None:
-            available = ", ".join(sorted(image.cubin.kernels)) or "none"
-            raise AbiMismatchError(
-                f"executable {eid}: function {fn.name} is missing from {image.source} (it has: {available})"
-            )
-        if fn.parameters_known:
-            captured = [(p.offset, p.size) for p in fn.parameters]
-            if captured != kernel.parameters:
-                raise AbiMismatchError(layout_difference(eid, fn.name, captured, kernel.parameters, image.source))
-    image.abi_checked = True
-
-
-def layout_difference(
-    eid: int, name: str, captured: list[tuple[int, int]], loaded: list[tuple[int, int]], source: str
-) -> str:
-    if len(captured) != len(loaded):
-        detail = f"{len(captured)} parameters captured, {len(loaded)} in {source}"
-    else:
-        i = next(k for k, (a, b) in enumerate(zip(captured, loaded)) if a != b)
-        detail = (
-            f"parameter {i}: captured=(offset {captured[i][0]}, size {captured[i][1]}) "
-            f"loaded=(offset {loaded[i][0]}, size {loaded[i][1]})"
-        )
-    return f"executable {eid}: function {name} has another ABI: {detail}"
-
-
 def _need(objects: dict[int, m.ObjectDef], oid: int, cls: type, op: m.Operation, role: str) -> m.ObjectDef:
     obj = objects.get(oid)
     if not isinstance(obj, cls):
-        what = f"object {oid} is a {obj.kind.label}" if obj is not None else f"object {oid} does not exist"
+        missing = objects.missing(oid) if isinstance(objects, LiveObjects) else f"object {oid} does not exist"
+        what = f"object {oid} is a {obj.kind.label}" if obj is not None else missing
         raise ReplayFormatError(
             f"operation {op.index} ({op.kind.label}): its {role} {what}, not a {cls.__name__.lower()}"
         )
@@ -552,7 +442,17 @@ def _check_operation(
         _need(objects, op.executable, m.Executable, op, "executable")
     elif isinstance(op, m.GraphLaunch):
         graph = _need(objects, op.graph, m.Graph, op, "graph")
-        check_graph(plan.graphs, objects, graph, lambda launch: _check_operation(plan, objects, launch, None), op.index)
+        check_graph(
+            plan.graphs,
+            objects,
+            graph,
+            lambda launch: _check_operation(plan, objects, launch, None),
+            op.index,
+            limits=plan.capture.limits,
+            sizes=plan.graph_sizes,
+        )
+        if isinstance(objects, LiveObjects):
+            check_graph_lifetimes(objects, op, graph_references(plan.graphs, graph.id, plan.capture.limits))
 
 
 def _check_function_limits(plan: Plan, eid: int, index: int, threads: int, checker: _Checker) -> None:

@@ -1,0 +1,134 @@
+"""Checks the plan makes across operations, beside the per-operation ones of ``plan``: object
+lifetimes (nothing used after its DestroyObject), payloads whose frames the index promises (each
+frame's chunk header read, nothing decompressed), whether a recovered capture kept any device
+work, and what a replay goes on without (an invalid OPTIONAL TIMINGS chunk, dropped)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from replayfmt.errors import ReplayFormatError
+from replayfmt.format import model as m, records
+from replayfmt.reader import Capture
+
+_K = m.OperationKind
+DEVICE_WORK = frozenset(
+    {_K.LAUNCH, _K.GRAPH_LAUNCH, _K.COPY_HOST_TO_DEVICE, _K.COPY_DEVICE_TO_HOST, _K.COPY_DEVICE_TO_DEVICE, _K.MEMSET}
+)
+
+
+class LiveObjects(dict[int, m.ObjectDef]):
+    """The objects alive at the operation being checked: a DestroyObject takes its object out,
+    and ``destroyed`` remembers by which operation (so that a later use is named as such)."""
+
+    def __init__(self, objects: dict[int, m.ObjectDef]) -> None:
+        super().__init__(objects)
+        self.destroyed: dict[int, int] = {}
+
+    def destroy(self, op: m.DestroyObject) -> None:
+        """Apply a DestroyObject; ReplayFormatError when its object does not exist or is gone."""
+        if op.object in self.destroyed:
+            raise ReplayFormatError(
+                f"operation {op.index} (destroy): object {op.object} was destroyed already by operation "
+                f"{self.destroyed[op.object]}"
+            )
+        if op.object not in self:
+            raise ReplayFormatError(f"operation {op.index} (destroy): object {op.object} does not exist")
+        del self[op.object]
+        self.destroyed[op.object] = op.index
+
+    def missing(self, oid: int) -> str:
+        """Why ``oid`` is not here, for a message."""
+        gone = self.destroyed.get(oid)
+        return f"object {oid} was destroyed by operation {gone}" if gone is not None else f"object {oid} does not exist"
+
+
+def check_graph_lifetimes(live: LiveObjects, op: m.GraphLaunch, used: set[int]) -> None:
+    """A graph launch after a buffer, event or child graph its nodes use was destroyed."""
+    gone = sorted(oid for oid in used if oid in live.destroyed)
+    if gone:
+        raise ReplayFormatError(
+            f"operation {op.index} (graph_launch): graph {op.graph} uses object {gone[0]}, destroyed by "
+            f"operation {live.destroyed[gone[0]]}"
+        )
+
+
+class FrameChecks:
+    """Each payload an operation uses, checked once: its frames are where the index says."""
+
+    def __init__(self, capture: Capture) -> None:
+        self.capture = capture
+        self.checked: set[int] = set()
+
+    def check(self, op: m.Operation, payload: int) -> None:
+        if payload in self.checked or not 1 <= payload <= self.capture.payload_count:
+            return  # a missing payload is the operation's own check
+        self.checked.add(payload)
+        try:
+            self.capture.check_frames(payload)
+        except ReplayFormatError as exc:
+            raise ReplayFormatError(f"operation {op.index} ({op.kind.label}) uses payload {payload}: {exc}") from None
+
+
+def device_work_problem(capture: Capture, counts: dict[str, int]) -> str | None:
+    """Why a recovered capture is not replayable work: nothing survived, or nothing that runs on
+    a device (a launch, graph launch, copy or memset); None otherwise. dump-replay and run-replay
+    --dry-run say it in these words."""
+    if not capture.recovered:
+        return None
+    work = sum(n for label, n in counts.items() if label in {k.label for k in DEVICE_WORK})
+    if work:
+        return None
+    kept = (
+        f"none of the {capture.operation_count} operations that survived is device work "
+        "(a launch, graph launch, copy or memset)"
+        if capture.operation_count
+        else "no operation survived"
+    )
+    return (
+        f"the file was recovered and {kept} ({capture.discarded_bytes} bytes at its end were discarded): "
+        "not replayable as captured"
+    )
+
+
+def plan_warnings(capture: Capture) -> list[str]:
+    """What a replay goes on without: an invalid OPTIONAL TIMINGS chunk, dropped."""
+    capture.original_times()
+    return [capture.timings_problem] if capture.timings_problem else []
+
+
+_ID_FIELDS: dict[type, tuple[str, ...]] = {
+    cls: names
+    for kind, (cls, names) in records.ID_OPERATIONS.items()
+    if kind not in (_K.CREATE_OBJECT, _K.DESTROY_OBJECT)
+}
+
+
+def repeat_key(op: m.Operation) -> tuple[object, ...] | None:
+    """What an operation is checked on, all but its index (of a launch's parameters, only their
+    length is checked), so that the plan checks a repeat once; None for operations checked every
+    time (table operations: state, checkpoints, scopes; objects created and destroyed)."""
+    cls = type(op)
+    if cls is m.Launch:
+        return (*op[1:9], len(op.parameters), op.relocations)
+    if cls is m.Copy or cls is m.Memset:
+        return (op.kind, *op[1:])
+    names = _ID_FIELDS.get(cls)  # events, synchronisations, module loads, graph launches
+    return None if names is None else (cls, *(getattr(op, n) for n in names))
+
+
+def payloads_of(op: m.Operation) -> tuple[int, ...]:
+    """The payloads an operation reads (their frames are checked once each)."""
+    if isinstance(op, m.State) or (isinstance(op, m.Copy) and op.kind == _K.COPY_HOST_TO_DEVICE and not op.src_file):
+        return (op.payload,)
+    if isinstance(op, m.Checkpoint):
+        return tuple(e.payload for e in op.entries)
+    return ()
+
+
+def unfolded(capture: Capture, each: bool) -> Iterator[tuple[m.Operation, int]]:
+    """The capture's operations with repeats folded (``Capture.distinct_operations``), or ``each``
+    standing for itself (when --launch overrides some by index)."""
+    if each:
+        return ((op, 1) for op in capture.iter_operations())
+    return capture.distinct_operations()
