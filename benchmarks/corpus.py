@@ -221,7 +221,7 @@ def main() -> int:
         help="run every N-th program from the K-th (a run over one device call's time limit, split)",
     )
     parser.add_argument("--list", action="store_true", help="list the programs and exit")
-    parser.add_argument("--check", action="store_true", help=f"exit 1 when under {PASS_SHARE:.0%} of rows pass")
+    parser.add_argument("--check", action="store_true", help=f"exit 1 when under {round(PASS_SHARE * 100)}%% of rows pass")
     args = parser.parse_args()
     chosen = programs(args.only)
     if args.shard:
