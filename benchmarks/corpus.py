@@ -60,6 +60,7 @@ class Row:
     ratio: float | None = None
     error: str = ""  # the first failing step's last line
     passed: bool = False
+    runnable: bool = True  # False: the program fails alone on this machine (its image, not the recorder)
 
     def cells(self) -> list[str]:
         def seconds(value: float | None) -> str:
@@ -75,7 +76,7 @@ class Row:
             self.verdict or "-",
             self.verify or "-",
             ratio,
-            "pass" if self.passed else f"FAIL: {self.error}",
+            "pass" if self.passed else (f"FAIL: {self.error}" if self.runnable else f"n/a: {self.error}"),
         ]
 
 
@@ -129,8 +130,8 @@ def one(program: Path, work: Path, timeout: float, logs: Path | None = None) -> 
         return done
 
     alone = run([sys.executable, str(program)] if program.suffix == ".py" else [str(program)], "program")
-    if alone.code != 0:
-        row.error = f"the program alone: {alone.last_line}"
+    if alone.code != 0:  # nothing of replayfmt ran: the row says why and is not counted
+        row.error, row.runnable = f"the program alone: {alone.last_line}", False
         return row
     row.program_s = alone.seconds
     capture = work / f"{program.stem}.kreplay"
@@ -221,7 +222,9 @@ def main() -> int:
         help="run every N-th program from the K-th (a run over one device call's time limit, split)",
     )
     parser.add_argument("--list", action="store_true", help="list the programs and exit")
-    parser.add_argument("--check", action="store_true", help=f"exit 1 when under {round(PASS_SHARE * 100)}%% of rows pass")
+    parser.add_argument(
+        "--check", action="store_true", help=f"exit 1 when under {round(PASS_SHARE * 100)}%% of rows pass"
+    )
     args = parser.parse_args()
     chosen = programs(args.only)
     if args.shard:
@@ -255,11 +258,14 @@ def main() -> int:
     for line in table([HEADER] + [r.cells() for r in rows]):
         print(line)
     passed = sum(r.passed for r in rows)
-    total = len(rows) + len(skipped)
+    alone = [r.name for r in rows if not r.runnable]
+    total = len(rows) - len(alone) + len(skipped)
     elapsed = time.perf_counter() - began
     print(f"corpus: {passed}/{total} rows pass all four steps ({elapsed:.0f} s)")
     if skipped:
         print(f"corpus: not run (--budget {args.budget:.0f} s): {', '.join(skipped)}")
+    if alone:  # not the recorder's rows: the program does not run on this machine at all
+        print(f"corpus: not counted (the program fails without replayfmt here): {', '.join(alone)}")
     if args.check and passed < PASS_SHARE * total:
         print(f"corpus: FAIL: {passed}/{total} is under {PASS_SHARE:.0%}", file=sys.stderr)
         return 1

@@ -27,6 +27,24 @@ MISMATCH_OUT = "op     12 buffer 3: MISMATCH 64 float32 compared (exact), 3 mism
     ("code", "stdout", "stderr", "outcome", "ranges", "detail"),
     [
         (0, VERIFIED, "", Outcome.VERIFIED, 3, ""),
+        # what run-replay --verify prints today (docs/VERIFY.md): the verdict line, then the problem
+        (0, "verified: 21 range(s) compared (21 typed) over 1 replay(s): 21 exact\n", "", Outcome.VERIFIED, 21, ""),
+        (
+            1,
+            "NOT verified: 193 range(s) compared (40 typed) over 4 replay(s): 21 exact, 172 wrong\n",
+            "run-replay: error: verification: 172 of 193 compared range(s) failed; first: op 227 buffer 3\n",
+            Outcome.MISMATCH,
+            0,
+            "172 of 193",
+        ),
+        (
+            1,
+            "NOT verified: 4 range(s) compared\n",
+            "run-replay: error: verification: nothing was proven: every one of the 4 compared range(s) held\n",
+            Outcome.NOTHING_TO_VERIFY,
+            0,
+            "nothing was proven",
+        ),
         (0, NOTHING, "", Outcome.NOTHING_TO_VERIFY, 0, ""),
         # nothing to compare exits non-zero where --verify insists on comparing something: still replayed
         (1, NOTHING, "run-replay: error: nothing was verified\n", Outcome.NOTHING_TO_VERIFY, 0, ""),

@@ -107,6 +107,19 @@ def judge(returncode: int, stdout: str, stderr: str, seconds: float = 0.0) -> Re
     if returncode == 0 and verified:
         ranges = int(verified[-1].split()[1])
         return ReplayCheck(Outcome.VERIFIED, ranges, seconds=seconds)
+    # run-replay --verify's verdict line on failure (docs/VERIFY.md): "verification: <problem>"
+    problem = next(
+        (
+            line.split("error: verification:", 1)[1].strip()
+            for line in stderr.splitlines()
+            if "error: verification:" in line
+        ),
+        "",
+    )
+    if problem.startswith(("nothing was compared", "nothing was proven")):
+        return ReplayCheck(Outcome.NOTHING_TO_VERIFY, detail=problem[:_TAIL], seconds=seconds)
+    if problem:  # it replayed; what it computed differs (judged per element against several replays)
+        return ReplayCheck(Outcome.MISMATCH, detail=problem[:_TAIL], seconds=seconds)
     nothing = "the capture holds no checkpoints or expected downloads" in stdout
     # run-replay says so (and exits 1 where nothing compared is a failure of --verify): not a failed replay
     if nothing and ": MISMATCH " not in stdout and not _OPERATION_FAILED.search(stderr):
