@@ -55,7 +55,11 @@ from replayfmt.format.layout import (
 from replayfmt.format.payloads import decompress_into, frame_hash, hash_hex
 from replayfmt.format.timings import OriginalTimes, decode_timings
 
-_BATCH_CACHE = 8
+# Decoded record batches are kept while they hold at most this many records (operations and
+# objects) together, most recently used first: a replay reads a capture three times (the plan's
+# objects and operations, then the steps), and decoding a batch again costs far more than the
+# columns it keeps (about 150 bytes a record; a 700k-operation capture is read once this way).
+_CACHED_RECORDS = 1_500_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +87,7 @@ class Capture:
         self.limits = limits
         self._lock = threading.Lock()
         self._cache: OrderedDict[int, DecodedBatch] = OrderedDict()
+        self._cached_records = 0  # operations and objects of the batches in _cache
         self._pool: cf.ThreadPoolExecutor | None = None
         self._last_materialized: tuple[int, list[m.Operation]] | None = None
         self._file = BoundedFile(self.path)
@@ -119,6 +124,7 @@ class Capture:
             self._pool.shutdown(wait=True)
             self._pool = None
         self._cache.clear()
+        self._cached_records = 0
         self._last_materialized = None
         self._file.close()
         self._fd = -1
@@ -198,9 +204,12 @@ class Capture:
                 return cached
         batch = self._decode_batch(i)
         with self._lock:
-            self._cache[i] = batch
-            while len(self._cache) > _BATCH_CACHE:
-                self._cache.popitem(last=False)
+            if i not in self._cache:
+                self._cache[i] = batch
+                self._cached_records += len(batch.kinds) + len(batch.objects)
+            while len(self._cache) > 1 and self._cached_records > _CACHED_RECORDS:
+                _, dropped = self._cache.popitem(last=False)
+                self._cached_records -= len(dropped.kinds) + len(dropped.objects)
         return batch
 
     def _decode_batch(self, i: int) -> DecodedBatch:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from replayfmt.container.files import ResolvedFile, read_reference, resolve_file
 from replayfmt.errors import (
@@ -36,6 +37,13 @@ from replayfmt.replay.plan_options import (
     captured_file_range,
     check_substitutions,
     launch_shape,
+)
+from replayfmt.replay.plan_scan import (
+    EVENT_OPERATIONS,
+    NOTHING_TO_CHECK,
+    RegionTracker,
+    launch_signature,
+    track_event,
 )
 
 _K = m.OperationKind
@@ -88,6 +96,9 @@ class Plan:
     # as host-to-device copies (stream 0) that are staged like uploads but are not the program's work
     state: dict[int, list[m.Copy]] = field(default_factory=dict)
     graphs: dict[int, m.Graph] = field(default_factory=dict)  # launched graphs (and their children), checked
+    # event id -> [first, last, first is a record]: the operations that record, wait on or
+    # synchronise with it (events first recorded whose spans do not overlap share a CUDA event)
+    event_spans: dict[int, list[Any]] = field(default_factory=dict)
 
     @property
     def state_bytes(self) -> int:
@@ -185,15 +196,27 @@ def build_plan(capture: Capture, options: PlanOptions = PlanOptions()) -> Plan:
         raise ReplayUsageError("--launch: an operation is overridden twice")
     counts: dict[str, int] = {}
     regions = RegionTracker()
+    checked_launches: set[tuple[Any, ...]] = set()  # performance: see launch_signature
     for op in capture.iter_operations():
         label = op.kind.label if not isinstance(op, m.UnknownOperation) else "unknown"
         counts[label] = counts.get(label, 0) + 1
         hoist = regions.step(op)
+        cls = type(op)
+        if cls in NOTHING_TO_CHECK and not overrides:
+            continue
+        if cls in EVENT_OPERATIONS:
+            track_event(plan.event_spans, op)
+        elif cls is m.DestroyObject:
+            checked_launches.clear()  # a launch like one checked before may now use what is gone
         try:
             if isinstance(op, m.State):
                 _plan_state(plan, objects, op, hoist)
+            elif cls is m.Launch and op.index not in overrides and launch_signature(op) in checked_launches:
+                plan.launches_of[(op.executable, op.function)] += 1
             else:
                 _check_operation(plan, objects, op, overrides.pop(op.index, None))
+                if cls is m.Launch:
+                    checked_launches.add(launch_signature(op))
         except ReplayError as exc:
             checker.fail(exc)
     for op_index in overrides:
@@ -206,33 +229,6 @@ def build_plan(capture: Capture, options: PlanOptions = PlanOptions()) -> Plan:
     for (eid, fn), threads in plan.max_block_threads.items():
         _check_function_limits(plan, eid, fn, threads, checker)
     return plan
-
-
-class RegionTracker:
-    """Where the region of each operation begins, for hoisting state (docs/FORMAT.md 4.2).
-
-    A region is an outermost scope (it begins at its ScopeBegin) or a stretch of operations
-    outside every scope (it begins at its first operation, just after the previous outermost
-    scope ends, or at the capture's start). Feed every operation in order to :meth:`step`."""
-
-    def __init__(self) -> None:
-        self.depth = 0
-        self.begin: int | None = None  # where the current region began
-
-    def step(self, op: m.Operation) -> int:
-        """The index at which ``op``'s region begins."""
-        if isinstance(op, m.ScopeBegin):
-            if self.depth == 0:
-                self.begin = op.index
-            self.depth += 1
-        elif self.depth == 0 and self.begin is None:
-            self.begin = op.index  # a stretch outside every scope
-        begin = self.begin if self.begin is not None else op.index
-        if isinstance(op, m.ScopeEnd) and self.depth > 0:
-            self.depth -= 1
-            if self.depth == 0:
-                self.begin = None  # the next operation begins a new region
-        return begin
 
 
 def _plan_state(plan: Plan, objects: dict[int, m.ObjectDef], op: m.State, hoist: int) -> None:
