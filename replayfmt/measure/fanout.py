@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from replayfmt.errors import ReplayUsageError
+from replayfmt.errors import ReplayError, ReplayUsageError
 
 ENGINES = ("auto", "dask", "local")
 
@@ -125,6 +125,8 @@ class FanOut:
                 worker = idle.pop(0)
                 running[self._submit(worker, task)] = (worker, task, time.monotonic())
             if not running:
+                if not exhausted:
+                    raise ReplayError(f"every worker was lost ({self.describe()}); the sweep cannot go on")
                 return
             wait = None
             if timeout is not None:
@@ -132,7 +134,7 @@ class FanOut:
             for handle in self._wait(list(running), wait):
                 worker, task, _ = running.pop(handle)
                 result, lost = self._collect(handle, worker, task)
-                idle.append(self._after(worker, result, lost))
+                idle += self._after(worker, result, lost)
                 yield result
             if timeout is not None:
                 now = time.monotonic()
@@ -142,10 +144,10 @@ class FanOut:
                         self._cancel(handle)
                         result = TaskResult(task.key, error=f"timed out after {timeout:g} s", worker=worker)
                         result.worker_replaced = True
-                        idle.append(self._replace(worker))
+                        idle += self._replace(worker)
                         yield result
 
-    def _after(self, worker: str, result: TaskResult, lost: bool) -> str:
+    def _after(self, worker: str, result: TaskResult, lost: bool) -> list[str]:
         """The worker that takes the next task after ``result``: a fresh one when the task
         poisoned it or its process was ``lost`` (an engine whose workers come back by
         themselves has already replaced it: then ``lost`` is False and the result says so)."""
@@ -155,7 +157,7 @@ class FanOut:
         if lost:
             result.worker_replaced = True
             return self._replace(worker)
-        return worker
+        return [worker] if worker in self.workers else []
 
     # -- what an engine provides ---------------------------------------------------------------
 
@@ -172,7 +174,8 @@ class FanOut:
     def _cancel(self, handle: Any) -> None:
         raise NotImplementedError
 
-    def _replace(self, worker: str) -> str:
+    def _replace(self, worker: str) -> list[str]:
+        """Replace a worker's process: ``[worker]`` when it is back, ``[]`` when it is lost."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -211,20 +214,26 @@ class DaskFanOut(FanOut):
                 self.engine = f"dask ({type(self.cluster).__name__})"
                 self.client = Client(self.cluster)
             self.client.wait_for_workers(max(1, len(gpus) if scheduler is None else 1), timeout=120)
+            self._addresses: dict[str, str] = {}
+            self._ran_on: dict[str, str] = {}  # worker -> the address of its process that took its last task
+            self._lost: set[str] = set()
             self._names = self._worker_names()
         except BaseException:
             self.close()
             raise
 
     def _worker_names(self) -> list[str]:
+        """The workers' names now (and their addresses, in ``_addresses``)."""
         info = self.client.scheduler_info(n_workers=-1)["workers"]
-        return sorted(str(w.get("name", address)) for address, w in info.items())
+        self._addresses = {str(w.get("name", address)): address for address, w in info.items()}
+        return sorted(self._addresses)
 
     @property
     def workers(self) -> list[str]:
-        return list(self._names)
+        return [name for name in self._names if name not in self._lost]
 
     def _submit(self, worker: str, task: Task) -> Any:
+        self._ran_on[worker] = self._addresses.get(worker, "")
         return self.client.submit(task.fn, *task.args, workers=[worker], allow_other_workers=False, pure=False)
 
     def _wait(self, handles: list[Any], timeout: float | None) -> list[Any]:
@@ -243,7 +252,8 @@ class DaskFanOut(FanOut):
             result = TaskResult(task.key, error="the worker died (its process ended during the task)", worker=worker)
             result.worker_replaced = True
             self.replaced += 1
-            self._wait_for(worker)
+            if not self._wait_for(worker):
+                self._lost.add(worker)
             return result, False
         except Exception as exc:  # the task raised: its own error, the worker lives on
             return TaskResult(task.key, error=f"{type(exc).__name__}: {exc}", worker=worker), False
@@ -251,24 +261,33 @@ class DaskFanOut(FanOut):
     def _cancel(self, handle: Any) -> None:
         handle.cancel()
 
-    def _replace(self, worker: str) -> str:
+    def _replace(self, worker: str) -> list[str]:
+        """End the worker's process (from its own event loop, which answers even while a task
+        hangs its thread) so that its nanny starts a fresh one, as after a crash; Dask's
+        restart_workers races with a SpecCluster's own bookkeeping and can lose the worker."""
         self.replaced += 1
-        with contextlib.suppress(Exception):
-            self.client.restart_workers([self._address(worker)], timeout=120)
-        self._wait_for(worker)
-        return worker
+        self._worker_names()
+        address = self._ran_on[worker] = self._addresses.get(worker, "")
+        if address:
+            with contextlib.suppress(Exception):
+                self.client.run(_end_process, workers=[address], wait=False)
+        if self._wait_for(worker):
+            return [worker]
+        self._lost.add(worker)
+        return []
 
-    def _address(self, worker: str) -> str:
-        info = self.client.scheduler_info(n_workers=-1)["workers"]
-        return next((address for address, w in info.items() if str(w.get("name", address)) == worker), worker)
-
-    def _wait_for(self, worker: str, timeout: float = 120.0) -> None:
-        """Until the worker named ``worker`` is back (its nanny starts it again)."""
+    def _wait_for(self, worker: str, timeout: float = 120.0) -> bool:
+        """Until a fresh process of the worker named ``worker`` is registered (its nanny starts
+        it again after the old one ended); False when none came within ``timeout``."""
+        old = self._ran_on.get(worker, "")
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if worker in self._worker_names():
-                return
-            time.sleep(0.1)
+            self._worker_names()
+            address = self._addresses.get(worker)
+            if address is not None and address != old:
+                return True
+            time.sleep(0.05)
+        return False
 
     def close(self) -> None:
         client, cluster = getattr(self, "client", None), self.cluster
@@ -281,6 +300,12 @@ class DaskFanOut(FanOut):
         if self._config is not None:
             self._config.__exit__(None, None, None)
             self._config = None
+
+
+async def _end_process() -> None:
+    """Run on a worker's event loop by the client: end its process at once (its nanny starts a
+    new one). A coroutine, so that the client need not wait for an answer that never comes."""
+    os._exit(1)
 
 
 def _local_cluster(gpus: list[int], pin: bool) -> Any:
@@ -391,11 +416,11 @@ class LocalFanOut(FanOut):
     def _cancel(self, handle: Any) -> None:
         pass  # the worker is replaced: its process is killed
 
-    def _replace(self, worker: str) -> str:
+    def _replace(self, worker: str) -> list[str]:
         self.replaced += 1
         self._workers[worker].stop()
         self._workers[worker] = _LocalWorker(worker, self._gpus[worker])
-        return worker
+        return [worker]
 
     def close(self) -> None:
         for worker in self._workers.values():

@@ -518,17 +518,19 @@ def fan_out_search(
     log: CsvLog,
     timeout: float,
     progress: Callable[[int, int], None] | None = None,
+    evaluate: Callable[[dict[str, Any], dict[str, Any]], Any] | None = None,
 ) -> Iterator[CandidateResult]:
     """:func:`search` over a fan-out's workers (one per GPU, each with its own prepared replay),
     results in the order they complete. A candidate whose worker died, timed out or was
-    poisoned by a sticky CUDA error is recorded with that error; its worker is replaced."""
+    poisoned by a sticky CUDA error is recorded with that error; its worker is replaced.
+    ``evaluate(config, request)`` runs in the workers (default: the tune worker's, on a GPU)."""
     from replayfmt.measure.fanout import Task
     from replayfmt.measure.tune_worker import evaluate_candidate
 
     baseline = Candidate()
     todo = [p for p in [baseline, *points] if p.key() not in done]
     settings = asdict(config)
-    tasks = [Task(c, evaluate_candidate, (settings, candidate_request(c))) for c in todo]
+    tasks = [Task(c, evaluate or evaluate_candidate, (settings, candidate_request(c))) for c in todo]
     for k, outcome in enumerate(fanout.run(tasks, timeout=timeout)):
         candidate = outcome.key
         reply = outcome.value or {}
