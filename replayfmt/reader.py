@@ -202,7 +202,8 @@ class Capture:
             if cached is not None:
                 self._cache.move_to_end(i)
                 return cached
-        batch = self._decode_batch(i)
+        with collector_paused():  # decoding makes many small records and no cycles (see batches)
+            batch = self._decode_batch(i)
         with self._lock:
             if i not in self._cache:
                 self._cache[i] = batch
