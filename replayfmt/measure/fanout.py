@@ -233,8 +233,9 @@ class DaskFanOut(FanOut):
         return [name for name in self._names if name not in self._lost]
 
     def _submit(self, worker: str, task: Task) -> Any:
-        self._ran_on[worker] = self._addresses.get(worker, "")
-        return self.client.submit(task.fn, *task.args, workers=[worker], allow_other_workers=False, pure=False)
+        # restricted by address (a name may be a number, which the scheduler knows as such)
+        address = self._ran_on[worker] = self._addresses.get(worker, worker)
+        return self.client.submit(task.fn, *task.args, workers=[address], allow_other_workers=False, pure=False)
 
     def _wait(self, handles: list[Any], timeout: float | None) -> list[Any]:
         from distributed import wait
