@@ -1,6 +1,7 @@
 """run-replay speed, on a GPU (issue: run-replay), measured side by side in one run.
 
-    python benchmarks/replay_bench.py [--launches 20000] [--upload-mib 1024] [--upload-dir DIR ...] [--check]
+    python benchmarks/replay_bench.py [--launches 20000] [--upload-mib 1024] [--upload-dir DIR ...]
+        [--sections launches,uploads,bert] [--bert-capture FILE] [--check]
 
 1. Host overhead per launch: a 20,000-launch capture of an empty kernel replayed by the Replayer,
    against raw cuda-python cuLaunchKernel with pre-packed parameters over the same launches
@@ -16,6 +17,15 @@
    one). Medians of 3 rounds, interleaved. Measured once per --upload-dir (default: the
    temporary directory, a disk file system, and /dev/shm, tmpfs): the kernel copies out of
    their page caches at different rates.
+3. Host gaps on a BERT-like training step (issue 29; --sections ...,bert: needs torch,
+   transformers and CUPTI): examples/capture/bert_train_step.py recorded with the recorder (or
+   --bert-capture), its "step" scope timed by benchmark-replay's machinery. The region's GPU busy
+   time (CUPTI: the union of its kernels and copies) against the elapsed time between events:
+   idle = elapsed - busy is the device waiting for the host. Printed side by side: raw
+   cuda-python (the region's prepared calls issued by a bare Python loop, no checks), eager
+   replay (goal: idle <= 1.5 us a launch) and graph mode, which launches the region as one
+   native CUDA graph built by stream capture (goal: idle < 2% of busy).
+--check exits 1 when a goal printed is missed.
 """
 
 from __future__ import annotations
@@ -38,7 +48,9 @@ from goals import Goals, add_check
 
 import replayfmt
 from replayfmt.cuda.driver import check, compute_capability, driver
+from replayfmt.execute import open_replay
 from replayfmt.format import model as m
+from replayfmt.measure.benchmark import Benchmark, BenchmarkOptions, BenchmarkResult, find_region
 from replayfmt.replay import Replayer, ReplayOptions
 from replayfmt.replay.plan import build_plan
 
@@ -256,23 +268,125 @@ def default_upload_dirs() -> list[str]:
     return dirs
 
 
+BERT_PROGRAM = HERE.parent / "examples" / "capture" / "bert_train_step.py"
+BERT_ROUNDS = 50
+
+
+def record_bert(directory: Path) -> Path:
+    """Record the BERT-like step with the recorder (region mode, its "step" scope)."""
+    out = directory / "bert.kreplay"
+    command = [sys.executable, "-m", "replayfmt.capture", "-o", str(out), "--scope", "step", str(BERT_PROGRAM)]
+    subprocess.run(command, check=True)
+    return out
+
+
+def _timed(capture: Path, mode: str) -> tuple[BenchmarkResult, list[float], list[float], int]:
+    """benchmark-replay's measurement of the "step" scope in ``mode`` (a session of its own: each
+    owns its CUPTI activity); in eager mode also the raw loop: (result, raw elapsed ms, raw host
+    ms per iteration, launches in the region)."""
+    raw_elapsed, raw_host = [], []
+    with open_replay(capture) as session:
+        region = find_region(session.capture, "step")
+        ops = session.capture.iter_operations(region.start, region.stop)
+        launches = sum(1 for op in ops if op.kind in (m.OperationKind.LAUNCH, m.OperationKind.GRAPH_LAUNCH))
+        replayer = session.start(ReplayOptions(uploads_from_host=True))
+        options = BenchmarkOptions(scope="step", warmup=5, repetitions=BERT_ROUNDS, mode=mode)
+        bench = Benchmark(replayer, region, options)
+        result = bench.run()
+        if mode == "eager":  # raw cuda-python: the same prepared calls from a bare loop, no checks
+            cu = replayer.cu
+            start, end = (check(cu.cuEventCreate(0), "event") for _ in range(2))
+            replayer.own(lambda: cu.cuEventDestroy(start))
+            replayer.own(lambda: cu.cuEventDestroy(end))
+            calls = [(step.fn, step.args) for step in bench.body]
+            for k in range(5 + BERT_ROUNDS):
+                replayer.fork(start)
+                began = time.perf_counter()
+                for fn, args in calls:
+                    fn(*args)
+                host = time.perf_counter() - began
+                replayer.join(end)
+                replayer.synchronize()
+                if k >= 5:
+                    raw_elapsed.append(check(cu.cuEventElapsedTime(start, end), "elapsed"))
+                    raw_host.append(1e3 * host)
+    return result, raw_elapsed, raw_host, launches
+
+
+def bench_bert(directory: Path, capture: Path | None, goals: Goals) -> list[str]:
+    """The host-gap lines of the BERT-like step; its two goals judged into ``goals``."""
+    capture = capture or record_bert(directory)
+    eager, raw_elapsed, raw_host, launches = _timed(capture, "eager")
+    graph, _, _, _ = _timed(capture, "graph")
+    lines = [f"\nBERT-like training step ({capture.name}, scope 'step'): {launches} launches"]
+    if eager.busy_ms is None or graph.busy_ms is None:
+        verdict = goals.judge("bert: GPU busy time", False)
+        return [*lines, f"  no GPU busy time: {eager.clock_note or graph.clock_note or 'CUPTI is absent'} {verdict}"]
+    busy = eager.busy_ms.median
+    lines.append(
+        f"  GPU busy (CUPTI, union of kernels and copies): {busy:.3f} ms eager, {graph.busy_ms.median:.3f} graph"
+    )
+    lines.append(
+        f"  {'':<34}{'elapsed ms':>11}{'idle ms':>9}{'idle/busy':>10}{'idle us/launch':>16}{'issue us/launch':>17}"
+    )
+
+    def row(name: str, elapsed: float, host_ms: float | None, busy_ms: float, goal: str) -> str:
+        idle = max(0.0, elapsed - busy_ms)
+        issue = "" if host_ms is None else f"{1e3 * host_ms / launches:.2f}"
+        return (
+            f"  {name:<34}{elapsed:>11.3f}{idle:>9.3f}{idle / busy_ms:>10.1%}{1e3 * idle / launches:>16.2f}"
+            f"{issue:>17}  {goal}"
+        )
+
+    raw = float(np.median(raw_elapsed))
+    lines.append(row("raw cuda-python (bare loop)", raw, float(np.median(raw_host)), busy, ""))
+    idle_per_launch = 1e3 * max(0.0, eager.device_ms.median - busy) / launches
+    goal = f"goal idle <= 1.5 us/launch {goals.judge('bert: eager idle per launch', idle_per_launch <= 1.5)}"
+    lines.append(row("replay, eager", eager.device_ms.median, None, busy, goal))
+    graph_busy = graph.busy_ms.median
+    idle_share = max(0.0, graph.device_ms.median - graph_busy) / graph_busy
+    goal = f"goal idle < 2% of busy {goals.judge('bert: graph idle share', idle_share < 0.02)}"
+    lines.append(row("replay, graph (a native CUDA graph)", graph.device_ms.median, None, graph_busy, goal))
+    lines.append(
+        f"  (medians of {BERT_ROUNDS} iterations; eager replay issues the calls raw cuda-python does, through "
+        "its checked runner; its host ms per iteration, issue and wait, is "
+        f"{eager.host_ms.median:.3f})"
+    )
+    return lines
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--launches", type=int, default=20_000)
     parser.add_argument("--upload-mib", type=int, default=1024)
     parser.add_argument("--upload-dir", action="append", help="where the upload capture is written (repeatable)")
+    parser.add_argument(
+        "--sections",
+        default="launches,uploads",
+        help="comma-separated: launches, uploads, bert (default: the first two)",
+    )
+    parser.add_argument("--bert-capture", type=Path, help="time this capture of the BERT-like step (else record one)")
     add_check(parser)
     args = parser.parse_args()
     goals = Goals()
+    sections = {s.strip() for s in args.sections.split(",") if s.strip()}
+    unknown = sections - {"launches", "uploads", "bert"}
+    if unknown:
+        parser.error(f"--sections: unknown {', '.join(sorted(unknown))}")
     arch = device_arch()
-    with tempfile.TemporaryDirectory() as tmp:
-        r = bench_launches(Path(tmp), compile_empty(arch), args.launches)
-    verdict = goals.judge("launch overhead", r["ratio"] <= 1.25)
-    print(f"{arch}, {args.launches:,} launches of an empty kernel")
-    print(f"  raw cuLaunchKernel (pre-packed)  {r['raw_us']:.2f} us/launch")
-    print(f"  Replayer.run                     {r['replay_us']:.2f} us/launch")
-    print(f"  ratio (median of 5)              {r['ratio']:.3f}x   goal <= 1.25x  {verdict}")
-    for where in args.upload_dir or default_upload_dirs():
+    if "launches" in sections:
+        with tempfile.TemporaryDirectory() as tmp:
+            r = bench_launches(Path(tmp), compile_empty(arch), args.launches)
+        verdict = goals.judge("launch overhead", r["ratio"] <= 1.25)
+        print(f"{arch}, {args.launches:,} launches of an empty kernel")
+        print(f"  raw cuLaunchKernel (pre-packed)  {r['raw_us']:.2f} us/launch")
+        print(f"  Replayer.run                     {r['replay_us']:.2f} us/launch")
+        print(f"  ratio (median of 5)              {r['ratio']:.3f}x   goal <= 1.25x  {verdict}")
+    if "bert" in sections:
+        with tempfile.TemporaryDirectory() as tmp:
+            lines = bench_bert(Path(tmp), args.bert_capture, goals)
+        print("\n".join(lines))
+    for where in (args.upload_dir or default_upload_dirs()) if "uploads" in sections else []:
         with tempfile.TemporaryDirectory(dir=where) as tmp:
             directory = Path(tmp)
             kind = file_system(directory)

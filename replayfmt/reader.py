@@ -22,7 +22,6 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,7 @@ from replayfmt.container.batches import (
 )
 from replayfmt.container.bounded import BoundedFile, ChunkGaps
 from replayfmt.container.chunks import ChunkReader
-from replayfmt.container.directory import Directory, build_directory, frame_entries
+from replayfmt.container.directory import Directory, PayloadStats, build_directory, frame_entries, payload_stats
 from replayfmt.container.recovery import scan
 from replayfmt.errors import ReplayFormatError, ReplayUsageError
 from replayfmt.format import model as m, records
@@ -61,23 +60,11 @@ from replayfmt.format.layout import (
 from replayfmt.format.payloads import decompress_into, frame_hash, hash_hex
 from replayfmt.format.timings import OriginalTimes, decode_timings
 
-_BATCH_CACHE = 8
-
-
-@dataclass(frozen=True, slots=True)
-class PayloadStats:
-    """Byte accounting over all payloads of a capture."""
-
-    payloads: int
-    logical_bytes: int  # sum of distinct payloads' sizes
-    frame_bytes: int  # logical bytes of distinct stored frames
-    stored_bytes: int  # bytes the frames occupy in the file
-    dedup_saved_bytes: int  # logical bytes not stored again thanks to frame dedup
-    missing_frames: int  # frames referred to but absent (a capture cut short)
-
-    @property
-    def compression_ratio(self) -> float:
-        return self.frame_bytes / self.stored_bytes if self.stored_bytes else 1.0
+# Decoded record batches are kept while they hold at most this many records (operations and
+# objects) together, most recently used first: a replay reads a capture three times (the plan's
+# objects and operations, then the steps), and decoding a batch again costs far more than the
+# columns it keeps (about 150 bytes a record; a 700k-operation capture is read once this way).
+_CACHED_RECORDS = 1_500_000
 
 
 class Capture:
@@ -89,6 +76,7 @@ class Capture:
         self.limits = limits
         self._lock = threading.Lock()
         self._cache: OrderedDict[int, DecodedBatch] = OrderedDict()
+        self._cached_records = 0  # operations and objects of the batches in _cache
         self._pool: cf.ThreadPoolExecutor | None = None
         self._last_materialized: tuple[int, list[m.Operation]] | None = None
         self._file = BoundedFile(self.path)
@@ -131,6 +119,7 @@ class Capture:
             self._pool = None
         self._cache.clear()
         self._graph_batches.clear()
+        self._cached_records = 0
         self._last_materialized = None
         self._file.close()
         self._fd = -1
@@ -213,14 +202,18 @@ class Capture:
                 self._cache.move_to_end(i)
             if cached is not None:
                 return cached
-        batch = self._decode_batch(i)
+        with collector_paused():  # decoding makes many small records and no cycles (see batches)
+            batch = self._decode_batch(i)
         with self._lock:
             if i in self._graph_charged:  # graphs decode slowly and are bounded: kept, never decoded twice
                 self._graph_batches[i] = batch
                 return batch
-            self._cache[i] = batch
-            while len(self._cache) > _BATCH_CACHE:
-                self._cache.popitem(last=False)
+            if i not in self._cache:
+                self._cache[i] = batch
+                self._cached_records += len(batch.kinds) + len(batch.objects)
+            while len(self._cache) > 1 and self._cached_records > _CACHED_RECORDS:
+                _, dropped = self._cache.popitem(last=False)
+                self._cached_records -= len(dropped.kinds) + len(dropped.objects)
         return batch
 
     def _decode_batch(self, i: int) -> DecodedBatch:
@@ -572,24 +565,7 @@ class Capture:
 
     def payload_stats(self) -> PayloadStats:
         """Logical vs stored bytes over every payload (decodes every batch that defines one)."""
-        logical = referenced = 0
-        seen: set[bytes] = set()
-        missing: set[bytes] = set()
-        for info in self.payloads():
-            logical += info.size
-            for k, digest in enumerate(info.frames):
-                length = min(info.frame_size, info.size - k * info.frame_size)
-                referenced += length
-                if digest not in self._directory.frame_row:
-                    missing.add(digest)
-                seen.add(digest)
-        present = [self._directory.frame_row[d] for d in seen if d in self._directory.frame_row]
-        frames = self._directory.frames[present] if present else self._directory.frames[:0]
-        frame_bytes = int(frames["logical_size"].astype(np.int64).sum())
-        stored = int(frames["stored_size"].astype(np.int64).sum())
-        return PayloadStats(
-            self.payload_count, logical, frame_bytes, stored, max(0, referenced - frame_bytes), len(missing)
-        )
+        return payload_stats(self.payloads(), self._directory, self.payload_count)
 
 
 def open_capture(path: str | os.PathLike[str], *, limits: Limits = DEFAULT_LIMITS) -> Capture:

@@ -63,3 +63,149 @@ class FakeDevice:
 
     def close(self) -> None:
         pass
+
+
+# ------------------------------------------------------------------------------------------
+# A stand-in for cuda-python's driver module, for running the Replayer on the CPU
+
+
+DRIVER_DOORS = ("replayfmt.cuda.driver", "replayfmt.replay.devices", "replayfmt.replay.replayer")
+"""The modules whose ``driver`` a test routes to a FakeDriver (monkeypatch.setattr(f"{door}.driver", ...))."""
+
+
+class FakeError(int):
+    """A CUresult other than success, with its name (``is_sticky`` reads it)."""
+
+    def __new__(cls, name: str) -> FakeError:
+        error = super().__new__(cls, 700)
+        error.name = name
+        return error
+
+
+class _Constants:
+    """Any enumeration of the driver (CUevent_flags, CUdevice_attribute, ...): a member is its name."""
+
+    def __getattr__(self, name: str) -> str:
+        return name
+
+
+class _Result:
+    CUDA_SUCCESS = 0
+    CUDA_ERROR_INVALID_VALUE = 1
+    CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED = 704
+
+
+_OK = (0,)
+
+
+def _ok(*args: Any) -> tuple[int]:
+    return _OK
+
+
+class FakeDriver:
+    """The calls a replay makes, answered at once with success and plausible handles.
+
+    Device memory is an address counter (nothing is stored there: copies, launches and memsets do
+    nothing); pinned host memory is real (the replay writes relocated pointers into it). Launches
+    of a function take the parameter layout given in ``layouts`` (function name -> (offset,
+    size) per parameter). One device, sm_90, 80 GB free. The hot calls (launches, copies, event
+    records, waits) are one Python call each, which is what a host-pace measurement compares."""
+
+    CUresult = _Result
+    CUevent_flags = CUdevice_attribute = CUfunction_attribute = CUstream_flags = _Constants()
+    CUjit_option = CUlaunchAttributeID = _Constants()
+    CU_MEMHOSTALLOC_PORTABLE = CU_MEMHOSTREGISTER_PORTABLE = 1
+
+    cuLaunchKernel = cuLaunchKernelEx = cuEventRecord = cuStreamWaitEvent = staticmethod(_ok)
+    cuMemcpyHtoDAsync = cuMemcpyDtoDAsync = cuMemcpyDtoHAsync = cuMemcpyHtoD = cuMemcpyDtoH = staticmethod(_ok)
+    cuMemsetD8Async = cuMemsetD16Async = cuMemsetD32Async = cuGraphLaunch = staticmethod(_ok)
+    cuStreamSynchronize = cuEventSynchronize = cuCtxSynchronize = cuCtxSetCurrent = staticmethod(_ok)
+    cuInit = cuEventDestroy = cuStreamDestroy = cuMemFree = cuMemFreeHost = cuModuleUnload = staticmethod(_ok)
+    cuDevicePrimaryCtxRelease = cuFuncSetAttribute = cuCtxEnablePeerAccess = staticmethod(_ok)
+
+    def __init__(self, layouts: dict[str, list[tuple[int, int]]] | None = None) -> None:
+        self.layouts = layouts or {}
+        self.handles = 0
+        self.next_address = 0x7F00_0000_0000
+        self.pinned: dict[int, Any] = {}
+        self.calls: dict[str, int] = {}
+
+    def _handle(self) -> int:
+        self.handles += 1
+        return self.handles
+
+    @staticmethod
+    def CUstream(value: int = 0) -> int:
+        return value
+
+    def cuDeviceGetCount(self) -> tuple[int, int]:
+        return 0, 1
+
+    def cuDeviceGet(self, ordinal: int) -> tuple[int, int]:
+        return 0, ordinal
+
+    def cuDevicePrimaryCtxRetain(self, device: int) -> tuple[int, str]:
+        return 0, f"context {device}"
+
+    def cuDeviceGetName(self, size: int, device: int) -> tuple[int, bytes]:
+        return 0, b"Fake H100\0"
+
+    def cuDeviceGetAttribute(self, attribute: str, device: int) -> tuple[int, int]:
+        values = {"CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR": 9, "CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR": 0}
+        return 0, values.get(attribute, 227 * 1024)  # sm_90; the shared-memory opt-in of an H100
+
+    def cuDeviceCanAccessPeer(self, a: int, b: int) -> tuple[int, int]:
+        return 0, 1
+
+    def cuMemGetInfo(self) -> tuple[int, int, int]:
+        return 0, 80 << 30, 80 << 30
+
+    def cuMemAlloc(self, size: int) -> tuple[int, int]:
+        address = self.next_address
+        self.next_address += (size + 0xFFFF) & ~0xFFFF
+        return 0, address
+
+    cuMemAllocManaged = cuMemAlloc
+
+    def cuMemHostAlloc(self, size: int, flags: int = 0) -> tuple[int, int]:
+        buffer = (ctypes.c_char * size)()
+        address = ctypes.addressof(buffer)
+        self.pinned[address] = buffer
+        return 0, address
+
+    def cuMemHostGetDevicePointer(self, host: int, flags: int) -> tuple[int, int]:
+        return 0, host
+
+    def cuMemHostRegister(self, address: int, size: int, flags: int) -> tuple[int]:
+        return _OK
+
+    cuMemHostUnregister = staticmethod(_ok)
+
+    def cuModuleLoadData(self, image: bytes) -> tuple[int, str]:
+        return 0, f"module {self._handle()}"
+
+    def cuModuleGetFunction(self, module: str, name: bytes) -> tuple[int, str]:
+        return 0, name.decode()
+
+    def cuFuncGetParamInfo(self, function: str, index: int) -> tuple[int, int, int]:
+        layout = self.layouts.get(function, [])
+        return (0, *layout[index]) if index < len(layout) else (1, 0, 0)
+
+    def cuFuncGetAttribute(self, attribute: int, function: str) -> tuple[int, int]:
+        return 0, 1024
+
+    def cuStreamCreate(self, flags: int) -> tuple[int, int]:
+        return 0, 0x5000 + self._handle()
+
+    def cuStreamCreateWithPriority(self, flags: int, priority: int) -> tuple[int, int]:
+        return 0, 0x5000 + self._handle()
+
+    def cuEventCreate(self, flags: int) -> tuple[int, int]:
+        self.calls["cuEventCreate"] = self.calls.get("cuEventCreate", 0) + 1
+        return 0, 0xE000_0000 + self._handle()
+
+    def cuEventElapsedTime(self, start: int, end: int) -> tuple[int, float]:
+        return 0, 0.0
+
+    def cuGetErrorString(self, err: int) -> tuple[int, bytes]:
+        return 0, b"fake error"

@@ -146,3 +146,23 @@ def plan_options(
         fixed_addresses=fixed_addresses,
         continue_on_error=continue_on_error,
     )
+
+
+def cluster_options(fn: F) -> F:
+    """--scheduler, --engine: where fanned-out work runs (replayfmt.measure.fanout)."""
+    return _apply(
+        fn,
+        [
+            click.option(
+                "--scheduler",
+                metavar="ADDRESS",
+                help="Run on the workers of this Dask cluster (e.g. tcp://head:8786; one dask-cuda-worker per GPU).",
+            ),
+            click.option(
+                "--engine",
+                type=click.Choice(["auto", "dask", "local"]),
+                help="Workers, one per GPU: dask (distributed; dask-cuda's LocalCUDACluster when installed), local "
+                "(spawned processes), auto (dask when installed, else local). Default: auto.",
+            ),
+        ],
+    )

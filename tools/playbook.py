@@ -10,7 +10,7 @@ SHARED = """\
 # replayfmt playbook
 
 replayfmt captures GPU work into one `.kreplay` file and works on it without the original
-program. Seven tools, each printing this page with `--agents-md`:
+program. Eight tools, each printing this page with `--agents-md`:
 
 | tool | does | needs a GPU |
 |---|---|---|
@@ -21,6 +21,7 @@ program. Seven tools, each printing this page with `--agents-md`:
 | `tune-replay` | search launch shapes, every candidate verified | yes |
 | `extract-replay` | cut one launch, a scope or a range out as a standalone capture | where the capture lacks bytes |
 | `diff-replay` | compare two captures: kernels added, removed, changed; original times side by side | no |
+| `corpus-replay` | replay a directory of captures, a worker per GPU, against a baseline | yes (not `--dry-run`) |
 
 From Python: `replayfmt.open`, `replayfmt.CaptureWriter`, `replayfmt.capture.record` and
 `replayfmt.execute.open_replay`. The front doors are `replayfmt/schema.fbs`, `writer.py`,
@@ -408,6 +409,20 @@ TOOLS = {
 * `--nvtx` wraps scopes and launches in NVTX ranges, so Nsight tools can select them:
   `ncu --nvtx --nvtx-include "saxpy/" benchmark-replay --nvtx --scope=saxpy --repetitions=1 cap.kreplay`.
   `--trace` writes a per-stream timeline of one iteration without any profiler.
+""",
+    "corpus-replay": """\
+## corpus-replay notes
+
+* `corpus-replay DIR` replays every `*.kreplay` of DIR, one task each on a worker per GPU
+  (`--device cuda:N`, several times; `--scheduler ADDRESS` for the workers of a Dask cluster),
+  verifying every checkpoint and timing `--repetitions` runs; `--dry-run` plans them without a GPU.
+* One table and `--csv`; `--compare-to` a directory of the same captures (run as the baseline) or
+  an earlier `--csv`: a verdict worse than the baseline's, a missing capture or a device time over
+  `--threshold` times the baseline's is a regression (exit 1).
+* A capture that breaks its CUDA context, crashes or hangs its worker (`--timeout`) loses only
+  that worker, which is replaced; its row says so. tune-replay fans out the same way.
+* Dask distributed is optional (`pip install 'replayfmt[cluster]'`; dask-cuda's LocalCUDACluster
+  when installed); without it the workers are local processes (`--engine local`).
 """,
 }
 

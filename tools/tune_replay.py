@@ -11,6 +11,7 @@ from replayfmt.errors import ReplayUsageError
 from replayfmt.execute import open_replay
 from replayfmt.format import model as m
 from replayfmt.format.names import demangle
+from replayfmt.measure.fanout import open_fanout
 from replayfmt.measure.tune import (
     CsvLog,
     SearchSpace,
@@ -19,6 +20,7 @@ from replayfmt.measure.tune import (
     capture_identity,
     check_writable,
     compile_kernel_pattern,
+    fan_out_search,
     find_targets,
     graph_node_shapes,
     order,
@@ -31,13 +33,23 @@ from replayfmt.measure.tune import (
 )
 from replayfmt.measure.tune_plot import check_plot_path, plot
 from replayfmt_tools.common import EXIT_OK, EXIT_PROBLEM, ToolExit, agents_md_option, reports_errors
-from replayfmt_tools.options import parse_device, plan_options, source_options, tolerance, tolerance_options
+from replayfmt_tools.options import (
+    cluster_options,
+    parse_devices,
+    plan_options,
+    source_options,
+    tolerance,
+    tolerance_options,
+)
 
 EPILOG = """\b
 Every candidate runs in a worker process from the capture's starting state, is verified against
 the capture's checkpoints (a shape that computes a wrong answer is rejected, not just timed), then
 timed with CUDA events. A candidate that faults or hangs is recorded and the worker replaced; the
-search goes on. Results stream into --csv, so a search resumes where it stopped.
+search goes on. Results stream into --csv, so a search resumes where it stopped. With several
+--device flags (or --scheduler, or --engine dask/local) the candidates are spread over one worker
+per GPU: on Dask distributed when installed (pip install 'replayfmt[cluster]'), else on local
+processes; a worker that breaks its CUDA context is replaced and the sweep goes on.
 
 \b
 Examples:
@@ -45,6 +57,8 @@ Examples:
   tune-replay --kernel='^gemm' --block 128 --block 256 --smem "0;65536" --csv=tune.csv --plot=tune.png cap.kreplay
   tune-replay --launch=42 --block "32;64;128;256;512" --grid "1;2;4;8;16;32;64;128" \\
       --strategy=random --budget=20 cap.kreplay
+  tune-replay --kernel='^gemm' --block "64;128;256" --device cuda:0 --device cuda:1 cap.kreplay
+  tune-replay --kernel='^gemm' --block "64;128;256" --scheduler tcp://head:8786 cap.kreplay
 """
 
 
@@ -111,7 +125,15 @@ Examples:
     "the captured shape marked, failures shown.",
 )
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True, help="Rows in the table.")
-@click.option("--device", default="cuda:0", show_default=True, metavar="cuda:N", help="The device to tune on.")
+@click.option(
+    "--device",
+    "device_list",
+    multiple=True,
+    metavar="cuda:N",
+    help="A device to tune on (default cuda:0); several (--device cuda:0 --device cuda:1) spread the candidates "
+    "over one worker per GPU.",
+)
+@cluster_options
 @source_options
 @agents_md_option("tune-replay")
 @reports_errors("tune-replay")
@@ -134,7 +156,9 @@ def main(
     csv_path: Path | None,
     plot_path: Path | None,
     top: int,
-    device: str,
+    device_list: tuple[str, ...],
+    scheduler: str | None,
+    engine: str | None,
     substitutions: tuple[str, ...],
     remaps: tuple[str, ...],
     fixed_addresses: bool,
@@ -158,6 +182,8 @@ def main(
         check_writable(csv_path, "--csv")  # before any work: a search must not fail at its first result
     if kernel is not None:
         compile_kernel_pattern(kernel)
+    gpus = list(parse_devices(device_list))
+    fanning = len(gpus) > 1 or scheduler is not None or engine is not None
     if fixed_addresses:
         restart_without_aslr()  # recorded addresses are reachable only so (see address_space)
     options = plan_options(substitutions=substitutions, remaps=remaps, fixed_addresses=fixed_addresses)
@@ -200,22 +226,32 @@ def main(
         operations=targets.operations,
         nodes=targets.nodes,
         plan={"substitutions": list(substitutions), "remaps": list(remaps), "fixed_addresses": fixed_addresses},
-        device=parse_device(device),
+        device=0 if fanning else gpus[0],  # a fanned-out worker sees only its own GPU, as device 0
         warmup=warmup,
         repetitions=repetitions,
         rtol=comparison.rtol,
         atol=comparison.atol,
         tolerance=comparison.enabled,
     )
-    worker = Worker(config)
     log = CsvLog(csv_path, targets, identity)
     results = list(done.values())
-    try:
-        for result in search(worker, points, done=done, log=log, timeout=timeout):
-            results.append(result)
-    finally:
-        worker.close()
-        log.close()
+    if fanning:  # one worker per GPU (or per worker of the cluster at --scheduler), each pinned to its GPU
+        with open_fanout(gpus, engine=engine or "auto", scheduler=scheduler) as fanout:
+            click.echo(f"workers: {fanout.describe()}")
+            try:
+                results += fan_out_search(fanout, config, points, done=done, log=log, timeout=timeout)
+            finally:
+                log.close()
+            restarts = fanout.replaced
+    else:
+        worker = Worker(config)
+        try:
+            for result in search(worker, points, done=done, log=log, timeout=timeout):
+                results.append(result)
+        finally:
+            worker.close()
+            log.close()
+        restarts = worker.restarts
     good = sorted((r for r in results if r.ok), key=lambda r: r.median_ms or 0.0)
     failed = [r for r in results if not r.ok]
     baseline = next((r for r in results if r.baseline), None)
@@ -241,8 +277,8 @@ def main(
         click.echo(f"\n{len(failed)} candidate(s) failed:")
         for r in failed[:top]:
             click.echo(f"  {r.candidate.describe()}: {r.error or 'wrong result'}")
-    if worker.restarts:
-        click.echo(f"(the worker was replaced {worker.restarts} time(s) after faults or timeouts)")
+    if restarts:
+        click.echo(f"(a worker was replaced {restarts} time(s) after faults or timeouts)")
     if plot_path is not None:
         plot(results, targets, plot_path)
         click.echo(f"plot: {plot_path}")

@@ -38,6 +38,10 @@ _CATEGORY[_MEMSET] = 2
 _CATEGORY[[int(k) for k in records.ID_OPERATIONS]] = 3
 _CATEGORIES = 5
 _new_tuple = tuple.__new__
+_EVENT_KINDS = np.array(
+    [int(m.OperationKind.EVENT_RECORD), int(m.OperationKind.STREAM_WAIT_EVENT), int(m.OperationKind.EVENT_SYNCHRONIZE)],
+    dtype=np.uint32,
+)
 RELOCATION_STRUCT = struct.Struct("<IIQQB7x")  # the schema's Relocation (a test checks the layouts agree)
 
 ErrorAt = Callable[[str, str], ReplayFormatError]  # (message, record) -> the error, located in the file
@@ -384,9 +388,12 @@ def distinct_operations(b: DecodedBatch) -> list[tuple[m.Operation, int]]:
         return [(op, 1) for op in materialize(b)]
     first = b.first_operation
     out: list[tuple[m.Operation, int]] = [(op, 1) for op in b.table_ops]
-    if len(b.id_operations):  # events, synchronisations, graph launches: folded alike
+    if len(b.id_operations):  # synchronisations, graph launches: folded alike; events each apart
         id_kinds = b.kinds[category == 3].astype(np.uint32)
-        keys = np.column_stack([id_kinds, b.id_operations["first"], b.id_operations["second"]]).astype(np.uint32)
+        # each use of an event is its own record: the plan keeps the span of operations it is used in
+        apart = np.where(np.isin(id_kinds, _EVENT_KINDS), np.arange(1, len(id_kinds) + 1), 0).astype(np.uint32)
+        columns = [id_kinds, b.id_operations["first"], b.id_operations["second"], apart]
+        keys = np.column_stack(columns).astype(np.uint32)
         js, n = _distinct_rows(np.ascontiguousarray(keys))
         positions = (np.flatnonzero(category == 3)[js] + first).tolist()
         for code, index, one, two, count in zip(

@@ -11,7 +11,7 @@ import numpy as np
 
 from replayfmt.container.batches import BatchEntry
 from replayfmt.errors import ReplayFormatError
-from replayfmt.format import records
+from replayfmt.format import model as m, records
 from replayfmt.format.layout import CHUNK_HEADER_SIZE, FILE_HEADER_SIZE
 
 FrameRow = tuple[int, int, int, int, int, int]  # hash lo, hash hi, offset, stored size, logical size, codec
@@ -120,3 +120,39 @@ def build_directory(
         object_count,
         payload_count,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class PayloadStats:
+    """Byte accounting over all payloads of a capture."""
+
+    payloads: int
+    logical_bytes: int  # sum of distinct payloads' sizes
+    frame_bytes: int  # logical bytes of distinct stored frames
+    stored_bytes: int  # bytes the frames occupy in the file
+    dedup_saved_bytes: int  # logical bytes not stored again thanks to frame dedup
+    missing_frames: int  # frames referred to but absent (a capture cut short)
+
+    @property
+    def compression_ratio(self) -> float:
+        return self.frame_bytes / self.stored_bytes if self.stored_bytes else 1.0
+
+
+def payload_stats(payloads: Iterable[m.PayloadInfo], directory: Directory, count: int) -> PayloadStats:
+    """Logical vs stored bytes over ``payloads`` (``count`` of them), by the frames ``directory`` lists."""
+    logical = referenced = 0
+    seen: set[bytes] = set()
+    missing: set[bytes] = set()
+    for info in payloads:
+        logical += info.size
+        for k, digest in enumerate(info.frames):
+            length = min(info.frame_size, info.size - k * info.frame_size)
+            referenced += length
+            if digest not in directory.frame_row:
+                missing.add(digest)
+            seen.add(digest)
+    present = [directory.frame_row[d] for d in seen if d in directory.frame_row]
+    frames = directory.frames[present] if present else directory.frames[:0]
+    frame_bytes = int(frames["logical_size"].astype(np.int64).sum())
+    stored = int(frames["stored_size"].astype(np.int64).sum())
+    return PayloadStats(count, logical, frame_bytes, stored, max(0, referenced - frame_bytes), len(missing))

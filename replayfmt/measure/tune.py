@@ -8,6 +8,8 @@ whole capture once and verifies every checkpoint, then times the target launches
 (warm-up, repetitions, median). A candidate that faults, hangs or computes a wrong answer is
 recorded as such; a worker that faulted (or timed out) is replaced and the search goes on.
 Results are appended to a CSV as they come, so an interrupted search resumes where it stopped.
+With several GPUs (or a Dask cluster), :func:`fan_out_search` spreads the candidates over one
+worker per GPU (replayfmt.measure.fanout), each holding its own prepared replay.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import xxhash
 from replayfmt.errors import DeviceUnavailableError, ReplayError, ReplayUsageError
 from replayfmt.format import model as m
 from replayfmt.format.names import demangle, matches_kernel
+from replayfmt.measure.fanout import FanOut
 from replayfmt.reader import Capture
 from replayfmt.replay.graph_plan import kernel_nodes, node_launch
 from replayfmt.replay.plan import Plan
@@ -433,17 +436,7 @@ class Worker:
             self._start()
         assert self.process is not None and self.process.stdin is not None
         try:
-            self.process.stdin.write(
-                json.dumps(
-                    {
-                        "grid": candidate.grid,
-                        "block": candidate.block,
-                        "smem": candidate.smem,
-                        "max_registers": candidate.max_registers,
-                    }
-                )
-                + "\n"
-            )
+            self.process.stdin.write(json.dumps(candidate_request(candidate)) + "\n")
         except BrokenPipeError:
             self.stop()
             return CandidateResult(candidate, error="the worker died")
@@ -499,6 +492,54 @@ def search(
     todo = [p for p in [baseline, *points] if p.key() not in done]
     for k, candidate in enumerate(todo):
         result = worker.evaluate(candidate, timeout)
+        result.baseline = candidate == baseline
+        log.write(result)
+        if progress is not None:
+            progress(k + 1, len(todo))
+        yield result
+
+
+def candidate_request(candidate: Candidate) -> dict[str, Any]:
+    """What a worker is told of a candidate (one JSON line for the worker process)."""
+    return {
+        "grid": candidate.grid,
+        "block": candidate.block,
+        "smem": candidate.smem,
+        "max_registers": candidate.max_registers,
+    }
+
+
+def fan_out_search(
+    fanout: FanOut,
+    config: WorkerConfig,
+    points: list[Candidate],
+    *,
+    done: dict[tuple[str, str, str, str], CandidateResult],
+    log: CsvLog,
+    timeout: float,
+    progress: Callable[[int, int], None] | None = None,
+    evaluate: Callable[[dict[str, Any], dict[str, Any]], Any] | None = None,
+) -> Iterator[CandidateResult]:
+    """:func:`search` over a fan-out's workers (one per GPU, each with its own prepared replay),
+    results in the order they complete. A candidate whose worker died, timed out or was
+    poisoned by a sticky CUDA error is recorded with that error; its worker is replaced.
+    ``evaluate(config, request)`` runs in the workers (default: the tune worker's, on a GPU)."""
+    from replayfmt.measure.fanout import Task
+    from replayfmt.measure.tune_worker import evaluate_candidate
+
+    baseline = Candidate()
+    todo = [p for p in [baseline, *points] if p.key() not in done]
+    settings = asdict(config)
+    tasks = [Task(c, evaluate or evaluate_candidate, (settings, candidate_request(c))) for c in todo]
+    for k, outcome in enumerate(fanout.run(tasks, timeout=timeout)):
+        candidate = outcome.key
+        reply = outcome.value or {}
+        if reply.get("unavailable"):
+            raise DeviceUnavailableError(f"worker {outcome.worker}: {reply.get('error')}")
+        error = outcome.error or reply.get("error", "")
+        result = CandidateResult(
+            candidate, reply.get("median_ms"), reply.get("stddev_ms"), reply.get("verified"), error
+        )
         result.baseline = candidate == baseline
         log.write(result)
         if progress is not None:

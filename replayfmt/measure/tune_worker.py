@@ -14,6 +14,7 @@ from replayfmt.cuda.driver import check
 from replayfmt.errors import DeviceError, DeviceUnavailableError, ReplayError
 from replayfmt.execute import ReplaySession, open_replay
 from replayfmt.format import model as m
+from replayfmt.measure.fanout import Outcome
 from replayfmt.replay.compare import Tolerance
 from replayfmt.replay.options import ReplayOptions
 from replayfmt.replay.plan_options import PlanOptions, Substitution
@@ -26,49 +27,81 @@ def _reply(message: dict[str, Any]) -> None:
 
 def main() -> int:
     config = json.loads(sys.stdin.readline())
-    try:
-        session = open_replay(
-            config["capture"],
-            PlanOptions(
-                substitutions=tuple(Substitution.parse(s) for s in config["plan"].get("substitutions", ())),
-                remaps=tuple(FileRemap.parse(r) for r in config["plan"].get("remaps", ())),
-                fixed_addresses=bool(config["plan"].get("fixed_addresses")),
-            ),
-        )
-    except ReplayError as exc:
-        _reply({"error": str(exc)})
+    evaluator = Evaluator(config)
+    if evaluator.problem is not None:
+        _reply(evaluator.problem)
         return 1
-    with session:
-        return _serve(session, config)
-
-
-def _serve(session: ReplaySession, config: dict[str, Any]) -> int:
+    _reply({"ready": True})
     try:
+        for line in sys.stdin:
+            reply = evaluator.evaluate(json.loads(line))
+            _reply(reply)
+            if reply.get("fatal"):
+                return 1
+    finally:
+        evaluator.close()
+    return 0
+
+
+class Evaluator:
+    """One prepared replay of a capture (as a WorkerConfig dict describes it) that evaluates
+    candidates: each request sets the target launches' shape, replays and verifies once, then
+    times the targets. ``problem`` is the reply to give when it could not be prepared."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+        self.problem: dict[str, Any] | None = None
+        self.session: ReplaySession | None = None
+        self.cap_used = False  # whether a register cap was ever applied (then None must restore the original)
+        try:
+            self.session = open_replay(
+                config["capture"],
+                PlanOptions(
+                    substitutions=tuple(Substitution.parse(s) for s in config["plan"].get("substitutions", ())),
+                    remaps=tuple(FileRemap.parse(r) for r in config["plan"].get("remaps", ())),
+                    fixed_addresses=bool(config["plan"].get("fixed_addresses")),
+                ),
+            )
+            self._prepare()
+        except ReplayError as exc:  # "unavailable": no driver or GPU here (the tool exits 2, as the others do)
+            self.problem = {"error": str(exc), "unavailable": isinstance(exc, DeviceUnavailableError)}
+            self.close()
+
+    def _prepare(self) -> None:
+        session, config = self.session, self.config
+        assert session is not None
         tolerance = Tolerance(enabled=config["tolerance"], rtol=config["rtol"], atol=config["atol"])
-        replayer = session.start(ReplayOptions(devices=(config["device"],), verify=True, tolerance=tolerance))
-        cu = replayer.cu
+        self.replayer = replayer = session.start(
+            ReplayOptions(devices=(config["device"],), verify=True, tolerance=tolerance)
+        )
+        cu = self.cu = replayer.cu
         timed = [session.capture.operation(i) for i in config["operations"]]
-        targets = [op for op in timed if isinstance(op, m.Launch)]
+        self.targets = [op for op in timed if isinstance(op, m.Launch)]
         graphs = replayer.plan.graphs  # kernel nodes of CUDA graphs, tuned as launches are
-        nodes = [(graph, index, graphs[graph].nodes[index]) for graph, index in config.get("nodes", ())]
-        events = []
+        self.nodes = [(graph, index, graphs[graph].nodes[index]) for graph, index in config.get("nodes", ())]
+        self.events = []
         for op in timed:
             pair = (check(cu.cuEventCreate(0), "event"), check(cu.cuEventCreate(0), "event"))
             replayer.wrap_with_events(op.index, *pair)
-            events.append(pair)
-    except ReplayError as exc:  # "unavailable": no driver or GPU here (the tool exits 2, as the others do)
-        _reply({"error": str(exc), "unavailable": isinstance(exc, DeviceUnavailableError)})
-        return 1
-    _reply({"ready": True})
-    cap_used = False  # whether a register cap was ever applied (then None must restore the original)
-    for line in sys.stdin:
-        request = json.loads(line)
+            self.events.append(pair)
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.session.close()
+            self.session = None
+
+    def evaluate(self, request: dict[str, Any]) -> dict[str, Any]:
+        """The reply to one candidate: its median and spread, verified, or its error (``fatal``:
+        the CUDA context is unusable, the process must end)."""
+        if self.problem is not None:
+            return self.problem
+        config, replayer, targets, nodes = self.config, self.replayer, self.targets, self.nodes
         try:
-            if request["max_registers"] is not None or cap_used:
+            if request["max_registers"] is not None or self.cap_used:
                 block = tuple(request["block"]) if request["block"] else (targets or [n for *_, n in nodes])[0].block
                 threads = block[0] * block[1] * block[2]
                 replayer.load_with_register_cap(targets[0].executable, request["max_registers"], threads)
-                cap_used = True
+                self.cap_used = True
             for op in targets:
                 grid = tuple(request["grid"]) if request["grid"] else op.grid
                 block = tuple(request["block"]) if request["block"] else op.block
@@ -85,23 +118,39 @@ def _serve(session: ReplaySession, config: dict[str, Any]) -> int:
                 replayer.set_graph_node_shape(graph, index, grid, block, smem)  # type: ignore[arg-type]
             result = replayer.run(1, verify=True)
             if result.mismatches:  # a wrong answer is this candidate's result, not the worker's failure
-                _reply({"verified": False, "error": f"wrong result: {result.mismatches[0].line()}"})
-                continue
+                return {"verified": False, "error": f"wrong result: {result.mismatches[0].line()}"}
             verified = True if result.reports else None
             times = []
             for repetition in range(config["warmup"] + config["repetitions"]):
                 replayer.run(1, verify=False)
                 if repetition >= config["warmup"]:
-                    times.append(sum(check(cu.cuEventElapsedTime(a, b), "elapsed") for a, b in events))
+                    times.append(sum(check(self.cu.cuEventElapsedTime(a, b), "elapsed") for a, b in self.events))
             stddev = statistics.stdev(times) if len(times) > 1 else 0.0
-            _reply({"median_ms": statistics.median(times), "stddev_ms": stddev, "verified": verified})
+            return {"median_ms": statistics.median(times), "stddev_ms": stddev, "verified": verified}
         except DeviceError as exc:
-            _reply({"error": str(exc), "fatal": exc.sticky})
-            if exc.sticky:
-                return 1
+            return {"error": str(exc), "fatal": exc.sticky}
         except ReplayError as exc:
-            _reply({"error": str(exc)})
-    return 0
+            return {"error": str(exc)}
+
+
+# A fan-out worker process keeps the replay it prepared for a capture across the candidates it
+# is given (preparing is the cold work); the process exists to hold it, and a sticky error ends
+# its use (the fan-out replaces the process).
+_PREPARED: dict[str, Evaluator] = {}
+
+
+def evaluate_candidate(config: dict[str, Any], request: dict[str, Any]) -> Outcome:
+    """A fan-out task: evaluate one candidate on this worker process's prepared replay of
+    ``config`` (prepared by its first task). Poisoned after a sticky CUDA error."""
+    key = json.dumps(config, sort_keys=True)
+    evaluator = _PREPARED.get(key)
+    if evaluator is None:
+        for old in _PREPARED.values():
+            old.close()
+        _PREPARED.clear()
+        evaluator = _PREPARED[key] = Evaluator(config)
+    reply = evaluator.evaluate(request)
+    return Outcome(reply, poisoned=bool(reply.get("fatal")))
 
 
 if __name__ == "__main__":

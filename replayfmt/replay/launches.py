@@ -64,9 +64,11 @@ def prepare_launch(
         raise AbiMismatchError(
             f"operation {op.index} ({fn.name}): {len(block)} parameter bytes captured, the loaded function takes {end}"
         )
-    storage = np.frombuffer(bytes(block) or b"\0", dtype=np.uint8).copy()
-    pointers = np.array([storage.ctypes.data + o for o, _ in layout] or [0], dtype=np.uint64)
-    params = pointers.ctypes.data if layout else 0
+    # ctypes arrays, not numpy: packing is per launch, and a capture may hold 250k of them
+    storage = ctypes.create_string_buffer(bytes(block), max(len(block), 1))
+    base = ctypes.addressof(storage)
+    pointers = (ctypes.c_uint64 * max(len(layout), 1))(*[base + o for o, _ in layout])
+    params = ctypes.addressof(pointers) if layout else 0
     shape = launch_shape(op, plan.overrides.get(op.index))
     keep: list[Any] = [storage, pointers]
     if any(op.cluster) or op.flags & m.LAUNCH_FLAG_COOPERATIVE:

@@ -10,6 +10,7 @@ this step, so CI can exercise all of it without a GPU.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from replayfmt.container.files import ResolvedFile, resolve_file
 from replayfmt.errors import (
@@ -45,6 +46,7 @@ from replayfmt.replay.plan_options import (
     check_substitutions,
     launch_shape,
 )
+from replayfmt.replay.plan_scan import EVENT_OPERATIONS, RegionTracker, track_event
 
 _K = m.OperationKind
 
@@ -91,6 +93,9 @@ class Plan:
     # checkpoint operation index -> where its region begins (the key of its region's state)
     checkpoint_regions: dict[int, int] = field(default_factory=dict)
     graph_sizes: dict[int, GraphSize] = field(default_factory=dict)  # each checked graph, expanded
+    # event id -> [first, last, first is a record]: the operations that record, wait on or
+    # synchronise with it (events first recorded whose spans do not overlap share a CUDA event)
+    event_spans: dict[int, list[Any]] = field(default_factory=dict)
 
     @property
     def state_bytes(self) -> int:
@@ -204,6 +209,8 @@ def build_plan(capture: Capture, options: PlanOptions = PlanOptions()) -> Plan:
     for op, n in unfolded(capture, bool(overrides)):
         kind = op.kind if not isinstance(op, m.UnknownOperation) else -1
         kinds[kind] = kinds.get(kind, 0) + n
+        if type(op) in EVENT_OPERATIONS:  # never folded: each use extends its event's span
+            track_event(plan.event_spans, op)
         key = repeat_key(op) if op.index not in overrides else None
         if key is not None and key in passed:  # a repeat: the same checks, the same outcome (the hot path)
             regions.step(op)
@@ -246,34 +253,6 @@ def build_plan(capture: Capture, options: PlanOptions = PlanOptions()) -> Plan:
     for (eid, fn), threads in plan.max_block_threads.items():
         _check_function_limits(plan, eid, fn, threads, checker)
     return plan
-
-
-class RegionTracker:
-    """Where the region of each operation begins, for hoisting state (docs/FORMAT.md 4.2).
-
-    A region is an outermost scope (it begins at its ScopeBegin) or a stretch of operations
-    outside every scope (it begins at its first operation, just after the previous outermost
-    scope ends, or at the capture's start). Feed operations in order to :meth:`step`: every
-    scope marker and every operation whose region matters (a repeat folded away need not be)."""
-
-    def __init__(self) -> None:
-        self.depth = 0
-        self.begin: int | None = None  # where the current region began
-
-    def step(self, op: m.Operation) -> int:
-        """The index at which ``op``'s region begins."""
-        if isinstance(op, m.ScopeBegin):
-            if self.depth == 0:
-                self.begin = op.index
-            self.depth += 1
-        elif self.depth == 0 and self.begin is None:
-            self.begin = op.index  # a stretch outside every scope
-        begin = self.begin if self.begin is not None else op.index
-        if isinstance(op, m.ScopeEnd) and self.depth > 0:
-            self.depth -= 1
-            if self.depth == 0:
-                self.begin = op.index + 1  # the next operation begins a new region (stepped or not)
-        return begin
 
 
 def _plan_state(plan: Plan, objects: dict[int, m.ObjectDef], op: m.State, hoist: int) -> None:

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from replayfmt.container.batches import collector_paused
 from replayfmt.cuda.driver import check, driver
 from replayfmt.cuda.nvtx import Nvtx
 from replayfmt.errors import ReplayUsageError
@@ -59,7 +60,8 @@ class Replayer:
         arena_problem = steer_fixed_arena(plan, self.options.devices)  # before CUDA starts here
         self._devices = Devices(driver())
         try:
-            self._setup(arena_problem)
+            with collector_paused():  # setup makes a record per operation, and no cycles (see batches)
+                self._setup(arena_problem)
         except BaseException:
             self.close()
             raise

@@ -11,7 +11,7 @@ import dataclasses
 import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from replayfmt.errors import ReplayUsageError
 from replayfmt.format import model as m
@@ -52,9 +52,9 @@ class StepKind(enum.Enum):
     GRAPH_LAUNCH = "graph launch"  # cuGraphLaunch of a graph rebuilt at setup (replay/graphs.py)
 
 
-@dataclass(frozen=True, slots=True)
-class Step:
-    """One call of a replay: ``fn(*args)``, from operation ``operation``."""
+class Step(NamedTuple):
+    """One call of a replay: ``fn(*args)``, from operation ``operation``. A named tuple: a replay
+    builds one per call (700k for a large capture) and issues them with tuple unpacking."""
 
     kind: StepKind
     fn: Callable[..., Any]
@@ -62,7 +62,7 @@ class Step:
     operation: int
 
     def with_args(self, args: tuple[Any, ...]) -> Step:
-        return dataclasses.replace(self, args=args)
+        return self._replace(args=args)
 
 
 @dataclass
@@ -92,91 +92,111 @@ def build_steps(
     nvtx: Any | None,
 ) -> BuiltSteps:
     """Turn every operation of the capture into steps (checkpoints only when verifying or saving,
-    download checks only when verifying, NVTX ranges only with an ``nvtx`` library)."""
+    download checks only when verifying, NVTX ranges only with an ``nvtx`` library).
+
+    Built once per replay and cheap per operation (a capture may hold 700k): one type test per
+    record, no closure per operation, and launches that agree in everything but their index
+    share one packed launch (its arguments are immutable: a shape change replaces a step's
+    arguments, never the packed parameters)."""
     cu = devices.cu
     built = BuiltSteps([], [], {}, {})
     steps = built.steps
+    append = steps.append
+    op_streams = built.op_streams
+    kernel_names = built.kernel_names
     A = addresses
     graphs = built.graph_builder = GraphBuilder(devices, plan, modules, addresses, streams.events)
+    events, handles, defaults = streams.events, streams.handles, streams.defaults
+    several = devices.several
+    overrides = plan.overrides
+    packed: dict[tuple[Any, ...], PreparedLaunch] = {}  # (device, the launch but its index) -> packed once
+    launch_call, launch_ex_call, record_call, wait_call = (
+        cu.cuLaunchKernel,
+        cu.cuLaunchKernelEx,
+        cu.cuEventRecord,
+        cu.cuStreamWaitEvent,
+    )
     current = 0  # the device whose context is current when this step runs (runs start on the first)
     for op in plan.capture.iter_operations():
         index = op.index
-
-        def add(kind: StepKind, fn: Callable[..., Any], args: tuple[Any, ...], index: int = index) -> None:
-            steps.append(Step(kind, fn, args, index))
-
+        cls = type(op)
         if index in plan.state:  # the starting state of the region beginning here (hoisted)
-            add(StepKind.STATE, state.apply, (index, plan.state[index]))
+            append(Step(StepKind.STATE, state.apply, (index, plan.state[index]), index))
             current = 0  # it leaves the first device's context current
-
-        gpu = devices.operation_device(op, plan, streams.device_of) if devices.several else 0
+        gpu = devices.operation_device(op, plan, streams.device_of) if several else 0
         if gpu is not None and gpu != current:
-            add(StepKind.SET_CONTEXT, cu.cuCtxSetCurrent, (devices.gpus[gpu].ctx,))
+            append(Step(StepKind.SET_CONTEXT, cu.cuCtxSetCurrent, (devices.gpus[gpu].ctx,), index))
             current = gpu
-        stream = streams.stream(getattr(op, "stream", 0), gpu or 0)
-        built.op_streams[index] = stream
-        override = plan.overrides.get(index) if isinstance(op, m.Launch) else None
+        captured = getattr(op, "stream", 0)
+        stream = op_streams[index] = handles[captured] if captured else defaults[gpu or 0]
+        override = overrides.get(index) if cls is m.Launch else None
         if override is not None and override.skip:
             pass  # --launch OP:skip: not run at all
-        elif isinstance(op, m.Launch):
-            launch = prepare_launch(devices, plan, modules, A, op, stream, gpu or 0)
-            built.launches.append(launch)
+        elif cls is m.Launch:
+            key = (gpu, *op[1:])
+            launch = packed.get(key)
+            if launch is None:
+                launch = prepare_launch(devices, plan, modules, A, op, stream, gpu or 0)
+                built.launches.append(launch)
+                if not launch.extended and index not in overrides:
+                    packed[key] = launch
             for site, value in launch.buffer_sites:
-                add(StepKind.POINTER_SITE, cu.cuMemcpyHtoDAsync, (site, value, 8, stream))
+                append(Step(StepKind.POINTER_SITE, cu.cuMemcpyHtoDAsync, (site, value, 8, stream), index))
             if nvtx is not None:
-                add(StepKind.NVTX_PUSH, nvtx.push, (launch.name.encode(),))
+                append(Step(StepKind.NVTX_PUSH, nvtx.push, (launch.name.encode(),), index))
             if launch.extended:
-                add(StepKind.LAUNCH_EX, cu.cuLaunchKernelEx, launch.args)
+                append(Step(StepKind.LAUNCH_EX, launch_ex_call, launch.args, index))
             else:
-                add(StepKind.LAUNCH, cu.cuLaunchKernel, launch.args)
+                append(Step(StepKind.LAUNCH, launch_call, launch.args, index))
             if nvtx is not None:
-                add(StepKind.NVTX_POP, nvtx.pop, ())
-            built.kernel_names[index] = launch.name
-        elif isinstance(op, m.Copy):
+                append(Step(StepKind.NVTX_POP, nvtx.pop, (), index))
+            kernel_names[index] = launch.name
+        elif cls is m.EventRecord:
+            append(Step(StepKind.EVENT_RECORD, record_call, (events[op.event], stream), index))
+        elif cls is m.StreamWaitEvent:
+            append(Step(StepKind.STREAM_WAIT, wait_call, (stream, events[op.event], 0), index))
+        elif cls is m.Copy:
             if op.kind == _K.COPY_HOST_TO_DEVICE:
                 source = staged[upload_key(op)]
-                copy = source.copy_call(cu)
-                add(StepKind.UPLOAD, copy, (A[op.dst_buffer] + op.dst_offset, source.address, op.size, stream))
+                args = (A[op.dst_buffer] + op.dst_offset, source.address, op.size, stream)
+                append(Step(StepKind.UPLOAD, source.copy_call(cu), args, index))
             elif op.kind == _K.COPY_DEVICE_TO_HOST:
                 host = pinned(devices, op.size, f"operation {index}")
-                add(StepKind.DOWNLOAD, cu.cuMemcpyDtoHAsync, (host, A[op.src_buffer] + op.src_offset, op.size, stream))
+                args = (host, A[op.src_buffer] + op.src_offset, op.size, stream)
+                append(Step(StepKind.DOWNLOAD, cu.cuMemcpyDtoHAsync, args, index))
                 if op.payload and verify:
-                    add(StepKind.CHECK_DOWNLOAD, verifier.check_download, (op, host))
+                    append(Step(StepKind.CHECK_DOWNLOAD, verifier.check_download, (op, host), index))
                     current = 0  # it synchronises every device
             else:
                 args = (A[op.dst_buffer] + op.dst_offset, A[op.src_buffer] + op.src_offset, op.size, stream)
-                add(StepKind.COPY, cu.cuMemcpyDtoDAsync, args)
-        elif isinstance(op, m.GraphLaunch):
+                append(Step(StepKind.COPY, cu.cuMemcpyDtoDAsync, args, index))
+        elif cls is m.GraphLaunch:
             graph = graphs.prepared(op, gpu or 0)
             for site, value in (s for launch in graph.launches for s in launch.buffer_sites):
-                add(StepKind.POINTER_SITE, cu.cuMemcpyHtoDAsync, (site, value, 8, stream))
+                append(Step(StepKind.POINTER_SITE, cu.cuMemcpyHtoDAsync, (site, value, 8, stream), index))
             if nvtx is not None:
-                add(StepKind.NVTX_PUSH, nvtx.push, (graph.name.encode(),))
-            add(StepKind.GRAPH_LAUNCH, cu.cuGraphLaunch, (graph.executable, stream))
+                append(Step(StepKind.NVTX_PUSH, nvtx.push, (graph.name.encode(),), index))
+            append(Step(StepKind.GRAPH_LAUNCH, cu.cuGraphLaunch, (graph.executable, stream), index))
             if nvtx is not None:
-                add(StepKind.NVTX_POP, nvtx.pop, ())
-            built.kernel_names[index] = graph.name
+                append(Step(StepKind.NVTX_POP, nvtx.pop, (), index))
+            kernel_names[index] = graph.name
             built.graphs[index] = graph
-        elif isinstance(op, m.Memset):
+        elif cls is m.Memset:
             fn = {1: cu.cuMemsetD8Async, 2: cu.cuMemsetD16Async, 4: cu.cuMemsetD32Async}[op.element_size]
-            add(StepKind.MEMSET, fn, (A[op.buffer] + op.offset, op.value, op.count, stream))
-        elif isinstance(op, m.EventRecord):
-            add(StepKind.EVENT_RECORD, cu.cuEventRecord, (streams.events[op.event], stream))
-        elif isinstance(op, m.StreamWaitEvent):
-            add(StepKind.STREAM_WAIT, cu.cuStreamWaitEvent, (stream, streams.events[op.event], 0))
-        elif isinstance(op, m.StreamSynchronize):
-            add(StepKind.SYNCHRONIZE, cu.cuStreamSynchronize, (stream,))
-        elif isinstance(op, m.DeviceSynchronize):
-            add(StepKind.SYNCHRONIZE, cu.cuCtxSynchronize, ())
-        elif isinstance(op, m.EventSynchronize):
-            add(StepKind.SYNCHRONIZE, cu.cuEventSynchronize, (streams.events[op.event],))
-        elif isinstance(op, m.Checkpoint) and (verify or save_output):
-            add(StepKind.CHECKPOINT, verifier.checkpoint, (op,))
+            append(Step(StepKind.MEMSET, fn, (A[op.buffer] + op.offset, op.value, op.count, stream), index))
+        elif cls is m.StreamSynchronize:
+            append(Step(StepKind.SYNCHRONIZE, cu.cuStreamSynchronize, (stream,), index))
+        elif cls is m.DeviceSynchronize:
+            append(Step(StepKind.SYNCHRONIZE, cu.cuCtxSynchronize, (), index))
+        elif cls is m.EventSynchronize:
+            append(Step(StepKind.SYNCHRONIZE, cu.cuEventSynchronize, (events[op.event],), index))
+        elif cls is m.Checkpoint and (verify or save_output):
+            append(Step(StepKind.CHECKPOINT, verifier.checkpoint, (op,), index))
             current = 0  # it synchronises every device
-        elif isinstance(op, m.ScopeBegin) and nvtx is not None:
-            add(StepKind.NVTX_PUSH, nvtx.push, (op.name.encode(),))
-        elif isinstance(op, m.ScopeEnd) and nvtx is not None:
-            add(StepKind.NVTX_POP, nvtx.pop, ())
+        elif cls is m.ScopeBegin and nvtx is not None:
+            append(Step(StepKind.NVTX_PUSH, nvtx.push, (op.name.encode(),), index))
+        elif cls is m.ScopeEnd and nvtx is not None:
+            append(Step(StepKind.NVTX_POP, nvtx.pop, (), index))
         # create, destroy, module load: done at setup; scopes: markers only
     return built
 

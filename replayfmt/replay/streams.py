@@ -4,6 +4,7 @@ run forks from and joins back to (so that a run's device time covers every captu
 
 from __future__ import annotations
 
+import heapq
 from typing import Any
 
 from replayfmt.cuda.driver import check
@@ -52,11 +53,7 @@ class Streams:
             devices.own(lambda h=handle: cu.cuStreamDestroy(h))
             self.handles[sid] = handle
             joinable.append((k, handle))
-        for eid, event in plan.events.items():
-            devices.use(devices.index(event.device))
-            handle = check(cu.cuEventCreate(disable_timing), f"event {eid}: cuEventCreate")
-            devices.own(lambda h=handle: cu.cuEventDestroy(h))
-            self.events[eid] = handle
+        self._create_events(plan, disable_timing)
         for k, handle in joinable:
             devices.use(k)
             join = check(cu.cuEventCreate(disable_timing), "join event")
@@ -67,6 +64,52 @@ class Streams:
         for handle in (start, end):
             devices.own(lambda h=handle: cu.cuEventDestroy(h))
         self.timing = (start, end)
+
+    def _create_events(self, plan: Plan, flags: Any) -> None:
+        """The captured events. A program may make a new event for every record (Triton's
+        persistent matmul: 226k of them), so events share CUDA events: one whose uses (first
+        a record, then waits and synchronisations) span operations that no other event's span
+        overlaps takes a CUDA event freed by one whose span ended before it begins, which keeps
+        every wait on the record it waited on. Events of CUDA graphs, and events first waited on
+        before any record, get their own; events no operation uses share one per device."""
+        devices, cu = self.devices, self.devices.cu
+        current: list[int] = [-1]
+
+        def create(eid: int, k: int) -> Any:
+            if current[0] != k:
+                devices.use(k)
+                current[0] = k
+            handle = check(cu.cuEventCreate(flags), f"event {eid}: cuEventCreate")
+            devices.own(lambda h=handle: cu.cuEventDestroy(h))
+            return handle
+
+        own = {node.event for graph in plan.graphs.values() for node in graph.nodes if node.event}
+        spans = sorted(
+            (span[0], span[1], eid)
+            for eid, span in plan.event_spans.items()
+            if span[2] and eid not in own and eid in plan.events
+        )
+        free: dict[int, list[Any]] = {}  # device -> CUDA events whose last span has ended
+        busy: list[tuple[int, int, int, Any]] = []  # heap of (last use, event id, device, CUDA event)
+        for first, last, eid in spans:
+            while busy and busy[0][0] < first:
+                _, _, k, handle = heapq.heappop(busy)
+                free.setdefault(k, []).append(handle)
+            k = devices.index(plan.events[eid].device)
+            pool = free.get(k)
+            handle = self.events[eid] = pool.pop() if pool else create(eid, k)
+            heapq.heappush(busy, (last, eid, k, handle))
+        unused: dict[int, Any] = {}  # device -> the CUDA event of the events no operation uses
+        for eid, event in plan.events.items():
+            if eid in self.events:
+                continue
+            k = devices.index(event.device)
+            if eid in own or eid in plan.event_spans:
+                self.events[eid] = create(eid, k)
+            else:
+                if k not in unused:
+                    unused[k] = create(eid, k)
+                self.events[eid] = unused[k]
 
     def stream(self, captured: int, gpu: int) -> Any:
         """The stream a captured stream id runs on (0: the default stream of device ``gpu``)."""

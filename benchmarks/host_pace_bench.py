@@ -1,0 +1,192 @@
+"""Host pace of a replay: how many operations a second the host gets through around the device's
+time, on the CPU (no GPU needed), measured side by side in one run (issue 29, part 2).
+
+    python benchmarks/host_pace_bench.py [--launches 256000] [--check]
+
+A capture shaped like Triton's persistent-matmul tutorial capture (per launch: most create an
+event and record it, as its 256,507 launches, 225,850 event records and 226,008 creates do) is
+written with the real writer, then taken through each host phase of `run-replay`:
+
+- open: ``replayfmt.open`` and decoding every record batch into operations;
+- plan: ``build_plan`` (every check that needs no GPU);
+- setup: the Replayer's setup phases (streams and events, buffers, packed launches, steps) over
+  a stand-in driver (tests/fake_device.py's FakeDriver: every call answers at once);
+- issue: one run of the prepared steps through the same stand-in driver;
+
+each as operations a second, beside a bare baseline: the same number of calls of the stand-in
+driver's launch from a plain Python loop over pre-built argument tuples (the least any Python
+replay can do). ``--check`` exits 1 unless every phase reaches 100,000 operations a second
+(the goal: host work under 10% of the device time of such a capture on an H100).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import pstats
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests"))  # the stand-in driver lives with the tests
+
+from fake_device import FakeDriver  # noqa: E402
+
+import replayfmt  # noqa: E402
+import replayfmt.cuda.driver as driver_module  # noqa: E402
+import replayfmt.replay.devices as devices_module  # noqa: E402
+import replayfmt.replay.replayer as replayer_module  # noqa: E402
+from replayfmt.format import model as m  # noqa: E402
+from replayfmt.replay import Replayer, ReplayOptions  # noqa: E402
+from replayfmt.replay.plan import build_plan  # noqa: E402
+
+GOAL = 100_000  # operations a second, every phase
+MATMUL = m.Function(
+    name="matmul_kernel_persistent",
+    parameters=(
+        m.Parameter(offset=0, size=8, kind=m.ParameterKind.POINTER, name="a"),
+        m.Parameter(offset=8, size=8, kind=m.ParameterKind.POINTER, name="b"),
+        m.Parameter(offset=16, size=8, kind=m.ParameterKind.POINTER, name="c"),
+        m.Parameter(offset=24, size=4, kind=m.ParameterKind.VALUE, name="M", dtype=m.DType.INT32),
+        m.Parameter(offset=28, size=4, kind=m.ParameterKind.VALUE, name="N", dtype=m.DType.INT32),
+        m.Parameter(offset=32, size=4, kind=m.ParameterKind.VALUE, name="K", dtype=m.DType.INT32),
+    ),
+    parameters_known=True,
+)
+LAYOUT = [(p.offset, p.size) for p in MATMUL.parameters]
+
+
+def write_capture(path: Path, launches: int) -> int:
+    """A persistent-matmul-like capture: ``launches`` launches on two streams, 88% of them
+    followed by a new event recorded after it (a create and a record). Returns its operations."""
+    with replayfmt.CaptureWriter(path) as w:
+        dev = w.add_object(m.Device(name="NVIDIA H100", compute_capability=(9, 0)))
+        streams = [w.add_object(m.Stream(device=dev)) for _ in range(2)]
+        a, b, c = (w.add_object(m.Buffer(size=1 << 20, device=dev)) for _ in range(3))
+        exe = w.add_object(
+            m.Executable(format=m.ExecutableFormat.CUBIN, functions=(MATMUL,), payload=w.add_payload(b"not a cubin"))
+        )
+        parameters = bytes(24) + (512).to_bytes(4, "little") * 3 + bytes(4)
+        relocations = tuple(m.Relocation(0, t, 8 * k, 0) for k, t in enumerate((a, b, c)))
+        for i in range(launches):
+            stream = streams[i & 1]
+            w.launch(
+                executable=exe,
+                function=0,
+                grid=(132, 1, 1),
+                block=(128, 1, 1),
+                parameters=parameters,
+                relocations=relocations,
+                stream=stream,
+                shared_memory=0,
+            )
+            if i % 100 < 88:
+                event = w.add_object(m.Event(device=dev))
+                w.event_record(event, stream)
+        return w.operation_count
+
+
+def use_fake_driver(fake: FakeDriver) -> None:
+    """Route the replay's driver door to the stand-in (the process never loads cuda-python)."""
+    driver_module.driver = lambda: fake  # check() and compute_capability() look it up here
+    replayer_module.driver = lambda: fake
+    devices_module.driver = lambda: fake
+
+
+class Phases:
+    """Each host phase of a replay of ``path``, timed (seconds) and optionally profiled."""
+
+    def __init__(self, path: Path, profile: str | None) -> None:
+        self.path = path
+        self.profile = profile
+        self.seconds: dict[str, float] = {}
+        self.profiles: dict[str, pstats.Stats] = {}
+
+    def timed(self, name: str, work):
+        profiler = cProfile.Profile() if self.profile in (name, "all") else None
+        gc.collect()
+        started = time.perf_counter()
+        if profiler is not None:
+            profiler.enable()
+        out = work()
+        if profiler is not None:
+            profiler.disable()
+        self.seconds[name] = time.perf_counter() - started
+        if profiler is not None:
+            self.profiles[name] = pstats.Stats(profiler)
+        return out
+
+    def run(self) -> int:
+        fake = FakeDriver({MATMUL.name: LAYOUT})
+        use_fake_driver(fake)
+
+        def open_all():
+            cap = replayfmt.open(self.path)
+            for _ in cap.iter_operations():
+                pass
+            return cap
+
+        cap = self.timed("open", open_all)
+        with cap:
+            plan = self.timed("plan", lambda: build_plan(cap))
+            options = ReplayOptions(check_payloads=False)
+            replayer = self.timed("setup", lambda: Replayer(plan, options))
+            with replayer:
+                self.timed("issue", lambda: replayer.run(1))
+                steps = len(replayer.steps)
+            launch = fake.cuLaunchKernel
+            args = [(i, 132, 1, 1, 128, 1, 1, 0, 7, 0, 0) for i in range(steps)]
+
+            def bare():
+                for a in args:
+                    launch(*a)
+
+            self.timed("bare loop", bare)
+            self.events_created = fake.calls.get("cuEventCreate", 0)
+            return cap.operation_count
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--launches", type=int, default=256_000, help="launches in the capture (default 256,000)")
+    parser.add_argument("--check", action="store_true", help=f"exit 1 unless every phase reaches {GOAL:,} ops/s")
+    parser.add_argument(
+        "--profile", choices=["open", "plan", "setup", "issue", "all"], help="print cProfile's top entries of a phase"
+    )
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "persistent.kreplay"
+        started = time.perf_counter()
+        operations = write_capture(path, args.launches)
+        written = time.perf_counter() - started
+        phases = Phases(path, args.profile)
+        count = phases.run()
+    assert count == operations
+    print(f"capture: {operations:,} operations ({args.launches:,} launches), written in {written:.2f} s")
+    print(f"stand-in driver: {phases.events_created:,} events created at setup")
+    print(f"{'phase':<10} {'seconds':>8} {'ops/s':>12}  vs bare loop")
+    bare = operations / phases.seconds["bare loop"]
+    failed = []
+    for name, seconds in phases.seconds.items():
+        rate = operations / seconds
+        print(f"{name:<10} {seconds:>8.3f} {rate:>12,.0f}  {rate / bare:>6.2f}x")
+        if name != "bare loop" and rate < GOAL:
+            failed.append(name)
+    total = sum(s for n, s in phases.seconds.items() if n != "bare loop")
+    print(f"host total {total:>8.3f} {operations / total:>12,.0f}")
+    for name, stats in phases.profiles.items():
+        print(f"\n--- cProfile: {name} ---")
+        stats.sort_stats("tottime").print_stats(12)
+    if args.check:
+        if failed:
+            print(f"FAIL: under {GOAL:,} operations a second: {', '.join(failed)}")
+            return 1
+        print(f"PASS: every phase at {GOAL:,} operations a second or more")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

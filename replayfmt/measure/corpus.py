@@ -1,0 +1,215 @@
+"""A corpus: every capture of a directory replayed (or planned, without a GPU) on a fan-out of
+workers, one row each, for compiler teams that replay hundreds of captures per change; compared
+with a baseline (another directory of the same captures, or a CSV of an earlier run) to find
+regressions.
+
+Each capture is one task (:func:`replay_capture`) on a worker pinned to one GPU: open, plan,
+set up, replay once verifying every checkpoint, then time ``repetitions`` runs (median device
+time). A capture that breaks its CUDA context poisons its worker, which is replaced; one that
+crashes or hangs its process loses it, which is replaced too; the row says so.
+"""
+
+from __future__ import annotations
+
+import csv
+import statistics
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from replayfmt.errors import DeviceError, DeviceUnavailableError, ReplayError, ReplayUsageError
+from replayfmt.execute import open_replay
+from replayfmt.measure.fanout import FanOut, Outcome, Task
+from replayfmt.reader import Capture, open_capture
+from replayfmt.replay.options import ReplayOptions
+from replayfmt.replay.plan import Plan, build_plan
+
+SUFFIX = ".kreplay"
+
+# verdicts, best first: a row is worse than its baseline when its verdict comes later here
+VERDICTS = ("verified", "replayed", "planned", "mismatch", "failed", "unavailable", "lost")
+
+
+@dataclass
+class CorpusRow:
+    """One capture's outcome."""
+
+    capture: str  # its file name in the corpus directory
+    verdict: str = ""  # one of VERDICTS: verified (compared N > 0 ranges), replayed (nothing to
+    # compare), planned (--dry-run), mismatch, failed, unavailable (no GPU here), lost (its worker died)
+    operations: int = 0
+    ranges: int = 0  # checkpoint ranges compared
+    device_ms: float | None = None  # median device time of a run
+    host_s: float | None = None  # open + plan (+ setup): the host's work before the device's
+    worker: str = ""
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict in ("verified", "replayed", "planned")
+
+
+CSV_FIELDS = [f.name for f in fields(CorpusRow)]
+
+
+def corpus_files(directory: Path, flag: str = "DIR") -> list[Path]:
+    """The captures (``*.kreplay``) of ``directory``, sorted by name; a usage error when none."""
+    if not directory.is_dir():
+        raise ReplayUsageError(f"{flag} {directory}: not a directory")
+    found = sorted(p for p in directory.iterdir() if p.suffix == SUFFIX and p.is_file())
+    if not found:
+        raise ReplayUsageError(f"{flag} {directory}: no {SUFFIX} files")
+    return found
+
+
+def replay_capture(path: str, settings: dict[str, Any]) -> Outcome:
+    """A fan-out task: one capture's row (as a dict). ``settings``: ``dry_run`` (plan only),
+    ``repetitions`` (timed runs after the verified one). Poisoned after a sticky CUDA error."""
+    row = CorpusRow(Path(path).name)
+    started = time.perf_counter()
+    try:
+        if settings.get("dry_run"):
+            with open_capture(path) as cap:
+                plan = build_plan(cap)  # raises the first problem
+                row.operations = cap.operation_count
+                row.error = _problem(cap, plan)
+            row.host_s = time.perf_counter() - started
+            row.verdict = "failed" if row.error else "planned"
+            return Outcome(asdict(row))
+        with open_replay(path) as session:
+            row.operations = session.capture.operation_count
+            row.error = _problem(session.capture, session.plan)
+            if row.error:
+                row.verdict = "failed"
+                return Outcome(asdict(row))
+            replayer = session.start(ReplayOptions(verify=True))
+            row.host_s = time.perf_counter() - started
+            result = replayer.run(1, verify=True)
+            row.ranges = len(result.reports)
+            if result.mismatches:
+                row.verdict, row.error = "mismatch", result.mismatches[0].line().strip()
+                return Outcome(asdict(row))
+            times = replayer.run(max(1, int(settings.get("repetitions", 3))), verify=False).device_ms
+            row.device_ms = statistics.median(times)
+            row.verdict = "verified" if row.ranges else "replayed"
+    except DeviceError as exc:
+        row.verdict = "unavailable" if isinstance(exc, DeviceUnavailableError) else "failed"
+        row.error = str(exc)
+        return Outcome(asdict(row), poisoned=exc.sticky)
+    except ReplayError as exc:
+        row.verdict, row.error = "failed", str(exc)
+    return Outcome(asdict(row))
+
+
+def _problem(cap: Capture, plan: Plan) -> str:
+    """Why a planned capture cannot be replayed as captured ("" when it can)."""
+    if plan.problems:
+        return plan.problems[0]
+    if cap.recovered and not cap.operation_count:
+        return f"the file was recovered ({cap.recovery_reason}) and no operation survived: not replayable as captured"
+    return ""
+
+
+def run_corpus(
+    fanout: FanOut,
+    paths: Iterable[Path],
+    settings: dict[str, Any],
+    *,
+    timeout: float | None = None,
+    task: Callable[[str, dict[str, Any]], Any] = replay_capture,
+) -> Iterator[CorpusRow]:
+    """Every capture of ``paths`` as a row, in the order they complete (``task`` does one)."""
+    tasks = [Task(path.name, task, (str(path), settings)) for path in paths]
+    for outcome in fanout.run(tasks, timeout=timeout):
+        if outcome.error:
+            row = CorpusRow(outcome.key, "lost", worker=outcome.worker, error=outcome.error)
+        else:
+            row = CorpusRow(**outcome.value)
+            row.worker = outcome.worker
+        if outcome.worker_replaced and row.verdict != "lost":
+            row.error = (row.error + "; " if row.error else "") + "its worker was replaced after it"
+        yield row
+
+
+# ------------------------------------------------------------------------------------------
+# CSV and comparison
+
+
+def write_csv(path: Path, rows: list[CorpusRow]) -> None:
+    try:
+        with path.open("w", newline="") as f:
+            writer = csv.DictWriter(f, CSV_FIELDS)
+            writer.writeheader()
+            for row in rows:
+                writer.writerow({k: "" if v is None else v for k, v in asdict(row).items()})
+    except OSError as exc:
+        raise ReplayUsageError(f"--csv {path}: cannot write ({exc.strerror})") from None
+
+
+def read_csv(path: Path, flag: str = "--compare-to") -> list[CorpusRow]:
+    """The rows of a CSV that :func:`write_csv` wrote (an earlier run)."""
+    rows = []
+    try:
+        with path.open(newline="") as f:
+            for line, record in enumerate(csv.DictReader(f), start=2):
+                try:
+                    rows.append(
+                        CorpusRow(
+                            record["capture"],
+                            record["verdict"],
+                            int(record["operations"] or 0),
+                            int(record["ranges"] or 0),
+                            float(record["device_ms"]) if record["device_ms"] else None,
+                            float(record["host_s"]) if record["host_s"] else None,
+                            record.get("worker", ""),
+                            record.get("error", ""),
+                        )
+                    )
+                except (KeyError, ValueError, TypeError) as exc:
+                    raise ReplayUsageError(f"{flag} {path}: line {line} is not a corpus-replay row ({exc})") from None
+    except OSError as exc:
+        raise ReplayUsageError(f"{flag} {path}: cannot read ({exc.strerror})") from None
+    except csv.Error as exc:
+        raise ReplayUsageError(f"{flag} {path}: not a CSV ({exc})") from None
+    return rows
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A capture against its baseline."""
+
+    capture: str
+    row: CorpusRow | None
+    baseline: CorpusRow | None
+    ratio: float | None  # device time now / baseline (over 1: slower)
+    regression: str  # why it is one ("" when not)
+
+
+def compare(rows: list[CorpusRow], baseline: list[CorpusRow], threshold: float) -> list[Comparison]:
+    """Pair rows with the baseline's by capture name: a regression is a verdict worse than the
+    baseline's, a capture the baseline had and this run lacks, or device time over ``threshold``
+    times the baseline's."""
+    now = {r.capture: r for r in rows}
+    before = {r.capture: r for r in baseline}
+    out = []
+    for name in sorted(now.keys() | before.keys()):
+        row, base = now.get(name), before.get(name)
+        ratio = None
+        why = ""
+        if row is None:
+            why = "missing from this run"
+        elif base is not None:
+            if row.device_ms is not None and base.device_ms:
+                ratio = row.device_ms / base.device_ms
+            if _rank(row.verdict) > _rank(base.verdict) and not row.ok:
+                why = f"{base.verdict} before, {row.verdict} now"
+            elif ratio is not None and ratio > threshold:
+                why = f"{ratio:.2f}x the baseline's device time (over {threshold:g}x)"
+        out.append(Comparison(name, row, base, ratio, why))
+    return out
+
+
+def _rank(verdict: str) -> int:
+    return VERDICTS.index(verdict) if verdict in VERDICTS else len(VERDICTS)

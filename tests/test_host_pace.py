@@ -1,0 +1,147 @@
+"""The replay's host work on large captures, on the CPU through a stand-in driver: launches alike
+packed once, captured events sharing CUDA events only where their spans allow, the runner naming
+the launches since the last synchronisation when a sticky error surfaces, and the plan's checks
+counting launches alike that it checks once."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+from fake_device import DRIVER_DOORS, FakeDriver, FakeError
+
+import replayfmt
+from replayfmt.format import model as m
+from replayfmt.replay import Replayer, ReplayOptions
+from replayfmt.replay.plan import build_plan
+from replayfmt.replay.steps import StepKind
+
+KERNEL = m.Function(
+    name="k",
+    parameters=(m.Parameter(offset=0, size=8, kind=m.ParameterKind.POINTER),),
+    parameters_known=True,
+)
+
+
+@pytest.fixture
+def fake(monkeypatch) -> FakeDriver:
+    driver = FakeDriver({"k": [(0, 8)]})
+    for door in DRIVER_DOORS:
+        monkeypatch.setattr(f"{door}.driver", lambda: driver)
+    return driver
+
+
+def write(path, body) -> dict[str, int]:
+    ids: dict[str, int] = {}
+    with replayfmt.CaptureWriter(path) as w:
+        ids["device"] = dev = w.add_object(m.Device(name="NVIDIA H100", compute_capability=(9, 0)))
+        ids["s1"], ids["s2"] = (w.add_object(m.Stream(device=dev)) for _ in range(2))
+        ids["x"] = w.add_object(m.Buffer(size=4096, device=dev))
+        ids["exe"] = w.add_object(m.Executable(functions=(KERNEL,), payload=w.add_payload(b"image")))
+        body(w, ids)
+    return ids
+
+
+def launch(w, ids, stream="s1", offset=0):
+    return w.launch(
+        executable=ids["exe"],
+        function=0,
+        grid=(1, 1, 1),
+        block=(32, 1, 1),
+        parameters=bytes(8),
+        relocations=[m.Relocation(0, ids["x"], 0, offset)],
+        stream=ids[stream],
+    )
+
+
+def test_launches_alike_are_packed_once_and_relocated(tmp_path, fake):
+    def body(w, ids):
+        for k in range(6):
+            launch(w, ids, offset=64 * (k % 2))
+
+    write(tmp_path / "c.kreplay", body)
+    with replayfmt.open(tmp_path / "c.kreplay") as cap, Replayer(build_plan(cap), ReplayOptions()) as r:
+        launches = [s for s in r.steps if s.kind is StepKind.LAUNCH]
+        assert len(launches) == 6
+        params = [s.args[-2] for s in launches]
+        assert len(set(params)) == 2 and params[0] == params[2] == params[4] and params[1] == params[3]
+        base = r.addresses[4]  # buffer x
+        pointers = [ctypes.c_uint64.from_address(ctypes.c_uint64.from_address(p).value).value for p in params[:2]]
+        assert pointers == [base, base + 64]
+        r.set_launch_shape(launches[2].operation, (2, 1, 1), (64, 1, 1), 0)  # one launch: the others keep theirs
+        shapes = [s.args[1:8] for s in r.steps if s.kind is StepKind.LAUNCH]
+        assert shapes[2] == (2, 1, 1, 64, 1, 1, 0) and shapes[0] == shapes[4] == (1, 1, 1, 32, 1, 1, 0)
+        assert r.run(2).device_ms == [0.0, 0.0]
+
+
+def test_events_share_cuda_events_only_where_their_spans_do_not_overlap(tmp_path, fake):
+    def body(w, ids):
+        dev = ids["device"]
+        for k in range(3):  # one event per record, as Triton's persistent matmul makes them
+            ids[f"e{k}"] = w.add_object(m.Event(device=dev))
+            launch(w, ids)
+            w.event_record(ids[f"e{k}"], ids["s1"])
+        ids["a"], ids["b"] = w.add_object(m.Event(device=dev)), w.add_object(m.Event(device=dev))
+        w.event_record(ids["a"], ids["s1"])
+        w.event_record(ids["b"], ids["s2"])  # recorded while a's span is still open
+        w.stream_wait_event(ids["s2"], ids["a"])
+        ids["waited"] = w.add_object(m.Event(device=dev))
+        w.stream_wait_event(ids["s1"], ids["waited"])  # waited on before any record: its own
+        w.event_record(ids["waited"], ids["s1"])
+        ids["unused"], ids["unused2"] = w.add_object(m.Event(device=dev)), w.add_object(m.Event(device=dev))
+
+    ids = write(tmp_path / "e.kreplay", body)
+    with replayfmt.open(tmp_path / "e.kreplay") as cap:
+        plan = build_plan(cap)
+        assert plan.event_spans[ids["a"]][:2] == [plan.event_spans[ids["a"]][0], plan.event_spans[ids["a"]][0] + 2]
+        with Replayer(plan, ReplayOptions()) as r:
+            events = r.events
+            assert events[ids["e0"]] == events[ids["e1"]] == events[ids["e2"]]
+            assert events[ids["a"]] != events[ids["b"]]  # overlapping spans: two CUDA events
+            assert events[ids["a"]] == events[ids["e0"]]  # a begins after e2's span ended
+            assert events[ids["waited"]] not in {events[ids[k]] for k in ("e0", "a", "b", "unused")}
+            assert events[ids["unused"]] == events[ids["unused2"]]
+            records = [s.args[0] for s in r.steps if s.kind is StepKind.EVENT_RECORD]
+            waits = [s.args[1] for s in r.steps if s.kind is StepKind.STREAM_WAIT]
+            assert waits[0] == records[3] == events[ids["a"]]
+    # 3 shared by e0-e2 and a, b, waited, the unused ones, 2 timing and 2 join events
+    assert fake.calls["cuEventCreate"] == 4 + 2 + 2
+
+
+def test_a_sticky_error_names_the_launches_since_the_last_synchronisation(tmp_path, fake):
+    def body(w, ids):
+        launch(w, ids)
+        w.stream_synchronize(ids["s1"])
+        for _ in range(3):
+            launch(w, ids, stream="s2")
+
+    write(tmp_path / "s.kreplay", body)
+    fake.cuCtxSynchronize = lambda: (FakeError("CUDA_ERROR_ILLEGAL_ADDRESS"),)
+    with (
+        replayfmt.open(tmp_path / "s.kreplay") as cap,
+        Replayer(build_plan(cap), ReplayOptions()) as r,
+        pytest.raises(replayfmt.DeviceError) as caught,
+    ):
+        r.run(1)
+    message = str(caught.value)
+    assert "launches since the last successful synchronisation: operation 7 (k), operation 8 (k), operation 9 (k)" in (
+        message
+    )
+    assert "operation 5" not in message and caught.value.sticky
+
+
+def test_launches_alike_are_checked_once_and_counted_each(tmp_path):
+    """The plan checks a launch like one already checked only once, but counts it, and a launch
+    that differs in anything its checks read (here its grid) is checked and refused."""
+
+    def body(w, ids):
+        for _ in range(3):
+            launch(w, ids)
+        w.launch(executable=ids["exe"], function=0, grid=(0, 1, 1), block=(32, 1, 1), parameters=bytes(8))
+
+    write(tmp_path / "d.kreplay", body)
+    with replayfmt.open(tmp_path / "d.kreplay") as cap:
+        with pytest.raises(replayfmt.UnsupportedOperationError, match="operation 8 \\(k\\): grid dimension 0 is 0"):
+            build_plan(cap)
+        plan = build_plan(cap, replayfmt.replay.plan.PlanOptions(continue_on_error=True))
+    assert plan.launches_of[(5, 0)] == 3 and plan.operation_counts["launch"] == 4 and len(plan.problems) == 1

@@ -1,0 +1,166 @@
+"""corpus-replay: replay (or plan) every capture of a directory on one worker per GPU; one table and CSV."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from replayfmt.errors import ReplayUsageError
+from replayfmt.measure.corpus import VERDICTS, CorpusRow, compare, corpus_files, read_csv, run_corpus, write_csv
+from replayfmt.measure.fanout import open_fanout
+from replayfmt.measure.tune import check_writable
+from replayfmt_tools.common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, ToolExit, agents_md_option, reports_errors
+from replayfmt_tools.options import cluster_options, parse_devices
+
+EPILOG = """\b
+Each capture is one task on a worker pinned to one GPU (--device, several times; or the workers
+of the Dask cluster at --scheduler): opened, planned, set up, replayed once verifying every
+checkpoint, then timed (--repetitions runs, the median device time). On Dask distributed when it
+is installed (pip install 'replayfmt[cluster]'), else on local processes. A capture that breaks
+its CUDA context, crashes or hangs its worker (--timeout) loses that worker, which is replaced;
+the row says so and the run goes on. --dry-run plans every capture without a GPU.
+
+\b
+--compare-to takes a directory of the same captures (run too, as the baseline) or the --csv of
+an earlier run; a regression is a verdict worse than the baseline's, a capture missing, or a
+device time over --threshold times the baseline's.
+
+\b
+Exit status: 0 every capture verified (or replayed, or planned) and no regression; 1 a capture
+failed, mismatched or regressed; 2 usage error (no captures, bad --compare-to), or no GPU here.
+
+\b
+Examples:
+  corpus-replay --dry-run captures/
+  corpus-replay --device cuda:0 --device cuda:1 --csv today.csv captures/
+  corpus-replay --compare-to yesterday.csv --threshold 1.05 captures/
+  corpus-replay --scheduler tcp://head:8786 --compare-to baseline_captures/ captures/
+"""
+
+
+@click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("directory", type=click.Path(path_type=Path))
+@click.option("--dry-run", is_flag=True, help="Plan every capture (every check that needs no GPU); run nothing.")
+@click.option(
+    "--repetitions",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="Timed runs of each capture after the verified one (the median is reported).",
+)
+@click.option(
+    "--device",
+    "device_list",
+    multiple=True,
+    metavar="cuda:N",
+    help="A GPU to run on, one worker each (default cuda:0); give it several times.",
+)
+@cluster_options
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0.1),
+    default=600.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Give up on a capture (and replace its worker) after this long.",
+)
+@click.option(
+    "--csv", "csv_path", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE", help="Write the rows here."
+)
+@click.option(
+    "--compare-to",
+    "baseline",
+    type=click.Path(path_type=Path),
+    metavar="DIR|CSV",
+    help="The baseline: a directory of the same captures (run as well) or an earlier run's --csv.",
+)
+@click.option(
+    "--threshold",
+    type=click.FloatRange(min=1.0),
+    default=1.05,
+    show_default=True,
+    help="With --compare-to: a device time over this many times the baseline's is a regression.",
+)
+@agents_md_option("corpus-replay")
+@reports_errors("corpus-replay")
+def main(
+    directory: Path,
+    dry_run: bool,
+    repetitions: int,
+    device_list: tuple[str, ...],
+    scheduler: str | None,
+    engine: str | None,
+    timeout: float,
+    csv_path: Path | None,
+    baseline: Path | None,
+    threshold: float,
+) -> int:
+    """Replay every capture of DIRECTORY (or plan it, with --dry-run) on one worker per GPU and
+    print one table: verdict, operations, device time, host time; optionally compared with a baseline."""
+    paths = corpus_files(directory)
+    baseline_paths = None
+    if baseline is not None:
+        if baseline.is_dir():
+            baseline_paths = corpus_files(baseline, "--compare-to")
+        elif not baseline.is_file():
+            raise ReplayUsageError(f"--compare-to {baseline}: no such directory or CSV file")
+    if csv_path is not None:
+        if csv_path.exists():
+            raise ReplayUsageError(f"--csv {csv_path}: already exists; choose another file")
+        check_writable(csv_path, "--csv")
+    settings = {"dry_run": dry_run, "repetitions": repetitions}
+    gpus = list(parse_devices(device_list))
+    with open_fanout(gpus, engine=engine or "auto", scheduler=scheduler, pin=not dry_run) as fanout:
+        click.echo(f"corpus: {len(paths)} capture(s) in {directory}; workers: {fanout.describe()}")
+        rows = sorted(run_corpus(fanout, paths, settings, timeout=timeout), key=lambda r: r.capture)
+        before = None
+        if baseline_paths is not None:
+            before = sorted(run_corpus(fanout, baseline_paths, settings, timeout=timeout), key=lambda r: r.capture)
+        replaced = fanout.replaced
+    if before is None and baseline is not None:
+        before = read_csv(baseline)
+    _print_rows(rows)
+    if csv_path is not None:
+        write_csv(csv_path, rows)
+        click.echo(f"csv: {csv_path}")
+    if replaced:
+        click.echo(f"(a worker was replaced {replaced} time(s): a capture broke its CUDA context, crashed or hung)")
+    failed = [r for r in rows if not r.ok]
+    regressions = []
+    if before is not None:
+        comparisons = compare(rows, before, threshold)
+        click.echo(f"\n{'capture':<32} {'baseline ms':>12} {'now ms':>10} {'ratio':>7}  regression")
+        for c in comparisons:
+            base = "" if c.baseline is None or c.baseline.device_ms is None else f"{c.baseline.device_ms:.4f}"
+            now = "" if c.row is None or c.row.device_ms is None else f"{c.row.device_ms:.4f}"
+            ratio = "" if c.ratio is None else f"{c.ratio:.3f}"
+            click.echo(f"{c.capture:<32} {base:>12} {now:>10} {ratio:>7}  {c.regression}")
+        regressions = [c for c in comparisons if c.regression]
+    counts = {v: n for v in VERDICTS if (n := sum(1 for r in rows if r.verdict == v))}
+    click.echo(
+        "\n"
+        + ", ".join(f"{n} {v}" for v, n in counts.items())
+        + (f"; {len(regressions)} regression(s)" if before is not None else "")
+    )
+    if rows and all(r.verdict == "unavailable" for r in rows):
+        raise ToolExit(EXIT_USAGE, "no GPU here for any worker (--dry-run plans without one)")
+    return EXIT_PROBLEM if failed or regressions else EXIT_OK
+
+
+def _print_rows(rows: list[CorpusRow]) -> None:
+    click.echo(
+        f"\n{'capture':<32} {'verdict':<11} {'operations':>10} {'ranges':>6} {'device ms':>10} {'host s':>7}  worker"
+    )
+    for r in rows:
+        device = "" if r.device_ms is None else f"{r.device_ms:.4f}"
+        host = "" if r.host_s is None else f"{r.host_s:.2f}"
+        click.echo(
+            f"{r.capture:<32} {r.verdict:<11} {r.operations:>10} {r.ranges:>6} {device:>10} {host:>7}  {r.worker}"
+        )
+        if r.error:
+            click.echo(f"    {r.error}")
+
+
+if __name__ == "__main__":
+    main()
