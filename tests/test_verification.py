@@ -659,3 +659,33 @@ def test_a_permutation_of_a_poisoned_input_is_proven_when_poisoned_alone(tmp_pat
     ranges = by_label(report)
     assert ranges["out"].evidence is Evidence.PROVEN, ranges["out"].line()
     assert ranges["x"].evidence is Evidence.UNCHANGED and report.verified
+
+
+def test_a_capture_holding_stored_pointers_never_poisons_its_integers(tmp_path):
+    """A pointer table in starting state (a 1.3 data relocation) is integer data the region reads:
+    poisoned, the kernel following it faults (the H100 replay of a CuPy pointer-table program hit
+    CUDA_ERROR_MISALIGNED_ADDRESS in its poisoned replay). Its floats are still poisoned."""
+    x = inputs()
+    answer = row_sums(x, None)
+    path = write_capture(tmp_path / "c.kreplay", out_start=answer, out_expected=answer, x_dtype=m.DType.INT32)
+    table = tmp_path / "t.kreplay"
+    with replayfmt.open(path) as cap, replayfmt.CaptureWriter(table) as w:
+        for obj in cap.objects():
+            w.add_object(obj)
+        for op in cap.iter_operations():
+            if isinstance(op, m.State) and op.buffer == X_ID:  # X's first word points into OUT
+                relocation = m.Relocation(X_ID, OUT_ID, 0, 0)
+                w.state(buffer=X_ID, data=cap.read_payload(op.payload), offset=op.offset, relocations=[relocation])
+            elif isinstance(op, m.State):
+                w.state(buffer=op.buffer, data=cap.read_payload(op.payload), offset=op.offset)
+            elif isinstance(op, m.ScopeBegin):
+                w.scope_begin(op.name)
+            elif isinstance(op, m.ScopeEnd):
+                w.scope_end(op.name)
+            elif isinstance(op, m.Checkpoint):
+                entries = [(e.buffer, w.add_payload(cap.read_payload(e.payload)), e.offset, e.size) for e in op.entries]
+                w.checkpoint(entries, name=op.name, types=op.types)
+    report, _ = verify(table, program())
+    ranges = by_label(report)
+    assert ranges["x"].evidence is Evidence.UNPROVEN and "stores device addresses" in ranges["x"].note
+    assert ranges["out"].evidence is Evidence.PROVEN and report.verified
