@@ -13,7 +13,7 @@ from fake_device import DRIVER_DOORS, FakeDriver, FakeError
 import replayfmt
 from replayfmt.format import model as m
 from replayfmt.replay import Replayer, ReplayOptions
-from replayfmt.replay.plan import build_plan
+from replayfmt.replay.plan import LaunchOverride, PlanOptions, build_plan
 from replayfmt.replay.steps import StepKind
 
 KERNEL = m.Function(
@@ -145,3 +145,40 @@ def test_launches_alike_are_checked_once_and_counted_each(tmp_path):
             build_plan(cap)
         plan = build_plan(cap, replayfmt.replay.plan.PlanOptions(continue_on_error=True))
     assert plan.launches_of[(5, 0)] == 3 and plan.operation_counts["launch"] == 4 and len(plan.problems) == 1
+
+
+def test_identical_uploads_holding_stored_pointers_are_each_planned_and_staged(tmp_path, fake):
+    """Uploads that hold stored pointers (1.3) are staged one by one, relocated in place: ten alike
+    were checked once by the plan, which then knew only the first's staging (a KeyError at setup)."""
+
+    def body(w, ids):
+        table = w.add_payload(bytes(64))
+        for _ in range(10):
+            w.copy_h2d(
+                dst_buffer=ids["x"], payload=table, size=64, relocations=[m.Relocation(ids["x"], ids["x"], 0, 128)]
+            )
+        launch(w, ids)
+
+    write(tmp_path / "c.kreplay", body)
+    with replayfmt.open(tmp_path / "c.kreplay") as cap:
+        plan = build_plan(cap)
+        assert sum(1 for key in plan.uploads if key[0] == "relocated") == 10
+        with Replayer(plan, ReplayOptions()) as r:
+            assert sum(s.kind == StepKind.UPLOAD for s in r.steps) == 10
+
+
+def test_an_overridden_launch_is_not_packed_with_its_equals(tmp_path, fake):
+    """Three launches alike, the second overridden (--launch OP:grid=...): it keeps its own shape."""
+
+    def body(w, ids):
+        for _ in range(3):
+            launch(w, ids)
+
+    write(tmp_path / "c.kreplay", body)
+    with replayfmt.open(tmp_path / "c.kreplay") as cap:
+        launches = [op.index for op in cap.iter_operations() if isinstance(op, m.Launch)]
+        override = LaunchOverride.parse(f"{launches[1]}:grid=4,1,1")
+        plan = build_plan(cap, PlanOptions(launch_overrides=(override,)))
+        with Replayer(plan, ReplayOptions()) as r:
+            grids = {s.operation: s.args[1:4] for s in r.steps if s.kind == StepKind.LAUNCH}
+    assert grids == {launches[0]: (1, 1, 1), launches[1]: (4, 1, 1), launches[2]: (1, 1, 1)}

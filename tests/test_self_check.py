@@ -27,6 +27,15 @@ MISMATCH_OUT = "op     12 buffer 3: MISMATCH 64 float32 compared (exact), 3 mism
     ("code", "stdout", "stderr", "outcome", "ranges", "detail"),
     [
         (0, VERIFIED, "", Outcome.VERIFIED, 3, ""),
+        # an operation failed, then verification found nothing or a difference: a failed replay
+        (
+            1,
+            "NOT verified: 3 range(s) compared\n",
+            f"run-replay: error: {ILLEGAL}\nrun-replay: error: verification: 1 of 3 compared range(s) failed\n",
+            Outcome.FAILED,
+            0,
+            ILLEGAL,
+        ),
         # what run-replay --verify prints today (docs/VERIFY.md): the verdict line, then the problem
         (0, "verified: 21 range(s) compared (21 typed) over 1 replay(s): 21 exact\n", "", Outcome.VERIFIED, 21, ""),
         (

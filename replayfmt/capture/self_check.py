@@ -107,6 +107,10 @@ def judge(returncode: int, stdout: str, stderr: str, seconds: float = 0.0) -> Re
     if returncode == 0 and verified:
         ranges = int(verified[-1].split()[1])
         return ReplayCheck(Outcome.VERIFIED, ranges, seconds=seconds)
+    failed = [line for line in stderr.splitlines() if "error:" in line and _OPERATION_FAILED.search(line)]
+    if failed:  # an operation failed: whatever verification then says, the replay did not run through
+        detail = failed[0].split("error:", 1)[1].strip()
+        return ReplayCheck(Outcome.FAILED, detail=detail[:_TAIL], seconds=seconds)
     # run-replay --verify's verdict line on failure (docs/VERIFY.md): "verification: <problem>"
     problem = next(
         (

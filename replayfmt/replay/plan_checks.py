@@ -107,10 +107,13 @@ _ID_FIELDS: dict[type, tuple[str, ...]] = {
 def repeat_key(op: m.Operation) -> tuple[object, ...] | None:
     """What an operation is checked on, all but its index (of a launch's parameters, only their
     length is checked), so that the plan checks a repeat once; None for operations checked every
-    time (table operations: state, checkpoints, scopes; objects created and destroyed)."""
+    time (table operations: state, checkpoints, scopes; objects created and destroyed; uploads
+    holding stored pointers)."""
     cls = type(op)
     if cls is m.Launch:
         return (*op[1:9], len(op.parameters), op.relocations)
+    if cls is m.Copy and op.relocations:
+        return None  # an upload holding stored pointers is staged for itself (plan.upload_key): checked each time
     if cls is m.Copy or cls is m.Memset:
         return (op.kind, *op[1:])
     names = _ID_FIELDS.get(cls)  # events, synchronisations, module loads, graph launches

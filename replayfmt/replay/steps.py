@@ -134,7 +134,7 @@ def build_steps(
             pass  # --launch OP:skip: not run at all
         elif cls is m.Launch:
             key = (gpu, *op[1:])
-            launch = packed.get(key)
+            launch = packed.get(key) if override is None else None  # an overridden launch is its own
             if launch is None:
                 launch = prepare_launch(devices, plan, modules, A, op, stream, gpu or 0)
                 built.launches.append(launch)

@@ -371,6 +371,7 @@ class Verification:
                     self.round_written[key] = result.written
                 if result.evidence is Evidence.TAINTED:
                     tainted.append(key)
+                    unsure.discard(key)  # written wrongly: no longer a piece that merely looked untouched
                 elif result.evidence is Evidence.UNCHANGED and self.regions[key] in silent:
                     tainted.append(key)
                     unsure.add(key)
