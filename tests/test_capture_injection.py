@@ -30,6 +30,7 @@ from replayfmt.capture.injection import (
     INJECTION_ABI,
     ChildSettings,
     InjectionConfig,
+    ProgramRun,
     TargetKind,
     build_injection_library,
     classify,
@@ -369,3 +370,30 @@ def test_module_files_are_packaged():
     source = Path(__file__).resolve().parents[1] / "replayfmt" / "capture" / "inject.c"
     assert source.is_file() and stat.S_ISREG(source.stat().st_mode)
     assert '"replayfmt.capture" = ["inject.c"]' in (source.parents[2] / "pyproject.toml").read_text()
+
+
+@pytest.mark.parametrize(
+    ("run", "kept", "status"),
+    [
+        # the program failed while recorded: partial, as a Python program's capture is
+        (ProgramRun(3, ["  replayable: yes (plan only: not replayed)"], True), False, 1),
+        # the recorder never closed its file: nothing that looks like a capture is left
+        (ProgramRun(0, [], None, errors=["the recorder did not start"]), False, 1),
+        (ProgramRun(0, ["  replayable: yes (plan only: not replayed)"], True), True, 0),
+    ],
+)
+def test_a_native_programs_capture_is_kept_only_when_it_is_complete(tmp_path, monkeypatch, run, kept, status):
+    from click.testing import CliRunner
+
+    from replayfmt_tools import capture_replay
+
+    out = tmp_path / "n.kreplay"
+
+    def recorded(target, args, output, options, *, overwrite):
+        Path(output).write_bytes(b"KREPLAY")  # what the child left
+        return run
+
+    monkeypatch.setattr(capture_replay, "record_program", recorded)
+    result = CliRunner().invoke(capture_replay.main, ["-o", str(out), "--no-self-check", "/bin/true"])
+    assert (result.exit_code, out.exists()) == (status, kept), result.output
+    assert "Traceback" not in result.output

@@ -92,8 +92,8 @@ MODULE_NAME = "python -m replayfmt.capture"  # how README starts the recorder; m
 @click.option(
     "--keep-partial",
     is_flag=True,
-    help="Keep OUTPUT (marked partial when it stopped on an error) and exit 0 when the capture cannot be "
-    "replayed (default: remove it, exit 1).",
+    help="Keep OUTPUT (marked partial when it stopped on an error) when the capture cannot be replayed, and "
+    "exit with the program's own status (default: remove it, exit 1).",
 )
 @click.option(
     "--no-self-check",
@@ -267,22 +267,27 @@ def _record_native(
     capture is then replayed and verified from here, as a Python program's is."""
     run = record_program(target, args, output, options, overwrite=overwrite)
     replayable, reason = run.replayable, run.reason
+    if replayable and run.exit_code:  # the program failed while it was recorded: as a Python program's, partial
+        replayable, reason = False, f"it is partial: the program exited with status {run.exit_code}"
     check = None
     if replayable and self_check is not None:
         check = replay_check(output, fixed_addresses=options.fixed_addresses, timeout_s=self_check.timeout_s)
         if check.outcome == Outcome.FAILED:
             replayable, reason = False, check.describe()
     if not quiet:
-        for line in run.report_lines:
-            click.echo(line, err=True)
+        for line in run.report_lines:  # the child's own verdict line gives way to the parent's replay
+            if check is None or not line.strip().startswith("replayable:"):
+                click.echo(line, err=True)
         if check is not None:
             click.echo(f"  replayable: {'yes' if replayable else 'no'} ({check.describe()})", err=True)
     for other in run.others:
         click.echo(f"{name}: not recorded: process {other}", err=True)
-    if replayable is None:
-        raise ToolExit(EXIT_PROBLEM, f"error: {describe_failure(run, target.path)}")
     for error in run.errors:
         click.echo(f"{name}: {error}", err=True)
+    if replayable is None:  # the recorder never closed its file: what it left is no capture
+        if not keep_partial:
+            Path(output).unlink(missing_ok=True)
+        raise ToolExit(EXIT_PROBLEM, f"error: {describe_failure(run, target.path)}")
     if check is not None and check.outcome == Outcome.MISMATCH:
         _warn_mismatch(output, name)
     return _verdict_exit(run.exit_code, replayable, reason, output, keep_partial, name)
