@@ -428,3 +428,32 @@ def test_a_range_keeps_the_scopes_wholly_inside_it(step, tmp_path):
         ("scope_end", f"operations {first}..{last}"),
     ]
     assert result.scope == f"operations {first}..{last}" and [n for n, _ in checkpoints][-1] == result.scope
+
+
+def test_an_extract_needing_a_buffer_that_stores_pointers_is_refused(tmp_path, cubin):
+    """Pointers stored in memory (1.3 data relocations) would be rebuilt as plain bytes: refused."""
+    from edit_captures import SAXPY, saxpy_params
+
+    path = tmp_path / "p.kreplay"
+    with replayfmt.CaptureWriter(path) as w:
+        dev = w.add_object(m.Device(name="NVIDIA H100", compute_capability=(9, 0)))
+        x = w.add_object(m.Buffer(size=4096, device=dev, label="x"))
+        y = w.add_object(m.Buffer(size=4096, device=dev, label="y"))
+        exe = w.add_object(
+            m.Executable(
+                format=m.ExecutableFormat.CUBIN, target_arch="sm_90", payload=w.add_payload(cubin), functions=(SAXPY,)
+            )
+        )
+        w.copy_h2d(dst_buffer=x, data=bytes(4096), relocations=[m.Relocation(x, y, 0, 0)])  # x[0] points at y
+        with w.scope("step"):
+            launch = w.launch(
+                executable=exe,
+                function=0,
+                grid=(1, 1, 1),
+                block=(32, 1, 1),
+                parameters=saxpy_params(2.0),
+                relocations=[m.Relocation(0, x, 8, 0), m.Relocation(0, y, 16, 0)],
+            )
+    with pytest.raises(replayfmt.UnsupportedOperationError, match="stores 1 pointer"):
+        extract(path, Selection.operation(launch), tmp_path / "one.kreplay", ExtractOptions(allow_gpu=False))
+    assert not (tmp_path / "one.kreplay").exists()

@@ -19,8 +19,8 @@ from __future__ import annotations
 import enum
 import os
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import xxhash
@@ -171,6 +171,7 @@ def extract(
             if selection.kind not in (SelectionKind.OPERATION, SelectionKind.RANGE):
                 what += f" (operations {where.first}..{where.last})"
             raise ReplayUsageError(f"{what} holds no device work (launches, copies, memsets or graph launches)")
+        _refuse_stored_pointers(ops[: where.last + 1], closure)
         plan = _Contents(cap, ops, where, closure, names)
         if plan.missing_state and not options.allow_gpu:
             raise ReplayUsageError(
@@ -245,6 +246,42 @@ def _relocations(op: m.Operation, lookup: Callable[[int], m.ObjectDef]) -> Itera
         if isinstance(graph, m.Graph):
             for node in graph.nodes:
                 yield from node.relocations
+
+
+def _carried_types(
+    after: Iterable[m.Operation], t: Transplant, entries: list[m.CheckpointEntry]
+) -> list[m.TypedTensor]:
+    """The typed tensors (format 1.3) of the source's first checkpoint at or after the work's end
+    that lie inside the extract's checkpoint entries, renumbered: verification then compares values."""
+    first = next((op for op in after if isinstance(op, m.Checkpoint) and op.types), None)
+    if first is None:
+        return []
+    out = []
+    for typed in first.types:
+        if typed.buffer not in t.ids:
+            continue
+        moved = replace(typed, buffer=t.id(typed.buffer))
+        if any(
+            e.buffer == moved.buffer and e.offset <= moved.offset and moved.offset + moved.size <= e.offset + e.size
+            for e in entries
+        ):
+            out.append(moved)
+    return out
+
+
+def _refuse_stored_pointers(ops: list[m.Operation], closure: Closure) -> None:
+    """Pointers the program stored in memory (1.3 data relocations) in a buffer the extract keeps:
+    the extract's starting state is rebuilt as plain bytes, which would replay those pointers as
+    captured (they fault wherever buffers move), so such an extract is refused, not written wrong."""
+    for op in ops:
+        if isinstance(op, m.State | m.Copy) and op.relocations:
+            holder = op.buffer if isinstance(op, m.State) else op.dst_buffer
+            if holder in closure.buffers:
+                raise UnsupportedOperationError(
+                    f"operation {op.index} ({op.kind.label}) stores {len(op.relocations)} pointer(s) in buffer "
+                    f"{holder}, which the extract needs: extract-replay cannot carry stored pointers yet "
+                    "(replay the whole capture, or a capture recorded with --mode kernel)"
+                )
 
 
 def narrowing(cap: Capture, ops: list[m.Operation], work: list[m.Operation], closure: Closure) -> Narrowing:
@@ -410,7 +447,7 @@ def _write(
     ]
     result.checkpoint_bytes = sum(e.size for e in entries)
     if entries:
-        w.checkpoint(entries, name=where.name)
+        w.checkpoint(entries, name=where.name, types=_carried_types(cap.iter_operations(where.last), t, entries))
     w.scope_end(where.name)
     if new_times:
         w.set_original_times(new_times, old_times.clock or timings.CUPTI_CLOCK)

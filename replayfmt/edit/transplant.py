@@ -131,6 +131,7 @@ class Transplant:
                 dst_offset=c.dst_offset,
                 stream=self.id(c.stream),
                 flags=c.flags,
+                relocations=self.relocations(c.relocations),
             )
         if kind == _K.COPY_DEVICE_TO_HOST:
             c = op  # type: ignore[assignment]
@@ -192,5 +193,10 @@ class Transplant:
                 for e in op.entries  # type: ignore[union-attr]
                 if e.buffer in self.ids
             ]
-            return w.checkpoint(entries, name=op.name) if entries else None  # type: ignore[union-attr]
+            types = [
+                dataclasses.replace(t, buffer=self.id(t.buffer))
+                for t in op.types  # type: ignore[union-attr]
+                if t.buffer in self.ids
+            ]
+            return w.checkpoint(entries, name=op.name, types=types) if entries else None  # type: ignore[union-attr]
         return None
