@@ -21,14 +21,6 @@ from replayfmt.errors import ReplayUsageError
 from replayfmt.format import model as m
 
 _K = m.OperationKind
-_DEVICE_WORK = {
-    _K.LAUNCH,
-    _K.COPY_HOST_TO_DEVICE,
-    _K.COPY_DEVICE_TO_HOST,
-    _K.COPY_DEVICE_TO_DEVICE,
-    _K.MEMSET,
-    _K.GRAPH_LAUNCH,
-}
 
 
 @dataclass
@@ -64,10 +56,10 @@ def compute_closure(ops: Iterable[m.Operation], lookup: Callable[[int], m.Object
 
     for op in ops:
         kind = op.kind
-        if kind in _DEVICE_WORK:
+        if kind in m.DEVICE_WORK:
             c.device_work += 1
         stream = getattr(op, "stream", 0)
-        if stream and (kind in _DEVICE_WORK or kind in (_K.EVENT_RECORD, _K.STREAM_SYNCHRONIZE, _K.HOST_FUNCTION)):
+        if stream and (kind in m.DEVICE_WORK or kind in (_K.EVENT_RECORD, _K.STREAM_SYNCHRONIZE, _K.HOST_FUNCTION)):
             c.streams.add(stream)
         if kind == _K.LAUNCH:
             c.executables.add(op.executable)  # type: ignore[union-attr]

@@ -64,6 +64,20 @@ _OPERATION_LABELS = {
 }
 
 
+DEVICE_WORK = frozenset(
+    {
+        OperationKind.LAUNCH,
+        OperationKind.GRAPH_LAUNCH,
+        OperationKind.COPY_HOST_TO_DEVICE,
+        OperationKind.COPY_DEVICE_TO_HOST,
+        OperationKind.COPY_DEVICE_TO_DEVICE,
+        OperationKind.MEMSET,
+    }
+)
+"""The operation kinds that are work on a device (what a region is timed over, what an extract must
+hold, what a capture cut short must still have to be worth replaying)."""
+
+
 class ObjectKind(enum.IntEnum):
     """Matches the member order of the schema's ObjectBody union."""
 

@@ -16,6 +16,7 @@ from typing import ClassVar, NamedTuple
 from replayfmt.errors import ReplayUsageError
 from replayfmt.format.enums import (
     COPY_FLAG_ASYNC as COPY_FLAG_ASYNC,
+    DEVICE_WORK as DEVICE_WORK,
     EXECUTABLE_FORMATS as EXECUTABLE_FORMATS,
     LAUNCH_FLAG_COOPERATIVE as LAUNCH_FLAG_COOPERATIVE,
     DType as DType,

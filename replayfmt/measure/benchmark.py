@@ -43,14 +43,6 @@ from replayfmt.replay.replayer import Replayer
 from replayfmt.replay.steps import Step, StepKind, bracket_with_events
 
 _K = m.OperationKind
-_DEVICE_KINDS = {
-    _K.LAUNCH,
-    _K.COPY_HOST_TO_DEVICE,
-    _K.COPY_DEVICE_TO_HOST,
-    _K.COPY_DEVICE_TO_DEVICE,
-    _K.MEMSET,
-    _K.GRAPH_LAUNCH,
-}
 
 
 @dataclass(frozen=True)
@@ -222,7 +214,7 @@ class Benchmark:
         plan = replayer.plan
         steps = replayer.steps
         self.ops = {op.index: op for op in plan.capture.iter_operations(region.start, region.stop)}
-        self.timed_ops = [i for i, op in self.ops.items() if op.kind in _DEVICE_KINDS]
+        self.timed_ops = [i for i, op in self.ops.items() if op.kind in m.DEVICE_WORK]
         split = region_steps(steps, region, self.timed_ops)
         self.prefix = split.setup
         body = split.body

@@ -12,9 +12,6 @@ from replayfmt.format import model as m, records
 from replayfmt.reader import Capture
 
 _K = m.OperationKind
-DEVICE_WORK = frozenset(
-    {_K.LAUNCH, _K.GRAPH_LAUNCH, _K.COPY_HOST_TO_DEVICE, _K.COPY_DEVICE_TO_HOST, _K.COPY_DEVICE_TO_DEVICE, _K.MEMSET}
-)
 
 
 class LiveObjects(dict[int, m.ObjectDef]):
@@ -76,7 +73,7 @@ def device_work_problem(capture: Capture, counts: dict[str, int]) -> str | None:
     --dry-run say it in these words."""
     if not capture.recovered:
         return None
-    work = sum(n for label, n in counts.items() if label in {k.label for k in DEVICE_WORK})
+    work = sum(n for label, n in counts.items() if label in {k.label for k in m.DEVICE_WORK})
     if work:
         return None
     kept = (
