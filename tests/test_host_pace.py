@@ -182,3 +182,27 @@ def test_an_overridden_launch_is_not_packed_with_its_equals(tmp_path, fake):
         with Replayer(plan, ReplayOptions()) as r:
             grids = {s.operation: s.args[1:4] for s in r.steps if s.kind == StepKind.LAUNCH}
     assert grids == {launches[0]: (1, 1, 1), launches[1]: (4, 1, 1), launches[2]: (1, 1, 1)}
+
+
+@pytest.mark.parametrize("site", [False, True])
+def test_the_plan_knows_when_replay_writes_pointers_into_memory(tmp_path, site):
+    """A launch whose relocation site is a buffer writes a device address into memory: verification
+    then poisons no integers (a poisoned address faults the replay)."""
+
+    def body(w, ids):
+        relocations = [m.Relocation(0, ids["x"], 0, 0)]
+        if site:
+            relocations.append(m.Relocation(ids["x"], ids["x"], 256, 64))
+        w.launch(
+            executable=ids["exe"],
+            function=0,
+            grid=(1, 1, 1),
+            block=(32, 1, 1),
+            parameters=bytes(8),
+            relocations=relocations,
+            stream=ids["s1"],
+        )
+
+    write(tmp_path / "c.kreplay", body)
+    with replayfmt.open(tmp_path / "c.kreplay") as cap:
+        assert build_plan(cap).stores_pointers is site

@@ -86,6 +86,9 @@ class Plan:
     warnings: list[str] = field(default_factory=list)  # what the replay goes on without (a dropped TIMINGS chunk)
     uploads: dict[UploadKey, tuple[m.Copy, int]] = field(default_factory=dict)  # first copy of each source, bytes
     needs_fixed_addresses: bool = False
+    # the replay writes device addresses into memory: pointers stored in uploads and state (1.3)
+    # or written by launches into buffers (relocation sites), so integers there are no data to poison
+    stores_pointers: bool = False
     # starting state, hoisted: operation index a region begins at -> the state to apply before it,
     # as host-to-device copies (stream 0) that are staged like uploads but are not the program's work
     state: dict[int, list[m.Copy]] = field(default_factory=dict)
@@ -262,6 +265,7 @@ def _plan_state(plan: Plan, objects: dict[int, m.ObjectDef], op: m.State, hoist:
     if not 1 <= op.payload <= plan.capture.payload_count or plan.capture.payload(op.payload).size < op.size:
         raise ReplayFormatError(f"operation {op.index} (state): payload {op.payload} is missing or too small")
     _check_data_relocations(objects, op, op.relocations, op.offset, op.size)
+    plan.stores_pointers |= bool(op.relocations)
     copy = m.Copy(
         op.index, _K.COPY_HOST_TO_DEVICE, 0, 0, op.buffer, op.payload, 0, 0, 0, op.offset, op.size, op.relocations
     )
@@ -362,6 +366,7 @@ def _check_operation(
                     f"operation {op.index} ({fn.name}): relocation points past the end of buffer {target.id}"
                 )
             if r.site_buffer:
+                plan.stores_pointers = True
                 site = _need(objects, r.site_buffer, m.Buffer, op, "relocation site")
                 _check_range(op, site, r.site_offset, 8, "relocation site")
             elif r.site_offset + (128 if r.kind == m.RelocationKind.TENSOR_MAP else 8) > len(op.parameters):
@@ -374,6 +379,7 @@ def _check_operation(
             dst = _need(objects, op.dst_buffer, m.Buffer, op, "destination")
             _check_range(op, dst, op.dst_offset, op.size, "destination")
             _check_data_relocations(objects, op, op.relocations, op.dst_offset, op.size)
+            plan.stores_pointers |= bool(op.relocations)
             if op.src_file:
                 resolved = plan.files.get(op.src_file)
                 _need(objects, op.src_file, m.FileReference, op, "source file")

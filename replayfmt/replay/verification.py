@@ -333,7 +333,7 @@ class Verification:
         # pointers stored in memory (1.3 data relocations): a poisoned pointer table faults the
         # replay (seen on the H100: CUDA_ERROR_MISALIGNED_ADDRESS); such a capture's integers and
         # untyped bytes may hold more, so none of them is poisoned
-        stores_pointers = self.plan.needs_fixed_addresses or any(op.relocations for op, _ in self.plan.uploads.values())
+        stores_pointers = self.plan.needs_fixed_addresses or self.plan.stores_pointers
         for key in sorted(self.expected):
             if not self._how(key).gentle:
                 keys.append(key)
