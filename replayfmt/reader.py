@@ -282,9 +282,10 @@ class Capture:
             bi += 1
 
     def distinct_operations(self) -> Iterator[tuple[m.Operation, int]]:
-        """Every operation in capture order, except that a launch, copy or memset equal to an
-        earlier one of its record batch in all but index (a launch's parameter values aside) is
-        folded into it: ``(operation, how many it stands for)``. What a checker looks at once
+        """Every operation in capture order, except that a launch, copy, memset or id operation equal
+        to an earlier one of its record batch in all but index (a launch's parameter values aside) is
+        folded into it (events never: see ``container.batches.distinct_operations``): ``(operation,
+        how many it stands for)``. What a checker looks at once
         (the replay plan): a million launches of a few shapes are a few records."""
         for bi in range(self.batch_count):
             batch = self._batch(bi)

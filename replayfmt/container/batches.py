@@ -378,11 +378,13 @@ def _id_operations(b: DecodedBatch, category: np.ndarray) -> list[m.Operation]:
 
 
 def distinct_operations(b: DecodedBatch) -> list[tuple[m.Operation, int]]:
-    """The batch's operations in capture order, each launch, copy or memset standing for itself
-    and the later ones of the batch that equal it in everything but index (and, for a launch, the
-    values of its parameters, not their length): ``(operation, how many it stands for)``. What a
-    checker needs to look at once, without building a record per operation. A batch that
-    destroys an object is returned whole (order matters there: a use after the destroy)."""
+    """The batch's operations in capture order, each launch, copy, memset or id operation
+    (synchronisation, module load, host function, graph launch) standing for itself and the later
+    ones of the batch that equal it in everything but index (and, for a launch, the values of its
+    parameters, not their length): ``(operation, how many it stands for)``. What a checker needs to
+    look at once, without building a record per operation. Never folded: table operations, each
+    use of an event (its span matters), uploads holding stored pointers; a batch that destroys an
+    object is returned whole (order matters there: a use after the destroy)."""
     category = _CATEGORY[b.kinds]
     if bool((b.kinds == int(_K.DESTROY_OBJECT)).any()):
         return [(op, 1) for op in materialize(b)]

@@ -207,7 +207,7 @@ def build_plan(capture: Capture, options: PlanOptions = PlanOptions()) -> Plan:
     regions = RegionTracker()
     live = LiveObjects(objects)  # what each operation may use: nothing after its DestroyObject
     frames = FrameChecks(capture)
-    passed: set[tuple[object, ...]] = set()  # launches, copies, memsets checked already (all but the index)
+    passed: set[tuple[object, ...]] = set()  # repeat_key of what was checked already (all but the index)
     # operations equal but for their index come folded (the reader's distinct_operations): checked once
     for op, n in unfolded(capture, bool(overrides)):
         kind = op.kind if not isinstance(op, m.UnknownOperation) else -1
