@@ -89,7 +89,6 @@ class Capture:
         self._timings_offset = 0  # the TIMINGS chunk (the original program's device times), if any
         self.timings_problem = ""  # why an invalid (OPTIONAL) TIMINGS chunk was dropped, if it was
         self._graph_charged: dict[int, tuple[int, int]] = {}  # batch -> (graph nodes, edges) it defines
-        self._graph_batches: dict[int, DecodedBatch] = {}  # those batches, kept (bounded by the totals)
         self._graph_refused: dict[int, ReplayFormatError] = {}  # batches whose graphs went over the totals
         self._chunks = ChunkReader(self._file, self.path, self.limits)
         try:
@@ -118,7 +117,6 @@ class Capture:
             self._pool.shutdown(wait=True)
             self._pool = None
         self._cache.clear()
-        self._graph_batches.clear()
         self._cached_records = 0
         self._last_materialized = None
         self._file.close()
@@ -197,17 +195,15 @@ class Capture:
             refused = self._graph_refused.get(i)
             if refused is not None:  # over the capture's graph budget: refused again, never decoded again
                 raise refused
-            cached = self._cache.get(i) or self._graph_batches.get(i)
-            if i in self._cache:
-                self._cache.move_to_end(i)
+            cached = self._cache.get(i)
             if cached is not None:
+                self._cache.move_to_end(i)
                 return cached
         with collector_paused():  # decoding makes many small records and no cycles (see batches)
             batch = self._decode_batch(i)
         with self._lock:
-            if i in self._graph_charged:  # graphs decode slowly and are bounded: kept, never decoded twice
-                self._graph_batches[i] = batch
-                return batch
+            # batches holding graphs too: charged once to the graph budget (_charge_graphs), they
+            # count against the cache's records like any other and are decoded again if dropped
             if i not in self._cache:
                 self._cache[i] = batch
                 self._cached_records += len(batch.kinds) + len(batch.objects)
