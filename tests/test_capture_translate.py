@@ -40,14 +40,14 @@ class FakeMemory:
                 return bytes(data[address - base : address - base + size])
         raise AssertionError(f"read of unknown memory {address:#x}")
 
-    def snapshot(self, address: int, size: int, stream: int | None, writer, inspect=None, *, frames=None) -> int:
+    def snapshot(self, address: int, size: int, stream: int | None, writer, *, frames=None) -> int:
         """Through the real snapshot pipeline, on a fake device over the same memory."""
         self.reads.append((address, size, stream))
         device = FakeDevice()
         device.memory = self.device
         snapshots = Snapshotter(device, slot_size=writer.frame_size, slots=2)
         try:
-            return snapshots.snapshot(address, size, stream, writer, inspect, frames=frames)
+            return snapshots.snapshot(address, size, stream, writer, frames=frames)
         finally:
             snapshots.close()
 

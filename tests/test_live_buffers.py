@@ -309,12 +309,12 @@ class RefusingMemory(FakeMemory):
     """A device whose copies of one range fail, as cuMemcpyDtoHAsync answers for memory that is not
     (or no longer) mapped."""
 
-    def snapshot(self, address: int, size: int, stream, writer, inspect=None, *, frames=None) -> int:
+    def snapshot(self, address: int, size: int, stream, writer, *, frames=None) -> int:
         if address == ARENA:
             raise CudaCallError(
                 "cuMemcpyDtoHAsync (snapshot) failed: CUDA_ERROR_INVALID_VALUE", "CUDA_ERROR_INVALID_VALUE"
             )
-        return super().snapshot(address, size, stream, writer, inspect, frames=frames)
+        return super().snapshot(address, size, stream, writer, frames=frames)
 
 
 def test_a_refused_snapshot_names_the_buffer_and_the_capture_refuses_to_replay(tmp_path):

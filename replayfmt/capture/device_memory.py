@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-from replayfmt.capture.snapshots import CudaSnapshotDevice, FrameVisitor, Inspect, Snapshotter
+from replayfmt.capture.snapshots import CudaSnapshotDevice, FrameVisitor, Snapshotter
 from replayfmt.cuda.driver import check, driver
 
 
@@ -102,22 +102,20 @@ class DriverMemory:
         size: int,
         stream: int | None,
         writer: Any,
-        inspect: Inspect | None = None,
         *,
         frames: FrameVisitor | None = None,
     ) -> int:
         """The payload id of ``size`` bytes of device memory at ``address`` once ``stream`` (None:
         every stream) is done: hashed on the device, only the frames the file lacks copied, and
         compressed and written from pinned memory by the writer's threads (replayfmt.capture.snapshots).
-        ``inspect(offset, frame)`` sees the frames that were copied; ``frames`` sees every frame
-        (see :meth:`Snapshotter.snapshot`)."""
+        ``frames`` sees every frame (see :meth:`Snapshotter.snapshot`)."""
         with self._unrecorded():
             if self._snapshots is None:
                 self._snapshots = Snapshotter(CudaSnapshotDevice(self.cu, self._own_stream()))
             stats = self._snapshots.stats
             copied, began = stats.copied_bytes, time.perf_counter()
             try:
-                return self._snapshots.snapshot(address, size, stream, writer, inspect, frames=frames)
+                return self._snapshots.snapshot(address, size, stream, writer, frames=frames)
             finally:
                 self.copy_seconds += time.perf_counter() - began
                 self.copied += stats.copied_bytes - copied
