@@ -64,9 +64,14 @@ class Words:
 
     def in_spans(self, spans: list[tuple[int, int]]) -> Words:
         """The words whose 8 bytes lie inside one of ``spans`` ((offset, size) in the buffer)."""
-        keep = np.zeros(len(self.sites), dtype=bool)
-        for offset, size in spans:
-            keep |= (self.sites >= offset) & (self.sites + 8 <= offset + size)
+        if not spans:
+            return Words()
+        ordered = sorted(spans)
+        starts = np.array([o for o, _ in ordered], dtype=np.int64)
+        ends = np.maximum.accumulate(np.array([o + n for o, n in ordered], dtype=np.int64))
+        # the spans starting at or before each word: the furthest end among them must cover it
+        last = np.searchsorted(starts, self.sites, side="right") - 1
+        keep = (last >= 0) & (self.sites + 8 <= ends[np.maximum(last, 0)])
         return self if bool(keep.all()) else Words(self.sites[keep], self.values[keep])
 
     def within(self, low: int, high: int) -> Words:
