@@ -10,6 +10,7 @@ import pytest
 from replayfmt.format import model as m
 from replayfmt.replay.evidence import Evidence, Poison, classify, patched, pieces, poison
 from replayfmt.replay.judge import (
+    NEIGHBOURHOOD,
     ULP_WIDENING,
     RangeObservation,
     Verdict,
@@ -209,14 +210,60 @@ def test_untyped_bytes_may_differ_only_in_words_that_varied():
     o.add(bytes(first))
     o.add(bytes(second))
     j = o.judge(nondeterministic=True)
-    assert j.verdict is Verdict.VARIES and j.dtype == "bytes" and not j.typed and j.elements == 16
+    assert j.verdict is Verdict.VARIES and j.dtype == "bytes" and not j.typed and j.elements == 4  # words
     third = bytearray(expected)
-    third[12] ^= 4  # word 3 never varied between replays... yet differs from the capture in every one
+    third[15] ^= 4  # word 3 never varied between replays... yet differs (its top byte) in every one
     o = RangeObservation(expected, D.UNKNOWN)
     for _ in range(2):
         o.add(bytes(third))
     j = o.judge(nondeterministic=True)
-    assert j.verdict is Verdict.WRONG and j.wrong == 1 and j.shown[0].index == 12
+    assert j.verdict is Verdict.WRONG and j.wrong == 1 and j.shown[0].index == 3 and j.shown[0].position == (12,)
+
+
+def test_untyped_words_that_read_as_floats_get_the_float32_widening_in_a_nondeterministic_program():
+    """A float sum's low bits agree by chance in every replay and differ in the captured run: in
+    untyped memory (a dead tensor between live ones) the word reads as a normal float32 number and
+    gets float32's few ulps, where the program varied somewhere; integers never do."""
+    captured = np.array([1.5, -0.25, 3.0e-3, 7.0], np.float32)
+    replay = captured.copy()
+    replay.view(np.uint32)[0] += 2  # 2 ulps, the same in both replays
+    replay.view(np.uint32)[1] -= 3
+    o = RangeObservation(captured.tobytes(), D.UNKNOWN)
+    for _ in range(2):
+        o.add(replay.tobytes())
+    varies = o.judge(nondeterministic=True)
+    assert varies.verdict is Verdict.VARIES and varies.differing == 2 and varies.widening_ulps == 4
+    assert varies.shown[0].captured == 1.5 and varies.shown[0].ulp_diff == 2
+    assert o.judge(nondeterministic=False).verdict is Verdict.WRONG  # a deterministic program: bit for bit
+    planted = replay.copy()
+    planted[2] *= 1.01  # a wrong constant: thousands of ulps
+    o = RangeObservation(captured.tobytes(), D.UNKNOWN)
+    o.add(planted.tobytes())
+    wrong = o.judge(nondeterministic=True)
+    assert wrong.verdict is Verdict.WRONG and wrong.wrong == 1 and wrong.shown[0].position == (8,)
+    indices = np.array([0, 90, 4095, 1 << 20], np.int32)
+    shifted = indices + np.array([0, 1, 0, 2], np.int32)  # an index off by one reads as a subnormal float
+    o = RangeObservation(indices.tobytes(), D.UNKNOWN)
+    o.add(shifted.tobytes())
+    off = o.judge(nondeterministic=True)
+    assert off.verdict is Verdict.WRONG and off.wrong == 2
+    assert [(e.captured, e.replay_min, e.ulp_diff) for e in off.shown] == [(90, 91, 1), (1 << 20, (1 << 20) + 2, 2)]
+
+
+def test_untyped_words_cost_a_few_bytes_each_and_copy_independently():
+    expected = np.random.default_rng(3).standard_normal(1 << 16).astype(np.float32).tobytes() + b"xy"
+    o = RangeObservation(expected, D.UNKNOWN)
+    o.add(expected)
+    assert o.lanes == (1 << 16) + 1 and o.judge(nondeterministic=True).verdict is Verdict.EXACT
+    other = o.copy()
+    changed = bytearray(expected)
+    changed[-1] ^= 1  # the 2-byte tail is a word of its own
+    other.add(bytes(changed))  # after one exact replay: the tail word varied between replays
+    assert other.varies and other.judge(nondeterministic=True).verdict is Verdict.VARIES
+    assert not o.varies and o.judge(nondeterministic=True).verdict is Verdict.EXACT and o.replays == 1
+    fresh = RangeObservation(expected, D.UNKNOWN)
+    fresh.add(bytes(changed))
+    assert fresh.judge(nondeterministic=True).wrong == 1  # the same word, never seen right: wrong
 
 
 def test_many_elements_show_the_first_few_with_the_count():
@@ -316,3 +363,23 @@ def test_a_poisoned_piece_is_proven_unchanged_or_tainted():
     wrong = start[:16] + np.full(4, 7, np.float32).tobytes()
     assert classify(expected, wrong).evidence is Evidence.TAINTED
     assert classify(expected, wrong, judge_ok=True).evidence is Evidence.PROVEN
+
+
+def test_untyped_float_words_may_differ_by_the_spread_of_varied_words_near_them():
+    """A cancelling sum near zero varies by many ulps and little value: a word the replays agreed
+    on may differ from the capture by what the words near it (the same tensor, laid out
+    contiguously) varied by, not by what a far tensor did."""
+    rng = np.random.default_rng(5)
+    captured = (rng.standard_normal(6 * NEIGHBOURHOOD) * 1e-6).astype(np.float32)
+    first, second = captured.copy(), captured.copy()
+    first[:64] += np.float32(3e-12)  # block 0 varies by a few 1e-12 between replays
+    second[:64] -= np.float32(3e-12)
+    for replay in (first, second):
+        replay[100] = captured[100] + np.float32(5e-12)  # agreed, yet ~40 ulps from the capture
+        replay[5 * NEIGHBOURHOOD] = captured[5 * NEIGHBOURHOOD] + np.float32(5e-12)  # far from any variation
+    o = RangeObservation(captured.tobytes(), D.UNKNOWN)
+    o.add(first.tobytes())
+    o.add(second.tobytes())
+    j = o.judge(nondeterministic=True)
+    assert j.verdict is Verdict.WRONG and j.wrong == 1 and j.shown[0].index == 5 * NEIGHBOURHOOD
+    assert j.shown[0].ulp_diff > ULP_WIDENING[D.FLOAT32]

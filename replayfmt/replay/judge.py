@@ -15,8 +15,11 @@ produced, NaN counts), so that memory does not grow with the number of replays, 
 Values are compared in their own type through *ordered keys*: a float's bits mapped to an integer
 that grows with the value, so that the ulp distance of two floats is the difference of their keys
 (+0 and -0 share a key; NaN is handled apart: a captured NaN needs a NaN in some replay).
-Untyped pieces are judged as bytes: a byte may differ from the capture only inside a 4-byte word
-that varied between replays.
+Untyped pieces are judged by 4-byte words: a word may differ from the capture where it varied
+between replays, or, in a program shown nondeterministic, where it reads as a normal float32 number
+in the capture and in every replay and lies within the float32 widening of the replays' values
+(float32 is what most GPU memory holds; the integers kernels index with are never normal float32
+bit patterns below 2**23, so an index off by one is still wrong).
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ ULP_WIDENING: dict[m.DType, int] = {
     D.FLOAT8_E5M2: 1,
 }
 WORD = 4  # untyped bytes vary by 4-byte words (the common element size of GPU data)
+NEIGHBOURHOOD = 1024  # untyped words whose replays' spread allows a word's difference: 4 KiB blocks
 SHOWN = 5  # differing elements listed per range
 
 
@@ -211,20 +215,35 @@ class Judgement:
 
 class RangeObservation:
     """Every replay of one piece (bytes [start, start + size) of a checkpoint entry, of one dtype
-    or untyped), folded per element; :meth:`judge` gives the verdict."""
+    or untyped), folded per element (per 4-byte word when untyped); :meth:`judge` gives the verdict."""
 
     def __init__(self, expected: bytes, dtype: m.DType, shape: tuple[int, ...] = ()) -> None:
         self.typed = judged_dtype(dtype)
-        self.dtype = dtype if self.typed else D.UINT8
+        self.dtype = dtype if self.typed else D.UNKNOWN
         self.expected = expected
-        lane = part_size(self.dtype)
-        self.lanes = len(expected) // lane
-        self.shape = shape if shape and int(np.prod(shape)) == self.lanes else ()
+        self.lanes = lanes_of(self.dtype, len(expected))
+        self.shape = shape if self.typed and shape and int(np.prod(shape)) == self.lanes else ()
         self.replays = 0
         self.identical = True  # every replay reproduced the captured bytes
         self.lo = self.hi = np.empty(0, np.int64)
-        self.nan_count = np.zeros(self.lanes, np.int32)
-        self.captured_keys, self.captured_nan = ordered_keys(expected[: self.lanes * lane], self.dtype)
+        self.nan_count = np.zeros(self.lanes if self.typed else 0, np.int32)
+        if self.typed:
+            self.captured_keys, self.captured_nan = ordered_keys(expected[: self.lanes * part_size(dtype)], dtype)
+        else:
+            self.captured_words = _as_words(expected)
+            self.captured_keys, _ = ordered_keys(self.captured_words, D.FLOAT32)
+            self.first_words = np.empty(0, np.uint32)
+            self.word_varied = np.zeros(self.lanes, bool)  # differed between two replays
+            self.word_differs = np.zeros(self.lanes, bool)  # differed from the capture in a replay
+
+    def copy(self) -> RangeObservation:
+        """An independent observation with the same replays folded in."""
+        other = RangeObservation.__new__(RangeObservation)
+        other.__dict__.update(self.__dict__)
+        for name in ("lo", "hi", "nan_count", "first_words", "word_varied", "word_differs"):
+            if name in self.__dict__:
+                setattr(other, name, getattr(self, name).copy())
+        return other
 
     def add(self, actual: bytes) -> None:
         """One replay's bytes of the piece."""
@@ -232,12 +251,21 @@ class RangeObservation:
             raise ValueError(f"a replay gave {len(actual)} bytes for a piece of {len(self.expected)}")
         self.replays += 1
         self.identical = self.identical and actual == self.expected
-        keys, nan = ordered_keys(actual[: self.lanes * part_size(self.dtype)], self.dtype)
-        self.nan_count += nan
-        lo = np.where(nan, np.iinfo(np.int64).max, keys)
-        hi = np.where(nan, np.iinfo(np.int64).min, keys)
+        if self.typed:
+            keys, nan = ordered_keys(actual[: self.lanes * part_size(self.dtype)], self.dtype)
+            self.nan_count += nan
+            lo = np.where(nan, np.iinfo(np.int64).max, keys)
+            hi = np.where(nan, np.iinfo(np.int64).min, keys)
+        else:
+            words = _as_words(actual)
+            self.word_differs |= words != self.captured_words
+            if self.replays == 1:
+                self.first_words = words
+            else:
+                self.word_varied |= words != self.first_words
+            lo = hi = ordered_keys(words, D.FLOAT32)[0]
         if self.replays == 1:
-            self.lo, self.hi = lo, hi
+            self.lo, self.hi = lo, hi.copy()
         else:
             np.minimum(self.lo, lo, out=self.lo)
             np.maximum(self.hi, hi, out=self.hi)
@@ -245,19 +273,24 @@ class RangeObservation:
     @property
     def varies(self) -> bool:
         """Whether the replays disagreed with each other anywhere in the piece."""
+        if not self.typed:
+            return bool(self.word_varied.any())
         numbers = self.nan_count < self.replays
         mixed = (self.nan_count > 0) & numbers
         return bool(np.any(numbers & (self.lo != self.hi)) or mixed.any())
 
     def judge(self, *, nondeterministic: bool, tolerance: tuple[float, float] | None = None) -> Judgement:
         """The verdict; ``nondeterministic``: the program showed run-to-run variation somewhere,
-        which allows the dtype's ulp widening (never for integers or untyped bytes).
-        ``tolerance``: (rtol, atol) asked for with --tolerance, also allowed for floats."""
+        which allows the dtype's ulp widening (never for integers, nor for untyped words that do
+        not read as floats). ``tolerance``: (rtol, atol) asked for with --tolerance, also allowed
+        for floats."""
         name = self.dtype.name.lower() if self.typed else "bytes"
         if self.replays == 0:
             raise ValueError("a piece must be observed in at least one replay before it is judged")
         if self.identical:
             return Judgement(Verdict.EXACT, name, self.typed, self.lanes, 0, 0)
+        if not self.typed:
+            return self._judge_words(nondeterministic)
         c, c_nan, lo, hi = self.captured_keys, self.captured_nan, self.lo, self.hi
         has_number = self.nan_count < self.replays
         has_nan = self.nan_count > 0
@@ -271,41 +304,84 @@ class RangeObservation:
         spread_ulps = int(number_spread.max()) if number_spread.size else 0
         inside = np.where(c_nan, has_nan, has_number & (lo <= c) & (c <= hi))
         differs = c_nan & (self.nan_count < self.replays) | ~c_nan & (has_nan | (has_number & ((lo != c) | (hi != c))))
-        if not self.typed:
-            word_varies = _words(number_spread != 0)
-            wrong = differs & ~word_varies
-            widening = 0
-            ulp_out = np.zeros(self.lanes, np.int64)
-        else:
-            widening = ULP_WIDENING.get(self.dtype, 0) if nondeterministic else 0
-            below = np.where(has_number & (c < lo), lo - c, 0)
-            above = np.where(has_number & (c > hi), c - hi, 0)
-            ulp_out = np.maximum(below, above)
-            edge = np.where(c < lo, values_lo, values_hi)
+        widening = ULP_WIDENING.get(self.dtype, 0) if nondeterministic else 0
+        below = np.where(has_number & (c < lo), lo - c, 0)
+        above = np.where(has_number & (c > hi), c - hi, 0)
+        ulp_out = np.maximum(below, above)
+        edge = np.where(c < lo, values_lo, values_hi)
+        with np.errstate(invalid="ignore", over="ignore"):
+            abs_out = np.abs(captured - edge)
+        abs_out = np.where(np.isnan(abs_out), np.inf, abs_out)
+        tolerated = (ulp_out <= widening) | (abs_out <= spread_abs)
+        if tolerance is not None and self.dtype in _FLOATS:
             with np.errstate(invalid="ignore", over="ignore"):
-                abs_out = np.abs(captured - edge)
-            abs_out = np.where(np.isnan(abs_out), np.inf, abs_out)
-            tolerated = (ulp_out <= widening) | (abs_out <= spread_abs)
-            if tolerance is not None and self.dtype in _FLOATS:
-                with np.errstate(invalid="ignore", over="ignore"):
-                    tolerated |= abs_out <= tolerance[1] + tolerance[0] * np.abs(captured)
-            # a NaN where no replay gave one, or a number where every replay gave NaN: wrong
-            wrong = ~inside & (c_nan | ~has_number | ~tolerated)
+                tolerated |= abs_out <= tolerance[1] + tolerance[0] * np.abs(captured)
+        # a NaN where no replay gave one, or a number where every replay gave NaN: wrong
+        wrong = ~inside & (c_nan | ~has_number | ~tolerated)
         with np.errstate(invalid="ignore", over="ignore"):
             abs_diff = np.maximum(np.abs(captured - values_lo), np.abs(captured - values_hi))
         abs_diff = np.where(c_nan | ~has_number | np.isnan(abs_diff), np.where(differs, np.inf, 0.0), abs_diff)
         abs_diff = np.where(differs, abs_diff, 0.0)
         ulp_diff = np.where(differs & has_number & ~c_nan, np.maximum(np.abs(c - lo), np.abs(c - hi)), 0)
+        shown_values = (
+            np.where(c_nan, np.nan, captured),
+            np.where(has_number, values_lo, np.nan),
+            np.where(has_number, values_hi, np.nan),
+        )
+        return self._judgement(
+            name, differs, wrong, abs_diff, ulp_diff, shown_values, (spread_abs, spread_ulps, widening)
+        )
+
+    def _judge_words(self, nondeterministic: bool) -> Judgement:
+        """Untyped words: a word that differs must have varied between replays, or read as normal
+        float32 numbers (capture and replays) within the float32 widening or the spread of the
+        float words that varied near it (:data:`NEIGHBOURHOOD`), where the program varied."""
+        c, lo, hi = self.captured_keys, self.lo, self.hi
+        differs = self.word_differs
+        floats = _normal_float32(c) & _normal_float32(lo) & _normal_float32(hi)
+        widening = ULP_WIDENING[D.FLOAT32] if nondeterministic else 0
+        ulp_out = np.maximum(np.maximum(lo - c, c - hi), 0)
+        # shown as float32 values where the words read as floats, else as unsigned integers
+        as_float = (key_values(c, D.FLOAT32), key_values(lo, D.FLOAT32), key_values(hi, D.FLOAT32))
+        lo_words, hi_words = _key_words(lo), _key_words(hi)
+        as_int = (self.captured_words.astype(np.float64), lo_words.astype(np.float64), hi_words.astype(np.float64))
+        captured, low, high = (np.where(floats, f, i) for f, i in zip(as_float, as_int, strict=True))
+        varied_floats = self.word_varied & _normal_float32(lo) & _normal_float32(hi)
+        spread = np.where(varied_floats, as_float[2] - as_float[1], 0.0)
+        edge = np.where(c < lo, as_float[1], as_float[2])
+        near = _neighbourhood_max(spread)
+        tolerated = floats & ((ulp_out <= widening) | (np.abs(as_float[0] - edge) <= near))
+        wrong = differs & ~self.word_varied & ~tolerated
+        abs_diff = np.where(differs, np.maximum(np.abs(captured - low), np.abs(captured - high)), 0.0)
+        int_ulps = np.maximum(np.abs(as_int[0] - as_int[1]), np.abs(as_int[0] - as_int[2])).astype(np.int64)
+        ulp_diff = np.where(differs, np.where(floats, np.maximum(np.abs(c - lo), np.abs(c - hi)), int_ulps), 0)
+        spread_abs = float(spread.max()) if self.lanes else 0.0
+        spread_ulps = int(np.max(np.where(varied_floats, hi - lo, 0))) if self.lanes else 0
+        return self._judgement(
+            "bytes", differs, wrong, abs_diff, ulp_diff, (captured, low, high), (spread_abs, spread_ulps, widening)
+        )
+
+    def _judgement(
+        self,
+        name: str,
+        differs: np.ndarray,
+        wrong: np.ndarray,
+        abs_diff: np.ndarray,
+        ulp_diff: np.ndarray,
+        shown_values: tuple[np.ndarray, np.ndarray, np.ndarray],
+        spread: tuple[float, int, int],
+    ) -> Judgement:
         n_wrong = int(wrong.sum())
         verdict = Verdict.WRONG if n_wrong else Verdict.VARIES
         pick = np.flatnonzero(wrong if n_wrong else differs)[:SHOWN]
+        captured, low, high = shown_values
         shown = [
             ElementDiff(
                 int(i),
-                tuple(int(x) for x in np.unravel_index(int(i), self.shape)) if self.shape else (int(i),),
-                float(captured[i]) if not c_nan[i] else float("nan"),
-                float(values_lo[i]) if has_number[i] else float("nan"),
-                float(values_hi[i]) if has_number[i] else float("nan"),
+                self._position(int(i)),
+                float(captured[i]),
+                float(low[i]),
+                float(high[i]),
                 float(abs_diff[i]),
                 int(ulp_diff[i]),
                 bool(wrong[i]),
@@ -316,6 +392,7 @@ class RangeObservation:
         largest_abs = float(abs_diff.max()) if abs_diff.size else 0.0
         if finite.size and not np.isfinite(largest_abs):
             largest_abs = float("inf")
+        spread_abs, spread_ulps, widening = spread
         return Judgement(
             verdict,
             name,
@@ -331,13 +408,52 @@ class RangeObservation:
             shown,
         )
 
+    def _position(self, lane: int) -> tuple[int, ...]:
+        """Where a lane is: its index (multi-dimensional with a shape), or an untyped word's byte offset."""
+        if not self.typed:
+            return (lane * WORD,)
+        if self.shape:
+            return tuple(int(x) for x in np.unravel_index(lane, self.shape))
+        return (lane,)
 
-def _words(mask: np.ndarray) -> np.ndarray:
-    """A byte mask widened to the 4-byte words it touches."""
-    whole = len(mask) // WORD * WORD
-    out = mask.copy()
-    if whole:
-        out[:whole] = np.repeat(mask[:whole].reshape(-1, WORD).any(axis=1), WORD)
-    if whole < len(mask) and mask[whole:].any():
-        out[whole:] = True
-    return out
+
+def lanes_of(dtype: m.DType, size: int) -> int:
+    """The judged lanes of ``size`` bytes: elements (parts of complex ones) of a judged dtype, or
+    4-byte words of untyped bytes (a short tail counts as one)."""
+    if judged_dtype(dtype):
+        return size // part_size(dtype)
+    return -(-size // WORD)
+
+
+def _neighbourhood_max(spread: np.ndarray) -> np.ndarray:
+    """Per word, the largest spread among the words of its block of :data:`NEIGHBOURHOOD` words
+    and the two blocks beside it: untyped memory holds many tensors, each laid out contiguously,
+    and a word's nondeterminism is that of its own tensor, not of the largest one in the piece."""
+    if not spread.size:
+        return spread
+    blocks = -(-spread.size // NEIGHBOURHOOD)
+    padded = np.zeros(blocks * NEIGHBOURHOOD)
+    padded[: spread.size] = spread
+    per_block = padded.reshape(blocks, NEIGHBOURHOOD).max(axis=1)
+    near = per_block.copy()
+    near[1:] = np.maximum(near[1:], per_block[:-1])
+    near[:-1] = np.maximum(near[:-1], per_block[1:])
+    return np.repeat(near, NEIGHBOURHOOD)[: spread.size]
+
+
+def _as_words(data: bytes) -> np.ndarray:
+    """Untyped bytes as little-endian 4-byte words (a short tail padded with zeros)."""
+    tail = -len(data) % WORD
+    return np.frombuffer(bytes(data) + bytes(tail) if tail else data, "<u4")
+
+
+def _normal_float32(keys: np.ndarray) -> np.ndarray:
+    """Whether float32 ordered keys are normal numbers (not zero, subnormal, infinite or NaN)."""
+    exponent = (np.abs(keys) >> 23) & 0xFF
+    return (exponent != 0) & (exponent != 0xFF)
+
+
+def _key_words(keys: np.ndarray) -> np.ndarray:
+    """The float32 bit patterns (as unsigned words) of ordered keys."""
+    magnitude = np.abs(keys).astype(np.uint32)
+    return np.where(keys < 0, magnitude | np.uint32(0x80000000), magnitude).astype(np.uint32)

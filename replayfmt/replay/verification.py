@@ -29,7 +29,7 @@ from replayfmt.errors import ReplayUsageError
 from replayfmt.format import model as m
 from replayfmt.replay.compare import FLOATING, Tolerance, tolerances
 from replayfmt.replay.evidence import Classified, Evidence, Piece, Poison, classify, patched, pieces, poison
-from replayfmt.replay.judge import WORD, Judgement, RangeObservation, Verdict, judged_dtype, part_size
+from replayfmt.replay.judge import WORD, Judgement, RangeObservation, Verdict, judged_dtype, lanes_of, part_size
 from replayfmt.replay.options import RunResult
 from replayfmt.replay.plan import Plan
 from replayfmt.replay.state import PoisonWrite
@@ -415,9 +415,7 @@ class Verification:
         if observation is None:
             return classify(expected, actual, how=self._how(key))
         written = classify(expected, actual, how=self._how(key), judge_ok=True).written
-        again = RangeObservation(expected, observation.dtype, observation.shape)
-        again.lo, again.hi, again.nan_count = observation.lo.copy(), observation.hi.copy(), observation.nan_count.copy()
-        again.replays, again.identical = observation.replays, observation.identical
+        again = observation.copy()
         again.add(patched(expected, actual, written))
         ok = again.judge(nondeterministic=True, tolerance=self._asked(self.pieces[key])).verdict is not Verdict.WRONG
         return classify(expected, actual, how=self._how(key), judge_ok=ok)
@@ -463,7 +461,7 @@ class Verification:
         for key, piece in self.pieces.items():
             observation = observations.get(key)
             if observation is None:
-                lanes = piece.size // (part_size(piece.dtype) if piece.typed else 1)
+                lanes = lanes_of(piece.dtype if piece.typed else m.DType.UNKNOWN, piece.size)
                 name = piece.dtype.name.lower() if piece.typed else "bytes"
                 judgement = Judgement(Verdict.EXACT, name, piece.typed, lanes, 0, 0)
             else:

@@ -45,7 +45,7 @@ class RangeReport:
                 f"{j.spread_abs:.3g}, {j.spread_ulps} ulp; {j.differing} of {j.elements} differ)"
             )
         elif j.verdict is Verdict.WRONG:
-            text += f": {j.wrong} of {j.elements} {'elements' if p.typed else 'bytes'} wrong"
+            text += f": {j.wrong} of {j.elements} {'elements' if p.typed else '4-byte words'} wrong"
         text += f"; {self.evidence.value}" + (f" ({self.note})" if self.note else "")
         return text
 
