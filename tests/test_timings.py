@@ -10,7 +10,7 @@ from samples import SAXPY
 
 import replayfmt
 from replayfmt.capture import events as ev
-from replayfmt.capture.original_times import OriginalTimes, graph_times, operation_times
+from replayfmt.capture.original_times import OriginalTimes, graph_times, operation_times, runtime_call_times
 from replayfmt.capture.report import Report
 from replayfmt.cuda.activity import RECORD_SIZES, ActivityBatch, ActivityKind, ActivityRecord, parse_records
 from replayfmt.dump import Dumper
@@ -453,3 +453,29 @@ def test_cupti_clock_tags_each_operation_of_a_step_list():
         step.fn(*step.args)
     assert calls == [("push", 3), ("site", 3), ("launch", 3), ("pop",), ("push", 4), ("copy", 4), ("pop",)]
     assert CuptiClock(Activity(), per_operation=False).instrument(body) == body
+
+
+def test_work_a_runtime_call_issued_is_timed_by_the_runtime_call_just_before_its_driver_call():
+    """A C++ program's cudaLaunchKernel: the recorder bound the driver call's correlation id, the
+    kernel's record carries the runtime call's, a little below it (one counter numbers both). A
+    warm-up launch of the same kernel long before, and the recorder's own reads, are not taken."""
+    k = ActivityKind
+    records = [
+        ActivityRecord(k.CONCURRENT_KERNEL, "scale", 10, 20, 0, 7, 3),  # a warm-up, outside the region
+        ActivityRecord(k.CONCURRENT_KERNEL, "scale", 100, 110, 0, 7, 200),
+        ActivityRecord(k.MEMCPY, "memcpy DtoH", 50, 60, 0, 1, 203, bytes=64),  # the recorder's snapshot read
+        ActivityRecord(k.CONCURRENT_KERNEL, "scale", 120, 135, 0, 7, 210),
+        ActivityRecord(k.MEMCPY, "memcpy HtoD", 140, 150, 0, 7, 220, bytes=64),
+        ActivityRecord(k.CONCURRENT_KERNEL, "bound", 300, 330, 0, 7, 230),  # a driver-API launch, bound by id
+    ]
+    bound = {
+        201: (0, k.CONCURRENT_KERNEL, "scale"),
+        211: (1, k.CONCURRENT_KERNEL, "scale"),
+        222: (2, k.MEMCPY, 64),
+        230: (3, k.CONCURRENT_KERNEL, "bound"),
+        240: (4, k.CONCURRENT_KERNEL, "scale"),  # its record was lost; the warm-up's is far below
+    }
+    by_id = operation_times(records, bound)
+    assert by_id == [OperationTime(3, 300, 30)]
+    got = runtime_call_times(records, bound, {3}, set())
+    assert got == [OperationTime(0, 100, 10), OperationTime(1, 120, 15), OperationTime(2, 140, 10)]

@@ -11,6 +11,7 @@ writes, which the program never made.
 
 from __future__ import annotations
 
+import bisect
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -126,7 +127,9 @@ class OriginalTimes:
         except ReplayError as exc:
             self.report.timing = f"the original program's device times are not recorded: {exc}"
             return
-        times = operation_times(batch.records, self._bound) + graph_times(batch.records, self._graphs)
+        by_id = operation_times(batch.records, self._bound)
+        in_order = runtime_call_times(batch.records, self._bound, {t.operation for t in by_id}, set(self._graphs))
+        times = by_id + in_order + graph_times(batch.records, self._graphs)
         times.sort(key=lambda t: t.operation)
         if times:
             self.writer.set_original_times(times)
@@ -159,6 +162,54 @@ def operation_times(
         if best is None or record.start_ns > best.start_ns:
             chosen[index] = record
     return [OperationTime(i, r.start_ns, r.duration_ns) for i, r in sorted(chosen.items())]
+
+
+# How many correlation ids before a driver call its runtime call's id may lie: the runtime makes a
+# few driver calls of its own (context, stream queries) before the one that issues the work
+_RUNTIME_WINDOW = 64
+
+
+def runtime_call_times(
+    records: list[ActivityRecord],
+    bound: dict[int, tuple[int, ActivityKind, str | int]],
+    timed: set[int],
+    graph_calls: set[int],
+) -> list[OperationTime]:
+    """Times of bound operations that no record matched by their driver call's correlation id.
+
+    Work a runtime call issues (cudaLaunchKernel, cudaMemcpyAsync) carries the runtime call's
+    correlation id, and where the recorder saw only the driver call inside it (CUPTI tells only
+    some hosts about runtime calls), no id binds it. CUPTI numbers runtime and driver calls with one
+    counter, so the runtime call's id is a little below its driver call's: an unmatched operation
+    takes the nearest unclaimed record of its kind and kernel name or byte count whose id lies
+    within :data:`_RUNTIME_WINDOW` below its own (never a record of an earlier or later call's work:
+    each record is taken once, nearest first)."""
+    claimed = set(bound) | graph_calls
+    waiting: dict[int, list[ActivityRecord]] = {}
+    for record in records:
+        if record.correlation_id not in claimed and not record.graph_node:
+            waiting.setdefault(record.correlation_id, []).append(record)
+    ids = sorted(waiting)
+    out: list[OperationTime] = []
+    for driver_id, (index, kind, key) in sorted(bound.items()):
+        if index in timed:
+            continue
+        at = bisect.bisect_left(ids, driver_id)
+        for j in range(at - 1, -1, -1):
+            if ids[j] < driver_id - _RUNTIME_WINDOW:
+                break
+            candidates = waiting[ids[j]]
+            match = next((r for r in candidates if r.kind == kind and _key(r, kind) == key), None)
+            if match is not None:
+                candidates.remove(match)
+                out.append(OperationTime(index, match.start_ns, match.duration_ns))
+                timed.add(index)
+                break
+    return out
+
+
+def _key(record: ActivityRecord, kind: ActivityKind) -> str | int:
+    return record.name if kind == ActivityKind.CONCURRENT_KERNEL else record.bytes
 
 
 def graph_times(records: list[ActivityRecord], graphs: dict[int, int]) -> list[OperationTime]:
