@@ -282,7 +282,8 @@ def _record_native(
             click.echo(f"  replayable: {'yes' if replayable else 'no'} ({check.describe()})", err=True)
     for other in run.others:
         click.echo(f"{name}: not recorded: process {other}", err=True)
-    for error in run.errors:
+    # with no verdict the first error is the one line the tool exits with: printed once
+    for error in run.errors[1:] if replayable is None else run.errors:
         click.echo(f"{name}: {error}", err=True)
     if replayable is None:  # the recorder never closed its file: what it left is no capture
         if not keep_partial:
