@@ -58,6 +58,7 @@ class FakeGraphs:
         self.kernel_params = keep.put(struct.pack("<4Q", *arguments))
         self.name = ctypes.c_char_p(b"saxpy")
         self.capturing: set[int] = set()
+        self.clusters = {11: (2, 1, 1)}  # a kernel node launched in clusters of two blocks (an attribute)
 
     def cuGraphGetNodes(self, graph, out, count):
         nodes = self.nodes[graph.value]
@@ -81,6 +82,11 @@ class FakeGraphs:
     def cuGraphKernelNodeGetParams_v2(self, node, params):
         data = struct.pack("<Q7I4xQQQQ", 0xF00, 4, 1, 1, 256, 1, 1, 0, self.kernel_params, 0, 0, 0)
         ctypes.memmove(params, data, len(data))
+
+    def cuGraphKernelNodeGetAttribute(self, node, attribute, value):
+        assert attribute == 4  # CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        dims = self.clusters.get(node.value, (0, 0, 0))
+        ctypes.memmove(value, struct.pack("<III", *dims), 12)
 
     def cuFuncGetName(self, name, handle):
         name._obj.value = self.name.value
@@ -178,6 +184,7 @@ def test_a_graph_is_read_when_instantiated_with_its_nodes_edges_and_children():
     assert [n.handle for n in graph.nodes] == [11, 12, 13, 14, 15, 16, 17, 18]
     assert graph.edges == [(3, 0), (0, 1), (1, 2), (0, 6), (6, 7)]  # node handles become indices
     kernel_node = graph.nodes[0].kernel
+    assert kernel_node.cluster == (2, 1, 1)
     assert kernel_node.kernel.name == "saxpy" and kernel_node.grid == (4, 1, 1) and kernel_node.block == (256, 1, 1)
     assert kernel_node.parameters == SAXPY_ARGS[0] + bytes(4) + b"".join(SAXPY_ARGS[1:])
     memset = graph.nodes[1]
@@ -510,3 +517,20 @@ def test_a_node_of_a_child_graph_is_updated_and_an_unreadable_body_says_why(tmp_
         assert np.frombuffer(inner.nodes[0].parameters[:4], np.float32)[0] == 5.0
         (refused,) = [op for op in ops if op.kind == m.OperationKind.UNSUPPORTED]
         assert refused.reason == "a conditional node"
+
+
+def test_a_clustered_kernel_node_is_written_with_its_cluster_and_keeps_it_through_an_update(tmp_path, cubin):
+    """cuDNN's sm_90 kernels in XLA's graphs run in clusters, a node attribute that
+    cuGraphExecKernelNodeSetParams does not carry: the node keeps it (replayed without it, the
+    kernel hit an illegal instruction on the H100)."""
+    clustered = description()
+    clustered.nodes[1].kernel.cluster, clustered.nodes[1].kernel.grid = (2, 1, 1), (2, 1, 1)
+    k3 = ev.GraphKernel(kernel(), (2, 1, 1), (64, 1, 1), 0, saxpy_params(3.0, A, B, 64))  # no cluster: params only
+    launch = ev.GraphLaunched(0xE0E0, 0x5000)
+    events = [*setup_events(cubin), ev.GraphInstantiated(0xE0E0, clustered), launch]
+    events += [ev.GraphKernelUpdated(0xE0E0, 0x11, k3), launch]
+    path, _ = record(tmp_path, events, graph_memory())
+    with replayfmt.open(path) as cap:
+        graphs = [o for o in cap.objects() if isinstance(o, m.Graph)]
+        assert [(g.nodes[1].cluster, g.nodes[1].grid) for g in graphs] == [((2, 1, 1), (2, 1, 1))] * 2
+        build_plan(cap, PlanOptions())  # replayed: no refusal of clustered kernel nodes

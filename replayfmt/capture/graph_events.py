@@ -260,6 +260,8 @@ def _replace(description: ev.GraphDescription, handle: int, info: ev.GraphNodeIn
     for index, node in enumerate(description.nodes):
         if node.handle == handle and node.kind == info.kind:
             info.handle = handle
+            if node.kernel is not None and info.kernel is not None and not any(info.kernel.cluster):
+                info.kernel.cluster = node.kernel.cluster  # a launch attribute: new parameters keep it
             description.nodes[index] = info
             return True
     return any(node.child is not None and _replace(node.child, handle, info) for node in description.nodes)

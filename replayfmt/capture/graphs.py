@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from replayfmt.capture import events as ev
 from replayfmt.capture.process_memory import MEMORY, read, u64
+from replayfmt.format import model as m
 from replayfmt.format.model import GraphNodeKind
 
 ENTER, EXIT = 0, 1  # CUPTI callback sites
@@ -53,6 +54,8 @@ _MEMCPY_SIDE = struct.Struct("<QQQQI4xQQQQQQ")  # x, y, z, lod, memoryType, host
 _MEMCPY_SIZE = 2 * _MEMCPY_SIDE.size + 24
 _HOST, _DEVICE, _UNIFIED = 1, 2, 4  # CUmemorytype
 _N = GraphNodeKind
+_ATTRIBUTE_CLUSTER_DIMENSION = 4  # CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION (a CUkernelNodeAttrID too)
+_ATTRIBUTE_VALUE_SIZE = 64  # sizeof(CUlaunchAttributeValue)
 
 
 class GraphReader:
@@ -104,7 +107,9 @@ class GraphReader:
         if kind == KERNEL:
             params = ctypes.create_string_buffer(KERNEL_PARAMS.size)
             self._call("cuGraphKernelNodeGetParams_v2", node, params)
-            return ev.GraphNodeInfo(_N.KERNEL, kernel=self.kernel(params.raw))
+            kernel = self.kernel(params.raw)
+            kernel.cluster = self._cluster(node)
+            return ev.GraphNodeInfo(_N.KERNEL, kernel=kernel)
         if kind == MEMSET:
             params = ctypes.create_string_buffer(_MEMSET_PARAMS.size)
             self._call("cuGraphMemsetNodeGetParams", node, params)
@@ -130,6 +135,16 @@ class GraphReader:
             return ev.GraphNodeInfo(_N.EMPTY)
         what = NODE_TYPE_NAMES.get(kind, f"type {kind}")
         return ev.GraphNodeInfo(_N.EMPTY, unsupported=f"a graph holds a {what} node, which is not recorded yet")
+
+    def _cluster(self, node: ctypes.c_void_p) -> m.Dims:
+        """A kernel node's cluster dimensions (a launch attribute, not in its parameters: cuDNN's
+        sm_90 kernels in XLA's graphs run in clusters and fault without them); (0, 0, 0) when it
+        has none, or one of a single block."""
+        value = ctypes.create_string_buffer(_ATTRIBUTE_VALUE_SIZE)
+        if self.lib.cuGraphKernelNodeGetAttribute(node, _ATTRIBUTE_CLUSTER_DIMENSION, value) != 0:
+            return (0, 0, 0)
+        dims = struct.unpack_from("<III", value.raw)
+        return (0, 0, 0) if all(d <= 1 for d in dims) else (max(1, dims[0]), max(1, dims[1]), max(1, dims[2]))
 
     def kernel(self, raw: bytes, v2: bool = True) -> ev.GraphKernel:
         """A kernel node's parameters (CUDA_KERNEL_NODE_PARAMS, v2 or v1 layout) as an event

@@ -134,6 +134,11 @@ class OriginalTimes:
         if times:
             self.writer.set_original_times(times)
         lost = f", {batch.dropped} records dropped by CUPTI" if batch.dropped else ""
+        operations = {entry[0] for entry in self._bound.values()} | set(self._graphs.values())
+        untimed = len(operations - {t.operation for t in times})
+        if untimed:  # say how far off, so that a missing time can be traced (a CUPTI host, a lost record)
+            work = sum(1 for r in batch.records if r.kind in DEVICE_WORK)
+            lost += f"; {untimed} untimed: no record of their kind and name among CUPTI's {work}"
         self.report.timing = f"original device times: {len(times)} operations timed with CUPTI{lost}"
 
 

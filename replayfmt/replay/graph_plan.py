@@ -208,8 +208,8 @@ def _check_node(
     if not isinstance(kind, GraphNodeKind):
         raise UnsupportedOperationError(f"node kind {kind} is unknown to this replayfmt: upgrade replayfmt")
     if kind == _N.KERNEL:
-        if any(node.cluster) or node.flags:
-            raise UnsupportedOperationError("kernel nodes with clusters or cooperative launches are not replayed yet")
+        if node.flags:
+            raise UnsupportedOperationError("kernel nodes of cooperative launches are not replayed yet")
         check_launch(node_launch(index, node))
     elif kind == _N.MEMCPY:
         src = _need(objects, node.src_buffer, m.Buffer, graph, "source")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -172,16 +173,23 @@ class GraphBuilder:
             if shape is not None:
                 as_launch = as_launch._replace(grid=shape[0], block=shape[1], shared_memory=shape[2])
             launch = prepare_launch(self.devices, self.plan, self.modules, A, as_launch, None, gpu)
-            if launch.extended:
-                raise UnsupportedOperationError(f"operation {index}: a kernel node needs a launch configuration")
             built.launches.append(launch)
             self._keep.append(launch.keepalive)
-            handle, gx, gy, gz, bx, by, bz, smem, _stream, params, _extra = launch.args
-            calls.append(NodeCall(launch.name, cu.cuLaunchKernel, (*launch.args[:8], STREAM, params, 0), True))
+            if launch.extended:  # a cluster launch: the node's shape from its config, its cluster an attribute
+                config, handle, params, _extra = launch.args
+                gx, gy, gz, bx, by, bz = (config.gridDimX, config.gridDimY, config.gridDimZ, *_block(config))
+                smem = config.sharedMemBytes
+                calls.append(NodeCall(launch.name, _launch_with(cu, config), (handle, params, STREAM), True))
+            else:
+                handle, gx, gy, gz, bx, by, bz, smem, _stream, params, _extra = launch.args
+                calls.append(NodeCall(launch.name, cu.cuLaunchKernel, (*launch.args[:8], STREAM, params, 0), True))
             raw = _KERNEL.pack(int(handle), gx, gy, gz, bx, by, bz, smem, params, 0, 0, 0)
-            return cu.cuGraphAddKernelNode(
+            added = cu.cuGraphAddKernelNode(
                 graph, deps, len(deps), _struct(cu, "CUDA_KERNEL_NODE_PARAMS", raw, self._keep)
             )
+            if launch.extended and added[0] == cu.CUresult.CUDA_SUCCESS:
+                _set_node_attributes(cu, added[1], launch.args[0], f"operation {index}: {launch.name}")
+            return added
         ctx = self.devices.gpus[gpu].ctx
         if kind == _N.MEMCPY:
             src, dst = A[node.src_buffer] + node.src_offset, A[node.dst_buffer] + node.dst_offset
@@ -237,6 +245,37 @@ def launch_into_capture(cu: Any, graph: Any, stream: Any, what: str) -> None:
         cu.cuStreamUpdateCaptureDependencies(stream, [node], None, 1, flags),
         f"{what}: cuStreamUpdateCaptureDependencies",
     )
+
+
+def _block(config: Any) -> tuple[int, int, int]:
+    return config.blockDimX, config.blockDimY, config.blockDimZ
+
+
+def _launch_with(cu: Any, config: Any) -> Callable[..., Any]:
+    """cuLaunchKernelEx with ``config`` on the stream it is called with (a node timed alone)."""
+
+    def launch(handle: Any, params: Any, stream: Any) -> Any:
+        config.hStream = stream
+        return cu.cuLaunchKernelEx(config, handle, params, 0)
+
+    return launch
+
+
+def _set_node_attributes(cu: Any, node: Any, config: Any, where: str) -> None:
+    """A launch config's attributes (cluster dimensions) on the kernel node made from it."""
+    for k in range(config.numAttrs):
+        attribute = config.attrs[k]
+        node_id = cu.CUkernelNodeAttrID(int(attribute.id))
+        value = cu.CUkernelNodeAttrValue()
+        if node_id == cu.CUkernelNodeAttrID.CU_KERNEL_NODE_ATTRIBUTE_CLUSTER_DIMENSION:
+            value.clusterDim.x = attribute.value.clusterDim.x
+            value.clusterDim.y = attribute.value.clusterDim.y
+            value.clusterDim.z = attribute.value.clusterDim.z
+        else:
+            raise UnsupportedOperationError(
+                f"{where}: a kernel node with launch attribute {attribute.id} is not replayed"
+            )
+        check(cu.cuGraphKernelNodeSetAttribute(node, node_id, value), f"{where}: cuGraphKernelNodeSetAttribute")
 
 
 def _memset_call(cu: Any, node: GraphNode, dst: int) -> NodeCall:

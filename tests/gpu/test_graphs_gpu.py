@@ -96,6 +96,45 @@ def test_a_written_graph_replays_verifies_and_benchmarks(tmp_path, gpu_arch):
     assert as_graph["mode"] == "graph" and as_graph["device_ms"]["median"] > 0, as_graph
 
 
+def test_a_kernel_node_launched_in_clusters_replays_in_them(tmp_path, gpu_arch):
+    """A kernel node's cluster dimensions (a node attribute: cuDNN's sm_90 kernels in XLA's graphs
+    run in clusters) are set on the rebuilt node: each block reports its cluster's size and rank."""
+    if int(gpu_arch.removeprefix("sm_")) < 90:
+        pytest.skip("thread block clusters need sm_90")
+    image = compiled_cubin(Path(__file__).resolve().parent / "kernels" / "cluster_rank.cu", gpu_arch)
+    blocks = 8
+    path = tmp_path / "clusters.kreplay"
+    function = m.Function(
+        name="cluster_rank", parameters=(m.Parameter(offset=0, size=8, kind=m.ParameterKind.POINTER),)
+    )
+    with replayfmt.CaptureWriter(path) as w:
+        device = w.add_object(m.Device())
+        stream = w.add_object(m.Stream(device=device))
+        out = w.add_object(m.Buffer(size=4 * blocks, device=device))
+        exe = w.add_object(
+            m.Executable(format=m.ExecutableFormat.CUBIN, payload=w.add_payload(image), functions=(function,))
+        )
+        w.module_load(exe, device)
+        w.state(buffer=out, data=np.zeros(blocks, np.uint32))
+        node = GraphNode(
+            kind=N.KERNEL,
+            executable=exe,
+            grid=(blocks, 1, 1),
+            block=(32, 1, 1),
+            cluster=(2, 1, 1),
+            parameters=bytes(8),
+            relocations=(m.Relocation(0, out, 0, 0),),
+        )
+        graph = w.add_object(m.Graph(device=device, nodes=(node,)))
+        with w.scope("step"):
+            w.graph_launch(graph, stream)
+            w.stream_synchronize(stream)
+        w.checkpoint({out: np.array([2000, 2001] * (blocks // 2), np.uint32)}, name="after")
+    verified(path)
+    result = _benchmark(path, "--scope=step", "--per-kernel")  # the node alone, through cuLaunchKernelEx
+    assert [k["name"] for k in result["kernels"]] == ["cluster_rank (graph node 0)"], result["kernels"]
+
+
 def _benchmark(path: Path, *flags: str) -> dict:
     args = [sys.executable, "-m", "replayfmt_tools.benchmark_replay", "--repetitions=5", "--format=json"]
     result = run([*args, *flags, str(path)])
