@@ -87,6 +87,8 @@ def main() -> int:
             f"  overhead per launch {overhead:6.2f} us (goal <= {OVERHEAD_GOAL_US:.0f} us)  "
             f"ratio captured/bare {c / b:.2f}x"
         )
+        timing = [line.strip() for line in result.stderr.splitlines() if "original device times" in line]
+        print(f"  the recorder: {timing[0] if timing else 'no original device times'}")
         capture = folder / f"loop{args.runs - 1}.kreplay"
         result_json = folder / "bench.json"
         bench = subprocess.run(
