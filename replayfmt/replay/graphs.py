@@ -265,9 +265,9 @@ def _set_node_attributes(cu: Any, node: Any, config: Any, where: str) -> None:
     """A launch config's attributes (cluster dimensions) on the kernel node made from it."""
     for k in range(config.numAttrs):
         attribute = config.attrs[k]
-        node_id = cu.CUkernelNodeAttrID(int(attribute.id))
+        node_id = cu.CUkernelNodeAttrID(int(attribute.id))  # the same numbers as CUlaunchAttributeID
         value = cu.CUkernelNodeAttrValue()
-        if node_id == cu.CUkernelNodeAttrID.CU_KERNEL_NODE_ATTRIBUTE_CLUSTER_DIMENSION:
+        if int(attribute.id) == int(cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION):
             value.clusterDim.x = attribute.value.clusterDim.x
             value.clusterDim.y = attribute.value.clusterDim.y
             value.clusterDim.z = attribute.value.clusterDim.z
