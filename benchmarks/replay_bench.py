@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import json
 import os
 import shutil
 import subprocess
@@ -313,6 +314,18 @@ def _timed(capture: Path, mode: str) -> tuple[BenchmarkResult, list[float], list
     return result, raw_elapsed, raw_host, launches
 
 
+def torch_graph_baseline() -> dict | None:
+    """bert_torch_graph.py's measurement (a child process), or None where it cannot run."""
+    result = subprocess.run(
+        [sys.executable, str(HERE / "bert_torch_graph.py")], capture_output=True, text=True, timeout=300
+    )
+    lines = result.stdout.strip().splitlines()
+    if result.returncode != 0 or not lines:
+        print(f"  (the torch.cuda graph baseline did not run: {(result.stderr or '').strip()[-300:]})")
+        return None
+    return json.loads(lines[-1])
+
+
 def bench_bert(directory: Path, capture: Path | None, goals: Goals) -> list[str]:
     """The host-gap lines of the BERT-like step; its two goals judged into ``goals``."""
     capture = capture or record_bert(directory)
@@ -347,6 +360,15 @@ def bench_bert(directory: Path, capture: Path | None, goals: Goals) -> list[str]
     idle_share = max(0.0, graph.device_ms.median - graph_busy) / graph_busy
     goal = f"goal idle < 2% of busy {goals.judge('bert: graph idle share', idle_share < 0.02)}"
     lines.append(row("replay, graph (a native CUDA graph)", graph.device_ms.median, None, graph_busy, goal))
+    own = torch_graph_baseline()
+    if own is not None:  # the floor: the same step in PyTorch's own CUDA graph, no replayfmt
+        elapsed, own_busy = own["elapsed_ms"], own["busy_ms"]
+        lines.append(row("the program's own torch.cuda graph", elapsed, None, own_busy, "(baseline)"))
+        lines.append(
+            f"  graph mode's idle share against the program's own graph: "
+            f"{idle_share:.1%} vs {max(0.0, elapsed - own_busy) / own_busy:.1%}"
+            f" ({own['nodes_per_replay']} kernels and copies a replay)"
+        )
     lines.append(
         f"  (medians of {BERT_ROUNDS} iterations; eager replay issues the calls raw cuda-python does, through "
         "its checked runner; its host ms per iteration, issue and wait, is "
