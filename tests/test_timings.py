@@ -215,9 +215,13 @@ def test_jsonl_rows_carry_original_ns(tmp_path, sample):
 
 
 class _Activity:
-    def __init__(self, records):
+    def __init__(self, records, clock=()):
         self.records = records
         self.started = self.stopped = False
+        self.clock = iter(clock)
+
+    def timestamp(self):
+        return next(self.clock, 0)
 
     def start(self):
         self.started = True
@@ -479,3 +483,52 @@ def test_work_a_runtime_call_issued_is_timed_by_the_runtime_call_just_before_its
     assert by_id == [OperationTime(3, 300, 30)]
     got = runtime_call_times(records, bound, {3}, set())
     assert got == [OperationTime(0, 100, 10), OperationTime(1, 120, 15), OperationTime(2, 140, 10)]
+
+
+def test_one_correlation_id_for_every_call_is_matched_by_issue_order_and_clock(tmp_path):
+    """A C++ program recorded through CUDA's injection entry point on the H100: every CUPTI record
+    carried correlation id 1, so ids bound one launch of 5,050. Each operation takes the earliest
+    record of its kernel that started after its call: a warm-up launch of the same kernel before
+    the region and the recorder's own reads are not taken."""
+    k = ActivityKind
+    records = [
+        ActivityRecord(k.CONCURRENT_KERNEL, "bump", 10, 20, 0, 7, 1),  # the warm-up, before the region
+        ActivityRecord(k.MEMCPY, "memcpy DtoH", 90, 95, 0, 9, 1, bytes=64),  # the recorder's snapshot read
+        ActivityRecord(k.CONCURRENT_KERNEL, "bump", 120, 130, 0, 7, 1),
+        ActivityRecord(k.CONCURRENT_KERNEL, "bump", 131, 145, 0, 7, 1),
+        ActivityRecord(k.MEMCPY, "memcpy DtoH", 150, 160, 0, 7, 1, bytes=64),  # the program's copy
+    ]
+    activity = _Activity(records, clock=[100, 110, 146])  # at each launch's call, at the copy's call
+    writer = replayfmt.CaptureWriter(tmp_path / "r.kreplay", threads=0)
+    dev = writer.add_object(m.Device())
+    buf = writer.add_object(m.Buffer(size=64, device=dev))
+    report = Report()
+    times = OriginalTimes(writer, report, activity=activity)
+    times.start()
+    times.correlation = lambda: 1
+
+    def translator(event):
+        if isinstance(event, ev.LaunchBegin):
+            report.kernel("bump").captured += 1
+            writer.memset(buffer=buf, value=1, count=64)  # stands for the launch
+        elif isinstance(event, ev.CopyDone):
+            writer.memset(buffer=buf, value=2, count=64)  # stands for the synchronous copy, written at its end
+
+    sink = times.wrap(translator)
+    launch = ev.LaunchBegin(
+        ev.Kernel(1, "bump", None, ()), (1, 1, 1), (1, 1, 1), 0, 0, b"", (0, 0, 0), False, "cuLaunchKernel"
+    )
+    sink(launch)
+    sink(launch)
+    sink(ev.Copy(ev.CopyDirection.D2H, 0x2000, 0x1000, 64, 0, False, "cuMemcpyDtoH_v2"))
+    sink(ev.CopyDone(0x2000, 64))
+    times.close()
+    writer.close()
+    assert report.timing == "original device times: 3 operations timed with CUPTI"
+    with replayfmt.open(tmp_path / "r.kreplay") as cap:
+        got = cap.original_times()
+        assert {i: (t.start_ns, t.duration_ns) for i, t in got.operations.items()} == {
+            2: (120, 10),
+            3: (131, 14),
+            4: (150, 10),
+        }

@@ -14,7 +14,7 @@ from __future__ import annotations
 import bisect
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from replayfmt.capture import events as ev
 from replayfmt.capture.report import Report
@@ -49,6 +49,9 @@ class OriginalTimes:
         # correlation id -> (operation index, the record kind it issues, kernel name or bytes)
         self._bound: dict[int, tuple[int, ActivityKind, str | int]] = {}
         self._graphs: dict[int, int] = {}  # correlation id of a cuGraphLaunch -> its GraphLaunch operation
+        # every bound operation in the order the program issued it, with CUPTI's clock at its call:
+        # where CUPTI gives many calls one correlation id, the records are matched by order and time
+        self._issued: list[Issued] = []
         self.activity: KernelActivity | None = None
         self.note = ""
         if not enabled:
@@ -76,6 +79,8 @@ class OriginalTimes:
         writer, report, bound, graphs, lock = self.writer, self.report, self._bound, self._graphs, self.lock
         kernels, unsupported = report.kernels, report.unsupported
         launch, kernel_kind = ev.LaunchBegin, ActivityKind.CONCURRENT_KERNEL
+        issued, clock = self._issued, self.activity.timestamp
+        copy_began = threading.local()  # a synchronous copy is written at its CopyDone: its call began earlier
 
         def sink(event: ev.Event) -> None:
             with lock:
@@ -98,18 +103,23 @@ class OriginalTimes:
                     handle(event)
                     return
                 before, refused = writer.operation_count, sum(unsupported.values())
+                if type(event) is ev.Copy:
+                    copy_began.at = clock()
                 handle(event)
                 if writer.operation_count != before and sum(unsupported.values()) == refused:
                     # the program's operation is the last one the translator wrote (objects and
                     # snapshots it needed come first); a synchronous D2H is rebound at its CopyDone
                     kind, size = _expected(event)
-                    bind((writer.operation_count - 1, kind, size))
+                    since = getattr(copy_began, "at", 0) if type(event) is ev.CopyDone else 0
+                    bind((writer.operation_count - 1, kind, size), since)
 
-        def bind(entry: tuple[int, ActivityKind, str | int]) -> None:
+        def bind(entry: tuple[int, ActivityKind, str | int], since: int = 0) -> None:
             bound[self.correlation()] = entry
             outer = self.outer_correlation()
             if outer:
                 bound[outer] = entry
+            # the call has not reached the driver yet: its work starts after this instant
+            issued.append(Issued(*entry, since or clock()))
 
         return sink
 
@@ -127,14 +137,20 @@ class OriginalTimes:
         except ReplayError as exc:
             self.report.timing = f"the original program's device times are not recorded: {exc}"
             return
-        by_id = operation_times(batch.records, self._bound)
-        in_order = runtime_call_times(batch.records, self._bound, {t.operation for t in by_id}, set(self._graphs))
-        times = by_id + in_order + graph_times(batch.records, self._graphs)
+        work = [r for r in batch.records if not r.graph_node]
+        if len({r.correlation_id for r in work}) * 2 < len(self._issued):
+            # CUPTI numbered many calls alike (seen in a CUDA-injected C++ program on the H100: every
+            # record carried id 1): the ids bind nothing, the order and the clock do
+            times = issued_times(work, self._issued)
+        else:
+            by_id = operation_times(batch.records, self._bound)
+            in_order = runtime_call_times(batch.records, self._bound, {t.operation for t in by_id}, set(self._graphs))
+            times = by_id + in_order + graph_times(batch.records, self._graphs)
         times.sort(key=lambda t: t.operation)
         if times:
             self.writer.set_original_times(times)
         lost = f", {batch.dropped} records dropped by CUPTI" if batch.dropped else ""
-        operations = {entry[0] for entry in self._bound.values()} | set(self._graphs.values())
+        operations = {entry.operation for entry in self._issued} | set(self._graphs.values())
         untimed = len(operations - {t.operation for t in times})
         if untimed:  # say how far off, so that a missing time can be traced (a CUPTI host, a lost record)
             work = sum(1 for r in batch.records if r.kind in DEVICE_WORK)
@@ -167,6 +183,38 @@ def operation_times(
         if best is None or record.start_ns > best.start_ns:
             chosen[index] = record
     return [OperationTime(i, r.start_ns, r.duration_ns) for i, r in sorted(chosen.items())]
+
+
+class Issued(NamedTuple):
+    """A program operation the recorder wrote: what its record must be, and when its call was made."""
+
+    operation: int
+    kind: ActivityKind
+    key: str | int  # the kernel's name, or the bytes copied or set
+    since_ns: int  # CUPTI's clock at the call (its work starts later)
+
+
+def issued_times(records: list[ActivityRecord], issued: list[Issued]) -> list[OperationTime]:
+    """Times by issue order, for records whose correlation ids bind nothing: each operation, in
+    the order the program issued it, takes the earliest record of its kind and kernel name or byte
+    count not taken yet that started after its call (work issued before the region, a warm-up of
+    the same kernel, started earlier; the recorder's own reads differ in kind or name)."""
+    by_key: dict[tuple[ActivityKind, str | int], list[ActivityRecord]] = {}
+    for record in sorted(records, key=lambda r: r.start_ns):
+        by_key.setdefault((record.kind, _key(record, record.kind)), []).append(record)
+    at: dict[tuple[ActivityKind, str | int], int] = {}
+    out: list[OperationTime] = []
+    for entry in issued:
+        key = (entry.kind, entry.key)
+        candidates = by_key.get(key, [])
+        k = at.get(key, 0)
+        while k < len(candidates) and candidates[k].start_ns < entry.since_ns:
+            k += 1
+        if k < len(candidates):
+            out.append(OperationTime(entry.operation, candidates[k].start_ns, candidates[k].duration_ns))
+            k += 1
+        at[key] = k
+    return out
 
 
 # How many correlation ids before a driver call its runtime call's id may lie: the runtime makes a

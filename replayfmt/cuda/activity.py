@@ -349,6 +349,8 @@ class KernelActivity:
         self._push = self.lib.cuptiActivityPushExternalCorrelationId
         self._pop = self.lib.cuptiActivityPopExternalCorrelationId
         self._popped = ctypes.c_uint64()
+        self._now = ctypes.c_uint64()
+        self._now_ref = ctypes.byref(self._now)
         self._received_blocks: list[tuple[Any, int, int]] = []
         self._lock = threading.Lock()
         self._started = False
@@ -406,6 +408,12 @@ class KernelActivity:
     def flush(self) -> None:
         """Have CUPTI hand back every buffer (records of finished work; call after a synchronise)."""
         self.lib.cuptiActivityFlushAll(_FLUSH_FORCED)
+
+    def timestamp(self) -> int:
+        """CUPTI's clock now (ns; the clock of the records' start and end), 0 where CUPTI refuses."""
+        if self.lib.cuptiGetTimestamp(self._now_ref) != 0:
+            return 0
+        return self._now.value
 
     # -- external correlation ----------------------------------------------------------------
 
