@@ -58,6 +58,17 @@ def main() -> None:
         optimizer.step()
         return loss
 
+    # transformers builds its attention mask with torch.tensor(min_dtype, device="cuda"): a copy
+    # from pageable host memory, which a CUDA graph cannot hold; a device fill is the same value
+    host_tensor = torch.tensor
+
+    def device_scalar(data, *args, **kwargs):  # type: ignore[no-untyped-def]
+        device = kwargs.get("device")
+        if device is not None and torch.device(device).type == "cuda" and isinstance(data, int | float) and not args:
+            return torch.full((), data, device=device, dtype=kwargs.get("dtype"))
+        return host_tensor(data, *args, **kwargs)
+
+    torch.tensor = device_scalar
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
