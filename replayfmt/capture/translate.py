@@ -34,7 +34,7 @@ from replayfmt.capture.live_types import LiveTypes
 from replayfmt.capture.memory_events import MEMORY_KINDS, MemoryEvents
 from replayfmt.capture.modules import Module, store_module
 from replayfmt.capture.options import CaptureMode, RecordOptions
-from replayfmt.capture.parameter_words import integer_pair, struct_words
+from replayfmt.capture.parameter_words import not_a_struct_pointer, struct_words
 from replayfmt.capture.report import KernelStats, Report
 from replayfmt.capture.state_events import StateEvents
 from replayfmt.capture.stored_pointers import FrameWords
@@ -548,7 +548,7 @@ class Translator(MemoryEvents, GraphEvents, StateEvents):
             allocation = self.allocations.kernel_allocation(value)
             if allocation is None:
                 continue
-            if site in shape.struct_words and integer_pair(value) and value != allocation.address:
+            if site in shape.struct_words and not_a_struct_pointer(value) and value != allocation.address:
                 continue  # an allocation's own start is a pointer, whatever its low half
             kind = m.RelocationKind.POINTER
             if site in maps:
