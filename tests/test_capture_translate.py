@@ -356,6 +356,31 @@ def test_unaligned_words_inside_structs_are_not_pointers(tmp_path, cubin):
         assert found == [(0, 0x4D_F400), (32, 0x1C_F320), (56, 0x4D_F404)]
 
 
+def test_a_128_byte_struct_whose_first_word_is_no_address_is_no_tensor_map(tmp_path, cubin):
+    """cuDNN's winograd kernels take a 128-byte struct at offset 0, the size and alignment of a
+    CUtensorMap: its first word is no address, so it is a struct, and only its aligned words that
+    point into the arena are pointers (its magic numbers were relocated, and the replay wrote
+    out of bounds on the H100)."""
+    mem = FakeMemory()
+    arena, size = 0x3_0200_0000, 0x8_E800_0000
+    mem.device[arena] = bytearray(64)
+    words = [0x1_0000_0020, 0x1C_0000_001C, arena + 0x500, arena + 0x35_7640, 0x7_0000_0007, 0x9_A72F_053A]
+    params = struct.pack("<16Q", *words, *([0] * 10))
+    path, _ = record(
+        tmp_path,
+        [
+            ev.ModuleImage(MODULE, cubin, None),
+            ev.Allocation(arena, size),
+            ev.LaunchBegin(ev.Kernel(6, "winograd", MODULE, ((0, 128),)), (1, 1, 1), (1, 1, 1), 0, 0, params),
+        ],
+        mem,
+    )
+    with replayfmt.open(path) as cap:
+        launch = next(op for op in cap.iter_operations() if op.kind == m.OperationKind.LAUNCH)
+        found = [(r.site_offset, r.target_offset, r.kind) for r in launch.relocations]
+        assert found == [(16, 0x500, m.RelocationKind.POINTER), (24, 0x35_7640, m.RelocationKind.POINTER)]
+
+
 def test_labels_and_annotations_type_buffers_and_parameters(tmp_path, cubin):
     mem = FakeMemory()
     mem.device[A] = bytearray(64)

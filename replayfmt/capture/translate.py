@@ -537,18 +537,22 @@ class Translator(MemoryEvents, GraphEvents, StateEvents):
         relocations: list[m.Relocation] = []
         targets: list[Allocation] = []
         words = shape.words.unpack_from(parameters) if len(parameters) >= shape.words.size else ()
-        maps = shape.tensor_maps
-        skip_until = -1
+        maps, low = shape.tensor_maps, self.allocations.pointer_low
+        skip_until = struct_until = -1
         for i, value in enumerate(words):
-            if value < self.allocations.pointer_low or value >= POINTER_HIGH:
-                continue
             site = i * 8
             if site < skip_until:
                 continue
-            allocation = self.allocations.kernel_allocation(value)
+            allocation = self.allocations.kernel_allocation(value) if low <= value < POINTER_HIGH else None
+            if site in maps and allocation is None:
+                # a 128-byte parameter whose first word is no address is a struct, not a tensor map
+                # (cuDNN's winograd kernels take one: relocating its magic numbers faulted the replay)
+                struct_until = site + 128
+                continue
             if allocation is None:
                 continue
-            if site in shape.struct_words and not_a_struct_pointer(value) and value != allocation.address:
+            in_struct = site < struct_until or site in shape.struct_words
+            if in_struct and not_a_struct_pointer(value) and value != allocation.address:
                 continue  # an allocation's own start is a pointer, whatever its low half
             kind = m.RelocationKind.POINTER
             if site in maps:
