@@ -9,7 +9,7 @@ GPU, nvcc and cupti-python):
    records) beside the original program's, which the recorder stored (CUPTI both sides).
    Goal: the replay within 2% of the original.
 
-    python benchmarks/native_capture_bench.py [--launches 5000] [--runs 3] [--check]
+    python benchmarks/native_capture_bench.py [--launches 5000] [--runs 5] [--check]
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--launches", type=int, default=5000)
     parser.add_argument("--elements", type=int, default=1 << 20, help="floats the kernel updates")
-    parser.add_argument("--runs", type=int, default=3, help="bare and captured runs (medians are compared)")
+    parser.add_argument("--runs", type=int, default=5, help="bare and captured runs (medians are compared)")
     parser.add_argument("--check", action="store_true", help="exit 1 when a goal is missed")
     args = parser.parse_args()
     nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
