@@ -645,3 +645,24 @@ def test_a_kernel_reloaded_at_the_same_handles_with_another_layout_is_read_by_it
             (48, buffers[B]),
             (56, buffers[A]),
         ]
+
+
+def test_a_view_pointer_inside_a_small_struct_is_relocated(tmp_path, cubin):
+    """PyTorch's elementwise kernels take Array<char*, N> by value; a view's data pointer is often
+    8 bytes into its storage (found in review: the arena's alignment rule must not reach them)."""
+    mem = FakeMemory()
+    segment, size = 0x7FBC_0760_0000, 4096  # in a caching-allocator segment, as CuPy's and PyTorch's are
+    mem.device[segment] = bytearray(size)
+    params = struct.pack("<2Q", segment + 0x200, segment + 0x408)
+    path, _ = record(
+        tmp_path,
+        [
+            ev.ModuleImage(MODULE, cubin, None),
+            ev.Allocation(segment, size),
+            ev.LaunchBegin(ev.Kernel(7, "add", MODULE, ((0, 16),)), (1, 1, 1), (1, 1, 1), 0, 0, params),
+        ],
+        mem,
+    )
+    with replayfmt.open(path) as cap:
+        launch = next(op for op in cap.iter_operations() if op.kind == m.OperationKind.LAUNCH)
+        assert [(r.site_offset, r.target_offset) for r in launch.relocations] == [(0, 0x200), (8, 0x408)]

@@ -4,6 +4,8 @@ untyped bytes, and how compared ranges are cut into typed pieces."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -383,3 +385,38 @@ def test_untyped_float_words_may_differ_by_the_spread_of_varied_words_near_them(
     j = o.judge(nondeterministic=True)
     assert j.verdict is Verdict.WRONG and j.wrong == 1 and j.shown[0].index == 5 * NEIGHBOURHOOD
     assert j.shown[0].ulp_diff > ULP_WIDENING[D.FLOAT32]
+
+
+def test_the_float_reading_of_untyped_words_forgives_no_scale_it_did_not_measure():
+    """Found in review: an absolute neighbour spread forgave large integers (tiny as floats) moved
+    by millions, and one varying non-float word (a counter, scratch) excused every float near it.
+    The spread is measured in ulps, over varied words that stay floats of one sign and binade; a
+    padded tail is never a float; infinities raise no warning."""
+    rng = np.random.default_rng(7)
+    captured = (rng.standard_normal(64) * 1e-6).astype(np.float32)
+    words = captured.view(np.uint32).copy()
+    words[10], words[11], words[12] = 10_000_000, 300_000_000, int(np.float32(1.0).view(np.uint32))
+    first, second = words.copy(), words.copy()
+    first[:8] += 3  # floats near by vary by a few ulps
+    second[:8] -= 3
+    first[20], second[20] = 0x1234_5678, 0xFEDC_BA98  # a word that is no float, varying wildly
+    for replay in (first, second):
+        replay[10], replay[11] = 20_000_000, 100_000_000
+        replay[12] = np.float32(2.0).view(np.uint32)
+    o = RangeObservation(words.tobytes(), D.UNKNOWN)
+    o.add(first.tobytes())
+    o.add(second.tobytes())
+    j = o.judge(nondeterministic=True)
+    assert j.verdict is Verdict.WRONG and [e.index for e in j.shown] == [10, 11, 12]
+    tail = RangeObservation(bytes([1, 0, 0x80]), D.UNKNOWN)
+    tail.add(bytes([2, 0, 0x80]))
+    assert tail.judge(nondeterministic=True).wrong == 1  # (0x00800001 padded would read as a normal float)
+    masks = np.array([-np.inf, 0.5, np.inf, np.inf], np.float32)
+    changed = masks.copy()
+    changed[1] = 0.25
+    o = RangeObservation(masks.tobytes(), D.UNKNOWN)
+    o.add(masks.tobytes())
+    o.add(changed.tobytes())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert o.judge(nondeterministic=True).verdict is Verdict.VARIES

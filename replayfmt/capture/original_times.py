@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import threading
+from collections import Counter
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -103,9 +104,9 @@ class OriginalTimes:
                     handle(event)
                     return
                 before, refused = writer.operation_count, sum(unsupported.values())
-                if type(event) is ev.Copy:
-                    copy_began.at = clock()
                 handle(event)
+                if type(event) is ev.Copy:  # after the recorder's own reads of its source: the copy is still to come
+                    copy_began.at = clock()
                 if writer.operation_count != before and sum(unsupported.values()) == refused:
                     # the program's operation is the last one the translator wrote (objects and
                     # snapshots it needed come first); a synchronous D2H is rebound at its CopyDone
@@ -138,10 +139,13 @@ class OriginalTimes:
             self.report.timing = f"the original program's device times are not recorded: {exc}"
             return
         work = [r for r in batch.records if not r.graph_node]
-        if len({r.correlation_id for r in work}) * 2 < len(self._issued):
+        ids = Counter(r.correlation_id for r in work)
+        # degenerate: fewer ids than half the operations, and one id on most records (heavy record
+        # drops also leave few ids, each on few records: the ids still bind those)
+        if ids and len(ids) * 2 < len(self._issued) and ids.most_common(1)[0][1] * 2 > len(work):
             # CUPTI numbered many calls alike (seen in a CUDA-injected C++ program on the H100: every
             # record carried id 1): the ids bind nothing, the order and the clock do
-            times = issued_times(work, self._issued)
+            times = issued_times(work, self._issued)  # (graph launches, bound by id, stay untimed)
         else:
             by_id = operation_times(batch.records, self._bound)
             in_order = runtime_call_times(batch.records, self._bound, {t.operation for t in by_id}, set(self._graphs))

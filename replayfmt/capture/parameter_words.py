@@ -5,14 +5,14 @@ integer fields), so every aligned word that points into a device allocation is a
 candidate. Inside a struct, a word whose low half is a small signed 32-bit integer is taken for
 two integer fields: an allocation that spans a 4 GiB boundary (XLA's arena of tens of GB spans
 many, from 0x3_0000_0000 up) holds the address of every pair (small int, boundary >> 32), and
-relocating such a pair corrupts the struct. Nor is a word that is not 16-byte aligned: cuDNN's
-sm_90 convolution kernels take a 2.9 KB struct holding 64-bit division magic numbers
-(0x4_9249_2493) and TMA descriptor fields (0x4_0005_63c3) that fall inside such an arena, and
-relocating them made the replay fault (an illegal instruction, seen on the H100 in a flax
-step); the tensors a struct points at are aligned (vectorised loads need it). The price: a
-pointer inside a struct to within 64 KiB of a 4 GiB boundary, or to 2 GiB past one, or not
-16-byte aligned, stays as captured unless it is an allocation's start (a pointer-sized
-parameter is always relocated).
+relocating such a pair corrupts the struct. Nor is a word into such an arena (4 GiB or more)
+that is not 16-byte aligned: cuDNN's sm_90 convolution kernels take a 2.9 KB struct holding 64-bit
+division magic numbers (0x4_9249_2493) and TMA descriptor fields (0x4_0005_63c3) that fall inside
+a 38 GB arena, and relocating them made the replay fault (an illegal instruction, seen on the
+H100 in a flax step); the tensors a struct points at in an arena are aligned (XLA aligns its
+buffers). The price: a pointer inside a struct to within 64 KiB of a 4 GiB boundary, or to 2 GiB
+past one, or into an arena and not 16-byte aligned, stays as captured unless it is an
+allocation's start (a pointer-sized parameter is always relocated).
 """
 
 from __future__ import annotations
@@ -33,12 +33,19 @@ def integer_pair(word: int) -> bool:
 
 
 _STRUCT_POINTER_ALIGNMENT = 16
+# Allocations this large (JAX's arena: tens of GB) hold so many addresses that numbers land in
+# them; a struct's pointer into one must be aligned. Into smaller ones (PyTorch's segments) any
+# pointer counts: its elementwise kernels take Array<char*, N> by value, a view's pointer 8 bytes
+# into its storage.
+ARENA_SIZE = 1 << 32
 
 
-def not_a_struct_pointer(word: int) -> bool:
+def not_a_struct_pointer(word: int, allocation_size: int) -> bool:
     """Whether a word inside a by-value struct is taken for data even where it points into an
-    allocation: two integer fields (:func:`integer_pair`), or not 16-byte aligned."""
-    return word % _STRUCT_POINTER_ALIGNMENT != 0 or integer_pair(word)
+    allocation of ``allocation_size`` bytes: two integer fields (:func:`integer_pair`), or, in an
+    arena (:data:`ARENA_SIZE` or more), not 16-byte aligned."""
+    unaligned = word % _STRUCT_POINTER_ALIGNMENT != 0 and allocation_size >= ARENA_SIZE
+    return unaligned or integer_pair(word)
 
 
 def struct_words(layout: Iterable[tuple[int, int]], tensor_maps: frozenset[int]) -> frozenset[int]:

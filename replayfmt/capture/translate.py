@@ -552,7 +552,7 @@ class Translator(MemoryEvents, GraphEvents, StateEvents):
             if allocation is None:
                 continue
             in_struct = site < struct_until or site in shape.struct_words
-            if in_struct and not_a_struct_pointer(value) and value != allocation.address:
+            if in_struct and not_a_struct_pointer(value, allocation.size) and value != allocation.address:
                 continue  # an allocation's own start is a pointer, whatever its low half
             kind = m.RelocationKind.POINTER
             if site in maps:

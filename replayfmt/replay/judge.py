@@ -69,6 +69,7 @@ ULP_WIDENING: dict[m.DType, int] = {
 }
 WORD = 4  # untyped bytes vary by 4-byte words (the common element size of GPU data)
 NEIGHBOURHOOD = 1024  # untyped words whose replays' spread allows a word's difference: 4 KiB blocks
+_BINADE = 1 << 23  # float32 keys in one power of two: a float's replays that vary by more are no float's spread
 SHOWN = 5  # differing elements listed per range
 
 
@@ -334,29 +335,39 @@ class RangeObservation:
 
     def _judge_words(self, nondeterministic: bool) -> Judgement:
         """Untyped words: a word that differs must have varied between replays, or read as normal
-        float32 numbers (capture and replays) within the float32 widening or the spread of the
-        float words that varied near it (:data:`NEIGHBOURHOOD`), where the program varied."""
+        float32 numbers (capture and replays) within the float32 widening or, in ulps, within the
+        spread of the float words that varied near it (:data:`NEIGHBOURHOOD`), where the program
+        varied."""
         c, lo, hi = self.captured_keys, self.lo, self.hi
         differs = self.word_differs
-        floats = _normal_float32(c) & _normal_float32(lo) & _normal_float32(hi)
+        whole = np.ones(self.lanes, bool)
+        if len(self.expected) % WORD:
+            whole[-1] = False  # a padded tail is no float32
+        floats = whole & _normal_float32(c) & _normal_float32(lo) & _normal_float32(hi)
         widening = ULP_WIDENING[D.FLOAT32] if nondeterministic else 0
         ulp_out = np.maximum(np.maximum(lo - c, c - hi), 0)
+        # the spread of a float that varied: its replays share its sign and lie within a binade's
+        # width of each other (a word that is no float, varying, is nothing to measure against)
+        same_sign = (lo > 0) == (hi > 0)
+        varied_floats = self.word_varied & whole & _normal_float32(lo) & _normal_float32(hi) & same_sign
+        varied_floats &= hi - lo <= _BINADE
+        spread_ulps_of = np.where(varied_floats, hi - lo, 0)
+        near = _neighbourhood_max(spread_ulps_of)
+        tolerated = floats & (ulp_out <= np.maximum(widening, near))
+        wrong = differs & ~self.word_varied & ~tolerated
         # shown as float32 values where the words read as floats, else as unsigned integers
         as_float = (key_values(c, D.FLOAT32), key_values(lo, D.FLOAT32), key_values(hi, D.FLOAT32))
         lo_words, hi_words = _key_words(lo), _key_words(hi)
         as_int = (self.captured_words.astype(np.float64), lo_words.astype(np.float64), hi_words.astype(np.float64))
         captured, low, high = (np.where(floats, f, i) for f, i in zip(as_float, as_int, strict=True))
-        varied_floats = self.word_varied & _normal_float32(lo) & _normal_float32(hi)
-        spread = np.where(varied_floats, as_float[2] - as_float[1], 0.0)
-        edge = np.where(c < lo, as_float[1], as_float[2])
-        near = _neighbourhood_max(spread)
-        tolerated = floats & ((ulp_out <= widening) | (np.abs(as_float[0] - edge) <= near))
-        wrong = differs & ~self.word_varied & ~tolerated
-        abs_diff = np.where(differs, np.maximum(np.abs(captured - low), np.abs(captured - high)), 0.0)
+        with np.errstate(invalid="ignore", over="ignore"):  # infinities: inf - inf
+            abs_diff = np.where(differs, np.maximum(np.abs(captured - low), np.abs(captured - high)), 0.0)
+            spread_values = np.where(varied_floats, as_float[2] - as_float[1], 0.0)
+        abs_diff = np.where(np.isnan(abs_diff), np.inf, abs_diff)
         int_ulps = np.maximum(np.abs(as_int[0] - as_int[1]), np.abs(as_int[0] - as_int[2])).astype(np.int64)
         ulp_diff = np.where(differs, np.where(floats, np.maximum(np.abs(c - lo), np.abs(c - hi)), int_ulps), 0)
-        spread_abs = float(spread.max()) if self.lanes else 0.0
-        spread_ulps = int(np.max(np.where(varied_floats, hi - lo, 0))) if self.lanes else 0
+        spread_abs = float(spread_values.max()) if self.lanes else 0.0
+        spread_ulps = int(spread_ulps_of.max()) if self.lanes else 0
         return self._judgement(
             "bytes", differs, wrong, abs_diff, ulp_diff, (captured, low, high), (spread_abs, spread_ulps, widening)
         )
@@ -432,7 +443,7 @@ def _neighbourhood_max(spread: np.ndarray) -> np.ndarray:
     if not spread.size:
         return spread
     blocks = -(-spread.size // NEIGHBOURHOOD)
-    padded = np.zeros(blocks * NEIGHBOURHOOD)
+    padded = np.zeros(blocks * NEIGHBOURHOOD, spread.dtype)
     padded[: spread.size] = spread
     per_block = padded.reshape(blocks, NEIGHBOURHOOD).max(axis=1)
     near = per_block.copy()
