@@ -70,6 +70,10 @@ ULP_WIDENING: dict[m.DType, int] = {
 WORD = 4  # untyped bytes vary by 4-byte words (the common element size of GPU data)
 NEIGHBOURHOOD = 1024  # untyped words whose replays' spread allows a word's difference: 4 KiB blocks
 _BINADE = 1 << 23  # float32 keys in one power of two: a float's replays that vary by more are no float's spread
+# The most the neighbours' spread forgives a float32 word: 2**16 ulps, a relative 2**-7 (0.8%) of
+# its value. Numbers the neighbours' variation cannot excuse: integers read as tiny floats moved
+# by millions, a constant 1% off.
+_NEIGHBOUR_CAP_ULPS = 1 << 16
 SHOWN = 5  # differing elements listed per range
 
 
@@ -335,9 +339,9 @@ class RangeObservation:
 
     def _judge_words(self, nondeterministic: bool) -> Judgement:
         """Untyped words: a word that differs must have varied between replays, or read as normal
-        float32 numbers (capture and replays) within the float32 widening or, in ulps, within the
-        spread of the float words that varied near it (:data:`NEIGHBOURHOOD`), where the program
-        varied."""
+        float32 numbers (capture and replays) within the float32 widening, or within the spread of
+        the float words that varied near it (:data:`NEIGHBOURHOOD`) and :data:`_NEIGHBOUR_CAP_ULPS`,
+        where the program varied."""
         c, lo, hi = self.captured_keys, self.lo, self.hi
         differs = self.word_differs
         whole = np.ones(self.lanes, bool)
@@ -352,17 +356,22 @@ class RangeObservation:
         varied_floats = self.word_varied & whole & _normal_float32(lo) & _normal_float32(hi) & same_sign
         varied_floats &= hi - lo <= _BINADE
         spread_ulps_of = np.where(varied_floats, hi - lo, 0)
-        near = _neighbourhood_max(spread_ulps_of)
-        tolerated = floats & (ulp_out <= np.maximum(widening, near))
+        as_float = (key_values(c, D.FLOAT32), key_values(lo, D.FLOAT32), key_values(hi, D.FLOAT32))
+        with np.errstate(invalid="ignore", over="ignore"):  # infinities: inf - inf
+            spread_values = np.where(varied_floats, as_float[2] - as_float[1], 0.0)
+            abs_out = np.abs(as_float[0] - np.where(c < lo, as_float[1], as_float[2]))
+        # within what the floats near it varied by (their values: a sum cancelling near zero varies
+        # by many ulps), and never by more than a small fraction of its own value
+        near = _neighbourhood_max(spread_values)
+        by_neighbours = (abs_out <= near) & (ulp_out <= _NEIGHBOUR_CAP_ULPS)
+        tolerated = floats & ((ulp_out <= widening) | by_neighbours)
         wrong = differs & ~self.word_varied & ~tolerated
         # shown as float32 values where the words read as floats, else as unsigned integers
-        as_float = (key_values(c, D.FLOAT32), key_values(lo, D.FLOAT32), key_values(hi, D.FLOAT32))
         lo_words, hi_words = _key_words(lo), _key_words(hi)
         as_int = (self.captured_words.astype(np.float64), lo_words.astype(np.float64), hi_words.astype(np.float64))
         captured, low, high = (np.where(floats, f, i) for f, i in zip(as_float, as_int, strict=True))
-        with np.errstate(invalid="ignore", over="ignore"):  # infinities: inf - inf
+        with np.errstate(invalid="ignore", over="ignore"):
             abs_diff = np.where(differs, np.maximum(np.abs(captured - low), np.abs(captured - high)), 0.0)
-            spread_values = np.where(varied_floats, as_float[2] - as_float[1], 0.0)
         abs_diff = np.where(np.isnan(abs_diff), np.inf, abs_diff)
         int_ulps = np.maximum(np.abs(as_int[0] - as_int[1]), np.abs(as_int[0] - as_int[2])).astype(np.int64)
         ulp_diff = np.where(differs, np.where(floats, np.maximum(np.abs(c - lo), np.abs(c - hi)), int_ulps), 0)
