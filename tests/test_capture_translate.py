@@ -332,13 +332,13 @@ def test_integer_pairs_inside_structs_are_not_pointers(tmp_path, cubin):
 def test_unaligned_words_inside_structs_are_not_pointers(tmp_path, cubin):
     """cuDNN's sm_90 convolutions take a 2.9 KB struct holding 64-bit division magic numbers and
     TMA descriptor fields that fall inside a JAX arena of 38 GB (from 0x3_0200_0000): relocated,
-    they made the replay fault on the H100. A struct word is a pointer only when 16-byte aligned
+    they made the replay fault on the H100. A struct word is a pointer only when 8-byte aligned
     (or an allocation's start); a pointer-sized parameter is relocated whatever its alignment."""
     mem = FakeMemory()
     arena, size = 0x3_0200_0000, 0x8_E800_0000
     mem.device[arena] = bytearray(64)  # (the fake reads only what is asked)
     tensor, scratch = arena + 0x4D_F400, arena + 0x1C_F320
-    words = [tensor, 0x4_9249_2493, 0x8_A72F_053A, 0x3_E38E_38E4, scratch, 0x4_0005_63C3, tensor + 4]
+    words = [tensor, 0x4_9249_2493, 0x8_A72F_053A, 0x3_E38E_38E4, scratch + 8, 0x4_0005_63C3, tensor + 4]
     params = struct.pack(f"<{len(words)}Q", *words) + struct.pack("<Q", tensor + 4)
     layout = ((0, 8 * len(words)), (8 * len(words), 8))
     path, _ = record(
@@ -353,7 +353,7 @@ def test_unaligned_words_inside_structs_are_not_pointers(tmp_path, cubin):
     with replayfmt.open(path) as cap:
         launch = next(op for op in cap.iter_operations() if op.kind == m.OperationKind.LAUNCH)
         found = [(r.site_offset, r.target_offset) for r in launch.relocations]
-        assert found == [(0, 0x4D_F400), (32, 0x1C_F320), (56, 0x4D_F404)]
+        assert found == [(0, 0x4D_F400), (32, 0x1C_F328), (56, 0x4D_F404)]
 
 
 def test_a_128_byte_struct_whose_first_word_is_no_address_is_no_tensor_map(tmp_path, cubin):
