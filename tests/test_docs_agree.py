@@ -13,7 +13,7 @@ from replayfmt_tools import benchmark_replay
 from replayfmt_tools.playbook import playbook
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-COST = re.compile(r"\+(\d+) µs \(Triton\) and \+(\d+) µs \(torch `add_`\)")
+COST = re.compile(r"\+(\d+)(?: to \+(\d+))? µs \(Triton\) and \+(\d+)(?: to \+(\d+))? µs \(torch `add_`\)")
 
 
 def flat(text: str) -> str:

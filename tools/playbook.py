@@ -280,9 +280,9 @@ TOOLS = {
   reports each, and a launched kernel is matched to the cubin that defines its name. A kernel
   whose module loaded before the recorder listened is recorded as unsupported and replay
   refuses the capture.
-* Cost per launch: +17 µs (Triton) and +11 µs (torch `add_`) with the original's times
-  (`benchmarks/capture_bench.py`, H100, snapshots off); a snapshot synchronises only the
-  launching stream.
+* Cost per launch: +22 to +41 µs (Triton) and +22 to +39 µs (torch `add_`) with the original's
+  times over the latest runs (`benchmarks/capture_bench.py`, H100, snapshots off, a noisy
+  machine); a snapshot synchronises only the launching stream.
 * Libraries that keep device pointers in device memory (cuBLAS workspaces, pointer arrays) are
   detected when snapshots hold addresses: the report says "needs --fixed-addresses". Capture with
   `--fixed-addresses` and replay with `run-replay --fixed-addresses` (both re-run themselves with
