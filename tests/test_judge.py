@@ -14,9 +14,11 @@ from replayfmt.replay.evidence import Evidence, Poison, classify, patched, piece
 from replayfmt.replay.judge import (
     NEIGHBOURHOOD,
     ULP_WIDENING,
+    Judgement,
     RangeObservation,
     Verdict,
     key_values,
+    lanes_of,
     ordered_keys,
     part_size,
 )
@@ -420,3 +422,23 @@ def test_the_float_reading_of_untyped_words_forgives_no_scale_it_did_not_measure
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert o.judge(nondeterministic=True).verdict is Verdict.VARIES
+
+
+def test_untyped_words_are_the_buffers_words_whatever_byte_the_piece_starts_at():
+    """Found in review: a piece that starts 2 bytes into a word (after a 2-byte value) cut the
+    buffer's floats in halves, and a float's 1-ulp change read as a change of 65,536 ulps."""
+    floats = np.array([1.5, -0.25, 3.0, 7.0], np.float32)  # word-aligned in their buffer
+    changed = floats.copy()
+    changed.view(np.uint32)[2] += 1  # one ulp, alike in every replay, unlike the capture
+    piece, replay = floats.tobytes()[2:], changed.tobytes()[2:]  # the piece starts at buffer byte 2
+
+    def judged(phase: int) -> Judgement:
+        o = RangeObservation(piece, D.UNKNOWN, phase=phase)
+        o.add(replay)
+        o.add(replay)
+        return o.judge(nondeterministic=True)
+
+    aligned = judged(2)
+    assert aligned.verdict is Verdict.VARIES and aligned.elements == lanes_of(D.UNKNOWN, 14, 2) == 4
+    assert aligned.shown[0].position == (6,) and aligned.shown[0].ulp_diff == 1  # buffer byte 8, piece byte 6
+    assert judged(0).verdict is Verdict.WRONG  # cut at the piece's start, the float is two halves

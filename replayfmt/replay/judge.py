@@ -222,11 +222,14 @@ class RangeObservation:
     """Every replay of one piece (bytes [start, start + size) of a checkpoint entry, of one dtype
     or untyped), folded per element (per 4-byte word when untyped); :meth:`judge` gives the verdict."""
 
-    def __init__(self, expected: bytes, dtype: m.DType, shape: tuple[int, ...] = ()) -> None:
+    def __init__(self, expected: bytes, dtype: m.DType, shape: tuple[int, ...] = (), phase: int = 0) -> None:
         self.typed = judged_dtype(dtype)
         self.dtype = dtype if self.typed else D.UNKNOWN
         self.expected = expected
-        self.lanes = lanes_of(self.dtype, len(expected))
+        # untyped: where the piece starts within a 4-byte word of its buffer (words are the
+        # buffer's, so a float split by the piece's start is still one word)
+        self.phase = 0 if self.typed else phase % WORD
+        self.lanes = lanes_of(self.dtype, len(expected), self.phase)
         self.shape = shape if self.typed and shape and int(np.prod(shape)) == self.lanes else ()
         self.replays = 0
         self.identical = True  # every replay reproduced the captured bytes
@@ -235,7 +238,7 @@ class RangeObservation:
         if self.typed:
             self.captured_keys, self.captured_nan = ordered_keys(expected[: self.lanes * part_size(dtype)], dtype)
         else:
-            self.captured_words = _as_words(expected)
+            self.captured_words = _as_words(expected, self.phase)
             self.captured_keys, _ = ordered_keys(self.captured_words, D.FLOAT32)
             self.first_words = np.empty(0, np.uint32)
             self.word_varied = np.zeros(self.lanes, bool)  # differed between two replays
@@ -262,7 +265,7 @@ class RangeObservation:
             lo = np.where(nan, np.iinfo(np.int64).max, keys)
             hi = np.where(nan, np.iinfo(np.int64).min, keys)
         else:
-            words = _as_words(actual)
+            words = _as_words(actual, self.phase)
             self.word_differs |= words != self.captured_words
             if self.replays == 1:
                 self.first_words = words
@@ -345,8 +348,10 @@ class RangeObservation:
         c, lo, hi = self.captured_keys, self.lo, self.hi
         differs = self.word_differs
         whole = np.ones(self.lanes, bool)
-        if len(self.expected) % WORD:
-            whole[-1] = False  # a padded tail is no float32
+        if self.lanes and self.phase:
+            whole[0] = False  # a padded head or tail is no float32
+        if self.lanes and (self.phase + len(self.expected)) % WORD:
+            whole[-1] = False
         floats = whole & _normal_float32(c) & _normal_float32(lo) & _normal_float32(hi)
         widening = ULP_WIDENING[D.FLOAT32] if nondeterministic else 0
         ulp_out = np.maximum(np.maximum(lo - c, c - hi), 0)
@@ -431,18 +436,18 @@ class RangeObservation:
     def _position(self, lane: int) -> tuple[int, ...]:
         """Where a lane is: its index (multi-dimensional with a shape), or an untyped word's byte offset."""
         if not self.typed:
-            return (lane * WORD,)
+            return (max(0, lane * WORD - self.phase),)
         if self.shape:
             return tuple(int(x) for x in np.unravel_index(lane, self.shape))
         return (lane,)
 
 
-def lanes_of(dtype: m.DType, size: int) -> int:
+def lanes_of(dtype: m.DType, size: int, phase: int = 0) -> int:
     """The judged lanes of ``size`` bytes: elements (parts of complex ones) of a judged dtype, or
-    4-byte words of untyped bytes (a short tail counts as one)."""
+    the 4-byte words of its buffer that untyped bytes starting ``phase`` bytes into a word touch."""
     if judged_dtype(dtype):
         return size // part_size(dtype)
-    return -(-size // WORD)
+    return -(-(size + phase % WORD) // WORD)
 
 
 def _neighbourhood_max(spread: np.ndarray) -> np.ndarray:
@@ -461,10 +466,13 @@ def _neighbourhood_max(spread: np.ndarray) -> np.ndarray:
     return np.repeat(near, NEIGHBOURHOOD)[: spread.size]
 
 
-def _as_words(data: bytes) -> np.ndarray:
-    """Untyped bytes as little-endian 4-byte words (a short tail padded with zeros)."""
-    tail = -len(data) % WORD
-    return np.frombuffer(bytes(data) + bytes(tail) if tail else data, "<u4")
+def _as_words(data: bytes, phase: int = 0) -> np.ndarray:
+    """Untyped bytes that start ``phase`` bytes into a word, as little-endian 4-byte words (a
+    partial head and tail padded with zeros)."""
+    tail = -(len(data) + phase) % WORD
+    if phase or tail:
+        data = bytes(phase) + bytes(data) + bytes(tail)
+    return np.frombuffer(data, "<u4")
 
 
 def _normal_float32(keys: np.ndarray) -> np.ndarray:

@@ -171,7 +171,7 @@ class Verification:
             observation = self.observed.get(key)
             if observation is None and not same and got != want:
                 observation = self.observed[key] = RangeObservation(
-                    want, piece.dtype if piece.typed else m.DType.UNKNOWN, piece.shape
+                    want, piece.dtype if piece.typed else m.DType.UNKNOWN, piece.shape, piece.offset
                 )
                 for _ in range(seen):  # the earlier replays reproduced it
                     observation.add(want)
@@ -461,7 +461,7 @@ class Verification:
         for key, piece in self.pieces.items():
             observation = observations.get(key)
             if observation is None:
-                lanes = lanes_of(piece.dtype if piece.typed else m.DType.UNKNOWN, piece.size)
+                lanes = lanes_of(piece.dtype if piece.typed else m.DType.UNKNOWN, piece.size, piece.offset)
                 name = piece.dtype.name.lower() if piece.typed else "bytes"
                 judgement = Judgement(Verdict.EXACT, name, piece.typed, lanes, 0, 0)
             else:
