@@ -157,8 +157,8 @@ class OriginalTimes:
         operations = {entry.operation for entry in self._issued} | set(self._graphs.values())
         untimed = len(operations - {t.operation for t in times})
         if untimed:  # say how far off, so that a missing time can be traced (a CUPTI host, a lost record)
-            work = sum(1 for r in batch.records if r.kind in DEVICE_WORK)
-            lost += f"; {untimed} untimed: no record of their kind and name among CUPTI's {work}"
+            seen = sum(1 for r in batch.records if r.kind in DEVICE_WORK)
+            lost += f"; {untimed} untimed: no record of their kind and name among CUPTI's {seen}"
         self.report.timing = f"original device times: {len(times)} operations timed with CUPTI{lost}"
 
 
