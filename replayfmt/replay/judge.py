@@ -15,11 +15,12 @@ produced, NaN counts), so that memory does not grow with the number of replays, 
 Values are compared in their own type through *ordered keys*: a float's bits mapped to an integer
 that grows with the value, so that the ulp distance of two floats is the difference of their keys
 (+0 and -0 share a key; NaN is handled apart: a captured NaN needs a NaN in some replay).
-Untyped pieces are judged by 4-byte words: a word may differ from the capture where it varied
-between replays, or, in a program shown nondeterministic, where it reads as a normal float32 number
-in the capture and in every replay and lies within the float32 widening of the replays' values
-(float32 is what most GPU memory holds; the integers kernels index with are never normal float32
-bit patterns below 2**23, so an index off by one is still wrong).
+Untyped pieces are judged by their buffer's 4-byte words: a word may differ from the capture
+where it varied between replays, or, in a program shown nondeterministic, where it reads as a
+normal float32 number in the capture and in every replay and lies within the float32 widening of
+the replays' values, or within what float words near it varied by (at most 2**16 ulps of its own
+value). Float32 is what most GPU memory holds; the integers kernels index with are never normal
+float32 bit patterns below 2**23, so an index off by one is still wrong.
 """
 
 from __future__ import annotations
