@@ -1,5 +1,5 @@
 """Baseline for replay_bench.py's BERT section: the same training step (examples/capture/
-bert_train_step.py's model and data) captured by PyTorch itself into a torch.cuda.CUDAGraph and
+bert_train_step.py's model, data and step) captured by PyTorch itself into a torch.cuda.CUDAGraph and
 replayed, measured as replay_bench measures the replay: elapsed between CUDA events around each
 replay, GPU busy as the union of its kernels and copies (CUPTI, through torch.profiler). The idle
 share of a framework's own graph is the floor a graph of the same kernels can reach on this GPU:
@@ -11,13 +11,26 @@ the device's dispatch gap between dependent kernel nodes, which no host work add
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import itertools
 import json
 import statistics
+from pathlib import Path
+from types import ModuleType
 
 import torch
 from torch.profiler import ProfilerActivity, profile
-from transformers import BertConfig, BertForSequenceClassification
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "capture" / "bert_train_step.py"
+
+
+def _example() -> ModuleType:
+    """examples/capture/bert_train_step.py as a module (its step, without its capture)."""
+    spec = importlib.util.spec_from_file_location("bert_train_step", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def busy_us(events: list[tuple[float, float]]) -> float:
@@ -34,29 +47,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=50)
     args = parser.parse_args()
-    torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=8192,
-        hidden_size=256,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        intermediate_size=1024,
-        max_position_embeddings=128,
-        num_labels=2,
-        attn_implementation="eager",
-    )
-    model = BertForSequenceClassification(config).cuda().train()
+    example = _example()
+    model, tokens, labels = example.model_and_data()
     # capturable: the step count stays on the device, as a graph needs
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True, capturable=True)
-    tokens = torch.randint(0, config.vocab_size, (16, 128), device="cuda")
-    labels = torch.randint(0, 2, (16,), device="cuda")
 
     def step() -> torch.Tensor:
-        optimizer.zero_grad(set_to_none=False)
-        loss = model(input_ids=tokens, labels=labels).loss
-        loss.backward()
-        optimizer.step()
-        return loss
+        return example.train_step(model, optimizer, tokens, labels)
 
     # transformers builds its attention mask with torch.tensor(min_dtype, device="cuda"): a copy
     # from pageable host memory, which a CUDA graph cannot hold; a device fill is the same value

@@ -329,31 +329,29 @@ def test_integer_pairs_inside_structs_are_not_pointers(tmp_path, cubin):
         assert found == [(8, 0x400), (32, pair - arena), (40, 0)]
 
 
+def one_launch(tmp_path, cubin, base: int, size: int, kernel: ev.Kernel, params: bytes, held: int = 64):
+    """The relocations the recorder writes for one launch of ``kernel`` on an allocation of
+    ``size`` bytes at ``base`` (the fake holds its first ``held`` bytes)."""
+    mem = FakeMemory()
+    mem.device[base] = bytearray(held)
+    events = [ev.ModuleImage(MODULE, cubin, None), ev.Allocation(base, size)]
+    path, _ = record(tmp_path, [*events, ev.LaunchBegin(kernel, (1, 1, 1), (1, 1, 1), 0, 0, params)], mem)
+    with replayfmt.open(path) as cap:
+        return next(op for op in cap.iter_operations() if op.kind == m.OperationKind.LAUNCH).relocations
+
+
 def test_unaligned_words_inside_structs_are_not_pointers(tmp_path, cubin):
     """cuDNN's sm_90 convolutions take a 2.9 KB struct holding 64-bit division magic numbers and
     TMA descriptor fields that fall inside a JAX arena of 38 GB (from 0x3_0200_0000): relocated,
     they made the replay fault on the H100. A struct word is a pointer only when 8-byte aligned
     (or an allocation's start); a pointer-sized parameter is relocated whatever its alignment."""
-    mem = FakeMemory()
-    arena, size = 0x3_0200_0000, 0x8_E800_0000
-    mem.device[arena] = bytearray(64)  # (the fake reads only what is asked)
+    arena = 0x3_0200_0000
     tensor, scratch = arena + 0x4D_F400, arena + 0x1C_F320
     words = [tensor, 0x4_9249_2493, 0x8_A72F_053A, 0x3_E38E_38E4, scratch + 8, 0x4_0005_63C3, tensor + 4]
     params = struct.pack(f"<{len(words)}Q", *words) + struct.pack("<Q", tensor + 4)
     layout = ((0, 8 * len(words)), (8 * len(words), 8))
-    path, _ = record(
-        tmp_path,
-        [
-            ev.ModuleImage(MODULE, cubin, None),
-            ev.Allocation(arena, size),
-            ev.LaunchBegin(ev.Kernel(5, "conv", MODULE, layout), (1, 1, 1), (1, 1, 1), 0, 0, params),
-        ],
-        mem,
-    )
-    with replayfmt.open(path) as cap:
-        launch = next(op for op in cap.iter_operations() if op.kind == m.OperationKind.LAUNCH)
-        found = [(r.site_offset, r.target_offset) for r in launch.relocations]
-        assert found == [(0, 0x4D_F400), (32, 0x1C_F328), (56, 0x4D_F404)]
+    found = one_launch(tmp_path, cubin, arena, 0x8_E800_0000, ev.Kernel(5, "conv", MODULE, layout), params)
+    assert [(r.site_offset, r.target_offset) for r in found] == [(0, 0x4D_F400), (32, 0x1C_F328), (56, 0x4D_F404)]
 
 
 def test_a_128_byte_struct_whose_first_word_is_no_address_is_no_tensor_map(tmp_path, cubin):
@@ -361,24 +359,15 @@ def test_a_128_byte_struct_whose_first_word_is_no_address_is_no_tensor_map(tmp_p
     CUtensorMap: its first word is no address, so it is a struct, and only its aligned words that
     point into the arena are pointers (its magic numbers were relocated, and the replay wrote
     out of bounds on the H100)."""
-    mem = FakeMemory()
-    arena, size = 0x3_0200_0000, 0x8_E800_0000
-    mem.device[arena] = bytearray(64)
+    arena = 0x3_0200_0000
     words = [0x1_0000_0020, 0x1C_0000_001C, arena + 0x500, arena + 0x35_7640, 0x7_0000_0007, 0x9_A72F_053A]
     params = struct.pack("<16Q", *words, *([0] * 10))
-    path, _ = record(
-        tmp_path,
-        [
-            ev.ModuleImage(MODULE, cubin, None),
-            ev.Allocation(arena, size),
-            ev.LaunchBegin(ev.Kernel(6, "winograd", MODULE, ((0, 128),)), (1, 1, 1), (1, 1, 1), 0, 0, params),
-        ],
-        mem,
-    )
-    with replayfmt.open(path) as cap:
-        launch = next(op for op in cap.iter_operations() if op.kind == m.OperationKind.LAUNCH)
-        found = [(r.site_offset, r.target_offset, r.kind) for r in launch.relocations]
-        assert found == [(16, 0x500, m.RelocationKind.POINTER), (24, 0x35_7640, m.RelocationKind.POINTER)]
+    kernel = ev.Kernel(6, "winograd", MODULE, ((0, 128),))
+    found = [
+        (r.site_offset, r.target_offset, r.kind)
+        for r in one_launch(tmp_path, cubin, arena, 0x8_E800_0000, kernel, params)
+    ]
+    assert found == [(16, 0x500, m.RelocationKind.POINTER), (24, 0x35_7640, m.RelocationKind.POINTER)]
 
 
 def test_labels_and_annotations_type_buffers_and_parameters(tmp_path, cubin):
@@ -650,19 +639,7 @@ def test_a_kernel_reloaded_at_the_same_handles_with_another_layout_is_read_by_it
 def test_a_view_pointer_inside_a_small_struct_is_relocated(tmp_path, cubin):
     """PyTorch's elementwise kernels take Array<char*, N> by value; a view's data pointer is often
     8 bytes into its storage (found in review: the arena's alignment rule must not reach them)."""
-    mem = FakeMemory()
-    segment, size = 0x7FBC_0760_0000, 4096  # in a caching-allocator segment, as CuPy's and PyTorch's are
-    mem.device[segment] = bytearray(size)
+    segment = 0x7FBC_0760_0000  # in a caching-allocator segment, as CuPy's and PyTorch's are
     params = struct.pack("<2Q", segment + 0x200, segment + 0x408)
-    path, _ = record(
-        tmp_path,
-        [
-            ev.ModuleImage(MODULE, cubin, None),
-            ev.Allocation(segment, size),
-            ev.LaunchBegin(ev.Kernel(7, "add", MODULE, ((0, 16),)), (1, 1, 1), (1, 1, 1), 0, 0, params),
-        ],
-        mem,
-    )
-    with replayfmt.open(path) as cap:
-        launch = next(op for op in cap.iter_operations() if op.kind == m.OperationKind.LAUNCH)
-        assert [(r.site_offset, r.target_offset) for r in launch.relocations] == [(0, 0x200), (8, 0x408)]
+    found = one_launch(tmp_path, cubin, segment, 4096, ev.Kernel(7, "add", MODULE, ((0, 16),)), params, held=4096)
+    assert [(r.site_offset, r.target_offset) for r in found] == [(0, 0x200), (8, 0x408)]

@@ -233,6 +233,16 @@ class _Activity:
         return ActivityBatch(records=self.records)
 
 
+def _recording(tmp_path, activity):
+    """A writer with one 64-byte buffer, and OriginalTimes started over ``activity``."""
+    writer = replayfmt.CaptureWriter(tmp_path / "r.kreplay", threads=0)
+    buf = writer.add_object(m.Buffer(size=64, device=writer.add_object(m.Device())))
+    report = Report()
+    times = OriginalTimes(writer, report, activity=activity)
+    times.start()
+    return writer, buf, report, times
+
+
 def test_recorder_binds_the_program_operation_not_the_snapshot(tmp_path):
     k = ActivityKind
     activity = _Activity(
@@ -244,12 +254,7 @@ def test_recorder_binds_the_program_operation_not_the_snapshot(tmp_path):
             ActivityRecord(k.MEMCPY, "memcpy DtoH", 500, 900, 0, 1, 99),
         ]
     )
-    writer = replayfmt.CaptureWriter(tmp_path / "r.kreplay", threads=0)
-    dev = writer.add_object(m.Device())
-    buf = writer.add_object(m.Buffer(size=64, device=dev))
-    report = Report()
-    times = OriginalTimes(writer, report, activity=activity)
-    times.start()
+    writer, buf, report, times = _recording(tmp_path, activity)
     correlation = iter([7, 8])
     times.correlation = lambda: next(correlation)
 
@@ -280,12 +285,7 @@ def test_recorder_binds_the_runtime_call_around_the_driver_call(tmp_path):
     # a program recorded through the injection library: CUPTI's record of a kernel that
     # cudaLaunchKernel issued carries the runtime call's id (40), not the driver call's (9)
     activity = _Activity([ActivityRecord(ActivityKind.CONCURRENT_KERNEL, "k", 200, 260, 0, 1, 40)])
-    writer = replayfmt.CaptureWriter(tmp_path / "r.kreplay", threads=0)
-    dev = writer.add_object(m.Device())
-    buf = writer.add_object(m.Buffer(size=64, device=dev))
-    report = Report()
-    times = OriginalTimes(writer, report, activity=activity)
-    times.start()
+    writer, buf, report, times = _recording(tmp_path, activity)
     times.correlation = lambda: 9
     times.outer_correlation = lambda: 40
 
@@ -499,12 +499,7 @@ def test_one_correlation_id_for_every_call_is_matched_by_issue_order_and_clock(t
         ActivityRecord(k.MEMCPY, "memcpy DtoH", 150, 160, 0, 7, 1, bytes=64),  # the program's copy
     ]
     activity = _Activity(records, clock=[100, 110, 146])  # at each launch's call, at the copy's call
-    writer = replayfmt.CaptureWriter(tmp_path / "r.kreplay", threads=0)
-    dev = writer.add_object(m.Device())
-    buf = writer.add_object(m.Buffer(size=64, device=dev))
-    report = Report()
-    times = OriginalTimes(writer, report, activity=activity)
-    times.start()
+    writer, buf, report, times = _recording(tmp_path, activity)
     times.correlation = lambda: 1
 
     def translator(event):

@@ -114,13 +114,21 @@ class OriginalTimes:
                     since = getattr(copy_began, "at", 0) if type(event) is ev.CopyDone else 0
                     bind((writer.operation_count - 1, kind, size), since)
 
+        last_id: list[int | None] = [None]
+
         def bind(entry: tuple[int, ActivityKind, str | int], since: int = 0) -> None:
-            bound[self.correlation()] = entry
+            correlation = self.correlation()
+            bound[correlation] = entry
             outer = self.outer_correlation()
             if outer:
                 bound[outer] = entry
-            # the call has not reached the driver yet: its work starts after this instant
-            issued.append(Issued(*entry, since or clock()))
+            # CUPTI's clock at the call (its work starts later), read only where the ids may bind
+            # nothing (the first operation, and each that repeats the one before's id): not a
+            # clock call on every launch of a program whose ids are distinct
+            if not since and (correlation == last_id[0] or not issued):
+                since = clock()
+            last_id[0] = correlation
+            issued.append(Issued(*entry, since))
 
         return sink
 
@@ -181,7 +189,7 @@ def operation_times(
         if entry is None:
             continue
         index, kind, key = entry
-        if record.kind != kind or (record.name if kind == ActivityKind.CONCURRENT_KERNEL else record.bytes) != key:
+        if record.kind != kind or _key(record) != key:
             continue
         best = chosen.get(index)
         if best is None or record.start_ns > best.start_ns:
@@ -195,7 +203,7 @@ class Issued(NamedTuple):
     operation: int
     kind: ActivityKind
     key: str | int  # the kernel's name, or the bytes copied or set
-    since_ns: int  # CUPTI's clock at the call (its work starts later)
+    since_ns: int  # CUPTI's clock at the call (its work starts later); 0 where ids bind it
 
 
 def issued_times(records: list[ActivityRecord], issued: list[Issued]) -> list[OperationTime]:
@@ -205,7 +213,7 @@ def issued_times(records: list[ActivityRecord], issued: list[Issued]) -> list[Op
     the same kernel, started earlier; the recorder's own reads differ in kind or name)."""
     by_key: dict[tuple[ActivityKind, str | int], list[ActivityRecord]] = {}
     for record in sorted(records, key=lambda r: r.start_ns):
-        by_key.setdefault((record.kind, _key(record, record.kind)), []).append(record)
+        by_key.setdefault((record.kind, _key(record)), []).append(record)
     at: dict[tuple[ActivityKind, str | int], int] = {}
     out: list[OperationTime] = []
     for entry in issued:
@@ -256,7 +264,7 @@ def runtime_call_times(
             if ids[j] < driver_id - _RUNTIME_WINDOW:
                 break
             candidates = waiting[ids[j]]
-            match = next((r for r in candidates if r.kind == kind and _key(r, kind) == key), None)
+            match = next((r for r in candidates if r.kind == kind and _key(r) == key), None)
             if match is not None:
                 candidates.remove(match)
                 out.append(OperationTime(index, match.start_ns, match.duration_ns))
@@ -265,8 +273,9 @@ def runtime_call_times(
     return out
 
 
-def _key(record: ActivityRecord, kind: ActivityKind) -> str | int:
-    return record.name if kind == ActivityKind.CONCURRENT_KERNEL else record.bytes
+def _key(record: ActivityRecord) -> str | int:
+    """What a record is matched on beside its kind: a kernel's name, or the bytes copied or set."""
+    return record.name if record.kind == ActivityKind.CONCURRENT_KERNEL else record.bytes
 
 
 def graph_times(records: list[ActivityRecord], graphs: dict[int, int]) -> list[OperationTime]:

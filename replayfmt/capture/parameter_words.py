@@ -49,12 +49,13 @@ def not_a_struct_pointer(word: int, allocation_size: int) -> bool:
     return unaligned or integer_pair(word)
 
 
-def struct_words(layout: Iterable[tuple[int, int]], tensor_maps: frozenset[int]) -> frozenset[int]:
-    """Offsets of the aligned words inside parameters larger than a pointer (tensor maps aside:
-    their first word is their global address)."""
+def struct_words(layout: Iterable[tuple[int, int]]) -> frozenset[int]:
+    """Offsets of the aligned words inside parameters larger than a pointer (a 128-byte one may be
+    a tensor map instead, whose first word is its global address: the caller decides that from
+    the word itself)."""
     return frozenset(
         site
         for offset, size in layout
-        if size > _WORD and offset not in tensor_maps
+        if size > _WORD
         for site in range(-(-offset // _WORD) * _WORD, offset + size - _WORD + 1, _WORD)
     )

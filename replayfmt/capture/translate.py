@@ -252,7 +252,7 @@ class Translator(MemoryEvents, GraphEvents, StateEvents):
                 self.report.kernel(kernel.name),
                 bool(_COLLECTIVE.search(kernel.name)),
                 maps,
-                struct_words(kernel.layout, maps),
+                struct_words(kernel.layout),
                 struct.Struct(f"<{end // 8}Q"),
                 kernel.layout,
             )
@@ -538,26 +538,26 @@ class Translator(MemoryEvents, GraphEvents, StateEvents):
         targets: list[Allocation] = []
         words = shape.words.unpack_from(parameters) if len(parameters) >= shape.words.size else ()
         maps, low = shape.tensor_maps, self.allocations.pointer_low
-        skip_until = struct_until = -1
+        skip_until = -1
         for i, value in enumerate(words):
             site = i * 8
             if site < skip_until:
                 continue
             allocation = self.allocations.kernel_allocation(value) if low <= value < POINTER_HIGH else None
-            if site in maps and allocation is None:
-                # a 128-byte parameter whose first word is no address is a struct, not a tensor map
-                # (cuDNN's winograd kernels take one: relocating its magic numbers faulted the replay)
-                struct_until = site + 128
-                continue
             if allocation is None:
+                # (a 128-byte parameter whose first word is no address is a struct, not a tensor
+                # map: its other words are struct words, as cuDNN's winograd kernels need)
                 continue
-            in_struct = site < struct_until or site in shape.struct_words
-            if in_struct and not_a_struct_pointer(value, allocation.size) and value != allocation.address:
-                continue  # an allocation's own start is a pointer, whatever its low half
             kind = m.RelocationKind.POINTER
             if site in maps:
                 kind = m.RelocationKind.TENSOR_MAP
                 skip_until = site + 128
+            elif (
+                site in shape.struct_words
+                and not_a_struct_pointer(value, allocation.size)
+                and value != allocation.address  # an allocation's own start is a pointer, whatever its low half
+            ):
+                continue
             relocations.append(m.Relocation(0, self._buffer(allocation), site, value - allocation.address, kind))
             if allocation not in targets:
                 targets.append(allocation)

@@ -177,8 +177,8 @@ class GraphBuilder:
             self._keep.append(launch.keepalive)
             if launch.extended:  # a cluster launch: the node's shape from its config, its cluster an attribute
                 config, handle, params, _extra = launch.args
-                gx, gy, gz, bx, by, bz = (config.gridDimX, config.gridDimY, config.gridDimZ, *_block(config))
-                smem = config.sharedMemBytes
+                gx, gy, gz = config.gridDimX, config.gridDimY, config.gridDimZ
+                bx, by, bz, smem = config.blockDimX, config.blockDimY, config.blockDimZ, config.sharedMemBytes
                 calls.append(NodeCall(launch.name, _launch_with(cu, config), (handle, params, STREAM), True))
             else:
                 handle, gx, gy, gz, bx, by, bz, smem, _stream, params, _extra = launch.args
@@ -245,10 +245,6 @@ def launch_into_capture(cu: Any, graph: Any, stream: Any, what: str) -> None:
         cu.cuStreamUpdateCaptureDependencies(stream, [node], None, 1, flags),
         f"{what}: cuStreamUpdateCaptureDependencies",
     )
-
-
-def _block(config: Any) -> tuple[int, int, int]:
-    return config.blockDimX, config.blockDimY, config.blockDimZ
 
 
 def _launch_with(cu: Any, config: Any) -> Callable[..., Any]:
