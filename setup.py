@@ -1,5 +1,6 @@
-"""Builds the one C part of replayfmt: the CUDA injection library (replayfmt/capture/inject.c)
-that records programs that are not Python. It needs a C compiler and nothing else: no Python
+"""Builds the one C part of replayfmt: the recorder's library (replayfmt/capture/inject.c, the
+CUDA injection entry point that records programs that are not Python, and launch_ring.c, the
+hot path of repeated launches for every program). It needs a C compiler and nothing else: no Python
 or CUDA headers (it opens libcupti and libpython with dlopen). The extension is optional: where
 it cannot be built, the install still succeeds, and capture-replay builds it on first use with
 the C compiler, or says in one line what is missing. Everything else is in pyproject.toml."""
@@ -22,7 +23,7 @@ setup(
     ext_modules=[
         Extension(
             "replayfmt.capture._inject",
-            sources=["replayfmt/capture/inject.c"],
+            sources=["replayfmt/capture/inject.c", "replayfmt/capture/launch_ring.c"],
             extra_compile_args=_FLAGS,
             libraries=["dl", "pthread"],
             optional=True,

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from replayfmt.container.batches import RELOCATION_STRUCT, OpenBatch, PackedRelocations
+from replayfmt.container.batches import RELOCATION_STRUCT, LaunchTemplate, OpenBatch, PackedRelocations
 from replayfmt.container.directory import frame_entries
 from replayfmt.container.output import InlineExecutor, create_file, sync_file, write_all
 from replayfmt.container.payload_store import FetchMissing, FrameStore
@@ -272,7 +272,7 @@ class CaptureWriter:
         ``functions``; each relocation re-points a pointer (in the parameters or a buffer) on replay."""
         if type(relocations) is not tuple:
             relocations = tuple(relocations)
-        # The hot path: one struct pack, relocation sets packed once each, the seal test inline.
+        # The hot path: one struct pack, relocation sets packed once each.
         packed = self._relocation_cache.pack(relocations) if relocations else b""
         with self._lock:
             if self._closed:
@@ -280,33 +280,36 @@ class CaptureWriter:
             batch = self._batch
             index = self._next_operation
             self._next_operation = index + 1
-            kinds = batch.kinds
-            kinds.append(8)  # OperationKind.LAUNCH
+            batch.kinds.append(8)  # OperationKind.LAUNCH
             batch_parameters, relocation_bytes = batch.parameters, batch.relocation_bytes
-            batch.launch_bytes += _LAUNCH_STRUCT.pack(
-                executable,
-                function,
-                stream,
-                flags,
-                *grid,
-                *block,
-                *cluster,
-                shared_memory,
-                len(batch_parameters),
-                len(parameters),
-                len(relocation_bytes) >> _RELOCATION_SHIFT,
-                len(relocations),
-            )
+            where = (len(batch_parameters), len(parameters), len(relocation_bytes) >> _RELOCATION_SHIFT)
+            shape = (executable, function, stream, flags, *grid, *block, *cluster, shared_memory)
+            batch.launch_bytes += _LAUNCH_STRUCT.pack(*shape, *where, len(relocations))
             batch_parameters += parameters
             if packed:
                 relocation_bytes += packed
-            count = len(kinds)
-            if (
-                count >= self.batch_operations
-                or len(batch_parameters) + 80 * count + batch.extra_bytes >= self.batch_bytes
-            ):
-                self._seal()
+            self._after_append()
             return index
+
+    def launches(self, templates: Sequence[LaunchTemplate], which: np.ndarray, shapes: np.ndarray) -> int:
+        """Record ``len(which)`` launches at once, as :meth:`launch` would one by one: launch ``i``
+        is ``templates[which[i]]`` in the shape ``shapes[i]`` (see ``OpenBatch.add_launches``).
+        Returns the first launch's operation index."""
+        count = len(which)
+        if shapes.shape != (count, 12):
+            raise ReplayUsageError(f"launches: {shapes.shape} shapes for {count} launches, not ({count}, 12)")
+        packed = [self._relocation_cache.pack(t.relocations) if t.relocations else b"" for t in templates]
+        which = np.asarray(which, dtype=np.int64)
+        with self._lock:
+            self._check_open()
+            first = done = self._next_operation
+            while done < first + count:  # batch by batch
+                room = max(1, self.batch_operations - len(self._batch.kinds))
+                at = done - first
+                done += self._batch.add_launches(templates, packed, which[at : at + room], shapes[at : at + room])
+                self._next_operation = done
+                self._after_append()
+            return first
 
     def copy_h2d(
         self,

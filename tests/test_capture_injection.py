@@ -367,9 +367,12 @@ def test_nvtx_range_names():
 
 
 def test_module_files_are_packaged():
-    source = Path(__file__).resolve().parents[1] / "replayfmt" / "capture" / "inject.c"
-    assert source.is_file() and stat.S_ISREG(source.stat().st_mode)
-    assert '"replayfmt.capture" = ["inject.c"]' in (source.parents[2] / "pyproject.toml").read_text()
+    folder = Path(__file__).resolve().parents[1] / "replayfmt" / "capture"
+    for name in ("inject.c", "launch_ring.c"):
+        assert (folder / name).is_file() and stat.S_ISREG((folder / name).stat().st_mode)
+    root = folder.parents[1]
+    assert '"replayfmt.capture" = ["inject.c", "launch_ring.c"]' in (root / "pyproject.toml").read_text()
+    assert '"replayfmt/capture/inject.c", "replayfmt/capture/launch_ring.c"' in (root / "setup.py").read_text()
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ import ctypes
 from collections.abc import Callable
 from typing import Any
 
+from replayfmt.capture.launch_ring import recorder_library
 from replayfmt.cuda.activity import loaded_cupti_path
 from replayfmt.errors import DeviceUnavailableError, ReplayError, ReplayUsageError
 
@@ -81,6 +82,9 @@ class Cupti:
         for name in ("cuptiSubscribe", "cuptiEnableCallback", "cuptiEnableDomain", "cuptiUnsubscribe"):
             getattr(self.lib, name).restype = ctypes.c_int
         self.driver_callback_ids: dict[str, int] = {item.name: int(item.value) for item in module.driver_api_trace_cbid}
+        # the recorder's C library (launch_ring.c): when set, CUPTI calls its callback, which drops
+        # ignored launch exits and records repeated launches, and forwards the rest to ``subscribe``'s
+        self.library: ctypes.CDLL | None = None
 
     def _error(self, result: int) -> str:
         text = ctypes.c_char_p()
@@ -92,16 +96,20 @@ class Cupti:
     def subscribe(self, callback: Callable[[int | None, int, int, int | None], None], name: str) -> tuple[Any, Any]:
         """Subscribe ``callback``; returns (subscriber, the ctypes callback to keep alive)."""
         c_callback = CallbackType(callback)
+        target = c_callback
+        if self.library is not None:
+            self.forward(c_callback)
+            target = ctypes.cast(self.library.replayfmt_recorder_callback, CallbackType)
         subscriber = ctypes.c_void_p()
         if hasattr(self.lib, "cuptiSubscribe_v2"):
             other = ctypes.create_string_buffer(_OLD_SUBSCRIBER_NAME_LEN)
             params = _SubscriberParams(
                 ctypes.sizeof(_SubscriberParams), name.encode(), ctypes.cast(other, ctypes.c_char_p), len(other)
             )
-            result = self.lib.cuptiSubscribe_v2(ctypes.byref(subscriber), c_callback, None, ctypes.byref(params))
+            result = self.lib.cuptiSubscribe_v2(ctypes.byref(subscriber), target, None, ctypes.byref(params))
             holder = other.value.decode(errors="replace")
         else:
-            result, holder = self.lib.cuptiSubscribe(ctypes.byref(subscriber), c_callback, None), ""
+            result, holder = self.lib.cuptiSubscribe(ctypes.byref(subscriber), target, None), ""
         if result == _ERROR_MULTIPLE_SUBSCRIBERS:
             raise ReplayError(
                 f"another CUPTI client is already subscribed ({holder or 'unnamed'}: torch.profiler, nsys, ncu "
@@ -123,8 +131,27 @@ class Cupti:
 
     def unsubscribe(self, subscriber: Any) -> None:
         self.lib.cuptiUnsubscribe(subscriber)
+        if self.library is not None:
+            self.forward(None)
+
+    def forward(self, c_callback: Any) -> None:
+        """Where the library's callback forwards the driver and resource domains (None: nowhere)."""
+        assert self.library is not None
+        forward = self.library.replayfmt_injection_forward
+        forward.argtypes = [ctypes.c_int, ctypes.c_void_p]
+        forward(0, ctypes.cast(c_callback, ctypes.c_void_p) if c_callback else None)
+
+    def skip_exits(self, callback_ids: list[int]) -> None:
+        """Have the library drop the exit callbacks of these driver calls (no-op without it)."""
+        if self.library is not None:
+            self.library.replayfmt_injection_skip_exit.argtypes = [ctypes.c_uint]
+            for cbid in callback_ids:
+                self.library.replayfmt_injection_skip_exit(cbid)
 
 
 def load_cupti() -> Cupti:
-    """libcupti through cupti-python, or a one-line error saying how to get it."""
-    return Cupti()
+    """libcupti through cupti-python, or a one-line error saying how to get it; its callbacks go
+    through the recorder's C library where pip built it (:mod:`replayfmt.capture.launch_ring`)."""
+    cupti = Cupti()
+    cupti.library = recorder_library()
+    return cupti

@@ -32,6 +32,7 @@ from replayfmt.capture.cupti_api import (
     Cupti,
 )
 from replayfmt.capture.graphs import GRAPH_NODE_CHANGES, GRAPH_NODE_UPDATES, GRAPH_UPDATES_NOT_FOLLOWED, GraphCalls
+from replayfmt.capture.launch_ring import LaunchRing
 from replayfmt.capture.process_memory import MEMORY, c_string, image_bytes, read, u64
 from replayfmt.cuda.driver import driver
 from replayfmt.cuda.functions import parameter_layout
@@ -93,7 +94,8 @@ class CuptiSource(GraphCalls):
 
     ``launch_results``: also report each launch's return (kernel mode needs it to close an
     instance; region mode does not, and skips the work on every launch). ``cu``: the driver
-    bindings (default ``cuda.bindings.driver``; tests give a stand-in).
+    bindings (default ``cuda.bindings.driver``; tests give a stand-in). ``ring``: the launches
+    the recorder's C library answers itself (region mode, where that library is built).
     """
 
     def __init__(
@@ -104,6 +106,7 @@ class CuptiSource(GraphCalls):
         *,
         launch_results: bool = True,
         cu: Any = None,
+        ring: LaunchRing | None = None,
     ) -> None:
         self.cupti = cupti
         self.cu = cu or driver()
@@ -122,6 +125,10 @@ class CuptiSource(GraphCalls):
         self._pending_updates: dict[int, ev.Event] = {}  # thread id -> kernel-node update in its call
         self._captures = 0  # stream captures in progress: work enqueued then is recorded into graphs, not run
         self._deliver = sink
+        # launches the library recorded in C (launch_ring): taken at each callback, and every
+        # arming withdrawn before a call that could change what a launch means
+        self.ring = ring
+        self._keeps_armed: set[int] = set()  # callback ids of calls that change no launch's meaning
 
     # -- subscription ----------------------------------------------------------------------
 
@@ -132,6 +139,8 @@ class CuptiSource(GraphCalls):
         self._subscriber, self._c_callback = cupti.subscribe(self._callback, "replayfmt")
         for cbid in self.route(cupti.driver_callback_ids):
             cupti.enable_callback(self._subscriber, DOMAIN_DRIVER_API, cbid)
+        if not self._launch_results:  # only kernel mode needs a launch's exit
+            cupti.skip_exits([cbid for cbid, (decoder, _) in self._by_cbid.items() if decoder in _LAUNCH_DECODERS])
         cupti.enable_callback(self._subscriber, DOMAIN_RESOURCE, RESOURCE_MODULE_LOADED)
         cupti.enable_callback(self._subscriber, DOMAIN_RESOURCE, RESOURCE_MODULE_UNLOAD_STARTING)
 
@@ -141,6 +150,8 @@ class CuptiSource(GraphCalls):
             cbid = callback_ids.get(name)
             if cbid is not None:
                 self._by_cbid[cbid] = (decoder, name)
+                if decoder in _KEEP_ARMED or decoder in _LAUNCH_DECODERS:
+                    self._keeps_armed.add(cbid)
         return list(self._by_cbid)
 
     def stop(self) -> None:
@@ -165,6 +176,9 @@ class CuptiSource(GraphCalls):
                 return
             guard.busy = True
             try:
+                ring = self.ring
+                if ring is not None and (ring.pending() or cbid not in self._keeps_armed):
+                    self._take_ring(disarm=cbid not in self._keeps_armed)
                 guard.correlation = data  # read only when asked (correlation_id): most calls never are
                 site, params, result, symbol = _CALLBACK_DATA.unpack_from(MEMORY, data)
                 entry[0](self, site, params, result, entry[1], symbol)
@@ -177,6 +191,18 @@ class CuptiSource(GraphCalls):
             self._sink(
                 ev.NotReproducible(call, f"the recorder failed to decode it ({type(exc).__name__}: {exc}, {where})")
             )
+
+    def settle(self) -> None:
+        """Hand on the launches the C library recorded and withdraw every arming: before a region
+        or scope starts or ends, and before the recorder closes."""
+        if self.ring is not None:
+            self._take_ring(disarm=True)
+
+    def _take_ring(self, *, disarm: bool) -> None:
+        assert self.ring is not None
+        repeats = self.ring.take(disarm=disarm)
+        if repeats is not None:
+            self._sink(ev.RepeatedLaunches(repeats.launches, repeats.armed))
 
     def correlation_id(self) -> int:
         """CUPTI's correlation id of the driver call whose callback runs on this thread (the id
@@ -483,6 +509,11 @@ _LAUNCHES = (
     (_variants("cuLaunchKernelEx"), _S._on_launch_ex),
     (_variants("cuLaunchCooperativeKernel"), _S._on_launch_cooperative),
 )
+_LAUNCH_DECODERS = frozenset(decoder for _, decoder in _LAUNCHES)
+# calls after which a launch the translator armed still means what it meant (no allocation,
+# write, module or graph): they hand on the ring's launches without withdrawing the armings
+_KEEP_ARMED = frozenset((_S._on_stream_create, _S._on_event_create, _S._on_event_record, _S._on_stream_wait))
+_KEEP_ARMED |= {_S._on_stream_sync, _S._on_context_sync, _S._on_event_sync}
 _DECODERS: dict[str, Decoder] = {}
 for _names, _decoder in [
     *_LAUNCHES,

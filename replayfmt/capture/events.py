@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Any
 
 from replayfmt.format import model as m
 from replayfmt.format.model import GraphNodeKind
@@ -126,6 +127,15 @@ class LaunchBegin:
     cluster: m.Dims = (0, 0, 0)
     cooperative: bool = False
     call: str = "cuLaunchKernel"
+
+
+@dataclass(slots=True)
+class RepeatedLaunches:
+    """Launches the recorder's C library answered without a call into Python, in the program's
+    order: each repeats a launch the translator armed (:mod:`replayfmt.capture.launch_ring`)."""
+
+    launches: Any  # numpy array of launch_ring.RING_DTYPE
+    armed: dict[int, Any]  # arming id -> what the translator armed
 
 
 @dataclass(slots=True)

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from replayfmt.capture import events as ev
+from replayfmt.capture.launch_ring import LaunchRing
 from replayfmt.capture.process_memory import MEMORY, read, u64
 from replayfmt.format import model as m
 from replayfmt.format.model import GraphNodeKind
@@ -190,6 +191,7 @@ class GraphCalls:
 
     _graphs: GraphReader | None
     _captures: int
+    ring: LaunchRing | None
     _launch_results: bool
     _sink: Callable[[ev.Event], None]
     _deliver: Callable[[ev.Event], None]
@@ -318,12 +320,16 @@ class GraphCalls:
         if site == EXIT and self._succeeded(result):
             self._captures += 1
             self._sink = self._unless_captured
+            if self.ring is not None:  # launches in a capturing stream go into its graph: none is armed
+                self.ring.enabled = False
 
     def _on_capture_end(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
         if site == EXIT:  # the capture ends even when it failed
             self._captures = max(0, self._captures - 1)
             if not self._captures:
                 self._sink = self._deliver
+                if self.ring is not None:
+                    self.ring.enabled = True
 
     def _unless_captured(self, event: ev.Event) -> None:
         """While a stream capture runs: work enqueued in a capturing stream is recorded into a

@@ -29,7 +29,7 @@ from replayfmt.capture.recorder import Recorder
 from replayfmt.cuda.activity import loaded_cupti_path
 from replayfmt.errors import ReplayUsageError
 
-SLOT_DRIVER, SLOT_NVTX = 0, 1  # the library's forwarding slots (inject.c)
+SLOT_NVTX = 1  # the library's forwarding slot for the NVTX domain (inject.c)
 DOMAIN_NVTX = 5
 # CUpti_nvtx_api_trace_cbid (cupti_nvtx_cbid.h): the ranges a program pushes and pops
 NVTX_PUSH_A, NVTX_PUSH_W, NVTX_PUSH_EX, NVTX_POP = 8, 9, 10, 11
@@ -37,7 +37,6 @@ NVTX_DOMAIN_PUSH_EX, NVTX_DOMAIN_POP = 33, 34
 _MESSAGE_ASCII, _MESSAGE_UNICODE = 1, 2  # nvtxMessageType_t
 _ATTRIBUTE_MESSAGE_TYPE, _ATTRIBUTE_MESSAGE = 32, 40  # offsets in nvtxEventAttributes_t (v2)
 _MAX_NAME = 4096
-_LAUNCH_CALLS = ("cuLaunchKernel", "cuLaunchCooperativeKernel")  # and their _ptsz, Ex variants
 
 
 class HostedCupti(Cupti):
@@ -48,20 +47,20 @@ class HostedCupti(Cupti):
         super().__init__()
         self.library = library
         library.replayfmt_injection_subscriber.restype = ctypes.c_void_p
-        library.replayfmt_injection_forward.argtypes = [ctypes.c_int, ctypes.c_void_p]
-        library.replayfmt_injection_forward.restype = ctypes.c_int
-        library.replayfmt_injection_skip_exit.argtypes = [ctypes.c_uint]
 
     def subscribe(self, callback: Callable[[int | None, int, int, int | None], None], name: str) -> tuple[Any, Any]:
         c_callback = CallbackType(callback)
-        self.forward(SLOT_DRIVER, c_callback)
+        self.forward(c_callback)
         return ctypes.c_void_p(self.library.replayfmt_injection_subscriber()), c_callback
 
-    def forward(self, slot: int, c_callback: Any) -> None:
-        self.library.replayfmt_injection_forward(slot, ctypes.cast(c_callback, ctypes.c_void_p) if c_callback else None)
+    def forward_nvtx(self, c_callback: Any) -> None:
+        """Where the trampoline forwards the NVTX domain (the --scope ranges)."""
+        forward = self.library.replayfmt_injection_forward
+        forward.argtypes = [ctypes.c_int, ctypes.c_void_p]
+        forward(SLOT_NVTX, ctypes.cast(c_callback, ctypes.c_void_p))
 
     def unsubscribe(self, subscriber: Any) -> None:
-        self.forward(SLOT_DRIVER, None)  # the library keeps the subscription: the process is ending
+        self.forward(None)  # the library keeps the subscription: the process is ending
 
 
 class NvtxScopes:
@@ -77,7 +76,7 @@ class NvtxScopes:
     def enable(self, cupti: HostedCupti, subscriber: Any) -> None:
         for cbid in (NVTX_PUSH_A, NVTX_PUSH_W, NVTX_PUSH_EX, NVTX_POP, NVTX_DOMAIN_PUSH_EX, NVTX_DOMAIN_POP):
             cupti.enable_callback(subscriber, DOMAIN_NVTX, cbid)
-        cupti.forward(SLOT_NVTX, self.c_callback)
+        cupti.forward_nvtx(self.c_callback)
 
     def _callback(self, userdata: int | None, domain: int, cbid: int, data: int | None) -> None:
         if not data:
@@ -170,10 +169,6 @@ def start(folder: str) -> None:
     outer = ctypes.PyDLL(os.environ["CUDA_INJECTION64_PATH"]).replayfmt_injection_runtime_correlation
     outer.restype, outer.argtypes = ctypes.c_uint32, []
     recorder.times.outer_correlation = outer
-    if config.options.mode == CaptureMode.REGION:  # launch exits only matter to kernel mode
-        for name, cbid in cupti.driver_callback_ids.items():
-            if name.startswith(_LAUNCH_CALLS):
-                library.replayfmt_injection_skip_exit(cbid)
     keep: list[Any] = []
     if config.options.mode == CaptureMode.REGION and config.options.region_scopes:
         scopes = NvtxScopes(recorder, config.options.region_scopes)

@@ -47,7 +47,7 @@
 enum { DOMAIN_DRIVER_API = 1, DOMAIN_RUNTIME_API = 2, DOMAIN_NVTX = 5 };
 enum { SITE_ENTER = 0, SITE_EXIT = 1, CORRELATION_ID_OFFSET = 64 };  /* CUpti_CallbackData */
 #define MAX_CBID 4096
-#define REPLAYFMT_INJECTION_ABI 2 /* replayfmt.capture.injection.INJECTION_ABI: bump both together */
+#define REPLAYFMT_INJECTION_ABI 3 /* replayfmt.capture.injection.INJECTION_ABI: bump both together */
 /* CUpti_driver_api_trace_cbid (cupti_driver_cbid.h) */
 enum { CBID_INIT = 1, CBID_CTX_DESTROY = 11, CBID_CTX_DESTROY_V2 = 322, CBID_PRIMARY_RESET = 389,
        CBID_PRIMARY_RESET_V2 = 545 };
@@ -246,6 +246,21 @@ static void track_runtime_call(const void *data) {
     }
 }
 
+int launch_ring_record(unsigned cbid, const void *data, uint32_t outer);  /* launch_ring.c */
+
+/* A callback the recorder follows: a launch's exit it ignores is dropped, a launch that repeats
+ * one the recorder armed goes into the ring (launch_ring.c), anything else to the recorder. */
+static void deliver(void *userdata, int domain, unsigned cbid, const void *data, uint32_t outer) {
+    if (domain == DOMAIN_DRIVER_API && data) {
+        if (cbid < MAX_CBID && skip_exit[cbid] && *(const uint32_t *)data == SITE_EXIT)
+            return;  /* a launch's exit in region mode: the recorder would only return */
+        if (launch_ring_record(cbid, data, outer)) return;
+    }
+    callback_fn target = atomic_load_explicit(&forward[domain == DOMAIN_NVTX ? SLOT_NVTX : SLOT_DRIVER],
+                                              memory_order_acquire);
+    if (target) target(userdata, domain, cbid, data);
+}
+
 static void trampoline(void *userdata, int domain, unsigned cbid, const void *data) {
     if (domain == DOMAIN_RUNTIME_API) {
         if (data) track_runtime_call(data);
@@ -267,16 +282,11 @@ static void trampoline(void *userdata, int domain, unsigned cbid, const void *da
         if (atomic_load(&state) != HOSTING) return;
     }
     if (forked_child) return;
-    if (domain == DOMAIN_DRIVER_API && data && cbid < MAX_CBID && skip_exit[cbid] &&
-        *(const uint32_t *)data == SITE_EXIT)
-        return;  /* a launch's exit in region mode: the recorder would only return */
     if (tears_down(domain, cbid, data)) {  /* cudaDeviceReset, cuCtxDestroy: close while memory lives */
         finish();
         return;
     }
-    callback_fn target = atomic_load_explicit(&forward[domain == DOMAIN_NVTX ? SLOT_NVTX : SLOT_DRIVER],
-                                              memory_order_acquire);
-    if (target) target(userdata, domain, cbid, data);
+    deliver(userdata, domain, cbid, data, runtime_correlation);
 }
 
 static void finish(void) {
@@ -363,6 +373,12 @@ EXPORT int replayfmt_injection_skip_exit(unsigned cbid) {
     if (cbid >= MAX_CBID) return -1;
     skip_exit[cbid] = 1;
     return 0;
+}
+
+/* The CUPTI callback a Python program's recorder subscribes with (replayfmt.capture.launch_ring):
+ * the same filtering and ring as the trampoline's, then the recorder's ctypes callback (slot 0). */
+EXPORT void replayfmt_recorder_callback(void *userdata, int domain, unsigned cbid, const void *data) {
+    deliver(userdata, domain, cbid, data, 0);
 }
 
 /* Diagnostics without CUDA: start the embedded interpreter as a recording would, run

@@ -34,8 +34,8 @@ from replayfmt.errors import DeviceUnavailableError, ReplayUsageError
 from replayfmt.format import model as m
 
 CONFIG_VERSION = 1
-INJECTION_ABI = 2  # inject.c's REPLAYFMT_INJECTION_ABI: bump both together
-_SOURCE = Path(__file__).with_name("inject.c")
+INJECTION_ABI = 3  # inject.c's REPLAYFMT_INJECTION_ABI: bump both together
+_SOURCES = (Path(__file__).with_name("inject.c"), Path(__file__).with_name("launch_ring.c"))
 _ELF_MAGIC = b"\x7fELF"
 _ELFCLASS64 = 2
 _PYTHON_NAMES = ("python", "pypy")  # interpreter names a shebang may give (python3, python3.12, ...)
@@ -203,17 +203,19 @@ def injection_library(*, cache: Path | None = None) -> Path:
     for built in sorted(glob.glob(str(Path(__file__).with_name("_inject")) + "*.so")):
         if library_abi(Path(built)) == INJECTION_ABI:
             return Path(built)
-    if not _SOURCE.is_file():
-        raise ReplayUsageError(f"the injection library was not built and its source {_SOURCE} is missing: reinstall")
+    missing = [source for source in _SOURCES if not source.is_file()]
+    if missing:
+        raise ReplayUsageError(f"the injection library was not built and its source {missing[0]} is missing: reinstall")
     folder = cache or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "replayfmt"
-    target = folder / f"inject-{hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:16]}.so"
+    digest = hashlib.sha256(b"".join(source.read_bytes() for source in _SOURCES)).hexdigest()[:16]
+    target = folder / f"inject-{digest}.so"
     if target.is_file() and library_abi(target) == INJECTION_ABI:
         return target
     return build_injection_library(target)
 
 
 def build_injection_library(target: Path, *, compiler: str | None = None) -> Path:
-    """Compile ``inject.c`` into ``target`` (written whole or not at all) with ``compiler``
+    """Compile ``inject.c`` and ``launch_ring.c`` into ``target`` (written whole or not at all) with ``compiler``
     (default: $CC, else cc, gcc or clang); a one-line error when there is none or it fails."""
     cc = compiler or os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if not cc:
@@ -225,7 +227,7 @@ def build_injection_library(target: Path, *, compiler: str | None = None) -> Pat
     partial = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
         result = subprocess.run(
-            [*shlex.split(cc), *compile_flags(), "-o", str(partial), str(_SOURCE), "-ldl", "-lpthread"],
+            [*shlex.split(cc), *compile_flags(), "-o", str(partial), *map(str, _SOURCES), "-ldl", "-lpthread"],
             capture_output=True,
             text=True,
         )

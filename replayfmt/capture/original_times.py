@@ -15,6 +15,7 @@ import bisect
 import threading
 from collections import Counter
 from collections.abc import Callable
+from itertools import repeat
 from typing import Any, NamedTuple
 
 from replayfmt.capture import events as ev
@@ -79,7 +80,7 @@ class OriginalTimes:
             return handle
         writer, report, bound, graphs, lock = self.writer, self.report, self._bound, self._graphs, self.lock
         kernels, unsupported = report.kernels, report.unsupported
-        launch, kernel_kind = ev.LaunchBegin, ActivityKind.CONCURRENT_KERNEL
+        launch, repeated, kernel_kind = ev.LaunchBegin, ev.RepeatedLaunches, ActivityKind.CONCURRENT_KERNEL
         issued, clock = self._issued, self.activity.timestamp
         copy_began = threading.local()  # a synchronous copy is written at its CopyDone: its call began earlier
 
@@ -93,6 +94,12 @@ class OriginalTimes:
                     stats = kernels.get(name)
                     if stats is not None and stats.captured != captured:
                         bind((writer.operation_count - 1, kernel_kind, name))
+                    return
+                if type(event) is repeated:  # launches the C library recorded: ids and clock in the ring
+                    before = writer.operation_count
+                    handle(event)
+                    if writer.operation_count - before == len(event.launches):  # type: ignore[attr-defined]
+                        bind_repeats(before, event)  # type: ignore[arg-type]
                     return
                 if type(event) is ev.GraphLaunched:  # its nodes' records carry the launch's correlation id
                     launches = report.graph_launches
@@ -116,10 +123,32 @@ class OriginalTimes:
 
         last_id: list[int | None] = [None]
 
-        def bind(entry: tuple[int, ActivityKind, str | int], since: int = 0) -> None:
-            correlation = self.correlation()
+        def bind_repeats(first: int, event: ev.RepeatedLaunches) -> None:
+            """Bind the ring's launches, written from operation ``first`` on, to their ids, with
+            CUPTI's clock at each call (the ring read it)."""
+            ring = event.launches
+            names = [event.armed[a].kernel.name for a in ring["armed"].tolist()]
+            operations = range(first, first + len(names))
+            entries = list(zip(operations, repeat(kernel_kind), names))
+            correlations = ring["correlation"].tolist()
+            bound.update(zip(correlations, entries))
+            bound.update((outer, entry) for outer, entry in zip(ring["outer"].tolist(), entries) if outer)
+            issued.extend(map(Issued._make, zip(operations, repeat(kernel_kind), names, ring["timestamp"].tolist())))
+            last_id[0] = correlations[-1]
+
+        def bind(
+            entry: tuple[int, ActivityKind, str | int],
+            since: int = 0,
+            *,
+            correlation: int | None = None,
+            outer: int | None = None,
+        ) -> None:
+            """Bind an operation to its call's correlation ids (default: the callback's now)."""
+            if correlation is None:
+                correlation = self.correlation()
             bound[correlation] = entry
-            outer = self.outer_correlation()
+            if outer is None:
+                outer = self.outer_correlation()
             if outer:
                 bound[outer] = entry
             # CUPTI's clock at the call (its work starts later), read only where the ids may bind

@@ -8,6 +8,7 @@ CUPTI allows one subscriber per process, so at most one :class:`Recorder` listen
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import socket
 import sys
@@ -22,6 +23,7 @@ from replayfmt.capture.cupti_api import Cupti, load_cupti
 from replayfmt.capture.cupti_source import CuptiSource
 from replayfmt.capture.device_memory import DriverMemory
 from replayfmt.capture.labels import KernelAnnotation
+from replayfmt.capture.launch_ring import LaunchRing
 from replayfmt.capture.options import CaptureMode, RecordOptions
 from replayfmt.capture.original_times import OriginalTimes
 from replayfmt.capture.report import Report
@@ -85,11 +87,20 @@ class Recorder:
             properties=(("mode", options.mode.value), ("kernels", options.kernels or "")),
         )
         self.writer = CaptureWriter(path, metadata=metadata, overwrite=overwrite)
-        self.translator = Translator(self.writer, options, self.memory, device=device)
+        # repeated launches recorded in C (region mode, where the library is built): launch_ring
+        ring = None
+        if options.mode == CaptureMode.REGION and cupti.library is not None:
+            clock = ctypes.cast(cupti.lib.cuptiGetTimestamp, ctypes.c_void_p).value if options.original_times else 0
+            ring = LaunchRing(cupti.library, cupti.driver_callback_ids, clock or 0)
+        self.translator = Translator(self.writer, options, self.memory, device=device, ring=ring)
         # the original program's device times (CUPTI activity records), bound to operations as written
         self.times = OriginalTimes(self.writer, self.translator.report, cupti.lib, enabled=options.original_times)
         self.source = CuptiSource(
-            cupti, self.times.wrap(self.translator.handle), guard, launch_results=options.mode == CaptureMode.KERNEL
+            cupti,
+            self.times.wrap(self.translator.handle),
+            guard,
+            launch_results=options.mode == CaptureMode.KERNEL,
+            ring=ring,
         )
         self.times.correlation = self.source.correlation_id
         self._enrichment: list[Any] = []
@@ -118,11 +129,13 @@ class Recorder:
         if self.options.mode != CaptureMode.REGION:
             raise ReplayUsageError("start()/stop() apply to mode='region'")
         with self.times.lock:
+            self.source.settle()
             self.translator.start(name)
 
     def stop(self) -> None:
         """End the region: checkpoint what it wrote."""
         with self.times.lock:
+            self.source.settle()
             self.translator.stop()
 
     @contextlib.contextmanager
@@ -137,11 +150,13 @@ class Recorder:
     def scope(self, name: str) -> Iterator[None]:
         """Named scope markers around the operations recorded inside the block."""
         with self.times.lock:
+            self.source.settle()
             self.translator.scope_begin(name)
         try:
             yield
         finally:
             with self.times.lock:
+                self.source.settle()
                 self.translator.scope_end(name)
 
     def label(self, *tensors: Any, **named: Any) -> None:
@@ -155,7 +170,9 @@ class Recorder:
                 self.translator.label_tensor(label)
 
     def annotate(self, kernel: str, annotation: KernelAnnotation) -> None:
-        self.translator.annotate_kernel(None, kernel, annotation)
+        with self.times.lock:
+            self.source.settle()  # armed launches of the kernel were read without the annotation
+            self.translator.annotate_kernel(None, kernel, annotation)
 
     def close(self, *, program_failed: str = "", self_check: SelfCheck | None = None) -> Report:
         """Stop listening, close any open region, write the index, and check the file as
@@ -175,6 +192,8 @@ class Recorder:
             if not self.report.partial:
                 self.stop()
         finally:
+            with self.times.lock:
+                self.source.settle()  # launches recorded in C after a partial stop: withdrawn
             for undo in self._enrichment:
                 undo()
             self.source.stop()

@@ -10,9 +10,7 @@ parameter words that point into allocations into relocations, and takes snapshot
   began, never a copy the program made), and the allocations written are checkpointed at the
   end of the region and at the end of every scope inside it;
 * kernel mode: each selected launch becomes a scope holding its starting state, the launch and a
-  checkpoint of what it changed.
-
-Snapshots synchronise only the launching stream (all the launch depends on has completed then).
+  checkpoint of what it changed. Snapshots synchronise only the launching stream.
 """
 
 from __future__ import annotations
@@ -29,20 +27,26 @@ from replayfmt.capture.file_references import FileReferences
 from replayfmt.capture.graph_events import GraphEvents, GraphExecutable
 from replayfmt.capture.hostfiles import HostFiles
 from replayfmt.capture.labels import KernelAnnotation, typed_ranges
+from replayfmt.capture.launch_ring import LaunchRing
 from replayfmt.capture.live_buffers import LiveBuffers
 from replayfmt.capture.live_types import LiveTypes
 from replayfmt.capture.memory_events import MEMORY_KINDS, MemoryEvents
 from replayfmt.capture.modules import Module, store_module
 from replayfmt.capture.options import CaptureMode, RecordOptions
 from replayfmt.capture.parameter_words import not_a_struct_pointer, struct_words
+from replayfmt.capture.repeat_events import RepeatEvents
 from replayfmt.capture.report import KernelStats, Report
 from replayfmt.capture.state_events import StateEvents
 from replayfmt.capture.stored_pointers import FrameWords
 from replayfmt.format import model as m
 from replayfmt.format.names import matches_kernel
-from replayfmt.writer import CaptureWriter
+from replayfmt.writer import CaptureWriter, LaunchTemplate
 
 _DEFAULT_STREAMS = (0, 1, 2)  # 0, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
+_LOADED_BEFORE = (
+    "the module of {} was loaded before recording started; start the recorder first (python -m "
+    "replayfmt.capture, or replayfmt.capture.record(..., start=False) at the top of the program)"
+)
 _COLLECTIVE = re.compile(r"^_?Z?\d*nccl|^ncclKernel|^ncclDevKernel")
 
 
@@ -69,7 +73,7 @@ class _KernelShape:
     last: tuple[bytes, int, tuple[m.Relocation, ...], list[Allocation]] | None = None
 
 
-class Translator(MemoryEvents, GraphEvents, StateEvents):
+class Translator(MemoryEvents, GraphEvents, StateEvents, RepeatEvents):
     """Consumes :mod:`events` in program order and writes them to ``writer``. Thread-safe."""
 
     def __init__(
@@ -81,8 +85,10 @@ class Translator(MemoryEvents, GraphEvents, StateEvents):
         device: m.Device | None = None,
         host_files: HostFiles | None = None,
         live_buffers: LiveBuffers | None = None,
+        ring: LaunchRing | None = None,
     ) -> None:
         self.writer = writer
+        self._ring = ring  # where launches that repeat are armed for the C library (launch_ring)
         self.options = options
         self.memory = memory
         self.report = Report(path=str(writer.path))
@@ -228,7 +234,7 @@ class Translator(MemoryEvents, GraphEvents, StateEvents):
         if function is None:
             return
         last = shape.last
-        if last is not None and last[0] == event.parameters and last[1] == self.allocations.epoch:
+        if repeated := last is not None and last[0] == event.parameters and last[1] == self.allocations.epoch:
             relocations, targets = last[2], last[3]  # a loop launching on the same buffers
         else:
             relocations, targets = self._relocations(event.parameters, shape)
@@ -240,6 +246,8 @@ class Translator(MemoryEvents, GraphEvents, StateEvents):
                     self._touch_for_launch(reached, event.stream, kernel.name)
         self._write_launch(event, function, relocations)
         shape.stats.captured += 1
+        if repeated:  # a loop on the same buffers: its next repeats may go into the C ring
+            self._arm(kernel, LaunchTemplate(*function, event.parameters, relocations), targets, shape.stats)
 
     def _shape(self, kernel: ev.Kernel) -> _KernelShape:
         key = (kernel.handle, kernel.name, kernel.module)
@@ -484,13 +492,7 @@ class Translator(MemoryEvents, GraphEvents, StateEvents):
         sharing the module's payload (replay loads each image once)."""
         module = self._modules.get(kernel.module) if kernel.module is not None else None
         if module is None:
-            self._unsupported(
-                "cuLaunchKernel",
-                f"the module of {kernel.name} was loaded before recording started; start the recorder first "
-                "(python -m replayfmt.capture, or replayfmt.capture.record(..., start=False) at the top of "
-                "the program)",
-                0,
-            )
+            self._unsupported("cuLaunchKernel", _LOADED_BEFORE.format(kernel.name), 0)
             return None
         eid = module.executables.get(kernel.name)
         if eid is None:
@@ -574,6 +576,7 @@ class Translator(MemoryEvents, GraphEvents, StateEvents):
         ev.Mapped: MemoryEvents._on_mapped,
         ev.Unmapped: MemoryEvents._on_unmapped,
         ev.LaunchBegin: _on_launch,
+        ev.RepeatedLaunches: RepeatEvents._on_repeated_launches,
         ev.LaunchEnd: _on_launch_end,
         ev.Copy: _on_copy,
         ev.CopyDone: _on_copy_done,

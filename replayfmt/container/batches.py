@@ -14,7 +14,7 @@ import gc
 import operator
 import struct
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from typing import Any
@@ -94,6 +94,17 @@ def pack_relocations(relocations: Iterable[Any]) -> bytes:
     return b"".join([RELOCATION_STRUCT.pack(*r) for r in relocations])
 
 
+@dataclasses.dataclass(frozen=True)
+class LaunchTemplate:
+    """What a run of launches of ``CaptureWriter.launches`` shares: the function launched (an
+    executable and its function index), its argument bytes and their relocations."""
+
+    executable: int
+    function: int
+    parameters: bytes
+    relocations: tuple[m.Relocation, ...] = ()
+
+
 class OpenBatch:
     """Operations, objects and payload definitions the writer gathered since the last seal."""
 
@@ -118,6 +129,29 @@ class OpenBatch:
 
     def __len__(self) -> int:
         return len(self.kinds)
+
+    def add_launches(
+        self, templates: Sequence[LaunchTemplate], packed: Sequence[bytes], which: np.ndarray, shapes: np.ndarray
+    ) -> int:
+        """Append launch ``i`` as ``templates[which[i]]`` (its relocations packed in ``packed``)
+        in the shape ``shapes[i]``: (stream, flags, grid x, y, z, block x, y, z, cluster x, y, z,
+        shared memory), uint32. Returns how many were appended (all of them)."""
+        n = len(which)
+        sizes = np.array([len(t.parameters) for t in templates], dtype=np.int64)[which]
+        counts = np.array([len(t.relocations) for t in templates], dtype=np.int64)[which]
+        rows = np.empty((n, 18), dtype=np.uint32)  # LaunchRecord, as CaptureWriter.launch packs it
+        rows[:, 0:2] = np.array([(t.executable, t.function) for t in templates], dtype=np.uint32).reshape(-1, 2)[which]
+        rows[:, 2:14] = shapes
+        rows[:, 14] = len(self.parameters) + np.cumsum(sizes) - sizes
+        rows[:, 15] = sizes
+        rows[:, 16] = len(self.relocation_bytes) // RELOCATION_STRUCT.size + np.cumsum(counts) - counts
+        rows[:, 17] = counts
+        listed = which.tolist()
+        self.kinds += bytes([m.OperationKind.LAUNCH]) * n
+        self.launch_bytes += rows.tobytes()
+        self.parameters += b"".join([templates[i].parameters for i in listed])
+        self.relocation_bytes += b"".join([packed[i] for i in listed])
+        return n
 
     def empty(self) -> bool:
         return not self.kinds and not self.payloads

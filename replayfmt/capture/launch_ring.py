@@ -1,0 +1,154 @@
+"""Repeated launches recorded in C, without a call into Python (``launch_ring.c``): the Python half.
+
+The translator *arms* a launch it has just written when its next repeat would need nothing of
+the recorder but the record itself (region mode, every buffer it reaches device memory touched
+already, no stored pointers to follow). The recorder's C callback then answers each launch of
+that function with the same argument bytes by putting its shape, stream, CUPTI correlation ids
+and CUPTI's clock into a ring. :meth:`LaunchRing.take` hands the ring to the CUPTI source, which
+turns it into one :class:`~replayfmt.capture.events.RepeatedLaunches` event in the program's
+order: at the start of its next callback, and with every arming withdrawn in the same step
+before any call that could change what a launch means (an allocation, a copy, a module, a graph,
+a stream capture) and before a region or scope starts or ends.
+
+CUPTI's callback must be the library's (``replayfmt_recorder_callback``, or the injection
+library's trampoline) for the ring to see launches: :func:`recorder_library` finds the library
+pip built; without it, every launch goes through Python as before.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from replayfmt.capture import events as ev
+from replayfmt.capture.report import KernelStats
+from replayfmt.writer import LaunchTemplate
+
+# launch_ring.c's ring_launch, field for field
+RING_DTYPE = np.dtype(
+    [
+        ("function", "<u8"),
+        ("stream", "<u8"),
+        ("timestamp", "<u8"),
+        ("grid", "<u4", 3),
+        ("block", "<u4", 3),
+        ("cluster", "<u4", 3),
+        ("shared_memory", "<u4"),
+        ("flags", "<u4"),
+        ("correlation", "<u4"),
+        ("outer", "<u4"),
+        ("armed", "<u4"),
+    ]
+)
+FLAG_COOPERATIVE = 1
+# launch_ring.c's kinds of launch call, by driver call name (with their _ptsz and _ptds variants)
+_LAUNCH_KINDS = {"cuLaunchKernel": 1, "cuLaunchKernelEx": 2, "cuLaunchCooperativeKernel": 3}
+_RECORDER_ABI = 3  # inject.c's REPLAYFMT_INJECTION_ABI with the ring in it
+
+
+@dataclass(frozen=True, slots=True)
+class ArmedLaunch:
+    """What the translator armed: each repeat of it is written as ``template`` in its own shape."""
+
+    kernel: ev.Kernel
+    template: LaunchTemplate  # executable, function, argument bytes, relocations
+    stats: KernelStats
+
+
+@dataclass(frozen=True)
+class Repeats:
+    """Launches taken from the ring, oldest first, and what each arming (by id) stands for."""
+
+    launches: np.ndarray  # RING_DTYPE
+    armed: dict[int, ArmedLaunch]
+
+
+class LaunchRing:
+    """The library's ring of repeated launches: arming, taking. ``clock``: the address of
+    CUPTI's ``cuptiGetTimestamp`` (each ring launch carries its call's time), or 0."""
+
+    def __init__(self, library: ctypes.CDLL, callback_ids: dict[str, int], clock: int = 0) -> None:
+        library.replayfmt_launches_record_size.restype = ctypes.c_uint32
+        library.replayfmt_launches_capacity.restype = ctypes.c_uint32
+        size = library.replayfmt_launches_record_size()
+        if size != RING_DTYPE.itemsize:
+            raise ValueError(f"the recorder library's ring records are {size} bytes, not {RING_DTYPE.itemsize}")
+        library.replayfmt_launches_call.argtypes = [ctypes.c_uint, ctypes.c_int]
+        library.replayfmt_launches_clock.argtypes = [ctypes.c_void_p]
+        library.replayfmt_launches_arm.argtypes = [
+            ctypes.c_uint64,
+            ctypes.c_void_p,
+            ctypes.c_uint32,
+            ctypes.c_char_p,
+            ctypes.c_uint32,
+        ]
+        library.replayfmt_launches_arm.restype = ctypes.c_uint32
+        library.replayfmt_launches_take.argtypes = [ctypes.c_void_p, ctypes.c_int]
+        library.replayfmt_launches_take.restype = ctypes.c_uint32
+        self._library = library
+        self._pending = ctypes.c_uint32.in_dll(library, "replayfmt_launches_pending")
+        self._buffer = (ctypes.c_char * (library.replayfmt_launches_capacity() * RING_DTYPE.itemsize))()
+        self._address = ctypes.addressof(self._buffer)
+        self._lock = threading.Lock()
+        self._armed: dict[int, ArmedLaunch] = {}
+        self.launch_calls: set[int] = set()
+        for name, cbid in callback_ids.items():
+            kind = _LAUNCH_KINDS.get(name.removesuffix("_ptsz").removesuffix("_ptds"))
+            if kind is not None:
+                library.replayfmt_launches_call(cbid, kind)
+                self.launch_calls.add(cbid)
+        library.replayfmt_launches_clock(clock or None)
+        library.replayfmt_launches_take(self._address, 1)  # nothing left from an earlier recorder
+        self.enabled = True  # False while a stream capture runs: launches then go into graphs
+
+    def pending(self) -> bool:
+        """Whether launches wait in the ring (read without a lock: a hint)."""
+        return bool(self._pending.value)
+
+    def arm(self, launch: ArmedLaunch) -> bool:
+        """Record in C the next launches of ``launch.kernel`` whose arguments equal
+        ``launch.template.parameters``, until the next take with ``disarm``; ``launch`` comes back with
+        them (:class:`Repeats`). False when the library refuses (too many parameters)."""
+        if not self.enabled:
+            return False
+        layout = launch.kernel.layout
+        pairs = (ctypes.c_uint32 * (2 * len(layout)))(*(v for pair in layout for v in pair))
+        parameters = launch.template.parameters
+        with self._lock:
+            armed = self._library.replayfmt_launches_arm(
+                launch.kernel.handle, pairs, len(layout), parameters, len(parameters)
+            )
+            if armed:
+                self._armed[armed] = launch
+        return bool(armed)
+
+    def take(self, *, disarm: bool) -> Repeats | None:
+        """Every launch in the ring (None when there is none); ``disarm``: withdraw every arming
+        in the same step (the next launch of any function goes through Python)."""
+        with self._lock:
+            count = self._library.replayfmt_launches_take(self._address, int(disarm))
+            armed = self._armed
+            if disarm:
+                self._armed = {}
+            if not count:
+                return None
+            launches = np.frombuffer(ctypes.string_at(self._address, count * RING_DTYPE.itemsize), RING_DTYPE)
+            return Repeats(launches, armed if disarm else dict(armed))
+
+
+def recorder_library() -> ctypes.CDLL | None:
+    """The recorder's C library (``_inject*.so``) pip built beside this module, of this
+    interface version; None when there is none (launches then all go through Python)."""
+    for built in sorted(glob.glob(str(Path(__file__).with_name("_inject")) + "*.so")):
+        try:
+            library = ctypes.CDLL(built)
+            if int(library.replayfmt_injection_abi()) == _RECORDER_ABI:
+                return library
+        except (OSError, AttributeError):
+            continue
+    return None

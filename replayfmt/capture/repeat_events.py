@@ -1,0 +1,90 @@
+"""Launches that repeat, in the translator (a mixin of
+:class:`~replayfmt.capture.translate.Translator`): arming a launch for the recorder's C ring,
+and writing the launches the ring recorded (:mod:`replayfmt.capture.launch_ring`).
+
+A launch is armed when it repeated the one before it (same arguments, no allocation changed)
+and its next repeat would need nothing but its record: every allocation it reaches is device
+memory touched in this region, and none holds pointers the kernel may follow. Host-visible
+memory is read again at each launch in case the host wrote it, so a launch that reaches it is
+never armed.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from replayfmt.capture import events as ev
+from replayfmt.capture.allocations import Allocation
+from replayfmt.capture.launch_ring import FLAG_COOPERATIVE, ArmedLaunch, LaunchRing
+from replayfmt.capture.report import KernelStats
+from replayfmt.format import model as m
+from replayfmt.writer import CaptureWriter, LaunchTemplate
+
+_FEW_REPEATS = 16  # ring launches written one by one up to this many, at once above
+
+
+class RepeatEvents:
+    """The translator's half of the launch ring."""
+
+    writer: CaptureWriter
+    _ring: LaunchRing | None
+    _recording: bool
+    _region: int
+
+    if TYPE_CHECKING:  # provided by the translator
+
+        def _stream(self, handle: int) -> int: ...
+
+    def _arm(self, kernel: ev.Kernel, template: LaunchTemplate, targets: list[Allocation], stats: KernelStats) -> None:
+        """Arm a launch just written that repeated the one before it, when its next repeats need
+        nothing but their records."""
+        if self._ring is not None and self._needs_nothing_again(targets):
+            self._ring.arm(ArmedLaunch(kernel, template, stats))
+
+    def _needs_nothing_again(self, targets: list[Allocation]) -> bool:
+        """Whether a launch on these allocations, repeated now, needs no more than its record:
+        every one device memory touched in this region, none holding pointers to follow
+        (host-visible memory is read again at each launch, in case the host wrote it)."""
+        region = self._region
+        return all(a.api == ev.MemoryApi.DEVICE and a.region == region and not a.pointees for a in targets)
+
+    def _on_repeated_launches(self, event: ev.RepeatedLaunches) -> None:
+        """Launches the C library recorded, each a repeat of one armed here, in program order:
+        written at once (CaptureWriter.launches)."""
+        if not self._recording:  # (the recorder takes the ring before a region ends)
+            return
+        ring = event.launches
+        if len(ring) <= _FEW_REPEATS:  # one by one: cheaper than setting up the arrays
+            launch, stream_of = self.writer.launch, self._stream
+            for _, stream, _, grid, block, cluster, shared, flags, _, _, arming in ring.tolist():
+                what = event.armed[arming]
+                template = what.template
+                launch(
+                    executable=template.executable,
+                    function=template.function,
+                    grid=tuple(grid),
+                    block=tuple(block),
+                    cluster=tuple(cluster),
+                    shared_memory=shared,
+                    stream=stream_of(stream),
+                    parameters=template.parameters,
+                    relocations=template.relocations,
+                    flags=m.LAUNCH_FLAG_COOPERATIVE if flags & FLAG_COOPERATIVE else 0,
+                )
+                what.stats.occurrences += 1
+                what.stats.captured += 1
+            return
+        arms, which = np.unique(ring["armed"], return_inverse=True)
+        armed = [event.armed[int(a)] for a in arms.tolist()]
+        handles, stream_of = np.unique(ring["stream"], return_inverse=True)
+        shapes = np.empty((len(ring), 12), dtype=np.uint32)
+        shapes[:, 0] = np.array([self._stream(h) for h in handles.tolist()], dtype=np.uint32)[stream_of]
+        shapes[:, 1] = np.where(ring["flags"] & FLAG_COOPERATIVE, m.LAUNCH_FLAG_COOPERATIVE, 0)
+        shapes[:, 2:5], shapes[:, 5:8], shapes[:, 8:11] = ring["grid"], ring["block"], ring["cluster"]
+        shapes[:, 11] = ring["shared_memory"]
+        self.writer.launches([a.template for a in armed], which, shapes)
+        for launch, count in zip(armed, np.bincount(which, minlength=len(armed)).tolist(), strict=True):
+            launch.stats.occurrences += count
+            launch.stats.captured += count

@@ -1,0 +1,322 @@
+"""Repeated launches recorded in C (launch_ring.c), without CUPTI or a GPU: the recorder's C
+library is loaded here, CUPTI's callback data is built in this process's memory, and the
+library's callback is called the way CUPTI calls it. A capture recorded through the ring must be
+the capture recorded without it, operation for operation."""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+import threading
+
+import numpy as np
+import pytest
+from test_capture_source import SAXPY, SAXPY_ARGS, FakeDriver, Keep, launch_params
+from test_capture_translate import MODULE, FakeMemory
+
+import replayfmt
+from replayfmt import CaptureWriter
+from replayfmt.capture import events as ev
+from replayfmt.capture.cupti_api import DOMAIN_DRIVER_API, CallbackType
+from replayfmt.capture.cupti_source import CuptiSource
+from replayfmt.capture.hostfiles import HostFiles
+from replayfmt.capture.injection import injection_library
+from replayfmt.capture.launch_ring import FLAG_COOPERATIVE, ArmedLaunch, LaunchRing
+from replayfmt.capture.options import RecordOptions
+from replayfmt.capture.report import KernelStats
+from replayfmt.capture.translate import Translator
+from replayfmt.errors import ReplayUsageError
+from replayfmt.format import model as m
+from replayfmt.writer import LaunchTemplate
+
+CALL_IDS = {
+    "cuLaunchKernel": 307,
+    "cuLaunchKernelEx": 652,
+    "cuLaunchCooperativeKernel": 351,
+    "cuMemAlloc_v2": 70,
+    "cuModuleLoadData": 47,
+    "cuEventRecord": 184,
+    "cuStreamSynchronize": 131,
+}
+A, B = 0x7F00_0000_0000, 0x7F00_0010_0000
+ENTER, EXIT = 0, 1
+
+
+@pytest.fixture(scope="module")
+def library(tmp_path_factory) -> ctypes.CDLL:
+    try:
+        path = injection_library(cache=tmp_path_factory.mktemp("lib"))
+    except ReplayUsageError as exc:  # CI builds it with pip; a machine without cc cannot
+        pytest.skip(str(exc))
+    return ctypes.CDLL(str(path))
+
+
+class Forwarded:
+    """The recorder's side of the library: what it forwards, as (cbid, site)."""
+
+    def __init__(self, library: ctypes.CDLL, also=None) -> None:
+        self.calls: list[tuple[int, int]] = []
+        self.also = also
+        self.c_callback = CallbackType(self._callback)
+        library.replayfmt_injection_forward.argtypes = [ctypes.c_int, ctypes.c_void_p]
+        library.replayfmt_injection_forward(0, ctypes.cast(self.c_callback, ctypes.c_void_p))
+        self.deliver = ctypes.cast(library.replayfmt_recorder_callback, CallbackType)
+
+    def _callback(self, userdata, domain, cbid, data) -> None:
+        self.calls.append((cbid, ctypes.c_uint32.from_address(data).value))
+        if self.also is not None:
+            self.also(userdata, domain, cbid, data)
+
+
+SYMBOL = ctypes.create_string_buffer(b"saxpy")  # the driver's name of a function stays where it is
+
+
+def callback_data(keep: Keep, site: int, params: int, correlation: int = 0) -> int:
+    """A CUpti_CallbackData: site, functionName, functionParams, functionReturnValue,
+    symbolName, context, contextUid, correlationData, correlationId (offset 64)."""
+    returned = keep.put(struct.pack("<i", 0))
+    symbol = ctypes.addressof(SYMBOL)
+    return keep.put(
+        struct.pack(
+            "<I4xQQQQQI4xQI4x",
+            site,
+            keep.put(b"call"),
+            params,
+            returned,
+            symbol,
+            0,
+            0,
+            0,
+            correlation,
+        )
+    )
+
+
+def launch_ex_params(keep: Keep, function: int, arguments: list[bytes], attributes: list[tuple[int, bytes]]) -> int:
+    pointers = [keep.put(a) for a in arguments]
+    array = keep.put(struct.pack(f"<{len(pointers)}Q", *pointers))
+    attrs = b"".join(struct.pack("<I4x", kind) + value.ljust(64, b"\0") for kind, value in attributes)
+    config = keep.put(
+        struct.pack("<7I4xQQI4x", 8, 1, 1, 256, 1, 1, 0, 0x6000, keep.put(attrs) if attrs else 0, len(attributes))
+    )
+    return keep.put(struct.pack("<QQQQ", config, function, array, 0))
+
+
+def armed(function: int = 0xF00, parameters: bytes | None = None) -> ArmedLaunch:
+    kernel = ev.Kernel(function, "saxpy", MODULE, tuple(SAXPY))
+    block = parameters if parameters is not None else arguments_block(SAXPY_ARGS)
+    return ArmedLaunch(kernel, LaunchTemplate(1, 0, block), KernelStats())
+
+
+def arguments_block(arguments: list[bytes]) -> bytes:
+    block = bytearray(28)
+    for (offset, size), value in zip(SAXPY, arguments, strict=True):
+        block[offset : offset + size] = value
+    return bytes(block)
+
+
+def test_a_launch_is_recorded_in_c_only_while_armed_with_its_exact_arguments(library):
+    keep = Keep()
+    forwarded = Forwarded(library)
+    ring = LaunchRing(library, CALL_IDS)
+    ring.take(disarm=True)
+    launch = callback_data(keep, ENTER, launch_params(keep, 0xF00, SAXPY_ARGS), correlation=41)
+    forwarded.deliver(None, DOMAIN_DRIVER_API, CALL_IDS["cuLaunchKernel"], launch)
+    assert forwarded.calls == [(CALL_IDS["cuLaunchKernel"], ENTER)] and not ring.pending()  # nothing armed yet
+
+    assert ring.arm(armed())
+    for correlation in (42, 43):
+        data = callback_data(keep, ENTER, launch_params(keep, 0xF00, SAXPY_ARGS), correlation=correlation)
+        forwarded.deliver(None, DOMAIN_DRIVER_API, CALL_IDS["cuLaunchKernel"], data)
+    other = [*SAXPY_ARGS[:3], struct.pack("<i", 1023)]  # one argument changed: the recorder must see it
+    forwarded.deliver(
+        None,
+        DOMAIN_DRIVER_API,
+        CALL_IDS["cuLaunchKernel"],
+        callback_data(keep, ENTER, launch_params(keep, 0xF00, other)),
+    )
+    forwarded.deliver(
+        None,
+        DOMAIN_DRIVER_API,
+        CALL_IDS["cuLaunchKernel"],
+        callback_data(keep, EXIT, launch_params(keep, 0xF00, SAXPY_ARGS)),
+    )
+    assert forwarded.calls[1:] == [(CALL_IDS["cuLaunchKernel"], ENTER), (CALL_IDS["cuLaunchKernel"], EXIT)]
+    assert ring.pending()
+    repeats = ring.take(disarm=False)
+    assert repeats is not None and len(repeats.launches) == 2
+    first = repeats.launches[0]
+    assert (int(first["function"]), int(first["stream"]), int(first["correlation"])) == (0xF00, 0x5000, 42)
+    assert first["grid"].tolist() == [4, 2, 1] and first["block"].tolist() == [128, 1, 1]
+    assert int(first["shared_memory"]) == 96 and repeats.launches["correlation"].tolist() == [42, 43]
+    assert repeats.armed[int(first["armed"])].kernel.handle == 0xF00
+
+    assert ring.take(disarm=True) is None  # withdrawn: the next repeat goes through the recorder
+    forwarded.deliver(None, DOMAIN_DRIVER_API, CALL_IDS["cuLaunchKernel"], launch)
+    assert forwarded.calls[-1] == (CALL_IDS["cuLaunchKernel"], ENTER) and not ring.pending()
+
+
+def test_launches_with_attributes_keep_their_cluster_and_cooperation(library):
+    keep = Keep()
+    forwarded = Forwarded(library)
+    ring = LaunchRing(library, CALL_IDS)
+    ring.take(disarm=True)
+    assert ring.arm(armed(0xE00))
+    cluster = (4, struct.pack("<III", 2, 1, 1))
+    cooperative = (2, struct.pack("<i", 1))
+    params = launch_ex_params(keep, 0xE00, SAXPY_ARGS, [cluster, cooperative])
+    forwarded.deliver(None, DOMAIN_DRIVER_API, CALL_IDS["cuLaunchKernelEx"], callback_data(keep, ENTER, params))
+    repeats = ring.take(disarm=True)
+    assert not forwarded.calls and repeats is not None
+    (launch,) = repeats.launches
+    assert launch["cluster"].tolist() == [2, 1, 1] and int(launch["flags"]) & FLAG_COOPERATIVE
+    assert launch["grid"].tolist() == [8, 1, 1] and int(launch["stream"]) == 0x6000
+
+
+def test_the_ring_never_overflows_and_arguments_in_one_buffer_go_to_the_recorder(library):
+    keep = Keep()
+    forwarded = Forwarded(library)
+    ring = LaunchRing(library, CALL_IDS)
+    ring.take(disarm=True)
+    assert ring.arm(armed())
+    data = callback_data(keep, ENTER, launch_params(keep, 0xF00, SAXPY_ARGS))
+    capacity = library.replayfmt_launches_capacity()
+    for _ in range(capacity + 3):
+        forwarded.deliver(None, DOMAIN_DRIVER_API, CALL_IDS["cuLaunchKernel"], data)
+    assert len(forwarded.calls) == 3  # the ring full: the recorder takes the rest
+    repeats = ring.take(disarm=False)
+    assert repeats is not None and len(repeats.launches) == capacity
+    extra = launch_params(keep, 0xF00, SAXPY_ARGS)
+    ctypes.c_uint64.from_address(extra + 56).value = keep.put(b"\0" * 16)  # a CU_LAUNCH_PARAM list
+    forwarded.deliver(None, DOMAIN_DRIVER_API, CALL_IDS["cuLaunchKernel"], callback_data(keep, ENTER, extra))
+    assert len(forwarded.calls) == 4 and not ring.pending()
+    ring.take(disarm=True)
+
+
+def test_a_stream_capture_arms_nothing(library):
+    ring = LaunchRing(library, CALL_IDS)
+    ring.enabled = False
+    assert not ring.arm(armed())
+
+
+# -- a capture through the ring is the capture without it --------------------------------------
+
+
+def record(tmp_path, name: str, library: ctypes.CDLL | None, steps) -> tuple:
+    """Record ``steps`` (callables given (deliver, keep)) into a capture; with ``library``
+    through its callback and ring, else straight into the source's callback. Returns the
+    operations, the report and how many launch entries reached the source."""
+    entries = [0]
+    memory = FakeMemory()
+    memory.device[A] = bytearray(np.arange(1024, dtype=np.float32).tobytes())
+    memory.device[B] = bytearray(np.ones(1024, dtype=np.float32).tobytes())
+    path = tmp_path / f"{name}.kreplay"
+    keep = Keep()
+    with CaptureWriter(path) as writer:
+        ring = LaunchRing(library, CALL_IDS) if library is not None else None
+        if ring is not None:
+            ring.take(disarm=True)
+        translator = Translator(writer, RecordOptions(), memory, host_files=HostFiles(tmp_path / "maps"), ring=ring)
+        source = CuptiSource(
+            None, translator.handle, threading.local(), launch_results=False, cu=FakeDriver(SAXPY, 0x1234), ring=ring
+        )
+        source.route(CALL_IDS)
+
+        def counted(userdata, domain, cbid, data) -> None:
+            if cbid == CALL_IDS["cuLaunchKernel"] and ctypes.c_uint32.from_address(data).value == ENTER:
+                entries[0] += 1
+            source._callback(userdata, domain, cbid, data)
+
+        deliver = Forwarded(library, counted).deliver if library is not None else counted
+        from samples import compiled_cubin
+
+        load = keep.put(struct.pack("<QQ", keep.put(struct.pack("<Q", 0x1234)), keep.put(compiled_cubin())))
+        deliver(None, DOMAIN_DRIVER_API, CALL_IDS["cuModuleLoadData"], callback_data(keep, EXIT, load))
+        translator.handle(ev.Allocation(A, 4096))
+        translator.handle(ev.Allocation(B, 4096))
+        translator.handle(ev.StreamCreated(0x5000))
+        translator.start("step")
+        for step in steps:
+            step(deliver, keep)
+        source.settle()
+        translator.stop()
+    with replayfmt.open(path) as capture:
+        operations = [
+            (op.kind, getattr(op, "grid", None), getattr(op, "parameters", None), getattr(op, "stream", None))
+            for op in capture.iter_operations()
+        ]
+    return operations, translator.report, entries[0]
+
+
+def launch(arguments: list[bytes], grid=(4, 2, 1)):
+    def step(deliver, keep) -> None:
+        params = launch_params(keep, 0xF00, arguments, grid=grid)
+        deliver(None, DOMAIN_DRIVER_API, CALL_IDS["cuLaunchKernel"], callback_data(keep, ENTER, params))
+        deliver(None, DOMAIN_DRIVER_API, CALL_IDS["cuLaunchKernel"], callback_data(keep, EXIT, params))
+
+    return step
+
+
+def event_record(deliver, keep) -> None:
+    params = keep.put(struct.pack("<QQ", 0xE1, 0x5000))
+    deliver(None, DOMAIN_DRIVER_API, CALL_IDS["cuEventRecord"], callback_data(keep, ENTER, params))
+
+
+def allocation(address: int):
+    def step(deliver, keep) -> None:
+        params = keep.put(struct.pack("<QQ", keep.put(struct.pack("<Q", address)), 4096))
+        deliver(None, DOMAIN_DRIVER_API, CALL_IDS["cuMemAlloc_v2"], callback_data(keep, EXIT, params))
+
+    return step
+
+
+def test_a_capture_through_the_ring_is_the_capture_without_it(tmp_path, library):
+    swapped = [SAXPY_ARGS[0], SAXPY_ARGS[2], SAXPY_ARGS[1], SAXPY_ARGS[3]]
+    steps = (
+        [launch(SAXPY_ARGS)] * 5
+        + [event_record, launch(SAXPY_ARGS, grid=(8, 1, 1)), event_record] * 3  # kept armed around events
+        + [launch(swapped)] * 4
+        + [allocation(0x7F00_0020_0000)]  # withdraws every arming
+        + [launch(SAXPY_ARGS)] * 3
+    )
+    plain, plain_report, plain_entries = record(tmp_path, "plain", None, steps)
+    ringed, ring_report, ring_entries = record(tmp_path, "ringed", library, steps)
+    assert ringed == plain
+    launches = sum(1 for op in plain if op[1] is not None)
+    assert launches == plain_entries == 5 + 3 + 4 + 3
+    # through Python: each first launch of new arguments and the repeat after it, which arms
+    # them (three times: the allocation withdrew every arming); the ring took the other 9
+    assert ring_entries == 6
+    assert ring_report.kernels["saxpy"].captured == plain_report.kernels["saxpy"].captured == launches
+    assert ring_report.kernels["saxpy"].occurrences == plain_report.kernels["saxpy"].occurrences
+
+
+def test_launches_written_at_once_read_back_as_written_one_by_one(tmp_path):
+    rng = np.random.default_rng(7)
+    templates = [
+        LaunchTemplate(1, 0, bytes(range(24)), (m.Relocation(0, 1, 8, 16, 0),)),
+        LaunchTemplate(2, 1, b"\x05" * 40),
+        LaunchTemplate(1, 2, b"", (m.Relocation(0, 2, 0, 0, 0), m.Relocation(0, 1, 8, 4, 0))),
+    ]
+    which = rng.integers(0, len(templates), 50)
+    shapes = rng.integers(0, 1 << 16, (50, 12)).astype(np.uint32)
+    shapes[:, 1] = 0  # flags
+    written = []
+    for name, at_once in (("once", True), ("each", False)):
+        path = tmp_path / f"{name}.kreplay"
+        with CaptureWriter(path, batch_operations=7) as writer:  # launches cross several batches
+            writer.launch(executable=1, function=0, grid=(1, 1, 1), block=(1, 1, 1))
+            if at_once:
+                assert writer.launches(templates, which, shapes) == 1
+            else:
+                for i, row in zip(which.tolist(), shapes.tolist(), strict=True):
+                    t = templates[i]
+                    writer.launch(
+                        executable=t.executable, function=t.function, stream=row[0], flags=row[1],
+                        grid=tuple(row[2:5]), block=tuple(row[5:8]), cluster=tuple(row[8:11]),
+                        shared_memory=row[11], parameters=t.parameters, relocations=t.relocations,
+                    )  # fmt: skip
+            writer.launch(executable=2, function=0, grid=(2, 1, 1), block=(1, 1, 1))
+        with replayfmt.open(path) as capture:
+            written.append([repr(op) for op in capture.iter_operations()])
+    assert written[0] == written[1] and len(written[0]) == 52
