@@ -272,12 +272,16 @@ def test_library_exports_its_entry_points(library):
         "replayfmt_injection_subscriber",
         "replayfmt_injection_runtime_correlation",
         "replayfmt_injection_skip_exit",
+        "replayfmt_recorder_callback",
+        "replayfmt_launches_arm",
+        "replayfmt_launches_take",
     ):
         assert hasattr(lib, name)
     assert library_abi(library) == INJECTION_ABI
     lib.replayfmt_injection_runtime_correlation.restype = ctypes.c_uint32
     assert lib.replayfmt_injection_runtime_correlation() == 0  # outside any runtime call
-    assert lib.replayfmt_injection_skip_exit(5) == 0 and lib.replayfmt_injection_skip_exit(1 << 20) == -1
+    assert lib.replayfmt_injection_skip_exit(5, 1) == 0 and lib.replayfmt_injection_skip_exit(1 << 20, 1) == -1
+    assert lib.replayfmt_injection_skip_exit(5, 0) == 0
     nm = shutil.which("nm")
     if nm:
         exported = subprocess.run([nm, "-D", "--defined-only", str(library)], capture_output=True, text=True).stdout

@@ -137,6 +137,19 @@ def test_a_value_outside_the_spread_by_more_than_it_is_wrong():
     assert j.verdict is Verdict.WRONG and j.wrong == 1 and j.shown[0].wrong and j.shown[0].index == 1
 
 
+def test_a_float_may_lie_a_few_spreads_out_where_the_captured_run_varied_otherwise():
+    # the H100 case: an index_add_ sum captured 0.0047 from 3 replays that spread 0.0006
+    replays = [[476.1393, 100.0], [476.1399, 100.0], [476.1396, 100.0]]
+    assert observe(D.FLOAT32, [476.144, 100.0], replays).judge(nondeterministic=True).verdict is Verdict.VARIES
+    # past 16 spreads it is wrong; so is an integer that far, and a float past 2**16 ulps of itself
+    assert observe(D.FLOAT32, [476.151, 100.0], replays).judge(nondeterministic=True).verdict is Verdict.WRONG
+    ints = [[1000, 7], [1001, 7], [1000, 7]]
+    assert observe(D.INT32, [1003, 7], ints).judge(nondeterministic=True).verdict is Verdict.WRONG
+    wide = [[1000.0, 1.0], [1000.5, 1.0]]  # 16 spreads of 0.5 would forgive 1.0 at 1.0; the cap does not
+    assert observe(D.FLOAT32, [1000.0, 2.0], wide).judge(nondeterministic=True).verdict is Verdict.WRONG
+    assert observe(D.FLOAT32, [1001.5, 1.0], wide).judge(nondeterministic=True).verdict is Verdict.VARIES
+
+
 @pytest.mark.parametrize("dtype", [D.FLOAT16, D.BFLOAT16, D.FLOAT32, D.FLOAT64])
 def test_the_ulp_widening_follows_the_dtype_and_needs_nondeterminism(dtype):
     one = ordered_keys(ENCODE[dtype]([1.0]), dtype)[0][0]

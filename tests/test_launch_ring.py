@@ -193,6 +193,18 @@ def test_the_ring_never_overflows_and_arguments_in_one_buffer_go_to_the_recorder
     ring.take(disarm=True)
 
 
+def test_launch_exits_are_dropped_only_while_a_recorder_says_so(library):
+    keep = Keep()
+    forwarded = Forwarded(library)
+    cbid = CALL_IDS["cuLaunchKernel"]
+    exit_data = callback_data(keep, EXIT, launch_params(keep, 0xF00, SAXPY_ARGS))
+    library.replayfmt_injection_skip_exit(cbid, 1)  # region mode: the recorder ignores exits
+    forwarded.deliver(None, DOMAIN_DRIVER_API, cbid, exit_data)
+    library.replayfmt_injection_skip_exit(cbid, 0)  # a kernel-mode recorder after it needs them
+    forwarded.deliver(None, DOMAIN_DRIVER_API, cbid, exit_data)
+    assert forwarded.calls == [(cbid, EXIT)]
+
+
 def test_a_stream_capture_arms_nothing(library):
     ring = LaunchRing(library, CALL_IDS)
     ring.enabled = False

@@ -141,12 +141,12 @@ class Cupti:
         forward.argtypes = [ctypes.c_int, ctypes.c_void_p]
         forward(0, ctypes.cast(c_callback, ctypes.c_void_p) if c_callback else None)
 
-    def skip_exits(self, callback_ids: list[int]) -> None:
-        """Have the library drop the exit callbacks of these driver calls (no-op without it)."""
+    def skip_exits(self, callback_ids: list[int], skip: bool) -> None:
+        """Whether the library drops the exit callbacks of these driver calls (no-op without it)."""
         if self.library is not None:
-            self.library.replayfmt_injection_skip_exit.argtypes = [ctypes.c_uint]
+            self.library.replayfmt_injection_skip_exit.argtypes = [ctypes.c_uint, ctypes.c_int]
             for cbid in callback_ids:
-                self.library.replayfmt_injection_skip_exit(cbid)
+                self.library.replayfmt_injection_skip_exit(cbid, int(skip))
 
 
 def load_cupti() -> Cupti:

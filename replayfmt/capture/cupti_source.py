@@ -139,8 +139,8 @@ class CuptiSource(GraphCalls):
         self._subscriber, self._c_callback = cupti.subscribe(self._callback, "replayfmt")
         for cbid in self.route(cupti.driver_callback_ids):
             cupti.enable_callback(self._subscriber, DOMAIN_DRIVER_API, cbid)
-        if not self._launch_results:  # only kernel mode needs a launch's exit
-            cupti.skip_exits([cbid for cbid, (decoder, _) in self._by_cbid.items() if decoder in _LAUNCH_DECODERS])
+        launches = [cbid for cbid, (decoder, _) in self._by_cbid.items() if decoder in _LAUNCH_DECODERS]
+        cupti.skip_exits(launches, skip=not self._launch_results)  # only kernel mode needs a launch's exit
         cupti.enable_callback(self._subscriber, DOMAIN_RESOURCE, RESOURCE_MODULE_LOADED)
         cupti.enable_callback(self._subscriber, DOMAIN_RESOURCE, RESOURCE_MODULE_UNLOAD_STARTING)
 

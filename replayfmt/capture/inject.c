@@ -367,11 +367,12 @@ EXPORT int replayfmt_injection_forward(int slot, callback_fn target) {
  * (0: none), which the kernels, copies and memsets that call issues carry in CUPTI's records. */
 EXPORT uint32_t replayfmt_injection_runtime_correlation(void) { return runtime_correlation; }
 
-/* For the hosted recorder (ctypes): stop forwarding the exit of driver call ``cbid`` (the
- * recorder ignores it: launches in region mode), which saves a callback into Python a launch. */
-EXPORT int replayfmt_injection_skip_exit(unsigned cbid) {
+/* For the recorder (ctypes): whether to drop the exit of driver call ``cbid`` (the recorder
+ * ignores it: launches in region mode), which saves a callback into Python a launch. A later
+ * recorder in the same process (kernel mode) says again. */
+EXPORT int replayfmt_injection_skip_exit(unsigned cbid, int skip) {
     if (cbid >= MAX_CBID) return -1;
-    skip_exit[cbid] = 1;
+    skip_exit[cbid] = skip != 0;
     return 0;
 }
 
