@@ -298,8 +298,7 @@ class CaptureWriter:
         count = len(which)
         if shapes.shape != (count, 12):
             raise ReplayUsageError(f"launches: {shapes.shape} shapes for {count} launches, not ({count}, 12)")
-        packed = [self._relocation_cache.pack(t.relocations) if t.relocations else b"" for t in templates]
-        which = np.asarray(which, dtype=np.int64)
+        packed, which = [self._relocation_cache.pack(t.relocations) for t in templates], np.asarray(which, np.int64)
         with self._lock:
             self._check_open()
             first = done = self._next_operation
@@ -563,8 +562,9 @@ class CaptureWriter:
         finally:
             self._closed = True
             self._stopping.set()
-            self._frame_pool.shutdown(wait=True)
-            self._record_pool.shutdown(wait=True)
+            self._frame_store.close()  # detached snapshot frames first: they go through the frame pool
+            for pool in (self._frame_pool, self._record_pool):
+                pool.shutdown(wait=True)
             os.close(self._fd)
 
     def _write_index(self, partial: str) -> None:

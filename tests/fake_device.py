@@ -14,9 +14,13 @@ from replayfmt.format.payloads import frame_hash
 
 
 class FakeDevice:
-    def __init__(self, *, can_hash: bool = True) -> None:
+    def __init__(self, *, can_hash: bool = True, can_scan: bool = False, can_stage: bool = False) -> None:
         self.memory: dict[int, bytearray] = {}
         self.can_hash = can_hash
+        self.can_scan = can_scan  # finds stored-pointer candidates "on the device"
+        self.can_stage = can_stage  # has device memory to copy snapshots aside into
+        self.staged: list[tuple[int, int]] = []  # (address, size) of every stage handed out
+        self.stages_freed: list[int] = []
         self.synchronized: list[int | None] = []
         self.hashed: list[tuple[int, int]] = []
         self.copies: list[tuple[int, int]] = []  # (device address, size) of every copy
@@ -48,9 +52,53 @@ class FakeDevice:
         return len(self.queued)
 
     def wait(self, marker: int) -> None:
-        for host, address, size in self.queued[:marker]:
-            ctypes.memmove(host, self.read(address, size), size)
+        for destination, source, size in self.queued[:marker]:
+            if destination in self.memory or any(b <= destination < b + len(m) for b, m in self.memory.items()):
+                self._write(destination, self.read(source, size))  # device to device
+            else:
+                ctypes.memmove(destination, self.read(source, size), size)
         self.queued = self.queued[marker:]
+
+    def _write(self, address: int, data: bytes) -> None:
+        for base, buffer in self.memory.items():
+            if base <= address and address + len(data) <= base + len(buffer):
+                buffer[address - base : address - base + len(data)] = data
+                return
+        raise AssertionError(f"write to unknown device memory {address:#x}")
+
+    def candidates(self, frames: list[tuple[int, int]], low: int, high: int) -> list[Any] | None:
+        if not self.can_scan:
+            return None
+        from replayfmt.capture.stored_pointers import candidate_words
+
+        found = [candidate_words(self.read(a, n), 0, low, high) for a, n in frames]
+        return [None if len(w) > 1024 else (w.sites, w.values) for w in found]
+
+    def stage(self, size: int) -> int | None:
+        if not self.can_stage:
+            return None
+        address = 0x7E00_0000_0000 + sum(n for _, n in self.staged) + (len(self.staged) << 20)
+        self.memory[address] = bytearray(size)
+        self.staged.append((address, size))
+        return address
+
+    def copy_device(self, destination: int, source: int, size: int) -> None:
+        self.queued.append((destination, source, size))
+
+    def free_stage(self, address: int) -> None:
+        del self.memory[address]
+        self.stages_freed.append(address)
+
+    def sibling(self) -> FakeDevice:
+        """The same device as another stream reaches it (the writer's thread)."""
+        other = FakeDevice(can_hash=self.can_hash, can_scan=self.can_scan, can_stage=self.can_stage)
+        other.memory, other.pinned_buffers, other.staged, other.stages_freed = (
+            self.memory,
+            self.pinned_buffers,
+            self.staged,
+            self.stages_freed,
+        )
+        return other
 
     def pinned(self, size: int) -> tuple[int, memoryview]:
         buffer = (ctypes.c_char * size)()

@@ -13,6 +13,7 @@ import pytest
 import replayfmt
 from replayfmt.capture.snapshots import CudaSnapshotDevice, Snapshotter
 from replayfmt.cuda import driver as driver_module
+from replayfmt.cuda.digest import DeviceDigester
 from replayfmt.format.payloads import MIN_FRAME_SIZE, frame_hash
 
 FRAME = MIN_FRAME_SIZE
@@ -51,8 +52,8 @@ class FakeCu:
         return CUresult.CUDA_SUCCESS, "module"
 
     def cuModuleGetFunction(self, module, name):
-        assert name == b"replayfmt_frame_digest"
-        return CUresult.CUDA_SUCCESS, "function"
+        assert name in (b"replayfmt_frame_digest", b"replayfmt_frame_candidates")
+        return CUresult.CUDA_SUCCESS, name.decode()
 
     def cuModuleUnload(self, module):
         return (CUresult.CUDA_SUCCESS,)
@@ -88,6 +89,8 @@ class FakeCu:
     def cuLaunchKernel(self, function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
         """The digest kernel's contract, computed on the host from the uploaded table."""
         self.launches += 1
+        if function == "replayfmt_frame_candidates":
+            return self._candidates(gy, params)
         pointers = (ctypes.c_void_p * 4).from_address(params)
         addresses = ctypes.c_uint64.from_address(pointers[0]).value
         lengths = ctypes.c_uint64.from_address(pointers[1]).value
@@ -100,6 +103,26 @@ class FakeCu:
         for k in range(count):
             digest = frame_hash(ctypes.string_at(int(table[k]), int(table[count + k])))
             out[2 * k], out[2 * k + 1] = int.from_bytes(digest[:8], "little"), int.from_bytes(digest[8:], "little")
+        return (CUresult.CUDA_SUCCESS,)
+
+    def _candidates(self, frames_in_grid: int, params: int):
+        """frame_candidates' contract: hits in no particular order (reversed here), counts past cap."""
+        p = (ctypes.c_void_p * 8).from_address(params)
+        value = lambda i, t: t.from_address(p[i]).value  # noqa: E731
+        addresses, lengths = value(0, ctypes.c_uint64), value(1, ctypes.c_uint64)
+        n, low, high = value(2, ctypes.c_uint32), value(3, ctypes.c_uint64), value(4, ctypes.c_uint64)
+        cap, counts, hits = value(5, ctypes.c_uint32), value(6, ctypes.c_uint64), value(7, ctypes.c_uint64)
+        assert frames_in_grid == n and lengths == addresses + 8 * n
+        table = np.ctypeslib.as_array((ctypes.c_uint64 * (2 * n)).from_address(addresses))
+        out_counts = np.ctypeslib.as_array((ctypes.c_uint32 * n).from_address(counts))
+        assert not out_counts.any()  # zeroed by the caller
+        out_hits = np.ctypeslib.as_array((ctypes.c_uint64 * (2 * n * cap)).from_address(hits)).reshape(n, cap, 2)
+        for f in range(n):
+            words = np.frombuffer(ctypes.string_at(int(table[f]), int(table[n + f])), "<u8")
+            found = np.flatnonzero((words >= low) & (words < high))[::-1]
+            out_counts[f] = len(found)
+            kept = found[:cap]
+            out_hits[f, : len(kept), 0], out_hits[f, : len(kept), 1] = 8 * kept, words[kept]
         return (CUresult.CUDA_SUCCESS,)
 
     def cuStreamSynchronize(self, stream):
@@ -153,3 +176,29 @@ def test_snapshots_through_the_cuda_adapter(tmp_path, cu):
     assert len(cu.buffers) == 1  # pinned slots and scratch freed; only the "device" buffer is left
     with replayfmt.open(tmp_path / "c.kreplay") as cap:
         assert cap.read_payload(first) == data
+
+
+def test_candidates_come_back_per_frame_in_order_and_too_many_say_so(cu):
+    rng = np.random.default_rng(2)
+    low, high = 0x7F00_0000_0000, 0x7F10_0000_0000
+    frames = []
+    for hits in (0, 3, 40):
+        words = rng.integers(0, 1 << 40, FRAME // 8, dtype=np.uint64)
+        words[rng.choice(len(words), hits, replace=False)] = low + 8 * rng.integers(0, 1000, hits, dtype=np.uint64)
+        frames.append(words)
+    placed = []
+    for words in frames:
+        address = cu._alloc(words.nbytes)
+        ctypes.memmove(address, words.ctypes.data, words.nbytes)
+        placed.append((address, words.nbytes))
+    digester = DeviceDigester(cu)
+    found = digester.candidates(placed, low, high, cap=16)
+    assert found[2] is None  # 40 hits, past the cap: scanned on the host
+    for words, result in zip(frames[:2], found[:2], strict=True):
+        expected = np.flatnonzero((words >= low) & (words < high))
+        assert (
+            result is not None
+            and np.array_equal(result[0], 8 * expected)
+            and np.array_equal(result[1], words[expected])
+        )
+    digester.close()

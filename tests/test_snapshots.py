@@ -6,8 +6,10 @@ import pytest
 from fake_device import FakeDevice
 
 import replayfmt
+import replayfmt.capture.snapshots as snapshots_module
 from replayfmt.capture.snapshots import Snapshotter
-from replayfmt.format.payloads import MIN_FRAME_SIZE
+from replayfmt.capture.stored_pointers import FrameWords
+from replayfmt.format.payloads import MIN_FRAME_SIZE, frame_hash
 
 FRAME = MIN_FRAME_SIZE
 BASE = 0x7F00_0000_0000
@@ -133,3 +135,105 @@ def test_a_failing_inspection_fails_the_snapshot_and_returns_every_slot(tmp_path
 def test_a_slot_pool_of_one_is_refused():
     with pytest.raises(ValueError, match="at least 2 pinned slots"):
         Snapshotter(FakeDevice(), slots=1)
+
+
+# -- large snapshots copied aside on the device, written behind the program --------------------
+
+
+def staging_device(data: bytes, *, can_stage: bool = True) -> FakeDevice:
+    device = FakeDevice(can_scan=True, can_stage=can_stage)
+    device.memory[BASE] = bytearray(data)
+    return device
+
+
+def scanned(data: bytes) -> FrameWords:
+    """What a host scan of every frame finds (the reference for the device's scan)."""
+    words = FrameWords()
+    words.begin(BASE, BASE + (1 << 30))
+    for start in range(0, len(data), FRAME):
+        frame = data[start : start + FRAME]
+        words.learn(start, frame_hash(frame), frame)
+    return words
+
+
+def with_pointers(size: int, seed: int) -> bytes:
+    array = np.frombuffer(bytearray(noise(size, seed)), dtype=np.uint64)
+    array[:: FRAME // 8 + 3] = BASE + 64  # a stored pointer in every frame
+    return array.tobytes()
+
+
+@pytest.mark.parametrize("threads", [0, 3])
+def test_a_large_snapshot_is_copied_aside_and_the_program_may_write_at_once(tmp_path, monkeypatch, threads):
+    monkeypatch.setattr(snapshots_module, "STAGE_AT_LEAST", 2 * FRAME)
+    data = with_pointers(6 * FRAME, 3)
+    device = staging_device(data)
+    snapshots = Snapshotter(device, slot_size=2 * FRAME, slots=2, background=device.sibling())
+    words = FrameWords()
+    words.begin(BASE, BASE + (1 << 30))
+    path = tmp_path / "s.kreplay"
+    with replayfmt.CaptureWriter(path, frame_size=FRAME, threads=threads) as w:
+        pid = snapshots.snapshot(BASE, len(data), 0x5, w, frames=words)
+        device.memory[BASE][:] = bytes(len(data))  # the program's next kernel overwrites it at once
+    snapshots.close()
+    assert device.copies == []  # nothing crossed from the program's memory: it was copied aside
+    assert [n for _, n in device.staged] == [len(data)] and device.stages_freed == [device.staged[0][0]]
+    assert snapshots.stats.copied_bytes == len(data)
+    reference = scanned(data).words()
+    assert np.array_equal(words.words().sites, reference.sites) and len(reference) == 6
+    assert np.array_equal(words.words().values, reference.values)
+    with replayfmt.open(path) as cap:
+        assert cap.read_payload(pid) == data
+
+
+def test_without_room_on_the_device_a_snapshot_is_written_through_the_slots(tmp_path, monkeypatch):
+    monkeypatch.setattr(snapshots_module, "STAGE_AT_LEAST", 2 * FRAME)
+    data = with_pointers(5 * FRAME, 4)
+    device = staging_device(data, can_stage=False)
+    snapshots = Snapshotter(device, slot_size=2 * FRAME, slots=2, background=device.sibling())
+    words = FrameWords()
+    words.begin(BASE, BASE + (1 << 30))
+    with replayfmt.CaptureWriter(tmp_path / "s.kreplay", frame_size=FRAME, threads=2) as w:
+        pid = snapshots.snapshot(BASE, len(data), None, w, frames=words)
+    snapshots.close()
+    assert sum(n for _, n in device.copies) == len(data) and not device.staged
+    assert np.array_equal(words.words().sites, scanned(data).words().sites)  # each frame scanned once
+    with replayfmt.open(tmp_path / "s.kreplay") as cap:
+        assert cap.read_payload(pid) == data
+
+
+def test_frames_with_too_many_candidates_for_the_device_are_scanned_as_they_cross(tmp_path, monkeypatch):
+    monkeypatch.setattr(snapshots_module, "STAGE_AT_LEAST", 2 * FRAME)
+    array = np.full(4 * FRAME // 8, BASE + 8, dtype=np.uint64)  # a pointer table: every word a candidate
+    data = array.tobytes()
+    device = staging_device(data)
+    snapshots = Snapshotter(device, slot_size=2 * FRAME, slots=2, background=device.sibling())
+    words = FrameWords()
+    words.begin(BASE, BASE + (1 << 30))
+    with replayfmt.CaptureWriter(tmp_path / "s.kreplay", frame_size=FRAME, threads=2) as w:
+        snapshots.snapshot(BASE, len(data), None, w, frames=words)
+    snapshots.close()
+    assert not device.staged and sum(n for _, n in device.copies) == FRAME  # equal frames: one crossed
+    # the crossed frame scanned on the host; its equal ones (held by the file, too dense to remember)
+    # are left for the caller to read
+    assert len(words.words()) == FRAME // 8 and [at for at, _ in words.unseen] == [FRAME, 2 * FRAME, 3 * FRAME]
+
+
+def test_a_failure_writing_a_snapshot_set_aside_fails_the_writer_not_the_program(tmp_path, monkeypatch):
+    monkeypatch.setattr(snapshots_module, "STAGE_AT_LEAST", 2 * FRAME)
+    data = noise(4 * FRAME, 5)
+    device = staging_device(data)
+    background = device.sibling()
+
+    def broken(host: int, address: int, size: int) -> None:
+        raise RuntimeError("the copy to the host failed")
+
+    background.copy = broken
+    snapshots = Snapshotter(device, slot_size=2 * FRAME, slots=2, background=background)
+    words = FrameWords()
+    words.begin(BASE, BASE + (1 << 30))
+    writer = replayfmt.CaptureWriter(tmp_path / "s.kreplay", frame_size=FRAME, threads=2)
+    snapshots.snapshot(BASE, len(data), None, writer, frames=words)  # returns: the program goes on
+    with pytest.raises(replayfmt.ReplayError, match="could not be delivered"):
+        writer.close()
+    snapshots.close()
+    assert device.stages_freed == [device.staged[0][0]]

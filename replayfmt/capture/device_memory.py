@@ -11,7 +11,8 @@ import time
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-from replayfmt.capture.snapshots import CudaSnapshotDevice, FrameVisitor, Snapshotter
+from replayfmt.capture.snapshots import CudaSnapshotDevice, Snapshotter
+from replayfmt.capture.stored_pointers import FrameWords
 from replayfmt.cuda.driver import check, driver
 
 
@@ -20,6 +21,12 @@ class DeviceMemory(Protocol):
 
     def read(self, address: int, size: int, stream: int | None) -> bytes | memoryview:
         """``size`` bytes at ``address`` once ``stream`` (a raw handle; None: the whole device) is idle."""
+
+    def _enter_writer_thread(self, context: Any) -> None:
+        """On the writer's thread, before it copies a snapshot set aside: the program's context,
+        and the recorder's guard (its driver calls are the recorder's own, never recorded)."""
+        self._guard.busy = True
+        check(self.cu.cuCtxSetCurrent(context), "cuCtxSetCurrent (snapshot writer)")
 
     def host_bytes(self, address: int, size: int) -> bytes:
         """A copy of host memory the program handed to a copy."""
@@ -41,6 +48,7 @@ class DriverMemory:
         self.copy_seconds = 0.0
         self.copied = 0
         self._snapshots: Snapshotter | None = None
+        self._background_stream: Any = None  # the writer's thread copies snapshots set aside on it
 
     @contextlib.contextmanager
     def _unrecorded(self) -> Iterator[None]:
@@ -103,15 +111,24 @@ class DriverMemory:
         stream: int | None,
         writer: Any,
         *,
-        frames: FrameVisitor | None = None,
+        frames: FrameWords | None = None,
     ) -> int:
         """The payload id of ``size`` bytes of device memory at ``address`` once ``stream`` (None:
         every stream) is done: hashed on the device, only the frames the file lacks copied, and
-        compressed and written from pinned memory by the writer's threads (replayfmt.capture.snapshots).
-        ``frames`` sees every frame (see :meth:`Snapshotter.snapshot`)."""
+        compressed and written from pinned memory by the writer's threads (replayfmt.capture.snapshots);
+        large ones copied aside on the device first and written behind the program. ``frames``
+        learns every frame's stored-pointer candidates (see :meth:`Snapshotter.snapshot`)."""
         with self._unrecorded():
             if self._snapshots is None:
-                self._snapshots = Snapshotter(CudaSnapshotDevice(self.cu, self._own_stream()))
+                cu = self.cu
+                background = check(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
+                self._background_stream = background
+                context = check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")
+                self._snapshots = Snapshotter(
+                    CudaSnapshotDevice(cu, self._own_stream()),
+                    background=CudaSnapshotDevice(cu, background),
+                    begin=lambda: self._enter_writer_thread(context),
+                )
             stats = self._snapshots.stats
             copied, began = stats.copied_bytes, time.perf_counter()
             try:
@@ -119,6 +136,12 @@ class DriverMemory:
             finally:
                 self.copy_seconds += time.perf_counter() - began
                 self.copied += stats.copied_bytes - copied
+
+    def _enter_writer_thread(self, context: Any) -> None:
+        """On the writer's thread, before it copies a snapshot set aside: the program's context,
+        and the recorder's guard (its driver calls are the recorder's own, never recorded)."""
+        self._guard.busy = True
+        check(self.cu.cuCtxSetCurrent(context), "cuCtxSetCurrent (snapshot writer)")
 
     def host_bytes(self, address: int, size: int) -> bytes:
         return ctypes.string_at(address, size)
@@ -139,9 +162,10 @@ class DriverMemory:
         writer's threads read snapshot frames from the pinned slots until then)."""
         cu = self.cu
         if self._snapshots is not None:
-            self._snapshots.close()
+            self._snapshots.close()  # waits for the snapshots set aside to be handed over
             self._snapshots.device.close()
             self._snapshots = None
+            cu.cuStreamDestroy(self._background_stream)
         if self._pinned:
             cu.cuMemFreeHost(self._pinned)
             self._pinned = 0

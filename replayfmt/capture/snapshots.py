@@ -32,13 +32,18 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
+
+from replayfmt.capture.stored_pointers import FrameWords, Words
+from replayfmt.container.payload_store import Detached
 from replayfmt.cuda.digest import SHORTEST, DeviceDigester
 from replayfmt.cuda.driver import CudaCallError, check
 from replayfmt.format.payloads import frame_hash
 
 Inspect = Callable[[int, memoryview], None]  # (offset in the snapshot, the frame's bytes)
-# (offset in the snapshot, the frame's digest, its bytes when they crossed the bus, else None)
-FrameVisitor = Callable[[int, bytes, memoryview | None], None]
+Found = tuple[np.ndarray, np.ndarray] | None  # a frame's candidate words found on the device, or too many
+# Snapshots this large or larger are copied aside on the device and written behind the program
+STAGE_AT_LEAST = 32 << 20
 
 
 class SnapshotDevice(Protocol):
@@ -62,6 +67,19 @@ class SnapshotDevice(Protocol):
 
     def pinned(self, size: int) -> tuple[int, memoryview]:
         """``size`` bytes of pinned host memory: its address and a writable view of it."""
+
+    def candidates(self, frames: list[tuple[int, int]], low: int, high: int) -> list[Found] | None:
+        """Per (address, length) frame, its 8-byte words in [low, high) found on the device
+        (offsets, values), or None for a frame with too many; None when the device cannot."""
+
+    def stage(self, size: int) -> int | None:
+        """``size`` bytes of the recorder's own device memory to copy frames aside into, or None
+        when the device has no room to spare (the program's memory comes first)."""
+
+    def copy_device(self, destination: int, source: int, size: int) -> None:
+        """Queue a device-to-device copy on the recorder's own stream."""
+
+    def free_stage(self, address: int) -> None: ...
 
     def free_pinned(self, address: int) -> None: ...
 
@@ -102,14 +120,30 @@ class Snapshotter:
     the file lacks. ``slot_size`` bytes per pinned slot (a multiple of the writer's frame size),
     ``slots`` slots (at least 2: one copying while the last is handed over)."""
 
-    def __init__(self, device: SnapshotDevice, *, slot_size: int = 64 << 20, slots: int = 4) -> None:
+    def __init__(
+        self,
+        device: SnapshotDevice,
+        *,
+        slot_size: int = 64 << 20,
+        slots: int = 4,
+        background: SnapshotDevice | None = None,
+        begin: Callable[[], None] | None = None,
+    ) -> None:
+        """``background``: the device as the writer's thread reaches it (its own stream); with it,
+        a snapshot of :data:`STAGE_AT_LEAST` bytes or more whose frames were scanned on the device
+        is copied aside on the device and handed to the writer behind the program, which then
+        waits for a device-to-device copy, not for the disk. ``begin`` runs first on that thread."""
         if slots < 2:
             raise ValueError("the snapshot pipeline needs at least 2 pinned slots")
         self.device = device
+        self.background = background
+        self._begin = begin
         self.slot_size = slot_size
         self.slot_count = slots
         self._pool: queue.SimpleQueue[_Slot] = queue.SimpleQueue()
         self._slots: list[_Slot] = []
+        self._staged = threading.Semaphore(0)  # released by each staged snapshot once its frames are handed over
+        self._staged_count = 0
         self.stats = SnapshotStats()
 
     def _slot(self) -> _Slot:
@@ -128,13 +162,13 @@ class Snapshotter:
         writer: Any,
         inspect: Inspect | None = None,
         *,
-        frames: FrameVisitor | None = None,
+        frames: FrameWords | None = None,
     ) -> int:
         """The payload id of the ``size`` bytes at device ``address``, once ``stream`` is done.
         ``inspect(offset, frame)`` sees each frame that crosses the bus (the file lacked it), on
-        this thread, before the writer does. ``frames(offset, digest, frame)`` (instead of
-        ``inspect``) sees every frame with its digest: with its bytes when they crossed the bus,
-        with None when the file held them already (the caller knows them by their digest)."""
+        this thread, before the writer does. ``frames`` (instead of ``inspect``) learns every
+        frame's stored-pointer candidates: found on the device where it can, else from the
+        frame's bytes when they cross the bus, else by digest (the file held the frame)."""
         self.device.synchronize(stream)
         frame_size = writer.frame_size
         if size and self.slot_size % frame_size:
@@ -142,27 +176,85 @@ class Snapshotter:
         pieces = [(address + start, min(frame_size, size - start)) for start in range(0, size, frame_size)]
         started = time.perf_counter()
         digests = self._digests(pieces)
+        # candidates found on the device only where the snapshot may be set aside (a kernel launch
+        # and two waits: more than a small snapshot's host scan costs)
+        large = self.background is not None and size >= STAGE_AT_LEAST
+        found = self._found(pieces, frames) if frames is not None and large else None
         self.stats.hash_seconds += time.perf_counter() - started
         self.stats.snapshots += 1
         self.stats.logical_bytes += size
         started = time.perf_counter()
-        crossed: set[int] = set()
+        learned: set[int] = set()
         if frames is not None:
-            visit = frames
+            scan = frames
 
             def inspect(offset: int, view: memoryview) -> None:
-                crossed.add(offset)
-                visit(offset, digests[offset // frame_size], view)
+                if offset not in learned:  # (a frame the device scanned is not scanned again)
+                    learned.add(offset)
+                    scan.visit(offset, digests[offset // frame_size], view)
+
+            for index, words in enumerate(found or ()):
+                if words is not None:  # found on the device: the frame's bytes need not cross the bus
+                    scan.learn_words(index * frame_size, digests[index], Words(*words), pieces[index][1])
+                    learned.add(index * frame_size)
+
+        def fetch(missing: list[int]) -> Any:
+            # frames whose bytes must be looked at as they cross the bus are fetched now; the others
+            # may be copied aside on the device and written behind the program
+            looked_at = inspect is not None and (frames is None or any(i * frame_size not in learned for i in missing))
+            return (None if looked_at else self._staged_fetch(pieces, missing)) or self._fetch(pieces, missing, inspect)
 
         try:
-            payload = writer.add_payload_frames(size, digests, lambda missing: self._fetch(pieces, missing, inspect))
+            payload = writer.add_payload_frames(size, digests, fetch)
         finally:
             self.stats.copy_seconds += time.perf_counter() - started
         if frames is not None:
             for index, digest in enumerate(digests):
-                if index * frame_size not in crossed:
-                    frames(index * frame_size, digest, None)
+                if index * frame_size not in learned:
+                    frames.visit(index * frame_size, digest, None)
         return payload
+
+    def _found(self, pieces: list[tuple[int, int]], frames: FrameWords) -> list[Found] | None:
+        """The frames' candidate words, found on the device (None: it cannot here)."""
+        if not pieces or any(address % 8 for address, _ in pieces):
+            return None
+        return self.device.candidates(pieces, frames.low, frames.high)
+
+    def _staged_fetch(self, pieces: list[tuple[int, int]], missing: list[int]) -> Detached | None:
+        """The missing frames copied aside into the recorder's own device memory, to be copied to
+        the host and written behind the program (None: too small, or no room on the device)."""
+        total = sum(pieces[i][1] for i in missing)
+        if self.background is None or total < STAGE_AT_LEAST:
+            return None
+        stage = self.device.stage(total)
+        if stage is None:
+            return None
+        aside: dict[int, tuple[int, int]] = {}
+        at = 0
+        for i in missing:
+            aside[i] = (stage + at, pieces[i][1])
+            self.device.copy_device(stage + at, *pieces[i])
+            at += pieces[i][1]
+        try:
+            self.device.wait(self.device.mark())
+        except BaseException:
+            self.device.free_stage(stage)
+            raise
+        self.stats.copied_bytes += total
+        self._staged_count += 1
+        staged = [aside.get(i, piece) for i, piece in enumerate(pieces)]
+        return Detached(self._drain(stage, staged, missing), begin=self._begin)
+
+    def _drain(
+        self, stage: int, staged: list[tuple[int, int]], missing: list[int]
+    ) -> Iterator[tuple[int, memoryview, Any]]:
+        """On the writer's thread: the staged frames through the pinned slots to the writer."""
+        try:
+            yield from self._fetch(staged, missing, None, device=self.background, count=False)
+        finally:
+            assert self.background is not None
+            self.background.free_stage(stage)
+            self._staged.release()
 
     def _digests(self, frames: list[tuple[int, int]]) -> list[bytes]:
         on_device = [f for f in frames if f[1] >= SHORTEST and f[0] % 8 == 0]
@@ -197,10 +289,19 @@ class Snapshotter:
             self._pool.put(slot)
 
     def _fetch(
-        self, frames: list[tuple[int, int]], missing: list[int], inspect: Inspect | None
+        self,
+        frames: list[tuple[int, int]],
+        missing: list[int],
+        inspect: Inspect | None,
+        *,
+        device: SnapshotDevice | None = None,
+        count: bool = True,
     ) -> Iterator[tuple[int, memoryview, Any]]:
         """Copy the missing frames into pinned slots, one slot copying while the frames of the
-        previous one are handed to the writer; each frame's release() returns its share."""
+        previous one are handed to the writer; each frame's release() returns its share.
+        ``device``: whose stream copies (default the recorder's); ``count``: add to the bytes
+        that crossed the bus (a staged snapshot counted them when it was copied aside)."""
+        device = device or self.device
         in_flight: collections.deque[tuple[_Slot, Any]] = collections.deque()
         pending = collections.deque(missing)
         current: _Slot | None = None
@@ -214,16 +315,25 @@ class Snapshotter:
                         index = pending.popleft()
                         slot.frames.append((index, used, frames[index][1]))
                         used += frames[index][1]
-                    self._queue_copies(slot, frames)
-                    in_flight.append((slot, self.device.mark()))
+                    try:
+                        self._queue_copies(slot, frames, device)
+                        in_flight.append((slot, device.mark()))
+                    except BaseException:  # copies queued on it land before it is reused
+                        try:
+                            device.wait(device.mark())
+                        finally:
+                            slot.frames = []
+                            self._pool.put(slot)
+                        raise
                     if len(in_flight) < 2 and pending:
                         continue  # keep one slot copying while the last one is handed over
                 current, marker = in_flight.popleft()
-                self.device.wait(marker)
+                device.wait(marker)
                 current.refs = unhanded = len(current.frames)  # before any frame can come back
                 frame_size = frames[0][1]
                 for index, offset, length in list(current.frames):
-                    self.stats.copied_bytes += length
+                    if count:
+                        self.stats.copied_bytes += length
                     view = current.view[offset : offset + length]
                     if inspect is not None:
                         inspect(index * frame_size, view)
@@ -234,14 +344,14 @@ class Snapshotter:
             # an error (or the writer stopping early): copies still queued must land before
             # their slots are reused; frames never handed over give their shares back now
             for slot, marker in in_flight:
-                self.device.wait(marker)
+                device.wait(marker)
                 slot.frames = []
                 self._pool.put(slot)
             if current is not None:
                 for _ in range(unhanded):
                     current.release()
 
-    def _queue_copies(self, slot: _Slot, frames: list[tuple[int, int]]) -> None:
+    def _queue_copies(self, slot: _Slot, frames: list[tuple[int, int]], device: SnapshotDevice) -> None:
         """One copy per run of consecutive frames."""
         run_start = run_host = run_length = None
         for index, offset, length in slot.frames:
@@ -250,14 +360,17 @@ class Snapshotter:
                 run_length += length
                 continue
             if run_start is not None:
-                self.device.copy(slot.address + run_host, run_start, run_length)
+                device.copy(slot.address + run_host, run_start, run_length)
             run_start, run_host, run_length = address, offset, length
         if run_start is not None:
-            self.device.copy(slot.address + run_host, run_start, run_length)
+            device.copy(slot.address + run_host, run_start, run_length)
 
     def close(self) -> None:
         """Free the pinned slots, once the writer has written every frame handed out from them
         (it releases each one, whatever happens to the write)."""
+        for _ in range(self._staged_count):  # every staged snapshot handed over (its stage freed)
+            self._staged.acquire()
+        self._staged_count = 0
         for _ in self._slots:
             self._pool.get()  # every slot back: no writer thread still reads from one
         for slot in self._slots:
@@ -281,15 +394,35 @@ class CudaSnapshotDevice:
         else:
             check(cu.cuStreamSynchronize(cu.CUstream(stream)), "cuStreamSynchronize (launching stream)")
 
-    def digests(self, frames: list[tuple[int, int]]) -> list[bytes] | None:
+    def _kernels(self) -> DeviceDigester | None:
         if self._digester is False:
             try:
                 self._digester = DeviceDigester(self.cu)
             except CudaCallError:
                 self._digester = None  # a driver older than the kernel's PTX: hash on the host
-        if self._digester is None:
-            return None
-        return self._digester.digests(frames, stream=self.stream)
+        return self._digester if isinstance(self._digester, DeviceDigester) else None
+
+    def digests(self, frames: list[tuple[int, int]]) -> list[bytes] | None:
+        kernels = self._kernels()
+        return None if kernels is None else kernels.digests(frames, stream=self.stream)
+
+    def candidates(self, frames: list[tuple[int, int]], low: int, high: int) -> list[Found] | None:
+        kernels = self._kernels()
+        return None if kernels is None else kernels.candidates(frames, low, high, stream=self.stream)
+
+    def stage(self, size: int) -> int | None:
+        cu = self.cu
+        err, free, total = cu.cuMemGetInfo()
+        if err != cu.CUresult.CUDA_SUCCESS or free < size + max(1 << 30, total // 10):
+            return None  # the program's memory comes first: a tight device writes through the slots
+        err, address = cu.cuMemAlloc(size)
+        return int(address) if err == cu.CUresult.CUDA_SUCCESS else None
+
+    def copy_device(self, destination: int, source: int, size: int) -> None:
+        check(self.cu.cuMemcpyDtoDAsync(destination, source, size, self.stream), "cuMemcpyDtoDAsync (snapshot aside)")
+
+    def free_stage(self, address: int) -> None:
+        check(self.cu.cuMemFree(address), "cuMemFree (snapshot aside)")
 
     def copy(self, host: int, address: int, size: int) -> None:
         check(self.cu.cuMemcpyDtoHAsync(host, address, size, self.stream), "cuMemcpyDtoHAsync (snapshot)")

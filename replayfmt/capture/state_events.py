@@ -86,9 +86,8 @@ class StateEvents:
             frames = self._frame_words if span is not None and offset % 8 == 0 else None
             if frames is not None:
                 frames.begin(*span)
-            visit = frames.visit if frames is not None else None
             try:
-                payload = self.memory.snapshot(allocation.address + offset, size, stream, self.writer, frames=visit)
+                payload = self.memory.snapshot(allocation.address + offset, size, stream, self.writer, frames=frames)
                 relocations = (
                     self._snapshot_pointers(allocation, offset, size, stream, held) if frames is not None else ()
                 )

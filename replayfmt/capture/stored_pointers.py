@@ -174,9 +174,13 @@ class FrameWords:
 
     def learn(self, offset: int, digest: bytes, frame: bytes | memoryview) -> None:
         """The frame at ``offset`` of the snapshot holds ``frame`` (its digest: ``digest``)."""
-        words = candidate_words(frame, 0, self.low, self.high)
+        self.learn_words(offset, digest, candidate_words(frame, 0, self.low, self.high), len(frame))
+
+    def learn_words(self, offset: int, digest: bytes, words: Words, length: int) -> None:
+        """The frame at ``offset`` (``length`` bytes) holds these candidate words, found elsewhere
+        (on the device: the frame never crossed the bus)."""
         # data that looks like addresses (int32 pairs in an arena) is not remembered: memory stays bounded
-        few = len(words) <= _FEW or len(words) * _DENSE <= len(frame) // 8
+        few = len(words) <= _FEW or len(words) * _DENSE <= length // 8
         keep = few and self._remembered + len(words) <= _REMEMBERED
         self._known[digest] = _Known(self.low, self.high, words if keep else None)
         self._remembered += len(words) if keep else 0

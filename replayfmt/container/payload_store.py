@@ -15,6 +15,7 @@ compressed and written, or once it is known not to be needed (an error). Nothing
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -60,20 +61,31 @@ def claim_missing(digests: Sequence[bytes], known: set[bytes]) -> list[int]:
     return missing
 
 
+class Detached:
+    """What a ``fetch_missing`` returns for frames that no longer depend on the caller's memory
+    (copied aside first: into device memory of the recorder's own, say): they are delivered on the
+    store's own thread after the call returns, ``begin()`` first on that thread. The payload is
+    defined at once; flushing and closing the writer wait for its frames, and a failure to deliver
+    them fails the writer there."""
+
+    def __init__(self, frames: Iterable[tuple[int, FrameData, Release]], begin: Callable[[], None] | None = None):
+        self.frames = frames
+        self.begin = begin
+
+
 def deliver(
     frame_size: int,
     size: int,
     missing: list[int],
-    fetch_missing: FetchMissing,
+    frames: Iterable[tuple[int, FrameData, Release]],
     submit: Callable[[int, FrameData, Release], None],
     unclaim: Callable[[list[int]], None],
 ) -> None:
-    """Ask ``fetch_missing`` for the missing frames and ``submit(index, data, release)`` each.
+    """``submit(index, data, release)`` each of the missing frames ``frames`` yields.
 
     Raises ReplayUsageError when it yields a frame that was not asked for or of the wrong size,
     or not every frame; on any error the frames not submitted are handed to ``unclaim`` first."""
     pending = set(missing)
-    frames = fetch_missing(list(missing)) if missing else ()
     try:
         for index, data, release in frames:
             view = memoryview(data)
@@ -167,6 +179,8 @@ class FrameStore:
         self._keys: set[bytes] = set()  # frames claimed by a thread (written, or being written)
         self._pending: set[cf.Future] = set()
         self._rows: list[FrameRow] = []
+        # detached frames (Detached), one payload after another, beside the compressing pool
+        self._detached = cf.ThreadPoolExecutor(1, thread_name_prefix="replayfmt-detached")
 
     def store(self, view: memoryview) -> list[bytes]:
         """The digests of ``view``'s frames; the frames the file lacks are copied and stored."""
@@ -198,7 +212,40 @@ class FrameStore:
             for i in indices:
                 claims[i].set_result(None)
 
-        deliver(self.frame_size, size, missing, fetch_missing, submit, unclaim)
+        try:
+            frames = fetch_missing(list(missing)) if missing else ()
+        except BaseException:
+            unclaim(missing)
+            raise
+        if isinstance(frames, Detached):
+            self._detached.submit(self._deliver_detached, size, missing, frames, submit, claims)
+            return
+        deliver(self.frame_size, size, missing, frames, submit, unclaim)
+
+    def _deliver_detached(
+        self, size: int, missing: list[int], frames: Detached, submit: Any, claims: dict[int, cf.Future]
+    ) -> None:
+        """On the store's own thread: a payload is defined already, so frames that cannot be
+        delivered fail their claims (the writer's flush and close raise), never vanish."""
+
+        def fail(indices: list[int]) -> None:
+            problem = ReplayUsageError(f"a snapshot's frames {indices[:4]} could not be delivered")
+            for i in indices:
+                if not claims[i].done():
+                    claims[i].set_exception(problem)
+
+        try:
+            if frames.begin is not None:
+                frames.begin()
+        except BaseException:  # the claims carry the failure
+            fail(missing)
+            return
+        with contextlib.suppress(BaseException):  # deliver failed the claims of frames it did not hand over
+            deliver(self.frame_size, size, missing, frames.frames, submit, fail)
+
+    def close(self) -> None:
+        """Wait for the detached frames to be handed over (the pool writes them)."""
+        self._detached.shutdown(wait=True)
 
     def pending(self) -> list[cf.Future]:
         """Frames claimed and not yet written (a failed one stays, with its exception)."""

@@ -41,6 +41,10 @@ class DeviceDigester:
             self.function = check(
                 cu.cuModuleGetFunction(self.module, b"replayfmt_frame_digest"), "frame digests: cuModuleGetFunction"
             )
+            self.candidates_function = check(
+                cu.cuModuleGetFunction(self.module, b"replayfmt_frame_candidates"),
+                "frame candidates: cuModuleGetFunction",
+            )
         except BaseException:
             cu.cuModuleUnload(self.module)
             raise
@@ -81,6 +85,61 @@ class DeviceDigester:
         check(cu.cuMemcpyDtoHAsync(out.ctypes.data, memory + 16 * n, 16 * n, stream), "frame digests: results")
         check(cu.cuStreamSynchronize(stream), "frame digests: cuStreamSynchronize")
         return [out[2 * k : 2 * k + 2].tobytes() for k in range(n)]  # low half, then high, little-endian
+
+    def candidates(
+        self, frames: Sequence[tuple[int, int]], low: int, high: int, stream: Any = 0, cap: int = 1024
+    ) -> list[tuple[np.ndarray, np.ndarray] | None]:
+        """Per (device address, length) frame, the byte offsets (int64, ascending) and values
+        (uint64) of its 8-byte words in [low, high), found on the device; None for a frame with
+        more than ``cap`` of them (scan it on the host). Frames start 8-byte aligned."""
+        if not frames:
+            return []
+        if any(address % 8 for address, _ in frames):
+            raise ValueError("frame candidates: frames must start 8-byte aligned")
+        cu, n = self.cu, len(frames)
+        table = np.array(frames, dtype=np.uint64)
+        host = np.concatenate([table[:, 0], table[:, 1], np.zeros(-(-n // 2), dtype=np.uint64)])
+        hits_at = 16 * n + 8 * (-(-n // 2))
+        memory = self._scratch(hits_at + 16 * n * cap)
+        check(cu.cuMemcpyHtoDAsync(memory, host.ctypes.data, hits_at, stream), "frame candidates: table upload")
+        values = (
+            ctypes.c_uint64(memory),
+            ctypes.c_uint64(memory + 8 * n),
+            ctypes.c_uint32(n),
+            ctypes.c_uint64(low),
+            ctypes.c_uint64(high),
+            ctypes.c_uint32(cap),
+            ctypes.c_uint64(memory + 16 * n),
+            ctypes.c_uint64(memory + hits_at),
+        )
+        params = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))
+        longest = int(table[:, 1].max())
+        blocks = max(1, min(64, -(-longest // (8 * _BLOCK * 4))))
+        check(
+            cu.cuLaunchKernel(
+                self.candidates_function, blocks, n, 1, _BLOCK, 1, 1, 0, stream, ctypes.addressof(params), 0
+            ),
+            "frame candidates: launch",
+        )
+        counts = np.empty(n, dtype=np.uint32)
+        check(cu.cuMemcpyDtoHAsync(counts.ctypes.data, memory + 16 * n, 4 * n, stream), "frame candidates: counts")
+        check(cu.cuStreamSynchronize(stream), "frame candidates: cuStreamSynchronize")
+        found = int(np.minimum(counts, cap).max())
+        hits = np.empty((n, cap, 2), dtype=np.uint64)
+        if found:
+            check(
+                cu.cuMemcpyDtoHAsync(hits.ctypes.data, memory + hits_at, hits.nbytes, stream), "frame candidates: hits"
+            )
+            check(cu.cuStreamSynchronize(stream), "frame candidates: cuStreamSynchronize")
+        out: list[tuple[np.ndarray, np.ndarray] | None] = []
+        for f, count in enumerate(counts.tolist()):
+            if count > cap:
+                out.append(None)
+                continue
+            pairs = hits[f, :count]
+            order = np.argsort(pairs[:, 0], kind="stable")
+            out.append((pairs[order, 0].astype(np.int64), pairs[order, 1].copy()))
+        return out
 
     def _scratch(self, size: int) -> int:
         """Device memory for the frame table and the digests, kept and grown (allocating and

@@ -145,6 +145,17 @@ def test_cublas_sgemm_and_gemm_ex(tmp_path, native_ready):
     benchmark(out)
 
 
+def test_cublaslt_matmul_with_bias_in_a_loop(tmp_path, native_ready):
+    program = build("gemm_lt", native_ready, tmp_path, "-lcublasLt")
+    assert "gemm_lt ok" in bare(program)
+    out = tmp_path / "gemm_lt.kreplay"
+    result = capture_native(out, program)
+    assert "gemm_lt ok" in result.stdout
+    assert kinds(out).get("launch", 0) >= 20  # every step's kernel, repeats included
+    verify(out, result.stderr)
+    assert benchmark(out).get("original"), "the original program's device times were not stored"
+
+
 def test_cuda_graph(tmp_path, native_ready):
     program = build("graph", native_ready, tmp_path)
     assert "graph ok" in bare(program)

@@ -2,6 +2,8 @@
 // checks frames without the host reading their bytes a second time. Frames of at most 240 bytes
 // take other code paths of XXH3; the host hashes those. Bit-exact with xxhash 0.8.
 //
+// replayfmt_frame_candidates (at the end) finds the words of frames that may be stored pointers.
+//
 // Eight threads hash one frame, one per XXH3 accumulator; the pairs of lanes that XXH3 mixes
 // swap words with a shuffle. Frames must start 8-byte aligned (the host checks).
 //
@@ -115,5 +117,32 @@ extern "C" __global__ void replayfmt_frame_digest(const u64* addresses, const u6
     if (lane == 0) {
         digests[2 * frame] = merge(all, 11, length * PRIME64_1);
         digests[2 * frame + 1] = merge(all, 192 - 64 - 11, ~(length * PRIME64_2));
+    }
+}
+
+// The 8-byte words of each frame whose values lie in [low, high): the words that may be stored
+// pointers (replayfmt.capture.stored_pointers.candidate_words, on the device), so that a
+// snapshot's frames are scanned where they are, without crossing the bus first. Frame f's hits
+// go to hits[2 * (f * cap + i)] (byte offset in the frame) and hits[... + 1] (the word), in no
+// particular order; counts[f] (zeroed by the caller) ends as the number of hits, which may be
+// more than cap: the caller then scans that frame on the host. Grid: (any, frames); frames
+// start 8-byte aligned.
+extern "C" __global__ void replayfmt_frame_candidates(const u64* addresses, const u64* lengths, unsigned frames,
+                                                      u64 low, u64 high, unsigned cap, unsigned* counts,
+                                                      u64* hits) {
+    const unsigned frame = blockIdx.y;
+    if (frame >= frames) return;
+    const u64* words = reinterpret_cast<const u64*>(addresses[frame]);
+    const u64 count = lengths[frame] / 8;
+    for (u64 i = blockIdx.x * static_cast<u64>(blockDim.x) + threadIdx.x; i < count;
+         i += static_cast<u64>(gridDim.x) * blockDim.x) {
+        const u64 word = words[i];
+        if (word >= low && word < high) {
+            const unsigned slot = atomicAdd(&counts[frame], 1u);
+            if (slot < cap) {
+                hits[2 * (static_cast<u64>(frame) * cap + slot)] = 8 * i;
+                hits[2 * (static_cast<u64>(frame) * cap + slot) + 1] = word;
+            }
+        }
     }
 }
