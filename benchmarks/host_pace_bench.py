@@ -1,7 +1,7 @@
 """Host pace of a replay: how many operations a second the host gets through around the device's
 time, on the CPU (no GPU needed), measured side by side in one run (issue 29, part 2).
 
-    python benchmarks/host_pace_bench.py [--launches 256000] [--check]
+    python benchmarks/host_pace_bench.py [--launches 256000] [--check] [--capture FILE] [--profile PHASE]
 
 A capture shaped like Triton's persistent-matmul tutorial capture (per launch: most create an
 event and record it, as its 256,507 launches, 225,850 event records and 226,008 creates do) is
@@ -120,7 +120,14 @@ class Phases:
         return out
 
     def run(self) -> int:
-        fake = FakeDriver({MATMUL.name: LAYOUT})
+        with replayfmt.open(self.path) as cap:  # each function's parameter layout, as the driver reports it
+            layouts = {
+                f.name: [(p.offset, p.size) for p in f.parameters]
+                for o in cap.objects()
+                if isinstance(o, m.Executable)
+                for f in o.functions
+            }
+        fake = FakeDriver(layouts)
         use_fake_driver(fake)
 
         def open_all():
@@ -156,16 +163,18 @@ def main() -> int:
     parser.add_argument(
         "--profile", choices=["open", "plan", "setup", "issue", "all"], help="print cProfile's top entries of a phase"
     )
+    parser.add_argument("--capture", type=Path, help="time the phases on this capture instead of a generated one")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "persistent.kreplay"
+        path = args.capture or Path(tmp) / "persistent.kreplay"
         started = time.perf_counter()
-        operations = write_capture(path, args.launches)
+        operations = replayfmt.open(path).operation_count if args.capture else write_capture(path, args.launches)
         written = time.perf_counter() - started
         phases = Phases(path, args.profile)
         count = phases.run()
     assert count == operations
-    print(f"capture: {operations:,} operations ({args.launches:,} launches), written in {written:.2f} s")
+    made = f"({args.launches:,} launches), written in {written:.2f} s" if not args.capture else f"in {path}"
+    print(f"capture: {operations:,} operations {made}")
     print(f"stand-in driver: {phases.events_created:,} events created at setup")
     print(f"{'phase':<10} {'seconds':>8} {'ops/s':>12}  vs bare loop")
     bare = operations / phases.seconds["bare loop"]

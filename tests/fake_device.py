@@ -137,6 +137,16 @@ class _Constants:
         return name
 
 
+class _Struct:
+    """A driver struct (CUlaunchConfig, CUlaunchAttribute): any field can be set, and nested
+    values (attribute.value.clusterDim.x) made as they are reached."""
+
+    def __getattr__(self, name: str) -> _Struct:
+        value = _Struct()
+        setattr(self, name, value)
+        return value
+
+
 class _Result:
     CUDA_SUCCESS = 0
     CUDA_ERROR_INVALID_VALUE = 1
@@ -162,6 +172,7 @@ class FakeDriver:
     CUresult = _Result
     CUevent_flags = CUdevice_attribute = CUfunction_attribute = CUstream_flags = _Constants()
     CUjit_option = CUlaunchAttributeID = _Constants()
+    CUlaunchConfig = CUlaunchAttribute = _Struct
     CU_MEMHOSTALLOC_PORTABLE = CU_MEMHOSTREGISTER_PORTABLE = 1
 
     cuLaunchKernel = cuLaunchKernelEx = cuEventRecord = cuStreamWaitEvent = staticmethod(_ok)
