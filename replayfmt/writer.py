@@ -292,20 +292,21 @@ class CaptureWriter:
             return index
 
     def launches(self, templates: Sequence[LaunchTemplate], which: np.ndarray, shapes: np.ndarray) -> int:
-        """Record ``len(which)`` launches at once, as :meth:`launch` would one by one: launch ``i``
-        is ``templates[which[i]]`` in the shape ``shapes[i]`` (see ``OpenBatch.add_launches``).
-        Returns the first launch's operation index."""
-        count = len(which)
-        if shapes.shape != (count, 12):
+        """Record launch ``i`` as ``templates[which[i]]`` in the shape ``shapes[i]`` (OpenBatch.add_launches),
+        as :meth:`launch` would one by one; returns the first one's operation index."""
+        if shapes.shape != (count := len(which), 12):
             raise ReplayUsageError(f"launches: {shapes.shape} shapes for {count} launches, not ({count}, 12)")
         packed, which = [self._relocation_cache.pack(t.relocations) for t in templates], np.asarray(which, np.int64)
+        sizes = np.cumsum(np.array([len(t.parameters) + 80 for t in templates], dtype=np.int64)[which])  # seal test
         with self._lock:
             self._check_open()
             first = done = self._next_operation
-            while done < first + count:  # batch by batch
-                room = max(1, self.batch_operations - len(self._batch.kinds))
-                at = done - first
-                done += self._batch.add_launches(templates, packed, which[at : at + room], shapes[at : at + room])
+            while done < first + count:  # batch by batch, as launch() would seal them
+                batch, at = self._batch, done - first
+                spare = self.batch_bytes - len(batch.parameters) - 80 * len(batch.kinds) - batch.extra_bytes
+                fits = int(np.searchsorted(sizes[at:] - (sizes[at - 1] if at else 0), spare, side="right"))
+                room = max(1, min(self.batch_operations - len(batch.kinds), fits + 1))
+                done += batch.add_launches(templates, packed, which[at : at + room], shapes[at : at + room])
                 self._next_operation = done
                 self._after_append()
             return first
@@ -549,8 +550,7 @@ class CaptureWriter:
         return self._next_operation
 
     def close(self, *, partial: str = "") -> None:
-        """Flush, write the index and footer, and close the file. Idempotent. ``partial`` (1.3):
-        why the capture stopped before its program did (readers then refuse to replay it)."""
+        """Flush, write the index and footer, close. Idempotent. ``partial`` (1.3): why it stopped early."""
         if self._closed:
             return
         try:

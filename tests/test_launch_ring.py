@@ -21,7 +21,7 @@ from replayfmt.capture.cupti_api import DOMAIN_DRIVER_API, CallbackType
 from replayfmt.capture.cupti_source import CuptiSource
 from replayfmt.capture.hostfiles import HostFiles
 from replayfmt.capture.injection import injection_library
-from replayfmt.capture.launch_ring import FLAG_COOPERATIVE, ArmedLaunch, LaunchRing
+from replayfmt.capture.launch_ring import FLAG_COOPERATIVE, RING_DTYPE, ArmedLaunch, LaunchRing
 from replayfmt.capture.options import RecordOptions
 from replayfmt.capture.report import KernelStats
 from replayfmt.capture.translate import Translator
@@ -332,3 +332,46 @@ def test_launches_written_at_once_read_back_as_written_one_by_one(tmp_path):
         with replayfmt.open(path) as capture:
             written.append([repr(op) for op in capture.iter_operations()])
     assert written[0] == written[1] and len(written[0]) == 52
+
+
+def test_a_withdrawal_keeps_the_launches_already_in_the_ring(library):
+    keep = Keep()
+    forwarded = Forwarded(library)
+    ring = LaunchRing(library, CALL_IDS)
+    assert ring.arm(armed())
+    data = callback_data(keep, ENTER, launch_params(keep, 0xF00, SAXPY_ARGS))
+    forwarded.deliver(None, DOMAIN_DRIVER_API, CALL_IDS["cuLaunchKernel"], data)
+    ring.withdraw()  # an annotation, a stream capture: the next launch goes through the recorder
+    forwarded.deliver(None, DOMAIN_DRIVER_API, CALL_IDS["cuLaunchKernel"], data)
+    assert len(forwarded.calls) == 1
+    repeats = ring.take(disarm=False)
+    assert repeats is not None and len(repeats.launches) == 1 and len(repeats.armed) == 1
+
+
+def test_ring_launches_on_a_stream_new_to_the_region_are_bound_from_their_first_launch(tmp_path):
+    memory = FakeMemory()
+    with CaptureWriter(tmp_path / "c.kreplay") as writer:
+        translator = Translator(writer, RecordOptions(), memory, host_files=HostFiles(tmp_path / "maps"))
+        translator.start("step")
+        launches = np.zeros(3, RING_DTYPE)
+        launches["stream"] = 0x6000  # never seen: its object is written before the launches
+        launches["grid"], launches["block"], launches["armed"] = (1, 1, 1), (32, 1, 1), 7
+        event = ev.RepeatedLaunches(launches, {7: armed()})
+        before = writer.operation_count
+        translator.handle(event)
+        assert writer.operation_count == before + 4 and event.first == before + 1
+        translator.stop()
+    with replayfmt.open(tmp_path / "c.kreplay") as capture:
+        kinds = [op.kind for op in capture.iter_operations()][before : before + 4]
+    assert kinds == [m.OperationKind.CREATE_OBJECT] + [m.OperationKind.LAUNCH] * 3
+
+
+def test_launches_written_at_once_are_sealed_by_bytes_as_one_by_one(tmp_path):
+    template = LaunchTemplate(1, 0, bytes(range(256)) * 128)  # 32 KiB of arguments each
+    shapes = np.ones((600, 12), dtype=np.uint32)
+    path = tmp_path / "big.kreplay"
+    with CaptureWriter(path, batch_bytes=1 << 20) as writer:
+        writer.launches([template], np.zeros(600, np.int64), shapes)
+    with replayfmt.open(path) as capture:
+        assert sum(1 for _ in capture.iter_operations()) == 600
+        assert capture.batch_count >= 600 * (32 << 10) // (1 << 20)  # about 1 MiB each, not one

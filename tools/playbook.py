@@ -280,9 +280,11 @@ TOOLS = {
   reports each, and a launched kernel is matched to the cubin that defines its name. A kernel
   whose module loaded before the recorder listened is recorded as unsupported and replay
   refuses the capture.
-* Cost per launch: +22 to +41 µs (Triton) and +22 to +39 µs (torch `add_`) with the original's
+* Cost per launch: +4 to +11 µs (Triton) and +1 to +10 µs (torch `add_`) with the original's
   times over the latest runs (`benchmarks/capture_bench.py`, H100, snapshots off, a noisy
-  machine); a snapshot synchronises only the launching stream.
+  machine): a launch that repeats one already written is answered in C. A snapshot synchronises
+  only the launching stream; one of 32 MiB or more is copied aside on the device and written
+  behind the program.
 * Libraries that keep device pointers in device memory (cuBLAS workspaces, pointer arrays) are
   detected when snapshots hold addresses: the report says "needs --fixed-addresses". Capture with
   `--fixed-addresses` and replay with `run-replay --fixed-addresses` (both re-run themselves with

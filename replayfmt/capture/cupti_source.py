@@ -107,6 +107,7 @@ class CuptiSource(GraphCalls):
         launch_results: bool = True,
         cu: Any = None,
         ring: LaunchRing | None = None,
+        lock: Any = None,
     ) -> None:
         self.cupti = cupti
         self.cu = cu or driver()
@@ -128,6 +129,8 @@ class CuptiSource(GraphCalls):
         # launches the library recorded in C (launch_ring): taken at each callback, and every
         # arming withdrawn before a call that could change what a launch means
         self.ring = ring
+        # held from a ring's take until the call that took it is written (the recorder's times lock)
+        self._lock = lock if lock is not None else threading.RLock()
         self._keeps_armed: set[int] = set()  # callback ids of calls that change no launch's meaning
 
     # -- subscription ----------------------------------------------------------------------
@@ -176,12 +179,13 @@ class CuptiSource(GraphCalls):
                 return
             guard.busy = True
             try:
-                ring = self.ring
-                if ring is not None and (ring.pending() or cbid not in self._keeps_armed):
-                    self._take_ring(disarm=cbid not in self._keeps_armed)
                 guard.correlation = data  # read only when asked (correlation_id): most calls never are
                 site, params, result, symbol = _CALLBACK_DATA.unpack_from(MEMORY, data)
-                entry[0](self, site, params, result, entry[1], symbol)
+                with self._lock:
+                    ring = self.ring
+                    if ring is not None and (ring.pending() or cbid not in self._keeps_armed):
+                        self._take_ring(disarm=cbid not in self._keeps_armed)
+                    entry[0](self, site, params, result, entry[1], symbol)
             finally:
                 guard.busy = False
         except Exception as exc:  # never raise into the program
@@ -195,18 +199,16 @@ class CuptiSource(GraphCalls):
     def settle(self) -> None:
         """Hand on the launches the C library recorded and withdraw every arming: before a region
         or scope starts or ends, and before the recorder closes."""
-        if self.ring is not None:
+        with self._lock:
             self._take_ring(disarm=True)
 
     def _take_ring(self, *, disarm: bool) -> None:
-        assert self.ring is not None
-        repeats = self.ring.take(disarm=disarm)
+        repeats = self.ring.take(disarm=disarm) if self.ring is not None else None
         if repeats is not None:
             self._sink(ev.RepeatedLaunches(repeats.launches, repeats.armed))
 
     def correlation_id(self) -> int:
-        """CUPTI's correlation id of the driver call whose callback runs on this thread (the id
-        its kernel, copy or memset activity record carries); 0 outside a callback."""
+        """CUPTI's correlation id of the callback's driver call on this thread (0: none)."""
         data = getattr(self._guard, "correlation", 0)
         return _unpack_from("<I", MEMORY, data + _CORRELATION_ID)[0] if data and self._guard.busy else 0
 
@@ -510,8 +512,7 @@ _LAUNCHES = (
     (_variants("cuLaunchCooperativeKernel"), _S._on_launch_cooperative),
 )
 _LAUNCH_DECODERS = frozenset(decoder for _, decoder in _LAUNCHES)
-# calls after which a launch the translator armed still means what it meant (no allocation,
-# write, module or graph): they hand on the ring's launches without withdrawing the armings
+# calls after which an armed launch means what it meant: the ring is taken, the armings stay
 _KEEP_ARMED = frozenset((_S._on_stream_create, _S._on_event_create, _S._on_event_record, _S._on_stream_wait))
 _KEEP_ARMED |= {_S._on_stream_sync, _S._on_context_sync, _S._on_event_sync}
 _DECODERS: dict[str, Decoder] = {}

@@ -136,6 +136,7 @@ class RepeatedLaunches:
 
     launches: Any  # numpy array of launch_ring.RING_DTYPE
     armed: dict[int, Any]  # arming id -> what the translator armed
+    first: int = -1  # the operation index of the first launch, once all are written (in order)
 
 
 @dataclass(slots=True)

@@ -322,6 +322,7 @@ class GraphCalls:
             self._sink = self._unless_captured
             if self.ring is not None:  # launches in a capturing stream go into its graph: none is armed
                 self.ring.enabled = False
+                self.ring.withdraw()
 
     def _on_capture_end(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
         if site == EXIT:  # the capture ends even when it failed

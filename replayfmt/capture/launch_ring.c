@@ -148,17 +148,30 @@ EXPORT uint32_t replayfmt_launches_arm(uint64_t function, const uint32_t *layout
 /* Take every launch in the ring into ``out`` (room for replayfmt_launches_capacity()), oldest
  * first; with ``disarm``, also disarm every function in the same step, so that no launch
  * recorded later repeats an arming made before. */
+static void withdraw_all(void) {
+    if (++generation == 0) {  /* wrapped: stale slots could match again */
+        forget_all();
+        generation = 1;
+    }
+    arm_count = 0;
+}
+
 EXPORT uint32_t replayfmt_launches_take(ring_launch *out, int disarm) {
     pthread_mutex_lock(&lock);
     uint32_t n = replayfmt_launches_pending;
     memcpy(out, ring, sizeof(ring_launch) * n);
     replayfmt_launches_pending = 0;
-    if (disarm) {
-        if (++generation == 0) generation = 1;
-        arm_count = 0;
-    }
+    if (disarm) withdraw_all();
     pthread_mutex_unlock(&lock);
     return n;
+}
+
+/* Withdraw every arming, leaving the launches in the ring for the next take (they were recorded
+ * while their armings held). */
+EXPORT void replayfmt_launches_withdraw(void) {
+    pthread_mutex_lock(&lock);
+    withdraw_all();
+    pthread_mutex_unlock(&lock);
 }
 
 EXPORT uint32_t replayfmt_launches_capacity(void) { return RING_CAPACITY; }

@@ -90,12 +90,15 @@ class LaunchRing:
         library.replayfmt_launches_arm.restype = ctypes.c_uint32
         library.replayfmt_launches_take.argtypes = [ctypes.c_void_p, ctypes.c_int]
         library.replayfmt_launches_take.restype = ctypes.c_uint32
+        library.replayfmt_launches_withdraw.argtypes = []
         self._library = library
         self._pending = ctypes.c_uint32.in_dll(library, "replayfmt_launches_pending")
         self._buffer = (ctypes.c_char * (library.replayfmt_launches_capacity() * RING_DTYPE.itemsize))()
         self._address = ctypes.addressof(self._buffer)
         self._lock = threading.Lock()
         self._armed: dict[int, ArmedLaunch] = {}
+        self._by_function: dict[int, int] = {}  # function -> its latest arming id
+        self._superseded: list[int] = []  # arming ids replaced since the last take: forgotten after it
         self.launch_calls: set[int] = set()
         for name, cbid in callback_ids.items():
             kind = _LAUNCH_KINDS.get(name.removesuffix("_ptsz").removesuffix("_ptds"))
@@ -125,20 +128,33 @@ class LaunchRing:
             )
             if armed:
                 self._armed[armed] = launch
+                replaced = self._by_function.get(launch.kernel.handle)
+                if replaced is not None:  # launches of it still in the ring name it until the next take
+                    self._superseded.append(replaced)
+                self._by_function[launch.kernel.handle] = armed
         return bool(armed)
+
+    def withdraw(self) -> None:
+        """Withdraw every arming; the launches in the ring stay for the next take."""
+        with self._lock:
+            self._library.replayfmt_launches_withdraw()
+            self._by_function.clear()
 
     def take(self, *, disarm: bool) -> Repeats | None:
         """Every launch in the ring (None when there is none); ``disarm``: withdraw every arming
         in the same step (the next launch of any function goes through Python)."""
         with self._lock:
+            superseded, self._superseded = self._superseded, []
             count = self._library.replayfmt_launches_take(self._address, int(disarm))
             armed = self._armed
-            if disarm:
-                self._armed = {}
-            if not count:
-                return None
             launches = np.frombuffer(ctypes.string_at(self._address, count * RING_DTYPE.itemsize), RING_DTYPE)
-            return Repeats(launches, armed if disarm else dict(armed))
+            named = {a: armed[a] for a in set(launches["armed"].tolist())}
+            if disarm:
+                self._armed, self._by_function = {}, {}
+            else:
+                for old in superseded:  # taken now: no launch recorded from here on names them
+                    armed.pop(old, None)
+            return Repeats(launches, named) if count else None
 
 
 def recorder_library() -> ctypes.CDLL | None:

@@ -96,10 +96,9 @@ class OriginalTimes:
                         bind((writer.operation_count - 1, kernel_kind, name))
                     return
                 if type(event) is repeated:  # launches the C library recorded: ids and clock in the ring
-                    before = writer.operation_count
                     handle(event)
-                    if writer.operation_count - before == len(event.launches):  # type: ignore[attr-defined]
-                        bind_repeats(before, event)  # type: ignore[arg-type]
+                    if event.first >= 0:  # type: ignore[attr-defined]
+                        bind_repeats(event.first, event)  # type: ignore[attr-defined, arg-type]
                     return
                 if type(event) is ev.GraphLaunched:  # its nodes' records carry the launch's correlation id
                     launches = report.graph_launches

@@ -101,6 +101,7 @@ class Recorder:
             guard,
             launch_results=options.mode == CaptureMode.KERNEL,
             ring=ring,
+            lock=self.times.lock,
         )
         self.times.correlation = self.source.correlation_id
         self._enrichment: list[Any] = []

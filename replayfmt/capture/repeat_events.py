@@ -56,35 +56,38 @@ class RepeatEvents:
         if not self._recording:  # (the recorder takes the ring before a region ends)
             return
         ring = event.launches
+        handles, stream_of = np.unique(ring["stream"], return_inverse=True)
+        streams = [self._stream(h) for h in handles.tolist()]  # before any launch: new streams' objects first
         if len(ring) <= _FEW_REPEATS:  # one by one: cheaper than setting up the arrays
-            launch, stream_of = self.writer.launch, self._stream
-            for _, stream, _, grid, block, cluster, shared, flags, _, _, arming in ring.tolist():
+            launch, first = self.writer.launch, -1
+            for at, (_, _, _, grid, block, cluster, shared, flags, _, _, arming) in enumerate(ring.tolist()):
                 what = event.armed[arming]
                 template = what.template
-                launch(
+                index = launch(
                     executable=template.executable,
                     function=template.function,
                     grid=tuple(grid),
                     block=tuple(block),
                     cluster=tuple(cluster),
                     shared_memory=shared,
-                    stream=stream_of(stream),
+                    stream=streams[stream_of[at]],
                     parameters=template.parameters,
                     relocations=template.relocations,
                     flags=m.LAUNCH_FLAG_COOPERATIVE if flags & FLAG_COOPERATIVE else 0,
                 )
+                first = index if first < 0 else first
                 what.stats.occurrences += 1
                 what.stats.captured += 1
+            event.first = first
             return
         arms, which = np.unique(ring["armed"], return_inverse=True)
         armed = [event.armed[int(a)] for a in arms.tolist()]
-        handles, stream_of = np.unique(ring["stream"], return_inverse=True)
         shapes = np.empty((len(ring), 12), dtype=np.uint32)
-        shapes[:, 0] = np.array([self._stream(h) for h in handles.tolist()], dtype=np.uint32)[stream_of]
+        shapes[:, 0] = np.array(streams, dtype=np.uint32)[stream_of]
         shapes[:, 1] = np.where(ring["flags"] & FLAG_COOPERATIVE, m.LAUNCH_FLAG_COOPERATIVE, 0)
         shapes[:, 2:5], shapes[:, 5:8], shapes[:, 8:11] = ring["grid"], ring["block"], ring["cluster"]
         shapes[:, 11] = ring["shared_memory"]
-        self.writer.launches([a.template for a in armed], which, shapes)
+        event.first = self.writer.launches([a.template for a in armed], which, shapes)
         for launch, count in zip(armed, np.bincount(which, minlength=len(armed)).tolist(), strict=True):
             launch.stats.occurrences += count
             launch.stats.captured += count

@@ -43,10 +43,7 @@ from replayfmt.format.names import matches_kernel
 from replayfmt.writer import CaptureWriter, LaunchTemplate
 
 _DEFAULT_STREAMS = (0, 1, 2)  # 0, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
-_LOADED_BEFORE = (
-    "the module of {} was loaded before recording started; start the recorder first (python -m "
-    "replayfmt.capture, or replayfmt.capture.record(..., start=False) at the top of the program)"
-)
+_LOADED_BEFORE = "the module of {} was loaded before recording started; start the recorder first (python -m replayfmt.capture, or replayfmt.capture.record(..., start=False) at the top of the program)"  # noqa: E501
 _COLLECTIVE = re.compile(r"^_?Z?\d*nccl|^ncclKernel|^ncclDevKernel")
 
 
@@ -181,6 +178,8 @@ class Translator(MemoryEvents, GraphEvents, StateEvents, RepeatEvents):
         with self._lock:
             self._annotations[(module, name)] = annotation
             self._shapes.clear()  # tensor-map parameters may be known now
+            if self._ring is not None:  # armed launches were read without it (those in the ring were before it)
+                self._ring.withdraw()
 
     def label_tensor(self, label: TensorLabel) -> None:
         """Type the allocation holding a tensor (used when its buffer object is written)."""
