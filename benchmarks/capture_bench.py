@@ -1,6 +1,10 @@
 """Recorder overhead and snapshot bandwidth, measured side by side in one process (needs a GPU,
 torch, triton and cupti-python).
 
+Goals (issue 29's lighter recorder): at most 10 us a launch over the bare program, a first touch
+that holds the program at 10 GB/s or better (it waits for the device, not for the disk), and the
+pipeline writing fresh data at 90% or more of a bare file write from pinned memory.
+
 1. Per-launch host overhead with snapshots off: a Triton launch and torch ``add_`` are timed
    (wall clock over N launches, then one synchronisation) in a child process without the
    recorder, then here inside a recording region whose buffers were already touched (no more
@@ -8,9 +12,10 @@ torch, triton and cupti-python).
 2. Snapshot copies: a 1 GiB allocation's first touch in a region, against a bare pinned
    cuMemcpyDtoH of the same size into a pinned buffer.
 3. The snapshot pipeline end to end (sync, device hash, copy, compress, write: timed until the
-   writer has written every frame), beside the bare pinned copy of the same size in the same
-   run: fresh fp32 noise and fresh bf16 weight-like data (random, --snapshot-mib each; goal
-   >= 10 GB/s), and content the file already holds (the same buffer again; goal >= 50 GB/s).
+   writer has written every frame), beside a bare file write from pinned memory of the same size
+   in the same run: fresh fp32 noise and fresh bf16 weight-like data (random, --snapshot-mib
+   each; goal >= 90% of the bare write), and content the file already holds (the same buffer
+   again; goal >= 50 GB/s).
 
     python benchmarks/capture_bench.py [--launches 20000] [--snapshot-mib 1024] [--check]
 """
@@ -188,18 +193,20 @@ def main() -> None:
     print(f"device: {torch.cuda.get_device_name()}, {args.launches} launches each")
     for name in bare:
         overhead = recorded[name] - bare[name]
-        if overhead > 20:
+        if overhead > 10:
             missed.append(f"{name} overhead")
         print(
             f"{name:>14}: bare {bare[name]:6.2f} us/launch, recorded {recorded[name]:6.2f} us/launch, "
-            f"overhead {overhead:+6.2f} us ({recorded[name] / bare[name]:.2f}x)  [goal <= 20 us]"
+            f"overhead {overhead:+6.2f} us ({recorded[name] / bare[name]:.2f}x)  [goal <= 10 us, a lighter recorder]"
         )
     if not copied:
         sys.exit(f"no snapshot was taken: {report.lines()}")
     held_rate = copied / copy_seconds / 1e9
+    if held_rate < 10:
+        missed.append("first touch held")
     print(
         f"recorder's first touch of {copied >> 20} MiB (pointer scan on, as by default): program held "
-        f"{held_rate:.1f} GB/s (device hash, copies, hand-over to the writer), whole snapshot "
+        f"{held_rate:.1f} GB/s [goal >= 10 GB/s] (device hash and scan, copied aside on the device), whole snapshot "
         f"{copied / snapshot_seconds / 1e9:.1f} GB/s, first touch {copied / touched / 1e9:.1f} GB/s; "
         f"bare pinned cuMemcpyDtoH {bandwidth:.1f} GB/s"
     )
@@ -215,12 +222,14 @@ def main() -> None:
             "4 MiB pwritev, no recorder), this run:"
         )
         for name, rate, detail in pipeline:
-            goal = 50 if name.startswith("held") else 10
+            # content the file holds never reaches the disk; fresh content is written as fast as
+            # the file system takes it (the program does not wait for it: see the first touch above)
+            goal = 50 if name.startswith("held") else 0.9 * ceiling
             if rate < goal:
                 missed.append(name)
             verdict = "ok" if rate >= goal else "MISSED"
             share = "" if name.startswith("held") else f", {rate / ceiling:.0%} of the bare file write"
-            print(f"  {name:18} {rate:6.1f} GB/s  goal >= {goal} GB/s  {verdict}   ({detail}{share})")
+            print(f"  {name:18} {rate:6.1f} GB/s  goal >= {goal:.1f} GB/s  {verdict}   ({detail}{share})")
     if missed:
         print(f"missed: {', '.join(missed)}")
         if args.check:
