@@ -16,6 +16,17 @@
     }                                                                                                \
   } while (0)
 
+// cuBLAS and cuBLASLt calls (the program includes cublas_v2.h or cublasLt.h).
+#define CHECK_BLAS(call)                                                                             \
+  do {                                                                                               \
+    cublasStatus_t status_ = (call);                                                                 \
+    if (status_ != CUBLAS_STATUS_SUCCESS) {                                                          \
+      std::fprintf(stderr, "%s:%d: %s failed: status %d\n", __FILE__, __LINE__, #call,              \
+                   static_cast<int>(status_));                                                       \
+      std::exit(2);                                                                                  \
+    }                                                                                                \
+  } while (0)
+
 // A deterministic, non-zero pattern (never time or verify on all-zero data).
 inline float pattern(int i, int salt) { return 0.5f + static_cast<float>((i * 7919 + salt * 104729) % 1000) / 1000.0f; }
 

@@ -5,16 +5,6 @@
 #include <vector>
 #include "check.h"
 
-#define CHECK_BLAS(call)                                                                    \
-  do {                                                                                      \
-    cublasStatus_t status_ = (call);                                                        \
-    if (status_ != CUBLAS_STATUS_SUCCESS) {                                                 \
-      std::fprintf(stderr, "%s:%d: %s failed: status %d\n", __FILE__, __LINE__, #call,     \
-                   static_cast<int>(status_));                                              \
-      std::exit(2);                                                                         \
-    }                                                                                       \
-  } while (0)
-
 int main() {
   const int m = 256, n = 192, k = 320;
   std::vector<float> ha(m * k), hb(k * n), hc(m * n), ref(m * n);

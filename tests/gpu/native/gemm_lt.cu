@@ -5,16 +5,6 @@
 #include <vector>
 #include "check.h"
 
-#define CHECK_LT(call)                                                                      \
-  do {                                                                                      \
-    cublasStatus_t status_ = (call);                                                        \
-    if (status_ != CUBLAS_STATUS_SUCCESS) {                                                 \
-      std::fprintf(stderr, "%s:%d: %s failed: status %d\n", __FILE__, __LINE__, #call,     \
-                   static_cast<int>(status_));                                              \
-      std::exit(2);                                                                         \
-    }                                                                                       \
-  } while (0)
-
 int main(int argc, char** argv) {
   const int m = 512, n = 256, k = 384, steps = argc > 1 ? std::atoi(argv[1]) : 20;
   std::vector<float> ha(m * k), hb(k * n), hbias(m), hc(m * n), ref(m * n);
@@ -37,30 +27,30 @@ int main(int argc, char** argv) {
   cudaStream_t stream;
   CHECK(cudaStreamCreate(&stream));
   cublasLtHandle_t handle;
-  CHECK_LT(cublasLtCreate(&handle));
+  CHECK_BLAS(cublasLtCreate(&handle));
   cublasLtMatmulDesc_t op;
-  CHECK_LT(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  CHECK_BLAS(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-  CHECK_LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
-  CHECK_LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+  CHECK_BLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
+  CHECK_BLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
   cublasLtMatrixLayout_t la, lb, lc;  // column-major: C (m x n) = A (m x k) * B (k x n) + bias
-  CHECK_LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, m, k, m));
-  CHECK_LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, k, n, k));
-  CHECK_LT(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, m, n, m));
+  CHECK_BLAS(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, m, k, m));
+  CHECK_BLAS(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, k, n, k));
+  CHECK_BLAS(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, m, n, m));
   cublasLtMatmulPreference_t preference;
-  CHECK_LT(cublasLtMatmulPreferenceCreate(&preference));
-  CHECK_LT(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+  CHECK_BLAS(cublasLtMatmulPreferenceCreate(&preference));
+  CHECK_BLAS(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                 &workspace_size, sizeof workspace_size));
   cublasLtMatmulHeuristicResult_t heuristic = {};
   int found = 0;
-  CHECK_LT(cublasLtMatmulAlgoGetHeuristic(handle, op, la, lb, lc, lc, preference, 1, &heuristic, &found));
+  CHECK_BLAS(cublasLtMatmulAlgoGetHeuristic(handle, op, la, lb, lc, lc, preference, 1, &heuristic, &found));
   if (found == 0) {
     std::fprintf(stderr, "cublasLt found no algorithm\n");
     return 2;
   }
   const float one = 1.0f, zero = 0.0f;
   for (int step = 0; step < steps; ++step)
-    CHECK_LT(cublasLtMatmul(handle, op, &one, a, la, b, lb, &zero, c, lc, c, lc, &heuristic.algo, workspace,
+    CHECK_BLAS(cublasLtMatmul(handle, op, &one, a, la, b, lb, &zero, c, lc, c, lc, &heuristic.algo, workspace,
                             workspace_size, stream));
   CHECK(cudaStreamSynchronize(stream));
   for (int j = 0; j < n; ++j)
@@ -77,7 +67,7 @@ int main(int argc, char** argv) {
   cublasLtMatrixLayoutDestroy(lb);
   cublasLtMatrixLayoutDestroy(lc);
   cublasLtMatmulDescDestroy(op);
-  CHECK_LT(cublasLtDestroy(handle));
+  CHECK_BLAS(cublasLtDestroy(handle));
   CHECK(cudaStreamDestroy(stream));
   for (void* p : {static_cast<void*>(a), static_cast<void*>(b), static_cast<void*>(bias), static_cast<void*>(c),
                   workspace})
