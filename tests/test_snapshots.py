@@ -237,3 +237,22 @@ def test_a_failure_writing_a_snapshot_set_aside_fails_the_writer_not_the_program
         writer.close()
     snapshots.close()
     assert device.stages_freed == [device.staged[0][0]]
+
+
+def test_a_writer_thread_that_cannot_reach_the_device_fails_the_writer_and_frees_the_stage(tmp_path, monkeypatch):
+    monkeypatch.setattr(snapshots_module, "STAGE_AT_LEAST", 2 * FRAME)
+    data = noise(4 * FRAME, 6)
+    device = staging_device(data)
+
+    def no_context() -> None:
+        raise RuntimeError("cuCtxSetCurrent failed")
+
+    snapshots = Snapshotter(device, slot_size=2 * FRAME, slots=2, background=device.sibling(), begin=no_context)
+    words = FrameWords()
+    words.begin(BASE, BASE + (1 << 30))
+    writer = replayfmt.CaptureWriter(tmp_path / "s.kreplay", frame_size=FRAME, threads=2)
+    snapshots.snapshot(BASE, len(data), None, writer, frames=words)
+    with pytest.raises(replayfmt.ReplayError, match="could not be delivered"):
+        writer.close()
+    snapshots.close()  # returns: the stage was freed and handed back
+    assert device.stages_freed == [device.staged[0][0]]

@@ -243,13 +243,15 @@ class Snapshotter:
         self.stats.copied_bytes += total
         self._staged_count += 1
         staged = [aside.get(i, piece) for i, piece in enumerate(pieces)]
-        return Detached(self._drain(stage, staged, missing), begin=self._begin)
+        return Detached(self._drain(stage, staged, missing))
 
     def _drain(
         self, stage: int, staged: list[tuple[int, int]], missing: list[int]
     ) -> Iterator[tuple[int, memoryview, Any]]:
         """On the writer's thread: the staged frames through the pinned slots to the writer."""
         try:
+            if self._begin is not None:
+                self._begin()  # the program's context, the recorder's guard
             yield from self._fetch(staged, missing, None, device=self.background, count=False)
         finally:
             assert self.background is not None

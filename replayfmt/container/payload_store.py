@@ -64,13 +64,11 @@ def claim_missing(digests: Sequence[bytes], known: set[bytes]) -> list[int]:
 class Detached:
     """What a ``fetch_missing`` returns for frames that no longer depend on the caller's memory
     (copied aside first: into device memory of the recorder's own, say): they are delivered on the
-    store's own thread after the call returns, ``begin()`` first on that thread. The payload is
-    defined at once; flushing and closing the writer wait for its frames, and a failure to deliver
-    them fails the writer there."""
+    store's own thread after the call returns. The payload is defined at once; flushing and
+    closing the writer wait for its frames, and a failure to deliver them fails the writer there."""
 
-    def __init__(self, frames: Iterable[tuple[int, FrameData, Release]], begin: Callable[[], None] | None = None):
+    def __init__(self, frames: Iterable[tuple[int, FrameData, Release]]):
         self.frames = frames
-        self.begin = begin
 
 
 def deliver(
@@ -234,12 +232,6 @@ class FrameStore:
                 if not claims[i].done():
                     claims[i].set_exception(problem)
 
-        try:
-            if frames.begin is not None:
-                frames.begin()
-        except BaseException:  # the claims carry the failure
-            fail(missing)
-            return
         with contextlib.suppress(BaseException):  # deliver failed the claims of frames it did not hand over
             deliver(self.frame_size, size, missing, frames.frames, submit, fail)
 
