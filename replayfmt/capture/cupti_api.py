@@ -134,12 +134,13 @@ class Cupti:
         if self.library is not None:
             self.forward(None)
 
-    def forward(self, c_callback: Any) -> None:
-        """Where the library's callback forwards the driver and resource domains (None: nowhere)."""
+    def forward(self, c_callback: Any, slot: int = 0) -> None:
+        """Where the library's callback forwards a slot's domains (None: nowhere): slot 0 the
+        driver and resource domains, 1 the NVTX domain (inject.c)."""
         assert self.library is not None
         forward = self.library.replayfmt_injection_forward
         forward.argtypes = [ctypes.c_int, ctypes.c_void_p]
-        forward(0, ctypes.cast(c_callback, ctypes.c_void_p) if c_callback else None)
+        forward(slot, ctypes.cast(c_callback, ctypes.c_void_p) if c_callback else None)
 
     def skip_exits(self, callback_ids: list[int], skip: bool) -> None:
         """Whether the library drops the exit callbacks of these driver calls (no-op without it)."""

@@ -182,9 +182,9 @@ class CuptiSource(GraphCalls):
                 guard.correlation = data  # read only when asked (correlation_id): most calls never are
                 site, params, result, symbol = _CALLBACK_DATA.unpack_from(MEMORY, data)
                 with self._lock:
-                    ring = self.ring
-                    if ring is not None and (ring.pending() or cbid not in self._keeps_armed):
-                        self._take_ring(disarm=cbid not in self._keeps_armed)
+                    withdraws = cbid not in self._keeps_armed
+                    if self.ring is not None and (withdraws or self.ring.pending()):
+                        self._take_ring(disarm=withdraws)
                     entry[0](self, site, params, result, entry[1], symbol)
             finally:
                 guard.busy = False

@@ -22,12 +22,6 @@ class DeviceMemory(Protocol):
     def read(self, address: int, size: int, stream: int | None) -> bytes | memoryview:
         """``size`` bytes at ``address`` once ``stream`` (a raw handle; None: the whole device) is idle."""
 
-    def _enter_writer_thread(self, context: Any) -> None:
-        """On the writer's thread, before it copies a snapshot set aside: the program's context,
-        and the recorder's guard (its driver calls are the recorder's own, never recorded)."""
-        self._guard.busy = True
-        check(self.cu.cuCtxSetCurrent(context), "cuCtxSetCurrent (snapshot writer)")
-
     def host_bytes(self, address: int, size: int) -> bytes:
         """A copy of host memory the program handed to a copy."""
 

@@ -53,12 +53,6 @@ class HostedCupti(Cupti):
         self.forward(c_callback)
         return ctypes.c_void_p(self.library.replayfmt_injection_subscriber()), c_callback
 
-    def forward_nvtx(self, c_callback: Any) -> None:
-        """Where the trampoline forwards the NVTX domain (the --scope ranges)."""
-        forward = self.library.replayfmt_injection_forward
-        forward.argtypes = [ctypes.c_int, ctypes.c_void_p]
-        forward(SLOT_NVTX, ctypes.cast(c_callback, ctypes.c_void_p))
-
     def unsubscribe(self, subscriber: Any) -> None:
         self.forward(None)  # the library keeps the subscription: the process is ending
 
@@ -76,7 +70,7 @@ class NvtxScopes:
     def enable(self, cupti: HostedCupti, subscriber: Any) -> None:
         for cbid in (NVTX_PUSH_A, NVTX_PUSH_W, NVTX_PUSH_EX, NVTX_POP, NVTX_DOMAIN_PUSH_EX, NVTX_DOMAIN_POP):
             cupti.enable_callback(subscriber, DOMAIN_NVTX, cbid)
-        cupti.forward_nvtx(self.c_callback)
+        cupti.forward(self.c_callback, SLOT_NVTX)
 
     def _callback(self, userdata: int | None, domain: int, cbid: int, data: int | None) -> None:
         if not data:

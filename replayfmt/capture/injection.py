@@ -200,9 +200,9 @@ def injection_library(*, cache: Path | None = None) -> Path:
     of another interface version) one built now from ``inject.c`` with the C compiler into
     ``cache`` (default ``~/.cache/replayfmt``); a one-line error says what is missing when
     neither can be had."""
-    for built in sorted(glob.glob(str(Path(__file__).with_name("_inject")) + "*.so")):
-        if library_abi(Path(built)) == INJECTION_ABI:
-            return Path(built)
+    built = built_library()
+    if built is not None:
+        return built
     missing = [source for source in _SOURCES if not source.is_file()]
     if missing:
         raise ReplayUsageError(f"the injection library was not built and its source {missing[0]} is missing: reinstall")
@@ -212,6 +212,14 @@ def injection_library(*, cache: Path | None = None) -> Path:
     if target.is_file() and library_abi(target) == INJECTION_ABI:
         return target
     return build_injection_library(target)
+
+
+def built_library() -> Path | None:
+    """The library pip built beside this module, of this interface version (None: none)."""
+    for built in sorted(glob.glob(str(Path(__file__).with_name("_inject")) + "*.so")):
+        if library_abi(Path(built)) == INJECTION_ABI:
+            return Path(built)
+    return None
 
 
 def build_injection_library(target: Path, *, compiler: str | None = None) -> Path:

@@ -59,11 +59,16 @@ typedef int (*clock_fn)(uint64_t *);
 
 /* The CUPTI callback data and parameter structs (x86-64, cupti_callbacks.h and
  * generated_cuda_meta.h): read at the same offsets replayfmt.capture.cupti_source reads. */
-typedef struct {
-    uint64_t f;
+typedef struct {  /* how both launch calls give a launch's shape */
     uint32_t grid[3], block[3], shared_memory;
     uint32_t pad;
-    uint64_t stream, kernel_params, extra;
+    uint64_t stream;
+} launch_shape;
+
+typedef struct {
+    uint64_t f;
+    launch_shape shape;
+    uint64_t kernel_params, extra;
 } launch_kernel_params;
 
 typedef struct {
@@ -71,9 +76,8 @@ typedef struct {
 } launch_ex_params;
 
 typedef struct {
-    uint32_t grid[3], block[3], shared_memory;
-    uint32_t pad;
-    uint64_t stream, attributes;
+    launch_shape shape;
+    uint64_t attributes;
     uint32_t attribute_count;
 } launch_config;
 
@@ -178,6 +182,13 @@ EXPORT uint32_t replayfmt_launches_capacity(void) { return RING_CAPACITY; }
 
 EXPORT uint32_t replayfmt_launches_record_size(void) { return (uint32_t)sizeof(ring_launch); }
 
+static void take_shape(ring_launch *launch, const launch_shape *shape) {
+    memcpy(launch->grid, shape->grid, sizeof launch->grid);
+    memcpy(launch->block, shape->block, sizeof launch->block);
+    launch->shared_memory = shape->shared_memory;
+    launch->stream = shape->stream;
+}
+
 static int same_arguments(const armed_function *slot, const uint64_t *pointers) {
     for (uint32_t i = 0; i < slot->count; ++i) {
         const void *argument = (const void *)(uintptr_t)pointers[i];
@@ -203,10 +214,7 @@ int launch_ring_record(unsigned cbid, const void *data, uint32_t outer) {
         if (!config) return 0;
         launch.function = p->f;
         kernel_params = p->kernel_params;
-        memcpy(launch.grid, config->grid, sizeof launch.grid);
-        memcpy(launch.block, config->block, sizeof launch.block);
-        launch.shared_memory = config->shared_memory;
-        launch.stream = config->stream;
+        take_shape(&launch, &config->shape);
         const unsigned char *attribute = (const unsigned char *)(uintptr_t)config->attributes;
         uint32_t attributes = config->attribute_count < 64 ? config->attribute_count : 64;
         for (uint32_t i = 0; attribute && i < attributes; ++i, attribute += ATTRIBUTE_SIZE) {
@@ -219,10 +227,7 @@ int launch_ring_record(unsigned cbid, const void *data, uint32_t outer) {
         const launch_kernel_params *p = params;
         launch.function = p->f;
         kernel_params = p->kernel_params;
-        memcpy(launch.grid, p->grid, sizeof launch.grid);
-        memcpy(launch.block, p->block, sizeof launch.block);
-        launch.shared_memory = p->shared_memory;
-        launch.stream = p->stream;
+        take_shape(&launch, &p->shape);
         if (kind_of[cbid] == KIND_COOPERATIVE) launch.flags |= FLAG_COOPERATIVE;
         else if (p->extra) return 0;  /* arguments in one packed buffer: the recorder reads them */
     }

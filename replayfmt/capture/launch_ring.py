@@ -18,14 +18,13 @@ pip built; without it, every launch goes through Python as before.
 from __future__ import annotations
 
 import ctypes
-import glob
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from replayfmt.capture import events as ev
+from replayfmt.capture.injection import built_library
 from replayfmt.capture.report import KernelStats
 from replayfmt.writer import LaunchTemplate
 
@@ -48,7 +47,6 @@ RING_DTYPE = np.dtype(
 FLAG_COOPERATIVE = 1
 # launch_ring.c's kinds of launch call, by driver call name (with their _ptsz and _ptds variants)
 _LAUNCH_KINDS = {"cuLaunchKernel": 1, "cuLaunchKernelEx": 2, "cuLaunchCooperativeKernel": 3}
-_RECORDER_ABI = 3  # inject.c's REPLAYFMT_INJECTION_ABI with the ring in it
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,12 +97,10 @@ class LaunchRing:
         self._armed: dict[int, ArmedLaunch] = {}
         self._by_function: dict[int, int] = {}  # function -> its latest arming id
         self._superseded: list[int] = []  # arming ids replaced since the last take: forgotten after it
-        self.launch_calls: set[int] = set()
         for name, cbid in callback_ids.items():
             kind = _LAUNCH_KINDS.get(name.removesuffix("_ptsz").removesuffix("_ptds"))
             if kind is not None:
                 library.replayfmt_launches_call(cbid, kind)
-                self.launch_calls.add(cbid)
         library.replayfmt_launches_clock(clock or None)
         library.replayfmt_launches_take(self._address, 1)  # nothing left from an earlier recorder
         self.enabled = True  # False while a stream capture runs: launches then go into graphs
@@ -138,6 +134,7 @@ class LaunchRing:
         """Withdraw every arming; the launches in the ring stay for the next take."""
         with self._lock:
             self._library.replayfmt_launches_withdraw()
+            self._superseded += self._by_function.values()  # forgotten once the ring is next taken
             self._by_function.clear()
 
     def take(self, *, disarm: bool) -> Repeats | None:
@@ -158,13 +155,7 @@ class LaunchRing:
 
 
 def recorder_library() -> ctypes.CDLL | None:
-    """The recorder's C library (``_inject*.so``) pip built beside this module, of this
-    interface version; None when there is none (launches then all go through Python)."""
-    for built in sorted(glob.glob(str(Path(__file__).with_name("_inject")) + "*.so")):
-        try:
-            library = ctypes.CDLL(built)
-            if int(library.replayfmt_injection_abi()) == _RECORDER_ABI:
-                return library
-        except (OSError, AttributeError):
-            continue
-    return None
+    """The recorder's C library pip built beside this module (``injection.built_library``);
+    None when there is none (launches then all go through Python)."""
+    built = built_library()
+    return ctypes.CDLL(str(built)) if built is not None else None

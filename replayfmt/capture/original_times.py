@@ -135,19 +135,10 @@ class OriginalTimes:
             issued.extend(map(Issued._make, zip(operations, repeat(kernel_kind), names, ring["timestamp"].tolist())))
             last_id[0] = correlations[-1]
 
-        def bind(
-            entry: tuple[int, ActivityKind, str | int],
-            since: int = 0,
-            *,
-            correlation: int | None = None,
-            outer: int | None = None,
-        ) -> None:
-            """Bind an operation to its call's correlation ids (default: the callback's now)."""
-            if correlation is None:
-                correlation = self.correlation()
+        def bind(entry: tuple[int, ActivityKind, str | int], since: int = 0) -> None:
+            correlation = self.correlation()
             bound[correlation] = entry
-            if outer is None:
-                outer = self.outer_correlation()
+            outer = self.outer_correlation()
             if outer:
                 bound[outer] = entry
             # CUPTI's clock at the call (its work starts later), read only where the ids may bind
