@@ -74,6 +74,35 @@ def test_launches_alike_are_packed_once_and_relocated(tmp_path, fake):
         assert r.run(2).device_ms == [0.0, 0.0]
 
 
+def test_cluster_launches_alike_share_one_config_and_a_reshape_copies_it(tmp_path, fake):
+    def body(w, ids):
+        for _ in range(4):  # cuBLAS's sm_90 kernels run in clusters: one config for all four
+            w.launch(
+                executable=ids["exe"],
+                function=0,
+                grid=(2, 1, 1),
+                block=(32, 1, 1),
+                parameters=bytes(8),
+                relocations=[m.Relocation(0, ids["x"], 0, 0)],
+                stream=ids["s1"],
+                cluster=(2, 1, 1),
+            )
+
+    write(tmp_path / "c.kreplay", body)
+    with replayfmt.open(tmp_path / "c.kreplay") as cap, Replayer(build_plan(cap), ReplayOptions()) as r:
+        launches = [s for s in r.steps if s.kind is StepKind.LAUNCH_EX]
+        configs = {id(s.args[0]) for s in launches}
+        assert len(launches) == 4 and len(configs) == 1
+        shared = launches[0].args[0]
+        assert (shared.gridDimX, shared.attrs[0].value.clusterDim.x) == (2, 2)
+        r.set_launch_shape(launches[1].operation, (4, 1, 1), (64, 1, 1), 128)
+        after = [s.args[0] for s in r.steps if s.kind is StepKind.LAUNCH_EX]
+        assert (after[1].gridDimX, after[1].blockDimX, after[1].sharedMemBytes) == (4, 64, 128)
+        assert after[1].attrs is shared.attrs and after[1].hStream is shared.hStream
+        assert all(c is shared for k, c in enumerate(after) if k != 1) and shared.gridDimX == 2
+        assert r.run(1).device_ms == [0.0]
+
+
 def test_events_share_cuda_events_only_where_their_spans_do_not_overlap(tmp_path, fake):
     def body(w, ids):
         dev = ids["device"]

@@ -35,9 +35,17 @@ def record(*args):
 
 
 class Config:
-    """Stands for a CUlaunchConfig: the fields a shape change writes."""
+    """Stands for a CUlaunchConfig: the fields a shape change copies and writes."""
 
-    gridDimX = gridDimY = gridDimZ = blockDimX = blockDimY = blockDimZ = sharedMemBytes = 0
+    gridDimX = gridDimY = gridDimZ = blockDimX = blockDimY = blockDimZ = sharedMemBytes = numAttrs = 0
+    hStream = "s"
+    attrs: list = []
+
+
+class Driver:
+    """Stands for the driver module: what a shape change builds."""
+
+    CUlaunchConfig = Config
 
 
 def steps() -> list[Step]:
@@ -52,15 +60,24 @@ def steps() -> list[Step]:
     ]
 
 
-def test_launch_shapes_change_in_place():
+def test_launch_shapes_change_on_their_own_step():
     s = steps()
-    set_launch_shape(s, 1, (8, 2, 1), (64, 2, 1), 1024)
+    set_launch_shape(Driver, s, 1, (8, 2, 1), (64, 2, 1), 1024)
     assert s[1].args == (s[1].args[0], 8, 2, 1, 64, 2, 1, 1024, "s", 1234, 0) and s[1].kind is StepKind.LAUNCH
-    set_launch_shape(s, 2, (4, 1, 1), (128, 1, 1), 99)
+    shared = s[3].args[0]
+    shared.attrs, shared.numAttrs = ["cluster"], 1
+    set_launch_shape(Driver, s, 2, (4, 1, 1), (128, 1, 1), 99)
     config = s[3].args[0]
     assert (config.gridDimX, config.blockDimX, config.sharedMemBytes) == (4, 128, 99)
+    assert (config.hStream, config.attrs, config.numAttrs, s[3].args[1:]) == (
+        "s",
+        ["cluster"],
+        1,
+        (s[3].args[1], 5678, 0),
+    )
+    assert config is not shared and shared.gridDimX == 0  # a config shared by other launches stays theirs
     with pytest.raises(replayfmt.ReplayUsageError, match="operation 3 is not a launch of this replay"):
-        set_launch_shape(s, 3, (1, 1, 1), (1, 1, 1), 0)
+        set_launch_shape(Driver, s, 3, (1, 1, 1), (1, 1, 1), 0)
 
 
 def test_launches_follow_rejitted_functions():

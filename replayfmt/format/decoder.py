@@ -26,6 +26,7 @@ work nor memory beyond the budget. The values:
 
 from __future__ import annotations
 
+import functools
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -84,6 +85,7 @@ class _Decoder:
         # (position, type) -> (value, bytes it cost): shared offsets are decoded once
         self.memo: dict[tuple[int, str], tuple[Any, int]] = {}
         self.caps = limits.vector_caps()
+        self.compiled: dict[str, Any] = compile_tables() if schema is load_schema() else {}
 
     def u32(self, pos: int) -> int:
         if pos < 0 or pos + 4 > self.n:
@@ -121,9 +123,22 @@ class _Decoder:
     def table(self, pos: int, table: TableDef, depth: int) -> dict[str, Any]:
         if depth > self.max_depth:
             raise _Failure(pos, f"tables nested deeper than {self.max_depth}")
-        return self.shared(pos, table.name, lambda: self._table(pos, table, depth))
+        # shared() inlined: a capture's objects are tables, and a large one holds 200k of them
+        key = (pos, table.name)
+        hit = self.memo.get(key)
+        if hit is not None:
+            self.charge(pos, hit[1])
+            return hit[0]
+        before = self.bytes_left
+        self.charge(pos, 0)
+        compiled = self.compiled.get(table.name)
+        value = compiled(self, pos, depth) if compiled is not None else self._table_by_schema(pos, table, depth)
+        self.memo[key] = (value, before - self.bytes_left)
+        return value
 
-    def _table(self, pos: int, table: TableDef, depth: int) -> dict[str, Any]:
+    def _table_by_schema(self, pos: int, table: TableDef, depth: int) -> dict[str, Any]:
+        """The reference walk of a table, field by field from the schema (:func:`compile_tables`
+        makes the same walk into one function per table: what a decode runs)."""
         buf = self.buf
         if pos % 4 or pos + 4 > self.n:
             raise _Failure(pos, f"{table.name} table offset out of bounds or misaligned")
@@ -243,6 +258,111 @@ class _Decoder:
         return array
 
 
+@functools.cache
+def compile_tables() -> dict[str, Any]:
+    """One decoding function per table of replayfmt/schema.fbs, ``f(decoder, pos, depth) -> dict``:
+    the walk of ``_Decoder._table_by_schema`` unrolled field by field (the same checks, in the same
+    order, with the same messages), made once per process. A capture may hold 200k objects of a
+    few fields each, and the generic walk spends most of its time deciding what each field is."""
+    schema = load_schema()
+    names: dict[str, Any] = {"_Failure": _Failure, "_U8": _U8.unpack_from, "_U16": _U16.unpack_from}
+    names["_I32"] = _I32.unpack_from
+    source: list[str] = []
+    for table in schema.tables.values():
+        source += _table_source(schema, table, names)
+    code = compile("\n".join(source), "<replayfmt.format.decoder: compiled tables>", "exec")
+    exec(code, names)  # source made above from the parsed schema, never from a file's bytes
+    return {name: names[f"_t_{name}"] for name in schema.tables}
+
+
+def _table_source(schema: Schema, table: TableDef, names: dict[str, Any]) -> list[str]:
+    """The lines of one table's decoding function (``names``: the constants it reads, filled in)."""
+    t = table.name
+    lines = [
+        f"def _t_{t}(d, pos, depth):",
+        "    buf = d.buf; n = d.n",
+        "    if pos % 4 or pos + 4 > n:",
+        f"        raise _Failure(pos, {t + ' table offset out of bounds or misaligned'!r})",
+        "    vtable = pos - _I32(buf, pos)[0]",
+        "    if vtable < 0 or vtable % 2 or vtable + 4 > n:",
+        f"        raise _Failure(pos, {t + ' vtable offset out of bounds'!r})",
+        "    vsize, tsize = _U16(buf, vtable)[0], _U16(buf, vtable + 2)[0]",
+        "    if vsize < 4 or vsize % 2 or vtable + vsize > n:",
+        f"        raise _Failure(vtable, f'{t} vtable size {{vsize}} invalid')",
+        "    if tsize < 4 or pos + tsize > n:",
+        f"        raise _Failure(pos, f'{t} table size {{tsize}} out of bounds')",
+        "    out = {}",
+    ]
+
+    def field_pos(var: str, slot: int, size: int) -> None:  # var = the field's position, or None
+        entry = 4 + 2 * slot
+        lines.extend(
+            [
+                f"    voff = _U16(buf, vtable + {entry})[0] if {entry} < vsize else 0",
+                "    if voff:",
+                f"        if voff < 4 or voff + {size} > tsize:",
+                f"            raise _Failure(pos, {f'{t} field slot {slot} lies outside its table'!r})",
+                f"        {var} = pos + voff",
+                "    else:",
+                f"        {var} = None",
+            ]
+        )
+
+    for k, f in enumerate(table.fields):
+        base, key = f.type.base, repr(f.name)
+        if f.type.vector:
+            field_pos("fp", f.slot, 4)
+            if (t, f.name) in DEFAULT_LIMITS.vector_caps():  # the same fields whatever the limits
+                lines += ["    if fp is not None:", f"        d.check_count(fp + d.u32(fp), {t!r}, {key})"]
+            lines.append(f"    out[{key}] = None if fp is None else d.vector(fp + d.u32(fp), {base!r}, depth)")
+        elif base in schema.unions:
+            field_pos("tp", f.slot - 1, 1)
+            field_pos("vp", f.slot, 4)
+            members = schema.unions[base]
+            names[f"_M_{t}_{k}"] = tuple(members)
+            names[f"_MT_{t}_{k}"] = tuple(schema.tables[mem] for mem in members)
+            lines += [
+                "    code = _U8(buf, tp)[0] if tp is not None else 0",
+                "    if code == 0:",
+                f"        out[{key}] = None",
+                "    elif vp is None:",
+                f"        raise _Failure(pos, {f'{t}.{f.name} has a type but no value'!r})",
+                f"    elif code <= {len(members)}:",
+                f"        member = d.table(vp + d.u32(vp), _MT_{t}_{k}[code - 1], depth + 1)",
+                f"        out[{key}] = (_M_{t}_{k}[code - 1], member)",
+                "    else:",
+                f"        out[{key}] = ('?', code)",
+            ]
+        elif base == "string":
+            field_pos("fp", f.slot, 4)
+            lines.append(f"    out[{key}] = '' if fp is None else d.string(fp + d.u32(fp))")
+        elif base in schema.tables:
+            names[f"_T_{t}_{k}"] = schema.tables[base]
+            field_pos("fp", f.slot, 4)
+            lines.append(f"    out[{key}] = None if fp is None else d.table(fp + d.u32(fp), _T_{t}_{k}, depth + 1)")
+        elif base in schema.structs:
+            size = schema.structs[base].size
+            field_pos("fp", f.slot, size)
+            lines += [
+                "    if fp is not None:",
+                f"        d.charge(fp, {size}, 0)",
+                f"    out[{key}] = None if fp is None else bytes(buf[fp : fp + {size}])",
+            ]
+        else:
+            scalar = schema.scalar_of(base)
+            if scalar is None:
+                lines.append(f"    raise _Failure(pos, {f'schema type {base} unknown to the decoder'!r})")
+                continue
+            names[f"_S_{t}_{k}"] = _SCALAR_STRUCTS[scalar].unpack_from
+            names[f"_D_{t}_{k}"] = f.default
+            field_pos("fp", f.slot, SCALAR_SIZES[scalar])
+            value = f"_S_{t}_{k}(buf, fp)[0]"
+            value = f"bool({value})" if scalar == "bool" else value
+            lines.append(f"    out[{key}] = _D_{t}_{k} if fp is None else {value}")
+    lines += ["    return out", ""]
+    return lines
+
+
 def decode_buffer(
     buf: bytes,
     root_table: str,
@@ -252,15 +372,20 @@ def decode_buffer(
     path: str | None = None,
     offset: int | None = None,
     record: str = "record",
+    compiled: bool = True,
 ) -> dict[str, Any]:
     """Verify ``buf`` as a FlatBuffer rooted at ``root_table`` and return its decoded root table.
 
     ``limits`` sets the decoding budget (its ``decode_expansion`` and ``max_decode_objects``).
     Raises ReplayFormatError naming ``offset`` (the file offset of the chunk the buffer came
     from) and the byte position inside the (decompressed) buffer where the problem lies.
+    ``compiled=False`` walks each table field by field from the schema instead of through
+    :func:`compile_tables`: the reference the compiled walk is tested against.
     """
     schema = load_schema()
     decoder = _Decoder(buf, schema, max_depth, limits)
+    if not compiled:
+        decoder.compiled = {}
     try:
         if len(buf) < 8:
             raise _Failure(0, "buffer too small for a FlatBuffer")

@@ -39,6 +39,7 @@ from replayfmt.measure.restore import Span, buffers_of, restore_spans
 from replayfmt.reader import Capture
 from replayfmt.replay.graph_plan import graph_buffers
 from replayfmt.replay.graphs import launch_into_capture
+from replayfmt.replay.launches import launch_config_copy
 from replayfmt.replay.replayer import Replayer
 from replayfmt.replay.steps import Step, StepKind, bracket_with_events
 
@@ -376,14 +377,15 @@ class Benchmark:
         legacy = r.streams[0]
         body = [step.with_args(tuple(stream if a is legacy else a for a in step.args)) for step in self._graph_body()]
         # extended launches (clusters, cooperative) carry their stream inside the launch config: left on
-        # the legacy stream they would run once, outside the capture, and be missing from the graph
-        moved = [
-            step.args[0]
-            for step in body
-            if step.kind is StepKind.LAUNCH_EX and int(step.args[0].hStream) == int(legacy)
-        ]
-        for config in moved:
-            config.hStream = stream
+        # the legacy stream they would run once, outside the capture, and be missing from the graph.
+        # A copy of the config each (configs are shared by launches that agree but for their index).
+        moved: dict[int, Any] = {}
+        for k, step in enumerate(body):
+            config = step.args[0] if step.kind is StepKind.LAUNCH_EX else None
+            if config is not None and int(config.hStream) == int(legacy):
+                if id(config) not in moved:
+                    moved[id(config)] = launch_config_copy(cu, config, stream=stream)
+                body[k] = step.with_args((moved[id(config)], *step.args[1:]))
         self._capture_stream = stream
         mode = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL
         check(cu.cuStreamBeginCapture(stream, mode), "cuStreamBeginCapture")

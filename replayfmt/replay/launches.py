@@ -79,6 +79,27 @@ def prepare_launch(
     return PreparedLaunch(fn.name, args, False, keep, sites)
 
 
+def launch_config_copy(
+    cu: Any, config: Any, *, shape: tuple[m.Dims, m.Dims, int] | None = None, stream: Any = None
+) -> Any:
+    """A new CUlaunchConfig equal to ``config`` but for ``shape`` (grid, block, shared memory) or
+    ``stream``: prepared launches share one config among the launches that agree in all but their
+    index, so a change to one launch is made on a copy, never on the shared config."""
+    copy = cu.CUlaunchConfig()
+    grid, block, smem = shape or (
+        (config.gridDimX, config.gridDimY, config.gridDimZ),
+        (config.blockDimX, config.blockDimY, config.blockDimZ),
+        config.sharedMemBytes,
+    )
+    copy.gridDimX, copy.gridDimY, copy.gridDimZ = grid
+    copy.blockDimX, copy.blockDimY, copy.blockDimZ = block
+    copy.sharedMemBytes = smem
+    copy.hStream = config.hStream if stream is None else stream
+    copy.attrs = config.attrs
+    copy.numAttrs = config.numAttrs
+    return copy
+
+
 def _launch_config(cu: Any, op: m.Launch, grid: m.Dims, block: m.Dims, smem: int, stream: Any) -> Any:
     """A CUlaunchConfig carrying the launch's cluster dimensions and cooperative flag."""
     config = cu.CUlaunchConfig()

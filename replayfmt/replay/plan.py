@@ -27,6 +27,7 @@ from replayfmt.reader import Capture
 from replayfmt.replay.executables import ExecutableImage, ExecutableSources, plan_executables
 from replayfmt.replay.graph_plan import GraphSize, check_graph, graph_references
 from replayfmt.replay.plan_checks import (
+    QUICK_CHECKS,
     FrameChecks,
     LiveObjects,
     check_graph_lifetimes,
@@ -165,7 +166,9 @@ def build_plan(capture: Capture, options: PlanOptions = PlanOptions()) -> Plan:
     objects: dict[int, m.ObjectDef] = {}
     for obj in capture.objects():
         objects[obj.id] = obj
-        if isinstance(obj, m.Device):
+        if type(obj) is m.Event:  # the most numerous (a program may make one per record)
+            plan.events[obj.id] = obj
+        elif isinstance(obj, m.Device):
             plan.devices.append(obj)
         elif isinstance(obj, m.Stream):
             plan.streams[obj.id] = obj
@@ -210,10 +213,15 @@ def build_plan(capture: Capture, options: PlanOptions = PlanOptions()) -> Plan:
     passed: set[tuple[object, ...]] = set()  # repeat_key of what was checked already (all but the index)
     # operations equal but for their index come folded (the reader's distinct_operations): checked once
     for op, n in unfolded(capture, bool(overrides)):
+        cls = type(op)
         kind = op.kind if not isinstance(op, m.UnknownOperation) else -1
         kinds[kind] = kinds.get(kind, 0) + n
-        if type(op) in EVENT_OPERATIONS:  # never folded: each use extends its event's span
+        if cls in EVENT_OPERATIONS:  # never folded: each use extends its event's span
             track_event(plan.event_spans, op)
+        quick = QUICK_CHECKS.get(cls)  # creates, events, synchronisations: one lookup or two (the hot path)
+        if quick is not None and quick(live, op) and op.index not in overrides:
+            regions.note(op.index)
+            continue
         key = repeat_key(op) if op.index not in overrides else None
         if key is not None and key in passed:  # a repeat: the same checks, the same outcome (the hot path)
             regions.step(op)

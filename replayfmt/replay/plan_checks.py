@@ -5,7 +5,8 @@ work, and what a replay goes on without (an invalid OPTIONAL TIMINGS chunk, drop
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from replayfmt.errors import ReplayFormatError
 from replayfmt.format import model as m, records
@@ -115,6 +116,23 @@ def repeat_key(op: m.Operation) -> tuple[object, ...] | None:
         return (op.kind, *op[1:])
     names = _ID_FIELDS.get(cls)  # events, synchronisations, module loads, graph launches
     return None if names is None else (cls, *(getattr(op, n) for n in names))
+
+
+def _event_and_stream(live: LiveObjects, op: m.EventRecord | m.StreamWaitEvent) -> bool:
+    return isinstance(live.get(op.event), m.Event) and (not op.stream or isinstance(live.get(op.stream), m.Stream))
+
+
+# The checks of the most numerous operations (a program may create and record an event per
+# launch), taken on their own before the general path: True when the operation passes; False sends
+# it down the general path (plan._check_operation), which names what is wrong.
+QUICK_CHECKS: dict[type, Callable[[LiveObjects, Any], bool]] = {
+    m.CreateObject: lambda live, op: True,  # its object was checked when decoded
+    m.DeviceSynchronize: lambda live, op: True,
+    m.EventRecord: _event_and_stream,
+    m.StreamWaitEvent: _event_and_stream,
+    m.EventSynchronize: lambda live, op: isinstance(live.get(op.event), m.Event),
+    m.StreamSynchronize: lambda live, op: not op.stream or isinstance(live.get(op.stream), m.Stream),
+}
 
 
 def payloads_of(op: m.Operation) -> tuple[int, ...]:

@@ -33,6 +33,11 @@ class RegionTracker:
         self.depth = 0
         self.begin: int | None = None  # where the current region began
 
+    def note(self, index: int) -> None:
+        """Step past operation ``index``, known to be no scope marker, whose region does not matter."""
+        if self.depth == 0 and self.begin is None:
+            self.begin = index
+
     def step(self, op: m.Operation) -> int:
         """The index at which ``op``'s region begins."""
         if isinstance(op, m.ScopeBegin):

@@ -231,7 +231,7 @@ class Replayer:
 
     def set_launch_shape(self, index: int, grid: m.Dims, block: m.Dims, shared_memory: int) -> None:
         """Change the shape of launch operation ``index`` in the prepared steps (for tuning)."""
-        set_launch_shape(self._built.steps, index, grid, block, shared_memory)
+        set_launch_shape(self.cu, self._built.steps, index, grid, block, shared_memory)
 
     def set_graph_node_shape(self, graph: int, node: int, grid: m.Dims, block: m.Dims, shared_memory: int) -> None:
         """Change the shape of kernel node ``node`` of Graph object ``graph`` (for tuning)."""

@@ -18,7 +18,7 @@ from replayfmt.format import model as m
 from replayfmt.replay.buffers import pinned
 from replayfmt.replay.devices import Devices
 from replayfmt.replay.graphs import GraphBuilder, PreparedGraph
-from replayfmt.replay.launches import PreparedLaunch, prepare_launch
+from replayfmt.replay.launches import PreparedLaunch, launch_config_copy, prepare_launch
 from replayfmt.replay.modules import Modules
 from replayfmt.replay.plan import Plan, upload_key
 from replayfmt.replay.staging import Staged
@@ -96,8 +96,8 @@ def build_steps(
 
     Built once per replay and cheap per operation (a capture may hold 700k): one type test per
     record, no closure per operation, and launches that agree in everything but their index
-    share one packed launch (its arguments are immutable: a shape change replaces a step's
-    arguments, never the packed parameters)."""
+    share one packed launch, extended ones their launch config too (its arguments are immutable:
+    a shape change replaces a step's arguments, or its config with a copy, never what is shared)."""
     cu = devices.cu
     built = BuiltSteps([], [], {}, {})
     steps = built.steps
@@ -127,6 +127,8 @@ def build_steps(
         if gpu is not None and gpu != current:
             append(Step(StepKind.SET_CONTEXT, cu.cuCtxSetCurrent, (devices.gpus[gpu].ctx,), index))
             current = gpu
+        if cls is m.CreateObject or cls is m.DestroyObject:  # done at setup (a program may make 200k events)
+            continue
         captured = getattr(op, "stream", 0)
         stream = op_streams[index] = handles[captured] if captured else defaults[gpu or 0]
         override = overrides.get(index) if cls is m.Launch else None
@@ -138,7 +140,7 @@ def build_steps(
             if launch is None:
                 launch = prepare_launch(devices, plan, modules, A, op, stream, gpu or 0)
                 built.launches.append(launch)
-                if not launch.extended and index not in overrides:
+                if index not in overrides:
                     packed[key] = launch
             for site, value in launch.buffer_sites:
                 append(Step(StepKind.POINTER_SITE, cu.cuMemcpyHtoDAsync, (site, value, 8, stream), index))
@@ -201,8 +203,9 @@ def build_steps(
     return built
 
 
-def set_launch_shape(steps: list[Step], index: int, grid: m.Dims, block: m.Dims, shared_memory: int) -> None:
-    """Change the shape of launch operation ``index`` in ``steps`` (for tuning)."""
+def set_launch_shape(cu: Any, steps: list[Step], index: int, grid: m.Dims, block: m.Dims, shared_memory: int) -> None:
+    """Change the shape of launch operation ``index`` in ``steps`` (for tuning); ``cu``: the
+    driver module (an extended launch gets a config of its own)."""
     for k, step in enumerate(steps):
         if step.operation != index:
             continue
@@ -210,11 +213,9 @@ def set_launch_shape(steps: list[Step], index: int, grid: m.Dims, block: m.Dims,
             handle, *_, stream, params, extra = step.args
             steps[k] = step.with_args((handle, *grid, *block, shared_memory, stream, params, extra))
             return
-        if step.kind is StepKind.LAUNCH_EX:
-            config = step.args[0]
-            config.gridDimX, config.gridDimY, config.gridDimZ = grid
-            config.blockDimX, config.blockDimY, config.blockDimZ = block
-            config.sharedMemBytes = shared_memory
+        if step.kind is StepKind.LAUNCH_EX:  # the config may be shared with other launches: a copy
+            config = launch_config_copy(cu, step.args[0], shape=(grid, block, shared_memory))
+            steps[k] = step.with_args((config, *step.args[1:]))
             return
     raise ReplayUsageError(f"operation {index} is not a launch of this replay")
 
