@@ -402,6 +402,48 @@ def test_untyped_float_words_may_differ_by_the_spread_of_varied_words_near_them(
     assert j.shown[0].ulp_diff > ULP_WIDENING[D.FLOAT32]
 
 
+def test_a_small_sum_amid_larger_terms_keeps_the_error_of_its_terms():
+    """The H100's torch_geometric case: a float32 word of a scatter-add output, 7.28e-7 in the
+    capture and 7.21e-7 in all 4 replays (1%, 131,072 ulps), amid words of 4e-5 that varied by
+    2.4e-7. Past the 2**16-ulp cap, and still a number of its tensor's scale, off by far less
+    than its neighbours vary: within variation. The same 1% on a word of the tensor's own scale,
+    or on an integer read as a tiny float, stays wrong."""
+    rng = np.random.default_rng(11)
+    captured = (rng.standard_normal(4 * NEIGHBOURHOOD) * 4e-5).astype(np.float32)
+    captured[500] = np.float32(7.282943e-07)
+    replays = []
+    for k in range(4):
+        replay = captured.copy()
+        replay[:256] += np.float32(6e-8 * (k - 1.5))  # the terms near it vary by up to 2.4e-7
+        replay[500] = np.float32(7.208437e-07)  # agreed by every replay
+        replays.append(replay)
+    o = RangeObservation(captured.tobytes(), D.UNKNOWN)
+    for replay in replays:
+        o.add(replay.tobytes())
+    j = o.judge(nondeterministic=True)
+    assert j.verdict is Verdict.VARIES and j.wrong == 0
+    calm = captured.copy()  # no neighbour varied: nothing forgives it
+    calm[500] = replays[0][500]
+    o = RangeObservation(captured.tobytes(), D.UNKNOWN)
+    o.add(calm.tobytes())
+    o.add(calm.tobytes())
+    assert o.judge(nondeterministic=True).verdict is Verdict.WRONG
+
+    big = captured.copy()
+    big[600] = np.float32(1.2e-4)  # a value of the tensor's own scale, 1% off in every replay
+    words = big.view(np.uint32).copy()
+    words[700] = 300_000_000  # an integer, a tiny float, moved by millions
+    o = RangeObservation(words.tobytes(), D.UNKNOWN)
+    for replay in replays:
+        moved = replay.copy()
+        moved[600] = np.float32(1.2e-4 * 1.01)
+        changed = moved.view(np.uint32).copy()
+        changed[700] = 302_000_000
+        o.add(changed.tobytes())
+    j = o.judge(nondeterministic=True)
+    assert j.verdict is Verdict.WRONG and [e.index for e in j.shown] == [600, 700]
+
+
 def test_the_float_reading_of_untyped_words_forgives_no_scale_it_did_not_measure():
     """Found in review: an absolute neighbour spread forgave large integers (tiny as floats) moved
     by millions, and one varying non-float word (a counter, scratch) excused every float near it.
