@@ -19,8 +19,9 @@ Untyped pieces are judged by their buffer's 4-byte words: a word may differ from
 where it varied between replays, or, in a program shown nondeterministic, where it reads as a
 normal float32 number in the capture and in every replay and lies within the float32 widening of
 the replays' values, or within what float words near it varied by (at most 2**16 ulps of its own
-value, or 2**-10 of the largest float near it for a word of their scale). Float32 is what most GPU memory holds; the integers kernels index with are never normal
-float32 bit patterns below 2**23, so an index off by one is still wrong.
+value, or 2**-10 of the largest float near it for a word of their scale). Float32 is what most
+GPU memory holds; the integers kernels index with are never normal float32 bit patterns below
+2**23, so an index off by one is still wrong.
 """
 
 from __future__ import annotations
