@@ -314,12 +314,21 @@ class Capture:
 
         The TIMINGS chunk is OPTIONAL: an invalid one is dropped (empty times), and
         ``timings_problem`` says why, for the tools to warn; it never fails the read."""
+        return self._original_times(rows=True)
+
+    def check_original_times(self) -> str:
+        """Why the original program's times are dropped (``timings_problem``), or "" when they are
+        valid or absent: the TIMINGS chunk checked whole, without an object per row."""
+        self._original_times(rows=False)
+        return self.timings_problem
+
+    def _original_times(self, *, rows: bool) -> OriginalTimes:
         at = self._timings_offset
         if not at or self.timings_problem:
             return OriginalTimes()
         try:
             d = self._chunks.decode(at, ChunkKind.TIMINGS, "Timings", self.limits.max_index_size)
-            return decode_timings(d, self.operation_count, path=self.path, offset=at)
+            return decode_timings(d, self.operation_count, path=self.path, offset=at, rows=rows)
         except ReplayFormatError as exc:
             self.timings_problem = f"the original program's times (TIMINGS chunk) were dropped: {exc}"
             return OriginalTimes()

@@ -37,6 +37,7 @@ _CATEGORY[list(_COPY_KINDS)] = 1
 _CATEGORY[_MEMSET] = 2
 _CATEGORY[[int(k) for k in records.ID_OPERATIONS]] = 3
 _CATEGORIES = 5
+_ID_OPERATIONS = {int(kind): entry for kind, entry in records.ID_OPERATIONS.items()}  # by kind code: no enum per record
 _new_tuple = tuple.__new__
 _EVENT_KINDS = np.array(
     [int(m.OperationKind.EVENT_RECORD), int(m.OperationKind.STREAM_WAIT_EVENT), int(m.OperationKind.EVENT_SYNCHRONIZE)],
@@ -402,7 +403,7 @@ def _id_operations(b: DecodedBatch, category: np.ndarray) -> list[m.Operation]:
     id_kinds = b.kinds[category == 3]
     id_positions = np.asarray(_positions(category, 3, b.first_operation, 0))
     for code in np.unique(id_kinds).tolist():
-        cls, names = records.ID_OPERATIONS[_K(code)]
+        cls, names = _ID_OPERATIONS[code]
         chosen = id_kinds == code
         columns = [id_positions[chosen].tolist(), b.id_operations["first"][chosen].tolist()]
         if len(names) == 2:
@@ -440,7 +441,7 @@ def distinct_operations(b: DecodedBatch) -> list[tuple[m.Operation, int]]:
             n.tolist(),
             strict=True,
         ):
-            cls, names = records.ID_OPERATIONS[_K(code)]
+            cls, names = _ID_OPERATIONS[code]
             out.append((cls(index, one, two) if len(names) == 2 else cls(index, one), count))
     if len(b.launches):
         js, n = _distinct_launches(b)

@@ -86,6 +86,7 @@ class _Decoder:
         self.memo: dict[tuple[int, str], tuple[Any, int]] = {}
         self.caps = limits.vector_caps()
         self.compiled: dict[str, Any] = compile_tables() if schema is load_schema() else {}
+        self.layouts: dict[tuple[int, str], tuple[int, ...]] = {}  # (vtable, table) -> layout()
 
     def u32(self, pos: int) -> int:
         if pos < 0 or pos + 4 > self.n:
@@ -99,6 +100,28 @@ class _Decoder:
             raise _Failure(pos, "decoding produces more than the decode budget allows (shared offsets amplify it)")
         if self.objects_left < 0:
             raise _Failure(pos, "too many references (shared offsets amplify the work)")
+
+    def layout(self, pos: int, vtable: int, table: str, fields: tuple[tuple[int, int], ...]) -> tuple[int, ...]:
+        """A vtable checked once for the compiled tables (FlatBuffers share one vtable among tables
+        alike: 200k objects, a few vtables): (table size, then per (slot, size) of ``fields`` its
+        offset in the table, 0 when absent, -1 when it lies outside the table, which the table's
+        function raises when it reaches that field, as the schema walk does). Raises what the
+        schema walk raises for the vtable itself, naming the table at ``pos``."""
+        buf, n = self.buf, self.n
+        if vtable < 0 or vtable % 2 or vtable + 4 > n:
+            raise _Failure(pos, f"{table} vtable offset out of bounds")
+        vsize, tsize = _U16.unpack_from(buf, vtable)[0], _U16.unpack_from(buf, vtable + 2)[0]
+        if vsize < 4 or vsize % 2 or vtable + vsize > n:
+            raise _Failure(vtable, f"{table} vtable size {vsize} invalid")
+        if tsize < 4:
+            raise _Failure(pos, f"{table} table size {tsize} out of bounds")
+        offsets = [tsize]
+        for slot, size in fields:
+            entry = 4 + 2 * slot
+            voff = _U16.unpack_from(buf, vtable + entry)[0] if entry < vsize else 0
+            offsets.append(-1 if voff and (voff < 4 or voff + size > tsize) else voff)
+        layout = self.layouts[(vtable, table)] = tuple(offsets)
+        return layout
 
     def check_count(self, pos: int, table: str, name: str) -> None:
         """A vector whose element count ``Limits`` caps: refused before any element is decoded."""
@@ -284,27 +307,24 @@ def _table_source(schema: Schema, table: TableDef, names: dict[str, Any]) -> lis
         "    if pos % 4 or pos + 4 > n:",
         f"        raise _Failure(pos, {t + ' table offset out of bounds or misaligned'!r})",
         "    vtable = pos - _I32(buf, pos)[0]",
-        "    if vtable < 0 or vtable % 2 or vtable + 4 > n:",
-        f"        raise _Failure(pos, {t + ' vtable offset out of bounds'!r})",
-        "    vsize, tsize = _U16(buf, vtable)[0], _U16(buf, vtable + 2)[0]",
-        "    if vsize < 4 or vsize % 2 or vtable + vsize > n:",
-        f"        raise _Failure(vtable, f'{t} vtable size {{vsize}} invalid')",
-        "    if tsize < 4 or pos + tsize > n:",
+        f"    layout = d.layouts.get((vtable, {t!r}))",
+        "    if layout is None:",
+        f"        layout = d.layout(pos, vtable, {t!r}, _F_{t})",
+        "    tsize = layout[0]",
+        "    if pos + tsize > n:",
         f"        raise _Failure(pos, f'{t} table size {{tsize}} out of bounds')",
         "    out = {}",
     ]
+    fields: list[tuple[int, int]] = []  # (vtable slot, size) of each field position read, in order
 
     def field_pos(var: str, slot: int, size: int) -> None:  # var = the field's position, or None
-        entry = 4 + 2 * slot
+        fields.append((slot, size))
         lines.extend(
             [
-                f"    voff = _U16(buf, vtable + {entry})[0] if {entry} < vsize else 0",
-                "    if voff:",
-                f"        if voff < 4 or voff + {size} > tsize:",
-                f"            raise _Failure(pos, {f'{t} field slot {slot} lies outside its table'!r})",
-                f"        {var} = pos + voff",
-                "    else:",
-                f"        {var} = None",
+                f"    voff = layout[{len(fields)}]",
+                "    if voff < 0:",
+                f"        raise _Failure(pos, {f'{t} field slot {slot} lies outside its table'!r})",
+                f"    {var} = pos + voff if voff else None",
             ]
         )
 
@@ -360,6 +380,7 @@ def _table_source(schema: Schema, table: TableDef, names: dict[str, Any]) -> lis
             value = f"bool({value})" if scalar == "bool" else value
             lines.append(f"    out[{key}] = _D_{t}_{k} if fp is None else {value}")
     lines += ["    return out", ""]
+    names[f"_F_{t}"] = tuple(fields)
     return lines
 
 

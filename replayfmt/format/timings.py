@@ -154,9 +154,15 @@ def encode_timings(times: OriginalTimes) -> bytes:
 
 
 def decode_timings(
-    d: dict[str, Any], operation_count: int, *, path: str | None = None, offset: int | None = None
+    d: dict[str, Any],
+    operation_count: int,
+    *,
+    path: str | None = None,
+    offset: int | None = None,
+    rows: bool = True,
 ) -> OriginalTimes:
-    """OriginalTimes from a verified-decoded ``Timings`` table; operations must exist in the file."""
+    """OriginalTimes from a verified-decoded ``Timings`` table; operations must exist in the file.
+    ``rows=False`` checks the table whole and returns its clock alone (no object per row)."""
     schema = load_schema()
     ops = d["operations"].to_numpy(schema.numpy_dtype("OperationTime")) if d.get("operations") else None
     scopes = d["scopes"].to_numpy(schema.numpy_dtype("ScopeTime")) if d.get("scopes") else None
@@ -179,6 +185,8 @@ def decode_timings(
         begin, end = scopes["begin"].astype(np.int64), scopes["end"].astype(np.int64)
         if int(end.max()) >= operation_count or bool((begin > end).any()):
             raise fail(f"a scope's markers are not two of the capture's {operation_count} operations in order")
+    if not rows:
+        return OriginalTimes(d.get("clock") or "")
     operations = (
         {}
         if ops is None

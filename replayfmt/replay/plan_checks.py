@@ -91,8 +91,8 @@ def device_work_problem(capture: Capture, counts: dict[str, int]) -> str | None:
 
 def plan_warnings(capture: Capture) -> list[str]:
     """What a replay goes on without: an invalid OPTIONAL TIMINGS chunk, dropped."""
-    capture.original_times()
-    return [capture.timings_problem] if capture.timings_problem else []
+    problem = capture.check_original_times()
+    return [problem] if problem else []
 
 
 _ID_FIELDS: dict[type, tuple[str, ...]] = {
