@@ -1,9 +1,12 @@
-"""Builds the one C part of replayfmt: the recorder's library (replayfmt/capture/inject.c, the
+"""Builds the two C parts of replayfmt: the recorder's library (replayfmt/capture/inject.c, the
 CUDA injection entry point that records programs that are not Python, and launch_ring.c, the
-hot path of repeated launches for every program). It needs a C compiler and nothing else: no Python
-or CUDA headers (it opens libcupti and libpython with dlopen). The extension is optional: where
-it cannot be built, the install still succeeds, and capture-replay builds it on first use with
-the C compiler, or says in one line what is missing. Everything else is in pyproject.toml."""
+hot path of repeated launches for every program), and the replay's issue loop
+(replayfmt/replay/issue.c: runs of launches, event records, copies and memsets issued from C).
+They need a C compiler and nothing else: no Python or CUDA headers (the recorder opens libcupti
+and libpython with dlopen; the issue loop is handed the driver's entry points). Both are
+optional: where the recorder's cannot be built, the install still succeeds, and capture-replay
+builds it on first use with the C compiler, or says in one line what is missing; without the
+issue loop, replays issue every call from Python. Everything else is in pyproject.toml."""
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
@@ -27,7 +30,10 @@ setup(
             extra_compile_args=_FLAGS,
             libraries=["dl", "pthread"],
             optional=True,
-        )
+        ),
+        Extension(
+            "replayfmt.replay._issue", sources=["replayfmt/replay/issue.c"], extra_compile_args=_FLAGS, optional=True
+        ),
     ],
     cmdclass={"build_ext": _BuildLibrary},
 )

@@ -256,6 +256,11 @@ class Replayer:
 
     # -- running -----------------------------------------------------------------------------
 
+    @property
+    def issue_compiled(self) -> bool:
+        """Whether steps go through the C issue loop (replayfmt/replay/issue.c), not Python alone."""
+        return self._runner.compiled is not None
+
     def execute_steps(self, steps: Sequence[Step]) -> list[str]:
         """Issue steps; raise on the first failure (or collect them with continue_on_error)."""
         return self._runner.execute(steps)

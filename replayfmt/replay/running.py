@@ -4,16 +4,19 @@ names the launches issued since the last synchronisation that succeeded, the lik
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
 from replayfmt.cuda.driver import error_text, is_sticky
 from replayfmt.errors import DeviceError
 from replayfmt.replay.devices import Devices
+from replayfmt.replay.issue import IssueLibrary, IssuePlan, plan_issue
 from replayfmt.replay.plan import Plan
 from replayfmt.replay.steps import Step, StepKind
 
 _RECENT = 8  # launches remembered since the last good synchronisation
+_PLANS_KEPT = 8  # issue plans kept (of the sequences issued last)
 
 
 class StepRunner:
@@ -30,24 +33,59 @@ class StepRunner:
         self.kernel_names = kernel_names
         self.continue_on_error = continue_on_error
         self._issued: list[tuple[Sequence[Step], int]] = []  # (steps, how many ran) since the last good sync
+        self.compiled = IssueLibrary.for_driver(devices.cu)  # the C issue loop, or None: all from Python
+        self._plans: OrderedDict[int, IssuePlan] = OrderedDict()  # id(steps) -> its runs, the last few
 
     def execute(self, steps: Sequence[Step]) -> list[str]:
         """Issue steps; raise on the first failure (or collect them with continue_on_error; a
-        sticky error always raises: nothing after it can run)."""
-        success = self.devices.cu.CUresult.CUDA_SUCCESS
-        errors = []
+        sticky error always raises: nothing after it can run). Runs of launches, event records,
+        waits, copies and memsets go through the C issue loop where it was built."""
+        errors: list[str] = []
         self._issued.append((steps, len(steps)))
-        for step in steps:
+        plan = self._issue_plan(steps) if self.compiled is not None else None
+        if plan is None:
+            self._from_python(steps, 0, len(steps), errors)
+            return errors
+        for start, stop, calls in plan.runs:
+            if calls is None:
+                self._from_python(steps, start, stop, errors)
+                continue
+            done = 0
+            while done < len(calls):  # past a failure only with continue_on_error
+                issued, result = self.compiled.issue(calls[done:])
+                done += issued
+                if done < len(calls):
+                    self._failed(steps, start + done, result, errors)
+                    done += 1
+        return errors
+
+    def _from_python(self, steps: Sequence[Step], start: int, stop: int, errors: list[str]) -> None:
+        success = self.devices.cu.CUresult.CUDA_SUCCESS
+        for position in range(start, stop):
+            step = steps[position]
             out = step[1](*step[2])
             if out is not None and out[0] != success:
-                position = next(k for k in range(len(steps)) if steps[k] is step)
-                self._issued[-1] = (steps, position)
-                error = self._step_error(step, out[0])
-                if not self.continue_on_error or error.sticky:
-                    raise error
-                self._issued[-1] = (steps, len(steps))
-                errors.append(str(error))
-        return errors
+                self._failed(steps, position, out[0], errors)
+
+    def _failed(self, steps: Sequence[Step], position: int, err: Any, errors: list[str]) -> None:
+        """Step ``position`` failed with ``err``: raise, or (continue_on_error, not sticky) note it."""
+        self._issued[-1] = (steps, position)
+        error = self._step_error(steps[position], err)
+        if not self.continue_on_error or error.sticky:
+            raise error
+        self._issued[-1] = (steps, len(steps))
+        errors.append(str(error))
+
+    def _issue_plan(self, steps: Sequence[Step]) -> IssuePlan:
+        """The runs of ``steps``, made once for a sequence issued again and again (a benchmark's
+        body, a replay's steps) and made again when any of its steps was replaced."""
+        plan = self._plans.get(id(steps))
+        if plan is None or not plan.matches(steps):
+            plan = self._plans[id(steps)] = plan_issue(steps, self.devices.cu)
+            while len(self._plans) > _PLANS_KEPT:
+                self._plans.popitem(last=False)
+        self._plans.move_to_end(id(steps))
+        return plan
 
     def synchronize(self) -> None:
         """Wait for all work on every device; a failure names the launches issued since the last
@@ -81,6 +119,11 @@ class StepRunner:
 
     def _step_error(self, step: Step, err: Any) -> DeviceError:
         index = step.operation
+        if isinstance(err, int) and err >= 0:  # from the C issue loop: a CUresult's value (-1: no entry point)
+            try:
+                err = self.devices.cu.CUresult(err)
+            except (ValueError, TypeError):
+                pass  # a result this cuda-python does not name: shown as its number
         name = getattr(step.fn, "__name__", str(step.fn)).lstrip("_")
         what = self.plan.capture.operation(index).kind.label
         if index in self.kernel_names:

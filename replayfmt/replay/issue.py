@@ -1,0 +1,201 @@
+"""Issuing steps from C (``issue.c``): the driver calls a replay makes most (launches, event
+records, stream waits, copies, memsets) packed once into rows of integers and issued by one C loop
+through the driver's own entry points, instead of one cuda-python call each (about 7 us of host
+time a launch on the H100 machine: as long as a small kernel runs, so eager replay kept the
+device waiting). Steps of other kinds, and any whose arguments are not plain handles and
+integers, run from Python in their place in the order.
+
+The library is built by setup.py beside this module (``_issue*.so``); where it is absent, or the
+driver gives no entry points (a stand-in driver), nothing here is used and the runner issues
+every step from Python, as it did before.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import glob
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from replayfmt.replay.steps import Step, StepKind
+
+ISSUE_ABI = 1  # replayfmt_issue_abi() of a library this module can drive
+
+CALL_DTYPE = np.dtype([("kind", "<u8"), ("args", "<u8", (11,))])  # struct issue_call
+
+
+class IssueKind(enum.IntEnum):
+    """The driver calls the C loop makes (``enum issue_kind``), each with its arguments in order."""
+
+    LAUNCH = 0
+    LAUNCH_EX = 1
+    EVENT_RECORD = 2
+    STREAM_WAIT = 3
+    COPY_HTOD = 4
+    COPY_DTOD = 5
+    COPY_DTOH = 6
+    MEMSET_8 = 7
+    MEMSET_16 = 8
+    MEMSET_32 = 9
+
+
+# the driver symbol behind each kind (cuGetProcAddress picks the version cuda-python calls)
+DRIVER_SYMBOLS: dict[IssueKind, str] = {
+    IssueKind.LAUNCH: "cuLaunchKernel",
+    IssueKind.LAUNCH_EX: "cuLaunchKernelEx",
+    IssueKind.EVENT_RECORD: "cuEventRecord",
+    IssueKind.STREAM_WAIT: "cuStreamWaitEvent",
+    IssueKind.COPY_HTOD: "cuMemcpyHtoDAsync",
+    IssueKind.COPY_DTOD: "cuMemcpyDtoDAsync",
+    IssueKind.COPY_DTOH: "cuMemcpyDtoHAsync",
+    IssueKind.MEMSET_8: "cuMemsetD8Async",
+    IssueKind.MEMSET_16: "cuMemsetD16Async",
+    IssueKind.MEMSET_32: "cuMemsetD32Async",
+}
+# which kinds a step of each StepKind may be (told apart by its function: the same call site
+# issues an upload from device or from host memory)
+_CANDIDATES: dict[StepKind, tuple[IssueKind, ...]] = {
+    StepKind.LAUNCH: (IssueKind.LAUNCH,),
+    StepKind.LAUNCH_EX: (IssueKind.LAUNCH_EX,),
+    StepKind.EVENT_RECORD: (IssueKind.EVENT_RECORD,),
+    StepKind.STREAM_WAIT: (IssueKind.STREAM_WAIT,),
+    StepKind.POINTER_SITE: (IssueKind.COPY_HTOD,),
+    StepKind.UPLOAD: (IssueKind.COPY_HTOD, IssueKind.COPY_DTOD),
+    StepKind.COPY: (IssueKind.COPY_DTOD,),
+    StepKind.DOWNLOAD: (IssueKind.COPY_DTOH,),
+    StepKind.MEMSET: (IssueKind.MEMSET_8, IssueKind.MEMSET_16, IssueKind.MEMSET_32),
+}
+_ARITY = {IssueKind.LAUNCH: 11, IssueKind.LAUNCH_EX: 4, IssueKind.EVENT_RECORD: 2, IssueKind.STREAM_WAIT: 3}
+
+
+def built_issue_library() -> Path | None:
+    """The library setup.py built beside this module, of this interface version (None: none)."""
+    for built in sorted(glob.glob(str(Path(__file__).with_name("_issue")) + "*.so")):
+        try:
+            library = ctypes.CDLL(built)
+            if library.replayfmt_issue_abi() == ISSUE_ABI:
+                return Path(built)
+        except (OSError, AttributeError):
+            continue
+    return None
+
+
+def driver_entry_points(cu: Any) -> dict[IssueKind, int] | None:
+    """The driver's entry point of each kind, from cuGetProcAddress (None where the driver module
+    has none, as a stand-in driver, or any symbol is missing)."""
+    get = getattr(cu, "cuGetProcAddress", None)
+    version_of = getattr(cu, "cuDriverGetVersion", None)
+    if get is None or version_of is None:
+        return None
+    try:
+        err, version = version_of()
+        flags = cu.CUdriverProcAddress_flags.CU_GET_PROC_ADDRESS_DEFAULT
+        entries = {}
+        for kind, symbol in DRIVER_SYMBOLS.items():
+            out = get(symbol.encode(), version, flags)
+            if int(err) or int(out[0]) or not int(out[1]):
+                return None
+            entries[kind] = int(out[1])
+        return entries
+    except Exception:  # a cuda-python without the call as written here: issue from Python
+        return None
+
+
+class IssueLibrary:
+    """The compiled loop, bound to one driver's entry points."""
+
+    def __init__(self, path: Path, entries: dict[IssueKind, int]) -> None:
+        self._library = ctypes.CDLL(str(path))
+        if self._library.replayfmt_issue_abi() != ISSUE_ABI:
+            raise OSError(f"{path} is not of interface version {ISSUE_ABI}")
+        self._issue = self._library.replayfmt_issue
+        self._issue.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
+        self._issue.restype = ctypes.c_int64
+        self._entries = (ctypes.c_void_p * len(IssueKind))(*(entries.get(k) or None for k in IssueKind))
+        self._result = ctypes.c_int()
+
+    @classmethod
+    def for_driver(cls, cu: Any) -> IssueLibrary | None:
+        """The built library bound to ``cu``'s entry points, or None (not built, no entry points)."""
+        path = built_issue_library()
+        entries = driver_entry_points(cu) if path is not None else None
+        return cls(path, entries) if path is not None and entries is not None else None
+
+    def issue(self, calls: np.ndarray) -> tuple[int, int]:
+        """Issue ``calls`` (CALL_DTYPE rows) in order: (how many succeeded, the failing call's
+        CUresult, or 0 when all did; -1: no entry point for its kind)."""
+        done = self._issue(calls.ctypes.data, len(calls), self._entries, ctypes.byref(self._result))
+        return int(done), self._result.value
+
+
+@dataclass
+class IssuePlan:
+    """A sequence of steps cut into runs: ``(start, stop, calls)``, ``calls`` the packed rows of
+    steps[start:stop] for the C loop, or None for steps issued from Python."""
+
+    runs: list[tuple[int, int, np.ndarray | None]] = field(default_factory=list)
+    steps: tuple[Step, ...] = ()  # the steps it was made from (a plan is for exactly these)
+
+    def matches(self, steps: Sequence[Step]) -> bool:
+        """Whether ``steps`` are still the very steps this plan packed (an edited step is another)."""
+        return len(steps) == len(self.steps) and all(map(operator.is_, steps, self.steps))
+
+
+def plan_issue(steps: Sequence[Step], cu: Any) -> IssuePlan:
+    """Cut ``steps`` into runs the C loop issues and runs issued from Python."""
+    functions = {kind: getattr(cu, symbol, None) for kind, symbol in DRIVER_SYMBOLS.items()}
+    plan = IssuePlan(steps=tuple(steps))
+    rows: list[tuple[int, list[int]]] = []
+
+    def close(stop: int) -> None:  # the C run of the rows gathered, ending before ``stop``
+        if rows:
+            calls = np.array([(kind, args + [0] * (11 - len(args))) for kind, args in rows], CALL_DTYPE)
+            plan.runs.append((stop - len(rows), stop, calls))
+            rows.clear()
+
+    for i, step in enumerate(steps):
+        packed = _pack(step, functions)
+        if packed is not None:
+            rows.append(packed)
+            continue
+        close(i)
+        last = plan.runs[-1] if plan.runs else None
+        if last is not None and last[2] is None and last[1] == i:  # Python steps in a row: one run
+            plan.runs[-1] = (last[0], i + 1, None)
+        else:
+            plan.runs.append((i, i + 1, None))
+    close(len(steps))
+    return plan
+
+
+def _pack(step: Step, functions: dict[IssueKind, Any]) -> tuple[int, list[int]] | None:
+    """(kind, arguments as integers) of a step the C loop can issue, else None."""
+    for kind in _CANDIDATES.get(step.kind, ()):
+        if functions[kind] is not None and step.fn is functions[kind]:
+            break
+    else:
+        return None
+    args = step.args
+    if len(args) != _ARITY.get(kind, 4):
+        return None
+    try:
+        if kind is IssueKind.LAUNCH_EX:
+            values = [int(args[0].getPtr()), *(_integer(a) for a in args[1:])]
+        else:
+            values = [_integer(a) for a in args]
+    except (TypeError, ValueError, AttributeError):
+        return None
+    if any(v < 0 or v >= 1 << 64 for v in values):
+        return None
+    return int(kind), values
+
+
+def _integer(value: Any) -> int:
+    """A handle, address or count as the integer the driver takes (None: a null pointer)."""
+    return 0 if value is None else int(value)
