@@ -295,6 +295,8 @@ def _timed(capture: Path, mode: str) -> tuple[BenchmarkResult, list[float], list
         bench = Benchmark(replayer, region, options)
         result = bench.run()
         if mode == "eager":  # raw cuda-python: the same prepared calls from a bare loop, no checks
+            where = "the C issue loop (replayfmt/replay/issue.c)" if replayer.issue_compiled else "Python alone"
+            print(f"  eager replay issues its calls from {where}")
             cu = replayer.cu
             start, end = (check(cu.cuEventCreate(0), "event") for _ in range(2))
             replayer.own(lambda: cu.cuEventDestroy(start))

@@ -207,6 +207,16 @@ def _axpy_capture(tmp_path: Path, kernels, *, expected_scale: float = 2.0) -> tu
     return c.close(), c.exe
 
 
+def test_replays_issue_from_c_where_the_loop_was_built(tmp_path, kernels):
+    """pip builds replayfmt/replay/issue.c: the device's replays issue their launches, copies and
+    event records from it (every replay of this suite does), and a replay through it verifies."""
+    path, _ = _axpy_capture(tmp_path, kernels)
+    with replayfmt.open(path) as cap, Replayer(build_plan(cap), ReplayOptions(verify=True)) as r:
+        assert r.issue_compiled, "the C issue loop was not built or found no driver entry points"
+        result = r.run(3)
+    assert result.verified and len(result.device_ms) == 3 and all(t > 0 for t in result.device_ms)
+
+
 def test_substitution_with_the_same_abi_runs_and_verifies(tmp_path, kernels):
     path, exe = _axpy_capture(tmp_path, kernels)
     sub = tmp_path / "same.cubin"
