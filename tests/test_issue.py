@@ -173,7 +173,11 @@ def replayed(path: Path, monkeypatch, library: Path, *, compiled: bool, **option
     return driver, Replayer(build_plan(cap), ReplayOptions(check_payloads=False, **options))
 
 
-def test_a_replay_issued_from_c_makes_the_calls_python_makes(tmp_path, monkeypatch, library):
+@pytest.mark.parametrize("stretch", [4096, 3])
+def test_a_replay_issued_from_c_makes_the_calls_python_makes(tmp_path, monkeypatch, library, stretch):
+    """Also when a first issue cuts its steps into runs a few at a time (``stretch``), and again
+    from the plan kept (the second repetition)."""
+    monkeypatch.setattr("replayfmt.replay.running._STRETCH", stretch)
     write(tmp_path / "c.kreplay", mixed)
     logs = []
     for compiled in (False, True):

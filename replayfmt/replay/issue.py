@@ -147,41 +147,71 @@ class IssuePlan:
         return len(steps) == len(self.steps) and all(map(operator.is_, steps, self.steps))
 
 
+class IssuePlanner:
+    """Cuts steps into runs the C loop issues and runs issued from Python, a stretch at a time
+    (a first run issues each stretch as soon as it is cut, so the device starts at once). Cheap
+    per step (a replay packs 200k): a step's kind is looked up once per (step kind, function),
+    and launches alike, which share one argument tuple, are converted once."""
+
+    def __init__(self, cu: Any) -> None:
+        self._functions = {kind: getattr(cu, symbol, None) for kind, symbol in DRIVER_SYMBOLS.items()}
+        self._kinds: dict[tuple[StepKind, Any], IssueKind | None] = {}
+        self._rows: dict[int, list[int] | None] = {}  # id(step.args) -> its row (the steps keep them alive)
+
+    def runs(self, steps: Sequence[Step], start: int, stop: int) -> list[tuple[int, int, np.ndarray | None]]:
+        """The runs of steps[start:stop]: ``(start, stop, calls)``, ``calls`` None for Python."""
+        kinds, rows, functions = self._kinds, self._rows, self._functions
+        runs: list[tuple[int, int, np.ndarray | None]] = []
+        pending: list[int] = []  # the rows of the C run being gathered, 12 integers each
+
+        def close(end: int) -> None:  # the C run of the rows gathered, ending before ``end``
+            if pending:
+                calls = np.array(pending, dtype=np.uint64).view(CALL_DTYPE).reshape(-1)
+                runs.append((end - len(calls), end, calls))
+                pending.clear()
+
+        for i in range(start, stop):
+            step = steps[i]
+            key = (step.kind, step.fn)
+            kind = kinds[key] if key in kinds else kinds.setdefault(key, _kind_of(step, functions))
+            row = None
+            if kind is not None:
+                args = step.args
+                row = rows.get(id(args), _UNPACKED)
+                if row is _UNPACKED:
+                    row = rows[id(args)] = _row(kind, args)
+            if row is not None:
+                pending += row
+                continue
+            close(i)
+            last = runs[-1] if runs else None
+            if last is not None and last[2] is None and last[1] == i:  # Python steps in a row: one run
+                runs[-1] = (last[0], i + 1, None)
+            else:
+                runs.append((i, i + 1, None))
+        close(stop)
+        return runs
+
+
 def plan_issue(steps: Sequence[Step], cu: Any) -> IssuePlan:
-    """Cut ``steps`` into runs the C loop issues and runs issued from Python."""
-    functions = {kind: getattr(cu, symbol, None) for kind, symbol in DRIVER_SYMBOLS.items()}
-    plan = IssuePlan(steps=tuple(steps))
-    rows: list[tuple[int, list[int]]] = []
-
-    def close(stop: int) -> None:  # the C run of the rows gathered, ending before ``stop``
-        if rows:
-            calls = np.array([(kind, args + [0] * (11 - len(args))) for kind, args in rows], CALL_DTYPE)
-            plan.runs.append((stop - len(rows), stop, calls))
-            rows.clear()
-
-    for i, step in enumerate(steps):
-        packed = _pack(step, functions)
-        if packed is not None:
-            rows.append(packed)
-            continue
-        close(i)
-        last = plan.runs[-1] if plan.runs else None
-        if last is not None and last[2] is None and last[1] == i:  # Python steps in a row: one run
-            plan.runs[-1] = (last[0], i + 1, None)
-        else:
-            plan.runs.append((i, i + 1, None))
-    close(len(steps))
-    return plan
+    """The whole plan of ``steps`` at once."""
+    return IssuePlan(IssuePlanner(cu).runs(steps, 0, len(steps)), tuple(steps))
 
 
-def _pack(step: Step, functions: dict[IssueKind, Any]) -> tuple[int, list[int]] | None:
-    """(kind, arguments as integers) of a step the C loop can issue, else None."""
+_UNPACKED: Any = object()
+
+
+def _kind_of(step: Step, functions: dict[IssueKind, Any]) -> IssueKind | None:
+    """What a step's function is to the C loop (None: a call it does not make)."""
     for kind in _CANDIDATES.get(step.kind, ()):
         if functions[kind] is not None and step.fn is functions[kind]:
-            break
-    else:
-        return None
-    args = step.args
+            return kind
+    return None
+
+
+def _row(kind: IssueKind, args: tuple[Any, ...]) -> list[int] | None:
+    """The 12 integers of a call's row (its kind, then its arguments), or None where an argument
+    is no handle, address or count that fits 64 bits."""
     if len(args) != _ARITY.get(kind, 4):
         return None
     try:
@@ -191,9 +221,12 @@ def _pack(step: Step, functions: dict[IssueKind, Any]) -> tuple[int, list[int]] 
             values = [_integer(a) for a in args]
     except (TypeError, ValueError, AttributeError):
         return None
-    if any(v < 0 or v >= 1 << 64 for v in values):
+    if min(values) < 0 or max(values) >= 1 << 64:
         return None
-    return int(kind), values
+    return [int(kind), *values, *_PADDING[len(values) :]]
+
+
+_PADDING = [0] * 11
 
 
 def _integer(value: Any) -> int:

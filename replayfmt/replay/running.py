@@ -11,12 +11,13 @@ from typing import Any
 from replayfmt.cuda.driver import error_text, is_sticky
 from replayfmt.errors import DeviceError
 from replayfmt.replay.devices import Devices
-from replayfmt.replay.issue import IssueLibrary, IssuePlan, plan_issue
+from replayfmt.replay.issue import IssueLibrary, IssuePlan, IssuePlanner
 from replayfmt.replay.plan import Plan
 from replayfmt.replay.steps import Step, StepKind
 
 _RECENT = 8  # launches remembered since the last good synchronisation
 _PLANS_KEPT = 8  # issue plans kept (of the sequences issued last)
+_STRETCH = 4096  # steps cut into runs at a time on a sequence's first issue (the device starts at once)
 
 
 class StepRunner:
@@ -42,22 +43,40 @@ class StepRunner:
         waits, copies and memsets go through the C issue loop where it was built."""
         errors: list[str] = []
         self._issued.append((steps, len(steps)))
-        plan = self._issue_plan(steps) if self.compiled is not None else None
-        if plan is None:
+        if self.compiled is None:
             self._from_python(steps, 0, len(steps), errors)
             return errors
-        for start, stop, calls in plan.runs:
+        plan = self._plans.get(id(steps))
+        if plan is not None and plan.matches(steps):
+            self._plans.move_to_end(id(steps))
+            self._issue_runs(self.compiled, steps, plan.runs, errors)
+            return errors
+        # first issued (or edited since): cut and issue a stretch at a time, then keep the plan
+        planner, runs = IssuePlanner(self.devices.cu), []
+        for start in range(0, len(steps), _STRETCH):
+            stretch = planner.runs(steps, start, min(len(steps), start + _STRETCH))
+            self._issue_runs(self.compiled, steps, stretch, errors)
+            runs += stretch
+        self._plans[id(steps)] = IssuePlan(runs, tuple(steps))
+        self._plans.move_to_end(id(steps))
+        while len(self._plans) > _PLANS_KEPT:
+            self._plans.popitem(last=False)
+        return errors
+
+    def _issue_runs(
+        self, compiled: IssueLibrary, steps: Sequence[Step], runs: Sequence[tuple[int, int, Any]], errors: list[str]
+    ) -> None:
+        for start, stop, calls in runs:
             if calls is None:
                 self._from_python(steps, start, stop, errors)
                 continue
             done = 0
             while done < len(calls):  # past a failure only with continue_on_error
-                issued, result = self.compiled.issue(calls[done:])
+                issued, result = compiled.issue(calls[done:])
                 done += issued
                 if done < len(calls):
                     self._failed(steps, start + done, result, errors)
                     done += 1
-        return errors
 
     def _from_python(self, steps: Sequence[Step], start: int, stop: int, errors: list[str]) -> None:
         success = self.devices.cu.CUresult.CUDA_SUCCESS
@@ -75,17 +94,6 @@ class StepRunner:
             raise error
         self._issued[-1] = (steps, len(steps))
         errors.append(str(error))
-
-    def _issue_plan(self, steps: Sequence[Step]) -> IssuePlan:
-        """The runs of ``steps``, made once for a sequence issued again and again (a benchmark's
-        body, a replay's steps) and made again when any of its steps was replaced."""
-        plan = self._plans.get(id(steps))
-        if plan is None or not plan.matches(steps):
-            plan = self._plans[id(steps)] = plan_issue(steps, self.devices.cu)
-            while len(self._plans) > _PLANS_KEPT:
-                self._plans.popitem(last=False)
-        self._plans.move_to_end(id(steps))
-        return plan
 
     def synchronize(self) -> None:
         """Wait for all work on every device; a failure names the launches issued since the last
