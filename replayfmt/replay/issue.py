@@ -16,6 +16,7 @@ import ctypes
 import enum
 import glob
 import operator
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -95,7 +96,11 @@ def driver_entry_points(cu: Any) -> dict[IssueKind, int] | None:
         return None
     try:
         err, version = version_of()
+        # the default stream's semantics cuda-python's own calls have (it reads this variable too)
+        per_thread = os.environ.get("CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM", "0") not in ("", "0")
         flags = cu.CUdriverProcAddress_flags.CU_GET_PROC_ADDRESS_DEFAULT
+        if per_thread:
+            flags = cu.CUdriverProcAddress_flags.CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
         entries = {}
         for kind, symbol in DRIVER_SYMBOLS.items():
             out = get(symbol.encode(), version, flags)
