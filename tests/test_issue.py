@@ -133,7 +133,8 @@ class ProcDriver(FakeDriver):
 
 
 def mixed(w, ids) -> None:
-    """Launches on two streams, an upload, copies, a memset, events, a wait and synchronisations."""
+    """Launches on two streams (some in clusters), an upload, copies, memsets of each width, events,
+    a wait and synchronisations."""
     dev = ids["device"]
     ids["e"] = w.add_object(m.Event(device=dev))
     ids["y"] = w.add_object(m.Buffer(size=4096, device=dev))
@@ -146,6 +147,18 @@ def mixed(w, ids) -> None:
     w.copy_d2d(src_buffer=ids["y"], dst_buffer=ids["x"], size=512, stream=ids["s2"])
     w.memset(buffer=ids["x"], value=7, count=64, element_size=4, stream=ids["s1"])
     w.memset(buffer=ids["x"], value=3, count=8, element_size=1, stream=ids["s1"])
+    w.memset(buffer=ids["x"], value=0xBEEF, count=8, element_size=2, stream=ids["s2"])
+    for _ in range(2):  # in clusters: cuLaunchKernelEx, one shared config
+        w.launch(
+            executable=ids["exe"],
+            function=0,
+            grid=(2, 1, 1),
+            block=(32, 1, 1),
+            parameters=bytes(8),
+            relocations=[m.Relocation(0, ids["y"], 0, 0)],
+            stream=ids["s2"],
+            cluster=(2, 1, 1),
+        )
     w.stream_synchronize(ids["s1"])
     w.copy_d2h(src_buffer=ids["x"], size=256, stream=ids["s1"])
     launch(w, ids)
@@ -159,6 +172,9 @@ def comparable(call: tuple) -> tuple:
         params = call[10]
         block = ctypes.c_uint64.from_address(params).value
         return (*call[:10], ctypes.c_uint64.from_address(block).value, *call[11:])
+    if call[0] == "cuLaunchKernelEx":  # the config's address, then the pointer the launch passes
+        block = ctypes.c_uint64.from_address(call[3]).value
+        return (call[0], "config", call[2], ctypes.c_uint64.from_address(block).value, call[4])
     if call[0] == "cuMemcpyDtoHAsync":
         return (call[0], "host", *call[2:])
     return call
@@ -185,10 +201,14 @@ def test_a_replay_issued_from_c_makes_the_calls_python_makes(tmp_path, monkeypat
         with r:
             assert (r.issue_compiled, r.run(2).device_ms) == (compiled, [0.0, 0.0])
             logs.append(driver.log)
+            in_c = {
+                int(k) for _, _, calls in plan_issue(r.steps, driver).runs if calls is not None for k in calls["kind"]
+            }
+    assert in_c == {int(k) for k in IssueKind} - {IssueKind.COPY_HTOD}  # (the uploads are staged on the device)
     python, native = logs
     kinds = {call[0] for call in python}
     assert {"cuLaunchKernel", "cuEventRecord", "cuStreamWaitEvent", "cuMemcpyDtoDAsync", "cuMemsetD8Async"} <= kinds
-    assert {"cuMemsetD32Async", "cuMemcpyDtoHAsync"} <= kinds
+    assert {"cuMemsetD32Async", "cuMemsetD16Async", "cuMemcpyDtoHAsync", "cuLaunchKernelEx"} <= kinds
     assert native == python and len(native) > 30
 
 

@@ -444,6 +444,25 @@ def test_a_small_sum_amid_larger_terms_keeps_the_error_of_its_terms():
     assert j.verdict is Verdict.WRONG and [e.index for e in j.shown] == [600, 700]
 
 
+def test_a_steady_tensor_beside_a_noisy_one_keeps_its_own_cap():
+    """Found in review: a block of values near 1 varying by 6e-6 beside a steady block near 2e-6;
+    words of the steady block 40% and 150% off, alike in every replay, are wrong (the scale's
+    allowance stops at 2**19 ulps of a word's own value)."""
+    rng = np.random.default_rng(3)
+    noisy = (1.0 + rng.standard_normal(NEIGHBOURHOOD) * 0.1).astype(np.float32)
+    steady = (2e-6 * (1.0 + rng.random(NEIGHBOURHOOD))).astype(np.float32)
+    captured = np.concatenate([noisy, steady])
+    o = RangeObservation(captured.tobytes(), D.UNKNOWN)
+    for k in range(3):
+        replay = captured.copy()
+        replay[:NEIGHBOURHOOD] += np.float32(3e-6 * (k - 1))
+        replay[NEIGHBOURHOOD + 10] = captured[NEIGHBOURHOOD + 10] * np.float32(1.4)
+        replay[NEIGHBOURHOOD + 20] = captured[NEIGHBOURHOOD + 20] * np.float32(2.5)
+        o.add(replay.tobytes())
+    j = o.judge(nondeterministic=True)
+    assert j.verdict is Verdict.WRONG and [e.index for e in j.shown] == [NEIGHBOURHOOD + 10, NEIGHBOURHOOD + 20]
+
+
 def test_the_float_reading_of_untyped_words_forgives_no_scale_it_did_not_measure():
     """Found in review: an absolute neighbour spread forgave large integers (tiny as floats) moved
     by millions, and one varying non-float word (a counter, scratch) excused every float near it.

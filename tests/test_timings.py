@@ -162,6 +162,25 @@ def test_original_times_round_trip_with_scope_times(tmp_path):
         assert (region.operations, region.busy_ns, region.span_ns) == (4, 9_500, 30_500)
 
 
+def test_the_times_are_checked_whole_without_a_row_object_and_scopes_alone_are_kept(tmp_path, monkeypatch):
+    """Found in review: the row count shadowed ``rows``, so a check built every row, and a chunk of
+    scope times alone lost them."""
+    from replayfmt.format import timings
+    from replayfmt.format.decoder import StructVector
+    from replayfmt.format.schema import load_schema
+
+    path = tmp_path / "t.kreplay"
+    timed_capture(path)
+    built = []
+    monkeypatch.setattr(timings, "OperationTime", lambda *row: built.append(row))
+    with replayfmt.open(path) as cap:
+        assert cap.check_original_times() == "" and built == []
+    scope = np.array([(1, 5, 700, 900)], load_schema().numpy_dtype("ScopeTime"))
+    table = {"clock": "cupti-activity", "operations": None, "scopes": StructVector("ScopeTime", scope.tobytes(), 1)}
+    assert timings.decode_timings(table, 8).scopes == (timings.ScopeTime(1, 5, 700, 900),)
+    assert timings.decode_timings(table, 8, rows=False).scopes == ()
+
+
 def test_a_capture_without_times_has_none_and_no_chunk(tmp_path, sample):
     with replayfmt.open(sample) as cap:
         assert not cap.original_times() and cap.original_times().duration_ns(0) is None

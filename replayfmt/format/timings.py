@@ -171,13 +171,13 @@ def decode_timings(
         return ReplayFormatError(message, path=path, offset=offset, record="TIMINGS chunk")
 
     # checked whole, with numpy, before one row becomes an object: a time per operation at most
-    rows = 0 if ops is None else len(ops)
-    if rows > operation_count or (scopes is not None and len(scopes) > operation_count):
+    timed = 0 if ops is None else len(ops)
+    if timed > operation_count or (scopes is not None and len(scopes) > operation_count):
         raise fail(
-            f"{rows} operation times and {0 if scopes is None else len(scopes)} scope times, "
+            f"{timed} operation times and {0 if scopes is None else len(scopes)} scope times, "
             f"but the capture holds {operation_count} operations"
         )
-    if rows:
+    if timed:
         index = ops["operation"].astype(np.int64)
         if int(index.max()) >= operation_count:
             raise fail(f"a time for operation {int(index.max())}, but the capture holds {operation_count} operations")

@@ -378,7 +378,8 @@ class Benchmark:
         body = [step.with_args(tuple(stream if a is legacy else a for a in step.args)) for step in self._graph_body()]
         # extended launches (clusters, cooperative) carry their stream inside the launch config: left on
         # the legacy stream they would run once, outside the capture, and be missing from the graph.
-        # A copy of the config each (configs are shared by launches that agree but for their index).
+        # A copy of the config each (configs are shared by launches that agree but for their index, and
+        # eager iterations go on launching the originals on the legacy stream).
         moved: dict[int, Any] = {}
         for k, step in enumerate(body):
             config = step.args[0] if step.kind is StepKind.LAUNCH_EX else None
@@ -403,9 +404,6 @@ class Benchmark:
         except BaseException:
             cu.cuStreamEndCapture(stream)  # ends the capture; the step's own error is the one to report
             raise
-        finally:
-            for config in moved:
-                config.hStream = legacy  # eager iterations launch them on the legacy stream again
         graph = check(cu.cuStreamEndCapture(stream), "cuStreamEndCapture")
         executable = check(cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
         r.own(lambda: cu.cuGraphExecDestroy(executable))

@@ -46,7 +46,10 @@ class IssueKind(enum.IntEnum):
     MEMSET_32 = 9
 
 
-# the driver symbol behind each kind (cuGetProcAddress picks the version cuda-python calls)
+# Each symbol is asked for as CUDA 12.0 has it (cuMemcpyHtoDAsync: its _v2): the signatures issue.c
+# declares, whatever a later driver adds under the same name.
+API_VERSION = 12000
+# the driver symbol behind each kind
 DRIVER_SYMBOLS: dict[IssueKind, str] = {
     IssueKind.LAUNCH: "cuLaunchKernel",
     IssueKind.LAUNCH_EX: "cuLaunchKernelEx",
@@ -96,15 +99,17 @@ def driver_entry_points(cu: Any) -> dict[IssueKind, int] | None:
         return None
     try:
         err, version = version_of()
-        # the default stream's semantics cuda-python's own calls have (it reads this variable too)
-        per_thread = os.environ.get("CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM", "0") not in ("", "0")
+        if int(err) or version < API_VERSION:
+            return None
+        # the default stream's semantics cuda-python's own calls have (it reads this variable so)
+        per_thread = int(os.environ.get("CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM", "0") or 0)
         flags = cu.CUdriverProcAddress_flags.CU_GET_PROC_ADDRESS_DEFAULT
         if per_thread:
             flags = cu.CUdriverProcAddress_flags.CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
         entries = {}
         for kind, symbol in DRIVER_SYMBOLS.items():
-            out = get(symbol.encode(), version, flags)
-            if int(err) or int(out[0]) or not int(out[1]):
+            out = get(symbol.encode(), API_VERSION, flags)
+            if int(out[0]) or not int(out[1]):
                 return None
             entries[kind] = int(out[1])
         return entries
@@ -161,7 +166,7 @@ class IssuePlanner:
     def __init__(self, cu: Any) -> None:
         self._functions = {kind: getattr(cu, symbol, None) for kind, symbol in DRIVER_SYMBOLS.items()}
         self._kinds: dict[tuple[StepKind, Any], IssueKind | None] = {}
-        self._rows: dict[int, list[int] | None] = {}  # id(step.args) -> its row (the steps keep them alive)
+        self._rows: dict[tuple[IssueKind, int], list[int] | None] = {}  # (kind, id(args)): the steps keep them
 
     def runs(self, steps: Sequence[Step], start: int, stop: int) -> list[tuple[int, int, np.ndarray | None]]:
         """The runs of steps[start:stop]: ``(start, stop, calls)``, ``calls`` None for Python."""
@@ -182,9 +187,9 @@ class IssuePlanner:
             row = None
             if kind is not None:
                 args = step.args
-                row = rows.get(id(args), _UNPACKED)
+                row = rows.get((kind, id(args)), _UNPACKED)
                 if row is _UNPACKED:
-                    row = rows[id(args)] = _row(kind, args)
+                    row = rows[(kind, id(args))] = _row(kind, args)
             if row is not None:
                 pending += row
                 continue
@@ -226,9 +231,20 @@ def _row(kind: IssueKind, args: tuple[Any, ...]) -> list[int] | None:
             values = [_integer(a) for a in args]
     except (TypeError, ValueError, AttributeError):
         return None
-    if min(values) < 0 or max(values) >= 1 << 64:
-        return None
+    widths = _WIDTHS.get(kind)
+    if min(values) < 0 or max(values) >= 1 << 64 or (widths and any(v >> w for v, w in zip(values, widths))):
+        return None  # as cuda-python would refuse it: from Python, which says so
     return [int(kind), *values, *_PADDING[len(values) :]]
+
+
+# bits of each argument the driver takes narrower than 64 (a value wider is issued from Python)
+_WIDTHS: dict[IssueKind, tuple[int, ...]] = {
+    IssueKind.LAUNCH: (64, 32, 32, 32, 32, 32, 32, 32, 64, 64, 64),
+    IssueKind.STREAM_WAIT: (64, 64, 32),
+    IssueKind.MEMSET_8: (64, 8, 64, 64),
+    IssueKind.MEMSET_16: (64, 16, 64, 64),
+    IssueKind.MEMSET_32: (64, 32, 64, 64),
+}
 
 
 _PADDING = [0] * 11

@@ -19,9 +19,9 @@ Untyped pieces are judged by their buffer's 4-byte words: a word may differ from
 where it varied between replays, or, in a program shown nondeterministic, where it reads as a
 normal float32 number in the capture and in every replay and lies within the float32 widening of
 the replays' values, or within what float words near it varied by (at most 2**16 ulps of its own
-value, or 2**-10 of the largest float near it for a word of their scale). Float32 is what most
-GPU memory holds; the integers kernels index with are never normal float32 bit patterns below
-2**23, so an index off by one is still wrong.
+value, or, for a word of their scale, 2**-10 of the largest float near it and 2**19 ulps of its
+own). Float32 is what most GPU memory holds; the integers kernels index with are never normal
+float32 bit patterns below 2**23, so an index off by one is still wrong.
 """
 
 from __future__ import annotations
@@ -84,8 +84,11 @@ _NEIGHBOUR_CAP_ULPS = 1 << 16
 # Beyond that cap, a float32 word of its neighbourhood's scale (at least 2**-20 of the largest
 # float near it: no integer read as a tiny float) may differ by the neighbours' spread up to 2**-10
 # of that scale: a sum that cancelled to a small value keeps the error of its terms, not of itself.
+# A block may hold a steady tensor of small values beside a noisy one of large values: never more
+# than 2**19 ulps (6%) of its own value, so that a steady value off by 40% stays wrong (review).
 _SCALE_FLOOR = 2.0**-20
 _SCALE_SHARE = 2.0**-10
+_SCALE_CAP_ULPS = 1 << 19
 SHOWN = 5  # differing elements listed per range
 
 
@@ -389,6 +392,7 @@ class RangeObservation:
         with np.errstate(invalid="ignore"):
             scale = _neighbourhood_max(np.where(floats & np.isfinite(magnitude), magnitude, 0.0))
             of_scale = (magnitude >= scale * _SCALE_FLOOR) & (abs_out <= scale * _SCALE_SHARE)
+        of_scale &= ulp_out <= _SCALE_CAP_ULPS
         by_neighbours = (abs_out <= near) & ((ulp_out <= _NEIGHBOUR_CAP_ULPS) | of_scale)
         tolerated = floats & ((ulp_out <= widening) | by_neighbours)
         wrong = differs & ~self.word_varied & ~tolerated

@@ -127,7 +127,9 @@ class StepRunner:
 
     def _step_error(self, step: Step, err: Any) -> DeviceError:
         index = step.operation
-        if isinstance(err, int) and err >= 0:  # from the C issue loop: a CUresult's value (-1: no entry point)
+        if isinstance(err, int) and err == -1:  # cannot happen: the loop is used only with every entry point
+            err = "no driver entry point for this call in the C issue loop"
+        elif isinstance(err, int) and err >= 0:  # from the C issue loop: a CUresult's value
             try:
                 err = self.devices.cu.CUresult(err)
             except (ValueError, TypeError):
