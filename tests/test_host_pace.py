@@ -42,15 +42,17 @@ def write(path, body) -> dict[str, int]:
     return ids
 
 
-def launch(w, ids, stream="s1", offset=0):
+def launch(w, ids, stream="s1", offset=0, buffer="x", cluster=(0, 0, 0)):
+    """Kernel ``k`` on ``buffer`` + ``offset`` (in clusters of ``cluster``: a grid of two of them)."""
     return w.launch(
         executable=ids["exe"],
         function=0,
-        grid=(1, 1, 1),
+        grid=(2 * cluster[0], 1, 1) if any(cluster) else (1, 1, 1),
         block=(32, 1, 1),
         parameters=bytes(8),
-        relocations=[m.Relocation(0, ids["x"], 0, offset)],
+        relocations=[m.Relocation(0, ids[buffer], 0, offset)],
         stream=ids[stream],
+        cluster=cluster,
     )
 
 
@@ -77,16 +79,7 @@ def test_launches_alike_are_packed_once_and_relocated(tmp_path, fake):
 def test_cluster_launches_alike_share_one_config_and_a_reshape_copies_it(tmp_path, fake):
     def body(w, ids):
         for _ in range(4):  # cuBLAS's sm_90 kernels run in clusters: one config for all four
-            w.launch(
-                executable=ids["exe"],
-                function=0,
-                grid=(2, 1, 1),
-                block=(32, 1, 1),
-                parameters=bytes(8),
-                relocations=[m.Relocation(0, ids["x"], 0, 0)],
-                stream=ids["s1"],
-                cluster=(2, 1, 1),
-            )
+            launch(w, ids, cluster=(2, 1, 1))
 
     write(tmp_path / "c.kreplay", body)
     with replayfmt.open(tmp_path / "c.kreplay") as cap, Replayer(build_plan(cap), ReplayOptions()) as r:
@@ -94,12 +87,12 @@ def test_cluster_launches_alike_share_one_config_and_a_reshape_copies_it(tmp_pat
         configs = {id(s.args[0]) for s in launches}
         assert len(launches) == 4 and len(configs) == 1
         shared = launches[0].args[0]
-        assert (shared.gridDimX, shared.attrs[0].value.clusterDim.x) == (2, 2)
-        r.set_launch_shape(launches[1].operation, (4, 1, 1), (64, 1, 1), 128)
+        assert (shared.gridDimX, shared.attrs[0].value.clusterDim.x) == (4, 2)
+        r.set_launch_shape(launches[1].operation, (8, 1, 1), (64, 1, 1), 128)
         after = [s.args[0] for s in r.steps if s.kind is StepKind.LAUNCH_EX]
-        assert (after[1].gridDimX, after[1].blockDimX, after[1].sharedMemBytes) == (4, 64, 128)
+        assert (after[1].gridDimX, after[1].blockDimX, after[1].sharedMemBytes) == (8, 64, 128)
         assert after[1].attrs is shared.attrs and after[1].hStream is shared.hStream
-        assert all(c is shared for k, c in enumerate(after) if k != 1) and shared.gridDimX == 2
+        assert all(c is shared for k, c in enumerate(after) if k != 1) and shared.gridDimX == 4
         assert r.run(1).device_ms == [0.0]
 
 

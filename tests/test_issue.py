@@ -149,16 +149,7 @@ def mixed(w, ids) -> None:
     w.memset(buffer=ids["x"], value=3, count=8, element_size=1, stream=ids["s1"])
     w.memset(buffer=ids["x"], value=0xBEEF, count=8, element_size=2, stream=ids["s2"])
     for _ in range(2):  # in clusters: cuLaunchKernelEx, one shared config
-        w.launch(
-            executable=ids["exe"],
-            function=0,
-            grid=(2, 1, 1),
-            block=(32, 1, 1),
-            parameters=bytes(8),
-            relocations=[m.Relocation(0, ids["y"], 0, 0)],
-            stream=ids["s2"],
-            cluster=(2, 1, 1),
-        )
+        launch(w, ids, stream="s2", buffer="y", cluster=(2, 1, 1))
     w.stream_synchronize(ids["s1"])
     w.copy_d2h(src_buffer=ids["x"], size=256, stream=ids["s1"])
     launch(w, ids)

@@ -130,8 +130,9 @@ class _Decoder:
         if count > most:
             raise _Failure(pos, f"{table}.{name} declares {count} elements, over Limits.{limit} ({most})")
 
-    def shared(self, pos: int, kind: str, decode: Any) -> Any:
-        """Decode the value at ``pos`` once; later references reuse it and are charged its cost."""
+    def shared(self, pos: int, kind: str, decode: Any, *args: Any) -> Any:
+        """``decode(*args)``, the value at ``pos``, once; later references reuse it and are charged
+        its cost (no closure per call: a large capture's objects are 200k tables)."""
         key = (pos, kind)
         hit = self.memo.get(key)
         if hit is not None:
@@ -139,25 +140,18 @@ class _Decoder:
             return hit[0]
         before = self.bytes_left
         self.charge(pos, 0)
-        value = decode()
+        value = decode(*args)
         self.memo[key] = (value, before - self.bytes_left)
         return value
 
     def table(self, pos: int, table: TableDef, depth: int) -> dict[str, Any]:
         if depth > self.max_depth:
             raise _Failure(pos, f"tables nested deeper than {self.max_depth}")
-        # shared() inlined: a capture's objects are tables, and a large one holds 200k of them
-        key = (pos, table.name)
-        hit = self.memo.get(key)
-        if hit is not None:
-            self.charge(pos, hit[1])
-            return hit[0]
-        before = self.bytes_left
-        self.charge(pos, 0)
+        return self.shared(pos, table.name, self._table, pos, table, depth)
+
+    def _table(self, pos: int, table: TableDef, depth: int) -> dict[str, Any]:
         compiled = self.compiled.get(table.name)
-        value = compiled(self, pos, depth) if compiled is not None else self._table_by_schema(pos, table, depth)
-        self.memo[key] = (value, before - self.bytes_left)
-        return value
+        return compiled(self, pos, depth) if compiled is not None else self._table_by_schema(pos, table, depth)
 
     def _table_by_schema(self, pos: int, table: TableDef, depth: int) -> dict[str, Any]:
         """The reference walk of a table, field by field from the schema (:func:`compile_tables`
@@ -235,7 +229,7 @@ class _Decoder:
         return out
 
     def string(self, pos: int) -> str:
-        return self.shared(pos, "string", lambda: self._string(pos))
+        return self.shared(pos, "string", self._string, pos)
 
     def _string(self, pos: int) -> str:
         length = self.u32(pos)
@@ -251,7 +245,7 @@ class _Decoder:
             raise _Failure(pos, f"string is not valid UTF-8 ({exc.reason})") from None
 
     def vector(self, pos: int, base: str, depth: int) -> Any:
-        return self.shared(pos, "[" + base + "]", lambda: self._vector(pos, base, depth))
+        return self.shared(pos, "[" + base + "]", self._vector, pos, base, depth)
 
     def _vector(self, pos: int, base: str, depth: int) -> Any:
         count = self.u32(pos)
