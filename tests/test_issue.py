@@ -19,7 +19,7 @@ from test_host_pace import KERNEL, launch, write
 import replayfmt
 from replayfmt.format import model as m
 from replayfmt.replay import Replayer, ReplayOptions, issue
-from replayfmt.replay.issue import DRIVER_SYMBOLS, IssueKind, built_issue_library, plan_issue
+from replayfmt.replay.issue import DRIVER_SYMBOLS, IssueKind, IssuePlan, IssuePlanner, built_issue_library
 from replayfmt.replay.plan import build_plan
 from replayfmt.replay.steps import Step, StepKind
 
@@ -192,9 +192,8 @@ def test_a_replay_issued_from_c_makes_the_calls_python_makes(tmp_path, monkeypat
         with r:
             assert (r.issue_compiled, r.run(2).device_ms) == (compiled, [0.0, 0.0])
             logs.append(driver.log)
-            in_c = {
-                int(k) for _, _, calls in plan_issue(r.steps, driver).runs if calls is not None for k in calls["kind"]
-            }
+            runs = IssuePlanner(driver).runs(r.steps, 0, len(r.steps))
+            in_c = {int(k) for run in runs if run.calls is not None for k in run.calls["kind"]}
     assert in_c == {int(k) for k in IssueKind} - {IssueKind.COPY_HTOD}  # (the uploads are staged on the device)
     python, native = logs
     kinds = {call[0] for call in python}
@@ -214,7 +213,7 @@ def test_steps_the_loop_cannot_issue_run_from_python_in_their_place(library):
         Step(StepKind.LAUNCH_EX, driver.cuLaunchKernelEx, (_Config(), 5, 0, None), 4),
         Step(StepKind.MEMSET, driver.cuMemsetD16Async, (0x1000, 9, 4, 0), 5),
     ]
-    plan = plan_issue(steps, driver)
+    plan = IssuePlan(IssuePlanner(driver).runs(steps, 0, len(steps)), tuple(steps))
     assert [(a, b, None if c is None else c["kind"].tolist()) for a, b, c in plan.runs] == [
         (0, 1, [IssueKind.EVENT_RECORD]),
         (1, 4, None),

@@ -1,9 +1,9 @@
 """Issuing steps from C (``issue.c``): the driver calls a replay makes most (launches, event
 records, stream waits, copies, memsets) packed once into rows of integers and issued by one C loop
 through the driver's own entry points, instead of one cuda-python call each (about 7 us of host
-time a launch on the H100 machine: as long as a small kernel runs, so eager replay kept the
-device waiting). Steps of other kinds, and any whose arguments are not plain handles and
-integers, run from Python in their place in the order.
+time a launch on the H100 machine, where the host sets the pace: captures of many tiny kernels).
+A step of another kind, or whose arguments are not plain handles and integers, runs from Python
+in its place in the order.
 
 The library is built by setup.py beside this module (``_issue*.so``); where it is absent, or the
 driver gives no entry points (a stand-in driver), nothing here is used and the runner issues
@@ -20,7 +20,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -144,12 +144,20 @@ class IssueLibrary:
         return int(done), self._result.value
 
 
+class IssueRun(NamedTuple):
+    """Steps ``start`` to ``stop`` (exclusive) of a sequence: ``calls``, their packed rows for the
+    C loop, or None for steps issued from Python."""
+
+    start: int
+    stop: int
+    calls: np.ndarray | None
+
+
 @dataclass
 class IssuePlan:
-    """A sequence of steps cut into runs: ``(start, stop, calls)``, ``calls`` the packed rows of
-    steps[start:stop] for the C loop, or None for steps issued from Python."""
+    """A sequence of steps cut into runs."""
 
-    runs: list[tuple[int, int, np.ndarray | None]] = field(default_factory=list)
+    runs: list[IssueRun] = field(default_factory=list)
     steps: tuple[Step, ...] = ()  # the steps it was made from (a plan is for exactly these)
 
     def matches(self, steps: Sequence[Step]) -> bool:
@@ -168,16 +176,16 @@ class IssuePlanner:
         self._kinds: dict[tuple[StepKind, Any], IssueKind | None] = {}
         self._rows: dict[tuple[IssueKind, int], list[int] | None] = {}  # (kind, id(args)): the steps keep them
 
-    def runs(self, steps: Sequence[Step], start: int, stop: int) -> list[tuple[int, int, np.ndarray | None]]:
-        """The runs of steps[start:stop]: ``(start, stop, calls)``, ``calls`` None for Python."""
+    def runs(self, steps: Sequence[Step], start: int, stop: int) -> list[IssueRun]:
+        """The runs of steps[start:stop]."""
         kinds, rows, functions = self._kinds, self._rows, self._functions
-        runs: list[tuple[int, int, np.ndarray | None]] = []
+        runs: list[IssueRun] = []
         pending: list[int] = []  # the rows of the C run being gathered, 12 integers each
 
         def close(end: int) -> None:  # the C run of the rows gathered, ending before ``end``
             if pending:
                 calls = np.array(pending, dtype=np.uint64).view(CALL_DTYPE).reshape(-1)
-                runs.append((end - len(calls), end, calls))
+                runs.append(IssueRun(end - len(calls), end, calls))
                 pending.clear()
 
         for i in range(start, stop):
@@ -194,18 +202,12 @@ class IssuePlanner:
                 pending += row
                 continue
             close(i)
-            last = runs[-1] if runs else None
-            if last is not None and last[2] is None and last[1] == i:  # Python steps in a row: one run
-                runs[-1] = (last[0], i + 1, None)
+            if runs and runs[-1].calls is None and runs[-1].stop == i:  # Python steps in a row: one run
+                runs[-1] = runs[-1]._replace(stop=i + 1)
             else:
-                runs.append((i, i + 1, None))
+                runs.append(IssueRun(i, i + 1, None))
         close(stop)
         return runs
-
-
-def plan_issue(steps: Sequence[Step], cu: Any) -> IssuePlan:
-    """The whole plan of ``steps`` at once."""
-    return IssuePlan(IssuePlanner(cu).runs(steps, 0, len(steps)), tuple(steps))
 
 
 _UNPACKED: Any = object()

@@ -11,7 +11,7 @@ from typing import Any
 from replayfmt.cuda.driver import error_text, is_sticky
 from replayfmt.errors import DeviceError
 from replayfmt.replay.devices import Devices
-from replayfmt.replay.issue import IssueLibrary, IssuePlan, IssuePlanner
+from replayfmt.replay.issue import IssueLibrary, IssuePlan, IssuePlanner, IssueRun
 from replayfmt.replay.plan import Plan
 from replayfmt.replay.steps import Step, StepKind
 
@@ -64,7 +64,7 @@ class StepRunner:
         return errors
 
     def _issue_runs(
-        self, compiled: IssueLibrary, steps: Sequence[Step], runs: Sequence[tuple[int, int, Any]], errors: list[str]
+        self, compiled: IssueLibrary, steps: Sequence[Step], runs: Sequence[IssueRun], errors: list[str]
     ) -> None:
         for start, stop, calls in runs:
             if calls is None:
