@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from replayfmt.container.batches import RELOCATION_STRUCT, LaunchTemplate, OpenBatch, PackedRelocations
+from replayfmt.container.batches import OPERATION_BYTES, RELOCATION_STRUCT, LaunchTemplate, OpenBatch, PackedRelocations
 from replayfmt.container.directory import frame_entries
 from replayfmt.container.output import InlineExecutor, create_file, sync_file, write_all
 from replayfmt.container.payload_store import FetchMissing, FrameStore
@@ -297,13 +297,13 @@ class CaptureWriter:
         if shapes.shape != (count := len(which), 12):
             raise ReplayUsageError(f"launches: {shapes.shape} shapes for {count} launches, not ({count}, 12)")
         packed, which = [self._relocation_cache.pack(t.relocations) for t in templates], np.asarray(which, np.int64)
-        sizes = np.cumsum(np.array([len(t.parameters) + 80 for t in templates], dtype=np.int64)[which])  # seal test
+        sizes = np.cumsum(np.array([len(t.parameters) + OPERATION_BYTES for t in templates], np.int64)[which])
         with self._lock:
             self._check_open()
             first = done = self._next_operation
             while done < first + count:  # batch by batch, as launch() would seal them
                 batch, at = self._batch, done - first
-                spare = self.batch_bytes - len(batch.parameters) - 80 * len(batch.kinds) - batch.extra_bytes
+                spare = self.batch_bytes - batch.estimated_bytes()
                 fits = int(np.searchsorted(sizes[at:] - (sizes[at - 1] if at else 0), spare, side="right"))
                 room = max(1, min(self.batch_operations - len(batch.kinds), fits + 1))
                 done += batch.add_launches(templates, packed, which[at : at + room], shapes[at : at + room])
@@ -492,8 +492,7 @@ class CaptureWriter:
 
     def _after_append(self) -> None:
         batch = self._batch
-        count = len(batch.kinds)
-        if count >= self.batch_operations or len(batch.parameters) + 80 * count + batch.extra_bytes >= self.batch_bytes:
+        if len(batch.kinds) >= self.batch_operations or batch.estimated_bytes() >= self.batch_bytes:
             self._seal()
 
     def _seal_stale_batches(self) -> None:

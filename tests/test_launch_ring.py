@@ -239,7 +239,10 @@ def record(tmp_path, name: str, library: ctypes.CDLL | None, steps) -> tuple:
                 entries[0] += 1
             source._callback(userdata, domain, cbid, data)
 
-        deliver = Forwarded(library, counted).deliver if library is not None else counted
+        # the Forwarded is kept until the recording ends: the library calls its callback, which a
+        # collected Forwarded would free under it (a crash, whenever the cycle collector ran)
+        forwarded = Forwarded(library, counted) if library is not None else None
+        deliver = forwarded.deliver if forwarded is not None else counted
         from samples import compiled_cubin
 
         load = keep.put(struct.pack("<QQ", keep.put(struct.pack("<Q", 0x1234)), keep.put(compiled_cubin())))
@@ -252,6 +255,7 @@ def record(tmp_path, name: str, library: ctypes.CDLL | None, steps) -> tuple:
             step(deliver, keep)
         source.settle()
         translator.stop()
+        del forwarded
     with replayfmt.open(path) as capture:
         operations = [
             (op.kind, getattr(op, "grid", None), getattr(op, "parameters", None), getattr(op, "stream", None))

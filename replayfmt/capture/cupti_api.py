@@ -134,18 +134,22 @@ class Cupti:
         if self.library is not None:
             self.forward(None)
 
+    def use_library(self, library: ctypes.CDLL | None) -> None:
+        """Have CUPTI's callbacks go through the recorder's C library (None: straight to Python)."""
+        self.library = library
+        if library is not None:  # the signatures, once
+            library.replayfmt_injection_forward.argtypes = [ctypes.c_int, ctypes.c_void_p]
+            library.replayfmt_injection_skip_exit.argtypes = [ctypes.c_uint, ctypes.c_int]
+
     def forward(self, c_callback: Any, slot: int = 0) -> None:
         """Where the library's callback forwards a slot's domains (None: nowhere): slot 0 the
         driver and resource domains, 1 the NVTX domain (inject.c)."""
         assert self.library is not None
-        forward = self.library.replayfmt_injection_forward
-        forward.argtypes = [ctypes.c_int, ctypes.c_void_p]
-        forward(slot, ctypes.cast(c_callback, ctypes.c_void_p) if c_callback else None)
+        self.library.replayfmt_injection_forward(slot, ctypes.cast(c_callback, ctypes.c_void_p) if c_callback else None)
 
     def skip_exits(self, callback_ids: list[int], skip: bool) -> None:
         """Whether the library drops the exit callbacks of these driver calls (no-op without it)."""
         if self.library is not None:
-            self.library.replayfmt_injection_skip_exit.argtypes = [ctypes.c_uint, ctypes.c_int]
             for cbid in callback_ids:
                 self.library.replayfmt_injection_skip_exit(cbid, int(skip))
 
@@ -154,5 +158,5 @@ def load_cupti() -> Cupti:
     """libcupti through cupti-python, or a one-line error saying how to get it; its callbacks go
     through the recorder's C library where pip built it (:mod:`replayfmt.capture.launch_ring`)."""
     cupti = Cupti()
-    cupti.library = recorder_library()
+    cupti.use_library(recorder_library())
     return cupti

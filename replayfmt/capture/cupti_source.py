@@ -205,7 +205,7 @@ class CuptiSource(GraphCalls):
     def _take_ring(self, *, disarm: bool) -> None:
         repeats = self.ring.take(disarm=disarm) if self.ring is not None else None
         if repeats is not None:
-            self._sink(ev.RepeatedLaunches(repeats.launches, repeats.armed))
+            self._sink(repeats)
 
     def correlation_id(self) -> int:
         """CUPTI's correlation id of the callback's driver call on this thread (0: none)."""

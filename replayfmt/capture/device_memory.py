@@ -42,7 +42,6 @@ class DriverMemory:
         self.copy_seconds = 0.0
         self.copied = 0
         self._snapshots: Snapshotter | None = None
-        self._background_stream: Any = None  # the writer's thread copies snapshots set aside on it
 
     @contextlib.contextmanager
     def _unrecorded(self) -> Iterator[None]:
@@ -115,8 +114,8 @@ class DriverMemory:
         with self._unrecorded():
             if self._snapshots is None:
                 cu = self.cu
+                # the writer's thread copies snapshots set aside on a stream of its own
                 background = check(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
-                self._background_stream = background
                 context = check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")
                 self._snapshots = Snapshotter(
                     CudaSnapshotDevice(cu, self._own_stream()),
@@ -158,8 +157,9 @@ class DriverMemory:
         if self._snapshots is not None:
             self._snapshots.close()  # waits for the snapshots set aside to be handed over
             self._snapshots.device.close()
+            if self._snapshots.background is not None:
+                cu.cuStreamDestroy(self._snapshots.background.stream)
             self._snapshots = None
-            cu.cuStreamDestroy(self._background_stream)
         if self._pinned:
             cu.cuMemFreeHost(self._pinned)
             self._pinned = 0

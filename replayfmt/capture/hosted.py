@@ -45,7 +45,7 @@ class HostedCupti(Cupti):
 
     def __init__(self, library: ctypes.CDLL) -> None:
         super().__init__()
-        self.library = library
+        self.use_library(library)
         library.replayfmt_injection_subscriber.restype = ctypes.c_void_p
 
     def subscribe(self, callback: Callable[[int | None, int, int, int | None], None], name: str) -> tuple[Any, Any]:

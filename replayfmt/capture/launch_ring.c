@@ -149,9 +149,7 @@ EXPORT uint32_t replayfmt_launches_arm(uint64_t function, const uint32_t *layout
     return id;
 }
 
-/* Take every launch in the ring into ``out`` (room for replayfmt_launches_capacity()), oldest
- * first; with ``disarm``, also disarm every function in the same step, so that no launch
- * recorded later repeats an arming made before. */
+/* Withdraw every arming (a new generation: the slots of the old one match no launch again). */
 static void withdraw_all(void) {
     if (++generation == 0) {  /* wrapped: stale slots could match again */
         forget_all();
@@ -160,6 +158,9 @@ static void withdraw_all(void) {
     arm_count = 0;
 }
 
+/* Take every launch in the ring into ``out`` (room for replayfmt_launches_capacity()), oldest
+ * first; with ``disarm``, also disarm every function in the same step, so that no launch
+ * recorded later repeats an arming made before. */
 EXPORT uint32_t replayfmt_launches_take(ring_launch *out, int disarm) {
     pthread_mutex_lock(&lock);
     uint32_t n = replayfmt_launches_pending;

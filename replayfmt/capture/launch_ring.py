@@ -58,14 +58,6 @@ class ArmedLaunch:
     stats: KernelStats
 
 
-@dataclass(frozen=True)
-class Repeats:
-    """Launches taken from the ring, oldest first, and what each arming (by id) stands for."""
-
-    launches: np.ndarray  # RING_DTYPE
-    armed: dict[int, ArmedLaunch]
-
-
 class LaunchRing:
     """The library's ring of repeated launches: arming, taking. ``clock``: the address of
     CUPTI's ``cuptiGetTimestamp`` (each ring launch carries its call's time), or 0."""
@@ -112,7 +104,7 @@ class LaunchRing:
     def arm(self, launch: ArmedLaunch) -> bool:
         """Record in C the next launches of ``launch.kernel`` whose arguments equal
         ``launch.template.parameters``, until the next take with ``disarm``; ``launch`` comes back with
-        them (:class:`Repeats`). False when the library refuses (too many parameters)."""
+        them (``events.RepeatedLaunches``). False when the library refuses (too many parameters)."""
         if not self.enabled:
             return False
         layout = launch.kernel.layout
@@ -137,21 +129,24 @@ class LaunchRing:
             self._superseded += self._by_function.values()  # forgotten once the ring is next taken
             self._by_function.clear()
 
-    def take(self, *, disarm: bool) -> Repeats | None:
-        """Every launch in the ring (None when there is none); ``disarm``: withdraw every arming
-        in the same step (the next launch of any function goes through Python)."""
+    def take(self, *, disarm: bool) -> ev.RepeatedLaunches | None:
+        """Every launch in the ring, oldest first, with what each arming they name stands for
+        (None when there is none); ``disarm``: withdraw every arming in the same step (the next
+        launch of any function goes through Python)."""
         with self._lock:
             superseded, self._superseded = self._superseded, []
             count = self._library.replayfmt_launches_take(self._address, int(disarm))
             armed = self._armed
-            launches = np.frombuffer(ctypes.string_at(self._address, count * RING_DTYPE.itemsize), RING_DTYPE)
-            named = {a: armed[a] for a in set(launches["armed"].tolist())}
+            taken = None
+            if count:  # (most calls find the ring empty: nothing to read then)
+                launches = np.frombuffer(ctypes.string_at(self._address, count * RING_DTYPE.itemsize), RING_DTYPE)
+                taken = ev.RepeatedLaunches(launches, {a: armed[a] for a in set(launches["armed"].tolist())})
             if disarm:
                 self._armed, self._by_function = {}, {}
             else:
                 for old in superseded:  # taken now: no launch recorded from here on names them
                     armed.pop(old, None)
-            return Repeats(launches, named) if count else None
+            return taken
 
 
 def recorder_library() -> ctypes.CDLL | None:

@@ -37,11 +37,19 @@ class RepeatEvents:
 
         def _stream(self, handle: int) -> int: ...
 
-    def _arm(self, kernel: ev.Kernel, template: LaunchTemplate, targets: list[Allocation], stats: KernelStats) -> None:
-        """Arm a launch just written that repeated the one before it, when its next repeats need
-        nothing but their records."""
+    def _arm(
+        self,
+        kernel: ev.Kernel,
+        function: tuple[int, int],
+        parameters: bytes,
+        relocations: tuple[m.Relocation, ...],
+        targets: list[Allocation],
+        stats: KernelStats,
+    ) -> None:
+        """Arm a launch just written (``function``: its executable and function index) that
+        repeated the one before it, when its next repeats need nothing but their records."""
         if self._ring is not None and self._needs_nothing_again(targets):
-            self._ring.arm(ArmedLaunch(kernel, template, stats))
+            self._ring.arm(ArmedLaunch(kernel, LaunchTemplate(*function, parameters, relocations), stats))
 
     def _needs_nothing_again(self, targets: list[Allocation]) -> bool:
         """Whether a launch on these allocations, repeated now, needs no more than its record:

@@ -187,7 +187,9 @@ class FrameWords:
         self._parts.append(words.shifted(offset))
 
     def visit(self, offset: int, digest: bytes, frame: memoryview | None) -> None:
-        """A :data:`~replayfmt.capture.snapshots.FrameVisitor`."""
+        """What a snapshot calls for each frame, in order: ``frame`` its bytes, or None for a frame
+        the file holds already (its words then come from an earlier frame of that digest, or the
+        frame is listed in ``unseen`` to be read)."""
         if frame is not None:
             self.learn(offset, digest, frame)
             return

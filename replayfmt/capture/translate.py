@@ -40,7 +40,7 @@ from replayfmt.capture.state_events import StateEvents
 from replayfmt.capture.stored_pointers import FrameWords
 from replayfmt.format import model as m
 from replayfmt.format.names import matches_kernel
-from replayfmt.writer import CaptureWriter, LaunchTemplate
+from replayfmt.writer import CaptureWriter
 
 _DEFAULT_STREAMS = (0, 1, 2)  # 0, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
 _LOADED_BEFORE = "the module of {} was loaded before recording started; start the recorder first (python -m replayfmt.capture, or replayfmt.capture.record(..., start=False) at the top of the program)"  # noqa: E501
@@ -246,7 +246,7 @@ class Translator(MemoryEvents, GraphEvents, StateEvents, RepeatEvents):
         self._write_launch(event, function, relocations)
         shape.stats.captured += 1
         if repeated:  # a loop on the same buffers: its next repeats may go into the C ring
-            self._arm(kernel, LaunchTemplate(*function, event.parameters, relocations), targets, shape.stats)
+            self._arm(kernel, function, event.parameters, relocations, targets, shape.stats)
 
     def _shape(self, kernel: ev.Kernel) -> _KernelShape:
         key = (kernel.handle, kernel.name, kernel.module)

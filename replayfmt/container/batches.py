@@ -39,6 +39,7 @@ _CATEGORY[[int(k) for k in records.ID_OPERATIONS]] = 3
 _CATEGORIES = 5
 _ID_OPERATIONS = {int(kind): entry for kind, entry in records.ID_OPERATIONS.items()}  # by kind code: no enum per record
 _new_tuple = tuple.__new__
+OPERATION_BYTES = 80  # what an operation's record counts for when a batch's size is judged for sealing
 _EVENT_KINDS = np.array(
     [int(m.OperationKind.EVENT_RECORD), int(m.OperationKind.STREAM_WAIT_EVENT), int(m.OperationKind.EVENT_SYNCHRONIZE)],
     dtype=np.uint32,
@@ -130,6 +131,11 @@ class OpenBatch:
 
     def __len__(self) -> int:
         return len(self.kinds)
+
+    def estimated_bytes(self) -> int:
+        """What the batch counts against ``batch_bytes``: its parameter bytes, a record's worth
+        (:data:`OPERATION_BYTES`) per operation, and what stored pointers add."""
+        return len(self.parameters) + OPERATION_BYTES * len(self.kinds) + self.extra_bytes
 
     def add_launches(
         self, templates: Sequence[LaunchTemplate], packed: Sequence[bytes], which: np.ndarray, shapes: np.ndarray
