@@ -3,6 +3,7 @@ time, on the CPU (no GPU needed), measured side by side in one run (issue 29, pa
 
     python benchmarks/host_pace_bench.py [--launches 256000] [--check] [--capture FILE] [--profile PHASE]
                                          [--rounds 3]
+    python benchmarks/host_pace_bench.py --device --capture FILE [--check]
 
 A capture shaped like Triton's persistent-matmul tutorial capture (per launch: most create an
 event and record it, as its 256,507 launches, 225,850 event records and 226,008 creates do) is
@@ -19,6 +20,13 @@ each as operations a second, beside a bare baseline: the same number of calls of
 driver's launch from a plain Python loop over pre-built argument tuples (the least any Python
 replay can do). ``--check`` exits 1 unless every phase reaches 100,000 operations a second
 (the goal: host work under 10% of the device time of such a capture on an H100).
+
+``--device`` (needs a GPU and ``--capture``) measures what a user waits for instead: the capture
+replayed and verified on the GPU as ``run-replay --verify`` does it (its imports, in a child
+process; open and plan; setup; one verified run; close), wall time against the run's device
+time (CUDA events), twice side by side: with every step built at setup, and with the steps built
+as the first run issues them (``build_while_running``, what run-replay does). Host work is the
+wall time that is not device time; ``--check`` exits 1 unless it is under 10% of the device time.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import argparse
 import cProfile
 import gc
 import pstats
+import subprocess
 import sys
 import tempfile
 import time
@@ -46,6 +55,8 @@ from replayfmt.replay import Replayer, ReplayOptions  # noqa: E402
 from replayfmt.replay.plan import build_plan  # noqa: E402
 
 GOAL = 100_000  # operations a second, every phase
+HOST_SHARE_GOAL = 0.10  # --device: host work under this share of the device time
+WALL_PHASES = ("imports", "open and plan", "setup", "run", "close")
 MATMUL = m.Function(
     name="matmul_kernel_persistent",
     parameters=(
@@ -168,6 +179,68 @@ class Phases:
             return cap.operation_count
 
 
+def device_phases(path: Path, build_while_running: bool) -> dict[str, float]:
+    """run-replay --verify's work on ``path`` on the GPU, phase by phase (seconds of wall time),
+    the verified run's device time ("device", its starting state's included) and the number of
+    ranges it compared."""
+    from replayfmt.execute import open_replay
+
+    imports = [sys.executable, "-c", "import tools.run_replay"]  # what the command imports, in a fresh process
+    started = time.perf_counter()
+    subprocess.run(imports, check=True, cwd=HERE.parent)
+    seconds = {"imports": time.perf_counter() - started}
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "pass"], check=True)  # a bare interpreter's start, not counted
+    seconds["imports"] -= time.perf_counter() - started
+    gc.collect()
+    started = time.perf_counter()
+    session = open_replay(path)
+    seconds["open and plan"] = time.perf_counter() - started
+    with session:
+        started = time.perf_counter()
+        replayer = session.start(ReplayOptions(verify=True, build_while_running=build_while_running))
+        seconds["setup"] = time.perf_counter() - started
+        started = time.perf_counter()
+        result = replayer.run(1)
+        seconds["run"] = time.perf_counter() - started
+        if result.mismatches:
+            raise SystemExit(f"{path}: the replay did not verify ({len(result.mismatches)} ranges differ)")
+        seconds["device"] = (result.device_ms[0] + result.state_ms[0]) / 1e3  # starting state is device work too
+        seconds["ranges compared"] = len(result.reports)
+        started = time.perf_counter()
+    seconds["close"] = time.perf_counter() - started
+    return seconds
+
+
+def device_main(path: Path, check: bool) -> int:
+    """--device: the host share of run-replay --verify on the GPU, built at setup and as it runs."""
+    operations = replayfmt.open(path).operation_count
+    print(f"capture: {operations:,} operations in {path}, replayed and verified on the GPU")
+    columns = {"at setup": device_phases(path, False), "as it runs": device_phases(path, True)}
+    print(f"{'seconds':<26}" + "".join(f"{'steps built ' + name:>26}" for name in columns))
+    for phase in ("imports", "open and plan", "setup", "run", "close", "device", "ranges compared"):
+        digits = 0 if phase == "ranges compared" else 3
+        print(f"{phase:<26}" + "".join(f"{c[phase]:>26.{digits}f}" for c in columns.values()))
+    # the device time of the run whose steps were built at setup: a run that builds them as it
+    # goes may leave the device waiting, which its own device time would count as device work
+    device = columns["at setup"]["device"]
+    shares = {}
+    for name, c in columns.items():
+        wall = sum(v for k, v in c.items() if k in WALL_PHASES)
+        host = wall - device
+        shares[name] = share = host / device
+        print(
+            f"steps built {name}: wall {wall:.2f} s, device {device:.2f} s, host {host:.2f} s = "
+            f"{share:.1%} of the device time ({operations / host:,.0f} ops/s of host work)"
+        )
+    failed = shares["as it runs"] >= HOST_SHARE_GOAL
+    print(f"goal: host work under {HOST_SHARE_GOAL:.0%} of the device time, steps built as it runs (as run-replay)")
+    if check:
+        print("FAIL" if failed else "PASS")
+        return 1 if failed else 0
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--launches", type=int, default=256_000, help="launches in the capture (default 256,000)")
@@ -177,7 +250,14 @@ def main() -> int:
     )
     parser.add_argument("--capture", type=Path, help="time the phases on this capture instead of a generated one")
     parser.add_argument("--rounds", type=int, default=3, help="time each phase this many times, keep the best (3)")
+    parser.add_argument(
+        "--device", action="store_true", help="replay and verify --capture on the GPU: host work against device time"
+    )
     args = parser.parse_args()
+    if args.device:
+        if args.capture is None:
+            parser.error("--device needs --capture FILE (a capture recorded on this machine's GPU)")
+        return device_main(args.capture, args.check)
     with tempfile.TemporaryDirectory() as tmp:
         path = args.capture or Path(tmp) / "persistent.kreplay"
         started = time.perf_counter()

@@ -17,6 +17,7 @@ from fake_device import DRIVER_DOORS, FakeDriver, FakeError
 from test_host_pace import KERNEL, launch, write
 
 import replayfmt
+from replayfmt.errors import AbiMismatchError
 from replayfmt.format import model as m
 from replayfmt.replay import Replayer, ReplayOptions, issue
 from replayfmt.replay.issue import DRIVER_SYMBOLS, IssueKind, IssuePlan, IssuePlanner, built_issue_library
@@ -24,6 +25,9 @@ from replayfmt.replay.plan import build_plan
 from replayfmt.replay.steps import Step, StepKind
 
 SOURCE = Path(issue.__file__).with_name("issue.c")
+WIDE = m.Function(
+    name="wide", parameters=(m.Parameter(offset=0, size=8, kind=m.ParameterKind.VALUE),), parameters_known=False
+)
 _P, _U, _Z = ctypes.c_void_p, ctypes.c_uint, ctypes.c_size_t
 _SIGNATURES = {  # each kind's C signature, as issue.c calls it
     IssueKind.LAUNCH: (_P, _U, _U, _U, _U, _U, _U, _U, _P, _P, _P),
@@ -171,8 +175,10 @@ def comparable(call: tuple) -> tuple:
     return call
 
 
-def replayed(path: Path, monkeypatch, library: Path, *, compiled: bool, **options) -> tuple[ProcDriver, Replayer]:
-    driver = ProcDriver({"k": [(0, 8)]}, entry_points=compiled)
+def replayed(
+    path: Path, monkeypatch, library: Path, *, compiled: bool, layouts: dict | None = None, **options
+) -> tuple[ProcDriver, Replayer]:
+    driver = ProcDriver({"k": [(0, 8)], **(layouts or {})}, entry_points=compiled)
     for door in DRIVER_DOORS:
         monkeypatch.setattr(f"{door}.driver", lambda: driver)
     monkeypatch.setattr(issue, "built_issue_library", lambda: library)
@@ -200,6 +206,65 @@ def test_a_replay_issued_from_c_makes_the_calls_python_makes(tmp_path, monkeypat
     assert {"cuLaunchKernel", "cuEventRecord", "cuStreamWaitEvent", "cuMemcpyDtoDAsync", "cuMemsetD8Async"} <= kinds
     assert {"cuMemsetD32Async", "cuMemsetD16Async", "cuMemcpyDtoHAsync", "cuLaunchKernelEx"} <= kinds
     assert native == python and len(native) > 30
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_first_run_issues_the_steps_built_so_far_while_it_builds_the_next(tmp_path, monkeypatch, library, compiled):
+    """ReplayOptions(build_while_running=True) (run-replay): the steps are built a few operations
+    at a time as the first run issues them, so calls go out before the last steps exist (the
+    download's pinned memory, taken when its step is built, comes after launches were issued),
+    and both runs make the very calls of a replay whose steps were all built at setup."""
+    monkeypatch.setattr("replayfmt.replay.replayer._BUILT_AT_A_TIME", 2)
+    allocate = ProcDriver.cuMemHostAlloc
+
+    def logged_allocate(self, size, flags=0):
+        self.log.append(("pinned",))
+        return allocate(self, size, flags)
+
+    monkeypatch.setattr(ProcDriver, "cuMemHostAlloc", logged_allocate)
+    write(tmp_path / "c.kreplay", mixed)
+    logs = []
+    for streamed in (False, True):
+        driver, r = replayed(
+            tmp_path / "c.kreplay", monkeypatch, library, compiled=compiled, build_while_running=streamed
+        )
+        with r:
+            result = r.run(2)
+            assert (result.built_while_running, r.issue_compiled) == (streamed, compiled)
+            assert not r.run(1).built_while_running
+            logs.append(driver.log)
+    at_setup, as_it_runs = logs
+    first_launch = [c[0] for c in at_setup].index("cuLaunchKernel")
+    assert ("pinned",) in at_setup[:first_launch] and ("pinned",) not in at_setup[first_launch:]
+    first_launch = [c[0] for c in as_it_runs].index("cuLaunchKernel")
+    assert ("pinned",) in as_it_runs[first_launch:]
+    assert [c for c in as_it_runs if c != ("pinned",)] == [c for c in at_setup if c != ("pinned",)]
+    assert len(at_setup) > 80  # three runs of some thirty calls
+
+
+def test_a_failure_while_building_as_it_runs_names_its_operation_and_stays(tmp_path, monkeypatch, library):
+    """A step that cannot be built (the loaded function takes more parameter bytes than were
+    captured) stops the first run with the error that setup would have raised, and every later
+    use of the steps raises it again."""
+    monkeypatch.setattr("replayfmt.replay.replayer._BUILT_AT_A_TIME", 2)
+
+    def body(w, ids):
+        for k in range(4):
+            launch(w, ids, offset=64 * k)
+        exe = w.add_object(m.Executable(functions=(WIDE,), payload=w.add_payload(b"wide")))
+        w.launch(executable=exe, function=0, grid=(1, 1, 1), block=(32, 1, 1), parameters=bytes(8), stream=ids["s1"])
+
+    write(tmp_path / "c.kreplay", body)
+    wide = {"wide": [(0, 8), (8, 8)]}
+    driver, r = replayed(
+        tmp_path / "c.kreplay", monkeypatch, library, compiled=True, layouts=wide, build_while_running=True
+    )
+    with r:
+        with pytest.raises(AbiMismatchError, match=r"operation 10 \(wide\): 8 parameter bytes captured"):
+            r.run(1)
+        assert sum(call[0] == "cuLaunchKernel" for call in driver.log) == 4  # the launches built before it ran
+        with pytest.raises(AbiMismatchError, match="operation 10"):
+            r.kernel_name(10)  # any use of the steps builds the rest: the failure again
 
 
 def test_steps_the_loop_cannot_issue_run_from_python_in_their_place(library):

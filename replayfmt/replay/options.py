@@ -19,6 +19,9 @@ class ReplayOptions:
     uploads_from_host: bool = False  # keep uploads as host-to-device copies (timing fidelity)
     nvtx: bool = False  # NVTX ranges around scopes and launches, for nsys and ncu
     check_payloads: bool = True  # check every payload frame against its hash (off: faster, corruption unseen)
+    # the first run builds the steps as it issues them, the device working meanwhile (a large
+    # capture's verdict comes sooner; that run's device time may then include waits for the host)
+    build_while_running: bool = False
 
 
 @dataclass
@@ -27,6 +30,7 @@ class RunResult:
     state_ms: list[float] = field(default_factory=list)  # one per repetition: setting its starting state
     reports: list[BufferReport] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    built_while_running: bool = False  # the first repetition built its steps as it ran (build_while_running)
 
     @property
     def verified(self) -> bool:

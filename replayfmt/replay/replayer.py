@@ -39,7 +39,7 @@ from replayfmt.replay.state import PoisonWrite, StateSetter
 from replayfmt.replay.steps import (
     BuiltSteps,
     Step,
-    build_steps,
+    StepBuilder,
     reshape_graph_node,
     retarget_functions,
     set_launch_shape,
@@ -48,6 +48,8 @@ from replayfmt.replay.steps import (
 from replayfmt.replay.stored_pointers import relocate_staged
 from replayfmt.replay.streams import Streams
 from replayfmt.replay.verify import RangeObserver, Verifier
+
+_BUILT_AT_A_TIME = 4096  # operations whose steps a first run builds before issuing them
 
 
 class Replayer:
@@ -88,8 +90,10 @@ class Replayer:
         )
         self._verifier = Verifier(devices, plan, self.addresses, options.tolerance, options.save_output)
         self._state = StateSetter(devices, self._streams, self._staging.staged, self.addresses)
-        self._built: BuiltSteps = self._phase("build_steps", self._build_steps)
-        self._runner = StepRunner(devices, plan, self._built.kernel_names, continue_on_error=options.continue_on_error)
+        self._builder: StepBuilder = self._phase("build_steps", self._step_builder)
+        self._runner = StepRunner(
+            devices, plan, self._builder.built.kernel_names, continue_on_error=options.continue_on_error
+        )
 
     def _phase(self, name: str, work: Callable[[], Any]) -> Any:
         started = time.perf_counter()
@@ -97,9 +101,11 @@ class Replayer:
         self.setup_seconds[name] = time.perf_counter() - started
         return out
 
-    def _build_steps(self) -> BuiltSteps:
+    def _step_builder(self) -> StepBuilder:
+        """The steps' builder, done unless the first run may build them as it issues them (one
+        device, no CUDA graphs: graphs are instantiated as they are built)."""
         options = self.options
-        return build_steps(
+        builder = StepBuilder(
             self._devices,
             self.plan,
             modules=self._modules,
@@ -112,6 +118,14 @@ class Replayer:
             save_output=options.save_output is not None,
             nvtx=Nvtx.load() if options.nvtx else None,
         )
+        if not (options.build_while_running and not self._devices.several and not self.plan.graphs):
+            builder.finish()
+        return builder
+
+    @property
+    def _built(self) -> BuiltSteps:
+        """Every step, built (what was left for the first run to build is built now)."""
+        return self._builder.finish()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -277,6 +291,9 @@ class Replayer:
         """Wait for all work; a failure names the launches issued since the last good sync."""
         self._runner.synchronize()
 
+    def _build_more(self) -> bool:
+        return self._builder.extend(_BUILT_AT_A_TIME)
+
     def read_back(self, buffer: int, offset: int, size: int) -> bytes:
         """The current bytes of a range of a captured buffer (after all work is done)."""
         return self._verifier.read_back(buffer, offset, size)
@@ -300,7 +317,12 @@ class Replayer:
             self._verifier.begin(result, repetition, verify=verify)
             self._state.begin()
             self.fork(start)
-            result.errors += self.execute_steps(self._built.steps)
+            if self._builder.done:
+                result.errors += self.execute_steps(self._built.steps)
+            else:  # the first run: steps issued as they are built, the device working meanwhile
+                result.built_while_running = True
+                with collector_paused():
+                    result.errors += self._runner.execute(self._builder.built.steps, grow=self._build_more)
             self.join(end)
             self.synchronize()
             total = check(cu.cuEventElapsedTime(start, end), "cuEventElapsedTime")

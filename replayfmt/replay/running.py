@@ -5,7 +5,7 @@ names the launches issued since the last synchronisation that succeeded, the lik
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from replayfmt.cuda.driver import error_text, is_sticky
@@ -37,30 +37,45 @@ class StepRunner:
         self.compiled = IssueLibrary.for_driver(devices.cu)  # the C issue loop, or None: all from Python
         self._plans: OrderedDict[int, IssuePlan] = OrderedDict()  # id(steps) -> its runs, the last few
 
-    def execute(self, steps: Sequence[Step]) -> list[str]:
+    def execute(self, steps: Sequence[Step], grow: Callable[[], bool] | None = None) -> list[str]:
         """Issue steps; raise on the first failure (or collect them with continue_on_error; a
         sticky error always raises: nothing after it can run). Runs of launches, event records,
-        waits, copies and memsets go through the C issue loop where it was built."""
+        waits, copies and memsets go through the C issue loop where it was built.
+
+        ``grow``: steps still being built; called whenever every step of ``steps`` (a list it
+        appends to) is issued, it builds more and answers whether there may be more still."""
         errors: list[str] = []
         self._issued.append((steps, len(steps)))
-        if self.compiled is None:
-            self._from_python(steps, 0, len(steps), errors)
-            return errors
-        plan = self._plans.get(id(steps))
-        if plan is not None and plan.matches(steps):
+        compiled = self.compiled
+        plan = self._plans.get(id(steps)) if compiled is not None and grow is None else None
+        if compiled is not None and plan is not None and plan.matches(steps):
             self._plans.move_to_end(id(steps))
-            self._issue_runs(self.compiled, steps, plan.runs, errors)
+            self._issue_runs(compiled, steps, plan.runs, errors)
             return errors
-        # first issued (or edited since): cut and issue a stretch at a time, then keep the plan
-        planner, runs = IssuePlanner(self.devices.cu), []
-        for start in range(0, len(steps), _STRETCH):
-            stretch = planner.runs(steps, start, min(len(steps), start + _STRETCH))
-            self._issue_runs(self.compiled, steps, stretch, errors)
-            runs += stretch
-        self._plans[id(steps)] = IssuePlan(runs, tuple(steps))
-        self._plans.move_to_end(id(steps))
-        while len(self._plans) > _PLANS_KEPT:
-            self._plans.popitem(last=False)
+        # first issued (or edited since, or still being built): cut and issue a stretch at a
+        # time (the device starts at once), then keep the plan
+        planner = IssuePlanner(self.devices.cu) if compiled is not None else None
+        runs: list[IssueRun] = []
+        start, more = 0, grow is not None
+        while True:
+            while start < len(steps):
+                stop = min(len(steps), start + _STRETCH)
+                self._issued[-1] = (steps, stop)  # a sticky error names the launches up to here
+                if planner is None or compiled is None:
+                    self._from_python(steps, start, stop, errors)
+                else:
+                    stretch = planner.runs(steps, start, stop)
+                    self._issue_runs(compiled, steps, stretch, errors)
+                    runs += stretch
+                start = stop
+            if not more:
+                break
+            more = grow()  # (what it built last is issued before the loop ends)
+        if compiled is not None:
+            self._plans[id(steps)] = IssuePlan(runs, tuple(steps))
+            self._plans.move_to_end(id(steps))
+            while len(self._plans) > _PLANS_KEPT:
+                self._plans.popitem(last=False)
         return errors
 
     def _issue_runs(

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any, NamedTuple
 
 from replayfmt.errors import ReplayUsageError
@@ -91,116 +92,196 @@ def build_steps(
     save_output: bool,
     nvtx: Any | None,
 ) -> BuiltSteps:
-    """Turn every operation of the capture into steps (checkpoints only when verifying or saving,
-    download checks only when verifying, NVTX ranges only with an ``nvtx`` library).
+    """Every operation of the capture turned into steps at once (see :class:`StepBuilder`)."""
+    return StepBuilder(
+        devices,
+        plan,
+        modules=modules,
+        addresses=addresses,
+        streams=streams,
+        staged=staged,
+        verifier=verifier,
+        state=state,
+        verify=verify,
+        save_output=save_output,
+        nvtx=nvtx,
+    ).finish()
 
-    Built once per replay and cheap per operation (a capture may hold 700k): one type test per
-    record, no closure per operation, and launches that agree in everything but their index
-    share one packed launch, extended ones their launch config too (its arguments are immutable:
-    a shape change replaces a step's arguments, or its config with a copy, never what is shared)."""
-    cu = devices.cu
-    built = BuiltSteps([], [], {}, {})
-    steps = built.steps
-    append = steps.append
-    op_streams = built.op_streams
-    kernel_names = built.kernel_names
-    A = addresses
-    graphs = built.graph_builder = GraphBuilder(devices, plan, modules, addresses, streams.events)
-    events, handles, defaults = streams.events, streams.handles, streams.defaults
-    several = devices.several
-    overrides = plan.overrides
-    packed: dict[tuple[Any, ...], PreparedLaunch] = {}  # (device, the launch but its index) -> packed once
-    launch_call, launch_ex_call, record_call, wait_call = (
-        cu.cuLaunchKernel,
-        cu.cuLaunchKernelEx,
-        cu.cuEventRecord,
-        cu.cuStreamWaitEvent,
-    )
-    current = 0  # the device whose context is current when this step runs (runs start on the first)
-    for op in plan.capture.iter_operations():
-        index = op.index
-        cls = type(op)
-        if index in plan.state:  # the starting state of the region beginning here (hoisted)
-            append(Step(StepKind.STATE, state.apply, (index, plan.state[index]), index))
-            current = 0  # it leaves the first device's context current
-        gpu = devices.operation_device(op, plan, streams.device_of) if several else 0
-        if gpu is not None and gpu != current:
-            append(Step(StepKind.SET_CONTEXT, cu.cuCtxSetCurrent, (devices.gpus[gpu].ctx,), index))
-            current = gpu
-        if cls is m.CreateObject or cls is m.DestroyObject:  # done at setup (a program may make 200k events)
-            continue
-        captured = getattr(op, "stream", 0)
-        stream = op_streams[index] = handles[captured] if captured else defaults[gpu or 0]
-        override = overrides.get(index) if cls is m.Launch else None
-        if override is not None and override.skip:
-            pass  # --launch OP:skip: not run at all
-        elif cls is m.Launch:
-            key = (gpu, *op[1:])
-            launch = packed.get(key) if override is None else None  # an overridden launch is its own
-            if launch is None:
-                launch = prepare_launch(devices, plan, modules, A, op, stream, gpu or 0)
-                built.launches.append(launch)
-                if index not in overrides:
-                    packed[key] = launch
-            for site, value in launch.buffer_sites:
-                append(Step(StepKind.POINTER_SITE, cu.cuMemcpyHtoDAsync, (site, value, 8, stream), index))
-            if nvtx is not None:
-                append(Step(StepKind.NVTX_PUSH, nvtx.push, (launch.name.encode(),), index))
-            if launch.extended:
-                append(Step(StepKind.LAUNCH_EX, launch_ex_call, launch.args, index))
-            else:
-                append(Step(StepKind.LAUNCH, launch_call, launch.args, index))
-            if nvtx is not None:
+
+class StepBuilder:
+    """Turns the capture's operations into steps, in capture order: all at once (:meth:`finish`)
+    or a stretch at a time (:meth:`extend`), so that a replay can issue the steps built so far
+    while it builds the next ones (the device starts at once; building overlaps its work).
+
+    Checkpoints are built only when verifying or saving, download checks only when verifying,
+    NVTX ranges only with an ``nvtx`` library. Cheap per operation (a capture may hold 700k):
+    one type test per record, no closure per operation, and launches that agree in everything
+    but their index share one packed launch, extended ones their launch config too (its
+    arguments are immutable: a shape change replaces a step's arguments, or its config with a
+    copy, never what is shared). A failure while building is raised again by every later call:
+    the steps stop where it happened."""
+
+    def __init__(
+        self,
+        devices: Devices,
+        plan: Plan,
+        *,
+        modules: Modules,
+        addresses: dict[int, int],
+        streams: Streams,
+        staged: dict[Any, Staged],
+        verifier: Verifier,
+        state: StateSetter,
+        verify: bool,
+        save_output: bool,
+        nvtx: Any | None,
+    ) -> None:
+        self.devices, self.plan, self.modules, self.addresses = devices, plan, modules, addresses
+        self.streams, self.staged, self.verifier, self.state = streams, staged, verifier, state
+        self.verify, self.save_output, self.nvtx = verify, save_output, nvtx
+        self.built = BuiltSteps([], [], {}, {})
+        self.built.graph_builder = GraphBuilder(devices, plan, modules, addresses, streams.events)
+        self.done = False
+        self._operations = plan.capture.iter_operations()
+        self._packed: dict[tuple[Any, ...], PreparedLaunch] = {}  # (device, the launch but its index) -> packed
+        self._current = 0  # the device whose context is current when the next step runs (runs start on the first)
+        self._failure: BaseException | None = None
+
+    def finish(self) -> BuiltSteps:
+        """Build every step not built yet; the steps, complete."""
+        while self.extend(1 << 30):
+            pass
+        return self.built
+
+    def extend(self, operations: int) -> bool:
+        """Build the steps of up to ``operations`` more operations (appended to ``built.steps``);
+        False once every operation's steps are built."""
+        if self._failure is not None:
+            raise self._failure
+        if self.done:
+            return False
+        try:
+            self._build(islice(self._operations, operations), operations)
+        except BaseException as exc:
+            self._failure = exc
+            raise
+        return not self.done
+
+    def _build(self, operations: Iterator[m.Operation], wanted: int) -> None:
+        devices, plan, modules, A, nvtx = self.devices, self.plan, self.modules, self.addresses, self.nvtx
+        verify, save_output, staged, verifier, state = (
+            self.verify,
+            self.save_output,
+            self.staged,
+            self.verifier,
+            self.state,
+        )
+        cu = devices.cu
+        built = self.built
+        append = built.steps.append
+        op_streams = built.op_streams
+        kernel_names = built.kernel_names
+        graphs = built.graph_builder
+        assert graphs is not None
+        events, handles, defaults = self.streams.events, self.streams.handles, self.streams.defaults
+        several = devices.several
+        overrides = plan.overrides
+        packed = self._packed
+        launch_call, launch_ex_call, record_call, wait_call = (
+            cu.cuLaunchKernel,
+            cu.cuLaunchKernelEx,
+            cu.cuEventRecord,
+            cu.cuStreamWaitEvent,
+        )
+        current = self._current
+        seen = 0
+        for op in operations:
+            seen += 1
+            index = op.index
+            cls = type(op)
+            if index in plan.state:  # the starting state of the region beginning here (hoisted)
+                append(Step(StepKind.STATE, state.apply, (index, plan.state[index]), index))
+                current = 0  # it leaves the first device's context current
+            gpu = devices.operation_device(op, plan, self.streams.device_of) if several else 0
+            if gpu is not None and gpu != current:
+                append(Step(StepKind.SET_CONTEXT, cu.cuCtxSetCurrent, (devices.gpus[gpu].ctx,), index))
+                current = gpu
+            if cls is m.CreateObject or cls is m.DestroyObject:  # done at setup (a program may make 200k events)
+                continue
+            captured = getattr(op, "stream", 0)
+            stream = op_streams[index] = handles[captured] if captured else defaults[gpu or 0]
+            override = overrides.get(index) if cls is m.Launch else None
+            if override is not None and override.skip:
+                pass  # --launch OP:skip: not run at all
+            elif cls is m.Launch:
+                key = (gpu, *op[1:])
+                launch = packed.get(key) if override is None else None  # an overridden launch is its own
+                if launch is None:
+                    launch = prepare_launch(devices, plan, modules, A, op, stream, gpu or 0)
+                    built.launches.append(launch)
+                    if index not in overrides:
+                        packed[key] = launch
+                for site, value in launch.buffer_sites:
+                    append(Step(StepKind.POINTER_SITE, cu.cuMemcpyHtoDAsync, (site, value, 8, stream), index))
+                if nvtx is not None:
+                    append(Step(StepKind.NVTX_PUSH, nvtx.push, (launch.name.encode(),), index))
+                if launch.extended:
+                    append(Step(StepKind.LAUNCH_EX, launch_ex_call, launch.args, index))
+                else:
+                    append(Step(StepKind.LAUNCH, launch_call, launch.args, index))
+                if nvtx is not None:
+                    append(Step(StepKind.NVTX_POP, nvtx.pop, (), index))
+                kernel_names[index] = launch.name
+            elif cls is m.EventRecord:
+                append(Step(StepKind.EVENT_RECORD, record_call, (events[op.event], stream), index))
+            elif cls is m.StreamWaitEvent:
+                append(Step(StepKind.STREAM_WAIT, wait_call, (stream, events[op.event], 0), index))
+            elif cls is m.Copy:
+                if op.kind == _K.COPY_HOST_TO_DEVICE:
+                    source = staged[upload_key(op)]
+                    args = (A[op.dst_buffer] + op.dst_offset, source.address, op.size, stream)
+                    append(Step(StepKind.UPLOAD, source.copy_call(cu), args, index))
+                elif op.kind == _K.COPY_DEVICE_TO_HOST:
+                    host = pinned(devices, op.size, f"operation {index}")
+                    args = (host, A[op.src_buffer] + op.src_offset, op.size, stream)
+                    append(Step(StepKind.DOWNLOAD, cu.cuMemcpyDtoHAsync, args, index))
+                    if op.payload and verify:
+                        append(Step(StepKind.CHECK_DOWNLOAD, verifier.check_download, (op, host), index))
+                        current = 0  # it synchronises every device
+                else:
+                    args = (A[op.dst_buffer] + op.dst_offset, A[op.src_buffer] + op.src_offset, op.size, stream)
+                    append(Step(StepKind.COPY, cu.cuMemcpyDtoDAsync, args, index))
+            elif cls is m.GraphLaunch:
+                graph = graphs.prepared(op, gpu or 0)
+                for site, value in (s for launch in graph.launches for s in launch.buffer_sites):
+                    append(Step(StepKind.POINTER_SITE, cu.cuMemcpyHtoDAsync, (site, value, 8, stream), index))
+                if nvtx is not None:
+                    append(Step(StepKind.NVTX_PUSH, nvtx.push, (graph.name.encode(),), index))
+                append(Step(StepKind.GRAPH_LAUNCH, cu.cuGraphLaunch, (graph.executable, stream), index))
+                if nvtx is not None:
+                    append(Step(StepKind.NVTX_POP, nvtx.pop, (), index))
+                kernel_names[index] = graph.name
+                built.graphs[index] = graph
+            elif cls is m.Memset:
+                fn = {1: cu.cuMemsetD8Async, 2: cu.cuMemsetD16Async, 4: cu.cuMemsetD32Async}[op.element_size]
+                append(Step(StepKind.MEMSET, fn, (A[op.buffer] + op.offset, op.value, op.count, stream), index))
+            elif cls is m.StreamSynchronize:
+                append(Step(StepKind.SYNCHRONIZE, cu.cuStreamSynchronize, (stream,), index))
+            elif cls is m.DeviceSynchronize:
+                append(Step(StepKind.SYNCHRONIZE, cu.cuCtxSynchronize, (), index))
+            elif cls is m.EventSynchronize:
+                append(Step(StepKind.SYNCHRONIZE, cu.cuEventSynchronize, (events[op.event],), index))
+            elif cls is m.Checkpoint and (verify or save_output):
+                append(Step(StepKind.CHECKPOINT, verifier.checkpoint, (op,), index))
+                current = 0  # it synchronises every device
+            elif cls is m.ScopeBegin and nvtx is not None:
+                append(Step(StepKind.NVTX_PUSH, nvtx.push, (op.name.encode(),), index))
+            elif cls is m.ScopeEnd and nvtx is not None:
                 append(Step(StepKind.NVTX_POP, nvtx.pop, (), index))
-            kernel_names[index] = launch.name
-        elif cls is m.EventRecord:
-            append(Step(StepKind.EVENT_RECORD, record_call, (events[op.event], stream), index))
-        elif cls is m.StreamWaitEvent:
-            append(Step(StepKind.STREAM_WAIT, wait_call, (stream, events[op.event], 0), index))
-        elif cls is m.Copy:
-            if op.kind == _K.COPY_HOST_TO_DEVICE:
-                source = staged[upload_key(op)]
-                args = (A[op.dst_buffer] + op.dst_offset, source.address, op.size, stream)
-                append(Step(StepKind.UPLOAD, source.copy_call(cu), args, index))
-            elif op.kind == _K.COPY_DEVICE_TO_HOST:
-                host = pinned(devices, op.size, f"operation {index}")
-                args = (host, A[op.src_buffer] + op.src_offset, op.size, stream)
-                append(Step(StepKind.DOWNLOAD, cu.cuMemcpyDtoHAsync, args, index))
-                if op.payload and verify:
-                    append(Step(StepKind.CHECK_DOWNLOAD, verifier.check_download, (op, host), index))
-                    current = 0  # it synchronises every device
-            else:
-                args = (A[op.dst_buffer] + op.dst_offset, A[op.src_buffer] + op.src_offset, op.size, stream)
-                append(Step(StepKind.COPY, cu.cuMemcpyDtoDAsync, args, index))
-        elif cls is m.GraphLaunch:
-            graph = graphs.prepared(op, gpu or 0)
-            for site, value in (s for launch in graph.launches for s in launch.buffer_sites):
-                append(Step(StepKind.POINTER_SITE, cu.cuMemcpyHtoDAsync, (site, value, 8, stream), index))
-            if nvtx is not None:
-                append(Step(StepKind.NVTX_PUSH, nvtx.push, (graph.name.encode(),), index))
-            append(Step(StepKind.GRAPH_LAUNCH, cu.cuGraphLaunch, (graph.executable, stream), index))
-            if nvtx is not None:
-                append(Step(StepKind.NVTX_POP, nvtx.pop, (), index))
-            kernel_names[index] = graph.name
-            built.graphs[index] = graph
-        elif cls is m.Memset:
-            fn = {1: cu.cuMemsetD8Async, 2: cu.cuMemsetD16Async, 4: cu.cuMemsetD32Async}[op.element_size]
-            append(Step(StepKind.MEMSET, fn, (A[op.buffer] + op.offset, op.value, op.count, stream), index))
-        elif cls is m.StreamSynchronize:
-            append(Step(StepKind.SYNCHRONIZE, cu.cuStreamSynchronize, (stream,), index))
-        elif cls is m.DeviceSynchronize:
-            append(Step(StepKind.SYNCHRONIZE, cu.cuCtxSynchronize, (), index))
-        elif cls is m.EventSynchronize:
-            append(Step(StepKind.SYNCHRONIZE, cu.cuEventSynchronize, (events[op.event],), index))
-        elif cls is m.Checkpoint and (verify or save_output):
-            append(Step(StepKind.CHECKPOINT, verifier.checkpoint, (op,), index))
-            current = 0  # it synchronises every device
-        elif cls is m.ScopeBegin and nvtx is not None:
-            append(Step(StepKind.NVTX_PUSH, nvtx.push, (op.name.encode(),), index))
-        elif cls is m.ScopeEnd and nvtx is not None:
-            append(Step(StepKind.NVTX_POP, nvtx.pop, (), index))
-        # create, destroy, module load: done at setup; scopes: markers only
-    return built
+            # create, destroy, module load: done at setup; scopes: markers only
+        self._current = current
+        if seen < wanted:
+            self.done = True
 
 
 def set_launch_shape(cu: Any, steps: list[Step], index: int, grid: m.Dims, block: m.Dims, shared_memory: int) -> None:
