@@ -17,6 +17,7 @@ import os
 
 from replayfmt.errors import ReplayError, ReplayUsageError
 from replayfmt.reader import Capture, open_capture
+from replayfmt.replay.devices import DeviceWarmup
 from replayfmt.replay.options import ReplayOptions, RunResult
 from replayfmt.replay.plan import PlanOptions, build_plan
 from replayfmt.replay.replayer import Replayer
@@ -32,13 +33,14 @@ class ReplaySession:
     Leaving the block closes the Replayer, then the capture.
     """
 
-    def __init__(self, capture: Capture, plan_options: PlanOptions) -> None:
+    def __init__(self, capture: Capture, plan_options: PlanOptions, warmup: DeviceWarmup | None = None) -> None:
         self.capture = capture
         self._replayer: Replayer | None = None
+        self._warmup = warmup
         try:
             self.plan = build_plan(capture, plan_options)
         except BaseException:
-            capture.close()
+            self.close()
             raise
 
     @property
@@ -55,12 +57,16 @@ class ReplaySession:
             raise ReplayUsageError("this replay session has started its Replayer already")
         if self.plan.problems and not self.plan.options.continue_on_error:
             raise ReplayError(self.plan.problems[0])
+        if self._warmup is not None:
+            self._warmup.wait()
         self._replayer = Replayer(self.plan, options)
         return self._replayer
 
     def close(self) -> None:
         if self._replayer is not None:
             self._replayer.close()
+        if self._warmup is not None:
+            self._warmup.close()
         self.capture.close()
 
     def __enter__(self) -> ReplaySession:
@@ -70,9 +76,23 @@ class ReplaySession:
         self.close()
 
 
-def open_replay(path: str | os.PathLike[str], plan_options: PlanOptions | None = None) -> ReplaySession:
-    """Open a capture and plan its replay (every check that needs no GPU); see :class:`ReplaySession`."""
-    return ReplaySession(open_capture(path), plan_options or PlanOptions())
+def open_replay(
+    path: str | os.PathLike[str], plan_options: PlanOptions | None = None, *, warm_devices: tuple[int, ...] = ()
+) -> ReplaySession:
+    """Open a capture and plan its replay (every check that needs no GPU); see :class:`ReplaySession`.
+
+    ``warm_devices``: the devices the replay will run on, whose CUDA start begins on a thread of
+    its own while the capture is read and planned (:class:`~replayfmt.replay.devices.DeviceWarmup`);
+    none with ``fixed_addresses``, which must steer the driver before CUDA starts."""
+    options = plan_options or PlanOptions()
+    warmup = DeviceWarmup(warm_devices) if warm_devices and not options.fixed_addresses else None
+    try:
+        capture = open_capture(path)
+    except BaseException:
+        if warmup is not None:
+            warmup.close()
+        raise
+    return ReplaySession(capture, options, warmup)
 
 
 def execute(

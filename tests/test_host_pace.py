@@ -228,3 +228,40 @@ def test_the_plan_knows_when_replay_writes_pointers_into_memory(tmp_path, site):
     write(tmp_path / "c.kreplay", body)
     with replayfmt.open(tmp_path / "c.kreplay") as cap:
         assert build_plan(cap).stores_pointers is site
+
+
+def test_a_session_warms_its_devices_while_it_plans_and_releases_them(tmp_path, fake, monkeypatch):
+    """open_replay(warm_devices=...) starts CUDA and retains the devices' primary contexts on a
+    thread of its own; the replay starts after it is done, and closing the session releases
+    every context retained (the warm-up's and the replay's alike). A warm-up that fails leaves
+    the error to the setup."""
+    from replayfmt.execute import open_replay
+
+    held: list[int] = []
+    retain, release = fake.cuDevicePrimaryCtxRetain, fake.cuDevicePrimaryCtxRelease
+
+    def counted_retain(device):
+        held.append(device)
+        return retain(device)
+
+    def counted_release(device):
+        held.remove(device)
+        return release(device)
+
+    monkeypatch.setattr(fake, "cuDevicePrimaryCtxRetain", counted_retain)
+    monkeypatch.setattr(fake, "cuDevicePrimaryCtxRelease", counted_release)
+    write(tmp_path / "c.kreplay", lambda w, ids: launch(w, ids))
+    with open_replay(tmp_path / "c.kreplay", warm_devices=(0,)) as session:
+        replayer = session.start(ReplayOptions())
+        assert len(held) == 2  # the warm-up's retain and the replay's
+        replayer.run(1)
+    assert held == []
+
+    def refused(ordinal):
+        return (FakeError("CUDA_ERROR_INVALID_DEVICE"), 0)
+
+    monkeypatch.setattr(fake, "cuDeviceGet", refused)
+    session = open_replay(tmp_path / "c.kreplay", warm_devices=(0,))
+    with session, pytest.raises(replayfmt.ReplayError, match=r"cuDeviceGet\(0\)"):
+        session.start(ReplayOptions())
+    assert held == []

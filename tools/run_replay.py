@@ -157,7 +157,8 @@ def main(
         build_while_running=True,  # the verdict sooner: the device starts while the steps are built
     )
     verification = None
-    with open_replay(capture, options) as session:
+    warm = () if dry_run else replay.devices  # CUDA starts while the capture is read and planned
+    with open_replay(capture, options, warm_devices=warm) as session:
         plan = session.plan
         for line in plan.describe():
             say(line)

@@ -9,6 +9,7 @@ phases create (released in reverse order by :meth:`Devices.close`).
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +37,47 @@ class ReplayDevice:
     def arch(self) -> int:
         """The compute capability as one number: 90 for sm_90."""
         return self.compute_capability[0] * 10 + self.compute_capability[1]
+
+
+class DeviceWarmup:
+    """Starts CUDA and retains the primary contexts of ``ordinals`` on a thread of its own while
+    the caller goes on (reading and planning a large capture takes as long): the driver's start
+    and a context's creation take a few hundred milliseconds that the replay's setup, which
+    retains the same contexts, then does not wait for (the driver's calls release the GIL).
+
+    Errors are left for the setup to meet and report (the warm-up only saves time);
+    :meth:`close` releases what it retained."""
+
+    def __init__(self, ordinals: tuple[int, ...]) -> None:
+        self._retained: list[Any] = []
+        self._cu: Any = None
+        self._thread = threading.Thread(target=self._warm, args=(ordinals,), name="device warm-up", daemon=True)
+        self._thread.start()
+
+    def _warm(self, ordinals: tuple[int, ...]) -> None:
+        try:
+            cu = self._cu = driver()
+            for ordinal in ordinals:
+                err, handle = cu.cuDeviceGet(ordinal)
+                if err != cu.CUresult.CUDA_SUCCESS:
+                    return
+                err, _ = cu.cuDevicePrimaryCtxRetain(handle)
+                if err != cu.CUresult.CUDA_SUCCESS:
+                    return
+                self._retained.append(handle)
+        except Exception:
+            pass  # the setup starts CUDA itself and reports what fails
+
+    def wait(self) -> None:
+        """Until the warm-up is done (before the setup starts CUDA itself)."""
+        self._thread.join()
+
+    def close(self) -> None:
+        """Release the contexts the warm-up retained (the replay's own retains keep them alive
+        for as long as it runs). Idempotent."""
+        self.wait()
+        while self._retained:
+            self._cu.cuDevicePrimaryCtxRelease(self._retained.pop())
 
 
 class Devices:
