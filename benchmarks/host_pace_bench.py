@@ -185,8 +185,8 @@ DEVICE_CHILD = """
 import json, sys, time
 started = time.perf_counter()
 import tools.run_replay  # what the command imports
-from benchmarks.host_pace_bench import device_phases
 seconds = {"imports": time.perf_counter() - started}
+from benchmarks.host_pace_bench import device_phases
 seconds.update(device_phases(sys.argv[1], sys.argv[2] == "as-it-runs"))
 print(json.dumps(seconds))
 """
@@ -194,8 +194,9 @@ print(json.dumps(seconds))
 
 def device_phases(path: str, build_while_running: bool) -> dict[str, float]:
     """run-replay --verify's work on ``path`` on the GPU, phase by phase (seconds of wall time;
-    setup's own phases prefixed "  "), the verified run's device time ("device", its starting
-    state's included) and the number of ranges it compared."""
+    setup's own phases prefixed "  ", the steps' building included where the first run does it),
+    the verified run's device time ("device", its starting state's included) and the number of
+    ranges it compared."""
     from replayfmt.execute import open_replay
 
     seconds: dict[str, float] = {}
@@ -206,10 +207,12 @@ def device_phases(path: str, build_while_running: bool) -> dict[str, float]:
         started = time.perf_counter()
         replayer = session.start(ReplayOptions(verify=True, build_while_running=build_while_running))
         seconds["setup"] = time.perf_counter() - started
-        seconds.update({f"  {name}": value for name, value in replayer.setup_seconds.items()})
         started = time.perf_counter()
         result = replayer.run(1)
-        seconds["run"] = time.perf_counter() - started
+        run = time.perf_counter() - started
+        # setup's phases, and the steps' building where the run did it (inside the run's time)
+        seconds.update({f"  {name}": value for name, value in replayer.setup_seconds.items()})
+        seconds["run"] = run
         if result.mismatches:
             raise SystemExit(f"{path}: the replay did not verify ({len(result.mismatches)} ranges differ)")
         seconds["device"] = (result.device_ms[0] + result.state_ms[0]) / 1e3  # starting state is device work too
@@ -223,7 +226,8 @@ def device_main(path: Path, check: bool, rounds: int) -> int:
     """--device: the host share of run-replay --verify on the GPU, steps built at setup and as
     the run goes, each in a fresh process (as a user runs the command), alternating; the round
     of least wall time of each is shown."""
-    operations = replayfmt.open(path).operation_count
+    with replayfmt.open(path) as capture:
+        operations = capture.operation_count
     print(f"capture: {operations:,} operations in {path}, replayed and verified on the GPU")
     columns: dict[str, dict[str, float]] = {}
     for _ in range(rounds):
@@ -234,7 +238,8 @@ def device_main(path: Path, check: bool, rounds: int) -> int:
             if name not in columns or _wall(seconds) < _wall(columns[name]):
                 columns[name] = seconds
     print(f"{'seconds (best of ' + str(rounds) + ')':<28}" + "".join(f"{'steps built ' + n:>26}" for n in columns))
-    for phase in columns["at setup"]:
+    phases = dict.fromkeys([*columns["at setup"], *columns["as it runs"]])
+    for phase in phases:
         digits = 0 if phase == "ranges compared" else 3
         print(f"{phase:<28}" + "".join(f"{c.get(phase, 0.0):>26.{digits}f}" for c in columns.values()))
     # the device time of the run whose steps were built at setup: a run that builds them as it

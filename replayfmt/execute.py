@@ -2,7 +2,7 @@
 
 Every tool follows the same sequence, and this module is where it lives::
 
-    with open_replay("step.kreplay", PlanOptions()) as session:   # read + plan: no GPU touched
+    with open_replay("step.kreplay", PlanOptions()) as session:   # read + plan: no GPU needed
         print(session.plan.describe())                            # inspect, find a scope, dry-run
         replayer = session.start(ReplayOptions(verify=True))      # build device state once
         result = replayer.run(repetitions=3)                      # run the plan's steps
@@ -29,8 +29,9 @@ class ReplaySession:
     """A capture opened and planned, and the Replayer started on it: what every tool does.
 
     ``with open_replay(path, plan_options) as session:`` inspect ``session.plan`` (describe it,
-    find a scope, stop for a dry run: no GPU is touched yet), then ``session.start(options)``.
-    Leaving the block closes the Replayer, then the capture.
+    find a scope, stop for a dry run: no GPU is touched yet, unless ``warm_devices`` started CUDA
+    early), then ``session.start(options)``. Leaving the block closes the Replayer, then releases
+    what the warm-up retained, then closes the capture.
     """
 
     def __init__(self, capture: Capture, plan_options: PlanOptions, warmup: DeviceWarmup | None = None) -> None:

@@ -6,6 +6,7 @@ counting launches alike that it checks once."""
 from __future__ import annotations
 
 import ctypes
+import itertools
 
 import pytest
 from fake_device import DRIVER_DOORS, FakeDriver, FakeError
@@ -265,3 +266,28 @@ def test_a_session_warms_its_devices_while_it_plans_and_releases_them(tmp_path, 
     with session, pytest.raises(replayfmt.ReplayError, match=r"cuDeviceGet\(0\)"):
         session.start(ReplayOptions())
     assert held == []
+
+
+def test_downloads_take_their_pinned_memory_from_a_few_slabs(tmp_path, fake, monkeypatch):
+    """Each download's destination is pinned memory of its own, taken from slabs (a page-locked
+    allocation stops concurrent streams, and the first run of run-replay builds its steps while
+    it runs): 300 downloads of 4 KiB make two allocations, not 300."""
+    sizes: list[int] = []
+    allocate = fake.cuMemHostAlloc
+
+    def counted(size, flags=0):
+        sizes.append(size)
+        return allocate(size, flags)
+
+    monkeypatch.setattr(fake, "cuMemHostAlloc", counted)
+
+    def body(w, ids):
+        for k in range(300):
+            w.copy_d2h(src_buffer=ids["x"], size=4096 - k % 2, stream=ids["s1"])
+
+    write(tmp_path / "c.kreplay", body)
+    with replayfmt.open(tmp_path / "c.kreplay") as cap, Replayer(build_plan(cap), ReplayOptions()) as r:
+        hosts = sorted(s.args[0] for s in r.steps if s.kind is StepKind.DOWNLOAD)
+        assert len(hosts) == 300 and all(b - a >= 4096 for a, b in itertools.pairwise(hosts))
+        assert r.run(1).errors == []
+    assert sorted(sizes) == [1 << 20, 2 << 20]

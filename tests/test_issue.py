@@ -264,6 +264,9 @@ def test_a_failure_while_building_as_it_runs_names_its_operation_and_stays(tmp_p
             r.run(1)
         assert sum(call[0] == "cuLaunchKernel" for call in driver.log) == 4  # the launches built before it ran
         with pytest.raises(AbiMismatchError, match="operation 10"):
+            r.run(1)  # raised before anything is issued again
+        assert sum(call[0] == "cuLaunchKernel" for call in driver.log) == 4
+        with pytest.raises(AbiMismatchError, match="operation 10"):
             r.kernel_name(10)  # any use of the steps builds the rest: the failure again
 
 

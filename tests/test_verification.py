@@ -421,7 +421,9 @@ def run_replay_on_host(monkeypatch, path: Path, programs: list, *flags: str):
     from replayfmt_tools import run_replay
 
     sessions = iter(programs)
-    monkeypatch.setattr(run_replay, "open_replay", lambda p, options: HostSession(Path(p), options, next(sessions)))
+    monkeypatch.setattr(
+        run_replay, "open_replay", lambda p, options, **_: HostSession(Path(p), options, next(sessions))
+    )
     result = CliRunner().invoke(run_replay.main, ["--verify", *flags, str(path)])
     return result.exit_code, result.stdout, result.stderr
 
@@ -448,7 +450,7 @@ def test_run_replay_fails_a_skipped_kernel_against_the_reference_replay(tmp_path
     assert code == 0 and "proven" in out, err
     skipped_options = []
 
-    def with_skip(p, options):
+    def with_skip(p, options, **_):
         skipped_options.append(options)
         return HostSession(Path(p), PlanOptions(), program(skip_out=not skipped_options[1:]))
 

@@ -157,7 +157,8 @@ def main(
         build_while_running=True,  # the verdict sooner: the device starts while the steps are built
     )
     verification = None
-    warm = () if dry_run else replay.devices  # CUDA starts while the capture is read and planned
+    # CUDA starts on the first device while the capture is read and planned (most captures use one)
+    warm = () if dry_run else replay.devices[:1]
     with open_replay(capture, options, warm_devices=warm) as session:
         plan = session.plan
         for line in plan.describe():
@@ -218,6 +219,7 @@ def main(
                     "capture": str(capture),
                     "device_ms": result.device_ms,
                     "state_ms": result.state_ms,
+                    "built_while_running": result.built_while_running,  # device_ms[0] may include host waits
                     "verification": report.as_dict() if report is not None else None,
                     "errors": errors,
                 },

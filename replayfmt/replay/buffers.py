@@ -136,6 +136,33 @@ def pinned(devices: Devices, size: int, what: str) -> int:
     return int(ptr)
 
 
+class PinnedSlabs:
+    """Small pinned host buffers (downloads' destinations) handed out from a few slabs, each
+    twice the last (from 1 MiB, at most 256 MiB, or the size asked): a page-locked allocation
+    stops the device's streams from running concurrently around it, and steps built while a
+    run issues them would otherwise make one per download."""
+
+    _FIRST, _MOST, _ALIGN = 1 << 20, 256 << 20, 256
+
+    def __init__(self, devices: Devices) -> None:
+        self.devices = devices
+        self._next_slab = self._FIRST
+        self._free = 0  # address of the current slab's free part
+        self._left = 0  # bytes left in it
+
+    def take(self, size: int, what: str) -> int:
+        """``size`` bytes of pinned host memory, for as long as the replay lives."""
+        size = -(-max(size, 1) // self._ALIGN) * self._ALIGN
+        if size > self._left:
+            slab = max(size, self._next_slab)
+            self._next_slab = min(2 * self._next_slab, self._MOST)
+            self._free, self._left = pinned(self.devices, slab, what), slab
+        address = self._free
+        self._free += size
+        self._left -= size
+        return address
+
+
 def pinned_large(devices: Devices, size: int, what: str) -> int:
     """Pinned memory for a large buffer: transparent huge pages registered with the driver
     pin in about half the time of cuMemHostAlloc (fewer pages to lock); cuMemHostAlloc when

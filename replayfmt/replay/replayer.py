@@ -4,6 +4,9 @@ A :class:`Replayer` takes a :class:`~replayfmt.replay.plan.Plan` and does the co
 phase by phase (each in its own module: devices, buffers, modules, streams, staging, steps),
 turning the capture into a list of steps; :meth:`Replayer.run` then executes the steps (as many
 times as asked), each on its own captured stream, so that concurrency and event edges are kept.
+With ``ReplayOptions(build_while_running=True)`` (run-replay) the steps of a single-device
+capture are built by the first run, a stretch at a time just before it issues them, so the
+device starts at once and building overlaps its work.
 Captured device k runs on ``options.devices[k]``; a step that changes device first makes that
 device's context current (single-device captures never switch).
 
@@ -320,9 +323,10 @@ class Replayer:
             if self._builder.done:
                 result.errors += self.execute_steps(self._built.steps)
             else:  # the first run: steps issued as they are built, the device working meanwhile
+                self._builder.check()  # (a build that failed in an earlier run is not issued again)
                 result.built_while_running = True
-                with collector_paused():
-                    result.errors += self._runner.execute(self._builder.built.steps, grow=self._build_more)
+                result.errors += self._runner.execute(self._builder.built.steps, grow=self._build_more)
+                self.setup_seconds["build_steps (during the first run)"] = self._builder.seconds
             self.join(end)
             self.synchronize()
             total = check(cu.cuEventElapsedTime(start, end), "cuEventElapsedTime")

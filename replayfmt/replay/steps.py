@@ -1,22 +1,25 @@
 """Steps: the capture turned into driver calls ready to issue, in capture order.
 
 Each :class:`Step` is one call (``fn(*args)``) with its kind and the index of the operation it
-comes from; a run issues them one after another. Building them is setup work: streams, events,
-buffers, staged uploads and packed launches are all resolved here, so a run does no lookups.
+comes from; a run issues them one after another. Building them resolves streams, events,
+buffers, staged uploads and packed launches, so issuing does no lookups: all at setup, or (the
+first run of run-replay) a stretch at a time just before the run issues it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any, NamedTuple
 
+from replayfmt.container.batches import collector_paused
 from replayfmt.errors import ReplayUsageError
 from replayfmt.format import model as m
-from replayfmt.replay.buffers import pinned
+from replayfmt.replay.buffers import PinnedSlabs
 from replayfmt.replay.devices import Devices
 from replayfmt.replay.graphs import GraphBuilder, PreparedGraph
 from replayfmt.replay.launches import PreparedLaunch, launch_config_copy, prepare_launch
@@ -145,7 +148,9 @@ class StepBuilder:
         self._operations = plan.capture.iter_operations()
         self._packed: dict[tuple[Any, ...], PreparedLaunch] = {}  # (device, the launch but its index) -> packed
         self._current = 0  # the device whose context is current when the next step runs (runs start on the first)
-        self._failure: BaseException | None = None
+        self._pinned = PinnedSlabs(devices)  # downloads' destinations
+        self._failure: Exception | None = None
+        self.seconds = 0.0  # spent building so far
 
     def finish(self) -> BuiltSteps:
         """Build every step not built yet; the steps, complete."""
@@ -153,18 +158,26 @@ class StepBuilder:
             pass
         return self.built
 
+    def check(self) -> None:
+        """Raise again what stopped an earlier build (the steps end where it happened)."""
+        if self._failure is not None:
+            raise self._failure
+
     def extend(self, operations: int) -> bool:
         """Build the steps of up to ``operations`` more operations (appended to ``built.steps``);
         False once every operation's steps are built."""
-        if self._failure is not None:
-            raise self._failure
+        self.check()
         if self.done:
             return False
+        started = time.perf_counter()
         try:
-            self._build(islice(self._operations, operations), operations)
-        except BaseException as exc:
+            with collector_paused():  # a record per operation, and no cycles (see container.batches)
+                self._build(islice(self._operations, operations), operations)
+        except Exception as exc:
             self._failure = exc
             raise
+        finally:
+            self.seconds += time.perf_counter() - started
         return not self.done
 
     def _build(self, operations: Iterator[m.Operation], wanted: int) -> None:
@@ -242,7 +255,7 @@ class StepBuilder:
                     args = (A[op.dst_buffer] + op.dst_offset, source.address, op.size, stream)
                     append(Step(StepKind.UPLOAD, source.copy_call(cu), args, index))
                 elif op.kind == _K.COPY_DEVICE_TO_HOST:
-                    host = pinned(devices, op.size, f"operation {index}")
+                    host = self._pinned.take(op.size, f"operation {index}")
                     args = (host, A[op.src_buffer] + op.src_offset, op.size, stream)
                     append(Step(StepKind.DOWNLOAD, cu.cuMemcpyDtoHAsync, args, index))
                     if op.payload and verify:
