@@ -43,6 +43,7 @@ import sys
 import tempfile
 import time
 from collections import deque
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -283,15 +284,11 @@ def record_bert(directory: Path) -> Path:
     return out
 
 
-def _timed(capture: Path, mode: str) -> tuple[BenchmarkResult, list[float], list[float], list[float], int]:
+def _timed(capture: Path, mode: str) -> tuple[BenchmarkResult, list[float], int]:
     """benchmark-replay's measurement of the "step" scope in ``mode`` (a session of its own: each
-    owns its CUPTI activity); in eager mode also the raw loop and the replay's own issue of the
-    same steps: (result, raw elapsed ms, raw host ms per iteration, the replay's host ms per
-    iteration, launches in the region). Host ms: the time to issue the region's calls, without
-    the wait for the device that follows."""
+    owns its CUPTI activity); in eager mode also the elapsed times of the raw loop under the same
+    clock: (result, raw elapsed ms, launches in the region)."""
     raw_elapsed: list[float] = []
-    raw_host: list[float] = []
-    replay_host: list[float] = []
     with open_replay(capture) as session:
         region = find_region(session.capture, "step")
         ops = session.capture.iter_operations(region.start, region.stop)
@@ -303,31 +300,48 @@ def _timed(capture: Path, mode: str) -> tuple[BenchmarkResult, list[float], list
         if mode == "eager":  # raw cuda-python: the same prepared calls from a bare loop, no checks
             where = "the C issue loop (replayfmt/replay/issue.c)" if replayer.issue_compiled else "Python alone"
             print(f"  eager replay issues its calls from {where}")
-            cu = replayer.cu
-            start, end = (check(cu.cuEventCreate(0), "event") for _ in range(2))
-            replayer.own(lambda: cu.cuEventDestroy(start))
-            replayer.own(lambda: cu.cuEventDestroy(end))
             calls = [(step.fn, step.args) for step in bench.body]
-            for k in range(5 + BERT_ROUNDS):  # raw and the replay's checked runner, alternating
-                replayer.fork(start)
-                began = time.perf_counter()
-                for fn, args in calls:
-                    fn(*args)
-                host = time.perf_counter() - began
-                replayer.join(end)
-                replayer.synchronize()
+            for k, (_, elapsed) in enumerate(_issue_rounds(replayer, lambda: [fn(*args) for fn, args in calls])):
                 if k >= 5:
-                    raw_elapsed.append(check(cu.cuEventElapsedTime(start, end), "elapsed"))
-                    raw_host.append(1e3 * host)
-                replayer.fork(start)
-                began = time.perf_counter()
-                replayer.execute_steps(bench.body)
-                host = time.perf_counter() - began
-                replayer.join(end)
-                replayer.synchronize()
-                if k >= 5:
-                    replay_host.append(1e3 * host)
-    return result, raw_elapsed, raw_host, replay_host, launches
+                    raw_elapsed.append(elapsed)
+    return result, raw_elapsed, launches
+
+
+def _issue_rounds(replayer: Replayer, issue: Callable[[], object]) -> Iterator[tuple[float, float]]:
+    """Rounds of ``issue()`` (5 warm-up rounds, then BERT_ROUNDS), each between the replayer's
+    fork and join events: (host ms to issue, without the wait that follows; elapsed device ms)."""
+    cu = replayer.cu
+    start, end = (check(cu.cuEventCreate(0), "event") for _ in range(2))
+    replayer.own(lambda: cu.cuEventDestroy(start))
+    replayer.own(lambda: cu.cuEventDestroy(end))
+    for _ in range(5 + BERT_ROUNDS):
+        replayer.fork(start)
+        began = time.perf_counter()
+        issue()
+        host = time.perf_counter() - began
+        replayer.join(end)
+        replayer.synchronize()
+        yield 1e3 * host, check(cu.cuEventElapsedTime(start, end), "elapsed")
+
+
+def _host_cost(capture: Path) -> tuple[float, float]:
+    """The host's ms to issue the region, raw loop and the replay's checked runner alternating,
+    in a session with no CUPTI activity (which adds its own cost to every launch): medians."""
+    raw: list[float] = []
+    replay: list[float] = []
+    with open_replay(capture) as session:
+        region = find_region(session.capture, "step")
+        replayer = session.start(ReplayOptions(uploads_from_host=True))
+        options = BenchmarkOptions(scope="step", warmup=1, repetitions=1, clock="events")
+        body = Benchmark(replayer, region, options).body
+        calls = [(step.fn, step.args) for step in body]
+        bare = _issue_rounds(replayer, lambda: [fn(*args) for fn, args in calls])
+        checked = _issue_rounds(replayer, lambda: replayer.execute_steps(body))
+        for k, ((a, _), (b, _)) in enumerate(zip(bare, checked, strict=True)):
+            if k >= 5:
+                raw.append(a)
+                replay.append(b)
+    return float(np.median(raw)), float(np.median(replay))
 
 
 def torch_graph_baseline() -> dict | None:
@@ -345,7 +359,8 @@ def torch_graph_baseline() -> dict | None:
 def bench_bert(directory: Path, capture: Path | None, goals: Goals) -> list[str]:
     """The host-gap lines of the BERT-like step; its two goals judged into ``goals``."""
     capture = capture or record_bert(directory)
-    eager, raw_elapsed, raw_host, replay_host, launches = _timed(capture, "eager")
+    raw_host, replay_host = _host_cost(capture)  # first: before CUPTI's activity is ever on in this process
+    eager, raw_elapsed, launches = _timed(capture, "eager")
     graph, *_ = _timed(capture, "graph")
     lines = [f"\nBERT-like training step ({capture.name}, scope 'step'): {launches} launches"]
     if eager.busy_ms is None or graph.busy_ms is None:
@@ -368,10 +383,10 @@ def bench_bert(directory: Path, capture: Path | None, goals: Goals) -> list[str]
         )
 
     raw = float(np.median(raw_elapsed))
-    lines.append(row("raw cuda-python (bare loop)", raw, float(np.median(raw_host)), busy, ""))
-    issue_per_launch = 1e3 * float(np.median(replay_host)) / launches
+    lines.append(row("raw cuda-python (bare loop)", raw, raw_host, busy, ""))
+    issue_per_launch = 1e3 * replay_host / launches
     goal = f"goal host cost <= 1.5 us/launch {goals.judge('bert: eager host cost per launch', issue_per_launch <= 1.5)}"
-    lines.append(row("replay, eager", eager.device_ms.median, float(np.median(replay_host)), busy, goal))
+    lines.append(row("replay, eager", eager.device_ms.median, replay_host, busy, goal))
     graph_busy = graph.busy_ms.median
     idle_share = max(0.0, graph.device_ms.median - graph_busy) / graph_busy
     goal = f"goal idle < 2% of busy {goals.judge('bert: graph idle share', idle_share < 0.02)}"
@@ -388,7 +403,8 @@ def bench_bert(directory: Path, capture: Path | None, goals: Goals) -> list[str]
     lines.append(
         f"  (medians of {BERT_ROUNDS} iterations; eager replay issues the calls raw cuda-python does, through "
         "its checked runner; issue us/launch: the host's time to issue the region, without the wait that "
-        f"follows; issue and wait, eager: {eager.host_ms.median:.3f} ms an iteration)"
+        "follows, measured with CUPTI's activity off (it adds its own cost to every launch); issue and wait "
+        f"under CUPTI, eager: {eager.host_ms.median:.3f} ms an iteration)"
     )
     return lines
 
