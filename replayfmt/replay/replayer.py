@@ -52,7 +52,7 @@ from replayfmt.replay.stored_pointers import relocate_staged
 from replayfmt.replay.streams import Streams
 from replayfmt.replay.verify import RangeObserver, Verifier
 
-_BUILT_AT_A_TIME = 4096  # operations whose steps a first run builds before issuing them
+_BUILT_AT_A_TIME = 1024  # operations whose steps a first run builds before issuing them (a few ms)
 
 
 class Replayer:
@@ -325,7 +325,10 @@ class Replayer:
             else:  # the first run: steps issued as they are built, the device working meanwhile
                 self._builder.check()  # (a build that failed in an earlier run is not issued again)
                 result.built_while_running = True
-                result.errors += self._runner.execute(self._builder.built.steps, grow=self._build_more)
+                # the collector paused for the whole run: re-enabled between stretches, it would walk
+                # the records built so far again and again while the device waits
+                with collector_paused():
+                    result.errors += self._runner.execute(self._builder.built.steps, grow=self._build_more)
                 self.setup_seconds["build_steps (during the first run)"] = self._builder.seconds
             self.join(end)
             self.synchronize()
