@@ -67,7 +67,8 @@ Examples:
     type=click.IntRange(min=1),
     default=1,
     show_default=True,
-    help="Run the capture N times (inputs restored each time); print each one's device time.",
+    help="Run the capture N times (inputs restored each time); print each one's device time (the first run builds "
+    "its steps as it goes, so its time may include waits for the host: time later runs, or use benchmark-replay).",
 )
 @click.option(
     "--nondeterminism-runs",
