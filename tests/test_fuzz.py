@@ -298,6 +298,143 @@ def test_compiled_tables_decode_as_the_schema_walk_does(sample_parts, data):
     assert same_values(compiled, walked), (compiled, walked)
 
 
+@pytest.fixture(scope="module")
+def event_batches(tmp_path_factory):
+    """RecordBatch bodies whose objects are walked column by column (a stream and 48 events, some
+    with flags), and one where a labelled event sends the walk table by table."""
+    from replayfmt.format import model as m
+
+    bodies = {}
+    for labelled in (False, True):
+        path = tmp_path_factory.mktemp("events") / "events.kreplay"
+        with replayfmt.CaptureWriter(path, batch_operations=10_000) as w:
+            dev = w.add_object(m.Device(name="NVIDIA H100", compute_capability=(9, 0)))
+            stream = w.add_object(m.Stream(device=dev))
+            w.stream_synchronize(stream)
+            w.flush()  # the device in a batch of its own: its table is walked table by table
+            w.add_object(m.Stream(device=dev, priority=-1))
+            for k in range(48):
+                label = "named" if labelled and k == 30 else ""
+                event = w.add_object(m.Event(device=dev, flags=k % 3, label=label))
+                w.event_record(event, stream)
+        with replayfmt.open(path) as cap:
+            assert cap.batch_count == 2
+            body = bytes(cap.chunks.body(cap.chunks.header(cap.directory.batch_offsets[1], "b"), 1 << 30, "b"))
+        bodies[labelled] = (body, flatbuffer_sites(body, "RecordBatch"))
+    return bodies
+
+
+def test_event_objects_are_walked_by_column(event_batches, monkeypatch):
+    """The column walk decodes the plain batch (and gives up on the labelled one), to the values
+    the schema walk gives; the decoded model objects are the same events."""
+    from replayfmt.format import decoder
+
+    walked = []
+    by_column = decoder._Decoder._tables_by_column
+
+    def watched(self, *args):
+        out = by_column(self, *args)
+        walked.append(out is not None)
+        return out
+
+    monkeypatch.setattr(decoder._Decoder, "_tables_by_column", watched)
+    for labelled, (body, _) in event_batches.items():
+        walked.clear()
+        compiled, schema_walk = decoded_both_ways(body, "RecordBatch")
+        assert same_values(compiled, schema_walk)
+        assert walked == [not labelled]
+        flags = [o["body"][1]["flags"] for o in compiled["objects"] if o["body"][0] == "Event"]
+        assert flags == [k % 3 for k in range(48)]
+
+
+def _object_tables(body: bytes) -> list[tuple[int, int]]:
+    """(Object table, its body's table) positions of a RecordBatch, by the generated accessors
+    (on an intact body only: they trust every offset)."""
+    from replayfmt.format.fb.RecordBatch import RecordBatch
+
+    batch = RecordBatch.GetRootAs(body, 0)
+    out = []
+    for j in range(batch.ObjectsLength()):
+        obj = batch.Objects(j)
+        out.append((obj._tab.Pos, obj.Body().Pos))
+    return out
+
+
+def _vtable(body: bytes | bytearray, table: int) -> int:
+    return table - int.from_bytes(body[table : table + 4], "little", signed=True)
+
+
+def _both_ways(body: bytes | bytearray, limits=None) -> list[object]:
+    from replayfmt.format.decoder import decode_buffer
+    from replayfmt.format.layout import DEFAULT_LIMITS
+
+    out: list[object] = []
+    for compiled in (True, False):
+        try:
+            out.append(
+                decode_buffer(
+                    bytes(body), "RecordBatch", max_depth=8, compiled=compiled, limits=limits or DEFAULT_LIMITS
+                )
+            )
+        except replayfmt.ReplayFormatError as exc:
+            out.append(str(exc))
+    return out
+
+
+def test_column_walk_checks_what_the_table_walk_checks(event_batches):
+    """Each check of the column walk, planted: a table size past the buffer, a union type with
+    no value, an event table shared by two objects (charged once as a repeat) and a budget one
+    object short. The column walk gives the table walk's values or message in each."""
+    import dataclasses
+
+    from replayfmt.format.layout import DEFAULT_LIMITS
+
+    body, _ = event_batches[False]
+    tables = _object_tables(body)
+    event_object, event = tables[-1]
+
+    too_big = bytearray(body)  # the events' shared vtable says their tables run past the buffer
+    too_big[_vtable(body, event) + 2 : _vtable(body, event) + 4] = (0xFFFF).to_bytes(2, "little")
+    no_value = bytearray(body)  # the objects' vtable: a body type, no body
+    at = _vtable(body, event_object) + 4 + 2 * 3
+    no_value[at : at + 2] = bytes(2)
+    shared = bytearray(body)  # the last object's body is the one before it's
+    field = event_object + int.from_bytes(
+        body[_vtable(body, event_object) + 10 : _vtable(body, event_object) + 12], "little"
+    )
+    shared[field : field + 4] = (tables[-2][1] - field).to_bytes(4, "little")
+    outcomes = {}
+    for name, mutated in (("too big", too_big), ("no value", no_value), ("shared", shared)):
+        compiled, walked = _both_ways(mutated)
+        assert same_values(compiled, walked), (name, compiled, walked)
+        outcomes[name] = compiled if isinstance(compiled, str) else "decoded"
+    assert "table size" in outcomes["too big"] and "has a type but no value" in outcomes["no value"]
+    assert outcomes["shared"] == "decoded"
+    # every budget of objects up to what decodes the body (intact, and shared), running out
+    # before, inside and after the objects: the same message where the walk runs out, or values
+    for mutated in (body, shared):
+        decoded = False
+        for k in range(2, 400):
+            compiled, walked = _both_ways(mutated, dataclasses.replace(DEFAULT_LIMITS, max_decode_objects=k))
+            assert same_values(compiled, walked), (k, compiled, walked)
+            if not isinstance(walked, str):
+                decoded = True
+                break
+            assert "too many references" in walked
+        assert decoded
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_column_walk_decodes_as_the_schema_walk_does(event_batches, data):
+    """Hostile bodies of many event objects (shared vtables, redirected and shared offsets, bad
+    counts): the column walk gives the schema walk's values, or the same message."""
+    body, sites = event_batches[data.draw(st.booleans())]
+    body = data.draw(mutated_flatbuffer(body, sites))
+    compiled, walked = decoded_both_ways(body, "RecordBatch")
+    assert same_values(compiled, walked), (compiled, walked)
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_structure_aware_index_mutations(sample_parts, tmp_path, data):

@@ -11,7 +11,9 @@ value produced costs its bytes, charged at each reference; a chunk may spend ``L
 ``decode_expansion`` x its body (+64 KiB) in bytes and one object per 4 bytes of body. A table,
 vector or string reached through an offset seen before is not decoded again: the value decoded
 the first time is reused (and charged again), so offsets shared many times over cost neither
-work nor memory beyond the budget. The values:
+work nor memory beyond the budget. Long vectors of plain tables (200k event objects) are walked
+column by column with numpy: the same checks, values and charges (anything else: table by
+table). The values:
 
 * table      -> dict of field name -> value (absent scalars take the schema default)
 * scalar     -> int / bool / float
@@ -228,6 +230,114 @@ class _Decoder:
                     out[f.name] = bool(value) if scalar == "bool" else value
         return out
 
+    # -- tables column by column -----------------------------------------------------------------
+    # A vector of many tables of one plain kind (200k event objects: an id, no label, an Event
+    # body of two scalars) is walked column by column with numpy: every check the table-by-table
+    # walk makes, made on all the tables at once, and the same values, charges and memo entries.
+    # Anything it does not handle, or any check that fails, returns None: the vector is then
+    # walked table by table, which decodes it or raises what is wrong, where, as before.
+
+    def _tables_by_column(self, data: int, count: int, table: TableDef, depth: int) -> list[dict[str, Any]] | None:
+        slots = np.frombuffer(self.buf, "<u4", count=count, offset=data).astype(np.int64)
+        decoded: list[tuple[list[int], str, list[dict[str, Any]]]] = []  # (positions, table, values) to remember
+        out = self._tables_at(data + 4 * np.arange(count, dtype=np.int64) + slots, table, depth, decoded)
+        tables = sum(len(values) for _, _, values in decoded)
+        if out is None or self.objects_left - tables < 0:
+            return None  # (over the budget: the walk raises it at the table where it runs out)
+        self.objects_left -= tables  # one object a table, as the walk charges it, and no bytes
+        for positions, name, values in decoded:
+            self.memo.update(zip(zip(positions, [name] * len(values)), zip(values, [0] * len(values))))
+        return out
+
+    def _tables_at(
+        self, pos: np.ndarray, table: TableDef, depth: int, decoded: list[tuple[list[int], str, list[dict[str, Any]]]]
+    ) -> list[dict[str, Any]] | None:
+        """The tables at ``pos`` decoded as the compiled walk decodes each, or None; each table
+        decoded is added to ``decoded`` (charged and remembered only once all of them are)."""
+        name, n, count = table.name, self.n, len(pos)
+        walk = self.compiled.get(name)
+        if walk is None or depth > self.max_depth or name not in _plain_tables():
+            return None
+        if len(np.unique(pos)) != count or bool(((pos % 4) != 0).any()) or bool((pos + 4 > n).any()):
+            return None
+        memo = self.memo
+        if memo and any((p, name) in memo for p in pos.tolist()):
+            return None  # referenced before: the walk charges it as a repeat
+        words = np.frombuffer(self.buf, "<i4", count=n // 4)
+        vtables = pos - words[pos // 4]
+        distinct, which = np.unique(vtables, return_inverse=True)
+        layouts = []
+        for k, vtable in enumerate(distinct.tolist()):
+            layout = self.layouts.get((vtable, name))
+            if layout is None:
+                try:
+                    layout = self.layout(int(pos[int(np.argmax(which == k))]), vtable, name, walk.fields)
+                except _Failure:
+                    return None
+            if min(layout[1:], default=0) < 0:
+                return None  # a field outside its table: the walk raises it
+            layouts.append(layout)
+        grid = np.array(layouts, dtype=np.int64)[which.ravel()]  # per table: its size, then each field's offset
+        if bool((pos + grid[:, 0] > n).any()):
+            return None
+        raw = np.frombuffer(self.buf, np.uint8)
+        columns: list[list[Any]] = []
+        at = 1  # the layout's column of the next field read
+        for f in table.fields:
+            base = f.type.base
+            if base == "string":
+                if bool(grid[:, at].any()):
+                    return None  # a label present: strings are walked table by table
+                columns.append([""] * count)
+                at += 1
+            elif base in self.schema.unions:
+                column = self._union_column(raw, pos, grid[:, at], grid[:, at + 1], base, depth, decoded)
+                if column is None:
+                    return None
+                columns.append(column)
+                at += 2
+            else:
+                scalar = self.schema.scalar_of(base)
+                values = _scalars(raw, pos, grid[:, at], scalar, f.default)
+                columns.append([bool(v) for v in values] if scalar == "bool" else values)
+                at += 1
+        keys = [f.name for f in table.fields]
+        out = [dict(zip(keys, row, strict=True)) for row in zip(*columns, strict=True)]
+        decoded.append((pos.tolist(), name, out))
+        return out
+
+    def _union_column(
+        self,
+        raw: np.ndarray,
+        pos: np.ndarray,
+        type_at: np.ndarray,
+        value_at: np.ndarray,
+        union: str,
+        depth: int,
+        decoded: list[tuple[list[int], str, list[dict[str, Any]]]],
+    ) -> list[Any] | None:
+        """A union field of the tables at ``pos`` (its type and value fields' offsets), or None."""
+        members = self.schema.unions[union]
+        codes = np.where(type_at > 0, raw[pos + type_at], 0)
+        if bool(((codes > 0) & (value_at == 0)).any()):
+            return None  # a type but no value: the walk raises it
+        values: list[Any] = [None] * len(pos)
+        for code in np.unique(codes[codes > 0]).tolist():
+            chosen = np.flatnonzero(codes == code)
+            if code > len(members):
+                for k in chosen.tolist():
+                    values[k] = ("?", code)
+                continue
+            slot = pos[chosen] + value_at[chosen]
+            member = self.schema.tables[members[code - 1]]
+            where = slot + _u32_at(raw, slot)
+            tables = self._tables_at(where, member, depth + 1, decoded)
+            if tables is None:
+                return None
+            for k, value in zip(chosen.tolist(), tables, strict=True):
+                values[k] = (member.name, value)
+        return values
+
     def string(self, pos: int) -> str:
         return self.shared(pos, "string", self._string, pos)
 
@@ -268,11 +378,56 @@ class _Decoder:
             return [self.string(data + 4 * i + self.u32(data + 4 * i)) for i in range(count)]
         if base in schema.tables:
             table = schema.tables[base]
+            if count >= _COLUMNS_FROM and self.compiled:
+                walked = self._tables_by_column(data, count, table, depth + 1)
+                if walked is not None:
+                    return walked
             return [self.table(data + 4 * i + self.u32(data + 4 * i), table, depth + 1) for i in range(count)]
         if base in schema.structs:
             return StructVector(base, bytes(self.buf[data:end]), count)
         array = np.frombuffer(self.buf, dtype="<" + NUMPY_CODES[scalar], count=count, offset=data)
         return array
+
+
+_COLUMNS_FROM = 32  # table vectors at least this long are tried column by column first
+
+
+@functools.cache
+def _plain_tables() -> frozenset[str]:
+    """The schema's tables walked by column: every field a scalar, a string or a union (whose
+    members are walked by column in turn, or the whole vector table by table)."""
+    schema = load_schema()
+    return frozenset(
+        table.name
+        for table in schema.tables.values()
+        if all(
+            not f.type.vector
+            and (f.type.base == "string" or f.type.base in schema.unions or schema.scalar_of(f.type.base) is not None)
+            for f in table.fields
+        )
+    )
+
+
+def _u32_at(raw: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """The little-endian u32 at each of ``at`` (any alignment), as int64."""
+    cells = raw[at[:, None] + np.arange(4)].astype(np.int64)
+    return cells[:, 0] | cells[:, 1] << 8 | cells[:, 2] << 16 | cells[:, 3] << 24
+
+
+def _scalars(raw: np.ndarray, pos: np.ndarray, offsets: np.ndarray, scalar: str, default: Any) -> list[Any]:
+    """A scalar field of tables at ``pos`` whose field offsets are ``offsets`` (0: absent, the default)."""
+    size = SCALAR_SIZES[scalar]
+    present = offsets > 0
+    values: list[Any] = [default] * len(pos)
+    if bool(present.any()):
+        at = (pos + offsets)[present]
+        cells = np.ascontiguousarray(raw[at[:, None] + np.arange(size)])
+        read = cells.view("<" + NUMPY_CODES[scalar]).ravel().tolist()
+        if bool(present.all()):
+            return read
+        for k, value in zip(np.flatnonzero(present).tolist(), read, strict=True):
+            values[k] = value
+    return values
 
 
 @functools.cache
@@ -289,6 +444,8 @@ def compile_tables() -> dict[str, Any]:
         source += _table_source(schema, table, names)
     code = compile("\n".join(source), "<replayfmt.format.decoder: compiled tables>", "exec")
     exec(code, names)  # source made above from the parsed schema, never from a file's bytes
+    for name in schema.tables:  # the (slot, size) of each field read: the layout cache's key part
+        names[f"_t_{name}"].fields = names[f"_F_{name}"]
     return {name: names[f"_t_{name}"] for name in schema.tables}
 
 
