@@ -233,20 +233,42 @@ def test_the_plan_knows_when_replay_writes_pointers_into_memory(tmp_path, site):
 
 def test_a_session_warms_its_devices_while_it_plans_and_releases_them(tmp_path, fake, monkeypatch):
     """open_replay(warm_devices=...) starts CUDA and retains the devices' primary contexts on a
-    thread of its own; the replay starts after it is done, and closing the session releases
-    every context retained (the warm-up's and the replay's alike). A warm-up that fails leaves
-    the error to the setup."""
+    thread of its own, through the driver library (ctypes); the replay starts after it is done,
+    and closing the session releases every context retained (the warm-up's and the replay's
+    alike). A warm-up that fails leaves the error to the setup; no driver library: no warm-up."""
+    import replayfmt.replay.devices as devices_module
     from replayfmt.execute import open_replay
 
-    held: list[int] = []
+    held: list[object] = []
+
+    class Library:  # libcuda's calls as ctypes makes them: out-parameters by reference
+        refuse = False
+
+        def cuInit(self, flags):
+            return 0
+
+        def cuDeviceGet(self, device, ordinal):
+            device._obj.value = ordinal
+            return 100 if self.refuse else 0
+
+        def cuDevicePrimaryCtxRetain(self, context, device):
+            held.append(("warm-up", device.value))
+            return 0
+
+        def cuDevicePrimaryCtxRelease_v2(self, device):
+            held.remove(("warm-up", device))
+            return 0
+
+    library = Library()
+    monkeypatch.setattr(devices_module, "libcuda", lambda: library)
     retain, release = fake.cuDevicePrimaryCtxRetain, fake.cuDevicePrimaryCtxRelease
 
     def counted_retain(device):
-        held.append(device)
+        held.append(("replay", device))
         return retain(device)
 
     def counted_release(device):
-        held.remove(device)
+        held.remove(("replay", device))
         return release(device)
 
     monkeypatch.setattr(fake, "cuDevicePrimaryCtxRetain", counted_retain)
@@ -254,18 +276,18 @@ def test_a_session_warms_its_devices_while_it_plans_and_releases_them(tmp_path, 
     write(tmp_path / "c.kreplay", lambda w, ids: launch(w, ids))
     with open_replay(tmp_path / "c.kreplay", warm_devices=(0,)) as session:
         replayer = session.start(ReplayOptions())
-        assert len(held) == 2  # the warm-up's retain and the replay's
+        assert [who for who, _ in held] == ["warm-up", "replay"]
         replayer.run(1)
     assert held == []
 
-    def refused(ordinal):
-        return (FakeError("CUDA_ERROR_INVALID_DEVICE"), 0)
-
-    monkeypatch.setattr(fake, "cuDeviceGet", refused)
+    library.refuse = True  # the warm-up stops; the setup meets the error itself and names it
+    monkeypatch.setattr(fake, "cuDeviceGet", lambda ordinal: (FakeError("CUDA_ERROR_INVALID_DEVICE"), 0))
     session = open_replay(tmp_path / "c.kreplay", warm_devices=(0,))
     with session, pytest.raises(replayfmt.ReplayError, match=r"cuDeviceGet\(0\)"):
         session.start(ReplayOptions())
     assert held == []
+
+    devices_module.DeviceWarmup((0,), library=lambda: None).close()  # no driver library: nothing done
 
 
 def test_downloads_take_their_pinned_memory_from_a_few_slabs(tmp_path, fake, monkeypatch):

@@ -8,6 +8,7 @@ phases create (released in reverse order by :meth:`Devices.close`).
 
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 from collections.abc import Callable
@@ -39,32 +40,43 @@ class ReplayDevice:
         return self.compute_capability[0] * 10 + self.compute_capability[1]
 
 
+def libcuda() -> Any:
+    """The CUDA driver library itself, through ctypes (None where it cannot be loaded): a call
+    through ctypes releases the GIL, which cuda-python's start of the driver was measured not to."""
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+
+
 class DeviceWarmup:
     """Starts CUDA and retains the primary contexts of ``ordinals`` on a thread of its own while
     the caller goes on (reading and planning a large capture takes as long): the driver's start
     and a context's creation take a few hundred milliseconds that the replay's setup, which
-    retains the same contexts, then does not wait for (the driver's calls release the GIL).
+    retains the same contexts, then does not wait for. It calls the driver through ctypes
+    (``library``: :func:`libcuda`), which lets the caller's Python run meanwhile.
 
     Errors are left for the setup to meet and report (the warm-up only saves time);
     :meth:`close` releases what it retained."""
 
-    def __init__(self, ordinals: tuple[int, ...]) -> None:
-        self._retained: list[Any] = []
-        self._cu: Any = None
-        self._thread = threading.Thread(target=self._warm, args=(ordinals,), name="device warm-up", daemon=True)
+    def __init__(self, ordinals: tuple[int, ...], library: Callable[[], Any] | None = None) -> None:
+        self._retained: list[int] = []
+        self._lib: Any = None
+        self._thread = threading.Thread(target=self._warm, args=(ordinals, library), name="device warm-up", daemon=True)
         self._thread.start()
 
-    def _warm(self, ordinals: tuple[int, ...]) -> None:
+    def _warm(self, ordinals: tuple[int, ...], library: Callable[[], Any] | None) -> None:
         try:
-            cu = self._cu = driver()
+            lib = self._lib = (library or libcuda)()
+            if lib is None or lib.cuInit(0) != 0:
+                return
             for ordinal in ordinals:
-                err, handle = cu.cuDeviceGet(ordinal)
-                if err != cu.CUresult.CUDA_SUCCESS:
+                device, context = ctypes.c_int(), ctypes.c_void_p()
+                if lib.cuDeviceGet(ctypes.byref(device), ordinal) != 0:
                     return
-                err, _ = cu.cuDevicePrimaryCtxRetain(handle)
-                if err != cu.CUresult.CUDA_SUCCESS:
+                if lib.cuDevicePrimaryCtxRetain(ctypes.byref(context), device) != 0:
                     return
-                self._retained.append(handle)
+                self._retained.append(device.value)
         except Exception:
             pass  # the setup starts CUDA itself and reports what fails
 
@@ -76,8 +88,11 @@ class DeviceWarmup:
         """Release the contexts the warm-up retained (the replay's own retains keep them alive
         for as long as it runs). Idempotent."""
         self.wait()
+        if not self._retained:
+            return
+        release = getattr(self._lib, "cuDevicePrimaryCtxRelease_v2", None) or self._lib.cuDevicePrimaryCtxRelease
         while self._retained:
-            self._cu.cuDevicePrimaryCtxRelease(self._retained.pop())
+            release(self._retained.pop())
 
 
 class Devices:
