@@ -108,7 +108,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def skeleton(session) -> list[Step]:
-    """The replay's steps as build_steps orders them with --nvtx (a region's hoisted state first,
+    """The replay's steps as the StepBuilder orders them with --nvtx (a region's hoisted state first,
     then each operation's own step), with no device behind them."""
     kinds = {
         m.OperationKind.LAUNCH: StepKind.LAUNCH,

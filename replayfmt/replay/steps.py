@@ -81,36 +81,6 @@ class BuiltSteps:
     graph_builder: GraphBuilder | None = None
 
 
-def build_steps(
-    devices: Devices,
-    plan: Plan,
-    *,
-    modules: Modules,
-    addresses: dict[int, int],
-    streams: Streams,
-    staged: dict[Any, Staged],
-    verifier: Verifier,
-    state: StateSetter,
-    verify: bool,
-    save_output: bool,
-    nvtx: Any | None,
-) -> BuiltSteps:
-    """Every operation of the capture turned into steps at once (see :class:`StepBuilder`)."""
-    return StepBuilder(
-        devices,
-        plan,
-        modules=modules,
-        addresses=addresses,
-        streams=streams,
-        staged=staged,
-        verifier=verifier,
-        state=state,
-        verify=verify,
-        save_output=save_output,
-        nvtx=nvtx,
-    ).finish()
-
-
 class StepBuilder:
     """Turns the capture's operations into steps, in capture order: all at once (:meth:`finish`)
     or a stretch at a time (:meth:`extend`), so that a replay can issue the steps built so far
