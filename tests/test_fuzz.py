@@ -383,8 +383,8 @@ def _both_ways(body: bytes | bytearray, limits=None) -> list[object]:
 
 def test_column_walk_checks_what_the_table_walk_checks(event_batches):
     """Each check of the column walk, planted: a table size past the buffer, a union type with
-    no value, an event table shared by two objects (charged once as a repeat) and a budget one
-    object short. The column walk gives the table walk's values or message in each."""
+    no value, an event table shared by two objects (charged once as a repeat), a field past its
+    table and every budget of objects up to enough. The column walk gives the table walk's values or message in each."""
     import dataclasses
 
     from replayfmt.format.layout import DEFAULT_LIMITS
@@ -403,12 +403,16 @@ def test_column_walk_checks_what_the_table_walk_checks(event_batches):
         body[_vtable(body, event_object) + 10 : _vtable(body, event_object) + 12], "little"
     )
     shared[field : field + 4] = (tables[-2][1] - field).to_bytes(4, "little")
+    outside = bytearray(body)  # the events' shared vtable puts their device field past their tables
+    at = _vtable(body, event) + 4
+    outside[at : at + 2] = (0xFFF0).to_bytes(2, "little")
     outcomes = {}
-    for name, mutated in (("too big", too_big), ("no value", no_value), ("shared", shared)):
+    for name, mutated in (("too big", too_big), ("no value", no_value), ("shared", shared), ("outside", outside)):
         compiled, walked = _both_ways(mutated)
         assert same_values(compiled, walked), (name, compiled, walked)
         outcomes[name] = compiled if isinstance(compiled, str) else "decoded"
     assert "table size" in outcomes["too big"] and "has a type but no value" in outcomes["no value"]
+    assert "lies outside its table" in outcomes["outside"]
     assert outcomes["shared"] == "decoded"
     # every budget of objects up to what decodes the body (intact, and shared), running out
     # before, inside and after the objects: the same message where the walk runs out, or values
