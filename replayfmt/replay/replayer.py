@@ -317,13 +317,13 @@ class Replayer:
         start, end = self._streams.timing
         result = RunResult()
         for repetition in range(repetitions):
+            self._builder.check()  # a build that failed in an earlier run: raised before anything is issued
             self._verifier.begin(result, repetition, verify=verify)
             self._state.begin()
             self.fork(start)
             if self._builder.done:
                 result.errors += self.execute_steps(self._built.steps)
             else:  # the first run: steps issued as they are built, the device working meanwhile
-                self._builder.check()  # (a build that failed in an earlier run is not issued again)
                 result.built_while_running = True
                 # the collector paused for the whole run: re-enabled between stretches, it would walk
                 # the records built so far again and again while the device waits
