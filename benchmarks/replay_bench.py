@@ -301,10 +301,20 @@ def _timed(capture: Path, mode: str) -> tuple[BenchmarkResult, list[float], int]
             where = "the C issue loop (replayfmt/replay/issue.c)" if replayer.issue_compiled else "Python alone"
             print(f"  eager replay issues its calls from {where}")
             calls = [(step.fn, step.args) for step in bench.body]
-            for k, (_, elapsed) in enumerate(_issue_rounds(replayer, lambda: [fn(*args) for fn, args in calls])):
+            for k, (_, elapsed) in enumerate(_issue_rounds(replayer, _bare_loop(calls))):
                 if k >= 5:
                     raw_elapsed.append(elapsed)
     return result, raw_elapsed, launches
+
+
+def _bare_loop(calls: list[tuple[Callable[..., object], tuple[object, ...]]]) -> Callable[[], None]:
+    """Raw cuda-python: the calls issued by a plain loop, nothing checked or kept."""
+
+    def issue() -> None:
+        for fn, args in calls:
+            fn(*args)
+
+    return issue
 
 
 def _issue_rounds(replayer: Replayer, issue: Callable[[], object]) -> Iterator[tuple[float, float]]:
@@ -335,7 +345,7 @@ def _host_cost(capture: Path) -> tuple[float, float]:
         options = BenchmarkOptions(scope="step", warmup=1, repetitions=1, clock="events")
         body = Benchmark(replayer, region, options).body
         calls = [(step.fn, step.args) for step in body]
-        bare = _issue_rounds(replayer, lambda: [fn(*args) for fn, args in calls])
+        bare = _issue_rounds(replayer, _bare_loop(calls))
         checked = _issue_rounds(replayer, lambda: replayer.execute_steps(body))
         for k, ((a, _), (b, _)) in enumerate(zip(bare, checked, strict=True)):
             if k >= 5:

@@ -8,6 +8,7 @@ illegal address) say that the process must restart.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 from types import ModuleType
 from typing import Any
@@ -54,6 +55,15 @@ def driver() -> ModuleType:
     if err != cu.CUresult.CUDA_SUCCESS:
         raise DeviceUnavailableError(f"cuInit failed: {error_text(cu, err)}; is there a usable NVIDIA GPU?")
     return cu
+
+
+def libcuda() -> ctypes.CDLL | None:
+    """The CUDA driver library itself, through ctypes (None where it cannot be loaded): a call
+    through ctypes releases the GIL, which cuda-python's start of the driver was measured not to."""
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
 
 
 def initialised() -> bool:

@@ -330,7 +330,7 @@ class _Decoder:
                 continue
             slot = pos[chosen] + value_at[chosen]
             member = self.schema.tables[members[code - 1]]
-            where = slot + _u32_at(raw, slot)
+            where = slot + _gathered(raw, slot, "u4").astype(np.int64)
             tables = self._tables_at(where, member, depth + 1, decoded)
             if tables is None:
                 return None
@@ -408,21 +408,18 @@ def _plain_tables() -> frozenset[str]:
     )
 
 
-def _u32_at(raw: np.ndarray, at: np.ndarray) -> np.ndarray:
-    """The little-endian u32 at each of ``at`` (any alignment), as int64."""
-    cells = raw[at[:, None] + np.arange(4)].astype(np.int64)
-    return cells[:, 0] | cells[:, 1] << 8 | cells[:, 2] << 16 | cells[:, 3] << 24
+def _gathered(raw: np.ndarray, at: np.ndarray, code: str) -> np.ndarray:
+    """The little-endian values of numpy type ``code`` at each of ``at`` (any alignment)."""
+    cells = np.ascontiguousarray(raw[at[:, None] + np.arange(np.dtype(code).itemsize)])
+    return cells.view("<" + code).ravel()
 
 
 def _scalars(raw: np.ndarray, pos: np.ndarray, offsets: np.ndarray, scalar: str, default: Any) -> list[Any]:
     """A scalar field of tables at ``pos`` whose field offsets are ``offsets`` (0: absent, the default)."""
-    size = SCALAR_SIZES[scalar]
     present = offsets > 0
     values: list[Any] = [default] * len(pos)
     if bool(present.any()):
-        at = (pos + offsets)[present]
-        cells = np.ascontiguousarray(raw[at[:, None] + np.arange(size)])
-        read = cells.view("<" + NUMPY_CODES[scalar]).ravel().tolist()
+        read = _gathered(raw, (pos + offsets)[present], NUMPY_CODES[scalar]).tolist()
         if bool(present.all()):
             return read
         for k, value in zip(np.flatnonzero(present).tolist(), read, strict=True):

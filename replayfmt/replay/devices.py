@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from replayfmt.cuda.driver import check, compute_capability, driver
+from replayfmt.cuda.driver import check, compute_capability, driver, libcuda
 from replayfmt.errors import DeviceError, DeviceUnavailableError, ReplayError, ReplayUsageError
 from replayfmt.format import model as m
 from replayfmt.replay.plan import Plan
@@ -38,15 +38,6 @@ class ReplayDevice:
     def arch(self) -> int:
         """The compute capability as one number: 90 for sm_90."""
         return self.compute_capability[0] * 10 + self.compute_capability[1]
-
-
-def libcuda() -> Any:
-    """The CUDA driver library itself, through ctypes (None where it cannot be loaded): a call
-    through ctypes releases the GIL, which cuda-python's start of the driver was measured not to."""
-    try:
-        return ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return None
 
 
 class DeviceWarmup:

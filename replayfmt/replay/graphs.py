@@ -19,6 +19,7 @@ from replayfmt.cuda.driver import check
 from replayfmt.errors import DeviceError, ReplayUsageError, UnsupportedOperationError
 from replayfmt.format import model as m
 from replayfmt.format.model import GraphNode, GraphNodeKind
+from replayfmt.replay.buffers import PinnedSlabs
 from replayfmt.replay.devices import Devices
 from replayfmt.replay.graph_plan import children_first, node_launch, topological_order
 from replayfmt.replay.launches import PreparedLaunch, prepare_launch
@@ -95,6 +96,7 @@ class GraphBuilder:
         self._keep: list[Any] = []
         self._launched: dict[int, tuple[m.GraphLaunch, int]] = {}  # graph launch index -> (operation, gpu)
         self._shapes: dict[tuple[int, int], tuple[m.Dims, m.Dims, int]] = {}  # (graph, node) -> tuned shape
+        self._host = PinnedSlabs(devices)  # the values of pointers stored in device memory
 
     def prepared(self, op: m.GraphLaunch, gpu: int) -> PreparedGraph:
         """The instantiated graph that operation ``op`` launches on device ``gpu``."""
@@ -172,7 +174,7 @@ class GraphBuilder:
             as_launch = node_launch(index, node)
             if shape is not None:
                 as_launch = as_launch._replace(grid=shape[0], block=shape[1], shared_memory=shape[2])
-            launch = prepare_launch(self.devices, self.plan, self.modules, A, as_launch, None, gpu)
+            launch = prepare_launch(self.devices, self.plan, self.modules, A, as_launch, None, gpu, self._host)
             built.launches.append(launch)
             self._keep.append(launch.keepalive)
             if launch.extended:  # a cluster launch: the node's shape from its config, its cluster an attribute

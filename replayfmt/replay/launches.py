@@ -13,7 +13,7 @@ import numpy as np
 from replayfmt.cuda.driver import check
 from replayfmt.errors import AbiMismatchError, DeviceError
 from replayfmt.format import model as m
-from replayfmt.replay.buffers import pinned
+from replayfmt.replay.buffers import PinnedSlabs
 from replayfmt.replay.devices import Devices
 from replayfmt.replay.modules import Modules
 from replayfmt.replay.plan import Plan, launch_shape
@@ -33,10 +33,18 @@ class PreparedLaunch:
 
 
 def prepare_launch(
-    devices: Devices, plan: Plan, modules: Modules, addresses: dict[int, int], op: m.Launch, stream: Any, gpu: int
+    devices: Devices,
+    plan: Plan,
+    modules: Modules,
+    addresses: dict[int, int],
+    op: m.Launch,
+    stream: Any,
+    gpu: int,
+    host: PinnedSlabs,
 ) -> PreparedLaunch:
     """Pack launch ``op`` for device ``gpu`` and ``stream``: relocations applied to the replay's
-    buffer ``addresses``, peer access enabled where it points into another device's buffers."""
+    buffer ``addresses``, peer access enabled where it points into another device's buffers;
+    the values of pointers stored in device memory held in pinned memory from ``host``."""
     cu = devices.cu
     exe = plan.images[op.executable].executable
     fn = exe.functions[op.function]
@@ -51,7 +59,7 @@ def prepare_launch(
     for r in op.relocations:
         target = addresses[r.target_buffer] + r.target_offset
         if r.site_buffer:
-            value = pinned(devices, 8, f"operation {op.index}")
+            value = host.take(8, f"operation {op.index}")
             ctypes.c_uint64.from_address(value).value = target
             sites.append((addresses[r.site_buffer] + r.site_offset, value))
         elif r.kind == m.RelocationKind.TENSOR_MAP:

@@ -121,7 +121,8 @@ class Replayer:
             save_output=options.save_output is not None,
             nvtx=Nvtx.load() if options.nvtx else None,
         )
-        if not (options.build_while_running and not self._devices.several and not self.plan.graphs):
+        streamed = options.build_while_running and not self._devices.several and not self.plan.graphs
+        if not streamed:
             builder.finish()
         return builder
 

@@ -118,7 +118,7 @@ class StepBuilder:
         self._operations = plan.capture.iter_operations()
         self._packed: dict[tuple[Any, ...], PreparedLaunch] = {}  # (device, the launch but its index) -> packed
         self._current = 0  # the device whose context is current when the next step runs (runs start on the first)
-        self._pinned = PinnedSlabs(devices)  # downloads' destinations
+        self._pinned = PinnedSlabs(devices)  # downloads' destinations, stored pointers' values
         self._failure: Exception | None = None
         self.seconds = 0.0  # spent building so far
 
@@ -200,7 +200,7 @@ class StepBuilder:
                 key = (gpu, *op[1:])
                 launch = packed.get(key) if override is None else None  # an overridden launch is its own
                 if launch is None:
-                    launch = prepare_launch(devices, plan, modules, A, op, stream, gpu or 0)
+                    launch = prepare_launch(devices, plan, modules, A, op, stream, gpu or 0, self._pinned)
                     built.launches.append(launch)
                     if index not in overrides:
                         packed[key] = launch
