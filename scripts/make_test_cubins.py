@@ -28,6 +28,7 @@ MAX_FIXTURE_BYTES = 64 << 10  # small binaries only: a larger one belongs to tes
 # (source, nvcc target): cubins at -O3, as tests/samples.py compiled them on the fly
 CUBINS = [
     ("tests/kernels/container_kernels.cu", "sm_90"),
+    ("tests/kernels/module_globals.cu", "sm_90"),
     ("examples/kernels/saxpy.cu", "sm_80"),
     ("examples/kernels/saxpy.cu", "sm_90"),
     ("tests/gpu/kernels/replay_kernels.cu", "sm_90"),

@@ -29,6 +29,16 @@ class TensorLabel:
     name: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class ModuleGlobal:
+    """What makes an allocation a module global's storage: its module, its symbol, and the
+    bytes a fresh load of the module gives it (None: not known)."""
+
+    module: tuple[str, int]
+    symbol: str
+    initial: bytes | None = None
+
+
 @dataclass(eq=False)
 class Allocation:
     """One live allocation of the program, and what the capture has written about it."""
@@ -47,6 +57,10 @@ class Allocation:
     # allocations its captured bytes point into (pointers stored in it), by address: a kernel that
     # reads it may follow them, so their contents are captured with it
     pointees: dict[int, Allocation] = field(default_factory=dict)
+    # set when this is a module global's storage, not an allocation: replay finds it in the
+    # loaded module (kernels reach it by the module's own address)
+    module_global: ModuleGlobal | None = None
+    pristine_in: int = -1  # a module global: the region whose start found it as a module load leaves it
 
 
 class AllocationTable:

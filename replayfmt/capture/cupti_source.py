@@ -7,11 +7,8 @@ CUDA's ``generated_cuda_meta.h`` (x86-64). The recorder's own driver calls (para
 snapshots) run under a per-thread guard, so they are never recorded. Nothing raised here
 reaches the program: errors go to the translator's report.
 
-Code comes from two places. Loads the program makes itself (cuModuleLoad*, cuLibraryLoad*)
-give a handle and the image. Libraries load their modules lazily, one cubin at a time, with no
-driver call of their own: CUPTI's resource domain reports each such cubin, and a launched
-function whose module was never loaded by a visible call is matched by symbol name to the
-cubins loaded so far.
+Which code a launched function came from (and the module globals it may read) is
+:mod:`loaded_code`'s to find.
 """
 
 from __future__ import annotations
@@ -33,6 +30,7 @@ from replayfmt.capture.cupti_api import (
 )
 from replayfmt.capture.graphs import GRAPH_NODE_CHANGES, GRAPH_NODE_UPDATES, GRAPH_UPDATES_NOT_FOLLOWED, GraphCalls
 from replayfmt.capture.launch_ring import LaunchRing
+from replayfmt.capture.loaded_code import LoadedCode
 from replayfmt.capture.process_memory import MEMORY, c_string, image_bytes, read, u64
 from replayfmt.cuda.driver import driver
 from replayfmt.cuda.functions import parameter_layout
@@ -118,10 +116,7 @@ class CuptiSource(GraphCalls):
         self._subscriber: Any = None
         self._c_callback: Any = None
         self._by_cbid: dict[int, tuple[Decoder, str]] = {}
-        self._loaded: set[tuple[str, int]] = set()  # module and library keys seen loading
-        self._library_modules: dict[tuple[str, int], int] = {}  # library key -> its module handle
-        self._lazy_images: dict[int, bytes] = {}  # CUPTI module id -> cubin, loaded with no call of its own
-        self._lazy_sent: set[int] = set()
+        self._code = LoadedCode(self.cu, sink)
         self._graphs = None  # a GraphReader, made at the first graph call
         self._pending_updates: dict[int, ev.Event] = {}  # thread id -> kernel-node update in its call
         self._captures = 0  # stream captures in progress: work enqueued then is recorded into graphs, not run
@@ -222,10 +217,7 @@ class CuptiSource(GraphCalls):
         if not descriptor:
             return
         module_id, size, cubin = _MODULE_RESOURCE.unpack_from(MEMORY, descriptor)
-        if cbid == RESOURCE_MODULE_LOADED and cubin and size:
-            self._lazy_images[module_id] = read(cubin, size)
-        elif cbid == RESOURCE_MODULE_UNLOAD_STARTING:
-            self._lazy_images.pop(module_id, None)
+        self._code.resource(cbid, module_id, (lambda: read(cubin, size)) if cubin and size else None)
 
     # -- kernels ---------------------------------------------------------------------------
 
@@ -235,55 +227,10 @@ class CuptiSource(GraphCalls):
             return cached
         name = c_string(symbol) or f"function_{handle:#x}"
         cu = self.cu
-        err, module = cu.cuFuncGetModule(handle)
-        key: tuple[str, int] | None
-        if err == cu.CUresult.CUDA_SUCCESS:  # a CUfunction (driver API, Triton)
-            key = ("module", int(module))
-            if key not in self._loaded:
-                key = self._library_of(int(module))
-            info = cu.cuFuncGetParamInfo
-        else:  # a CUkernel (runtime API launches): its library
-            err, library = cu.cuKernelGetLibrary(handle)
-            key = ("library", int(library)) if err == cu.CUresult.CUDA_SUCCESS else None
-            info = cu.cuKernelGetParamInfo
-            if key not in self._loaded:
-                cu.cuKernelGetFunction(handle)  # a lazy module loads now, and the resource domain reports it
-        if key is None or key not in self._loaded:
-            key = self._lazily_loaded(name)
+        key, info = self._code.module_of(handle, name)
         layout = parameter_layout(cu, handle, info)
         kernel = self._kernels[handle] = _Kernel(ev.Kernel(handle, name, key, tuple(layout)), symbol)
         return kernel
-
-    def _library_of(self, module: int) -> tuple[str, int] | None:
-        """The library whose module ``module`` is (functions taken from a library's kernels)."""
-        cu = self.cu
-        for key in list(self._loaded):  # cuLibraryGetModule may load a lazy module: _loaded grows
-            if key[0] == "library" and key not in self._library_modules:
-                err, owned = cu.cuLibraryGetModule(key[1])
-                self._library_modules[key] = int(owned) if err == cu.CUresult.CUDA_SUCCESS else 0
-        for key, owned in list(self._library_modules.items()):
-            if owned == module and key in self._loaded:
-                return key
-        return None
-
-    def _lazily_loaded(self, name: str) -> tuple[str, int] | None:
-        """The most recent cubin the driver loaded with no call of its own (a library's lazy
-        module) that defines ``name``; sent to the sink the first time a launch needs it."""
-        symbol = b"\0" + name.encode() + b"\0"
-        for module_id in reversed(list(self._lazy_images)):
-            image = self._lazy_images[module_id]
-            if symbol in image:
-                key = ("loaded", module_id)
-                if module_id not in self._lazy_sent:
-                    self._lazy_sent.add(module_id)
-                    self._emit_image(ev.ModuleImage(key, image, None, "module loaded lazily by a library"))
-                return key
-        return None
-
-    def _emit_image(self, image: ev.ModuleImage) -> None:
-        self._loaded.add(image.key)
-        self._library_modules.pop(image.key, None)
-        self._sink(image)
 
     def _launch(
         self,
@@ -472,9 +419,9 @@ def _module_load_decoder(kind: str, from_file: bool) -> Decoder:
         out, source = _unpack_from("<QQ", MEMORY, p)
         key = (kind, u64(out))
         if from_file:
-            self._emit_image(ev.ModuleImage(key, None, c_string(source), call))
+            self._code.loaded(ev.ModuleImage(key, None, c_string(source), call))
         else:
-            self._emit_image(ev.ModuleImage(key, image_bytes(source), None, call))
+            self._code.loaded(ev.ModuleImage(key, image_bytes(source), None, call))
 
     return decode
 
@@ -484,9 +431,21 @@ def _module_unload_decoder(kind: str) -> Decoder:
         if site == _ENTER:
             key = (kind, u64(p))
             self._sink(ev.ModuleUnload(key))
-            self._loaded.discard(key)
+            self._code.unloaded(key)
             for f in [f for f, k in self._kernels.items() if k.kernel.module == key]:
                 del self._kernels[f]
+
+    return decode
+
+
+def _global_lookup_decoder(kind: str) -> Decoder:
+    """cuModuleGetGlobal / cuLibraryGetGlobal: the host is about to write a global (what
+    cudaMemcpyToSymbol does), perhaps before any kernel of its module ran."""
+
+    def decode(self: CuptiSource, site: int, p: int, result: int, call: str, symbol: int) -> None:
+        if site == _EXIT and self._succeeded(result):
+            _, _, handle, name = _unpack_from("<QQQQ", MEMORY, p)
+            self._code.looked_up((kind, handle), c_string(name))
 
     return decode
 
@@ -554,6 +513,8 @@ for _names, _decoder in [
     (["cuModuleLoad"], _module_load_decoder("module", True)),
     (["cuLibraryLoadData"], _module_load_decoder("library", False)),
     (["cuLibraryLoadFromFile"], _module_load_decoder("library", True)),
+    (["cuModuleGetGlobal_v2", "cuModuleGetGlobal"], _global_lookup_decoder("module")),
+    (["cuLibraryGetGlobal"], _global_lookup_decoder("library")),
     (["cuModuleUnload"], _module_unload_decoder("module")),
     (["cuLibraryUnload"], _module_unload_decoder("library")),
     (_variants("cuLaunchHostFunc", "cuStreamAddCallback"), _S._on_host_function),

@@ -37,6 +37,26 @@ class ModuleImage:
     call: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class GlobalVariable:
+    """A module global's storage in the program: a ``__device__`` or ``__constant__`` variable."""
+
+    symbol: str
+    address: int
+    size: int
+    initial: bytes | None = None  # what a fresh load of its module holds (None: not known)
+
+
+@dataclass(slots=True)
+class ModuleGlobals:
+    """The globals of a module whose kernel runs for the first time (sent before that launch):
+    the host may have written them (``cudaMemcpyToSymbol``: cuFFT stores a base pointer there),
+    and its kernels read them without naming them in their parameters."""
+
+    key: tuple[str, int]
+    variables: tuple[GlobalVariable, ...]
+
+
 @dataclass(slots=True)
 class ModuleUnload:
     key: tuple[str, int]
@@ -335,6 +355,7 @@ class NotReproducible:
 
 Event = (
     ModuleImage
+    | ModuleGlobals
     | ModuleUnload
     | Allocation
     | Free

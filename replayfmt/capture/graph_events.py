@@ -74,6 +74,7 @@ class GraphEvents:
         def _relocations(self, parameters: bytes, shape: Any) -> tuple[tuple[m.Relocation, ...], list[Allocation]]: ...
         def _touch_for_launch(self, allocation: Allocation, stream: int, kernel: str) -> None: ...
         def _reached(self, holder: Allocation) -> list[Allocation]: ...
+        def _module_globals(self, kernel: ev.Kernel, stream: int | None) -> list[Allocation]: ...
 
     def _on_graph_instantiated(self, event: ev.GraphInstantiated) -> None:
         self._executables[event.graph_exec] = GraphExecutable(event.graph)
@@ -193,6 +194,7 @@ class GraphEvents:
             if function is None:
                 raise Unrecordable(f"the module of {call.kernel.name} was not recorded")
             relocations, touched = self._relocations(call.parameters, shape)
+            touched += [a for a in self._module_globals(call.kernel, None) if a not in touched]
             kernels.append(call.kernel.name)
             node = GraphNode(
                 kind=kind,

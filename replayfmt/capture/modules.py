@@ -10,11 +10,22 @@ replaying as soon as the cache moves. File references are for large data files (
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from replayfmt.capture import events as ev
+from replayfmt.capture.allocations import Allocation, AllocationTable, ModuleGlobal
+from replayfmt.errors import DeviceError
 from replayfmt.format import model as m
 from replayfmt.format.cubin import CubinError, detect_format, parse_cubin
 from replayfmt.writer import CaptureWriter
+
+if TYPE_CHECKING:
+    from replayfmt.capture.device_memory import DeviceMemory
+    from replayfmt.capture.labels import KernelAnnotation
+
+_GLOBAL_RUN = 1 << 20  # module globals less than this far apart are read in one copy
+
+_LOADED_BEFORE = "the module of {} was loaded before recording started; start the recorder first (python -m replayfmt.capture, or replayfmt.capture.record(..., start=False) at the top of the program)"  # noqa: E501
 
 
 @dataclass
@@ -27,6 +38,7 @@ class Module:
     format: m.ExecutableFormat = m.ExecutableFormat.UNKNOWN
     arch: str = ""
     executables: dict[str, int] = field(default_factory=dict)  # function name -> executable id
+    globals: list[Allocation] = field(default_factory=list)  # its globals' storage, once a kernel of it ran
 
     @property
     def stored(self) -> bool:
@@ -56,3 +68,147 @@ def store_module(module: Module, writer: CaptureWriter) -> None:
             pass
     module.payload = writer.add_payload(data)
     module.image = ev.ModuleImage(image.key, None, image.path, image.call)  # the bytes are stored now
+
+
+def _module_executable(module: Module, writer: CaptureWriter) -> int:
+    """An executable of the module, for its globals to name: one of its launched kernels', or,
+    when none of them was recorded yet, one of the image alone (no functions)."""
+    if module.executables:
+        return next(iter(module.executables.values()))
+    store_module(module, writer)
+    label = module.image.path or module.image.call
+    eid = writer.add_object(
+        m.Executable(
+            format=module.format, target_arch=module.arch, payload=module.payload, file=module.file, label=label
+        )
+    )
+    module.executables[""] = eid  # (no function has an empty name)
+    return eid
+
+
+class ModuleEvents:
+    """Module event handlers and the executables and globals of launched kernels; a mixin of
+    :class:`~replayfmt.capture.translate.Translator`, which provides the attributes declared here."""
+
+    allocations: AllocationTable
+    writer: CaptureWriter
+    memory: DeviceMemory
+    _modules: dict[tuple[str, int], Module]
+    _region: int
+
+    if TYPE_CHECKING:  # provided by the translator
+
+        def _annotation(self, kernel: ev.Kernel) -> KernelAnnotation: ...
+        def _tensor_map(self, kernel: ev.Kernel, offset: int, size: int) -> bool: ...
+        def _unsupported(self, call: str, reason: str, stream: int) -> None: ...
+
+    def _on_module(self, event: ev.ModuleImage) -> None:
+        self._modules[event.key] = Module(event)
+
+    def _on_module_unload(self, event: ev.ModuleUnload) -> None:
+        module = self._modules.pop(event.key, None)
+        for allocation in module.globals if module is not None else ():
+            if self.allocations.is_live(allocation):
+                self.allocations.remove(allocation.address)
+
+    def _on_module_globals(self, event: ev.ModuleGlobals) -> None:
+        """A module's globals become allocations of their own: first touched (their state
+        snapshotted, the pointers stored in them relocated) when a kernel of the module runs in
+        a region, and found by address like any allocation (a pointer parameter to one)."""
+        module = self._modules.get(event.key)
+        if module is None:
+            return
+        for variable in event.variables:
+            known = self.allocations.find(variable.address)
+            if known is not None and known.module_global is not None and known.module_global.symbol == variable.symbol:
+                continue  # (the host looked it up before a kernel of the module ran)
+            allocation = self.allocations.add(variable.address, variable.size, ev.MemoryApi.DEVICE, "")
+            allocation.call = f"module global {variable.symbol}"
+            allocation.module_global = ModuleGlobal(event.key, variable.symbol, variable.initial)
+            module.globals.append(allocation)
+
+    def _module_globals(self, kernel: ev.Kernel, stream: int | None) -> list[Allocation]:
+        """The live globals of the kernel's module that a replay must restore (it may read any
+        of them): all but those that hold, when this region first runs a kernel of the module,
+        what a fresh load of the module gives them, while nothing is recorded of them yet.
+        Libraries' modules define hundreds of constants no one writes (CUB's and libcu++'s
+        one-byte tags): those cost one read, not a buffer, a state and a checkpoint each."""
+        module = self._modules.get(kernel.module) if kernel.module is not None else None
+        if module is None or not module.globals:
+            return []
+        region = self._region
+        live = [a for a in module.globals if self.allocations.is_live(a) and a.pristine_in != region]
+        unread = [a for a in live if not a.buffer and a.region != region and a.module_global.initial is not None]
+        for allocation, data in zip(unread, self._global_bytes(unread, stream)):
+            if data == allocation.module_global.initial:
+                allocation.pristine_in = region
+        return [a for a in live if a.pristine_in != region]
+
+    def _global_bytes(self, globals_: list[Allocation], stream: int | None) -> list[bytes | None]:
+        """The bytes of each global (None: unreadable), read in runs of neighbours: a module's
+        globals lie together, so hundreds cost a few copies."""
+        out: dict[int, bytes | None] = {}
+        ordered = sorted(globals_, key=lambda a: a.address)
+        start = 0
+        while start < len(ordered):
+            end = start + 1
+            while end < len(ordered) and ordered[end].address - ordered[start].address < _GLOBAL_RUN:
+                end += 1
+            run = ordered[start:end]
+            low, high = run[0].address, max(a.address + a.size for a in run)
+            data = self._read_or_none(low, high - low, stream) if len(run) > 1 else None
+            for a in run:  # where the run could not be read (a gap in it is no memory): one at a time
+                out[a.address] = (
+                    data[a.address - low : a.address - low + a.size]
+                    if data is not None
+                    else self._read_or_none(a.address, a.size, stream)
+                )
+            start = end
+        return [out[a.address] for a in globals_]
+
+    def _read_or_none(self, address: int, size: int, stream: int | None) -> bytes | None:
+        try:
+            data = bytes(self.memory.read(address, size, stream))
+        except DeviceError:
+            return None
+        return data if len(data) == size else None
+
+    def _global_object(self, allocation: Allocation) -> int:
+        """The Global object of a module global's storage (0 for an allocation)."""
+        if allocation.module_global is None:
+            return 0
+        storage = allocation.module_global
+        executable = _module_executable(self._modules[storage.module], self.writer)
+        return self.writer.add_object(m.Global(executable=executable, symbol=storage.symbol, size=allocation.size))
+
+    def _function(self, kernel: ev.Kernel) -> tuple[int, int] | None:
+        """(executable id, 0) for a launched kernel: one executable per kernel of a module,
+        sharing the module's payload (replay loads each image once)."""
+        module = self._modules.get(kernel.module) if kernel.module is not None else None
+        if module is None:
+            self._unsupported("cuLaunchKernel", _LOADED_BEFORE.format(kernel.name), 0)
+            return None
+        eid = module.executables.get(kernel.name)
+        if eid is None:
+            store_module(module, self.writer)
+            annotation = self._annotation(kernel)
+            parameters = []
+            for i, (offset, size) in enumerate(kernel.layout):
+                tensor_map = self._tensor_map(kernel, offset, size)
+                kind = m.ParameterKind.TENSOR_MAP if tensor_map else m.ParameterKind.UNKNOWN
+                if i < len(annotation.kinds) and annotation.kinds[i] != m.ParameterKind.UNKNOWN:
+                    kind = annotation.kinds[i]
+                name = annotation.names[i] if i < len(annotation.names) else ""
+                dtype = annotation.dtypes[i] if i < len(annotation.dtypes) else m.DType.UNKNOWN
+                parameters.append(m.Parameter(offset=offset, size=size, kind=kind, name=name, dtype=dtype))
+            eid = module.executables[kernel.name] = self.writer.add_object(
+                m.Executable(
+                    format=module.format,
+                    target_arch=module.arch,
+                    payload=module.payload,
+                    file=module.file,
+                    functions=(m.Function(name=kernel.name, parameters=tuple(parameters), parameters_known=True),),
+                    label=module.image.path or module.image.call,
+                )
+            )
+        return eid, 0

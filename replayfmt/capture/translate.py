@@ -31,7 +31,7 @@ from replayfmt.capture.launch_ring import LaunchRing
 from replayfmt.capture.live_buffers import LiveBuffers
 from replayfmt.capture.live_types import LiveTypes
 from replayfmt.capture.memory_events import MEMORY_KINDS, MemoryEvents
-from replayfmt.capture.modules import Module, store_module
+from replayfmt.capture.modules import Module, ModuleEvents
 from replayfmt.capture.options import CaptureMode, RecordOptions
 from replayfmt.capture.parameter_words import not_a_struct_pointer, struct_words
 from replayfmt.capture.repeat_events import RepeatEvents
@@ -43,7 +43,6 @@ from replayfmt.format.names import matches_kernel
 from replayfmt.writer import CaptureWriter
 
 _DEFAULT_STREAMS = (0, 1, 2)  # 0, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
-_LOADED_BEFORE = "the module of {} was loaded before recording started; start the recorder first (python -m replayfmt.capture, or replayfmt.capture.record(..., start=False) at the top of the program)"  # noqa: E501
 _COLLECTIVE = re.compile(r"^_?Z?\d*nccl|^ncclKernel|^ncclDevKernel")
 
 
@@ -70,7 +69,7 @@ class _KernelShape:
     last: tuple[bytes, int, tuple[m.Relocation, ...], list[Allocation]] | None = None
 
 
-class Translator(MemoryEvents, GraphEvents, StateEvents, RepeatEvents):
+class Translator(ModuleEvents, MemoryEvents, GraphEvents, StateEvents, RepeatEvents):
     """Consumes :mod:`events` in program order and writes them to ``writer``. Thread-safe."""
 
     def __init__(
@@ -211,12 +210,6 @@ class Translator(MemoryEvents, GraphEvents, StateEvents, RepeatEvents):
         """Whether work is being recorded now (a region open, a kernel instance awaiting its end)."""
         return self._recording or bool(self._instances)
 
-    def _on_module(self, event: ev.ModuleImage) -> None:
-        self._modules[event.key] = Module(event)
-
-    def _on_module_unload(self, event: ev.ModuleUnload) -> None:
-        self._modules.pop(event.key, None)
-
     def _on_launch(self, event: ev.LaunchBegin) -> None:
         kernel = event.kernel
         shape = self._shape(kernel)
@@ -238,7 +231,7 @@ class Translator(MemoryEvents, GraphEvents, StateEvents, RepeatEvents):
         else:
             relocations, targets = self._relocations(event.parameters, shape)
             shape.last = (event.parameters, self.allocations.epoch, relocations, targets)
-        for allocation in targets:
+        for allocation in (*targets, *self._module_globals(kernel, event.stream)):
             self._touch_for_launch(allocation, event.stream, kernel.name)
             if allocation.pointees:  # the kernel may follow the pointers stored in it
                 for reached in self._reached(allocation):
@@ -279,6 +272,7 @@ class Translator(MemoryEvents, GraphEvents, StateEvents, RepeatEvents):
         if function is None:
             return
         relocations, targets = self._relocations(event.parameters, self._shape(event.kernel))
+        targets += [a for a in self._module_globals(event.kernel, event.stream) if a not in targets]
         scope = f"{name}#{seen - 1}"
         self.writer.scope_begin(scope)
         self._region += 1  # each instance uploads everything it reads
@@ -478,45 +472,16 @@ class Translator(MemoryEvents, GraphEvents, StateEvents, RepeatEvents):
                 strides=strides,
                 label=label or allocation.call,
                 ranges=typed_ranges(allocation),
-                # host memory keeps the host's addresses: the driver cannot be asked for them
+                # host memory keeps the host's addresses: the driver cannot be asked for them; a
+                # module global's address is the loaded module's
                 requires_fixed_address=self.options.fixed_addresses
-                and MEMORY_KINDS[allocation.api] == m.MemoryKind.DEVICE,
+                and MEMORY_KINDS[allocation.api] == m.MemoryKind.DEVICE
+                and allocation.module_global is None,
                 memory=MEMORY_KINDS[allocation.api],
+                module_global=self._global_object(allocation),
             )
         )
         return allocation.buffer
-
-    def _function(self, kernel: ev.Kernel) -> tuple[int, int] | None:
-        """(executable id, 0) for a launched kernel: one executable per kernel of a module,
-        sharing the module's payload (replay loads each image once)."""
-        module = self._modules.get(kernel.module) if kernel.module is not None else None
-        if module is None:
-            self._unsupported("cuLaunchKernel", _LOADED_BEFORE.format(kernel.name), 0)
-            return None
-        eid = module.executables.get(kernel.name)
-        if eid is None:
-            store_module(module, self.writer)
-            annotation = self._annotation(kernel)
-            parameters = []
-            for i, (offset, size) in enumerate(kernel.layout):
-                tensor_map = self._tensor_map(kernel, offset, size)
-                kind = m.ParameterKind.TENSOR_MAP if tensor_map else m.ParameterKind.UNKNOWN
-                if i < len(annotation.kinds) and annotation.kinds[i] != m.ParameterKind.UNKNOWN:
-                    kind = annotation.kinds[i]
-                name = annotation.names[i] if i < len(annotation.names) else ""
-                dtype = annotation.dtypes[i] if i < len(annotation.dtypes) else m.DType.UNKNOWN
-                parameters.append(m.Parameter(offset=offset, size=size, kind=kind, name=name, dtype=dtype))
-            eid = module.executables[kernel.name] = self.writer.add_object(
-                m.Executable(
-                    format=module.format,
-                    target_arch=module.arch,
-                    payload=module.payload,
-                    file=module.file,
-                    functions=(m.Function(name=kernel.name, parameters=tuple(parameters), parameters_known=True),),
-                    label=module.image.path or module.image.call,
-                )
-            )
-        return eid, 0
 
     # -- addresses and snapshots -----------------------------------------------------------
 
@@ -565,8 +530,9 @@ class Translator(MemoryEvents, GraphEvents, StateEvents, RepeatEvents):
         return tuple(relocations), targets
 
     _dispatch = {
-        ev.ModuleImage: _on_module,
-        ev.ModuleUnload: _on_module_unload,
+        ev.ModuleImage: ModuleEvents._on_module,
+        ev.ModuleUnload: ModuleEvents._on_module_unload,
+        ev.ModuleGlobals: ModuleEvents._on_module_globals,
         ev.Allocation: MemoryEvents._on_allocation,
         ev.Free: MemoryEvents._on_free,
         ev.HostDevicePointer: MemoryEvents._on_host_device_pointer,

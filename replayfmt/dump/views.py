@@ -194,6 +194,7 @@ class Dumper:
                 element_offset=obj.element_offset,
                 requires_fixed_address=obj.requires_fixed_address,
                 ranges=[{"offset": r.offset, "size": r.size, "dtype": label_of(r.dtype)} for r in obj.ranges],
+                module_global=obj.module_global,
             )
         elif isinstance(obj, m.Executable):
             row.update(
@@ -559,7 +560,8 @@ def _object_text(obj: m.ObjectDef) -> str:
         shape = f" {label_of(obj.dtype)}{list(obj.shape)}" if obj.dtype else ""
         if obj.ranges:
             shape += " ranges=" + ",".join(f"[{r.offset},{r.offset + r.size}):{label_of(r.dtype)}" for r in obj.ranges)
-        return f"{head}{tag} size={obj.size} device={obj.device} address={obj.address:#x}{shape}"
+        storage = f" global={obj.module_global}" if obj.module_global else ""
+        return f"{head}{tag} size={obj.size} device={obj.device} address={obj.address:#x}{shape}{storage}"
     if isinstance(obj, m.Executable):
         names = ", ".join(demangle(fn.name) for fn in obj.functions)
         return f"{head}{tag} {label_of(obj.format)} {obj.target_arch} payload#{obj.payload} functions: {names}"

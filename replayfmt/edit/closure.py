@@ -4,11 +4,11 @@ which buffers it reads (and so needs starting state for) and may write (and so c
 Footprints: a launch (or a graph launch) reads and may write the whole of every buffer its
 relocations name (a relocation says where a pointer points, not how far the kernel goes); a copy
 reads exactly its source range and writes exactly its destination range; a memset writes exactly
-its range. Objects: the buffers so named, the executables launched (and their globals and file
-references), graphs and their child graphs, the streams and events the operations use, and the
-devices all of those live on. Buffers marked as needing fixed addresses whose address range
-overlaps a kept buffer are kept too (the recorder marks a capture that stores device addresses
-in memory with such a buffer).
+its range. Objects: the buffers so named, the executables launched (and their globals, whose
+storage their kernels read and may write whole, and file references), graphs and their child
+graphs, the streams and events the operations use, and the devices all of those live on. Buffers
+marked as needing fixed addresses whose address range overlaps a kept buffer are kept too (the
+recorder marks a capture that stores device addresses in memory with such a buffer).
 """
 
 from __future__ import annotations
@@ -86,11 +86,33 @@ def compute_closure(ops: Iterable[m.Operation], lookup: Callable[[int], m.Object
             c.events.add(op.event)  # type: ignore[union-attr]
         elif kind in (_K.STREAM_WAIT_EVENT,) and op.event in c.events:  # type: ignore[union-attr]
             c.streams.add(op.stream)  # type: ignore[union-attr]
+    for buffer in _module_globals(c.executables, lookup, object_count):  # kernels read their module's globals
+        whole(buffer, reads)
+        whole(buffer, writes)
     c.reads = {b: merge(r) for b, r in reads.items()}
     c.writes = {b: merge(r) for b, r in writes.items()}
     c.buffers = set(c.reads) | set(c.writes)
     _finish_objects(c, lookup, object_count)
     return c
+
+
+def _module_globals(executables: set[int], lookup: Callable[[int], m.ObjectDef], object_count: int) -> list[int]:
+    """The buffers that are module globals (format 1.4) of the modules of ``executables``: a
+    module is an image, which the executables of its kernels share."""
+    images = set()
+    for eid in executables:
+        exe = lookup(eid)
+        if isinstance(exe, m.Executable):
+            images.add((exe.payload, exe.file))
+    found = []
+    for oid in range(1, object_count + 1) if images else ():
+        buf = lookup(oid)
+        if isinstance(buf, m.Buffer) and buf.module_global:
+            glob = lookup(buf.module_global)
+            exe = lookup(glob.executable) if isinstance(glob, m.Global) else None
+            if isinstance(exe, m.Executable) and (exe.payload, exe.file) in images:
+                found.append(oid)
+    return found
 
 
 def _add_graph(c: Closure, graph_id: int, lookup: Callable[[int], m.ObjectDef]) -> None:
@@ -117,6 +139,11 @@ def _finish_objects(c: Closure, lookup: Callable[[int], m.ObjectDef], object_cou
         buf = lookup(b)
         if isinstance(buf, m.Buffer) and buf.address:
             spans.append((buf.address, buf.address + buf.size))
+        if isinstance(buf, m.Buffer) and buf.module_global:  # its global, and the executable that global names
+            glob = lookup(buf.module_global)
+            kept.add(buf.module_global)
+            if isinstance(glob, m.Global):
+                kept.add(glob.executable)
     devices: set[int] = set()
     for oid in range(1, object_count + 1):
         obj = lookup(oid)

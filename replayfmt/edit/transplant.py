@@ -63,7 +63,9 @@ class Transplant:
 
     def _mapped(self, obj: m.ObjectDef) -> m.ObjectDef:
         r = dataclasses.replace
-        if isinstance(obj, m.Buffer | m.Stream | m.Event):
+        if isinstance(obj, m.Buffer):
+            return r(obj, device=self.id(obj.device), module_global=self.id(obj.module_global))
+        if isinstance(obj, m.Stream | m.Event):
             return r(obj, device=self.id(obj.device))
         if isinstance(obj, m.Executable):
             return r(obj, payload=self.payload(obj.payload), file=self.id(obj.file))

@@ -13,6 +13,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from replayfmt.errors import ReplayUsageError
 
 ELF_MAGIC = b"\x7fELF"
@@ -24,6 +26,11 @@ _EIATTR_PARAM_CBANK = 0x0A
 _EIATTR_KPARAM_INFO = 0x17
 _EIATTR_CBANK_PARAM_SIZE = 0x19
 _EIATTR_REGCOUNT = 0x2F
+_STT_OBJECT = 1
+# Elf64_Sym
+_SYMBOL = np.dtype(
+    [("name", "<u4"), ("info", "u1"), ("other", "u1"), ("section", "<u2"), ("value", "<u8"), ("size", "<u8")]
+)
 
 
 class CubinError(ReplayUsageError):
@@ -40,10 +47,24 @@ class KernelInfo:
     static_shared_memory: int = 0
 
 
+@dataclass(frozen=True)
+class Variable:
+    """A module global: a ``__device__`` or ``__constant__`` variable the image defines, and the
+    bytes a fresh load of the image gives it (None: not kept, for one over INITIAL_BYTES)."""
+
+    name: str
+    size: int
+    initial: bytes | None = None
+
+
+INITIAL_BYTES = 1 << 20  # a variable's load-time bytes are kept up to this size
+
+
 @dataclass
 class CubinInfo:
     arch: int  # e.g. 90 for sm_90
     kernels: dict[str, KernelInfo]
+    variables: list[Variable] = field(default_factory=list)
 
 
 def _u(fmt: str, data: bytes, offset: int, what: str) -> tuple[int, ...]:
@@ -53,13 +74,12 @@ def _u(fmt: str, data: bytes, offset: int, what: str) -> tuple[int, ...]:
     return struct.unpack_from(fmt, data, offset)
 
 
-def parse_cubin(data: bytes) -> CubinInfo:
-    """Read a cubin's architecture and kernels; CubinError when it is not a valid ELF64 cubin."""
+def _elf_sections(data: bytes) -> tuple[list[tuple[int, ...]], list[str]]:
+    """The section headers (name, type, offset, size, link, info, entsize) and their names."""
     if data[:4] != ELF_MAGIC:
         raise CubinError("not a cubin (no ELF magic)")
     if len(data) < 64 or data[4] != 2 or data[5] != 1:
         raise CubinError("not a 64-bit little-endian ELF file")
-    (flags,) = _u("<I", data, 0x30, "e_flags")
     (shoff,) = _u("<Q", data, 0x28, "e_shoff")
     shentsize, shnum, shstrndx = _u("<HHH", data, 0x3A, "section header counts")
     if shentsize < 64 or shnum > 65535 or shstrndx >= shnum:
@@ -81,7 +101,13 @@ def parse_cubin(data: bytes) -> CubinInfo:
             raise CubinError("cubin: section name outside the string table")
         return data[start:end].decode("utf-8", "replace")
 
-    names = [section_name(s[0]) for s in sections]
+    return sections, [section_name(s[0]) for s in sections]
+
+
+def parse_cubin(data: bytes) -> CubinInfo:
+    """Read a cubin's architecture, kernels and globals; CubinError when it is not a valid ELF64 cubin."""
+    sections, names = _elf_sections(data)
+    (flags,) = _u("<I", data, 0x30, "e_flags")
     symbols = _symbol_names(data, sections, names)
     kernels: dict[str, KernelInfo] = {}
     for name, (_, _, offset, size, _, _, _) in zip(names, sections):
@@ -101,23 +127,76 @@ def parse_cubin(data: bytes) -> CubinInfo:
                     kernels[symbols[symbol]].registers = registers
     # CUDA's ELF ABI version 8 moved the SM number from the low byte of e_flags to the next one
     arch = (flags >> 8) & 0xFF if data[8] >= 8 else flags & 0xFF
-    return CubinInfo(arch=arch, kernels=kernels)
+    return CubinInfo(arch=arch, kernels=kernels, variables=_variables(data, sections, names))
+
+
+def module_variables(data: bytes) -> list[Variable]:
+    """The globals a cubin defines (``__device__`` and ``__constant__`` variables), read from its
+    symbol table alone: the recorder asks this of every image the driver loads, so a library's
+    large cubins cost one vectorised pass over their symbols. CubinError when it is no cubin."""
+    sections, names = _elf_sections(data)
+    return _variables(data, sections, names)
+
+
+def _is_variable_section(name: str) -> bool:
+    """Whether a section holds module globals: ``.nv.global`` (``__device__``, zeroed),
+    ``.nv.global.init`` (initialised) and the user's constant bank ``.nv.constant3``
+    (``__constant__``); the other banks hold parameters and the compiler's own constants."""
+    return name.startswith(".nv.global") or name == ".nv.constant3"
+
+
+def _symbol_table(sections: list[tuple[int, ...]], names: list[str]) -> tuple[int, int, tuple[int, ...]] | None:
+    """(offset, entry count, string table section) of ``.symtab``, or None."""
+    if ".symtab" not in names:
+        return None
+    _, kind, offset, size, link, _, entsize = sections[names.index(".symtab")]
+    if kind == 8 or entsize != _SYMBOL.itemsize or link >= len(sections):  # (_elf_sections bounded the others)
+        return None
+    return offset, size // entsize, sections[link]
+
+
+def _symbol_name(data: bytes, strings: tuple[int, ...], name: int) -> str:
+    start = strings[2] + name
+    end = data.find(b"\0", start, strings[2] + strings[3])
+    return data[start:end].decode("utf-8", "replace") if 0 <= start < len(data) and end >= 0 else ""
 
 
 def _symbol_names(data: bytes, sections: list[tuple[int, ...]], names: list[str]) -> list[str]:
-    if ".symtab" not in names:
+    table = _symbol_table(sections, names)
+    if table is None:
         return []
-    _, _, offset, size, link, _, entsize = sections[names.index(".symtab")]
-    if entsize < 24 or link >= len(sections):
+    offset, count, strings = table
+    entries = np.frombuffer(data, dtype=_SYMBOL, count=count, offset=offset)
+    return [_symbol_name(data, strings, int(name)) for name in entries["name"]]
+
+
+def _variables(data: bytes, sections: list[tuple[int, ...]], names: list[str]) -> list[Variable]:
+    table = _symbol_table(sections, names)
+    if table is None:
         return []
-    strings = sections[link]
-    out = []
-    for k in range(size // entsize):
-        (name,) = _u("<I", data, offset + k * entsize, "symbol")
-        start = strings[2] + name
-        end = data.find(b"\0", start, strings[2] + strings[3])
-        out.append(data[start:end].decode("utf-8", "replace") if 0 <= start < len(data) and end >= 0 else "")
-    return out
+    offset, count, strings = table
+    wanted = [i for i, name in enumerate(names) if _is_variable_section(name)]
+    if not wanted:
+        return []
+    entries = np.frombuffer(data, dtype=_SYMBOL, count=count, offset=offset)
+    chosen = entries[
+        ((entries["info"] & 0xF) == _STT_OBJECT) & (entries["size"] > 0) & np.isin(entries["section"], wanted)
+    ]
+    found = []
+    for e in chosen.tolist():
+        name, size = _symbol_name(data, strings, e[0]), e[5]
+        if name:
+            found.append(Variable(name, size, _initial(data, sections[e[3]], e[4], size)))
+    return found
+
+
+def _initial(data: bytes, section: tuple[int, ...], value: int, size: int) -> bytes | None:
+    """The bytes a load gives a variable at ``value`` in ``section``: zeros in a NOBITS section,
+    else the section's own (None past INITIAL_BYTES, or outside the section)."""
+    _, kind, offset, length, _, _, _ = section
+    if size > INITIAL_BYTES or value + size > length:
+        return None
+    return bytes(size) if kind == 8 else data[offset + value : offset + value + size]
 
 
 def _attributes(body: bytes) -> list[tuple[int, bytes]]:

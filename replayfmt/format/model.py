@@ -94,6 +94,7 @@ class Buffer(ObjectDef):
     element_offset: int = 0
     requires_fixed_address: bool = False
     ranges: tuple[TypedRange, ...] = ()  # typed sub-ranges, when its tensors have several dtypes
+    module_global: int = 0  # (1.4) the Global whose storage this is (replay finds it in the loaded module)
 
     def dtype_at(self, offset: int, size: int) -> DType:
         """The element type of bytes [offset, offset + size): the typed range holding them all,

@@ -221,6 +221,7 @@ def _encode_body(b: flatbuffers.Builder, obj: m.ObjectDef) -> int:
         FbBuffer.AddRequiresFixedAddress(b, obj.requires_fixed_address)
         if ranges:
             FbBuffer.AddRanges(b, ranges)
+        FbBuffer.AddModuleGlobal(b, obj.module_global)  # (a default is not written: 1.3 readers see none)
         return FbBuffer.End(b)
     if isinstance(obj, m.Executable):
         arch = _string(b, obj.target_arch)
@@ -334,6 +335,7 @@ def decode_object(d: dict[str, Any]) -> m.ObjectDef:
                 m.TypedRange(o, s, _enum(m.DType, d))
                 for o, s, d in struct_array(v.get("ranges"), "TypedRange").tolist()
             ),
+            module_global=v.get("module_global", 0),
             **common,
         )
     if member == "Executable":

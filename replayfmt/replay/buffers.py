@@ -23,7 +23,9 @@ def recorded_ranges(plan: Plan) -> list[tuple[int, int]]:
     """(recorded address, size) of every device buffer that has a recorded address (the ones
     ``--fixed-addresses`` places; host memory the driver pins keeps the host's addresses)."""
     return [
-        (buf.address, buf.size) for buf in plan.buffers.values() if buf.address and buf.memory == m.MemoryKind.DEVICE
+        (buf.address, buf.size)
+        for buf in plan.buffers.values()
+        if buf.address and buf.memory == m.MemoryKind.DEVICE and not buf.module_global
     ]
 
 
@@ -41,7 +43,8 @@ def steer_fixed_arena(plan: Plan, ordinals: tuple[int, ...]) -> str | None:
 
 
 def allocate_buffers(devices: Devices, plan: Plan, arena_problem: str | None = None) -> dict[int, int]:
-    """Allocate every captured buffer on its device; buffer id -> device address.
+    """Allocate every captured buffer on its device; buffer id -> device address. Module
+    globals' storage is not allocated: the loaded modules hold it (``Modules.global_storage``).
 
     ``arena_problem`` is what :func:`steer_fixed_arena` answered (named if the recorded range is refused).
     """
@@ -56,6 +59,8 @@ def _allocate_anywhere(devices: Devices, buffers: dict[int, m.Buffer]) -> dict[i
     addresses: dict[int, int] = {}
     current = 0
     for bid, buf in buffers.items():
+        if buf.module_global:
+            continue
         if devices.index(buf.device) != current:
             current = devices.index(buf.device)
             devices.use(current)
@@ -91,6 +96,8 @@ def _allocate_fixed(devices: Devices, plan: Plan, arena_problem: str | None) -> 
     addresses: dict[int, int] = {}
     host_side: dict[int, m.Buffer] = {}
     for bid, buf in plan.buffers.items():
+        if buf.module_global:
+            continue
         if buf.memory != m.MemoryKind.DEVICE:
             if buf.requires_fixed_address:
                 raise DeviceError(

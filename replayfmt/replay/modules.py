@@ -28,6 +28,7 @@ class Modules:
         self.on_device: list[dict[FunctionKey, Any]] = []  # per device: function handles
         self.layouts: dict[FunctionKey, list[tuple[int, int]]] = {}  # live (offset, size) per parameter
         self._images: list[bytes] = []  # module images must outlive their modules
+        self._loaded: list[dict[int, Any]] = []  # per device: executable id -> its loaded module
         # executable -> (register cap, threads hint) or None -> function handles
         self._jit_variants: dict[int, dict[tuple[int, int] | None, dict[FunctionKey, Any]]] = {}
 
@@ -51,12 +52,15 @@ class Modules:
         # Executables that share an image (a recorder writes one per kernel of a module) share
         # one loaded module, as they shared it in the program: module globals stay common.
         loaded: dict[tuple[str, int, int], Any] = {}
+        modules: dict[int, Any] = {}
+        self._loaded.append(modules)
         for eid, image in plan.images.items():
             exe = image.executable
             key = (image.source, exe.payload, exe.file) if image.source == "capture" else (image.source, 0, 0)
             module = loaded.get(key)
             if module is None:
                 module = loaded[key] = self._load_image(eid, image, gpu)
+            modules[eid] = module
             for index, fn in enumerate(exe.functions):
                 if (eid, index) not in plan.launches_of:
                     continue
@@ -76,6 +80,37 @@ class Modules:
                     data_bytes = initial_globals[gid]
                     check(cu.cuMemcpyHtoD(ptr, data_bytes, min(size, len(data_bytes))), f"global {gid}: upload")
         return functions
+
+    def global_storage(self) -> dict[int, int]:
+        """Buffer id -> device address of every module global's storage (format 1.4): the
+        global in the module loaded on the buffer's device. A substituted build must define the
+        captured globals, at least as large."""
+        cu, plan = self.devices.cu, self.plan
+        addresses: dict[int, int] = {}
+        for bid, buf in plan.buffers.items():
+            if not buf.module_global:
+                continue
+            glob = plan.globals[buf.module_global]
+            k = self.devices.index(buf.device)
+            self.devices.use(k)
+            source = plan.images[glob.executable].source
+            try:
+                address, size = check(
+                    cu.cuModuleGetGlobal(self._loaded[k][glob.executable], glob.symbol.encode()), "cuModuleGetGlobal"
+                )
+            except CudaCallError:
+                raise AbiMismatchError(
+                    f"buffer {bid}: executable {glob.executable} from {source} defines no global {glob.symbol}, "
+                    "which the captured one did"
+                ) from None
+            if size < buf.size:
+                raise AbiMismatchError(
+                    f"buffer {bid}: global {glob.symbol} of executable {glob.executable} from {source} holds "
+                    f"{size} bytes; the capture's held {buf.size}"
+                )
+            addresses[bid] = int(address)
+        self.devices.use(0)
+        return addresses
 
     def _load_image(self, eid: int, image: ExecutableImage, gpu: ReplayDevice) -> Any:
         cu = self.devices.cu

@@ -263,7 +263,36 @@ def build_plan(capture: Capture, options: PlanOptions = PlanOptions()) -> Plan:
     )
     for (eid, fn), threads in plan.max_block_threads.items():
         _check_function_limits(plan, eid, fn, threads, checker)
+    for bid, buffer in plan.buffers.items():
+        if buffer.module_global:
+            _check_module_global(plan, objects, bid, buffer, checker)
     return plan
+
+
+def _check_module_global(
+    plan: Plan, objects: dict[int, m.ObjectDef], bid: int, buffer: m.Buffer, checker: _Checker
+) -> None:
+    """A module global's storage must name a Global of an executable the replay loads, and fit it."""
+    glob = objects.get(buffer.module_global)
+    if not isinstance(glob, m.Global):
+        what = f"a {glob.kind.label}" if glob is not None else "no object"
+        checker.fail(
+            ReplayFormatError(f"buffer {bid}: its module global {buffer.module_global} is {what}, not a global")
+        )
+    elif glob.executable not in plan.images:
+        checker.fail(
+            ReplayFormatError(
+                f"buffer {bid}: global {buffer.module_global} ({glob.symbol}) names executable {glob.executable}, "
+                "which is not in the capture"
+            )
+        )
+    elif buffer.size > glob.size:
+        checker.fail(
+            ReplayFormatError(
+                f"buffer {bid}: {buffer.size} bytes, larger than its global {buffer.module_global} "
+                f"({glob.symbol}, {glob.size} bytes)"
+            )
+        )
 
 
 def _plan_state(plan: Plan, objects: dict[int, m.ObjectDef], op: m.State, hoist: int) -> None:

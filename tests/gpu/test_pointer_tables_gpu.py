@@ -63,3 +63,19 @@ def test_triton_grouped_gemm_with_pointer_tables_and_device_descriptors(tmp_path
     if tma:
         assert "grouped_gemm_tma" in text
     verified(out)
+
+
+@pytest.mark.parametrize("flags", [(), ("--scope", "step")], ids=["whole-program", "scope"])
+def test_module_globals_the_host_wrote_are_restored_with_their_pointers(tmp_path, flags):
+    """cuFFT's case (format 1.4): a __device__ pointer and a __constant__ table written by the
+    host before the region, read by a kernel that names neither; a fresh module load leaves the
+    pointer zero, so the replay must restore the globals and relocate the pointer."""
+    needs("cupy")
+    out = tmp_path / "globals.kreplay"
+    self_checked(out, SCRIPTS / "module_global_pointer.py", *flags)
+    text = dump(out)
+    globals_ = re.findall(r"^obj\s+\d+\s+global\s+(\S+) exe=", text, re.M)
+    assert {"base", "scale", "calls"} <= set(globals_), text[-3000:]
+    assert re.search(r"'module global base' size=8 device=\d+ address=0x[0-9a-f]+ global=\d+", text), text[-3000:]
+    assert "pointers=1" in text, text[-3000:]  # the base pointer, relocated (starting state, or the upload)
+    verified(out)

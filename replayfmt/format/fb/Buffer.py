@@ -158,8 +158,15 @@ class Buffer(object):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(24))
         return o == 0
 
+    # Buffer
+    def ModuleGlobal(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(26))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Uint32Flags, o + self._tab.Pos)
+        return 0
+
 def BufferStart(builder):
-    builder.StartObject(11)
+    builder.StartObject(12)
 
 def Start(builder):
     BufferStart(builder)
@@ -247,6 +254,12 @@ def BufferStartRangesVector(builder, numElems):
 
 def StartRangesVector(builder, numElems):
     return BufferStartRangesVector(builder, numElems)
+
+def BufferAddModuleGlobal(builder, moduleGlobal):
+    builder.PrependUint32Slot(11, moduleGlobal, 0)
+
+def AddModuleGlobal(builder, moduleGlobal):
+    BufferAddModuleGlobal(builder, moduleGlobal)
 
 def BufferEnd(builder):
     return builder.EndObject()

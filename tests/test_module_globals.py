@@ -1,0 +1,280 @@
+"""Module globals (format 1.4), without a GPU: their names and load-time bytes read from a real
+cubin's symbol table; the CUPTI source finding where they live; the recorder restoring the ones
+a fresh module load would not reproduce (with the pointers stored in them) and skipping the
+rest; the plan refusing a buffer that names no global; extract keeping a launch's globals."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from samples import compiled_cubin
+from test_capture_translate import FakeMemory, record
+
+import replayfmt
+from replayfmt.capture import events as ev
+from replayfmt.capture.cupti_api import RESOURCE_MODULE_LOADED, RESOURCE_MODULE_UNLOAD_STARTING
+from replayfmt.capture.loaded_code import LoadedCode
+from replayfmt.edit import Selection, extract
+from replayfmt.errors import ReplayFormatError
+from replayfmt.format import model as m
+from replayfmt.format.cubin import CubinError, Variable, module_variables, parse_cubin
+from replayfmt.replay.plan import PlanOptions, build_plan
+from replayfmt.writer import CaptureWriter
+
+MODULE = ("module", 0x1234)
+DATA, OUT = 0x7F00_0000_0000, 0x7F00_0010_0000
+BASE, SCALE, CALLS = 0x7E00_0000_0100, 0x7E00_0001_0000, 0x7E00_0000_0200  # where the "driver" put them
+GATHER = ((0, 8), (8, 4))  # float* out, int n
+
+
+@pytest.fixture
+def globals_cubin() -> bytes:
+    data = compiled_cubin("module_globals.cu")
+    assert data is not None, "tests/fixtures/cubins lacks module_globals.sm_90.cubin"
+    return data
+
+
+def test_a_cubin_names_its_globals_with_the_bytes_a_load_gives_them(globals_cubin, cubin):
+    variables = module_variables(globals_cubin)
+    assert variables == [
+        Variable("base", 8, bytes(8)),
+        Variable("scale", 16, bytes(16)),
+        Variable("calls", 4, bytes(4)),
+    ]
+    assert parse_cubin(globals_cubin).variables == variables and list(parse_cubin(globals_cubin).kernels) == ["gather"]
+    assert module_variables(cubin) == []  # kernels alone: no globals
+    with pytest.raises(CubinError):
+        module_variables(b".version 8.0\n.target sm_90\n")  # PTX: the recorder names none
+
+
+def test_damaged_cubins_give_a_cubin_error_or_globals_never_a_crash(globals_cubin):
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        data = bytearray(globals_cubin)
+        if rng.random() < 0.3:
+            data = data[: int(rng.integers(0, len(data)))]
+        for _ in range(int(rng.integers(1, 8))):
+            if data:
+                data[int(rng.integers(0, len(data)))] = int(rng.integers(0, 256))
+        try:
+            found = module_variables(bytes(data))
+        except CubinError:
+            continue
+        assert all(isinstance(v, Variable) and v.size > 0 for v in found)
+        assert all(v.initial is None or len(v.initial) == v.size for v in found)
+
+
+class GlobalsDriver:
+    """The driver as LoadedCode asks it: a runtime kernel (CUkernel) of a library whose module
+    the driver loads lazily, and that module's globals."""
+
+    CUresult = SimpleNamespace(CUDA_SUCCESS=0)
+
+    def __init__(self, loads: list) -> None:
+        self.loads = loads  # called by cuKernelGetFunction: the lazy load the resource domain reports
+        self.addresses = {b"base": (BASE, 8), b"scale": (SCALE, 16), b"calls": (CALLS, 4)}
+
+    def cuFuncGetModule(self, handle):
+        return (0, 0x5000) if handle == 0xF0F0 else (1, 0)  # only the kernel's function has a module
+
+    def cuKernelGetLibrary(self, handle):
+        return 0, 0x4000
+
+    def cuKernelGetFunction(self, handle):
+        for load in self.loads:
+            load()
+        self.loads.clear()
+        return 0, 0xF0F0
+
+    def cuKernelGetParamInfo(self, handle, index):
+        return (0, *GATHER[index]) if index < len(GATHER) else (1, 0, 0)
+
+    def cuLibraryGetModule(self, library):
+        return 1, 0
+
+    def cuModuleGetGlobal(self, module, name):
+        assert module == 0x5000
+        return (0, *self.addresses[name]) if name in self.addresses else (1, 0, 0)
+
+
+def test_the_source_finds_a_lazily_loaded_modules_globals_once_before_its_first_launch(globals_cubin):
+    seen: list[ev.Event] = []
+    driver = GlobalsDriver([])
+    code = LoadedCode(driver, seen.append)
+    driver.loads.append(lambda: code.resource(RESOURCE_MODULE_LOADED, 9, lambda: globals_cubin))
+    key, _ = code.module_of(0xABC, "gather")
+    assert key == ("loaded", 9)
+    image, found = seen
+    assert isinstance(image, ev.ModuleImage) and image.key == key and image.data == globals_cubin
+    assert found == ev.ModuleGlobals(
+        key,
+        (
+            ev.GlobalVariable("base", BASE, 8, bytes(8)),
+            ev.GlobalVariable("scale", SCALE, 16, bytes(16)),
+            ev.GlobalVariable("calls", CALLS, 4, bytes(4)),
+        ),
+    )
+    code.module_of(0xABD, "gather")  # another kernel of the same module: told once
+    assert len(seen) == 2
+    code.looked_up(("module", 0x5000), "base")  # the host asks (cudaMemcpyToSymbol): told again, bytes unknown
+    assert seen[-1] == ev.ModuleGlobals(key, (ev.GlobalVariable("base", BASE, 8, None),))
+    code.resource(RESOURCE_MODULE_UNLOAD_STARTING, 9, None)
+    code.looked_up(("module", 0x5000), "base")  # unloaded: no module to name
+    assert len(seen) == 3
+
+
+def launch(n: int = 64) -> ev.LaunchBegin:
+    kernel = ev.Kernel(0xF00, "gather", MODULE, GATHER)
+    return ev.LaunchBegin(kernel, (1, 1, 1), (n, 1, 1), 0, 0, struct.pack("<Qi4x", OUT, n))
+
+
+def module_globals(calls_initial: bytes | None = bytes(4)) -> ev.ModuleGlobals:
+    return ev.ModuleGlobals(
+        MODULE,
+        (
+            ev.GlobalVariable("base", BASE, 8, bytes(8)),
+            ev.GlobalVariable("scale", SCALE, 16, bytes(16)),
+            ev.GlobalVariable("calls", CALLS, 4, calls_initial),
+        ),
+    )
+
+
+def memory_with_globals(scale: np.ndarray) -> FakeMemory:
+    mem = FakeMemory()
+    mem.device[DATA] = bytearray(np.arange(64, dtype=np.float32).tobytes())
+    mem.device[OUT] = bytearray(256)
+    mem.device[BASE] = bytearray(struct.pack("<Q", DATA))  # what the host wrote: a pointer to DATA
+    mem.device[SCALE] = bytearray(scale.tobytes())
+    mem.device[CALLS] = bytearray(4)  # as loaded: nothing to restore
+    return mem
+
+
+def test_the_recorder_restores_written_globals_relocating_their_pointers_and_skips_pristine_ones(
+    tmp_path, globals_cubin
+):
+    mem = memory_with_globals(np.array([0.5, 1.5, 2.5, 3.5], np.float32))
+    events = [
+        ev.ModuleImage(MODULE, globals_cubin, None, "cuModuleLoadData"),
+        ev.Allocation(DATA, 256),
+        ev.Allocation(OUT, 256),
+        module_globals(),
+        launch(),
+        ev.LaunchEnd(0),
+    ]
+    path, t = record(tmp_path, events, mem)
+    assert not t.report.errors
+    with replayfmt.open(path) as cap:
+        objects = list(cap.objects())
+        globals_ = {o.id: o for o in objects if isinstance(o, m.Global)}
+        buffers = {o.address: o for o in objects if isinstance(o, m.Buffer)}
+        exe = next(o for o in objects if isinstance(o, m.Executable))
+        assert sorted(g.symbol for g in globals_.values()) == ["base", "scale"]  # calls holds its load-time bytes
+        assert all(g.executable == exe.id for g in globals_.values())
+        assert globals_[buffers[BASE].module_global].symbol == "base" and buffers[BASE].size == 8
+        assert globals_[buffers[SCALE].module_global].symbol == "scale"
+        assert CALLS not in buffers and buffers[DATA].module_global == 0
+        ops = list(cap.iter_operations())
+        states = {op.buffer: op for op in ops if isinstance(op, m.State)}
+        (pointer,) = states[buffers[BASE].id].relocations  # the stored pointer, relocated to DATA
+        assert (pointer.site_offset, pointer.target_buffer, pointer.target_offset) == (0, buffers[DATA].id, 0)
+        assert buffers[DATA].id in states  # reached through the pointer: its starting state too
+        assert np.frombuffer(cap.read_payload(states[buffers[SCALE].id].payload), np.float32).tolist() == [
+            0.5,
+            1.5,
+            2.5,
+            3.5,
+        ]
+        checkpoint = next(op for op in ops if isinstance(op, m.Checkpoint))
+        assert {buffers[BASE].id, buffers[SCALE].id} <= {e.buffer for e in checkpoint.entries}
+        plan = build_plan(cap, PlanOptions())
+        assert not plan.problems and plan.buffers[buffers[BASE].id].module_global
+        assert "global=" in replayfmt_dump(path)
+
+
+def replayfmt_dump(path: Path) -> str:
+    from click.testing import CliRunner
+
+    from replayfmt_tools.dump_replay import main as dump_main
+
+    result = CliRunner().invoke(dump_main, [str(path)])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_a_global_the_host_writes_before_any_kernel_of_its_module_runs_is_an_upload(tmp_path, globals_cubin):
+    """Whole-program capture: cudaMemcpyToSymbol looks the global up and copies into it before
+    the module's first launch; the copy lands in the global's buffer, named by an executable
+    of the image alone until a kernel of it is recorded."""
+    mem = memory_with_globals(np.zeros(4, np.float32))
+    mem.device[SCALE] = bytearray(16)
+    table = np.array([1, 2, 3, 4], np.float32).tobytes()
+    mem.host[0x1000] = table
+    events = [
+        ev.ModuleImage(MODULE, globals_cubin, None, "cuModuleLoadData"),
+        ev.Allocation(DATA, 256),
+        ev.Allocation(OUT, 256),
+        ev.ModuleGlobals(MODULE, (ev.GlobalVariable("scale", SCALE, 16, None),)),  # the host's lookup
+        ev.Copy(ev.CopyDirection.H2D, SCALE, 0x1000, 16, 0, False, "cuMemcpyHtoD_v2"),
+        module_globals(),
+        launch(),
+        ev.LaunchEnd(0),
+    ]
+    path, t = record(tmp_path, events, mem)
+    assert not t.report.errors and not t.report.unsupported, (t.report.errors, t.report.unsupported)
+    with replayfmt.open(path) as cap:
+        objects = list(cap.objects())
+        buffers = {o.address: o for o in objects if isinstance(o, m.Buffer)}
+        copy = next(op for op in cap.iter_operations() if op.kind == m.OperationKind.COPY_HOST_TO_DEVICE)
+        assert copy.dst_buffer == buffers[SCALE].id and cap.read_payload(copy.payload) == table
+        anchor = next(o for o in objects if isinstance(o, m.Global) and o.symbol == "scale").executable
+        assert next(o for o in objects if o.id == anchor).functions == ()  # the image alone, no kernel yet
+        assert sum(isinstance(o, m.Buffer) and o.address == SCALE for o in objects) == 1  # one storage
+        assert not build_plan(cap, PlanOptions()).problems
+
+
+def test_extract_keeps_the_globals_a_launch_reads(tmp_path, globals_cubin):
+    mem = memory_with_globals(np.array([0.5, 1.5, 2.5, 3.5], np.float32))
+    mem.device[BASE] = bytearray(struct.pack("<Q", 12345))  # no pointer this time: extract refuses stored ones
+    events = [
+        ev.ModuleImage(MODULE, globals_cubin, None, "cuModuleLoadData"),
+        ev.Allocation(DATA, 256),
+        ev.Allocation(OUT, 256),
+        module_globals(),
+        launch(),
+        ev.LaunchEnd(0),
+    ]
+    path, _ = record(tmp_path, events, mem)
+    with replayfmt.open(path) as cap:
+        (first,) = [op.index for op in cap.iter_operations() if op.kind == m.OperationKind.LAUNCH]
+    out = tmp_path / "one.kreplay"
+    extract(path, Selection.operation(first), out)
+    with replayfmt.open(out) as cap:
+        objects = list(cap.objects())
+        symbols = {o.id: o.symbol for o in objects if isinstance(o, m.Global)}
+        storage = {symbols[o.module_global] for o in objects if isinstance(o, m.Buffer) and o.module_global}
+        assert storage == {"base", "scale"}
+        stated = {op.buffer for op in cap.iter_operations() if isinstance(op, m.State)}
+        assert {o.id for o in objects if isinstance(o, m.Buffer) and o.module_global} <= stated
+        assert not build_plan(cap, PlanOptions()).problems
+
+
+def test_the_plan_refuses_a_buffer_whose_global_is_missing_or_too_small(tmp_path, globals_cubin):
+    for storage, size, message in [
+        (99, 8, "its module global 99 is no object, not a global"),
+        (4, 8, "its module global 4 is a buffer, not a global"),
+        (3, 64, "64 bytes, larger than its global 3"),
+    ]:
+        path = tmp_path / f"g{storage}-{size}.kreplay"
+        with CaptureWriter(path) as w:
+            device = w.add_object(m.Device(name="NVIDIA H100", compute_capability=(9, 0)))
+            exe = w.add_object(
+                m.Executable(format=m.ExecutableFormat.CUBIN, target_arch="sm_90", payload=w.add_payload(globals_cubin))
+            )
+            w.add_object(m.Global(executable=exe, symbol="base", size=8))
+            w.add_object(m.Buffer(size=size, device=device, module_global=storage))
+        with replayfmt.open(path) as cap, pytest.raises(ReplayFormatError, match=message):
+            build_plan(cap, PlanOptions())
