@@ -188,6 +188,7 @@ class FakeDriver:
         self.next_address = 0x7F00_0000_0000
         self.pinned: dict[int, Any] = {}
         self.calls: dict[str, int] = {}
+        self.module_globals: dict[str, int] = {}  # symbol -> size, in every loaded module
 
     def _handle(self) -> int:
         self.handles += 1
@@ -245,6 +246,13 @@ class FakeDriver:
 
     def cuModuleGetFunction(self, module: str, name: bytes) -> tuple[int, str]:
         return 0, name.decode()
+
+    def cuModuleGetGlobal(self, module: str, name: bytes) -> tuple[int, int, int]:
+        """A global of ``self.module_globals`` (name -> size) at an address of the module's own."""
+        size = self.module_globals.get(name.decode())
+        if size is None:
+            return FakeError("CUDA_ERROR_NOT_FOUND"), 0, 0
+        return 0, 0x6000_0000_0000 + 0x1000 * sorted(self.module_globals).index(name.decode()), size
 
     def cuFuncGetParamInfo(self, function: str, index: int) -> tuple[int, int, int]:
         layout = self.layouts.get(function, [])

@@ -11,17 +11,20 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from fake_device import FakeDriver
 from samples import compiled_cubin
 from test_capture_translate import FakeMemory, record
+from test_host_pace import DRIVER_DOORS
 
 import replayfmt
 from replayfmt.capture import events as ev
 from replayfmt.capture.cupti_api import RESOURCE_MODULE_LOADED, RESOURCE_MODULE_UNLOAD_STARTING
 from replayfmt.capture.loaded_code import LoadedCode
 from replayfmt.edit import Selection, extract
-from replayfmt.errors import ReplayFormatError
+from replayfmt.errors import AbiMismatchError, ReplayFormatError
 from replayfmt.format import model as m
 from replayfmt.format.cubin import CubinError, Variable, module_variables, parse_cubin
+from replayfmt.replay import Replayer, ReplayOptions
 from replayfmt.replay.plan import PlanOptions, build_plan
 from replayfmt.writer import CaptureWriter
 
@@ -278,3 +281,43 @@ def test_the_plan_refuses_a_buffer_whose_global_is_missing_or_too_small(tmp_path
             w.add_object(m.Buffer(size=size, device=device, module_global=storage))
         with replayfmt.open(path) as cap, pytest.raises(ReplayFormatError, match=message):
             build_plan(cap, PlanOptions())
+
+
+def test_a_replay_allocates_nothing_for_a_global_and_uses_the_loaded_modules(tmp_path, monkeypatch):
+    fake = FakeDriver({"k": [(0, 8)]})
+    for door in DRIVER_DOORS:
+        monkeypatch.setattr(f"{door}.driver", lambda: fake)
+    fake.module_globals = {"base": 8, "scale": 16}
+    path = tmp_path / "g.kreplay"
+    with CaptureWriter(path) as w:
+        device = w.add_object(m.Device(name="NVIDIA H100", compute_capability=(9, 0)))
+        kernel = m.Function(name="k", parameters=(m.Parameter(offset=0, size=8, kind=m.ParameterKind.POINTER),))
+        exe = w.add_object(m.Executable(functions=(kernel,), payload=w.add_payload(b"image")))
+        scale = w.add_object(m.Global(executable=exe, symbol="scale", size=16))
+        storage = w.add_object(m.Buffer(size=16, device=device, address=0x7E00_0000_0000, module_global=scale))
+        out = w.add_object(m.Buffer(size=256, device=device))
+        w.state(buffer=storage, payload=w.add_payload(np.arange(4, dtype=np.float32).tobytes()), size=16)
+        w.launch(
+            executable=exe,
+            function=0,
+            grid=(1, 1, 1),
+            block=(32, 1, 1),
+            parameters=bytes(8),
+            relocations=[m.Relocation(0, out, 0, 0)],
+        )
+    with replayfmt.open(path) as cap, Replayer(build_plan(cap), ReplayOptions()) as replayer:
+        assert replayer.addresses[storage] == 0x6000_0000_1000  # "scale", where the module keeps it
+        assert replayer.addresses[out] == 0x7F00_0000_0000  # the only allocation
+        replayer.run()
+    fake.module_globals = {"base": 8}  # a build without the global
+    with replayfmt.open(path) as cap, pytest.raises(AbiMismatchError, match="defines no global scale"):
+        Replayer(build_plan(cap), ReplayOptions())
+    fake.module_globals = {"base": 8, "scale": 8}  # a build whose global is smaller than the capture's
+    with (
+        replayfmt.open(path) as cap,
+        pytest.raises(
+            AbiMismatchError,
+            match=r"buffer 4: global scale of executable 2 \(capture\) holds 8 bytes; the capture's held 16",
+        ),
+    ):
+        Replayer(build_plan(cap), ReplayOptions())

@@ -25,7 +25,7 @@ def recorded_ranges(plan: Plan) -> list[tuple[int, int]]:
     return [
         (buf.address, buf.size)
         for buf in plan.buffers.values()
-        if buf.address and buf.memory == m.MemoryKind.DEVICE and not buf.module_global
+        if buf.address and buf.memory == m.MemoryKind.DEVICE and plan.module_global(buf) is None
     ]
 
 
@@ -50,7 +50,7 @@ def allocate_buffers(devices: Devices, plan: Plan, arena_problem: str | None = N
     """
     if plan.options.fixed_addresses:
         return _allocate_fixed(devices, plan, arena_problem)
-    return _allocate_anywhere(devices, plan.buffers)
+    return _allocate_anywhere(devices, {b: buf for b, buf in plan.buffers.items() if plan.module_global(buf) is None})
 
 
 def _allocate_anywhere(devices: Devices, buffers: dict[int, m.Buffer]) -> dict[int, int]:
@@ -59,8 +59,6 @@ def _allocate_anywhere(devices: Devices, buffers: dict[int, m.Buffer]) -> dict[i
     addresses: dict[int, int] = {}
     current = 0
     for bid, buf in buffers.items():
-        if buf.module_global:
-            continue
         if devices.index(buf.device) != current:
             current = devices.index(buf.device)
             devices.use(current)
@@ -96,7 +94,7 @@ def _allocate_fixed(devices: Devices, plan: Plan, arena_problem: str | None) -> 
     addresses: dict[int, int] = {}
     host_side: dict[int, m.Buffer] = {}
     for bid, buf in plan.buffers.items():
-        if buf.module_global:
+        if plan.module_global(buf) is not None:
             continue
         if buf.memory != m.MemoryKind.DEVICE:
             if buf.requires_fixed_address:

@@ -88,9 +88,9 @@ class Modules:
         cu, plan = self.devices.cu, self.plan
         addresses: dict[int, int] = {}
         for bid, buf in plan.buffers.items():
-            if not buf.module_global:
+            glob = plan.module_global(buf)
+            if glob is None:
                 continue
-            glob = plan.globals[buf.module_global]
             k = self.devices.index(buf.device)
             self.devices.use(k)
             source = plan.images[glob.executable].source
@@ -100,12 +100,12 @@ class Modules:
                 )
             except CudaCallError:
                 raise AbiMismatchError(
-                    f"buffer {bid}: executable {glob.executable} from {source} defines no global {glob.symbol}, "
+                    f"buffer {bid}: executable {glob.executable} ({source}) defines no global {glob.symbol}, "
                     "which the captured one did"
                 ) from None
             if size < buf.size:
                 raise AbiMismatchError(
-                    f"buffer {bid}: global {glob.symbol} of executable {glob.executable} from {source} holds "
+                    f"buffer {bid}: global {glob.symbol} of executable {glob.executable} ({source}) holds "
                     f"{size} bytes; the capture's held {buf.size}"
                 )
             addresses[bid] = int(address)

@@ -112,6 +112,12 @@ class Plan:
     def function(self, executable: int, index: int) -> m.Function:
         return self.images[executable].executable.functions[index]
 
+    def module_global(self, buffer: m.Buffer) -> m.Global | None:
+        """The global whose storage ``buffer`` is (format 1.4), when the replay loads it; None
+        for an allocation, or for one the plan refused (it is then allocated like one)."""
+        glob = self.globals.get(buffer.module_global) if buffer.module_global else None
+        return glob if glob is not None and glob.executable in self.images and buffer.size <= glob.size else None
+
     def describe(self) -> list[str]:
         """Human-readable lines: what the replay will do."""
         lines = [
