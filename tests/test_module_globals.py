@@ -31,6 +31,7 @@ from replayfmt.writer import CaptureWriter
 MODULE = ("module", 0x1234)
 DATA, OUT = 0x7F00_0000_0000, 0x7F00_0010_0000
 BASE, SCALE, CALLS = 0x7E00_0000_0100, 0x7E00_0001_0000, 0x7E00_0000_0200  # where the "driver" put them
+TAG = 0x7E00_0000_0300  # a one-byte constant no one writes (CUB's and libcu++'s kind)
 GATHER = ((0, 8), (8, 4))  # float* out, int n
 
 
@@ -142,6 +143,7 @@ def module_globals(calls_initial: bytes | None = bytes(4)) -> ev.ModuleGlobals:
             ev.GlobalVariable("base", BASE, 8, bytes(8)),
             ev.GlobalVariable("scale", SCALE, 16, bytes(16)),
             ev.GlobalVariable("calls", CALLS, 4, calls_initial),
+            ev.GlobalVariable("tag", TAG, 1, b"\x01"),
         ),
     )
 
@@ -153,6 +155,7 @@ def memory_with_globals(scale: np.ndarray) -> FakeMemory:
     mem.device[BASE] = bytearray(struct.pack("<Q", DATA))  # what the host wrote: a pointer to DATA
     mem.device[SCALE] = bytearray(scale.tobytes())
     mem.device[CALLS] = bytearray(4)  # as loaded: nothing to restore
+    mem.device[TAG] = bytearray(b"\x01")
     return mem
 
 
@@ -175,11 +178,12 @@ def test_the_recorder_restores_written_globals_relocating_their_pointers_and_ski
         globals_ = {o.id: o for o in objects if isinstance(o, m.Global)}
         buffers = {o.address: o for o in objects if isinstance(o, m.Buffer)}
         exe = next(o for o in objects if isinstance(o, m.Executable))
-        assert sorted(g.symbol for g in globals_.values()) == ["base", "scale"]  # calls holds its load-time bytes
+        # calls and tag hold their load-time bytes, and the kernel left them so
+        assert sorted(g.symbol for g in globals_.values()) == ["base", "scale"]
         assert all(g.executable == exe.id for g in globals_.values())
         assert globals_[buffers[BASE].module_global].symbol == "base" and buffers[BASE].size == 8
         assert globals_[buffers[SCALE].module_global].symbol == "scale"
-        assert CALLS not in buffers and buffers[DATA].module_global == 0
+        assert CALLS not in buffers and TAG not in buffers and buffers[DATA].module_global == 0
         ops = list(cap.iter_operations())
         states = {op.buffer: op for op in ops if isinstance(op, m.State)}
         (pointer,) = states[buffers[BASE].id].relocations  # the stored pointer, relocated to DATA
@@ -321,3 +325,36 @@ def test_a_replay_allocates_nothing_for_a_global_and_uses_the_loaded_modules(tmp
         ),
     ):
         Replayer(build_plan(cap), ReplayOptions())
+
+
+def test_a_pristine_global_the_region_changes_starts_each_replay_from_its_load_time_bytes(tmp_path, globals_cubin):
+    """The kernel's counter held its load-time zero when the region began, and the region
+    counted: its zero becomes state (so a replay repeated in one process starts from it each
+    time) and what the region left is checkpointed; the constant no one wrote stays out."""
+    mem = memory_with_globals(np.array([0.5, 1.5, 2.5, 3.5], np.float32))
+
+    def counted():
+        mem.device[CALLS][:] = struct.pack("<I", 1)
+        return ev.LaunchEnd(0)
+
+    events = [
+        ev.ModuleImage(MODULE, globals_cubin, None, "cuModuleLoadData"),
+        ev.Allocation(DATA, 256),
+        ev.Allocation(OUT, 256),
+        module_globals(),
+        launch(),
+        counted,
+    ]
+    path, t = record(tmp_path, events, mem)
+    assert not t.report.errors
+    with replayfmt.open(path) as cap:
+        objects = list(cap.objects())
+        assert sorted(o.symbol for o in objects if isinstance(o, m.Global)) == ["base", "calls", "scale"]
+        calls = next(o for o in objects if isinstance(o, m.Buffer) and o.address == CALLS)
+        ops = list(cap.iter_operations())
+        (state,) = [op for op in ops if isinstance(op, m.State) and op.buffer == calls.id]
+        assert cap.read_payload(state.payload) == bytes(4)  # where the region started
+        checkpoint = next(op for op in ops if isinstance(op, m.Checkpoint))
+        (entry,) = [e for e in checkpoint.entries if e.buffer == calls.id]
+        assert cap.read_payload(entry.payload) == struct.pack("<I", 1)  # what it left
+        assert not build_plan(cap, PlanOptions()).problems

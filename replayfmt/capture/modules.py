@@ -95,12 +95,14 @@ class ModuleEvents:
     memory: DeviceMemory
     _modules: dict[tuple[str, int], Module]
     _region: int
+    _touched: list[Allocation]  # what the region checkpoints at its end
 
     if TYPE_CHECKING:  # provided by the translator
 
         def _annotation(self, kernel: ev.Kernel) -> KernelAnnotation: ...
         def _tensor_map(self, kernel: ev.Kernel, offset: int, size: int) -> bool: ...
         def _unsupported(self, call: str, reason: str, stream: int) -> None: ...
+        def _buffer(self, allocation: Allocation) -> int: ...
 
     def _on_module(self, event: ev.ModuleImage) -> None:
         self._modules[event.key] = Module(event)
@@ -143,6 +145,26 @@ class ModuleEvents:
             if data == allocation.module_global.initial:
                 allocation.pristine_in = region
         return [a for a in live if a.pristine_in != region]
+
+    def _restore_changed_pristine_globals(self) -> None:
+        """At a region's end: a global skipped as pristine that the region's kernels changed (a
+        counter) gets the load-time bytes it started from as state (hoisted to the region's
+        start, as all state is), and is checkpointed, so that replays repeated in one process
+        each start from those bytes, and what the kernels left is checked."""
+        region = self._region
+        skipped = [
+            a
+            for module in self._modules.values()
+            for a in module.globals
+            if a.pristine_in == region and self.allocations.is_live(a)
+        ]
+        for allocation, data in zip(skipped, self._global_bytes(skipped, None)):
+            initial = allocation.module_global.initial
+            if data is not None and data != initial:
+                payload = self.writer.add_payload(initial)
+                self.writer.state(buffer=self._buffer(allocation), payload=payload, size=allocation.size)
+                allocation.region, allocation.before = region, payload
+                self._touched.append(allocation)
 
     def _global_bytes(self, globals_: list[Allocation], stream: int | None) -> list[bytes | None]:
         """The bytes of each global (None: unreadable), read in runs of neighbours: a module's

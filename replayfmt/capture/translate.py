@@ -148,6 +148,7 @@ class Translator(ModuleEvents, MemoryEvents, GraphEvents, StateEvents, RepeatEve
             while self._scopes:  # scopes the program left open
                 self.scope_end(self._scopes[-1][0])
             self._recording = False
+            self._restore_changed_pristine_globals()
             self._checkpoint(self._touched, stream=None, name=self._region_name or "region")
             if self._region_name:
                 self.writer.scope_end(self._region_name)
