@@ -131,6 +131,11 @@ def test_the_source_finds_a_lazily_loaded_modules_globals_once_before_its_first_
     assert len(seen) == 3
 
 
+def loaded(cubin: bytes) -> list[ev.Event]:
+    """The module loaded and the kernel's two allocations made (before its globals are found)."""
+    return [ev.ModuleImage(MODULE, cubin, None, "cuModuleLoadData"), ev.Allocation(DATA, 256), ev.Allocation(OUT, 256)]
+
+
 def launch(n: int = 64) -> ev.LaunchBegin:
     kernel = ev.Kernel(0xF00, "gather", MODULE, GATHER)
     return ev.LaunchBegin(kernel, (1, 1, 1), (n, 1, 1), 0, 0, struct.pack("<Qi4x", OUT, n))
@@ -164,9 +169,7 @@ def test_the_recorder_restores_written_globals_relocating_their_pointers_and_ski
 ):
     mem = memory_with_globals(np.array([0.5, 1.5, 2.5, 3.5], np.float32))
     events = [
-        ev.ModuleImage(MODULE, globals_cubin, None, "cuModuleLoadData"),
-        ev.Allocation(DATA, 256),
-        ev.Allocation(OUT, 256),
+        *loaded(globals_cubin),
         module_globals(),
         launch(),
         ev.LaunchEnd(0),
@@ -221,9 +224,7 @@ def test_a_global_the_host_writes_before_any_kernel_of_its_module_runs_is_an_upl
     table = np.array([1, 2, 3, 4], np.float32).tobytes()
     mem.host[0x1000] = table
     events = [
-        ev.ModuleImage(MODULE, globals_cubin, None, "cuModuleLoadData"),
-        ev.Allocation(DATA, 256),
-        ev.Allocation(OUT, 256),
+        *loaded(globals_cubin),
         ev.ModuleGlobals(MODULE, (ev.GlobalVariable("scale", SCALE, 16, None),)),  # the host's lookup
         ev.Copy(ev.CopyDirection.H2D, SCALE, 0x1000, 16, 0, False, "cuMemcpyHtoD_v2"),
         module_globals(),
@@ -247,9 +248,7 @@ def test_extract_keeps_the_globals_a_launch_reads(tmp_path, globals_cubin):
     mem = memory_with_globals(np.array([0.5, 1.5, 2.5, 3.5], np.float32))
     mem.device[BASE] = bytearray(struct.pack("<Q", 12345))  # no pointer this time: extract refuses stored ones
     events = [
-        ev.ModuleImage(MODULE, globals_cubin, None, "cuModuleLoadData"),
-        ev.Allocation(DATA, 256),
-        ev.Allocation(OUT, 256),
+        *loaded(globals_cubin),
         module_globals(),
         launch(),
         ev.LaunchEnd(0),
@@ -338,9 +337,7 @@ def test_a_pristine_global_the_region_changes_starts_each_replay_from_its_load_t
         return ev.LaunchEnd(0)
 
     events = [
-        ev.ModuleImage(MODULE, globals_cubin, None, "cuModuleLoadData"),
-        ev.Allocation(DATA, 256),
-        ev.Allocation(OUT, 256),
+        *loaded(globals_cubin),
         module_globals(),
         launch(),
         counted,

@@ -5,22 +5,14 @@ module load leaves the pointer zero, so a replay that does not restore (and relo
 
 import ctypes
 import sys
+from pathlib import Path
 
 import cupy as cp
 import numpy as np
 
 from replayfmt.capture import scope
 
-SOURCE = r"""
-__device__ const float* base;
-__constant__ float scale[4];
-__device__ unsigned int calls;
-extern "C" __global__ void gather(float* out, int n) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = base[i] * scale[i % 4] + 1.0f;
-    if (i == 0) atomicAdd(&calls, 1u);
-}
-"""
+SOURCE = (Path(__file__).resolve().parents[2] / "kernels" / "module_globals.cu").read_text()
 n = 4096
 module = cp.RawModule(code=SOURCE)
 gather = module.get_function("gather")
