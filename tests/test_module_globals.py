@@ -17,11 +17,12 @@ from test_capture_translate import FakeMemory, record
 from test_host_pace import DRIVER_DOORS
 
 import replayfmt
-from replayfmt.capture import events as ev
+from replayfmt.capture import CaptureMode, RecordOptions, Translator, events as ev
 from replayfmt.capture.cupti_api import RESOURCE_MODULE_LOADED, RESOURCE_MODULE_UNLOAD_STARTING
+from replayfmt.capture.hostfiles import HostFiles
 from replayfmt.capture.loaded_code import LoadedCode
 from replayfmt.edit import Selection, extract
-from replayfmt.errors import AbiMismatchError, ReplayFormatError
+from replayfmt.errors import AbiMismatchError, DeviceUnavailableError, ReplayFormatError
 from replayfmt.format import model as m
 from replayfmt.format.cubin import CubinError, Variable, module_variables, parse_cubin
 from replayfmt.replay import Replayer, ReplayOptions
@@ -126,9 +127,23 @@ def test_the_source_finds_a_lazily_loaded_modules_globals_once_before_its_first_
     assert len(seen) == 2
     code.looked_up(("module", 0x5000), "base")  # the host asks (cudaMemcpyToSymbol): told again, bytes unknown
     assert seen[-1] == ev.ModuleGlobals(key, (ev.GlobalVariable("base", BASE, 8, None),))
-    code.resource(RESOURCE_MODULE_UNLOAD_STARTING, 9, None)
+    code.resource(RESOURCE_MODULE_UNLOAD_STARTING, 9, None)  # the driver unloads it: the sink is told
+    assert seen[-1] == ev.ModuleUnload(key)
     code.looked_up(("module", 0x5000), "base")  # unloaded: no module to name
-    assert len(seen) == 3
+    assert len(seen) == 4
+
+
+def test_a_lookup_in_a_module_no_kernel_ran_from_yet_names_no_other_modules_global(globals_cubin):
+    """Two cubins the driver loaded lazily both define ``base``: a lookup in a module handle the
+    source cannot tie to one of them is not guessed at by symbol (the kernel's first launch
+    lists the right module's globals then)."""
+    seen: list[ev.Event] = []
+    driver = GlobalsDriver([])
+    code = LoadedCode(driver, seen.append)
+    code.resource(RESOURCE_MODULE_LOADED, 9, lambda: globals_cubin)
+    code.resource(RESOURCE_MODULE_LOADED, 10, lambda: globals_cubin)
+    code.looked_up(("module", 0x5000), "base")
+    assert seen == []
 
 
 def loaded(cubin: bytes) -> list[ev.Event]:
@@ -355,3 +370,135 @@ def test_a_pristine_global_the_region_changes_starts_each_replay_from_its_load_t
         (entry,) = [e for e in checkpoint.entries if e.buffer == calls.id]
         assert cap.read_payload(entry.payload) == struct.pack("<I", 1)  # what it left
         assert not build_plan(cap, PlanOptions()).problems
+
+
+def counter_history(tmp_path: Path, script, options: RecordOptions = RecordOptions()) -> list[tuple[str, int]]:
+    """Run ``script(translator, memory)`` after the module, its allocations and its globals are
+    known; what the capture says of the kernel's counter, in order: ("state" or "checkpoint", value)."""
+    path = tmp_path / "counter.kreplay"
+    mem = memory_with_globals(np.array([0.5, 1.5, 2.5, 3.5], np.float32))
+    with CaptureWriter(path) as writer:
+        t = Translator(writer, options, mem, host_files=HostFiles(tmp_path / "no-maps"))
+        for event in [*loaded(compiled_cubin("module_globals.cu")), module_globals()]:
+            t.handle(event)
+        script(t, mem)
+    assert not t.report.errors and not t.report.unsupported, (t.report.errors, t.report.unsupported)
+    history = []
+    with replayfmt.open(path) as cap:
+        calls = {o.id for o in cap.objects() if isinstance(o, m.Buffer) and o.address == CALLS}
+        for op in cap.iter_operations():
+            if isinstance(op, m.State) and op.buffer in calls:
+                history.append(("state", struct.unpack("<I", cap.read_payload(op.payload))[0]))
+            elif isinstance(op, m.Checkpoint):
+                history += [
+                    ("checkpoint", struct.unpack("<I", cap.read_payload(e.payload))[0])
+                    for e in op.entries
+                    if e.buffer in calls
+                ]
+        assert not build_plan(cap, PlanOptions()).problems
+    return history
+
+
+def count(mem: FakeMemory) -> ev.LaunchEnd:
+    """What the kernel does to its counter (atomicAdd), as the launch returns."""
+    mem.device[CALLS][:] = struct.pack("<I", struct.unpack("<I", mem.device[CALLS])[0] + 1)
+    return ev.LaunchEnd(0)
+
+
+GRAPH = ev.GraphDescription(
+    [
+        ev.GraphNodeInfo(
+            m.GraphNodeKind.KERNEL,
+            handle=1,
+            kernel=ev.GraphKernel(launch().kernel, (1, 1, 1), (64, 1, 1), 0, launch().parameters),
+        )
+    ],
+    [],
+)
+
+
+def test_a_graph_launched_in_two_regions_asks_again_which_globals_are_pristine(tmp_path):
+    def script(t, mem):
+        t.handle(ev.GraphInstantiated(0xE0, GRAPH))
+        t.start("one")
+        t.handle(ev.GraphLaunched(0xE0, 0))
+        t.stop()
+        mem.device[CALLS][:] = struct.pack("<I", 7)  # the host sets it between the regions
+        t.start("two")
+        t.handle(ev.GraphLaunched(0xE0, 0))
+        t.stop()
+
+    assert counter_history(tmp_path, script) == [("state", 7), ("checkpoint", 7)]  # region one: pristine, unchanged
+
+
+def test_a_skipped_global_the_host_reads_after_a_kernel_changed_it_starts_from_its_load_time_bytes(tmp_path):
+    def script(t, mem):
+        t.start("step")
+        t.handle(launch())
+        t.handle(count(mem))
+        t.handle(ev.Copy(ev.CopyDirection.D2H, 0x2000, CALLS, 4, 0, False, "cuMemcpyDtoH_v2"))
+        t.stop()
+
+    assert counter_history(tmp_path, script) == [("state", 0), ("checkpoint", 1)]  # one state: where it began
+
+
+def test_kernel_mode_instances_start_a_counter_from_where_each_began(tmp_path):
+    def script(t, mem):
+        for _ in range(2):
+            t.handle(launch())
+            t.handle(count(mem))
+
+    history = counter_history(tmp_path, script, RecordOptions(mode=CaptureMode.KERNEL, max_per_kernel=None))
+    # the first instance finds it as loaded (its zero is state at its end); the second finds it changed
+    assert history == [("state", 0), ("checkpoint", 1), ("state", 1), ("checkpoint", 2)]
+
+
+def test_a_modules_globals_are_read_in_one_copy_where_they_lie_together(tmp_path):
+    segment = 0x7E00_0000_0000  # one piece of module memory holding all four globals
+    mem = FakeMemory()
+    mem.device[segment] = bytearray(0x400)
+    variables = [("base", 0x100, 8), ("scale", 0x140, 16), ("calls", 0x200, 4), ("tag", 0x300, 1)]
+    mem.device[segment][0x100:0x108] = struct.pack("<Q", 99)  # written by the host: not as loaded
+    events = [
+        ev.ModuleImage(MODULE, compiled_cubin("module_globals.cu"), None, "cuModuleLoadData"),
+        ev.Allocation(OUT, 256),
+        ev.ModuleGlobals(MODULE, tuple(ev.GlobalVariable(n, segment + o, s, bytes(s)) for n, o, s in variables)),
+        launch(),
+        ev.LaunchEnd(0),
+    ]
+    mem.device[OUT] = bytearray(256)
+    path, t = record(tmp_path, events, mem)
+    assert not t.report.errors
+    global_reads = [r for r in mem.reads if segment <= r[0] < segment + 0x400]
+    assert global_reads[0][:2] == (segment + 0x100, 0x201)  # one copy from base to the end of tag
+    with replayfmt.open(path) as cap:
+        assert [o.symbol for o in cap.objects() if isinstance(o, m.Global)] == ["base"]  # the rest are as loaded
+
+
+def test_extract_knows_a_launch_may_change_its_modules_globals(tmp_path, globals_cubin):
+    """calls is 5 when the region begins and each launch counts: the second launch alone starts
+    from 6, which only a replay of the first can say (before, extract gave it the 5 it began at)."""
+    mem = memory_with_globals(np.array([0.5, 1.5, 2.5, 3.5], np.float32))
+    mem.device[BASE] = bytearray(struct.pack("<Q", 12345))  # no pointer: extract refuses stored ones
+    mem.device[CALLS] = bytearray(struct.pack("<I", 5))
+    other = 0x7F00_0020_0000
+    mem.device[other] = bytearray(256)
+    second = ev.LaunchBegin(launch().kernel, (1, 1, 1), (64, 1, 1), 0, 0, struct.pack("<Qi4x", other, 64))
+    events = [
+        *loaded(globals_cubin),
+        ev.Allocation(other, 256),
+        module_globals(),
+        launch(),
+        count(mem),
+        second,
+        count(mem),
+    ]
+    path, _ = record(tmp_path, events, mem)
+    with replayfmt.open(path) as cap:
+        globals_ = sorted(o.id for o in cap.objects() if isinstance(o, m.Buffer) and o.module_global)
+        first, index = [op.index for op in cap.iter_operations() if op.kind == m.OperationKind.LAUNCH]
+    missing = (
+        rf"buffer {globals_[0]} bytes \[0, 8\) before operation {index}; operation {first} \(launch of gather\) wrote"
+    )
+    with pytest.raises(DeviceUnavailableError, match=missing + r".*\(and 2 more\)"):  # base, scale and calls
+        extract(path, Selection.operation(index), tmp_path / "second.kreplay")

@@ -42,7 +42,7 @@ class GraphExecutable:
     graph: int = 0  # the Graph object of its last recorded launch (0: resolve it again at the next)
     epoch: int = -1  # the allocation table's epoch when ``graph`` was resolved
     targets: list[Allocation] = field(default_factory=list)
-    kernels: list[str] = field(default_factory=list)
+    kernels: list[ev.Kernel] = field(default_factory=list)  # one per kernel node
     broken: str = ""  # why its launches cannot be replayed ("" when they can)
     disabled: set[int] = field(default_factory=set)  # node handles disabled (cuGraphNodeSetEnabled): run as empty
 
@@ -145,26 +145,28 @@ class GraphEvents:
                 return
             executable.graph = self._graph_id(graph)
             executable.epoch, executable.targets, executable.kernels = epoch, targets, kernels
-        for allocation in executable.targets:  # snapshots first: what the graph starts from
+        modules = {kernel.module: kernel for kernel in executable.kernels}  # their globals: asked at every launch
+        module_globals = [a for kernel in modules.values() for a in self._module_globals(kernel, event.stream)]
+        for allocation in (*executable.targets, *module_globals):  # snapshots first: what the graph starts from
             self._touch_for_launch(allocation, event.stream, "")
             for reached in self._reached(allocation) if allocation.pointees else ():  # through stored pointers
                 self._touch_for_launch(reached, event.stream, "")
         self.writer.graph_launch(executable.graph, self._stream(event.stream))
         self.report.graph_launches += 1
-        for name in executable.kernels:
-            stats = self.report.kernel(name)
+        for kernel in executable.kernels:
+            stats = self.report.kernel(kernel.name)
             stats.occurrences += 1
             stats.captured += 1
 
     def _graph_object(
         self, description: ev.GraphDescription, disabled: set[int] | None = None
-    ) -> tuple[m.Graph, list[Allocation], list[str]]:
+    ) -> tuple[m.Graph, list[Allocation], list[ev.Kernel]]:
         """The Graph object of a description (child graphs written first), the allocations its
-        nodes touch and the names of its kernels (one per kernel node); ``disabled`` nodes (by
+        nodes touch and its kernels (one per kernel node); ``disabled`` nodes (by
         handle) become empty nodes."""
         nodes: list[GraphNode] = []
         targets: list[Allocation] = []
-        kernels: list[str] = []
+        kernels: list[ev.Kernel] = []
         for info in description.nodes:
             if disabled and info.handle in disabled:
                 nodes.append(GraphNode(kind=_N.EMPTY))
@@ -181,7 +183,7 @@ class GraphEvents:
             raise Unrecordable(str(exc)) from None
         return graph, targets, kernels
 
-    def _graph_node(self, info: ev.GraphNodeInfo, kernels: list[str]) -> tuple[GraphNode, list[Allocation]]:
+    def _graph_node(self, info: ev.GraphNodeInfo, kernels: list[ev.Kernel]) -> tuple[GraphNode, list[Allocation]]:
         kind = info.kind
         if kind == _N.KERNEL and info.kernel is not None:
             call = info.kernel
@@ -194,8 +196,7 @@ class GraphEvents:
             if function is None:
                 raise Unrecordable(f"the module of {call.kernel.name} was not recorded")
             relocations, touched = self._relocations(call.parameters, shape)
-            touched += [a for a in self._module_globals(call.kernel, None) if a not in touched]
-            kernels.append(call.kernel.name)
+            kernels.append(call.kernel)
             node = GraphNode(
                 kind=kind,
                 executable=function[0],

@@ -38,6 +38,8 @@ class LoadedCode:
         # CUPTI module id -> the globals its cubin defines, for the few cubins that define any
         self._variables: dict[int, list[Variable]] = {}
         self._globals_sent: set[ModuleKey] = set()  # modules whose globals the sink has
+        self._image_variables: dict[ModuleKey, list[Variable]] = {}  # of cubins the program loaded itself
+        self._module_keys: dict[int, ModuleKey] = {}  # CUmodule handle -> the key its kernels resolved to
 
     def resource(self, cbid: int, module_id: int, image: Callable[[], bytes] | None) -> None:
         """A resource-domain module event: ``image`` reads the cubin of one just loaded."""
@@ -52,16 +54,31 @@ class LoadedCode:
         elif cbid == RESOURCE_MODULE_UNLOAD_STARTING:
             self._lazy_images.pop(module_id, None)
             self._variables.pop(module_id, None)
+            if module_id in self._lazy_sent:  # the sink had it: its globals' storage goes with it
+                self._lazy_sent.discard(module_id)
+                self._sink(ev.ModuleUnload(("loaded", module_id)))
+                self.unloaded(("loaded", module_id))
 
     def loaded(self, image: ev.ModuleImage) -> None:
         """The program loaded an image (or a lazy one is first needed): the sink gets it."""
         self._loaded.add(image.key)
         self._library_modules.pop(image.key, None)
+        self._image_variables.pop(image.key, None)
+        if image.data is not None and image.key[0] != "loaded":
+            try:  # a cubin names its own globals (a fatbin's or PTX's come from the driver's cubin)
+                variables = module_variables(image.data)
+            except CubinError:
+                variables = []
+            if variables:
+                self._image_variables[image.key] = variables
         self._sink(image)
 
     def unloaded(self, key: ModuleKey) -> None:
         self._loaded.discard(key)
         self._globals_sent.discard(key)
+        self._image_variables.pop(key, None)
+        for handle in [h for h, k in self._module_keys.items() if k == key]:
+            del self._module_keys[handle]
 
     def module_of(self, handle: int, name: str) -> tuple[ModuleKey | None, Any]:
         """(the key of the code ``handle`` came from, the driver's parameter-info query for it);
@@ -85,8 +102,10 @@ class LoadedCode:
             module = module if err == cu.CUresult.CUDA_SUCCESS else None
         if key is None or key not in self._loaded:
             key = self._lazily_loaded(name)
-        if key is not None and module is not None and key not in self._globals_sent and self._variables:
-            self._send_globals(key, name, module)
+        if key is not None and module is not None:
+            self._module_keys[int(module)] = key
+            if key not in self._globals_sent and (self._variables or key in self._image_variables):
+                self._send_globals(key, name, module)
         return key, info
 
     def looked_up(self, handle: ModuleKey, symbol: str) -> None:
@@ -98,10 +117,8 @@ class LoadedCode:
         if kind == "library":
             key: ModuleKey | None = handle if handle in self._loaded else None
             err, address, size = cu.cuLibraryGetGlobal(raw, symbol.encode())
-        else:
-            key = handle if handle in self._loaded else self._library_of(raw)
-            if key is None:  # a module the driver loaded for a library, lazily: its cubin defines the symbol
-                key = self._lazily_loaded(symbol, among=self._variables)
+        else:  # a module the program loaded, a library's, or one a kernel of it already ran from
+            key = handle if handle in self._loaded else self._library_of(raw) or self._module_keys.get(raw)
             err, address, size = cu.cuModuleGetGlobal(raw, symbol.encode())
         if key is not None and err == cu.CUresult.CUDA_SUCCESS and int(address) and size:
             self._sink(ev.ModuleGlobals(key, (ev.GlobalVariable(symbol, int(address), int(size)),)))
@@ -112,7 +129,9 @@ class LoadedCode:
         self._globals_sent.add(key)
         if key[0] == "loaded":
             variables = self._variables.get(key[1], [])
-        else:
+        elif key in self._image_variables:
+            variables = self._image_variables[key]
+        else:  # the driver's cubin of a fatbin or of PTX: the latest one reported that defines the kernel
             symbol = b"\0" + name.encode() + b"\0"
             found = (v for mid, v in reversed(self._variables.items()) if symbol in self._lazy_images.get(mid, b""))
             variables = next(found, [])
@@ -138,12 +157,11 @@ class LoadedCode:
                 return key
         return None
 
-    def _lazily_loaded(self, name: str, among: dict[int, Any] | None = None) -> ModuleKey | None:
+    def _lazily_loaded(self, name: str) -> ModuleKey | None:
         """The most recent cubin the driver loaded with no call of its own (a library's lazy
-        module) that defines ``name`` (``among`` those CUPTI module ids); sent to the sink the
-        first time it is needed."""
+        module) that defines ``name``; sent to the sink the first time a launch needs it."""
         symbol = b"\0" + name.encode() + b"\0"
-        for module_id in reversed(list(self._lazy_images if among is None else among)):
+        for module_id in reversed(list(self._lazy_images)):
             image = self._lazy_images[module_id]
             if symbol in image:
                 key = ("loaded", module_id)

@@ -122,7 +122,13 @@ class ModuleEvents:
             return
         for variable in event.variables:
             known = self.allocations.find(variable.address)
-            if known is not None and known.module_global is not None and known.module_global.symbol == variable.symbol:
+            if (
+                known is not None
+                and known.address == variable.address
+                and known.module_global is not None
+                and (known.module_global.module, known.module_global.symbol) == (event.key, variable.symbol)
+                and known in module.globals
+            ):
                 continue  # (the host looked it up before a kernel of the module ran)
             allocation = self.allocations.add(variable.address, variable.size, ev.MemoryApi.DEVICE, "")
             allocation.call = f"module global {variable.symbol}"
@@ -146,25 +152,29 @@ class ModuleEvents:
                 allocation.pristine_in = region
         return [a for a in live if a.pristine_in != region]
 
-    def _restore_changed_pristine_globals(self) -> None:
-        """At a region's end: a global skipped as pristine that the region's kernels changed (a
-        counter) gets the load-time bytes it started from as state (hoisted to the region's
-        start, as all state is), and is checkpointed, so that replays repeated in one process
-        each start from those bytes, and what the kernels left is checked."""
-        region = self._region
+    def _restore_changed_pristine_globals(self, region: int, touched: list[Allocation]) -> None:
+        """At the end of a region (or kernel instance): a global skipped as pristine that the
+        region's kernels changed (a counter) gets the load-time bytes it started from as state
+        (hoisted to the region's start, as all state is) and joins ``touched`` (checkpointed),
+        so that replays repeated in one process each start from those bytes, and what the
+        kernels left is checked."""
         skipped = [
             a
             for module in self._modules.values()
             for a in module.globals
-            if a.pristine_in == region and self.allocations.is_live(a)
+            if a.pristine_in == region and a.region != region and self.allocations.is_live(a)
         ]
         for allocation, data in zip(skipped, self._global_bytes(skipped, None)):
-            initial = allocation.module_global.initial
-            if data is not None and data != initial:
-                payload = self.writer.add_payload(initial)
-                self.writer.state(buffer=self._buffer(allocation), payload=payload, size=allocation.size)
-                allocation.region, allocation.before = region, payload
-                self._touched.append(allocation)
+            if data is not None and data != allocation.module_global.initial:
+                self._state_from_load_time(allocation)
+                touched.append(allocation)
+
+    def _state_from_load_time(self, allocation: Allocation) -> None:
+        """A global skipped as pristine in this region, touched now: the region's kernels may
+        have changed it since, but it started from its load-time bytes, which become its state."""
+        payload = self.writer.add_payload(allocation.module_global.initial)
+        self.writer.state(buffer=self._buffer(allocation), payload=payload, size=allocation.size)
+        allocation.region, allocation.before = self._region, payload
 
     def _global_bytes(self, globals_: list[Allocation], stream: int | None) -> list[bytes | None]:
         """The bytes of each global (None: unreadable), read in runs of neighbours: a module's

@@ -47,6 +47,7 @@ class StateEvents:
     if TYPE_CHECKING:  # provided by the translator
 
         def _buffer(self, allocation: Allocation) -> int: ...
+        def _state_from_load_time(self, allocation: Allocation) -> None: ...
 
     def _prepare_write(self, allocation: Allocation, offset: int, size: int, stream: int) -> None:
         """Before an operation writes ``size`` bytes at ``offset``: a write covering the whole
@@ -67,6 +68,11 @@ class StateEvents:
         self._note_scoped(allocation)
         if allocation.region == self._region:
             return  # touched already, so its buffer is written too
+        if allocation.module_global is not None and allocation.pristine_in == self._region:
+            self._state_from_load_time(allocation)
+            if self.options.mode == CaptureMode.REGION:
+                self._touched.append(allocation)
+            return
         buffer = self._buffer(allocation)
         allocation.region = self._region
         allocation.before = 0

@@ -53,6 +53,7 @@ class _Instance:
     scope: str
     stream: int
     targets: list[Allocation]
+    region: int  # the instance's own region (state and checkpoint are per instance)
 
 
 @dataclass(slots=True)
@@ -148,7 +149,7 @@ class Translator(ModuleEvents, MemoryEvents, GraphEvents, StateEvents, RepeatEve
             while self._scopes:  # scopes the program left open
                 self.scope_end(self._scopes[-1][0])
             self._recording = False
-            self._restore_changed_pristine_globals()
+            self._restore_changed_pristine_globals(self._region, self._touched)
             self._checkpoint(self._touched, stream=None, name=self._region_name or "region")
             if self._region_name:
                 self.writer.scope_end(self._region_name)
@@ -273,10 +274,10 @@ class Translator(ModuleEvents, MemoryEvents, GraphEvents, StateEvents, RepeatEve
         if function is None:
             return
         relocations, targets = self._relocations(event.parameters, self._shape(event.kernel))
-        targets += [a for a in self._module_globals(event.kernel, event.stream) if a not in targets]
         scope = f"{name}#{seen - 1}"
         self.writer.scope_begin(scope)
         self._region += 1  # each instance uploads everything it reads
+        targets += [a for a in self._module_globals(event.kernel, event.stream) if a not in targets]
         for allocation in list(targets):
             self._touch(allocation, event.stream, name)
             for reached in self._reached(allocation) if allocation.pointees else ():
@@ -285,13 +286,14 @@ class Translator(ModuleEvents, MemoryEvents, GraphEvents, StateEvents, RepeatEve
                 self._touch(reached, event.stream, name)
         self._write_launch(event, function, relocations)
         stats.captured += 1
-        self._instances[threading.get_ident()] = _Instance(scope, event.stream, targets)
+        self._instances[threading.get_ident()] = _Instance(scope, event.stream, targets, self._region)
 
     def _on_launch_end(self, event: ev.LaunchEnd) -> None:
         instance = self._instances.pop(threading.get_ident(), None)
         if instance is None:
             return
         if event.result == 0:
+            self._restore_changed_pristine_globals(instance.region, instance.targets)
             self._checkpoint(instance.targets, stream=instance.stream, name=instance.scope)
         else:
             self.report.errors.append(f"{instance.scope}: the program's launch failed (CUresult {event.result})")

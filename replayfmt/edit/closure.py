@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from replayfmt.edit.shadow import graph_buffers, launch_buffers, merge
+from replayfmt.edit.shadow import globals_by_image, graph_buffers, image_of, launch_buffers, merge
 from replayfmt.errors import ReplayUsageError
 from replayfmt.format import model as m
 
@@ -97,22 +97,12 @@ def compute_closure(ops: Iterable[m.Operation], lookup: Callable[[int], m.Object
 
 
 def _module_globals(executables: set[int], lookup: Callable[[int], m.ObjectDef], object_count: int) -> list[int]:
-    """The buffers that are module globals (format 1.4) of the modules of ``executables``: a
-    module is an image, which the executables of its kernels share."""
-    images = set()
-    for eid in executables:
-        exe = lookup(eid)
-        if isinstance(exe, m.Executable):
-            images.add((exe.payload, exe.file))
-    found = []
-    for oid in range(1, object_count + 1) if images else ():
-        buf = lookup(oid)
-        if isinstance(buf, m.Buffer) and buf.module_global:
-            glob = lookup(buf.module_global)
-            exe = lookup(glob.executable) if isinstance(glob, m.Global) else None
-            if isinstance(exe, m.Executable) and (exe.payload, exe.file) in images:
-                found.append(oid)
-    return found
+    """The buffers that are module globals (format 1.4) of the images of ``executables``."""
+    if not executables:
+        return []
+    by_image = globals_by_image(range(1, object_count + 1), lookup)
+    images = {image_of(e, lookup) for e in executables}
+    return sorted({b for image in images if image is not None for b in by_image.get(image, ())})
 
 
 def _add_graph(c: Closure, graph_id: int, lookup: Callable[[int], m.ObjectDef]) -> None:

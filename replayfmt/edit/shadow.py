@@ -13,7 +13,8 @@ value and whether the capture defines it there:
   may have written it; its value is known again only once a checkpoint covers it.
 
 Launch and graph footprints are whole buffers: a relocation says where a pointer points, not how
-far the kernel reads or writes from it. Copies and memsets touch exactly their ranges.
+far the kernel reads or writes from it; and the module globals (format 1.4) of the images they
+launch, which kernels use without naming them. Copies and memsets touch exactly their ranges.
 """
 
 from __future__ import annotations
@@ -175,6 +176,48 @@ def launch_buffers(op: m.Launch) -> set[int]:
     return out
 
 
+Image = tuple[int, int]  # (payload, file): a module, which the executables of its kernels share
+
+
+def image_of(executable: int, lookup: Callable[[int], m.ObjectDef]) -> Image | None:
+    exe = lookup(executable)
+    return (exe.payload, exe.file) if isinstance(exe, m.Executable) else None
+
+
+def globals_by_image(buffers: Iterable[int], lookup: Callable[[int], m.ObjectDef]) -> dict[Image, set[int]]:
+    """The buffers among ``buffers`` that are module globals (format 1.4), by the image whose
+    kernels read (and may write) them without naming them."""
+    out: dict[Image, set[int]] = {}
+    for bid in buffers:
+        buf = lookup(bid)
+        if isinstance(buf, m.Buffer) and buf.module_global:
+            glob = lookup(buf.module_global)
+            image = image_of(glob.executable, lookup) if isinstance(glob, m.Global) else None
+            if image is not None:
+                out.setdefault(image, set()).add(bid)
+    return out
+
+
+def graph_executables(graph: m.Graph, lookup: Callable[[int], m.ObjectDef]) -> set[int]:
+    """Every executable a graph's kernel nodes (and its child graphs', recursively) launch."""
+    out: set[int] = set()
+    seen: set[int] = set()
+    stack = [graph]
+    while stack:
+        g = stack.pop()
+        if g.id in seen:
+            continue
+        seen.add(g.id)
+        for node in g.nodes:
+            if node.kind == m.GraphNodeKind.KERNEL:
+                out.add(node.executable)
+            if node.graph:
+                child = lookup(node.graph)
+                if isinstance(child, m.Graph):
+                    stack.append(child)
+    return out
+
+
 class Shadow:
     """The capture's knowledge of the tracked buffers' bytes (see the module docstring).
 
@@ -192,6 +235,7 @@ class Shadow:
         self._buffers = {b: _Buffer(size) for b, size in sizes.items()}
         self._read_payload = read_payload
         self._lookup = lookup
+        self._globals = globals_by_image(self._buffers, lookup)  # the tracked ones: launches write them unnamed
 
     @property
     def tracked(self) -> set[int]:
@@ -265,7 +309,7 @@ class Shadow:
         kind = op.kind
         if kind == _K.LAUNCH:
             name = kernel_name(op) if kernel_name else f"executable {op.executable}"  # type: ignore[arg-type]
-            for buffer in launch_buffers(op):  # type: ignore[arg-type]
+            for buffer in launch_buffers(op) | self._globals_of({op.executable}):  # type: ignore[arg-type,union-attr]
                 self.dirty(buffer, op.index, f"launch of {name}")
         elif kind == _K.MEMSET:
             self.memset(op)  # type: ignore[arg-type]
@@ -284,11 +328,19 @@ class Shadow:
         elif kind == _K.GRAPH_LAUNCH:
             graph = self._lookup(op.graph)  # type: ignore[union-attr]
             if isinstance(graph, m.Graph):
-                for buffer in graph_buffers(graph, self._lookup):
+                launched = self._globals_of(graph_executables(graph, self._lookup))
+                for buffer in graph_buffers(graph, self._lookup) | launched:
                     self.dirty(buffer, op.index, f"graph launch of graph {graph.id}")
         elif kind == _K.NONE:  # an operation this reader does not know: it may have written anything
             for buffer in self._buffers:
                 self.dirty(buffer, op.index, f"an unknown operation (code {getattr(op, 'code', '?')})")
+
+    def _globals_of(self, executables: set[int]) -> set[int]:
+        """The tracked module-global buffers of the images of ``executables``."""
+        if not self._globals:
+            return set()
+        images = {image_of(e, self._lookup) for e in executables}
+        return {b for image in images if image is not None for b in self._globals.get(image, ())}
 
     # -- what is known ------------------------------------------------------------------------------
 

@@ -80,7 +80,8 @@ class Replayer:
         )
         self._modules = Modules(devices, plan)
         self._phase("load_modules", self._modules.load)
-        self.addresses.update(self._modules.global_storage())  # (1.4) module globals live in the modules
+        # (1.4) module globals live in the modules
+        self.addresses.update(self._phase("find_module_globals", self._modules.global_storage))
         self._streams = Streams(devices)
         self._phase("create_streams_and_events", lambda: self._streams.create(plan))
         self._staging: Staging = self._phase(
