@@ -489,9 +489,9 @@ def test_extract_knows_a_launch_may_change_its_modules_globals(tmp_path, globals
         ev.Allocation(other, 256),
         module_globals(),
         launch(),
-        count(mem),
+        lambda: count(mem),  # as the launch returns, not when the list is made
         second,
-        count(mem),
+        lambda: count(mem),
     ]
     path, _ = record(tmp_path, events, mem)
     with replayfmt.open(path) as cap:
@@ -502,3 +502,38 @@ def test_extract_knows_a_launch_may_change_its_modules_globals(tmp_path, globals
     )
     with pytest.raises(DeviceUnavailableError, match=missing + r".*\(and 2 more\)"):  # base, scale and calls
         extract(path, Selection.operation(index), tmp_path / "second.kreplay")
+
+
+def test_a_whole_program_capture_gives_a_changed_pristine_global_its_state_in_the_files_region(tmp_path):
+    """Without --scope, each outermost scope of the program is a region of the file: the counter
+    found as loaded before the program's "step" scope, and counted there, gets its state before
+    that scope begins (state is hoisted to the start of its own region of the file: written at
+    the capture's end, it would set the counter back to zero after the step had counted)."""
+    path = tmp_path / "whole.kreplay"
+    mem = memory_with_globals(np.array([0.5, 1.5, 2.5, 3.5], np.float32))
+    with CaptureWriter(path) as writer:
+        t = Translator(writer, RecordOptions(), mem, host_files=HostFiles(tmp_path / "no-maps"))
+        t.start()
+        for event in [*loaded(compiled_cubin("module_globals.cu")), module_globals(), launch()]:
+            t.handle(event)
+        t.handle(count(mem))
+        t.scope_begin("step")
+        t.handle(launch())
+        t.handle(count(mem))
+        t.scope_end("step")
+        t.stop()
+    assert not t.report.errors
+    with replayfmt.open(path) as cap:
+        calls = next(o.id for o in cap.objects() if isinstance(o, m.Buffer) and o.address == CALLS)
+        ops = list(cap.iter_operations())
+        step = next(op.index for op in ops if op.kind == m.OperationKind.SCOPE_BEGIN and op.name == "step")
+        (state,) = [op for op in ops if isinstance(op, m.State) and op.buffer == calls]
+        assert state.index < step and cap.read_payload(state.payload) == bytes(4)
+        checkpoints = [
+            (op.name, struct.unpack("<I", cap.read_payload(e.payload))[0])
+            for op in ops
+            if isinstance(op, m.Checkpoint)
+            for e in op.entries
+            if e.buffer == calls
+        ]
+        assert checkpoints == [("region", 2)]

@@ -103,6 +103,7 @@ class ModuleEvents:
         def _tensor_map(self, kernel: ev.Kernel, offset: int, size: int) -> bool: ...
         def _unsupported(self, call: str, reason: str, stream: int) -> None: ...
         def _buffer(self, allocation: Allocation) -> int: ...
+        def _note_scoped(self, allocation: Allocation) -> None: ...
 
     def _on_module(self, event: ev.ModuleImage) -> None:
         self._modules[event.key] = Module(event)
@@ -153,11 +154,12 @@ class ModuleEvents:
         return [a for a in live if a.pristine_in != region]
 
     def _restore_changed_pristine_globals(self, region: int, touched: list[Allocation]) -> None:
-        """At the end of a region (or kernel instance): a global skipped as pristine that the
-        region's kernels changed (a counter) gets the load-time bytes it started from as state
-        (hoisted to the region's start, as all state is) and joins ``touched`` (checkpointed),
-        so that replays repeated in one process each start from those bytes, and what the
-        kernels left is checked."""
+        """At the end of a region of the file (the recorder's region, an outermost scope in a
+        whole-program capture, or a kernel instance): a global skipped as pristine that the
+        region's kernels changed (a counter) gets the load-time bytes it started from as state,
+        in that region (hoisted to its start, as all state is), and joins ``touched`` and the
+        open scopes (checkpointed), so that replays repeated in one process each start from
+        those bytes, and what the kernels left is checked."""
         skipped = [
             a
             for module in self._modules.values()
@@ -167,6 +169,7 @@ class ModuleEvents:
         for allocation, data in zip(skipped, self._global_bytes(skipped, None)):
             if data is not None and data != allocation.module_global.initial:
                 self._state_from_load_time(allocation)
+                self._note_scoped(allocation)
                 touched.append(allocation)
 
     def _state_from_load_time(self, allocation: Allocation) -> None:

@@ -160,6 +160,8 @@ class Translator(ModuleEvents, MemoryEvents, GraphEvents, StateEvents, RepeatEve
             if name in self.options.region_scopes:
                 self.start(name)
             elif self._recording:
+                if not self._scopes and not self._region_name:  # the file's region before it ends
+                    self._restore_changed_pristine_globals(self._region, self._touched)
                 self.writer.scope_begin(name)
                 self._scopes.append((name, {}))
 
@@ -169,6 +171,8 @@ class Translator(ModuleEvents, MemoryEvents, GraphEvents, StateEvents, RepeatEve
                 self.stop()
             elif self._recording:
                 if self._scopes and self._scopes[-1][0] == name:
+                    if len(self._scopes) == 1 and not self._region_name:  # an outermost scope: a region of the file
+                        self._restore_changed_pristine_globals(self._region, self._touched)
                     touched = self._scopes.pop()[1]
                     self._checkpoint(list(touched.values()), stream=None, name=name)
                 self.writer.scope_end(name)
