@@ -457,6 +457,7 @@ def test_a_modules_globals_are_read_in_one_copy_where_they_lie_together(tmp_path
     segment = 0x7E00_0000_0000  # one piece of module memory holding all four globals
     mem = FakeMemory()
     mem.device[segment] = bytearray(0x400)
+    mem.before_allocation[segment] = 0x400  # the driver's address range of the module's data
     variables = [("base", 0x100, 8), ("scale", 0x140, 16), ("calls", 0x200, 4), ("tag", 0x300, 1)]
     mem.device[segment][0x100:0x108] = struct.pack("<Q", 99)  # written by the host: not as loaded
     events = [

@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from replayfmt.capture.device_memory import DeviceMemory
     from replayfmt.capture.labels import KernelAnnotation
 
-_GLOBAL_RUN = 1 << 20  # module globals less than this far apart are read in one copy
 
 _LOADED_BEFORE = "the module of {} was loaded before recording started; start the recorder first (python -m replayfmt.capture, or replayfmt.capture.record(..., start=False) at the top of the program)"  # noqa: E501
 
@@ -180,25 +179,25 @@ class ModuleEvents:
         allocation.region, allocation.before = self._region, payload
 
     def _global_bytes(self, globals_: list[Allocation], stream: int | None) -> list[bytes | None]:
-        """The bytes of each global (None: unreadable), read in runs of neighbours: a module's
-        globals lie together, so hundreds cost a few copies."""
+        """The bytes of each global (None: unreadable). Those that lie in one piece of device
+        memory (a module's data, as the driver's address range says) are read in one copy from
+        the first to the end of the last, so hundreds cost a few copies; a copy never spans two
+        pieces (the bytes between might be no memory)."""
+        pieces: dict[tuple[int, int] | None, list[Allocation]] = {}
+        for allocation in globals_:
+            pieces.setdefault(self.memory.find_allocation(allocation.address), []).append(allocation)
         out: dict[int, bytes | None] = {}
-        ordered = sorted(globals_, key=lambda a: a.address)
-        start = 0
-        while start < len(ordered):
-            end = start + 1
-            while end < len(ordered) and ordered[end].address - ordered[start].address < _GLOBAL_RUN:
-                end += 1
-            run = ordered[start:end]
-            low, high = run[0].address, max(a.address + a.size for a in run)
-            data = self._read_or_none(low, high - low, stream) if len(run) > 1 else None
-            for a in run:  # where the run could not be read (a gap in it is no memory): one at a time
+        for piece, members in pieces.items():
+            low = min(a.address for a in members)
+            high = max(a.address + a.size for a in members)
+            whole = piece is not None and len(members) > 1 and piece[0] <= low and high <= piece[0] + piece[1]
+            data = self._read_or_none(low, high - low, stream) if whole else None
+            for a in members:  # one at a time where the piece could not be read whole
                 out[a.address] = (
                     data[a.address - low : a.address - low + a.size]
                     if data is not None
                     else self._read_or_none(a.address, a.size, stream)
                 )
-            start = end
         return [out[a.address] for a in globals_]
 
     def _read_or_none(self, address: int, size: int, stream: int | None) -> bytes | None:
