@@ -98,6 +98,8 @@ class GlobalsDriver:
     def cuKernelGetParamInfo(self, handle, index):
         return (0, *GATHER[index]) if index < len(GATHER) else (1, 0, 0)
 
+    cuFuncGetParamInfo = cuKernelGetParamInfo
+
     def cuLibraryGetModule(self, library):
         return 1, 0
 
@@ -127,8 +129,8 @@ def test_the_source_finds_a_lazily_loaded_modules_globals_once_before_its_first_
     assert len(seen) == 2
     code.looked_up(("module", 0x5000), "base")  # the host asks (cudaMemcpyToSymbol): told again, bytes unknown
     assert seen[-1] == ev.ModuleGlobals(key, (ev.GlobalVariable("base", BASE, 8, None),))
-    code.resource(RESOURCE_MODULE_UNLOAD_STARTING, 9, None)  # the driver unloads it: the sink is told
-    assert seen[-1] == ev.ModuleUnload(key)
+    code.resource(RESOURCE_MODULE_UNLOAD_STARTING, 9, None)  # inside the driver's unload: told later
+    assert len(seen) == 3 and code.take_unloads() == [key] and seen[-1] == ev.ModuleUnload(key)
     code.looked_up(("module", 0x5000), "base")  # unloaded: no module to name
     assert len(seen) == 4
 
@@ -399,6 +401,27 @@ def counter_history(tmp_path: Path, script, options: RecordOptions = RecordOptio
     return history
 
 
+def counter_checkpoints(tmp_path: Path, script) -> list[tuple[str, int]]:
+    """(checkpoint name, value) of each checkpoint of the kernel's counter, after ``script``."""
+    path = tmp_path / "scoped.kreplay"
+    mem = memory_with_globals(np.array([0.5, 1.5, 2.5, 3.5], np.float32))
+    with CaptureWriter(path) as writer:
+        t = Translator(writer, RecordOptions(), mem, host_files=HostFiles(tmp_path / "no-maps"))
+        for event in [*loaded(compiled_cubin("module_globals.cu")), module_globals()]:
+            t.handle(event)
+        script(t, mem)
+    assert not t.report.errors
+    with replayfmt.open(path) as cap:
+        calls = {o.id for o in cap.objects() if isinstance(o, m.Buffer) and o.address == CALLS}
+        return [
+            (op.name, struct.unpack("<I", cap.read_payload(e.payload))[0])
+            for op in cap.iter_operations()
+            if isinstance(op, m.Checkpoint)
+            for e in op.entries
+            if e.buffer in calls
+        ]
+
+
 def count(mem: FakeMemory) -> ev.LaunchEnd:
     """What the kernel does to its counter (atomicAdd), as the launch returns."""
     mem.device[CALLS][:] = struct.pack("<I", struct.unpack("<I", mem.device[CALLS])[0] + 1)
@@ -457,7 +480,6 @@ def test_a_modules_globals_are_read_in_one_copy_where_they_lie_together(tmp_path
     segment = 0x7E00_0000_0000  # one piece of module memory holding all four globals
     mem = FakeMemory()
     mem.device[segment] = bytearray(0x400)
-    mem.before_allocation[segment] = 0x400  # the driver's address range of the module's data
     variables = [("base", 0x100, 8), ("scale", 0x140, 16), ("calls", 0x200, 4), ("tag", 0x300, 1)]
     mem.device[segment][0x100:0x108] = struct.pack("<Q", 99)  # written by the host: not as loaded
     events = [
@@ -537,4 +559,47 @@ def test_a_whole_program_capture_gives_a_changed_pristine_global_its_state_in_th
             for e in op.entries
             if e.buffer == calls
         ]
-        assert checkpoints == [("region", 2)]
+        assert checkpoints == [("step", 2), ("region", 2)]  # recorded like any global once it had state
+
+
+def test_a_cubin_the_program_loads_names_its_own_globals(globals_cubin):
+    """cuModuleLoadData with a cubin (CuPy's, Triton's): its globals come from the image the
+    program passed, with no cubin of the resource domain to search."""
+    seen: list[ev.Event] = []
+    code = LoadedCode(GlobalsDriver([]), seen.append)
+    key = ("module", 0x5000)
+    code.loaded(ev.ModuleImage(key, globals_cubin, None, "cuModuleLoadData"))
+    assert code.module_of(0xF0F0, "gather")[0] == key  # a CUfunction of that module
+    image, found = seen
+    assert image.key == found.key == key and [v.symbol for v in found.variables] == ["base", "scale", "calls"]
+
+
+def test_a_module_loaded_where_an_unloaded_one_kept_a_global_gets_its_own(tmp_path, globals_cubin):
+    """Two modules define ``base`` at the same address (the first one's storage was reused):
+    the second module's global is its own allocation, not the first one's."""
+    other = ("module", 0x9999)
+    mem = memory_with_globals(np.zeros(4, np.float32))
+    events = [
+        *loaded(globals_cubin),
+        ev.ModuleImage(other, globals_cubin, None, "cuModuleLoadData"),
+        ev.ModuleGlobals(MODULE, (ev.GlobalVariable("base", BASE, 8, bytes(8)),)),
+        ev.ModuleGlobals(other, (ev.GlobalVariable("base", BASE, 8, bytes(8)),)),
+    ]
+    _, t = record(tmp_path, events, mem)
+    (mine,) = t._modules[other].globals
+    assert mine.module_global.module == other and t.allocations.find(BASE) is mine
+
+
+def test_an_inner_scope_checkpoints_a_pristine_global_its_kernels_changed(tmp_path):
+    def script(t, mem):
+        t.start()
+        t.scope_begin("outer")
+        t.scope_begin("inner")
+        t.handle(launch())
+        t.handle(count(mem))
+        t.scope_end("inner")
+        t.scope_end("outer")
+        t.stop()
+
+    checkpoints = counter_checkpoints(tmp_path, script)
+    assert checkpoints == [("inner", 1), ("outer", 1), ("region", 1)]

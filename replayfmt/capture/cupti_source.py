@@ -180,6 +180,8 @@ class CuptiSource(GraphCalls):
                     withdraws = cbid not in self._keeps_armed
                     if self.ring is not None and (withdraws or self.ring.pending()):
                         self._take_ring(disarm=withdraws)
+                    if self._code.unloads:
+                        self._forget_unloaded()
                     entry[0](self, site, params, result, entry[1], symbol)
             finally:
                 guard.busy = False
@@ -196,6 +198,17 @@ class CuptiSource(GraphCalls):
         or scope starts or ends, and before the recorder closes."""
         with self._lock:
             self._take_ring(disarm=True)
+            self._forget_unloaded()
+
+    def _forget_unloaded(self) -> None:
+        """The lazily loaded modules the driver unloaded: the sink hears of them, and their
+        kernels are forgotten (a handle may come back as another module's)."""
+        for key in self._code.take_unloads():
+            self._forget_kernels_of(key)
+
+    def _forget_kernels_of(self, key: tuple[str, int]) -> None:
+        for f in [f for f, k in self._kernels.items() if k.kernel.module == key]:
+            del self._kernels[f]
 
     def _take_ring(self, *, disarm: bool) -> None:
         repeats = self.ring.take(disarm=disarm) if self.ring is not None else None
@@ -432,8 +445,7 @@ def _module_unload_decoder(kind: str) -> Decoder:
             key = (kind, u64(p))
             self._sink(ev.ModuleUnload(key))
             self._code.unloaded(key)
-            for f in [f for f, k in self._kernels.items() if k.kernel.module == key]:
-                del self._kernels[f]
+            self._forget_kernels_of(key)
 
     return decode
 

@@ -40,6 +40,9 @@ class LoadedCode:
         self._globals_sent: set[ModuleKey] = set()  # modules whose globals the sink has
         self._image_variables: dict[ModuleKey, list[Variable]] = {}  # of cubins the program loaded itself
         self._module_keys: dict[int, ModuleKey] = {}  # CUmodule handle -> the key its kernels resolved to
+        # lazily loaded modules the driver unloaded: the resource callback runs inside the
+        # driver's unload, without the source's lock, so the sink hears of them later
+        self.unloads: list[ModuleKey] = []
 
     def resource(self, cbid: int, module_id: int, image: Callable[[], bytes] | None) -> None:
         """A resource-domain module event: ``image`` reads the cubin of one just loaded."""
@@ -54,10 +57,9 @@ class LoadedCode:
         elif cbid == RESOURCE_MODULE_UNLOAD_STARTING:
             self._lazy_images.pop(module_id, None)
             self._variables.pop(module_id, None)
-            if module_id in self._lazy_sent:  # the sink had it: its globals' storage goes with it
+            if module_id in self._lazy_sent:  # the sink had it: told at the next driver call (take_unloads)
                 self._lazy_sent.discard(module_id)
-                self._sink(ev.ModuleUnload(("loaded", module_id)))
-                self.unloaded(("loaded", module_id))
+                self.unloads.append(("loaded", module_id))
 
     def loaded(self, image: ev.ModuleImage) -> None:
         """The program loaded an image (or a lazy one is first needed): the sink gets it."""
@@ -72,6 +74,15 @@ class LoadedCode:
             if variables:
                 self._image_variables[image.key] = variables
         self._sink(image)
+
+    def take_unloads(self) -> list[ModuleKey]:
+        """Tell the sink of the lazily loaded modules unloaded since the last call (under the
+        source's lock); their keys."""
+        keys, self.unloads = self.unloads, []
+        for key in keys:
+            self._sink(ev.ModuleUnload(key))
+            self.unloaded(key)
+        return keys
 
     def unloaded(self, key: ModuleKey) -> None:
         self._loaded.discard(key)

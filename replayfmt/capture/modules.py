@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from replayfmt.capture.device_memory import DeviceMemory
     from replayfmt.capture.labels import KernelAnnotation
 
+_PAGE = 4096  # the smallest page of device memory: globals closer than this are read together
+
 
 _LOADED_BEFORE = "the module of {} was loaded before recording started; start the recorder first (python -m replayfmt.capture, or replayfmt.capture.record(..., start=False) at the top of the program)"  # noqa: E501
 
@@ -38,6 +40,7 @@ class Module:
     arch: str = ""
     executables: dict[str, int] = field(default_factory=dict)  # function name -> executable id
     globals: list[Allocation] = field(default_factory=list)  # its globals' storage, once a kernel of it ran
+    ran: bool = False  # a kernel of it ran since its skipped globals were last looked at
 
     @property
     def stored(self) -> bool:
@@ -145,6 +148,7 @@ class ModuleEvents:
         if module is None or not module.globals:
             return []
         region = self._region
+        module.ran = True
         live = [a for a in module.globals if self.allocations.is_live(a) and a.pristine_in != region]
         unread = [a for a in live if not a.buffer and a.region != region and a.module_global.initial is not None]
         for allocation, data in zip(unread, self._global_bytes(unread, stream)):
@@ -153,51 +157,55 @@ class ModuleEvents:
         return [a for a in live if a.pristine_in != region]
 
     def _restore_changed_pristine_globals(self, region: int, touched: list[Allocation]) -> None:
-        """At the end of a region of the file (the recorder's region, an outermost scope in a
-        whole-program capture, or a kernel instance): a global skipped as pristine that the
-        region's kernels changed (a counter) gets the load-time bytes it started from as state,
-        in that region (hoisted to its start, as all state is), and joins ``touched`` and the
-        open scopes (checkpointed), so that replays repeated in one process each start from
-        those bytes, and what the kernels left is checked."""
-        skipped = [
-            a
-            for module in self._modules.values()
-            for a in module.globals
-            if a.pristine_in == region and a.region != region and self.allocations.is_live(a)
-        ]
+        """At the end of a scope, and of a region of the file (the recorder's region, an
+        outermost scope or the stretch before one in a whole-program capture, a kernel
+        instance): a global skipped as pristine that kernels changed since (a counter) gets the
+        load-time bytes it started from as state, in that region of the file (hoisted to its
+        start, as all state is), and joins ``touched`` and the open scopes (checkpointed), so
+        that replays repeated in one process each start from those bytes and what the kernels
+        left is checked. Only modules whose kernels ran since the last look are read."""
+        skipped = []
+        for module in self._modules.values():
+            if module.ran:
+                module.ran = False
+                skipped += [a for a in module.globals if a.pristine_in == region and self.allocations.is_live(a)]
         for allocation, data in zip(skipped, self._global_bytes(skipped, None)):
             if data is not None and data != allocation.module_global.initial:
-                self._state_from_load_time(allocation)
+                self._state_from_load_time(allocation, region)
                 self._note_scoped(allocation)
                 touched.append(allocation)
 
-    def _state_from_load_time(self, allocation: Allocation) -> None:
-        """A global skipped as pristine in this region, touched now: the region's kernels may
-        have changed it since, but it started from its load-time bytes, which become its state."""
+    def _state_from_load_time(self, allocation: Allocation, region: int) -> None:
+        """A global skipped as pristine in ``region``, touched now: kernels may have changed it
+        since, but it started from its load-time bytes, which become its state. From now on it
+        is recorded like any global (touched at its module's launches, checkpointed)."""
         payload = self.writer.add_payload(allocation.module_global.initial)
         self.writer.state(buffer=self._buffer(allocation), payload=payload, size=allocation.size)
-        allocation.region, allocation.before = self._region, payload
+        allocation.region, allocation.before, allocation.pristine_in = region, payload, -1
 
     def _global_bytes(self, globals_: list[Allocation], stream: int | None) -> list[bytes | None]:
-        """The bytes of each global (None: unreadable). Those that lie in one piece of device
-        memory (a module's data, as the driver's address range says) are read in one copy from
-        the first to the end of the last, so hundreds cost a few copies; a copy never spans two
-        pieces (the bytes between might be no memory)."""
-        pieces: dict[tuple[int, int] | None, list[Allocation]] = {}
-        for allocation in globals_:
-            pieces.setdefault(self.memory.find_allocation(allocation.address), []).append(allocation)
+        """The bytes of each global (None: unreadable). Globals less than a page apart are read
+        in one copy from the first to the end of the last (a module's lie together, so hundreds
+        cost a few copies): every byte between them then lies in a page that holds a global, so
+        the copy reads only mapped memory. (The driver's address range of a global is the
+        global alone: it cannot say where a module's data begins and ends.)"""
         out: dict[int, bytes | None] = {}
-        for piece, members in pieces.items():
-            low = min(a.address for a in members)
-            high = max(a.address + a.size for a in members)
-            whole = piece is not None and len(members) > 1 and piece[0] <= low and high <= piece[0] + piece[1]
-            data = self._read_or_none(low, high - low, stream) if whole else None
-            for a in members:  # one at a time where the piece could not be read whole
+        ordered = sorted(globals_, key=lambda a: a.address)
+        start = 0
+        while start < len(ordered):
+            end, high = start + 1, ordered[start].address + ordered[start].size
+            while end < len(ordered) and ordered[end].address - high < _PAGE:
+                high = max(high, ordered[end].address + ordered[end].size)
+                end += 1
+            run, low = ordered[start:end], ordered[start].address
+            data = self._read_or_none(low, high - low, stream) if len(run) > 1 else None
+            for a in run:  # one at a time where the run could not be read whole
                 out[a.address] = (
                     data[a.address - low : a.address - low + a.size]
                     if data is not None
                     else self._read_or_none(a.address, a.size, stream)
                 )
+            start = end
         return [out[a.address] for a in globals_]
 
     def _read_or_none(self, address: int, size: int, stream: int | None) -> bytes | None:

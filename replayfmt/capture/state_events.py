@@ -47,7 +47,7 @@ class StateEvents:
     if TYPE_CHECKING:  # provided by the translator
 
         def _buffer(self, allocation: Allocation) -> int: ...
-        def _state_from_load_time(self, allocation: Allocation) -> None: ...
+        def _state_from_load_time(self, allocation: Allocation, region: int) -> None: ...
 
     def _prepare_write(self, allocation: Allocation, offset: int, size: int, stream: int) -> None:
         """Before an operation writes ``size`` bytes at ``offset``: a write covering the whole
@@ -69,7 +69,7 @@ class StateEvents:
         if allocation.region == self._region:
             return  # touched already, so its buffer is written too
         if allocation.module_global is not None and allocation.pristine_in == self._region:
-            self._state_from_load_time(allocation)
+            self._state_from_load_time(allocation, self._region)
             if self.options.mode == CaptureMode.REGION:
                 self._touched.append(allocation)
             return

@@ -170,9 +170,8 @@ class Translator(ModuleEvents, MemoryEvents, GraphEvents, StateEvents, RepeatEve
             if self._recording and name == self._region_name and name in self.options.region_scopes:
                 self.stop()
             elif self._recording:
-                if self._scopes and self._scopes[-1][0] == name:
-                    if len(self._scopes) == 1 and not self._region_name:  # an outermost scope: a region of the file
-                        self._restore_changed_pristine_globals(self._region, self._touched)
+                if self._scopes and self._scopes[-1][0] == name:  # (state: inside its region of the file)
+                    self._restore_changed_pristine_globals(self._region, self._touched)
                     touched = self._scopes.pop()[1]
                     self._checkpoint(list(touched.values()), stream=None, name=name)
                 self.writer.scope_end(name)
