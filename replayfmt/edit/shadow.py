@@ -145,9 +145,8 @@ def runs(mask: np.ndarray, base: int = 0) -> list[tuple[int, int]]:
     return [(base + int(a), base + int(b)) for a, b in zip(edges[::2], edges[1::2])]
 
 
-def graph_buffers(graph: m.Graph, lookup: Callable[[int], m.ObjectDef]) -> set[int]:
-    """Every buffer a graph's nodes (and its child graphs', recursively) name."""
-    out: set[int] = set()
+def graph_nodes(graph: m.Graph, lookup: Callable[[int], m.ObjectDef]) -> Iterator[m.GraphNode]:
+    """Every node of a graph and of its child graphs, recursively (each graph once)."""
     seen: set[int] = set()
     stack = [graph]
     while stack:
@@ -156,15 +155,22 @@ def graph_buffers(graph: m.Graph, lookup: Callable[[int], m.ObjectDef]) -> set[i
             continue
         seen.add(g.id)
         for node in g.nodes:
-            for r in node.relocations:
-                out.add(r.target_buffer)
-                if r.site_buffer:
-                    out.add(r.site_buffer)
-            out.update(b for b in (node.src_buffer, node.dst_buffer) if b)
+            yield node
             if node.graph:
                 child = lookup(node.graph)
                 if isinstance(child, m.Graph):
                     stack.append(child)
+
+
+def graph_buffers(graph: m.Graph, lookup: Callable[[int], m.ObjectDef]) -> set[int]:
+    """Every buffer a graph's nodes (and its child graphs', recursively) name."""
+    out: set[int] = set()
+    for node in graph_nodes(graph, lookup):
+        for r in node.relocations:
+            out.add(r.target_buffer)
+            if r.site_buffer:
+                out.add(r.site_buffer)
+        out.update(b for b in (node.src_buffer, node.dst_buffer) if b)
     out.discard(0)
     return out
 
@@ -200,22 +206,7 @@ def globals_by_image(buffers: Iterable[int], lookup: Callable[[int], m.ObjectDef
 
 def graph_executables(graph: m.Graph, lookup: Callable[[int], m.ObjectDef]) -> set[int]:
     """Every executable a graph's kernel nodes (and its child graphs', recursively) launch."""
-    out: set[int] = set()
-    seen: set[int] = set()
-    stack = [graph]
-    while stack:
-        g = stack.pop()
-        if g.id in seen:
-            continue
-        seen.add(g.id)
-        for node in g.nodes:
-            if node.kind == m.GraphNodeKind.KERNEL:
-                out.add(node.executable)
-            if node.graph:
-                child = lookup(node.graph)
-                if isinstance(child, m.Graph):
-                    stack.append(child)
-    return out
+    return {node.executable for node in graph_nodes(graph, lookup) if node.kind == m.GraphNodeKind.KERNEL}
 
 
 class Shadow:
