@@ -5,6 +5,11 @@ an executable sharing that payload.
 Images are always stored, whatever the file policy: a module loaded from a file (Triton's and
 Inductor's cubins in their compile caches) is small, and a capture that references it stops
 replaying as soon as the cache moves. File references are for large data files (mapped weights).
+
+A module's globals (format 1.4, :class:`ModuleEvents`) are allocations of their own once the
+CUPTI source says where they live (:mod:`loaded_code`): restored with their stored pointers when
+a region starts from bytes a fresh load would not give them, skipped (one read) when it would
+not, and given their load-time bytes as state if the region's kernels change them after all.
 """
 
 from __future__ import annotations
