@@ -35,10 +35,10 @@ class LoadedCode:
         self._library_modules: dict[ModuleKey, int] = {}  # library key -> its module handle
         self._lazy_images: dict[int, bytes] = {}  # CUPTI module id -> cubin, loaded with no call of its own
         self._lazy_sent: set[int] = set()
-        # CUPTI module id -> the globals its cubin defines, for the few cubins that define any
-        self._variables: dict[int, list[Variable]] = {}
+        # the globals of the few cubins that define any: those the driver reported, by
+        # ("loaded", CUPTI module id), and those the program loaded itself, by their key
+        self._variables: dict[ModuleKey, list[Variable]] = {}
         self._globals_sent: set[ModuleKey] = set()  # modules whose globals the sink has
-        self._image_variables: dict[ModuleKey, list[Variable]] = {}  # of cubins the program loaded itself
         self._module_keys: dict[int, ModuleKey] = {}  # CUmodule handle -> the key its kernels resolved to
         # lazily loaded modules the driver unloaded: the resource callback runs inside the
         # driver's unload, without the source's lock, so the sink hears of them later
@@ -48,15 +48,10 @@ class LoadedCode:
         """A resource-domain module event: ``image`` reads the cubin of one just loaded."""
         if cbid == RESOURCE_MODULE_LOADED and image is not None:
             cubin = self._lazy_images[module_id] = image()
-            try:
-                variables = module_variables(cubin)
-            except CubinError:  # not an ELF image: it defines no globals the recorder can name
-                variables = []
-            if variables:
-                self._variables[module_id] = variables
+            self._note_variables(("loaded", module_id), cubin)
         elif cbid == RESOURCE_MODULE_UNLOAD_STARTING:
             self._lazy_images.pop(module_id, None)
-            self._variables.pop(module_id, None)
+            self._variables.pop(("loaded", module_id), None)
             if module_id in self._lazy_sent:  # the sink had it: told at the next driver call (take_unloads)
                 self._lazy_sent.discard(module_id)
                 self.unloads.append(("loaded", module_id))
@@ -65,15 +60,20 @@ class LoadedCode:
         """The program loaded an image (or a lazy one is first needed): the sink gets it."""
         self._loaded.add(image.key)
         self._library_modules.pop(image.key, None)
-        self._image_variables.pop(image.key, None)
-        if image.data is not None and image.key[0] != "loaded":
-            try:  # a cubin names its own globals (a fatbin's or PTX's come from the driver's cubin)
-                variables = module_variables(image.data)
-            except CubinError:
-                variables = []
-            if variables:
-                self._image_variables[image.key] = variables
+        if image.key[0] != "loaded":  # (a lazy one's globals were noted as the driver reported it)
+            self._variables.pop(image.key, None)
+            if image.data is not None:  # a cubin names its own (a fatbin's or PTX's: the driver's cubin)
+                self._note_variables(image.key, image.data)
         self._sink(image)
+
+    def _note_variables(self, key: ModuleKey, image: bytes) -> None:
+        """Keep the globals ``image`` defines, if it is a cubin that defines any."""
+        try:
+            variables = module_variables(image)
+        except CubinError:  # not an ELF image: it defines no globals the recorder can name
+            return
+        if variables:
+            self._variables[key] = variables
 
     def take_unloads(self) -> list[ModuleKey]:
         """Tell the sink of the lazily loaded modules unloaded since the last call (under the
@@ -87,7 +87,7 @@ class LoadedCode:
     def unloaded(self, key: ModuleKey) -> None:
         self._loaded.discard(key)
         self._globals_sent.discard(key)
-        self._image_variables.pop(key, None)
+        self._variables.pop(key, None)
         for handle in [h for h, k in self._module_keys.items() if k == key]:
             del self._module_keys[handle]
 
@@ -115,7 +115,7 @@ class LoadedCode:
             key = self._lazily_loaded(name)
         if key is not None and module is not None:
             self._module_keys[int(module)] = key
-            if key not in self._globals_sent and (self._variables or key in self._image_variables):
+            if key not in self._globals_sent and self._variables:
                 self._send_globals(key, name, module)
         return key, info
 
@@ -138,17 +138,18 @@ class LoadedCode:
         """Tell the sink, once per module, where the globals of the module defining ``name``
         live (the driver's cubin of it, as the resource domain reported it, names them)."""
         self._globals_sent.add(key)
-        if key[0] == "loaded":
-            variables = self._variables.get(key[1], [])
-        elif key in self._image_variables:
-            variables = self._image_variables[key]
-        else:  # the driver's cubin of a fatbin or of PTX: the latest one reported that defines the kernel
-            symbol = b"\0" + name.encode() + b"\0"
-            found = (v for mid, v in reversed(self._variables.items()) if symbol in self._lazy_images.get(mid, b""))
-            variables = next(found, [])
+        variables = self._variables.get(key)
+        if variables is None and key[0] != "loaded":  # the driver's cubin of a fatbin or of PTX: the
+            symbol = b"\0" + name.encode() + b"\0"  # latest one reported that defines the kernel
+            found = (
+                v
+                for k, v in reversed(self._variables.items())
+                if k[0] == "loaded" and symbol in self._lazy_images[k[1]]
+            )
+            variables = next(found, None)
         cu = self.cu
         storage = []
-        for variable in variables:
+        for variable in variables or ():
             err, address, size = cu.cuModuleGetGlobal(module, variable.name.encode())
             if err == cu.CUresult.CUDA_SUCCESS and int(address) and size:
                 initial = variable.initial if variable.size == size else None

@@ -46,6 +46,10 @@ class Module:
     executables: dict[str, int] = field(default_factory=dict)  # function name -> executable id
     globals: list[Allocation] = field(default_factory=list)  # its globals' storage, once a kernel of it ran
     ran: bool = False  # a kernel of it ran since its skipped globals were last looked at
+    # the globals its launches touch, as worked out in (region, allocation epoch); a launch is
+    # a hot path, and a library's module has hundreds of globals
+    needed: tuple[Allocation, ...] = ()
+    needed_at: tuple[int, int] = (-1, -1)
 
     @property
     def stored(self) -> bool:
@@ -142,8 +146,9 @@ class ModuleEvents:
             allocation.call = f"module global {variable.symbol}"
             allocation.module_global = ModuleGlobal(event.key, variable.symbol, variable.initial)
             module.globals.append(allocation)
+        module.needed_at = (-1, -1)
 
-    def _module_globals(self, kernel: ev.Kernel, stream: int | None) -> list[Allocation]:
+    def _module_globals(self, kernel: ev.Kernel, stream: int | None) -> tuple[Allocation, ...]:
         """The live globals of the kernel's module that a replay must restore (it may read any
         of them): all but those that hold, when this region first runs a kernel of the module,
         what a fresh load of the module gives them, while nothing is recorded of them yet.
@@ -151,15 +156,19 @@ class ModuleEvents:
         one-byte tags): those cost one read, not a buffer, a state and a checkpoint each."""
         module = self._modules.get(kernel.module) if kernel.module is not None else None
         if module is None or not module.globals:
-            return []
+            return ()
         region = self._region
         module.ran = True
+        if module.needed_at == (region, self.allocations.epoch):
+            return module.needed
         live = [a for a in module.globals if self.allocations.is_live(a) and a.pristine_in != region]
         unread = [a for a in live if not a.buffer and a.region != region and a.module_global.initial is not None]
         for allocation, data in zip(unread, self._global_bytes(unread, stream)):
             if data == allocation.module_global.initial:
                 allocation.pristine_in = region
-        return [a for a in live if a.pristine_in != region]
+        module.needed = tuple(a for a in live if a.pristine_in != region)
+        module.needed_at = (region, self.allocations.epoch)
+        return module.needed
 
     def _restore_changed_pristine_globals(self, region: int, touched: list[Allocation]) -> None:
         """At the end of a scope, and of a region of the file (the recorder's region, an
@@ -187,6 +196,7 @@ class ModuleEvents:
         payload = self.writer.add_payload(allocation.module_global.initial)
         self.writer.state(buffer=self._buffer(allocation), payload=payload, size=allocation.size)
         allocation.region, allocation.before, allocation.pristine_in = region, payload, -1
+        self._modules[allocation.module_global.module].needed_at = (-1, -1)  # its launches touch it now
 
     def _global_bytes(self, globals_: list[Allocation], stream: int | None) -> list[bytes | None]:
         """The bytes of each global (None: unreadable). Globals less than a page apart are read
