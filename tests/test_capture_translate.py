@@ -329,6 +329,47 @@ def test_integer_pairs_inside_structs_are_not_pointers(tmp_path, cubin):
         assert found == [(8, 0x400), (32, pair - arena), (40, 0)]
 
 
+def test_struct_words_that_may_be_data_are_pointers_where_the_capture_reaches(tmp_path, cubin):
+    """At 0x7fxx addresses a struct word with a small low half is a tensor's address within 64 KiB
+    of a 4 GiB boundary (PyTorch's foreach kernels, on segments just below one) or an int32 field
+    beside the stale high half of an old pointer (TensorListMetadata's last field and padding);
+    one not 8-byte aligned is a view's address or a float beside such a half (dropout's scale):
+    each is relocated into an allocation this launch reaches otherwise or the capture already
+    holds, and left as captured into one nothing else reaches."""
+    mem = FakeMemory()
+    segment, size = 0x7FD1_FFE0_0000, 4 << 20  # across 0x7fd2_0000_0000
+    unused = 0x7F27_FFE0_0000  # across 0x7f28_0000_0000, reached by no pointer of its own
+    mem.device[segment], mem.device[unused] = bytearray(size), bytearray(size)
+    below, past = 0x7FD1_FFFF_0E00, 0x7FD2_0000_0200  # low halves: -61952 and 512
+    stale = 0x7F28_0000_0001  # (1, 0x7f28)
+    scale = 0x7F27_FFE0_0000 + 0x1234  # (a float's bits, 0x7f27), inside the unused allocation
+    view = segment + 0x2004  # 4-byte aligned: a float view
+    kernel = ev.Kernel(5, "gemm", MODULE, ((0, 48),))
+    first = struct.pack("<6Q", stale, below, segment + 0x1000, past, scale, view)
+    reaches_unused = struct.pack("<6Q", unused + 0x100, 0, 0, 0, 0, 0)
+    path, _ = record(
+        tmp_path,
+        [
+            ev.ModuleImage(MODULE, cubin, None),
+            ev.Allocation(segment, size),
+            ev.Allocation(unused, size),
+            ev.LaunchBegin(kernel, (1, 1, 1), (1, 1, 1), 0, 0, first),
+            ev.LaunchBegin(kernel, (1, 1, 1), (1, 1, 1), 0, 0, reaches_unused),
+            ev.LaunchBegin(kernel, (1, 1, 1), (1, 1, 1), 0, 0, first),
+        ],
+        mem,
+    )
+    with replayfmt.open(path) as cap:
+        launches = [op for op in cap.iter_operations() if op.kind == m.OperationKind.LAUNCH]
+        buffers = {o.id: o.address for o in cap.objects() if isinstance(o, m.Buffer)}
+        found = [
+            [(r.site_offset, buffers[r.target_buffer] + r.target_offset) for r in op.relocations] for op in launches
+        ]
+    assert found[0] == [(8, below), (16, segment + 0x1000), (24, past), (40, view)]  # stale and scale stay
+    assert found[1] == [(0, unused + 0x100)]
+    assert found[2] == [(0, stale), (8, below), (16, segment + 0x1000), (24, past), (32, scale), (40, view)]
+
+
 def one_launch(tmp_path, cubin, base: int, size: int, kernel: ev.Kernel, params: bytes, held: int = 64):
     """The relocations the recorder writes for one launch of ``kernel`` on an allocation of
     ``size`` bytes at ``base`` (the fake holds its first ``held`` bytes)."""

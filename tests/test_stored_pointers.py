@@ -99,6 +99,19 @@ def test_words_inside_tensors_typed_as_data_are_never_pointers():
     assert [(site, offset) for site, offset, _ in resolve(words, allocations, holder).relocations] == [(72, 16)]
 
 
+def test_a_word_of_a_64_bit_integer_tensor_is_one_integer_never_two():
+    """A pointer table torch typed as int64 holds a pointer whose low half is small: one integer,
+    so a pointer; the same word in untyped bytes stays ambiguous."""
+    base = 0x7F01_0000_0000
+    allocations = table((A, 4096), (base, 1 << 20))
+    holder = allocations.find(A)
+    holder.labels.append(TensorLabel(A, 64, m.DType.INT64, name="pointer table"))
+    words = Words(np.array([8, 64], dtype=np.int64), np.array([base + 64, base + 64], dtype=np.uint64))
+    resolved = resolve(words, allocations, holder)
+    assert [(site, offset) for site, offset, _ in resolved.relocations] == [(8, 64)]
+    assert resolved.ambiguous == 1 and resolved.example[0] == 64
+
+
 def test_data_that_looks_like_addresses_costs_no_python_per_word():
     """An int32 tensor of small values inside a 60 GB arena: every word is (integer, small integer)."""
     allocations = table((ARENA, 60 << 30))

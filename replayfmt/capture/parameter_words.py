@@ -1,39 +1,80 @@
 """Which 8-byte words of a kernel's parameter block can be pointers.
 
 Kernels take structs by value (cuBLAS's and CUTLASS's parameter structs hold pointers among
-integer fields), so every aligned word that points into a device allocation is a relocation
-candidate. Inside a struct, a word whose low half is a small signed 32-bit integer is taken for
-two integer fields: an allocation that spans a 4 GiB boundary (XLA's arena of tens of GB spans
-many, from 0x3_0000_0000 up) holds the address of every pair (small int, boundary >> 32), and
-relocating such a pair corrupts the struct. Nor is a word into such an arena (4 GiB or more)
-that is not 8-byte aligned: cuDNN's sm_90 convolution kernels take a 2.9 KB struct holding 64-bit
-division magic numbers (0x4_9249_2493, 0x3_E38E_38E4) and TMA descriptor fields (0x4_0005_63c3)
-that fall inside a 38 GB arena, and relocating them made the replay fault (an illegal
-instruction, seen on the H100 in a flax step); the tensors a struct points at in an arena are
-aligned (XLA aligns its buffers). 16 bytes was too strict: a JAX optax step's replay computed
-wrong values with it, and verified with 8. The price: a pointer inside a struct to within 64 KiB
-of a 4 GiB boundary, or to 2 GiB past one, or into an arena and not 8-byte aligned, stays as
-captured unless it is an allocation's start (a pointer-sized parameter is always relocated).
+integer fields; PyTorch's foreach kernels take a TensorListMetadata of up to 110 tensor
+addresses), so every aligned word that points into a device allocation is a relocation
+candidate. Three kinds of word inside a struct are not taken at face value:
+
+- **Two integers.** A word whose low half is a small signed 32-bit integer (or INT32_MIN) and
+  whose high half is under 2**12 (an address under 16 TiB) is two integer fields: XLA's arena of
+  tens of GB spans many 4 GiB boundaries from 0x3_0000_0000 up, and holds the address of every
+  pair (small int, boundary >> 32); relocating such a pair corrupts the struct.
+- **Maybe data beside a stale half.** Up at the driver's ordinary addresses (0x7fxx_xxxx_xxxx) a
+  word may be a 4-byte field whose other half (padding, or an unused neighbour) still holds the
+  high half of a pointer the caller's stack held before: an int32 (TensorListMetadata's last
+  field ``int start_tensor_this_launch``, and the unused tail of its block_to_chunk array, read
+  (1, 0x7f28)), or a float (dropout's backward takes its scale 1/(1-p) = 0x3f8e38e4 beside
+  padding that read 0x7f04). Where an allocation covers the value, relocating it corrupts the
+  field: seen on the H100, a BERT step's replay faulted (INVALID_ADDRESS_SPACE) or computed
+  every parameter wrong, a few captures in ten, each time through a 64 MiB allocation no kernel
+  used. Such a word is also often a real pointer: a tensor within 64 KiB of a 4 GiB boundary
+  has a small low half (PyTorch's allocator puts 2 MiB segments just below one often enough that
+  a foreach optimizer step's tensor addresses there went unrelocated, and its replay faulted or
+  computed wrong values), and a view into a float tensor may be 4-byte aligned. So a word that
+  may be data (:func:`maybe_data`: a small low half, or not 8-byte aligned) is a pointer only
+  into an allocation the capture already holds or that the same launch reaches through another
+  word; the translator decides.
+- **Unaligned in an arena.** A word into an arena (4 GiB or more) that is not 8-byte aligned is
+  data: cuDNN's sm_90 convolution kernels take a 2.9 KB struct holding 64-bit division magic
+  numbers (0x4_9249_2493, 0x3_E38E_38E4) and TMA descriptor fields (0x4_0005_63c3) that fall
+  inside a 38 GB arena, and relocating them made the replay fault (an illegal instruction, seen
+  on the H100 in a flax step); the tensors a struct points at in an arena are aligned (XLA aligns
+  its buffers). 16 bytes was too strict: a JAX optax step's replay computed wrong values with
+  it, and verified with 8.
+
+The price: a pointer inside a struct within 64 KiB of a 4 GiB boundary below 16 TiB, or 2 GiB
+past one, or into an arena and not 8-byte aligned, or one that may be data (as above) into an
+allocation nothing else reaches, stays as captured unless it is an allocation's start (a
+pointer-sized parameter is always relocated). A field beside a stale half that lands in an
+allocation the capture holds is still taken for a pointer: the recorder's self-check replays
+and verifies the file, and says so when that goes wrong.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-_SMALL_INT = 1 << 16
-_INT32_MIN = 0x80000000
+SMALL_INT = 1 << 16
+INT32_MIN = 0x80000000
+# A high half under this reads as a count or a dimension (an address under 16 TiB, where XLA's
+# arena lies); the driver's own allocations lie far above it.
+SMALL_HIGH_HALF = 1 << 12
 _WORD = 8
 
 
-def integer_pair(word: int) -> bool:
+def small_low_half(word: int) -> bool:
     """Whether ``word``'s low 32 bits read as a signed integer of magnitude under 2**16, or as
     INT32_MIN (a sentinel: cuBLAS's sm_90 GEMMs hold (INT32_MIN, n) pairs)."""
     low = word & 0xFFFFFFFF
-    signed = low - (1 << 32) if low >= _INT32_MIN else low
-    return -_SMALL_INT < signed < _SMALL_INT or low == _INT32_MIN
+    signed = low - (1 << 32) if low >= INT32_MIN else low
+    return -SMALL_INT < signed < SMALL_INT or low == INT32_MIN
+
+
+def integer_pair(word: int) -> bool:
+    """Whether ``word`` reads as two 32-bit integer fields: a small low half
+    (:func:`small_low_half`) and a high half under :data:`SMALL_HIGH_HALF`."""
+    return word >> 32 < SMALL_HIGH_HALF and small_low_half(word)
 
 
 _STRUCT_POINTER_ALIGNMENT = 8
+
+
+def maybe_data(word: int) -> bool:
+    """Whether a struct word that is no integer pair may still be a 4-byte field beside the stale
+    high half of a pointer: a small low half, or a value not 8-byte aligned."""
+    return word % _STRUCT_POINTER_ALIGNMENT != 0 or small_low_half(word)
+
+
 # Allocations this large (JAX's arena: tens of GB) hold so many addresses that numbers land in
 # them; a struct's pointer into one must be aligned. Into smaller ones (PyTorch's segments) any
 # pointer counts: its elementwise kernels take Array<char*, N> by value, a view's pointer 8 bytes

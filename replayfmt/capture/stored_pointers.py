@@ -8,12 +8,15 @@ structures. Replay allocates every buffer at a new address, so such a word must 
 a pointer parameter, or the kernel reads the capture's addresses and faults.
 
 A word is a stored pointer when it is aligned to 8 bytes in its buffer and its value lies inside
-a recorded allocation. Data that merely looks like a pointer is the risk, and the rule is the one
-kernel parameters inside structs follow (:mod:`parameter_words`): a word whose low half reads as a
-small signed integer (or INT32_MIN) may be two 32-bit integers that happen to pair into an address
-inside an allocation that spans a 4 GiB boundary; unless it is an allocation's own start, it is
+a recorded allocation. Data that merely looks like a pointer is the risk. A word whose low half
+reads as a small signed integer (or INT32_MIN) may be two 32-bit integers that happen to pair into
+an address inside an allocation that spans a 4 GiB boundary; unless it is an allocation's own
+start, or lies in a tensor the framework typed as 64-bit integers (one integer, not two), it is
 left as captured and reported (``Ambiguity``): the recorder cannot tell, and ``--fixed-addresses``
-replays such a capture at its recorded addresses.
+replays such a capture at its recorded addresses. This is stricter than the rule for kernel
+parameters (:mod:`parameter_words`), which takes such a word for a pointer wherever its high half
+is no small integer: a struct's fields are counts and addresses, while memory holds arbitrary
+data (a tensor of int32 token ids pairs into 0x7fxx addresses as often as its ids reach 32,512).
 
 Candidates are the words whose values lie between the lowest and highest recorded address (most
 data falls outside: floats have high exponent bits, small integers are below any address), and
@@ -30,12 +33,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from replayfmt.capture.allocations import Allocation, AllocationTable
+from replayfmt.capture.parameter_words import INT32_MIN, SMALL_INT
 from replayfmt.format import model as m
 
 MAX_POINTERS = 1 << 20  # stored pointers kept per operation: more are reported, not relocated
 _ARENA = 1 << 32  # an allocation this large spans 4 GiB boundaries
-_SMALL = 1 << 16  # an integer of smaller magnitude is "small" (parameter_words' rule)
-_INT32_MIN = 0x80000000
 _TOP = (1 << 64) - 1
 _POINTER_DTYPES = frozenset({m.DType.UNKNOWN, m.DType.INT64, m.DType.UINT64})
 _NO_SITES = np.zeros(0, dtype=np.int64)
@@ -107,9 +109,10 @@ class Resolved:
 def resolve(words: Words, allocations: AllocationTable, holder: Allocation) -> Resolved:
     """Which candidate words of ``holder``'s bytes point into a recorded allocation (see the
     module docstring). Words inside tensors the framework typed as anything but 64-bit integers
-    are data; in an allocation of 4 GiB or more (an arena: XLA's spans tens of GB from
-    0x3_0000_0000), any (integer, small integer) pair reads as an address, so a word there whose
-    high half is small is ambiguous unless it is the allocation's start."""
+    are data, and those inside tensors typed as 64-bit integers are never two 32-bit integers; in
+    an allocation of 4 GiB or more (an arena: XLA's spans tens of GB from 0x3_0000_0000), any
+    (integer, small integer) pair reads as an address, so a word there whose high half is small
+    is ambiguous unless it is the allocation's start or typed as a 64-bit integer."""
     if not len(words):
         return Resolved([])
     starts, ends, table = allocations.bounds()
@@ -118,17 +121,21 @@ def resolve(words: Words, allocations: AllocationTable, holder: Allocation) -> R
     inside = index >= 0
     index = np.maximum(index, 0)
     inside &= values < ends[index] if len(ends) else False
+    one_integer = np.zeros(len(sites), dtype=bool)  # words of 64-bit integer tensors
     for tensor in holder.labels:
+        start = tensor.address - holder.address
+        within = (sites >= start) & (sites < start + tensor.size)
         if tensor.dtype not in _POINTER_DTYPES:
-            start = tensor.address - holder.address
-            inside &= (sites < start) | (sites >= start + tensor.size)
-    sites, values, index = sites[inside], values[inside], index[inside]
+            inside &= ~within
+        elif tensor.dtype != m.DType.UNKNOWN:
+            one_integer |= within
+    sites, values, index, one_integer = sites[inside], values[inside], index[inside], one_integer[inside]
     target_starts = starts[index]
     low = (values & np.uint64(0xFFFFFFFF)).astype(np.int64)
-    signed = np.where(low >= _INT32_MIN, low - (1 << 32), low)
-    pair = ((signed > -_SMALL) & (signed < _SMALL)) | (low == _INT32_MIN)
-    arena = ((ends[index] - target_starts) >= np.uint64(_ARENA)) & ((values >> np.uint64(32)) < np.uint64(_SMALL))
-    ambiguous = (pair | arena) & (values != target_starts)
+    signed = np.where(low >= INT32_MIN, low - (1 << 32), low)
+    pair = ((signed > -SMALL_INT) & (signed < SMALL_INT)) | (low == INT32_MIN)
+    arena = ((ends[index] - target_starts) >= np.uint64(_ARENA)) & ((values >> np.uint64(32)) < np.uint64(SMALL_INT))
+    ambiguous = (pair | arena) & ~one_integer & (values != target_starts)
     out = Resolved([], ambiguous=int(ambiguous.sum()))
     if out.ambiguous:
         k = int(np.flatnonzero(ambiguous)[0])

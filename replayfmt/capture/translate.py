@@ -33,7 +33,7 @@ from replayfmt.capture.live_types import LiveTypes
 from replayfmt.capture.memory_events import MEMORY_KINDS, MemoryEvents
 from replayfmt.capture.modules import Module, ModuleEvents
 from replayfmt.capture.options import CaptureMode, RecordOptions
-from replayfmt.capture.parameter_words import not_a_struct_pointer, struct_words
+from replayfmt.capture.parameter_words import maybe_data, not_a_struct_pointer, struct_words
 from replayfmt.capture.repeat_events import RepeatEvents
 from replayfmt.capture.report import KernelStats, Report
 from replayfmt.capture.state_events import StateEvents
@@ -505,9 +505,11 @@ class Translator(ModuleEvents, MemoryEvents, GraphEvents, StateEvents, RepeatEve
         """Every 8-byte-aligned parameter word that points into a device allocation becomes a
         relocation (structs passed by value hold pointers too; see :mod:`parameter_words`); in a
         tensor map parameter only the first word, its global address, is one (a tensor-map
-        relocation)."""
+        relocation). A struct word that may be data beside a stale half is one only into an
+        allocation the capture holds or this launch reaches through another word."""
         relocations: list[m.Relocation] = []
         targets: list[Allocation] = []
+        undecided: list[tuple[int, int, Allocation]] = []
         words = shape.words.unpack_from(parameters) if len(parameters) >= shape.words.size else ()
         maps, low = shape.tensor_maps, self.allocations.pointer_low
         skip_until = -1
@@ -524,15 +526,22 @@ class Translator(ModuleEvents, MemoryEvents, GraphEvents, StateEvents, RepeatEve
             if site in maps:
                 kind = m.RelocationKind.TENSOR_MAP
                 skip_until = site + 128
-            elif (
-                site in shape.struct_words
-                and not_a_struct_pointer(value, allocation.size)
-                and value != allocation.address  # an allocation's own start is a pointer, whatever its low half
-            ):
-                continue
+            elif site in shape.struct_words and value != allocation.address:  # a start is a pointer
+                if not_a_struct_pointer(value, allocation.size):
+                    continue
+                if maybe_data(value):
+                    undecided.append((site, value, allocation))
+                    continue
             relocations.append(m.Relocation(0, self._buffer(allocation), site, value - allocation.address, kind))
             if allocation not in targets:
                 targets.append(allocation)
+        decided = [(site, value, a) for site, value, a in undecided if a.buffer or a in targets]
+        for site, value, allocation in decided:
+            relocations.append(m.Relocation(0, allocation.buffer, site, value - allocation.address))
+            if allocation not in targets:
+                targets.append(allocation)
+        if decided:
+            relocations.sort(key=lambda r: r.site_offset)
         return tuple(relocations), targets
 
     _dispatch = {

@@ -82,3 +82,16 @@ def test_module_globals_the_host_wrote_are_restored_with_their_pointers(tmp_path
     assert re.search(r"'module global base' size=8 device=\d+ address=0x[0-9a-f]+ global=\d+", text), text[-3000:]
     assert "pointers=1" in text, text[-3000:]  # the base pointer, relocated (starting state, or the upload)
     verified(out)
+
+
+def test_struct_pointers_next_to_a_4gib_boundary_are_relocated(tmp_path):
+    """A foreach kernel's tensor addresses just below and past a 4 GiB boundary at 0x7fxx (where
+    PyTorch's allocator put them by chance in BERT and MobileNet steps): the recorder relocates
+    both, and the self-check's replay in another process verifies."""
+    needs("torch")
+    out = tmp_path / "boundary.kreplay"
+    script = SCRIPTS / "struct_pointer_near_boundary.py"
+    result = run([sys.executable, "-m", "replayfmt.capture", "-o", str(out), "--scope", "step", str(script)])
+    found = re.search(r"replayable: yes \(replayed and verified: (\d+) ranges\)", result.stderr)
+    assert result.returncode == 0 and found, (result.stdout + result.stderr)[-3000:]
+    verified(out)
