@@ -229,6 +229,10 @@ def test_a_program_that_raises_while_recorded_leaves_a_partial_capture_and_its_o
         assert cap.partial == "the program stopped while it was being recorded: it raised RuntimeError: out of memory"
     result, stderr, out = run_tool(tmp_path, monkeypatch, script="import sys; sys.exit(3)\n", flags=("--overwrite",))
     assert result.exit_code == 1 and not out.exists() and "it exited with status 3" in stderr
+    result, stderr, out = run_tool(tmp_path, monkeypatch, script="raise SystemExit('no GPU memory')\n", keep=True)
+    assert result.exit_code == 1 and stderr.startswith("no GPU memory\n")  # said, as Python says it
+    with replayfmt.open(out) as cap:
+        assert cap.partial.endswith("it exited with status 1 (no GPU memory)")
 
 
 def test_the_translator_stops_at_its_first_error(tmp_path, cubin):

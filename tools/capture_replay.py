@@ -206,6 +206,9 @@ def main(
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         failure = f"it exited with status {code}" if code else ""
+        if not isinstance(exc.code, int | None):  # sys.exit("why"): Python prints why
+            click.echo(str(exc.code), err=True)
+            failure += f" ({exc.code})"
     except BaseException as exc:  # the program's own error: the capture is partial; raised again below
         failure, error = f"it raised {type(exc).__name__}: {exc}", exc
         conflict = conflict_line(exc) if isinstance(exc, Exception) else None  # a CUPTI conflict is said first

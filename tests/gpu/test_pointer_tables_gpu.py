@@ -92,6 +92,8 @@ def test_struct_pointers_next_to_a_4gib_boundary_are_relocated(tmp_path):
     out = tmp_path / "boundary.kreplay"
     script = SCRIPTS / "struct_pointer_near_boundary.py"
     result = run([sys.executable, "-m", "replayfmt.capture", "-o", str(out), "--scope", "step", str(script)])
+    if "no allocation across a 4 GiB boundary" in result.stdout:
+        pytest.skip("no allocation across a 4 GiB boundary could be made (the device's memory is taken)")
     found = re.search(r"replayable: yes \(replayed and verified: (\d+) ranges\)", result.stderr)
     assert result.returncode == 0 and found, (result.stdout + result.stderr)[-3000:]
     verified(out)
