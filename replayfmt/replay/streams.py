@@ -84,21 +84,24 @@ class Streams:
             return handle
 
         own = {node.event for graph in plan.graphs.values() for node in graph.nodes if node.event}
+        events, index = plan.events, devices.index
         spans = sorted(
-            (span[0], span[1], eid)
+            (span[0], span[1], eid, index(events[eid].device))
             for eid, span in plan.event_spans.items()
-            if span[2] and eid not in own and eid in plan.events
+            if span[2] and eid not in own and eid in events
         )
+        # a capture may hold a quarter of a million events: the loop below is per event, so it
+        # keeps to locals (setup is host time before the device starts)
         free: dict[int, list[Any]] = {}  # device -> CUDA events whose last span has ended
         busy: list[tuple[int, int, int, Any]] = []  # heap of (last use, event id, device, CUDA event)
-        for first, last, eid in spans:
+        assigned, push, pop = self.events, heapq.heappush, heapq.heappop
+        for first, last, eid, k in spans:
             while busy and busy[0][0] < first:
-                _, _, k, handle = heapq.heappop(busy)
-                free.setdefault(k, []).append(handle)
-            k = devices.index(plan.events[eid].device)
+                _, _, ended_on, handle = pop(busy)
+                free.setdefault(ended_on, []).append(handle)
             pool = free.get(k)
-            handle = self.events[eid] = pool.pop() if pool else create(eid, k)
-            heapq.heappush(busy, (last, eid, k, handle))
+            handle = assigned[eid] = pool.pop() if pool else create(eid, k)
+            push(busy, (last, eid, k, handle))
         unused: dict[int, Any] = {}  # device -> the CUDA event of the events no operation uses
         for eid, event in plan.events.items():
             if eid in self.events:
