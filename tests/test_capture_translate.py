@@ -330,31 +330,34 @@ def test_integer_pairs_inside_structs_are_not_pointers(tmp_path, cubin):
 
 
 def test_struct_words_that_may_be_data_are_pointers_where_the_capture_reaches(tmp_path, cubin):
-    """At 0x7fxx addresses a struct word with a small low half is a tensor's address within 64 KiB
-    of a 4 GiB boundary (PyTorch's foreach kernels, on segments just below one) or an int32 field
-    beside the stale high half of an old pointer (TensorListMetadata's last field and padding);
-    one not 8-byte aligned is a view's address or a float beside such a half (dropout's scale):
-    each is relocated into an allocation this launch reaches otherwise or the capture already
-    holds, and left as captured into one nothing else reaches."""
+    """At 0x7fxx addresses a struct word may be a 4-byte field beside the stale high half of an
+    old pointer: an int32 (TensorListMetadata's last field), a zero, a float (dropout's scale,
+    unaligned) or a round float (1.125, aligned). Such words, and tensor addresses within 64 KiB
+    of a 4 GiB boundary (PyTorch's foreach kernels, on segments just below one), are relocated
+    into an allocation this launch reaches otherwise or the capture already holds, and left as
+    captured into one nothing else reaches; a 4-byte aligned view that reads as no float is a
+    pointer wherever it points."""
     mem = FakeMemory()
     segment, size = 0x7FD1_FFE0_0000, 4 << 20  # across 0x7fd2_0000_0000
     unused = 0x7F27_FFE0_0000  # across 0x7f28_0000_0000, reached by no pointer of its own
-    mem.device[segment], mem.device[unused] = bytearray(size), bytearray(size)
+    floats = 0x7F27_3F80_0000  # where (a float near 1, 0x7f27) lands
+    on_boundary = 0x7F30_0000_0000  # starts on a 4 GiB boundary: (0, 0x7f30) is its start
+    for base in (segment, unused, floats, on_boundary):
+        mem.device[base] = bytearray(size)
     below, past = 0x7FD1_FFFF_0E00, 0x7FD2_0000_0200  # low halves: -61952 and 512
     stale = 0x7F28_0000_0001  # (1, 0x7f28)
-    scale = 0x7F27_FFE0_0000 + 0x1234  # (a float's bits, 0x7f27), inside the unused allocation
-    view = segment + 0x2004  # 4-byte aligned: a float view
-    kernel = ev.Kernel(5, "gemm", MODULE, ((0, 48),))
-    first = struct.pack("<6Q", stale, below, segment + 0x1000, past, scale, view)
-    reaches_unused = struct.pack("<6Q", unused + 0x100, 0, 0, 0, 0, 0)
+    scale, rounded = floats + 0xE38E4, floats + 0x100000  # (1.1111, 0x7f27), (1.125, 0x7f27)
+    view = segment + 0x2004  # 4-byte aligned, and its low half reads as no float
+    kernel = ev.Kernel(5, "gemm", MODULE, ((0, 64),))
+    first = struct.pack("<8Q", stale, below, segment + 0x1000, past, scale, rounded, view, on_boundary)
+    reaches = struct.pack("<8Q", unused + 0x100, floats + 0x100, 0, 0, 0, 0, 0, 0)
     path, _ = record(
         tmp_path,
         [
             ev.ModuleImage(MODULE, cubin, None),
-            ev.Allocation(segment, size),
-            ev.Allocation(unused, size),
+            *(ev.Allocation(base, size) for base in (segment, unused, floats, on_boundary)),
             ev.LaunchBegin(kernel, (1, 1, 1), (1, 1, 1), 0, 0, first),
-            ev.LaunchBegin(kernel, (1, 1, 1), (1, 1, 1), 0, 0, reaches_unused),
+            ev.LaunchBegin(kernel, (1, 1, 1), (1, 1, 1), 0, 0, reaches),
             ev.LaunchBegin(kernel, (1, 1, 1), (1, 1, 1), 0, 0, first),
         ],
         mem,
@@ -365,9 +368,35 @@ def test_struct_words_that_may_be_data_are_pointers_where_the_capture_reaches(tm
         found = [
             [(r.site_offset, buffers[r.target_buffer] + r.target_offset) for r in op.relocations] for op in launches
         ]
-    assert found[0] == [(8, below), (16, segment + 0x1000), (24, past), (40, view)]  # stale and scale stay
-    assert found[1] == [(0, unused + 0x100)]
-    assert found[2] == [(0, stale), (8, below), (16, segment + 0x1000), (24, past), (32, scale), (40, view)]
+    assert found[0] == [(8, below), (16, segment + 0x1000), (24, past), (48, view)]  # the data stays
+    assert found[1] == [(0, unused + 0x100), (8, floats + 0x100)]
+    held = [(0, stale), (8, below), (16, segment + 0x1000), (24, past), (32, scale), (40, rounded), (48, view)]
+    assert found[2] == held  # now the capture holds them; the zero on a boundary is still reached by nothing
+
+
+def test_a_repeated_launch_resolves_again_once_the_capture_holds_what_it_left(tmp_path, cubin):
+    """A launch whose word that may be data was left as captured (nothing reached its allocation)
+    is worked out again when repeated after another kernel reached that allocation: the last
+    launch's resolution is reused only while it left nothing unsettled."""
+    mem = FakeMemory()
+    unused, size = 0x7F27_FFE0_0000, 4 << 20  # across 0x7f28_0000_0000
+    mem.device[unused] = bytearray(size)
+    stale = 0x7F28_0000_0001
+    a, b = ev.Kernel(5, "gemm", MODULE, ((0, 16),)), ev.Kernel(6, "gemm", MODULE, ((0, 16),))
+    path, _ = record(
+        tmp_path,
+        [
+            ev.ModuleImage(MODULE, cubin, None),
+            ev.Allocation(unused, size),
+            ev.LaunchBegin(a, (1, 1, 1), (1, 1, 1), 0, 0, struct.pack("<2Q", stale, 0)),
+            ev.LaunchBegin(b, (1, 1, 1), (1, 1, 1), 0, 0, struct.pack("<2Q", unused + 64, 0)),
+            ev.LaunchBegin(a, (1, 1, 1), (1, 1, 1), 0, 0, struct.pack("<2Q", stale, 0)),
+        ],
+        mem,
+    )
+    with replayfmt.open(path) as cap:
+        launches = [op for op in cap.iter_operations() if op.kind == m.OperationKind.LAUNCH]
+        assert [[r.site_offset for r in op.relocations] for op in launches] == [[], [0], [0]]
 
 
 def one_launch(tmp_path, cubin, base: int, size: int, kernel: ev.Kernel, params: bytes, held: int = 64):

@@ -233,6 +233,9 @@ def test_a_program_that_raises_while_recorded_leaves_a_partial_capture_and_its_o
     assert result.exit_code == 1 and stderr.startswith("no GPU memory\n")  # said, as Python says it
     with replayfmt.open(out) as cap:
         assert cap.partial.endswith("it exited with status 1 (no GPU memory)")
+    for script in ("import sys; sys.exit()\n", "import sys; sys.exit(0)\n"):  # a clean exit says nothing
+        result, stderr, out = run_tool(tmp_path, monkeypatch, script=script, flags=("--overwrite",))
+        assert result.exit_code == 0 and "None" not in stderr and "exited" not in stderr and out.exists()
 
 
 def test_the_translator_stops_at_its_first_error(tmp_path, cubin):

@@ -106,6 +106,7 @@ def test_a_word_of_a_64_bit_integer_tensor_is_one_integer_never_two():
     allocations = table((A, 4096), (base, 1 << 20))
     holder = allocations.find(A)
     holder.labels.append(TensorLabel(A, 64, m.DType.INT64, name="pointer table"))
+    holder.labels.append(TensorLabel(A + 64, 64, m.DType.UNKNOWN, name="untyped"))  # says nothing
     words = Words(np.array([8, 64], dtype=np.int64), np.array([base + 64, base + 64], dtype=np.uint64))
     resolved = resolve(words, allocations, holder)
     assert [(site, offset) for site, offset, _ in resolved.relocations] == [(8, 64)]

@@ -204,7 +204,7 @@ def main(
     try:
         namespace = runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        code = int(exc.code) if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         failure = f"it exited with status {code}" if code else ""
         if not isinstance(exc.code, int | None):  # sys.exit("why"): Python prints why
             click.echo(str(exc.code), err=True)

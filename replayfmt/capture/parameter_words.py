@@ -20,10 +20,11 @@ candidate. Three kinds of word inside a struct are not taken at face value:
   used. Such a word is also often a real pointer: a tensor within 64 KiB of a 4 GiB boundary
   has a small low half (PyTorch's allocator puts 2 MiB segments just below one often enough that
   a foreach optimizer step's tensor addresses there went unrelocated, and its replay faulted or
-  computed wrong values), and a view into a float tensor may be 4-byte aligned. So a word that
-  may be data (:func:`maybe_data`: a small low half, or not 8-byte aligned) is a pointer only
-  into an allocation the capture already holds or that the same launch reaches through another
-  word; the translator decides.
+  computed wrong values). So a word that may be data (:func:`maybe_data`: a small low half, or a
+  low half that reads as a plausible float and is unaligned or round) is a pointer only into an
+  allocation the capture already holds or that the same launch reaches through another word;
+  the translator decides. So is a zero beside a stale half that lands on an allocation starting
+  on a 4 GiB boundary.
 - **Unaligned in an arena.** A word into an arena (4 GiB or more) that is not 8-byte aligned is
   data: cuDNN's sm_90 convolution kernels take a 2.9 KB struct holding 64-bit division magic
   numbers (0x4_9249_2493, 0x3_E38E_38E4) and TMA descriptor fields (0x4_0005_63c3) that fall
@@ -35,14 +36,20 @@ candidate. Three kinds of word inside a struct are not taken at face value:
 The price: a pointer inside a struct within 64 KiB of a 4 GiB boundary below 16 TiB, or 2 GiB
 past one, or into an arena and not 8-byte aligned, or one that may be data (as above) into an
 allocation nothing else reaches, stays as captured unless it is an allocation's start (a
-pointer-sized parameter is always relocated). A field beside a stale half that lands in an
-allocation the capture holds is still taken for a pointer: the recorder's self-check replays
-and verifies the file, and says so when that goes wrong.
+pointer-sized parameter is always relocated). A field beside a stale half is still taken for a
+pointer where it lands in an allocation the capture holds (likeliest in large ones: expandable
+segments, arenas high up), or where it is an integer of 2**16 or more, or an aligned float that
+is not round: the recorder's self-check replays and verifies the file, and says so when that
+goes wrong.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import NamedTuple
+
+from replayfmt.capture.allocations import Allocation
+from replayfmt.format import model as m
 
 SMALL_INT = 1 << 16
 INT32_MIN = 0x80000000
@@ -67,12 +74,24 @@ def integer_pair(word: int) -> bool:
 
 
 _STRUCT_POINTER_ALIGNMENT = 8
+_FLOAT_EXPONENTS = (127 - 20, 127 + 20)  # biased exponents of a plausible float's magnitude
+
+
+def plausible_float(low: int) -> bool:
+    """Whether 32 bits read as a float of magnitude in [2**-20, 2**21): a scale or a constant
+    (a pointer's low half falls there about one time in six)."""
+    return _FLOAT_EXPONENTS[0] <= (low >> 23) & 0xFF <= _FLOAT_EXPONENTS[1]
 
 
 def maybe_data(word: int) -> bool:
     """Whether a struct word that is no integer pair may still be a 4-byte field beside the stale
-    high half of a pointer: a small low half, or a value not 8-byte aligned."""
-    return word % _STRUCT_POINTER_ALIGNMENT != 0 or small_low_half(word)
+    high half of a pointer: a small low half, or a low half that reads as a plausible float
+    (:func:`plausible_float`) and is either not 8-byte aligned or round (its low 16 bits zero:
+    1.0, 2.0, 1.25), as no tensor's address usually is."""
+    low = word & 0xFFFFFFFF
+    if small_low_half(word):
+        return True
+    return plausible_float(low) and (word % _STRUCT_POINTER_ALIGNMENT != 0 or low & 0xFFFF == 0)
 
 
 # Allocations this large (JAX's arena: tens of GB) hold so many addresses that numbers land in
@@ -100,3 +119,14 @@ def struct_words(layout: Iterable[tuple[int, int]]) -> frozenset[int]:
         if size > _WORD
         for site in range(-(-offset // _WORD) * _WORD, offset + size - _WORD + 1, _WORD)
     )
+
+
+class ParameterPointers(NamedTuple):
+    """The pointers a launch's parameter block holds: ``relocations``, the allocations they
+    reach (``targets``), and the allocations of words that may be data left as captured
+    because nothing else reached them (``unsettled``: once the capture holds one, the same
+    arguments resolve otherwise)."""
+
+    relocations: tuple[m.Relocation, ...]
+    targets: list[Allocation]
+    unsettled: tuple[Allocation, ...] = ()

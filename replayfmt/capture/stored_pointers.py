@@ -14,9 +14,10 @@ an address inside an allocation that spans a 4 GiB boundary; unless it is an all
 start, or lies in a tensor the framework typed as 64-bit integers (one integer, not two), it is
 left as captured and reported (``Ambiguity``): the recorder cannot tell, and ``--fixed-addresses``
 replays such a capture at its recorded addresses. This is stricter than the rule for kernel
-parameters (:mod:`parameter_words`), which takes such a word for a pointer wherever its high half
-is no small integer: a struct's fields are counts and addresses, while memory holds arbitrary
-data (a tensor of int32 token ids pairs into 0x7fxx addresses as often as its ids reach 32,512).
+parameters (:mod:`parameter_words`), which takes such a word for a pointer where its high half is
+2**12 or more and the capture holds, or the launch otherwise reaches, its allocation: a struct's
+fields are counts and addresses, while memory holds arbitrary data (a tensor of int32 token ids
+pairs into 0x7fxx addresses as often as its ids reach 32,512).
 
 Candidates are the words whose values lie between the lowest and highest recorded address (most
 data falls outside: floats have high exponent bits, small integers are below any address), and

@@ -33,7 +33,13 @@ from replayfmt.capture.live_types import LiveTypes
 from replayfmt.capture.memory_events import MEMORY_KINDS, MemoryEvents
 from replayfmt.capture.modules import Module, ModuleEvents
 from replayfmt.capture.options import CaptureMode, RecordOptions
-from replayfmt.capture.parameter_words import maybe_data, not_a_struct_pointer, struct_words
+from replayfmt.capture.parameter_words import (
+    SMALL_HIGH_HALF,
+    ParameterPointers,
+    maybe_data,
+    not_a_struct_pointer,
+    struct_words,
+)
 from replayfmt.capture.repeat_events import RepeatEvents
 from replayfmt.capture.report import KernelStats, Report
 from replayfmt.capture.state_events import StateEvents
@@ -67,7 +73,7 @@ class _KernelShape:
     words: struct.Struct  # its parameter block as 8-byte words
     layout: tuple[tuple[int, int], ...]  # the layout these were worked out from
     # the last launch's arguments and what they resolved to, while no allocation changed since
-    last: tuple[bytes, int, tuple[m.Relocation, ...], list[Allocation]] | None = None
+    last: tuple[bytes, int, ParameterPointers] | None = None
 
 
 class Translator(ModuleEvents, MemoryEvents, GraphEvents, StateEvents, RepeatEvents):
@@ -231,11 +237,17 @@ class Translator(ModuleEvents, MemoryEvents, GraphEvents, StateEvents, RepeatEve
         if function is None:
             return
         last = shape.last
-        if repeated := last is not None and last[0] == event.parameters and last[1] == self.allocations.epoch:
-            relocations, targets = last[2], last[3]  # a loop launching on the same buffers
+        if repeated := (
+            last is not None
+            and last[0] == event.parameters
+            and last[1] == self.allocations.epoch
+            and not any(a.buffer for a in last[2].unsettled)
+        ):
+            pointers = last[2]  # a loop launching on the same buffers
         else:
-            relocations, targets = self._relocations(event.parameters, shape)
-            shape.last = (event.parameters, self.allocations.epoch, relocations, targets)
+            pointers = self._relocations(event.parameters, shape)
+            shape.last = (event.parameters, self.allocations.epoch, pointers)
+        relocations, targets = pointers.relocations, pointers.targets
         for allocation in (*targets, *self._module_globals(kernel, event.stream)):
             self._touch_for_launch(allocation, event.stream, kernel.name)
             if allocation.pointees:  # the kernel may follow the pointers stored in it
@@ -243,7 +255,7 @@ class Translator(ModuleEvents, MemoryEvents, GraphEvents, StateEvents, RepeatEve
                     self._touch_for_launch(reached, event.stream, kernel.name)
         self._write_launch(event, function, relocations)
         shape.stats.captured += 1
-        if repeated:  # a loop on the same buffers: its next repeats may go into the C ring
+        if repeated and not pointers.unsettled:  # a loop on the same buffers: its next repeats may go into the C ring
             self._arm(kernel, function, event.parameters, relocations, targets, shape.stats)
 
     def _shape(self, kernel: ev.Kernel) -> _KernelShape:
@@ -276,7 +288,7 @@ class Translator(ModuleEvents, MemoryEvents, GraphEvents, StateEvents, RepeatEve
         function = self._function(event.kernel)
         if function is None:
             return
-        relocations, targets = self._relocations(event.parameters, self._shape(event.kernel))
+        relocations, targets, _ = self._relocations(event.parameters, self._shape(event.kernel))
         scope = f"{name}#{seen - 1}"
         self.writer.scope_begin(scope)
         self._region += 1  # each instance uploads everything it reads
@@ -501,7 +513,7 @@ class Translator(ModuleEvents, MemoryEvents, GraphEvents, StateEvents, RepeatEve
         when the framework says the kernel takes tensor descriptors."""
         return size == 128 and (offset % 64 == 0 or self._annotation(kernel).tensor_maps)
 
-    def _relocations(self, parameters: bytes, shape: _KernelShape) -> tuple[tuple[m.Relocation, ...], list[Allocation]]:
+    def _relocations(self, parameters: bytes, shape: _KernelShape) -> ParameterPointers:
         """Every 8-byte-aligned parameter word that points into a device allocation becomes a
         relocation (structs passed by value hold pointers too; see :mod:`parameter_words`); in a
         tensor map parameter only the first word, its global address, is one (a tensor-map
@@ -526,23 +538,27 @@ class Translator(ModuleEvents, MemoryEvents, GraphEvents, StateEvents, RepeatEve
             if site in maps:
                 kind = m.RelocationKind.TENSOR_MAP
                 skip_until = site + 128
-            elif site in shape.struct_words and value != allocation.address:  # a start is a pointer
-                if not_a_struct_pointer(value, allocation.size):
+            elif site in shape.struct_words:
+                if value == allocation.address and (value & 0xFFFFFFFF or value >> 32 < SMALL_HIGH_HALF):
+                    pass  # an allocation's start is a pointer (up high, one on a 4 GiB boundary may be a zero)
+                elif not_a_struct_pointer(value, allocation.size):
                     continue
-                if maybe_data(value):
+                elif maybe_data(value):
                     undecided.append((site, value, allocation))
                     continue
             relocations.append(m.Relocation(0, self._buffer(allocation), site, value - allocation.address, kind))
             if allocation not in targets:
                 targets.append(allocation)
-        decided = [(site, value, a) for site, value, a in undecided if a.buffer or a in targets]
+        # every target has its buffer by now (_buffer): "held" covers what this launch reaches
+        decided = [(site, value, a) for site, value, a in undecided if a.buffer]
         for site, value, allocation in decided:
             relocations.append(m.Relocation(0, allocation.buffer, site, value - allocation.address))
             if allocation not in targets:
                 targets.append(allocation)
         if decided:
             relocations.sort(key=lambda r: r.site_offset)
-        return tuple(relocations), targets
+        unsettled = tuple({id(a): a for _, _, a in undecided if not a.buffer}.values())
+        return ParameterPointers(tuple(relocations), targets, unsettled)
 
     _dispatch = {
         ev.ModuleImage: ModuleEvents._on_module,
