@@ -534,3 +534,39 @@ def test_a_clustered_kernel_node_is_written_with_its_cluster_and_keeps_it_throug
         graphs = [o for o in cap.objects() if isinstance(o, m.Graph)]
         assert [(g.nodes[1].cluster, g.nodes[1].grid) for g in graphs] == [((2, 1, 1), (2, 1, 1))] * 2
         build_plan(cap, PlanOptions())  # replayed: no refusal of clustered kernel nodes
+
+
+def test_a_graph_node_whose_word_may_be_data_is_resolved_after_the_nodes_that_reach_its_allocation(tmp_path, cubin):
+    """A kernel node's struct word with a small low half (an address just below a 4 GiB boundary,
+    or an int beside a stale half) is a pointer where the capture reaches its allocation, whichever
+    node comes first: a later node's plain pointer into the same allocation settles it."""
+    mem = FakeMemory()
+    segment, size = 0x7FD1_FFE0_0000, 4 << 20  # across 0x7fd2_0000_0000
+    mem.device[segment] = bytearray(size)
+    below = 0x7FD1_FFFF_0E00  # low half -61952
+    layout = ((0, 16),)  # one 16-byte struct
+    first = ev.GraphKernel(ev.Kernel(5, "gemm", MODULE, layout), (1, 1, 1), (1, 1, 1), 0, struct.pack("<2Q", below, 0))
+    second = ev.GraphKernel(
+        ev.Kernel(6, "gemm", MODULE, layout), (1, 1, 1), (1, 1, 1), 0, struct.pack("<2Q", segment + 0x1000, 0)
+    )
+    description = ev.GraphDescription(
+        [
+            ev.GraphNodeInfo(_N.KERNEL, handle=0x11, kernel=first),
+            ev.GraphNodeInfo(_N.KERNEL, handle=0x12, kernel=second),
+        ],
+        [(0, 1)],
+    )
+    events = [
+        ev.ModuleImage(MODULE, cubin, None, "cuModuleLoadData"),
+        ev.StreamCreated(0x5000, 1),
+        ev.Allocation(segment, size),
+        ev.GraphInstantiated(0xE0E0, description),
+        ev.GraphLaunched(0xE0E0, 0x5000),
+    ]
+    path, t = record(tmp_path, events, mem)
+    assert not t.report.errors
+    with replayfmt.open(path) as cap:
+        (graph,) = [o for o in cap.objects() if isinstance(o, m.Graph)]
+        (buffer,) = [o.id for o in cap.objects() if isinstance(o, m.Buffer)]
+        found = [[(r.site_offset, r.target_buffer, r.target_offset) for r in n.relocations] for n in graph.nodes]
+    assert found == [[(0, buffer, below - segment)], [(0, buffer, 0x1000)]]

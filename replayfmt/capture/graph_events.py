@@ -167,15 +167,22 @@ class GraphEvents:
         nodes: list[GraphNode] = []
         targets: list[Allocation] = []
         kernels: list[ev.Kernel] = []
+        unsettled: list[tuple[int, ev.GraphNodeInfo, tuple[Allocation, ...]]] = []
         for info in description.nodes:
             if disabled and info.handle in disabled:
                 nodes.append(GraphNode(kind=_N.EMPTY))
                 continue
             if info.unsupported:
                 raise Unrecordable(info.unsupported)
-            node, touched = self._graph_node(info, kernels)
+            node, touched, left = self._graph_node(info, kernels)
+            if left:
+                unsettled.append((len(nodes), info, left))
             nodes.append(node)
             targets.extend(a for a in touched if a not in targets)
+        for at, info, left in unsettled:  # a later node reached what an earlier one left: again
+            if any(a.buffer for a in left):
+                nodes[at], touched, _ = self._graph_node(info, [])
+                targets.extend(a for a in touched if a not in targets)
         graph = m.Graph(device=self._device, nodes=tuple(nodes), edges=tuple(description.edges))
         try:
             check_writable(graph)  # more nodes or edges than a reader decodes: the launch is refused
@@ -183,7 +190,11 @@ class GraphEvents:
             raise Unrecordable(str(exc)) from None
         return graph, targets, kernels
 
-    def _graph_node(self, info: ev.GraphNodeInfo, kernels: list[ev.Kernel]) -> tuple[GraphNode, list[Allocation]]:
+    def _graph_node(
+        self, info: ev.GraphNodeInfo, kernels: list[ev.Kernel]
+    ) -> tuple[GraphNode, list[Allocation], tuple[Allocation, ...]]:
+        """A node of the Graph object, the allocations it touches, and those a kernel node's
+        words that may be data point into but nothing reached yet (ParameterPointers.unsettled)."""
         kind = info.kind
         if kind == _N.KERNEL and info.kernel is not None:
             call = info.kernel
@@ -195,7 +206,7 @@ class GraphEvents:
             function = self._function(call.kernel)
             if function is None:
                 raise Unrecordable(f"the module of {call.kernel.name} was not recorded")
-            relocations, touched, _ = self._relocations(call.parameters, shape)
+            relocations, touched, unsettled = self._relocations(call.parameters, shape)
             kernels.append(call.kernel)
             node = GraphNode(
                 kind=kind,
@@ -208,7 +219,7 @@ class GraphEvents:
                 parameters=call.parameters,
                 relocations=relocations,
             )
-            return node, touched
+            return node, touched, unsettled
         if kind == _N.MEMCPY:
             src, dst = self._node_allocation(info.src, False), self._node_allocation(info.dst, False)
             node = GraphNode(
@@ -219,7 +230,7 @@ class GraphEvents:
                 dst_offset=info.dst - dst.address,
                 size=info.size,
             )
-            return node, [src, dst]
+            return node, [src, dst], ()
         if kind == _N.MEMSET:
             dst = self._node_allocation(info.dst, True)
             node = GraphNode(
@@ -232,14 +243,14 @@ class GraphEvents:
                 height=info.height,
                 pitch=info.pitch,
             )
-            return node, [dst]
+            return node, [dst], ()
         if kind in (_N.EVENT_RECORD, _N.EVENT_WAIT):
-            return GraphNode(kind=kind, event=self._event(info.event)), []
+            return GraphNode(kind=kind, event=self._event(info.event)), [], ()
         if kind == _N.CHILD_GRAPH and info.child is not None:
             child, touched, names = self._graph_object(info.child)
             kernels.extend(names)
-            return GraphNode(kind=kind, graph=self._graph_id(child)), touched
-        return GraphNode(kind=kind), []
+            return GraphNode(kind=kind, graph=self._graph_id(child)), touched, ()
+        return GraphNode(kind=kind), [], ()
 
     def _graph_id(self, graph: m.Graph) -> int:
         gid = self._graph_ids.get(graph)
