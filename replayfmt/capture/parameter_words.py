@@ -73,6 +73,13 @@ def integer_pair(word: int) -> bool:
     return word >> 32 < SMALL_HIGH_HALF and small_low_half(word)
 
 
+def start_is_pointer(word: int) -> bool:
+    """Whether a word equal to an allocation's start is a pointer, whatever else it may read as:
+    all but a zero low half up high (an int32 zero beside a stale half, where an allocation starts
+    on a 4 GiB boundary)."""
+    return bool(word & 0xFFFFFFFF) or word >> 32 < SMALL_HIGH_HALF
+
+
 _STRUCT_POINTER_ALIGNMENT = 8
 _FLOAT_EXPONENTS = (127 - 20, 127 + 20)  # biased exponents of a plausible float's magnitude
 

@@ -34,10 +34,10 @@ from replayfmt.capture.memory_events import MEMORY_KINDS, MemoryEvents
 from replayfmt.capture.modules import Module, ModuleEvents
 from replayfmt.capture.options import CaptureMode, RecordOptions
 from replayfmt.capture.parameter_words import (
-    SMALL_HIGH_HALF,
     ParameterPointers,
     maybe_data,
     not_a_struct_pointer,
+    start_is_pointer,
     struct_words,
 )
 from replayfmt.capture.repeat_events import RepeatEvents
@@ -538,12 +538,10 @@ class Translator(ModuleEvents, MemoryEvents, GraphEvents, StateEvents, RepeatEve
             if site in maps:
                 kind = m.RelocationKind.TENSOR_MAP
                 skip_until = site + 128
-            elif site in shape.struct_words:
-                if value == allocation.address and (value & 0xFFFFFFFF or value >> 32 < SMALL_HIGH_HALF):
-                    pass  # an allocation's start is a pointer (up high, one on a 4 GiB boundary may be a zero)
-                elif not_a_struct_pointer(value, allocation.size):
+            elif site in shape.struct_words and not (value == allocation.address and start_is_pointer(value)):
+                if not_a_struct_pointer(value, allocation.size):
                     continue
-                elif maybe_data(value):
+                if maybe_data(value):
                     undecided.append((site, value, allocation))
                     continue
             relocations.append(m.Relocation(0, self._buffer(allocation), site, value - allocation.address, kind))

@@ -3,7 +3,7 @@ dropout backward passes its scale 1/(1-p) beside padding that still held 0x7f04 
 replay computed every gradient wrong, a few captures in ten on the H100): the 8-byte word lands
 inside an allocation that no kernel uses. The recorder must leave it as captured, or the replay's
 scale is the low half of that allocation's new address. Prints "word at 0x..." and the program's
-own check; exits 3 when no such allocation could be made here (the device's memory is taken).
+own check; says it cannot be set up and exits 3 when no such allocation can be made here.
 
     python -m replayfmt.capture -o OUT.kreplay --scope step struct_field_beside_stale_half.py
 """
@@ -12,12 +12,10 @@ import sys
 
 import cupy as cp
 import numpy as np
-from cuda.bindings import driver as cu
+from address_search import GIB4, SIZE, allocation_where
 
 from replayfmt.capture import scope
 
-SIZE = 66 << 20  # not a divisor of 4 GiB: allocations side by side drift through the window
-GIB4 = 1 << 32
 FLOAT_LOW_HALVES = (0x3580_0000, 0x4A00_0000)  # read as floats of magnitude 2**-20 to 2**21
 
 SOURCE = r"""
@@ -29,29 +27,13 @@ extern "C" __global__ void scaled(const Scaled p, float* out, int n) {
 """
 
 
-def unused_allocation_holding_a_float_address() -> int:
-    """An address 4 bytes past an 8-byte boundary inside an allocation of SIZE (made here and
-    used by no kernel) whose low half reads as a plausible float."""
-    made: list[int] = []
-    found = 0
-    for _ in range(2 * GIB4 // SIZE + 64):
-        err, address = cu.cuMemAlloc(SIZE)
-        if err != cu.CUresult.CUDA_SUCCESS:
-            break
-        base = int(address)
-        window = base - base % GIB4
-        start = max(base, window + FLOAT_LOW_HALVES[0]) + 0x1000
-        start += (4 - start % 8) % 8
-        if start < min(base + SIZE, window + FLOAT_LOW_HALVES[1]) - 0x1000:
-            found = start
-            break
-        made.append(base)
-    for base in made:
-        cu.cuMemFree(base)
-    if not found:
-        print("no allocation holding a float's address could be made here")
-        raise SystemExit(3)
-    return found
+def a_float_address(base: int) -> int | None:
+    """An address 4 bytes past an 8-byte boundary inside the allocation at ``base`` whose low
+    half reads as a plausible float, if it holds one."""
+    window = base - base % GIB4
+    start = max(base, window + FLOAT_LOW_HALVES[0]) + 0x1000
+    start += (4 - start % 8) % 8
+    return start if start < min(base + SIZE, window + FLOAT_LOW_HALVES[1]) - 0x1000 else None
 
 
 cp.cuda.Device().use()
@@ -59,7 +41,7 @@ n = 4096
 x = (cp.arange(n + 64, dtype=cp.float32) / 16 + 1)[64:]  # 256 bytes in: an address no float could be
 out = cp.zeros(n, dtype=cp.float32)
 kernel = cp.RawKernel(SOURCE, "scaled")
-word = unused_allocation_holding_a_float_address()
+word = allocation_where(a_float_address, "holding a float's address")  # used by no kernel
 layout = np.dtype(
     {
         "names": ["scale", "stale", "x"],

@@ -13,41 +13,14 @@ writes through the capture's addresses and faults. Prints "allocated at 0x..." a
 import sys
 
 import torch
-from cuda.bindings import driver as cu
+from address_search import GIB4, SIZE, allocation_where
 
 from replayfmt.capture import scope
 
-SIZE = 66 << 20  # not a divisor of 4 GiB: allocations side by side drift across boundaries
-GIB4 = 1 << 32
 
-
-def check(result: tuple) -> object:
-    err, *rest = result if isinstance(result, tuple) else (result,)
-    if err != cu.CUresult.CUDA_SUCCESS:
-        raise SystemExit(f"CUDA call failed: {err}")
-    return rest[0] if len(rest) == 1 else rest
-
-
-def memory_across_a_boundary() -> int:
-    """A SIZE-byte allocation at the driver's ordinary addresses that spans a 4 GiB boundary:
-    allocations of SIZE are made until one does (the driver hands them out near each other), and
-    the others are freed."""
-    made: list[int] = []
-    found = 0
-    for _ in range(2 * GIB4 // SIZE + 64):
-        err, address = cu.cuMemAlloc(SIZE)
-        if err != cu.CUresult.CUDA_SUCCESS:  # other programs hold the device's memory
-            break
-        if int(address) // GIB4 != (int(address) + SIZE - 1) // GIB4 and int(address) % GIB4:
-            found = int(address)
-            break
-        made.append(int(address))
-    for address in made:
-        check(cu.cuMemFree(address))
-    if not found:
-        print("no allocation across a 4 GiB boundary could be made here")
-        raise SystemExit(3)
-    return found
+def across_a_boundary(base: int) -> int | None:
+    """An allocation's start, when the allocation spans a 4 GiB boundary (and starts on none)."""
+    return base if base // GIB4 != (base + SIZE - 1) // GIB4 and base % GIB4 else None
 
 
 class Span:
@@ -64,7 +37,7 @@ class Span:
 
 
 torch.empty(1, device="cuda")  # the context, and PyTorch's first segment
-base = memory_across_a_boundary()
+base = allocation_where(across_a_boundary, "across a 4 GiB boundary")
 boundary = (base // GIB4 + 1) * GIB4
 below = torch.as_tensor(Span(boundary - 4096, 512), device="cuda")  # low half: -4096
 past = torch.as_tensor(Span(boundary + 512, 512), device="cuda")  # low half: 512
