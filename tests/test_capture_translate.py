@@ -331,22 +331,25 @@ def test_integer_pairs_inside_structs_are_not_pointers(tmp_path, cubin):
 
 def test_struct_words_that_may_be_data_are_pointers_where_the_capture_reaches(tmp_path, cubin):
     """At 0x7fxx addresses a struct word may be a 4-byte field beside the stale high half of an
-    old pointer: an int32 (TensorListMetadata's last field), a zero, a float (dropout's scale,
-    unaligned) or a round float (1.125, aligned). Such words, and tensor addresses within 64 KiB
+    old pointer: an int32 (TensorListMetadata's last field), a zero, or a float (dropout's scale,
+    unaligned). Such words, and tensor addresses within 64 KiB
     of a 4 GiB boundary (PyTorch's foreach kernels, on segments just below one), are relocated
     into an allocation this launch reaches otherwise or the capture already holds, and left as
-    captured into one nothing else reaches; a 4-byte aligned view that reads as no float is a
-    pointer wherever it points."""
+    captured into one nothing else reaches; a 4-byte aligned view that reads as no float, and an
+    8-byte aligned word that reads as a round float (1.125: a kernel's output at the start of a
+    block, as cuDNN's convolutions write into allocations nothing reached before), are pointers
+    wherever they point."""
     mem = FakeMemory()
     segment, size = 0x7FD1_FFE0_0000, 4 << 20  # across 0x7fd2_0000_0000
     unused = 0x7F27_FFE0_0000  # across 0x7f28_0000_0000, reached by no pointer of its own
     floats = 0x7F27_3F80_0000  # where (a float near 1, 0x7f27) lands
     on_boundary = 0x7F30_0000_0000  # starts on a 4 GiB boundary: (0, 0x7f30) is its start
-    for base in (segment, unused, floats, on_boundary):
+    output = 0x7F26_4000_0000  # a kernel's output, nothing else reaches it: 2.0 as a float
+    for base in (segment, unused, floats, on_boundary, output):
         mem.device[base] = bytearray(size)
     below, past = 0x7FD1_FFFF_0E00, 0x7FD2_0000_0200  # low halves: -61952 and 512
     stale = 0x7F28_0000_0001  # (1, 0x7f28)
-    scale, rounded = floats + 0xE38E4, floats + 0x100000  # (1.1111, 0x7f27), (1.125, 0x7f27)
+    scale, rounded = floats + 0xE38E4, output + 0x100000  # (1.1111, 0x7f27), (2.25, 0x7f26)
     view = segment + 0x2004  # 4-byte aligned, and its low half reads as no float
     kernel = ev.Kernel(5, "gemm", MODULE, ((0, 64),))
     first = struct.pack("<8Q", stale, below, segment + 0x1000, past, scale, rounded, view, on_boundary)
@@ -355,7 +358,7 @@ def test_struct_words_that_may_be_data_are_pointers_where_the_capture_reaches(tm
         tmp_path,
         [
             ev.ModuleImage(MODULE, cubin, None),
-            *(ev.Allocation(base, size) for base in (segment, unused, floats, on_boundary)),
+            *(ev.Allocation(base, size) for base in (segment, unused, floats, on_boundary, output)),
             ev.LaunchBegin(kernel, (1, 1, 1), (1, 1, 1), 0, 0, first),
             ev.LaunchBegin(kernel, (1, 1, 1), (1, 1, 1), 0, 0, reaches),
             ev.LaunchBegin(kernel, (1, 1, 1), (1, 1, 1), 0, 0, first),
@@ -368,7 +371,7 @@ def test_struct_words_that_may_be_data_are_pointers_where_the_capture_reaches(tm
         found = [
             [(r.site_offset, buffers[r.target_buffer] + r.target_offset) for r in op.relocations] for op in launches
         ]
-    assert found[0] == [(8, below), (16, segment + 0x1000), (24, past), (48, view)]  # the data stays
+    assert found[0] == [(8, below), (16, segment + 0x1000), (24, past), (40, rounded), (48, view)]  # the data stays
     assert found[1] == [(0, unused + 0x100), (8, floats + 0x100)]
     held = [(0, stale), (8, below), (16, segment + 0x1000), (24, past), (32, scale), (40, rounded), (48, view)]
     assert found[2] == held  # now the capture holds them; the zero on a boundary is still reached by nothing

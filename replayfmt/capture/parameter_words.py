@@ -21,7 +21,7 @@ candidate. Three kinds of word inside a struct are not taken at face value:
   has a small low half (PyTorch's allocator puts 2 MiB segments just below one often enough that
   a foreach optimizer step's tensor addresses there went unrelocated, and its replay faulted or
   computed wrong values). So a word that may be data (:func:`maybe_data`: a small low half, or a
-  low half that reads as a plausible float and is unaligned or round) is a pointer only into an
+  low half that reads as a plausible float and is not 8-byte aligned) is a pointer only into an
   allocation the capture already holds or that the same launch reaches through another word;
   the translator decides. So is a zero beside a stale half that lands on an allocation starting
   on a 4 GiB boundary.
@@ -37,10 +37,12 @@ The price: a pointer inside a struct within 64 KiB of a 4 GiB boundary below 16 
 past one, or into an arena and not 8-byte aligned, or one that may be data (as above) into an
 allocation nothing else reaches, stays as captured unless it is an allocation's start (a
 pointer-sized parameter is always relocated). A field beside a stale half is still taken for a
-pointer where it lands in an allocation the capture holds (likeliest in large ones: expandable
-segments, arenas high up), or where it is an integer of 2**16 or more, or an aligned float that
-is not round: the recorder's self-check replays and verifies the file, and says so when that
-goes wrong.
+pointer where it lands in an allocation the capture holds. For a small int that is harmless:
+it lands within 64 KiB of a 4 GiB boundary, and replay places every buffer there at its
+recorded address modulo 4 GiB (replay/buffers.py), so relocating the word changes only its
+stale half. A float (likeliest in large allocations: expandable segments, arenas high up), or
+an integer of 2**16 or more, is changed: the recorder's self-check replays and verifies the
+file, and says so when that goes wrong.
 """
 
 from __future__ import annotations
@@ -93,12 +95,14 @@ def plausible_float(low: int) -> bool:
 def maybe_data(word: int) -> bool:
     """Whether a struct word that is no integer pair may still be a 4-byte field beside the stale
     high half of a pointer: a small low half, or a low half that reads as a plausible float
-    (:func:`plausible_float`) and is either not 8-byte aligned or round (its low 16 bits zero:
-    1.0, 2.0, 1.25), as no tensor's address usually is."""
+    (:func:`plausible_float`) and is not 8-byte aligned, as a tensor's address usually is. A round
+    float (1.0, 2.0: low 16 bits zero) is no evidence: tensors start on such addresses, and a
+    kernel's output in an allocation nothing reached yet left unrelocated made resnet18's
+    replay fault (cuDNN's convolution structs, three captures in five on the H100)."""
     low = word & 0xFFFFFFFF
     if small_low_half(word):
         return True
-    return plausible_float(low) and (word % _STRUCT_POINTER_ALIGNMENT != 0 or low & 0xFFFF == 0)
+    return plausible_float(low) and word % _STRUCT_POINTER_ALIGNMENT != 0
 
 
 # Allocations this large (JAX's arena: tens of GB) hold so many addresses that numbers land in

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import mmap
+from typing import Any
 
 from replayfmt.cuda.address_space import page_runs, steer_device_arena
 from replayfmt.cuda.driver import check, initialised
@@ -17,6 +18,9 @@ from replayfmt.replay.plan import Plan
 
 _FIXED_PAGE = 2 << 20  # the VMM granularity of current GPUs; the real one is asked of the driver
 _HUGE_PAGE = 2 << 20
+_BOUNDARY = 1 << 32  # a pointer's high half changes every 4 GiB
+_NEAR_BOUNDARY = 1 << 16  # a small int beside a stale high half lands this close to one
+_HALF_BOUNDARY = 1 << 31  # and INT32_MIN (a sentinel) this far past one
 
 
 def recorded_ranges(plan: Plan) -> list[tuple[int, int]]:
@@ -54,7 +58,8 @@ def allocate_buffers(devices: Devices, plan: Plan, arena_problem: str | None = N
 
 
 def _allocate_anywhere(devices: Devices, buffers: dict[int, m.Buffer]) -> dict[int, int]:
-    """Each buffer where the driver puts it (its pointers relocated)."""
+    """Each buffer where the driver puts it (its pointers relocated); one whose recorded range
+    comes near a 4 GiB boundary at the same address modulo 4 GiB (:func:`near_boundary`)."""
     cu = devices.cu
     addresses: dict[int, int] = {}
     current = 0
@@ -63,6 +68,9 @@ def _allocate_anywhere(devices: Devices, buffers: dict[int, m.Buffer]) -> dict[i
             current = devices.index(buf.device)
             devices.use(current)
         size = max(buf.size, 1)
+        if buf.memory == m.MemoryKind.DEVICE and near_boundary(buf.address, size):
+            addresses[bid] = _allocate_congruent(devices, current, buf.address, size, f"buffer {bid}")
+            continue
         extra = max(0, buf.alignment - 256)
         address, free = allocate(cu, buf.memory, size + extra, f"buffer {bid}")  # by memory kind
         devices.own(free)
@@ -71,6 +79,62 @@ def _allocate_anywhere(devices: Devices, buffers: dict[int, m.Buffer]) -> dict[i
         addresses[bid] = address
     devices.use(0)
     return addresses
+
+
+def near_boundary(address: int, size: int) -> bool:
+    """Whether the recorded range [address, address + size) comes within 64 KiB of a 4 GiB
+    boundary (or holds INT32_MIN's place, 2 GiB past one). A struct word there may be a 4-byte
+    field (a small int) beside the stale high half of an old pointer, which the recorder takes
+    for a pointer into such a buffer once the capture holds it (capture/parameter_words.py):
+    placed at its recorded address modulo 4 GiB, the buffer moves only high halves, so the
+    relocated word keeps its field and a real pointer still follows its buffer (seen on the
+    H100: a MobileNet step's batch-norm reductions faulted where a 20 MiB segment started on a
+    boundary and their size fields beside 0x7f26 were relocated into it)."""
+    if not address:
+        return False
+    boundary = ((address - _NEAR_BOUNDARY) // _BOUNDARY + 1) * _BOUNDARY  # the first one past address - 64 KiB
+    sentinel = (address - _HALF_BOUNDARY - 1) // _BOUNDARY * _BOUNDARY + _BOUNDARY + _HALF_BOUNDARY  # INT32_MIN's
+    return address + size > boundary - _NEAR_BOUNDARY or address + size > sentinel
+
+
+def _allocate_congruent(devices: Devices, gpu: int, recorded: int, size: int, what: str) -> int:
+    """Device memory for ``size`` bytes at an address equal to ``recorded`` modulo 4 GiB: a
+    reservation 4 GiB larger than the pages needed, and physical pages mapped at the one place
+    inside it with the recorded low half (readable and writable by every replay device)."""
+    cu = devices.cu
+    prop, access, page = _physical(devices, gpu)
+    into_page = recorded % page
+    span = -(-(into_page + size) // page) * page
+    reserved = span + _BOUNDARY
+    base = int(check(cu.cuMemAddressReserve(reserved, page, 0, 0), f"{what}: cuMemAddressReserve({reserved})"))
+    devices.own(lambda: cu.cuMemAddressFree(base, reserved))
+    start = base + (recorded - into_page - base) % _BOUNDARY  # pages are powers of two dividing 4 GiB
+    handle = check(cu.cuMemCreate(span, prop, 0), f"{what}: cuMemCreate({span})")
+    devices.own(lambda: cu.cuMemRelease(handle))
+    check(cu.cuMemMap(start, span, 0, handle, 0), f"{what}: cuMemMap at {start:#x}")
+    devices.own(lambda: cu.cuMemUnmap(start, span))
+    check(cu.cuMemSetAccess(start, span, access, len(access)), f"{what}: cuMemSetAccess at {start:#x}")
+    return start + into_page
+
+
+def _physical(devices: Devices, gpu: int) -> tuple[Any, list[Any], int]:
+    """For mapping pages of device ``gpu``: the allocation properties, the access every replay
+    device gets, and the driver's page (allocation granularity)."""
+    cu = devices.cu
+    prop = cu.CUmemAllocationProp()
+    prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    prop.location.id = devices.gpus[gpu].ordinal
+    flags = cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM
+    page = int(check(cu.cuMemGetAllocationGranularity(prop, flags), "cuMemGetAllocationGranularity"))
+    access = []
+    for reader in devices.gpus:
+        desc = cu.CUmemAccessDesc()
+        desc.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        desc.location.id = reader.ordinal
+        desc.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        access.append(desc)
+    return prop, access, page
 
 
 def _allocate_fixed(devices: Devices, plan: Plan, arena_problem: str | None) -> dict[int, int]:
@@ -85,12 +149,7 @@ def _allocate_fixed(devices: Devices, plan: Plan, arena_problem: str | None) -> 
     run of pages that buffers share (allocators place several tensors in one page).
     """
     cu = devices.cu
-    prop = cu.CUmemAllocationProp()
-    prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
-    prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-    prop.location.id = devices.gpus[0].ordinal
-    flags = cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM
-    page = check(cu.cuMemGetAllocationGranularity(prop, flags), "cuMemGetAllocationGranularity")
+    prop, _, page = _physical(devices, 0)
     addresses: dict[int, int] = {}
     host_side: dict[int, m.Buffer] = {}
     for bid, buf in plan.buffers.items():

@@ -415,6 +415,33 @@ def test_fixed_addresses_reproduce_unrelocatable_pointers(tmp_path, kernels):
     assert "verified: 2" in result.stdout
 
 
+def test_a_field_beside_a_stale_half_relocated_into_a_buffer_on_a_boundary_keeps_its_value(tmp_path, kernels):
+    """A buffer recorded on a 4 GiB boundary is placed at its recorded address modulo 4 GiB: the
+    recorder takes a small int beside the stale high half of an old pointer for a pointer into it
+    (here axpy's element count, with 0x7f26 in the padding after it), and relocating that word
+    must change only its high half, while a real pointer into the same buffer still follows it."""
+    n = 1 << 14
+    x, y = ints(n, 11), ints(n, 12)
+    on_boundary = 0x7F26_0000_0000
+    c = Capture(tmp_path / "boundary.kreplay", kernels["replay_kernels"])
+    bx = c.buffer(4 << 20, address=on_boundary)
+    by = c.buffer(4 * n, dtype=F32, shape=(n,), address=0x7F25_4000_0000)
+    c.w.copy_h2d(dst_buffer=bx, data=x)
+    c.w.copy_h2d(dst_buffer=by, data=y)
+    count_and_stale_half = i32(n) + (on_boundary >> 32).to_bytes(4, "little")
+    raw = f32(2) + bytes(4) + on_boundary.to_bytes(8, "little") + (0x7F25_4000_0000).to_bytes(8, "little")
+    relocations = (m.Relocation(0, bx, 8, 0), m.Relocation(0, by, 16, 0), m.Relocation(0, bx, 24, n))
+    c.launch(AXPY, (n // 256, 1, 1), (256, 1, 1), raw + count_and_stale_half, relocations)
+    c.w.checkpoint({by: 2 * x + y})
+    with replayfmt.open(c.close()) as cap:
+        plan = build_plan(cap, PlanOptions())
+        with Replayer(plan, ReplayOptions(verify=True)) as r:
+            placed = r.addresses[bx]
+            result = r.run(1)
+    assert placed % (1 << 32) == on_boundary % (1 << 32)
+    assert result.verified, [r.line() for r in result.reports]
+
+
 def test_example_capture_replays_and_verifies(gpu_arch):
     example = Path(__file__).resolve().parents[2] / "examples" / "saxpy.kreplay"
     result = run_cli("--verify", str(example))
