@@ -537,13 +537,13 @@ def test_a_clustered_kernel_node_is_written_with_its_cluster_and_keeps_it_throug
 
 
 def test_a_graph_node_whose_word_may_be_data_is_resolved_after_the_nodes_that_reach_its_allocation(tmp_path, cubin):
-    """A kernel node's struct word with a small low half (an address just below a 4 GiB boundary,
-    or an int beside a stale half) is a pointer where the capture reaches its allocation, whichever
-    node comes first: a later node's plain pointer into the same allocation settles it."""
+    """A kernel node's struct word that may be data (an unaligned float beside a stale half, or a
+    view's address that reads as one) is a pointer where the capture reaches its allocation,
+    whichever node comes first: a later node's pointer into the same allocation settles it."""
     mem = FakeMemory()
-    segment, size = 0x7FD1_FFE0_0000, 4 << 20  # across 0x7fd2_0000_0000
+    segment, size = 0x7F27_3F80_0000, 4 << 20
     mem.device[segment] = bytearray(size)
-    below = 0x7FD1_FFFF_0E00  # low half -61952
+    below = segment + 0xE38E4  # (1.1111, 0x7f27)
     layout = ((0, 16),)  # one 16-byte struct
     first = ev.GraphKernel(ev.Kernel(5, "gemm", MODULE, layout), (1, 1, 1), (1, 1, 1), 0, struct.pack("<2Q", below, 0))
     second = ev.GraphKernel(

@@ -331,14 +331,13 @@ def test_integer_pairs_inside_structs_are_not_pointers(tmp_path, cubin):
 
 def test_struct_words_that_may_be_data_are_pointers_where_the_capture_reaches(tmp_path, cubin):
     """At 0x7fxx addresses a struct word may be a 4-byte field beside the stale high half of an
-    old pointer: an int32 (TensorListMetadata's last field), a zero, or a float (dropout's scale,
-    unaligned). Such words, and tensor addresses within 64 KiB
-    of a 4 GiB boundary (PyTorch's foreach kernels, on segments just below one), are relocated
-    into an allocation this launch reaches otherwise or the capture already holds, and left as
-    captured into one nothing else reaches; a 4-byte aligned view that reads as no float, and an
-    8-byte aligned word that reads as a round float (1.125: a kernel's output at the start of a
-    block, as cuDNN's convolutions write into allocations nothing reached before), are pointers
-    wherever they point."""
+    old pointer: a float (dropout's scale, unaligned) is relocated only into an allocation this
+    launch reaches otherwise or the capture already holds, and left as captured into one nothing
+    else reaches. A small int (TensorListMetadata's last field), a zero on a 4 GiB boundary and
+    a tensor address within 64 KiB of one (PyTorch's foreach kernels, on segments just below
+    one) are relocated into device memory wherever they land (replay keeps such buffers' low
+    halves); so are a 4-byte aligned view that reads as no float and an 8-byte aligned word that
+    reads as a round float (a kernel's output at the start of a block)."""
     mem = FakeMemory()
     segment, size = 0x7FD1_FFE0_0000, 4 << 20  # across 0x7fd2_0000_0000
     unused = 0x7F27_FFE0_0000  # across 0x7f28_0000_0000, reached by no pointer of its own
@@ -353,7 +352,7 @@ def test_struct_words_that_may_be_data_are_pointers_where_the_capture_reaches(tm
     view = segment + 0x2004  # 4-byte aligned, and its low half reads as no float
     kernel = ev.Kernel(5, "gemm", MODULE, ((0, 64),))
     first = struct.pack("<8Q", stale, below, segment + 0x1000, past, scale, rounded, view, on_boundary)
-    reaches = struct.pack("<8Q", unused + 0x100, floats + 0x100, 0, 0, 0, 0, 0, 0)
+    reaches = struct.pack("<8Q", floats + 0x100, 0, 0, 0, 0, 0, 0, 0)
     path, _ = record(
         tmp_path,
         [
@@ -371,10 +370,10 @@ def test_struct_words_that_may_be_data_are_pointers_where_the_capture_reaches(tm
         found = [
             [(r.site_offset, buffers[r.target_buffer] + r.target_offset) for r in op.relocations] for op in launches
         ]
-    assert found[0] == [(8, below), (16, segment + 0x1000), (24, past), (40, rounded), (48, view)]  # the data stays
-    assert found[1] == [(0, unused + 0x100), (8, floats + 0x100)]
-    held = [(0, stale), (8, below), (16, segment + 0x1000), (24, past), (32, scale), (40, rounded), (48, view)]
-    assert found[2] == held  # now the capture holds them; the zero on a boundary is still reached by nothing
+    pointers = [(0, stale), (8, below), (16, segment + 0x1000), (24, past), (40, rounded), (48, view)]
+    assert found[0] == [*pointers, (56, on_boundary)]  # the float stays
+    assert found[1] == [(0, floats + 0x100)]
+    assert found[2] == sorted([*pointers, (32, scale), (56, on_boundary)])  # now the capture holds its allocation
 
 
 def test_a_repeated_launch_resolves_again_once_the_capture_holds_what_it_left(tmp_path, cubin):
@@ -382,18 +381,18 @@ def test_a_repeated_launch_resolves_again_once_the_capture_holds_what_it_left(tm
     is worked out again when repeated after another kernel reached that allocation: the last
     launch's resolution is reused only while it left nothing unsettled."""
     mem = FakeMemory()
-    unused, size = 0x7F27_FFE0_0000, 4 << 20  # across 0x7f28_0000_0000
+    unused, size = 0x7F27_3F80_0000, 4 << 20
     mem.device[unused] = bytearray(size)
-    stale = 0x7F28_0000_0001
+    scale = unused + 0xE38E4  # (1.1111, 0x7f27): a float beside a stale half
     a, b = ev.Kernel(5, "gemm", MODULE, ((0, 16),)), ev.Kernel(6, "gemm", MODULE, ((0, 16),))
     path, _ = record(
         tmp_path,
         [
             ev.ModuleImage(MODULE, cubin, None),
             ev.Allocation(unused, size),
-            ev.LaunchBegin(a, (1, 1, 1), (1, 1, 1), 0, 0, struct.pack("<2Q", stale, 0)),
+            ev.LaunchBegin(a, (1, 1, 1), (1, 1, 1), 0, 0, struct.pack("<2Q", scale, 0)),
             ev.LaunchBegin(b, (1, 1, 1), (1, 1, 1), 0, 0, struct.pack("<2Q", unused + 64, 0)),
-            ev.LaunchBegin(a, (1, 1, 1), (1, 1, 1), 0, 0, struct.pack("<2Q", stale, 0)),
+            ev.LaunchBegin(a, (1, 1, 1), (1, 1, 1), 0, 0, struct.pack("<2Q", scale, 0)),
         ],
         mem,
     )

@@ -18,13 +18,15 @@ candidate. Three kinds of word inside a struct are not taken at face value:
   field: seen on the H100, a BERT step's replay faulted (INVALID_ADDRESS_SPACE) or computed
   every parameter wrong, a few captures in ten, each time through a 64 MiB allocation no kernel
   used. Such a word is also often a real pointer: a tensor within 64 KiB of a 4 GiB boundary
-  has a small low half (PyTorch's allocator puts 2 MiB segments just below one often enough that
-  a foreach optimizer step's tensor addresses there went unrelocated, and its replay faulted or
-  computed wrong values). So a word that may be data (:func:`maybe_data`: a small low half, or a
-  low half that reads as a plausible float and is not 8-byte aligned) is a pointer only into an
-  allocation the capture already holds or that the same launch reaches through another word;
-  the translator decides. So is a zero beside a stale half that lands on an allocation starting
-  on a 4 GiB boundary.
+  has a small low half (a foreach optimizer step's tensors on a segment just below one; a
+  GEMM's output at the start of a segment on one), and a tensor's address may read as a float.
+  A small int up high is relocated as a pointer into device memory all the same: it lands
+  within 64 KiB of a 4 GiB boundary, and replay places every device buffer there at its
+  recorded address modulo 4 GiB (replay/buffers.py), so relocating it moves only the stale
+  half and a field keeps its value. A word that may be data (:func:`maybe_data`: a low half that
+  reads as a plausible float and is not 8-byte aligned, or a small low half into host memory,
+  which replay cannot place) is a pointer only into an allocation the capture already holds or
+  that the same launch reaches through another word; the translator decides.
 - **Unaligned in an arena.** A word into an arena (4 GiB or more) that is not 8-byte aligned is
   data: cuDNN's sm_90 convolution kernels take a 2.9 KB struct holding 64-bit division magic
   numbers (0x4_9249_2493, 0x3_E38E_38E4) and TMA descriptor fields (0x4_0005_63c3) that fall
@@ -36,13 +38,12 @@ candidate. Three kinds of word inside a struct are not taken at face value:
 The price: a pointer inside a struct within 64 KiB of a 4 GiB boundary below 16 TiB, or 2 GiB
 past one, or into an arena and not 8-byte aligned, or one that may be data (as above) into an
 allocation nothing else reaches, stays as captured unless it is an allocation's start (a
-pointer-sized parameter is always relocated). A field beside a stale half is still taken for a
-pointer where it lands in an allocation the capture holds. For a small int that is harmless:
-it lands within 64 KiB of a 4 GiB boundary, and replay places every buffer there at its
-recorded address modulo 4 GiB (replay/buffers.py), so relocating the word changes only its
-stale half. A float (likeliest in large allocations: expandable segments, arenas high up), or
-an integer of 2**16 or more, is changed: the recorder's self-check replays and verifies the
-file, and says so when that goes wrong.
+pointer-sized parameter is always relocated). A float field beside a stale half is still
+taken for a pointer where it lands in an allocation the capture holds (likeliest in large
+ones: expandable segments, arenas high up), and so is an integer of 2**16 or more beside one:
+the recorder's self-check replays and verifies the file, and says so when that goes wrong. A
+small int beside a stale half makes the capture hold the allocation it lands in (a snapshot
+of its live bytes), though nothing else may use it.
 """
 
 from __future__ import annotations
@@ -92,17 +93,20 @@ def plausible_float(low: int) -> bool:
     return _FLOAT_EXPONENTS[0] <= (low >> 23) & 0xFF <= _FLOAT_EXPONENTS[1]
 
 
-def maybe_data(word: int) -> bool:
+def maybe_data(word: int, *, device_memory: bool) -> bool:
     """Whether a struct word that is no integer pair may still be a 4-byte field beside the stale
-    high half of a pointer: a small low half, or a low half that reads as a plausible float
-    (:func:`plausible_float`) and is not 8-byte aligned, as a tensor's address usually is. A round
-    float (1.0, 2.0: low 16 bits zero) is no evidence: tensors start on such addresses, and a
-    kernel's output in an allocation nothing reached yet left unrelocated made resnet18's
-    replay fault (cuDNN's convolution structs, three captures in five on the H100)."""
-    low = word & 0xFFFFFFFF
+    high half of a pointer, and relocating it would change that field: a low half that reads as
+    a plausible float (:func:`plausible_float`) and is not 8-byte aligned, as a tensor's address
+    usually is; or a small low half into host memory. A small low half into device memory is
+    relocated as a pointer: it lies within 64 KiB of a 4 GiB boundary, where replay places each
+    device buffer at its recorded address modulo 4 GiB (replay/buffers.py), so the relocation
+    moves only the stale half and a field keeps its value. A round float (1.0, 2.0: low 16 bits
+    zero) is no evidence: tensors start on such addresses, and a kernel's output in an
+    allocation nothing reached yet left unrelocated made resnet18's replay fault (cuDNN's
+    convolution structs, three captures in five on the H100)."""
     if small_low_half(word):
-        return True
-    return plausible_float(low) and word % _STRUCT_POINTER_ALIGNMENT != 0
+        return not device_memory
+    return plausible_float(word & 0xFFFFFFFF) and word % _STRUCT_POINTER_ALIGNMENT != 0
 
 
 # Allocations this large (JAX's arena: tens of GB) hold so many addresses that numbers land in

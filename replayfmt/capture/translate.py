@@ -541,7 +541,7 @@ class Translator(ModuleEvents, MemoryEvents, GraphEvents, StateEvents, RepeatEve
             elif site in shape.struct_words and not (value == allocation.address and start_is_pointer(value)):
                 if not_a_struct_pointer(value, allocation.size):
                     continue
-                if maybe_data(value):
+                if maybe_data(value, device_memory=allocation.api == ev.MemoryApi.DEVICE):
                     undecided.append((site, value, allocation))
                     continue
             relocations.append(m.Relocation(0, self._buffer(allocation), site, value - allocation.address, kind))
