@@ -172,7 +172,8 @@ class FakeDriver:
     CUresult = _Result
     CUevent_flags = CUdevice_attribute = CUfunction_attribute = CUstream_flags = _Constants()
     CUjit_option = CUlaunchAttributeID = _Constants()
-    CUlaunchConfig = CUlaunchAttribute = _Struct
+    CUlaunchConfig = CUlaunchAttribute = CUmemAllocationProp = CUmemAccessDesc = _Struct
+    CUmemAllocationType = CUmemLocationType = CUmemAllocationGranularity_flags = CUmemAccess_flags = _Constants()
     CU_MEMHOSTALLOC_PORTABLE = CU_MEMHOSTREGISTER_PORTABLE = 1
 
     cuLaunchKernel = cuLaunchKernelEx = cuEventRecord = cuStreamWaitEvent = staticmethod(_ok)
@@ -186,6 +187,8 @@ class FakeDriver:
         self.layouts = layouts or {}
         self.handles = 0
         self.next_address = 0x7F00_0000_0000
+        self.next_reservation = 0x7E00_1240_0000
+        self.mapped: list[tuple[int, int]] = []
         self.pinned: dict[int, Any] = {}
         self.calls: dict[str, int] = {}
         self.module_globals: dict[str, int] = {}  # symbol -> size, in every loaded module
@@ -239,7 +242,24 @@ class FakeDriver:
     def cuMemHostRegister(self, address: int, size: int, flags: int) -> tuple[int]:
         return _OK
 
-    cuMemHostUnregister = staticmethod(_ok)
+    cuMemHostUnregister = cuMemSetAccess = cuMemUnmap = cuMemRelease = cuMemAddressFree = staticmethod(_ok)
+
+    # virtual memory: reservations from an address 2 MiB aligned but not 4 GiB aligned; ``mapped``
+    # lists (address, size) of every mapping
+    def cuMemGetAllocationGranularity(self, prop: Any, flags: str) -> tuple[int, int]:
+        return 0, 2 << 20
+
+    def cuMemAddressReserve(self, size: int, alignment: int, hint: int, flags: int) -> tuple[int, int]:
+        address = self.next_reservation
+        self.next_reservation += -(-size // (2 << 20)) * (2 << 20)
+        return 0, address
+
+    def cuMemCreate(self, size: int, prop: Any, flags: int) -> tuple[int, str]:
+        return 0, f"physical {self._handle()}"
+
+    def cuMemMap(self, address: int, size: int, offset: int, handle: str, flags: int) -> tuple[int]:
+        self.mapped.append((address, size))
+        return _OK
 
     def cuModuleLoadData(self, image: bytes) -> tuple[int, str]:
         return 0, f"module {self._handle()}"

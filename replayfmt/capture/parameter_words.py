@@ -93,19 +93,19 @@ def plausible_float(low: int) -> bool:
     return _FLOAT_EXPONENTS[0] <= (low >> 23) & 0xFF <= _FLOAT_EXPONENTS[1]
 
 
-def maybe_data(word: int, *, device_memory: bool) -> bool:
+def maybe_data(word: int, *, low_half_kept: bool) -> bool:
     """Whether a struct word that is no integer pair may still be a 4-byte field beside the stale
     high half of a pointer, and relocating it would change that field: a low half that reads as
     a plausible float (:func:`plausible_float`) and is not 8-byte aligned, as a tensor's address
-    usually is; or a small low half into host memory. A small low half into device memory is
-    relocated as a pointer: it lies within 64 KiB of a 4 GiB boundary, where replay places each
-    device buffer at its recorded address modulo 4 GiB (replay/buffers.py), so the relocation
-    moves only the stale half and a field keeps its value. A round float (1.0, 2.0: low 16 bits
-    zero) is no evidence: tensors start on such addresses, and a kernel's output in an
+    usually is; or a small low half, unless ``low_half_kept``: it lies within 64 KiB of a 4 GiB
+    boundary, where replay places each device buffer (not host memory, nor a module's globals)
+    at its recorded address modulo 4 GiB (replay/buffers.py), so that relocating the word into
+    one moves only its stale half and a field keeps its value. A round float (1.0, 2.0: low 16
+    bits zero) is no evidence: tensors start on such addresses, and a kernel's output in an
     allocation nothing reached yet left unrelocated made resnet18's replay fault (cuDNN's
     convolution structs, three captures in five on the H100)."""
     if small_low_half(word):
-        return not device_memory
+        return not low_half_kept
     return plausible_float(word & 0xFFFFFFFF) and word % _STRUCT_POINTER_ALIGNMENT != 0
 
 
