@@ -188,7 +188,9 @@ class FakeDriver:
         self.handles = 0
         self.next_address = 0x7F00_0000_0000
         self.next_reservation = 0x7E00_1240_0000
+        self.reserved: list[tuple[int, int]] = []
         self.mapped: list[tuple[int, int]] = []
+        self.released: list[tuple[int, int]] = []
         self.pinned: dict[int, Any] = {}
         self.calls: dict[str, int] = {}
         self.module_globals: dict[str, int] = {}  # symbol -> size, in every loaded module
@@ -242,17 +244,25 @@ class FakeDriver:
     def cuMemHostRegister(self, address: int, size: int, flags: int) -> tuple[int]:
         return _OK
 
-    cuMemHostUnregister = cuMemSetAccess = cuMemUnmap = cuMemRelease = cuMemAddressFree = staticmethod(_ok)
+    cuMemHostUnregister = cuMemSetAccess = cuMemRelease = staticmethod(_ok)
 
-    # virtual memory: reservations from an address 2 MiB aligned but not 4 GiB aligned; ``mapped``
-    # lists (address, size) of every mapping
+    # virtual memory: reservations from an address 2 MiB aligned but not 4 GiB aligned; ``reserved``
+    # and ``mapped`` list (address, size) of each reservation and mapping, ``released`` of each
+    # one unmapped or freed
     def cuMemGetAllocationGranularity(self, prop: Any, flags: str) -> tuple[int, int]:
         return 0, 2 << 20
 
     def cuMemAddressReserve(self, size: int, alignment: int, hint: int, flags: int) -> tuple[int, int]:
         address = self.next_reservation
         self.next_reservation += -(-size // (2 << 20)) * (2 << 20)
+        self.reserved.append((address, size))
         return 0, address
+
+    def cuMemAddressFree(self, address: int, size: int) -> tuple[int]:
+        self.released.append((address, size))
+        return _OK
+
+    cuMemUnmap = cuMemAddressFree
 
     def cuMemCreate(self, size: int, prop: Any, flags: int) -> tuple[int, str]:
         return 0, f"physical {self._handle()}"

@@ -376,6 +376,30 @@ def test_struct_words_that_may_be_data_are_pointers_where_the_capture_reaches(tm
     assert found[2] == sorted([*pointers, (32, scale), (56, on_boundary)])  # now the capture holds its allocation
 
 
+def test_a_small_int_beside_a_stale_half_stays_as_captured_in_memory_replay_cannot_place(tmp_path, cubin):
+    """Replay keeps the low half of addresses into device buffers near a 4 GiB boundary, never into
+    pinned host memory: there a small int beside a stale half is relocated only where the
+    capture reaches that memory otherwise, as a float beside one is."""
+    mem = FakeMemory()
+    pinned, size = 0x7F28_0000_0000 - (2 << 20), 4 << 20  # across 0x7f28_0000_0000
+    mem.device[pinned] = bytearray(size)
+    stale = 0x7F28_0000_0001  # (1, 0x7f28)
+    kernel = ev.Kernel(5, "gemm", MODULE, ((0, 16),))
+    path, _ = record(
+        tmp_path,
+        [
+            ev.ModuleImage(MODULE, cubin, None),
+            ev.Allocation(pinned, size, ev.MemoryApi.HOST_PINNED, "cuMemHostAlloc"),
+            ev.LaunchBegin(kernel, (1, 1, 1), (1, 1, 1), 0, 0, struct.pack("<2Q", stale, 0)),
+            ev.LaunchBegin(kernel, (1, 1, 1), (1, 1, 1), 0, 0, struct.pack("<2Q", stale, pinned + 64)),
+        ],
+        mem,
+    )
+    with replayfmt.open(path) as cap:
+        launches = [op for op in cap.iter_operations() if op.kind == m.OperationKind.LAUNCH]
+        assert [[r.site_offset for r in op.relocations] for op in launches] == [[], [0, 8]]
+
+
 def test_a_repeated_launch_resolves_again_once_the_capture_holds_what_it_left(tmp_path, cubin):
     """A launch whose word that may be data was left as captured (nothing reached its allocation)
     is worked out again when repeated after another kernel reached that allocation: the last

@@ -21,8 +21,9 @@ BOUNDARY = 0x7F26 * GIB4
         (BOUNDARY - (2 << 20), 2 << 20, True),  # ends on one: (small negative int, 0x7f25) lands inside
         (BOUNDARY - (2 << 20), 4 << 20, True),  # spans one
         (BOUNDARY + (1 << 16), 2 << 20, False),  # starts past the last small int
-        (BOUNDARY - (1 << 17), 1 << 16, False),  # ends before the first small negative int
-        (BOUNDARY - (1 << 17), (1 << 16) + 1, True),
+        (BOUNDARY - (1 << 17), (1 << 16) + 1, False),  # ends at -65536, which is no small int
+        (BOUNDARY - (1 << 17), (1 << 16) + 2, True),  # holds -65535
+        (BOUNDARY + (1 << 16) - 1, 1, True),  # holds 65535
         (BOUNDARY + (1 << 31) - 16, 32, True),  # holds INT32_MIN beside a stale half
         (BOUNDARY + (1 << 31) + 1, 1 << 20, False),
         (BOUNDARY + (1 << 20), 8 * GIB4, True),  # an arena across several
@@ -62,6 +63,10 @@ def test_a_replay_places_buffers_near_a_boundary_at_their_recorded_address_modul
         assert placed[name] % GIB4 == address % GIB4 and placed[name] != address, name
         assert any(start <= placed[name] and placed[name] + size <= start + n for start, n in driver.mapped), name
         assert all(start % (2 << 20) == 0 and n % (2 << 20) == 0 for start, n in driver.mapped)
-    assert len(driver.mapped) == 3
+        assert any(start <= placed[name] and placed[name] + size <= start + n for start, n in driver.reserved), name
+    assert len(driver.mapped) == 3 and all(
+        any(r <= start and start + n <= r + size for r, size in driver.reserved) for start, n in driver.mapped
+    )
     assert placed["far"] % GIB4 != recorded["far"][0] % GIB4  # where the driver put it
     assert host in driver.pinned
+    assert sorted(driver.released) == sorted([*driver.mapped, *driver.reserved])  # when the replay closed

@@ -24,9 +24,11 @@ candidate. Three kinds of word inside a struct are not taken at face value:
   within 64 KiB of a 4 GiB boundary, and replay places every device buffer there at its
   recorded address modulo 4 GiB (replay/buffers.py), so relocating it moves only the stale
   half and a field keeps its value. A word that may be data (:func:`maybe_data`: a low half that
-  reads as a plausible float and is not 8-byte aligned, or a small low half into host memory,
-  which replay cannot place) is a pointer only into an allocation the capture already holds or
-  that the same launch reaches through another word; the translator decides.
+  reads as a plausible float and is not 8-byte aligned, or a small low half into host memory or
+  a module's globals, which replay does not place) is a pointer only into an allocation the
+  capture already holds or that the same launch reaches through another word; the translator
+  decides. An 8-byte aligned word that reads as a float is a pointer wherever it lands:
+  tensors start on round addresses (1.0, 2.0 read as 0x3f80_0000, 0x4000_0000).
 - **Unaligned in an arena.** A word into an arena (4 GiB or more) that is not 8-byte aligned is
   data: cuDNN's sm_90 convolution kernels take a 2.9 KB struct holding 64-bit division magic
   numbers (0x4_9249_2493, 0x3_E38E_38E4) and TMA descriptor fields (0x4_0005_63c3) that fall
@@ -39,11 +41,13 @@ The price: a pointer inside a struct within 64 KiB of a 4 GiB boundary below 16 
 past one, or into an arena and not 8-byte aligned, or one that may be data (as above) into an
 allocation nothing else reaches, stays as captured unless it is an allocation's start (a
 pointer-sized parameter is always relocated). A float field beside a stale half is still
-taken for a pointer where it lands in an allocation the capture holds (likeliest in large
-ones: expandable segments, arenas high up), and so is an integer of 2**16 or more beside one:
-the recorder's self-check replays and verifies the file, and says so when that goes wrong. A
-small int beside a stale half makes the capture hold the allocation it lands in (a snapshot
-of its live bytes), though nothing else may use it.
+taken for a pointer where it lands in an allocation: an unaligned one where the capture holds
+that allocation (likeliest in large ones: expandable segments, arenas high up), an aligned one
+(dropout's scale 2.0 at p = 0.5, 1.25 at p = 0.2) wherever it lands; so is an integer of 2**16
+or more beside one: the recorder's self-check replays and verifies the file, and says so when
+that goes wrong. A small int beside a stale half makes the capture hold the allocation it lands
+in (a snapshot of its live bytes, refused like any other over ``--max-snapshot-gib`` where no
+framework says which bytes are live), though nothing else may use it.
 """
 
 from __future__ import annotations

@@ -541,7 +541,8 @@ class Translator(ModuleEvents, MemoryEvents, GraphEvents, StateEvents, RepeatEve
             elif site in shape.struct_words and not (value == allocation.address and start_is_pointer(value)):
                 if not_a_struct_pointer(value, allocation.size):
                     continue
-                # replay places device buffers, never host memory or a module's globals (maybe_data)
+                # replay keeps device buffers' low halves near a 4 GiB boundary (placed modulo 4 GiB:
+                # near_boundary), never host memory's or a module's globals' (maybe_data)
                 kept = allocation.api == ev.MemoryApi.DEVICE and allocation.module_global is None
                 if maybe_data(value, low_half_kept=kept):
                     undecided.append((site, value, allocation))

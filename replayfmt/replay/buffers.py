@@ -1,5 +1,6 @@
-"""Memory for a replay: the captured buffers on their devices (reallocated, or at their recorded
-addresses with ``--fixed-addresses``) and pinned host memory for staging and downloads."""
+"""Memory for a replay: the captured buffers on their devices (reallocated, those recorded near a
+4 GiB boundary at their recorded address modulo 4 GiB, or all at their recorded addresses with
+``--fixed-addresses``) and pinned host memory for staging and downloads."""
 
 from __future__ import annotations
 
@@ -58,8 +59,9 @@ def allocate_buffers(devices: Devices, plan: Plan, arena_problem: str | None = N
 
 
 def _allocate_anywhere(devices: Devices, buffers: dict[int, m.Buffer]) -> dict[int, int]:
-    """Each buffer where the driver puts it (its pointers relocated); one whose recorded range
-    comes near a 4 GiB boundary at the same address modulo 4 GiB (:func:`near_boundary`)."""
+    """Each buffer where the driver puts it (its pointers relocated); a device buffer whose
+    recorded range comes near a 4 GiB boundary at its recorded address modulo 4 GiB
+    (:func:`near_boundary`)."""
     cu = devices.cu
     addresses: dict[int, int] = {}
     current = 0
@@ -92,9 +94,11 @@ def near_boundary(address: int, size: int) -> bool:
     boundary and their size fields beside 0x7f26 were relocated into it)."""
     if not address:
         return False
-    boundary = ((address - _NEAR_BOUNDARY) // _BOUNDARY + 1) * _BOUNDARY  # the first one past address - 64 KiB
-    sentinel = (address - _HALF_BOUNDARY - 1) // _BOUNDARY * _BOUNDARY + _BOUNDARY + _HALF_BOUNDARY  # INT32_MIN's
-    return address + size > boundary - _NEAR_BOUNDARY or address + size > sentinel
+    # a small int n lands at boundary + n, |n| < 64 KiB: the window [boundary - 65535, boundary + 65536)
+    boundary = ((address - _NEAR_BOUNDARY) // _BOUNDARY + 1) * _BOUNDARY  # the first one whose window ends past address
+    # INT32_MIN lands at boundary + 2 GiB: the first such address at or after ``address``
+    sentinel = -(-(address - _HALF_BOUNDARY) // _BOUNDARY) * _BOUNDARY + _HALF_BOUNDARY
+    return address + size > boundary - _NEAR_BOUNDARY + 1 or address + size > sentinel
 
 
 def _allocate_congruent(devices: Devices, gpu: int, recorded: int, size: int, what: str) -> int:
@@ -118,20 +122,29 @@ def _allocate_congruent(devices: Devices, gpu: int, recorded: int, size: int, wh
 
 
 def _physical(devices: Devices, gpu: int) -> tuple[Any, list[Any], int]:
-    """For mapping pages of device ``gpu``: the allocation properties, the access every replay
-    device gets, and the driver's page (allocation granularity)."""
+    """For mapping pages of device ``gpu``: the allocation properties, the access its own and
+    every other replay device that can reach it get (peer access does not cover memory mapped
+    this way; one that cannot reach it faults there, as it would on a buffer from cuMemAlloc),
+    and the driver's page (allocation granularity)."""
     cu = devices.cu
+    owner = devices.gpus[gpu]
     prop = cu.CUmemAllocationProp()
     prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
     prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-    prop.location.id = devices.gpus[gpu].ordinal
+    prop.location.id = owner.ordinal
     flags = cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM
     page = int(check(cu.cuMemGetAllocationGranularity(prop, flags), "cuMemGetAllocationGranularity"))
+    readers = {owner.ordinal}
+    for other in devices.gpus:
+        if other.ordinal not in readers and check(
+            cu.cuDeviceCanAccessPeer(other.handle, owner.handle), "cuDeviceCanAccessPeer"
+        ):
+            readers.add(other.ordinal)
     access = []
-    for reader in devices.gpus:
+    for ordinal in sorted(readers):
         desc = cu.CUmemAccessDesc()
         desc.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-        desc.location.id = reader.ordinal
+        desc.location.id = ordinal
         desc.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
         access.append(desc)
     return prop, access, page
@@ -149,7 +162,7 @@ def _allocate_fixed(devices: Devices, plan: Plan, arena_problem: str | None) -> 
     run of pages that buffers share (allocators place several tensors in one page).
     """
     cu = devices.cu
-    prop, _, page = _physical(devices, 0)
+    prop, access, page = _physical(devices, 0)
     addresses: dict[int, int] = {}
     host_side: dict[int, m.Buffer] = {}
     for bid, buf in plan.buffers.items():
@@ -179,15 +192,12 @@ def _allocate_fixed(devices: Devices, plan: Plan, arena_problem: str | None) -> 
             f"offered {int(ptr):#x}){why}. Capture and replay with the tools' --fixed-addresses (they run "
             "with address-space randomisation off), in a fresh process with nothing else on the device"
         )
-    access = cu.CUmemAccessDesc()
-    access.location = prop.location
-    access.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
     for start, end in regions:
         handle = check(cu.cuMemCreate(end - start, prop, 0), f"cuMemCreate({end - start}) at {start:#x}")
         devices.own(lambda h=handle: cu.cuMemRelease(h))
         check(cu.cuMemMap(start, end - start, 0, handle, 0), f"cuMemMap at {start:#x}")
         devices.own(lambda s=start, n=end - start: cu.cuMemUnmap(s, n))
-        check(cu.cuMemSetAccess(start, end - start, [access], 1), f"cuMemSetAccess at {start:#x}")
+        check(cu.cuMemSetAccess(start, end - start, access, len(access)), f"cuMemSetAccess at {start:#x}")
     return addresses | _allocate_anywhere(devices, host_side)  # after the range is ours
 
 
