@@ -15,6 +15,7 @@ import bisect
 import gc
 import sys
 import time
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +23,15 @@ from typing import Any
 from replayfmt.capture.allocations import TensorLabel
 from replayfmt.capture.labels import dtype_of
 from replayfmt.format import model as m
+
+# Weak proxies forward isinstance's look at ``__class__`` to their referent, and raise
+# ReferenceError once it is gone (torch.compile's caches hold such proxies).
+_WEAK_PROXIES = (weakref.ProxyType, weakref.CallableProxyType)
+
+
+def _heap() -> list[Any]:
+    """The objects the garbage collector tracks, but weak proxies."""
+    return [obj for obj in gc.get_objects() if type(obj) not in _WEAK_PROXIES]
 
 
 def _torch_labels(objects: list[Any]) -> list[TensorLabel]:
@@ -132,7 +142,7 @@ class LiveTypes:
                     out += _jax_labels()
                     continue
                 if heap is None:
-                    heap = gc.get_objects()
+                    heap = _heap()
                 out += _torch_labels(heap) if name == "torch" else _cupy_labels(heap)
             except Exception as exc:  # a framework's API changed: leave it out, say so once
                 self._broken.add(name)
