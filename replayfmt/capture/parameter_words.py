@@ -57,21 +57,12 @@ from typing import NamedTuple
 
 from replayfmt.capture.allocations import Allocation
 from replayfmt.format import model as m
+from replayfmt.format.boundaries import small_low_half  # the window is the format's (replay places buffers by it)
 
-SMALL_INT = 1 << 16
-INT32_MIN = 0x80000000
 # A high half under this reads as a count or a dimension (an address under 16 TiB, where XLA's
 # arena lies); the driver's own allocations lie far above it.
 SMALL_HIGH_HALF = 1 << 12
 _WORD = 8
-
-
-def small_low_half(word: int) -> bool:
-    """Whether ``word``'s low 32 bits read as a signed integer of magnitude under 2**16, or as
-    INT32_MIN (a sentinel: cuBLAS's sm_90 GEMMs hold (INT32_MIN, n) pairs)."""
-    low = word & 0xFFFFFFFF
-    signed = low - (1 << 32) if low >= INT32_MIN else low
-    return -SMALL_INT < signed < SMALL_INT or low == INT32_MIN
 
 
 def integer_pair(word: int) -> bool:

@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from replayfmt.capture.allocations import Allocation, AllocationTable
-from replayfmt.capture.parameter_words import INT32_MIN, SMALL_INT
 from replayfmt.format import model as m
+from replayfmt.format.boundaries import INT32_MIN, SMALL_INT
 
 MAX_POINTERS = 1 << 20  # stored pointers kept per operation: more are reported, not relocated
 _ARENA = 1 << 32  # an allocation this large spans 4 GiB boundaries

@@ -13,15 +13,13 @@ from replayfmt.cuda.address_space import page_runs, steer_device_arena
 from replayfmt.cuda.driver import check, initialised
 from replayfmt.errors import DeviceError
 from replayfmt.format import model as m
+from replayfmt.format.boundaries import BOUNDARY, near_boundary
 from replayfmt.replay.devices import Devices
 from replayfmt.replay.memory_kinds import allocate
 from replayfmt.replay.plan import Plan
 
 _FIXED_PAGE = 2 << 20  # the VMM granularity of current GPUs; the real one is asked of the driver
 _HUGE_PAGE = 2 << 20
-_BOUNDARY = 1 << 32  # a pointer's high half changes every 4 GiB
-_NEAR_BOUNDARY = 1 << 16  # a small int beside a stale high half lands this close to one
-_HALF_BOUNDARY = 1 << 31  # and INT32_MIN (a sentinel) this far past one
 
 
 def recorded_ranges(plan: Plan) -> list[tuple[int, int]]:
@@ -60,8 +58,11 @@ def allocate_buffers(devices: Devices, plan: Plan, arena_problem: str | None = N
 
 def _allocate_anywhere(devices: Devices, buffers: dict[int, m.Buffer]) -> dict[int, int]:
     """Each buffer where the driver puts it (its pointers relocated); a device buffer whose
-    recorded range comes near a 4 GiB boundary at its recorded address modulo 4 GiB
-    (:func:`near_boundary`)."""
+    recorded range comes near a 4 GiB boundary (format/boundaries.py: a 4-byte field beside a
+    stale high half that the recorder relocated may land there) at its recorded address modulo
+    4 GiB, so that relocating such a word changes only its high half (seen on the H100: a
+    MobileNet step's batch-norm reductions faulted where a 20 MiB segment started on a boundary
+    and their size fields beside 0x7f26 were relocated into it)."""
     cu = devices.cu
     addresses: dict[int, int] = {}
     current = 0
@@ -83,24 +84,6 @@ def _allocate_anywhere(devices: Devices, buffers: dict[int, m.Buffer]) -> dict[i
     return addresses
 
 
-def near_boundary(address: int, size: int) -> bool:
-    """Whether the recorded range [address, address + size) comes within 64 KiB of a 4 GiB
-    boundary (or holds INT32_MIN's place, 2 GiB past one). A struct word there may be a 4-byte
-    field (a small int) beside the stale high half of an old pointer, which the recorder takes
-    for a pointer into such a buffer once the capture holds it (capture/parameter_words.py):
-    placed at its recorded address modulo 4 GiB, the buffer moves only high halves, so the
-    relocated word keeps its field and a real pointer still follows its buffer (seen on the
-    H100: a MobileNet step's batch-norm reductions faulted where a 20 MiB segment started on a
-    boundary and their size fields beside 0x7f26 were relocated into it)."""
-    if not address:
-        return False
-    # a small int n lands at boundary + n, |n| < 64 KiB: the window [boundary - 65535, boundary + 65536)
-    boundary = ((address - _NEAR_BOUNDARY) // _BOUNDARY + 1) * _BOUNDARY  # the first one whose window ends past address
-    # INT32_MIN lands at boundary + 2 GiB: the first such address at or after ``address``
-    sentinel = -(-(address - _HALF_BOUNDARY) // _BOUNDARY) * _BOUNDARY + _HALF_BOUNDARY
-    return address + size > boundary - _NEAR_BOUNDARY + 1 or address + size > sentinel
-
-
 def _allocate_congruent(devices: Devices, gpu: int, recorded: int, size: int, what: str) -> int:
     """Device memory for ``size`` bytes at an address equal to ``recorded`` modulo 4 GiB: a
     reservation 4 GiB larger than the pages needed, and physical pages mapped at the one place
@@ -109,10 +92,10 @@ def _allocate_congruent(devices: Devices, gpu: int, recorded: int, size: int, wh
     prop, access, page = _physical(devices, gpu)
     into_page = recorded % page
     span = -(-(into_page + size) // page) * page
-    reserved = span + _BOUNDARY
+    reserved = span + BOUNDARY
     base = int(check(cu.cuMemAddressReserve(reserved, page, 0, 0), f"{what}: cuMemAddressReserve({reserved})"))
     devices.own(lambda: cu.cuMemAddressFree(base, reserved))
-    start = base + (recorded - into_page - base) % _BOUNDARY  # pages are powers of two dividing 4 GiB
+    start = base + (recorded - into_page - base) % BOUNDARY  # pages are powers of two dividing 4 GiB
     handle = check(cu.cuMemCreate(span, prop, 0), f"{what}: cuMemCreate({span})")
     devices.own(lambda: cu.cuMemRelease(handle))
     check(cu.cuMemMap(start, span, 0, handle, 0), f"{what}: cuMemMap at {start:#x}")
