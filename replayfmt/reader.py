@@ -30,6 +30,7 @@ import numpy as np
 
 from replayfmt.container.batches import (
     DecodedBatch,
+    EventUses,
     collector_paused,
     decode_batch,
     distinct_operations,
@@ -277,12 +278,13 @@ class Capture:
             yield from ops[lo:hi] if lo or hi < len(ops) else ops
             bi += 1
 
-    def distinct_operations(self) -> Iterator[tuple[m.Operation, int]]:
+    def distinct_operations(self) -> Iterator[tuple[m.Operation | EventUses, int]]:
         """Every operation in capture order, except that a launch, copy, memset or id operation equal
         to an earlier one of its record batch in all but index (a launch's parameter values aside) is
-        folded into it (events never: see ``container.batches.distinct_operations``): ``(operation,
-        how many it stands for)``. What a checker looks at once
-        (the replay plan): a million launches of a few shapes are a few records."""
+        folded into it, a batch's creates come as its first one, and its uses of events as one
+        ``EventUses`` of columns (see ``container.batches.distinct_operations``): ``(operation, how
+        many it stands for)``. What a checker looks at once (the replay plan): a million launches of
+        a few shapes are a few records."""
         for bi in range(self.batch_count):
             batch = self._batch(bi)
             with collector_paused():

@@ -10,6 +10,7 @@ import numpy as np
 
 import replayfmt
 from replayfmt.format import model as m
+from replayfmt.reader import EventUses
 from replayfmt.replay.plan import PlanOptions, build_plan
 from replayfmt.replay.plan_checks import repeat_key
 from replayfmt.replay.plan_options import LaunchOverride
@@ -46,8 +47,15 @@ def _capture(path, *, destroy: bool) -> None:
                 w.copy_h2d(dst_buffer=target, payload=payload, size=256, dst_offset=int(rng.integers(0, 2)) * 256)
             elif pick == 4:
                 w.memset(buffer=target, value=int(rng.integers(0, 2)), count=16)
-            else:
+            elif rng.integers(0, 2):
                 w.event_record(ev, s1)
+            else:  # a new event per record, then waited on or synchronised (as Triton's do_bench does)
+                fresh = w.add_object(m.Event(device=dev))
+                w.event_record(fresh, s1)
+                if rng.integers(0, 2):
+                    w.stream_wait_event(s1, fresh)
+                else:
+                    w.event_synchronize(fresh)
             if destroy and i == 500:
                 w.destroy(b)
                 b = w.add_object(m.Buffer(size=4096, device=dev))
@@ -62,16 +70,22 @@ def test_folded_operations_stand_for_their_equals(tmp_path):
     assert sum(n for _, n in folded) == len(every)
     events = (m.EventRecord, m.StreamWaitEvent, m.EventSynchronize)
     kept = [op for op in every if not isinstance(op, events)]
-    folded_kept = [op for op, _ in folded if not isinstance(op, events)]
+    folded_kept = [op for op, _ in folded if not isinstance(op, (*events, EventUses))]
     assert len(folded_kept) < len(kept) / 2  # launches, copies, memsets alike come once
-    # each use of an event comes apart: the plan keeps the span of operations an event is used in
-    assert [op for op in every if isinstance(op, events)] == [op for op, _ in folded if isinstance(op, events)]
+    # each use of an event comes, in order, apart (the batch with the destroy) or as columns
+    uses = [u for item, _ in folded for u in (item.operations() if isinstance(item, EventUses) else [item])]
+    assert [op for op in every if isinstance(op, events)] == [op for op in uses if isinstance(op, events)]
+    assert any(isinstance(item, EventUses) for item, _ in folded)
+    assert all(n == len(item) for item, n in folded if isinstance(item, EventUses))
     assert [op.index for op, _ in folded] == sorted(op.index for op, _ in folded)
     by_index = {op.index: op for op in every}
     for op, _ in folded:
-        assert by_index[op.index] == op  # each one is the operation at its index
+        if isinstance(op, EventUses):
+            assert by_index[op.index] == op.operations()[0]  # it sits where its first use is
+        else:
+            assert by_index[op.index] == op  # each one is the operation at its index
     # every operation is one of the folded ones (checked once) or stands for itself
-    keys = {repeat_key(op) for op, n in folded}
+    keys = {repeat_key(op) for op in uses}
     assert all(repeat_key(op) in keys or repeat_key(op) is None for op in every)
 
 
@@ -87,5 +101,42 @@ def test_the_folded_plan_is_the_plan_of_every_operation(tmp_path):
         each = build_plan(cap, PlanOptions(continue_on_error=True, launch_overrides=(override,)))
     assert folded.problems == each.problems == []
     assert folded.operation_counts == each.operation_counts
+    assert folded.operation_counts["create"] > 50 and folded.operation_counts["stream_wait_event"] > 10
+    assert folded.event_spans == each.event_spans  # bulk (columns) and one by one alike
+    assert folded.checkpoint_regions == each.checkpoint_regions and folded.state.keys() == each.state.keys()
     assert folded.launches_of == each.launches_of == {(6, 0): len(launches)}
     assert folded.uploads.keys() == each.uploads.keys()
+
+
+def test_a_bad_use_among_a_batch_of_event_uses_is_named(tmp_path):
+    """Uses of events are checked in bulk; one that fails is named as the one-by-one check names it:
+    a record of a buffer, a wait on a stream that is an event, a synchronisation of an event a
+    destroy in an earlier batch took away."""
+    cases = {
+        "buffer": "operation {at} (event_record): its event object {bad} is a buffer, not a event",
+        "stream": "operation {at} (stream_wait_event): its stream object {bad} is a event, not a stream",
+        "destroyed": "operation {at} (event_synchronize): its event object {bad} was destroyed by operation",
+    }
+    for case, message in cases.items():
+        path = tmp_path / f"{case}.kreplay"
+        with replayfmt.CaptureWriter(path, threads=0, batch_operations=64) as w:
+            dev = w.add_object(m.Device(name="d"))
+            s1, buf = w.add_object(m.Stream(device=dev)), w.add_object(m.Buffer(size=64, device=dev))
+            gone = w.add_object(m.Event(device=dev))
+            w.destroy(gone)
+            for _ in range(100):
+                w.event_record(w.add_object(m.Event(device=dev)), s1)
+            ev = w.add_object(m.Event(device=dev))
+            if case == "buffer":
+                bad, at = buf, w.event_record(buf, s1)
+            elif case == "stream":
+                bad, at = ev, w.stream_wait_event(ev, ev)
+            else:
+                bad, at = gone, w.event_synchronize(gone)
+            for _ in range(20):
+                w.event_record(w.add_object(m.Event(device=dev)), s1)
+        with replayfmt.open(path) as cap:
+            assert any(isinstance(item, EventUses) for item, _ in cap.distinct_operations())
+            plan = build_plan(cap, PlanOptions(continue_on_error=True))
+        expected = message.format(at=at, bad=bad)
+        assert [p for p in plan.problems if p.startswith(expected)], (case, plan.problems)

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from replayfmt.container.event_uses import EventUses
 from replayfmt.errors import ReplayFormatError
 from replayfmt.format import model as m, records
 from replayfmt.format.layout import Limits
@@ -47,6 +48,8 @@ _EVENT_KINDS = np.array(
 RELOCATION_STRUCT = struct.Struct("<IIQQB7x")  # the schema's Relocation (a test checks the layouts agree)
 
 ErrorAt = Callable[[str, str], ReplayFormatError]  # (message, record) -> the error, located in the file
+_CREATE = int(_K.CREATE_OBJECT)
+_STREAM_WAIT_EVENT = int(_K.STREAM_WAIT_EVENT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -418,32 +421,45 @@ def _id_operations(b: DecodedBatch, category: np.ndarray) -> list[m.Operation]:
     return id_ops
 
 
-def distinct_operations(b: DecodedBatch) -> list[tuple[m.Operation, int]]:
+def distinct_operations(b: DecodedBatch) -> list[tuple[m.Operation | EventUses, int]]:
     """The batch's operations in capture order, each launch, copy, memset or id operation
     (synchronisation, module load, host function, graph launch) standing for itself and the later
     ones of the batch that equal it in everything but index (and, for a launch, the values of its
     parameters, not their length): ``(operation, how many it stands for)``. What a checker needs to
-    look at once, without building a record per operation. Never folded: table operations, each
-    use of an event (its span matters), uploads holding stored pointers; a batch that destroys an
-    object is returned whole (order matters there: a use after the destroy)."""
+    look at once, without building a record per operation. The batch's creates come as its first
+    one, standing for all of them (an object is checked when it is decoded, not where it is
+    created); its uses of events as one ``EventUses`` at the first one's place (each use extends
+    its event's span: none is folded). Never folded: table operations, uploads holding stored
+    pointers; a batch that destroys an object is returned whole, each operation for itself (order
+    matters there: a use after the destroy)."""
     category = _CATEGORY[b.kinds]
     if bool((b.kinds == int(_K.DESTROY_OBJECT)).any()):
         return [(op, 1) for op in materialize(b)]
     first = b.first_operation
-    out: list[tuple[m.Operation, int]] = [(op, 1) for op in b.table_ops]
-    if len(b.id_operations):  # synchronisations, graph launches: folded alike; events each apart
+    out: list[tuple[m.Operation | EventUses, int]] = [(op, 1) for op in b.table_ops]
+    if len(b.id_operations):  # synchronisations, graph launches, creates: folded alike; events as columns
         id_kinds = b.kinds[category == 3].astype(np.uint32)
-        # each use of an event is its own record: the plan keeps the span of operations it is used in
-        apart = np.where(np.isin(id_kinds, _EVENT_KINDS), np.arange(1, len(id_kinds) + 1), 0).astype(np.uint32)
-        columns = [id_kinds, b.id_operations["first"], b.id_operations["second"], apart]
+        id_positions = np.flatnonzero(category == 3) + first
+        ones, twos = b.id_operations["first"], b.id_operations["second"]
+        uses = np.isin(id_kinds, _EVENT_KINDS)
+        if bool(uses.any()):
+            kinds = id_kinds[uses]
+            waits = kinds == _STREAM_WAIT_EVENT  # a wait stores (stream, event); the others (event, stream)
+            events = np.where(waits, twos[uses], ones[uses]).astype(np.int64)
+            streams = np.where(waits, ones[uses], twos[uses]).astype(np.int64)
+            at = id_positions[uses].astype(np.int64)
+            out.append((EventUses(int(at[0]), kinds, at, events, streams), len(at)))
+        rest = ~uses
+        id_kinds, id_positions, ones, twos = id_kinds[rest], id_positions[rest], ones[rest], twos[rest]
+        creates = id_kinds == _CREATE
+        columns = [id_kinds, np.where(creates, 0, ones), twos]  # every create of the batch alike
         keys = np.column_stack(columns).astype(np.uint32)
-        js, n = _distinct_rows(np.ascontiguousarray(keys))
-        positions = (np.flatnonzero(category == 3)[js] + first).tolist()
+        js, n = _distinct_rows(np.ascontiguousarray(keys)) if len(keys) else (np.zeros(0, np.int64), np.zeros(0))
         for code, index, one, two, count in zip(
             id_kinds[js].tolist(),
-            positions,
-            b.id_operations["first"][js].tolist(),
-            b.id_operations["second"][js].tolist(),
+            id_positions[js].tolist(),
+            ones[js].tolist(),
+            twos[js].tolist(),
             n.tolist(),
             strict=True,
         ):

@@ -9,8 +9,11 @@ this step, so CI can exercise all of it without a GPU.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from replayfmt.container.files import ResolvedFile, resolve_file
 from replayfmt.errors import (
@@ -23,7 +26,7 @@ from replayfmt.errors import (
 )
 from replayfmt.format import model as m
 from replayfmt.format.names import demangle
-from replayfmt.reader import Capture
+from replayfmt.reader import Capture, EventUses
 from replayfmt.replay.executables import ExecutableImage, ExecutableSources, plan_executables
 from replayfmt.replay.graph_plan import GraphSize, check_graph, graph_references
 from replayfmt.replay.plan_checks import (
@@ -32,6 +35,7 @@ from replayfmt.replay.plan_checks import (
     LiveObjects,
     check_graph_lifetimes,
     device_work_problem,
+    event_uses_pass,
     payloads_of,
     plan_warnings,
     repeat_key,
@@ -47,7 +51,7 @@ from replayfmt.replay.plan_options import (
     check_substitutions,
     launch_shape,
 )
-from replayfmt.replay.plan_scan import EVENT_OPERATIONS, RegionTracker, track_event
+from replayfmt.replay.plan_scan import EVENT_OPERATIONS, RegionTracker, track_event, track_event_uses
 
 _K = m.OperationKind
 
@@ -218,7 +222,7 @@ def build_plan(capture: Capture, options: PlanOptions = PlanOptions()) -> Plan:
     frames = FrameChecks(capture)
     passed: set[tuple[object, ...]] = set()  # repeat_key of what was checked already (all but the index)
     # operations equal but for their index come folded (the reader's distinct_operations): checked once
-    for op, n in unfolded(capture, bool(overrides)):
+    for op, n in _bulk_checked(unfolded(capture, bool(overrides)), plan, live, regions, kinds):
         cls = type(op)
         kind = op.kind if not isinstance(op, m.UnknownOperation) else -1
         kinds[kind] = kinds.get(kind, 0) + n
@@ -273,6 +277,28 @@ def build_plan(capture: Capture, options: PlanOptions = PlanOptions()) -> Plan:
         if buffer.module_global:
             _check_module_global(plan, objects, bid, buffer, checker)
     return plan
+
+
+def _bulk_checked(
+    items: Iterator[tuple[m.Operation | EventUses, int]],
+    plan: Plan,
+    live: LiveObjects,
+    regions: RegionTracker,
+    kinds: dict[m.OperationKind | int, int],
+) -> Iterator[tuple[m.Operation, int]]:
+    """``items`` with each batch's uses of events checked, counted and tracked in bulk; a batch
+    whose uses do not all pass comes one use at a time, for the general path to name the one."""
+    for item, n in items:
+        if type(item) is not EventUses:
+            yield item, n  # type: ignore[misc]
+        elif event_uses_pass(live, item):
+            for code, count in zip(*np.unique(item.kinds, return_counts=True), strict=True):
+                kind = m.OperationKind(int(code))
+                kinds[kind] = kinds.get(kind, 0) + int(count)
+            track_event_uses(plan.event_spans, item)
+            regions.note(item.index)
+        else:
+            yield from ((use, 1) for use in item.operations())
 
 
 def _check_module_global(

@@ -10,7 +10,7 @@ from typing import Any
 
 from replayfmt.errors import ReplayFormatError
 from replayfmt.format import model as m, records
-from replayfmt.reader import Capture
+from replayfmt.reader import Capture, EventUses
 
 _K = m.OperationKind
 
@@ -122,6 +122,17 @@ def _event_and_stream(live: LiveObjects, op: m.EventRecord | m.StreamWaitEvent) 
     return isinstance(live.get(op.event), m.Event) and (not op.stream or isinstance(live.get(op.stream), m.Stream))
 
 
+def event_uses_pass(live: LiveObjects, uses: EventUses) -> bool:
+    """The quick checks of a batch's uses of events, in bulk: True when every one passes (each
+    event distinct and live, each record's and wait's stream too); False sends each down the
+    general path (plan._check_operation), which names the one that fails."""
+    get, event, stream = live.get, m.Event, m.Stream
+    if not all(isinstance(get(e), event) for e in set(uses.events.tolist())):
+        return False
+    on = uses.streams[uses.kinds != int(_K.EVENT_SYNCHRONIZE)]
+    return all(not s or isinstance(get(s), stream) for s in set(on.tolist()))
+
+
 # The checks of the most numerous operations (a program may create and record an event per
 # launch), taken on their own before the general path: True when the operation passes; False sends
 # it down the general path (plan._check_operation), which names what is wrong.
@@ -144,9 +155,10 @@ def payloads_of(op: m.Operation) -> tuple[int, ...]:
     return ()
 
 
-def unfolded(capture: Capture, each: bool) -> Iterator[tuple[m.Operation, int]]:
-    """The capture's operations with repeats folded (``Capture.distinct_operations``), or ``each``
-    standing for itself (when --launch overrides some by index)."""
+def unfolded(capture: Capture, each: bool) -> Iterator[tuple[m.Operation | EventUses, int]]:
+    """The capture's operations with repeats folded and uses of events as columns
+    (``Capture.distinct_operations``), or ``each`` standing for itself (when --launch overrides
+    some by index)."""
     if each:
         return ((op, 1) for op in capture.iter_operations())
     return capture.distinct_operations()

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from replayfmt.format import model as m
+from replayfmt.reader import EventUses
 
 EVENT_OPERATIONS = frozenset({m.EventRecord, m.StreamWaitEvent, m.EventSynchronize})
 
@@ -19,6 +22,23 @@ def track_event(spans: dict[int, list[Any]], op: m.EventRecord | m.StreamWaitEve
         spans[op.event] = [op.index, op.index, isinstance(op, m.EventRecord)]
     else:
         span[1] = op.index
+
+
+def track_event_uses(spans: dict[int, list[Any]], uses: EventUses) -> None:
+    """``track_event`` of each of a batch's uses of events, in bulk (they come in capture order)."""
+    events, count = uses.events, len(uses)
+    distinct, first = np.unique(events, return_index=True)
+    last = count - 1 - np.unique(events[::-1], return_index=True)[1]
+    recorded = uses.kinds[first] == int(m.OperationKind.EVENT_RECORD)
+    get = spans.get
+    for event, begin, end, record in zip(
+        distinct.tolist(), uses.indices[first].tolist(), uses.indices[last].tolist(), recorded.tolist(), strict=True
+    ):
+        span = get(event)
+        if span is None:
+            spans[event] = [begin, end, record]
+        else:
+            span[1] = end
 
 
 class RegionTracker:
