@@ -301,8 +301,7 @@ class _Decoder:
                 values = _scalars(raw, pos, grid[:, at], scalar, f.default)
                 columns.append([bool(v) for v in values] if scalar == "bool" else values)
                 at += 1
-        keys = [f.name for f in table.fields]
-        out = [dict(zip(keys, row, strict=True)) for row in zip(*columns, strict=True)]
+        out = _row_builder(tuple(f.name for f in table.fields))(*columns)
         decoded.append((pos.tolist(), name, out))
         return out
 
@@ -406,6 +405,23 @@ def _plain_tables() -> frozenset[str]:
             for f in table.fields
         )
     )
+
+
+@functools.cache
+def _row_builder(keys: tuple[str, ...]) -> Any:
+    """``f(*columns) -> [dict per row]`` of one table's fields: a dict display per row, which
+    is four times as fast as ``dict(zip(keys, row))`` (a capture may hold 200k event objects).
+    Made from the schema's field names, never from a file's bytes."""
+    columns = [f"c{k}" for k in range(len(keys))]
+    values = [f"v{k}" for k in range(len(keys))]
+    display = ", ".join(f"{key!r}: {value}" for key, value in zip(keys, values, strict=True))
+    source = (
+        f"def rows({', '.join(columns)}):\n"
+        f"    return [{{{display}}} for {', '.join(values)}, in zip({', '.join(columns)}, strict=True)]\n"
+    )
+    names: dict[str, Any] = {}
+    exec(compile(source, "<replayfmt.format.decoder: table rows>", "exec"), names)
+    return names["rows"]
 
 
 def _gathered(raw: np.ndarray, at: np.ndarray, code: str) -> np.ndarray:
