@@ -26,19 +26,20 @@ def track_event(spans: dict[int, list[Any]], op: m.EventRecord | m.StreamWaitEve
 
 def track_event_uses(spans: dict[int, list[Any]], uses: EventUses) -> None:
     """``track_event`` of each of a batch's uses of events, in bulk (they come in capture order)."""
-    events, count = uses.events, len(uses)
-    distinct, first = np.unique(events, return_index=True)
-    last = count - 1 - np.unique(events[::-1], return_index=True)[1]
+    column, count = uses.events, len(uses)
+    distinct, first = np.unique(column, return_index=True)
+    last = count - 1 - np.unique(column[::-1], return_index=True)[1]
     recorded = uses.kinds[first] == int(m.OperationKind.EVENT_RECORD)
-    get = spans.get
-    for event, begin, end, record in zip(
-        distinct.tolist(), uses.indices[first].tolist(), uses.indices[last].tolist(), recorded.tolist(), strict=True
-    ):
-        span = get(event)
-        if span is None:
-            spans[event] = [begin, end, record]
-        else:
-            span[1] = end
+    events, ends = distinct.tolist(), uses.indices[last].tolist()
+    seen = spans.keys() & events  # used in an earlier batch: only its span's end moves
+    if seen:
+        for event, end in zip(events, ends, strict=True):
+            if event in seen:
+                spans[event][1] = end
+    fresh = zip(events, map(list, zip(uses.indices[first].tolist(), ends, recorded.tolist(), strict=True)), strict=True)
+    if seen:
+        fresh = ((event, span) for event, span in fresh if event not in seen)
+    spans.update(fresh)  # one C call for the many events a batch makes and uses
 
 
 class RegionTracker:
