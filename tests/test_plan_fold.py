@@ -7,6 +7,7 @@ from __future__ import annotations
 import struct
 
 import numpy as np
+import pytest
 
 import replayfmt
 from replayfmt.format import model as m
@@ -140,3 +141,23 @@ def test_a_bad_use_among_a_batch_of_event_uses_is_named(tmp_path):
             plan = build_plan(cap, PlanOptions(continue_on_error=True))
         expected = message.format(at=at, bad=bad)
         assert [p for p in plan.problems if p.startswith(expected)], (case, plan.problems)
+
+
+def test_a_failing_batch_of_event_uses_is_checked_in_capture_order(tmp_path):
+    """When a batch's uses of events fail the bulk check, each is checked in its place among the
+    batch's other operations: the first problem is the first operation that has one."""
+    path = tmp_path / "order.kreplay"
+    with replayfmt.CaptureWriter(path, threads=0, batch_operations=64) as w:
+        dev = w.add_object(m.Device(name="d"))
+        s1, buf = w.add_object(m.Stream(device=dev)), w.add_object(m.Buffer(size=64, device=dev))
+        ev = w.add_object(m.Event(device=dev))
+        w.event_record(ev, s1)
+        first = w.stream_synchronize(buf)  # a buffer taken for a stream
+        second = w.event_synchronize(buf)  # a buffer taken for an event
+        w.event_record(ev, s1)
+    with replayfmt.open(path) as cap:
+        plan = build_plan(cap, PlanOptions(continue_on_error=True))
+        with pytest.raises(replayfmt.ReplayFormatError, match=f"operation {first} "):
+            build_plan(cap)
+    assert [p.split(" ")[1] for p in plan.problems] == [str(first), str(second)]
+    assert plan.event_spans[ev][:2] == [first - 1, second + 1]

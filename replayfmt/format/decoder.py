@@ -256,7 +256,7 @@ class _Decoder:
         decoded is added to ``decoded`` (charged and remembered only once all of them are)."""
         name, n, count = table.name, self.n, len(pos)
         walk = self.compiled.get(name)
-        if walk is None or depth > self.max_depth or name not in _plain_tables():
+        if walk is None or depth > self.max_depth or name not in _plain_tables() or not table.fields:
             return None
         if len(np.unique(pos)) != count or bool(((pos % 4) != 0).any()) or bool((pos + 4 > n).any()):
             return None

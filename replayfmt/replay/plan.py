@@ -9,6 +9,7 @@ this step, so CI can exercise all of it without a GPU.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -296,8 +297,12 @@ def _bulk_checked(
     kinds: dict[m.OperationKind | int, int],
 ) -> Iterator[tuple[m.Operation, int]]:
     """``items`` with each batch's uses of events checked, counted and tracked in bulk; a batch
-    whose uses do not all pass comes one use at a time, for the general path to name the one."""
+    whose uses do not all pass comes one use at a time, each in its place in capture order among
+    the batch's other operations, for the general path to name the first that fails."""
+    apart: deque[m.Operation] = deque()  # a failing batch's uses, waiting for their places
     for item, n in items:
+        while apart and apart[0].index < item.index:
+            yield apart.popleft(), 1
         if type(item) is not EventUses:
             yield item, n  # type: ignore[misc]
         elif event_uses_pass(live, item):
@@ -307,7 +312,8 @@ def _bulk_checked(
             track_event_uses(plan.event_spans, item)
             regions.note(item.index)
         else:
-            yield from ((use, 1) for use in item.operations())
+            apart.extend(item.operations())
+    yield from ((use, 1) for use in apart)
 
 
 def _check_module_global(
