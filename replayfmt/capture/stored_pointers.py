@@ -35,7 +35,7 @@ import numpy as np
 
 from replayfmt.capture.allocations import Allocation, AllocationTable
 from replayfmt.format import model as m
-from replayfmt.format.boundaries import INT32_MIN, SMALL_INT
+from replayfmt.format.boundaries import SMALL_INT, small_low_halves
 
 MAX_POINTERS = 1 << 20  # stored pointers kept per operation: more are reported, not relocated
 _ARENA = 1 << 32  # an allocation this large spans 4 GiB boundaries
@@ -132,9 +132,7 @@ def resolve(words: Words, allocations: AllocationTable, holder: Allocation) -> R
             one_integer |= within
     sites, values, index, one_integer = sites[inside], values[inside], index[inside], one_integer[inside]
     target_starts = starts[index]
-    low = (values & np.uint64(0xFFFFFFFF)).astype(np.int64)
-    signed = np.where(low >= INT32_MIN, low - (1 << 32), low)
-    pair = ((signed > -SMALL_INT) & (signed < SMALL_INT)) | (low == INT32_MIN)
+    pair = small_low_halves(values)
     arena = ((ends[index] - target_starts) >= np.uint64(_ARENA)) & ((values >> np.uint64(32)) < np.uint64(SMALL_INT))
     ambiguous = (pair | arena) & ~one_integer & (values != target_starts)
     out = Resolved([], ambiguous=int(ambiguous.sum()))

@@ -49,7 +49,6 @@ RELOCATION_STRUCT = struct.Struct("<IIQQB7x")  # the schema's Relocation (a test
 
 ErrorAt = Callable[[str, str], ReplayFormatError]  # (message, record) -> the error, located in the file
 _CREATE = int(_K.CREATE_OBJECT)
-_STREAM_WAIT_EVENT = int(_K.STREAM_WAIT_EVENT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -443,18 +442,14 @@ def distinct_operations(b: DecodedBatch) -> list[tuple[m.Operation | EventUses, 
         ones, twos = b.id_operations["first"], b.id_operations["second"]
         uses = np.isin(id_kinds, _EVENT_KINDS)
         if bool(uses.any()):
-            kinds = id_kinds[uses]
-            waits = kinds == _STREAM_WAIT_EVENT  # a wait stores (stream, event); the others (event, stream)
-            events = np.where(waits, twos[uses], ones[uses]).astype(np.int64)
-            streams = np.where(waits, ones[uses], twos[uses]).astype(np.int64)
-            at = id_positions[uses].astype(np.int64)
-            out.append((EventUses(int(at[0]), kinds, at, events, streams), len(at)))
+            events = EventUses.from_records(id_kinds[uses], id_positions[uses], ones[uses], twos[uses])
+            out.append((events, len(events)))
         rest = ~uses
         id_kinds, id_positions, ones, twos = id_kinds[rest], id_positions[rest], ones[rest], twos[rest]
         creates = id_kinds == _CREATE
         columns = [id_kinds, np.where(creates, 0, ones), twos]  # every create of the batch alike
         keys = np.column_stack(columns).astype(np.uint32)
-        js, n = _distinct_rows(np.ascontiguousarray(keys)) if len(keys) else (np.zeros(0, np.int64), np.zeros(0))
+        js, n = _distinct_rows(np.ascontiguousarray(keys))
         for code, index, one, two, count in zip(
             id_kinds[js].tolist(),
             id_positions[js].tolist(),

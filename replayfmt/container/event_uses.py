@@ -25,6 +25,16 @@ class EventUses:
     events: np.ndarray  # the event each one uses
     streams: np.ndarray  # the stream a record or wait is on (0: none, an event synchronisation)
 
+    @classmethod
+    def from_records(cls, kinds: np.ndarray, indices: np.ndarray, firsts: np.ndarray, seconds: np.ndarray) -> EventUses:
+        """The uses from their id-only records' columns: a wait stores (stream, event), a record
+        (event, stream), a synchronisation (event, 0). ``indices`` must not be empty."""
+        waits = kinds == _STREAM_WAIT_EVENT
+        events = np.where(waits, seconds, firsts).astype(np.int64)
+        streams = np.where(waits, firsts, seconds).astype(np.int64)
+        at = indices.astype(np.int64)
+        return cls(int(at[0]), kinds, at, events, streams)
+
     def __len__(self) -> int:
         return len(self.indices)
 

@@ -12,6 +12,8 @@ half. The recorder's rule (capture/parameter_words.py) and the replayer's placem
 
 from __future__ import annotations
 
+import numpy as np
+
 SMALL_INT = 1 << 16  # an integer of smaller magnitude is "small"
 INT32_MIN = 0x80000000  # a sentinel: cuBLAS's sm_90 GEMMs hold (INT32_MIN, n) pairs
 BOUNDARY = 1 << 32  # a pointer's high half changes every 4 GiB
@@ -23,6 +25,13 @@ def small_low_half(word: int) -> bool:
     low = word & 0xFFFFFFFF
     signed = low - BOUNDARY if low >= INT32_MIN else low
     return -SMALL_INT < signed < SMALL_INT or low == INT32_MIN
+
+
+def small_low_halves(words: np.ndarray) -> np.ndarray:
+    """:func:`small_low_half` of each of ``words`` (uint64)."""
+    low = (words & np.uint64(0xFFFFFFFF)).astype(np.int64)
+    signed = np.where(low >= INT32_MIN, low - BOUNDARY, low)
+    return ((signed > -SMALL_INT) & (signed < SMALL_INT)) | (low == INT32_MIN)
 
 
 def near_boundary(address: int, size: int) -> bool:
