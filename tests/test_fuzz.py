@@ -275,7 +275,11 @@ def decoded_both_ways(body: bytes, root: str) -> list[object]:
 
 
 def same_values(a: object, b: object) -> bool:
-    """Equal decoded values (numpy arrays by content)."""
+    """Equal decoded values (numpy arrays by content; a column walk's TableRows as the list of
+    its rows, which it stands for)."""
+    from replayfmt.format.table_columns import TableRows
+
+    a, b = (list(v) if isinstance(v, TableRows) else v for v in (a, b))
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(same_values(a[k], b[k]) for k in a)
     if isinstance(a, list | tuple) and isinstance(b, list | tuple):
@@ -328,6 +332,8 @@ def test_event_objects_are_walked_by_column(event_batches, monkeypatch):
     """The column walk decodes the plain batch (and gives up on the labelled one), to the values
     the schema walk gives; the decoded model objects are the same events."""
     from replayfmt.format import decoder
+    from replayfmt.format.object_records import decode_object, decode_objects
+    from replayfmt.format.table_columns import TableRows
 
     walked = []
     by_column = decoder._Decoder._tables_by_column
@@ -345,6 +351,67 @@ def test_event_objects_are_walked_by_column(event_batches, monkeypatch):
         assert walked == [not labelled]
         flags = [o["body"][1]["flags"] for o in compiled["objects"] if o["body"][0] == "Event"]
         assert flags == [k % 3 for k in range(48)]
+        # the model objects made from the columns are those made from each row's dict
+        assert isinstance(compiled["objects"], TableRows) != labelled
+        from_columns = decode_objects(compiled["objects"])
+        assert from_columns == [decode_object(row) for row in schema_walk["objects"]]
+        assert [type(o).__name__ for o in from_columns] == ["Stream"] + ["Event"] * 48
+        assert [o.flags for o in from_columns[1:]] == [k % 3 for k in range(48)]
+
+
+def test_tables_walked_by_column_are_remembered_for_later_references():
+    """Two functions' parameter vectors (distinct vectors) list the same 40 parameter tables: the
+    first is walked by column, the second refers to tables walked before and is walked table by
+    table, each table found among those remembered (no dict kept per table): the schema walk's
+    values, and the budget of objects runs out where the schema walk's does."""
+    import dataclasses
+
+    import flatbuffers
+
+    from replayfmt.format.decoder import decode_buffer
+    from replayfmt.format.fb import Executable as FbExecutable, Function as FbFunction, Parameter as FbParameter
+    from replayfmt.format.layout import DEFAULT_LIMITS
+
+    b = flatbuffers.Builder(4096)
+    tables = []
+    for k in range(40):
+        FbParameter.Start(b)
+        FbParameter.AddOffset(b, 8 * k)
+        FbParameter.AddSize(b, 8)
+        tables.append(FbParameter.End(b))
+    functions = []
+    for name in ("first", "second"):
+        label = b.CreateString(name)
+        FbFunction.StartParametersVector(b, len(tables))
+        for t in reversed(tables):
+            b.PrependUOffsetTRelative(t)
+        vector = b.EndVector()
+        FbFunction.Start(b)
+        FbFunction.AddName(b, label)
+        FbFunction.AddParameters(b, vector)
+        functions.append(FbFunction.End(b))
+    FbExecutable.StartFunctionsVector(b, 2)
+    for f in reversed(functions):
+        b.PrependUOffsetTRelative(f)
+    vector = b.EndVector()
+    FbExecutable.Start(b)
+    FbExecutable.AddFunctions(b, vector)
+    b.Finish(FbExecutable.End(b))
+    body = bytes(b.Output())
+
+    compiled, walked = decoded_both_ways(body, "Executable")
+    assert same_values(compiled, walked)
+    first, second = (f["parameters"] for f in compiled["functions"])
+    assert [p["offset"] for p in second] == [8 * k for k in range(40)] and list(first) == list(second)
+    for most in (40, 60, 90, 200):  # every budget of objects: the same values, or the same message
+        limits = dataclasses.replace(DEFAULT_LIMITS, max_decode_objects=most)
+        outcomes = []
+        for by_compiled in (True, False):
+            try:
+                outcomes.append(decode_buffer(body, "Executable", max_depth=8, compiled=by_compiled, limits=limits))
+            except replayfmt.ReplayFormatError as exc:
+                outcomes.append(str(exc))
+        assert same_values(*outcomes), (most, outcomes)
 
 
 def _object_tables(body: bytes) -> list[tuple[int, int]]:

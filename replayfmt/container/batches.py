@@ -25,6 +25,7 @@ from replayfmt.container.event_uses import EventUses
 from replayfmt.errors import ReplayFormatError
 from replayfmt.format import model as m, records
 from replayfmt.format.layout import Limits
+from replayfmt.format.object_records import decode_objects
 from replayfmt.format.payloads import payload_hash
 
 _K = m.OperationKind
@@ -280,12 +281,11 @@ def decode_batch(d: dict[str, Any], entry: BatchEntry, limits: Limits, error: Er
         elif isinstance(op, m.State) and op.index in data_relocations:
             op = dataclasses.replace(op, relocations=_sited(data_relocations[op.index], op.buffer))
         table_ops.append(op)
-    decoded_objects = []
-    for j, od in enumerate(objects):
-        obj = records.decode_object(od)
-        if obj.id != d["first_object"] + j:
-            raise fail(f"object {obj.id} is out of sequence (expected {d['first_object'] + j})")
-        decoded_objects.append(obj)
+    decoded_objects = decode_objects(objects)
+    expected = range(d["first_object"], d["first_object"] + len(decoded_objects))
+    if [obj.id for obj in decoded_objects] != list(expected):
+        j = next(j for j, obj in enumerate(decoded_objects) if obj.id != expected[j])
+        raise fail(f"object {decoded_objects[j].id} is out of sequence (expected {expected[j]})")
     decoded_payloads = []
     for j, pd in enumerate(payloads):
         frames = records.struct_array(pd["frames"], "Hash128").tobytes()

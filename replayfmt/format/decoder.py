@@ -13,7 +13,7 @@ vector or string reached through an offset seen before is not decoded again: the
 the first time is reused (and charged again), so offsets shared many times over cost neither
 work nor memory beyond the budget. Long vectors of plain tables (200k event objects) are walked
 column by column with numpy: the same checks, values and charges (anything else: table by
-table). The values:
+table), kept as columns (a :class:`TableRows`) until a row is asked for. The values:
 
 * table      -> dict of field name -> value (absent scalars take the schema default)
 * scalar     -> int / bool / float
@@ -21,7 +21,8 @@ table). The values:
 * struct     -> bytes (the struct's raw little-endian bytes)
 * [struct]   -> StructVector (raw bytes + count; read it with numpy and the schema's dtype)
 * [scalar]   -> numpy array (little-endian, read-only)
-* [string]   -> list of str;  [table] -> list of dict
+* [string]   -> list of str;  [table] -> list of dict, or a TableRows (a sequence of the same
+                dicts, made on first access, whose ``columns`` hold the values field by field)
 * union      -> (member table name, dict), or None, or ("?", type code) for a member this
                 reader does not know (written by a newer minor version)
 """
@@ -38,6 +39,7 @@ import numpy as np
 from replayfmt.errors import ReplayFormatError
 from replayfmt.format.layout import DEFAULT_LIMITS, Limits
 from replayfmt.format.schema import NUMPY_CODES, SCALAR_SIZES, Schema, TableDef, load_schema
+from replayfmt.format.table_columns import TableRows, UnionColumn, gathered, scalar_column
 
 _U8 = struct.Struct("<B")
 _U16 = struct.Struct("<H")
@@ -86,6 +88,9 @@ class _Decoder:
         self.objects_left = min(limits.max_decode_objects, self.n // 4 + 64)
         # (position, type) -> (value, bytes it cost): shared offsets are decoded once
         self.memo: dict[tuple[int, str], tuple[Any, int]] = {}
+        # table name -> (positions, sorted; which row of its TableRows each is; the TableRows) of
+        # the tables walked by column: the memo of those, kept as arrays (no entry per table)
+        self.walked: dict[str, list[tuple[np.ndarray, np.ndarray, TableRows]]] = {}
         self.caps = limits.vector_caps()
         self.compiled: dict[str, Any] = compile_tables() if schema is load_schema() else {}
         self.layouts: dict[tuple[int, str], tuple[int, ...]] = {}  # (vtable, table) -> layout()
@@ -137,6 +142,8 @@ class _Decoder:
         its cost (no closure per call: a large capture's objects are 200k tables)."""
         key = (pos, kind)
         hit = self.memo.get(key)
+        if hit is None and kind in self.walked:
+            hit = self._walked_hit(pos, kind)
         if hit is not None:
             self.charge(pos, hit[1])
             return hit[0]
@@ -145,6 +152,14 @@ class _Decoder:
         value = decode(*args)
         self.memo[key] = (value, before - self.bytes_left)
         return value
+
+    def _walked_hit(self, pos: int, kind: str) -> tuple[Any, int] | None:
+        """The memo entry of a table walked by column at ``pos``: its row, which cost no bytes."""
+        for positions, rows_of, rows in self.walked[kind]:
+            at = int(np.searchsorted(positions, pos))
+            if at < len(positions) and int(positions[at]) == pos:
+                return rows[int(rows_of[at])], 0
+        return None
 
     def table(self, pos: int, table: TableDef, depth: int) -> dict[str, Any]:
         if depth > self.max_depth:
@@ -237,21 +252,22 @@ class _Decoder:
     # Anything it does not handle, or any check that fails, returns None: the vector is then
     # walked table by table, which decodes it or raises what is wrong, where, as before.
 
-    def _tables_by_column(self, data: int, count: int, table: TableDef, depth: int) -> list[dict[str, Any]] | None:
+    def _tables_by_column(self, data: int, count: int, table: TableDef, depth: int) -> TableRows | None:
         slots = np.frombuffer(self.buf, "<u4", count=count, offset=data).astype(np.int64)
-        decoded: list[tuple[list[int], str, list[dict[str, Any]]]] = []  # (positions, table, values) to remember
+        decoded: list[tuple[np.ndarray, str, TableRows]] = []  # (positions, table, values) to remember
         out = self._tables_at(data + 4 * np.arange(count, dtype=np.int64) + slots, table, depth, decoded)
         tables = sum(len(values) for _, _, values in decoded)
         if out is None or self.objects_left - tables < 0:
             return None  # (over the budget: the walk raises it at the table where it runs out)
         self.objects_left -= tables  # one object a table, as the walk charges it, and no bytes
         for positions, name, values in decoded:
-            self.memo.update(zip(zip(positions, [name] * len(values)), zip(values, [0] * len(values))))
+            order = np.argsort(positions, kind="stable")
+            self.walked.setdefault(name, []).append((positions[order], order, values))
         return out
 
     def _tables_at(
-        self, pos: np.ndarray, table: TableDef, depth: int, decoded: list[tuple[list[int], str, list[dict[str, Any]]]]
-    ) -> list[dict[str, Any]] | None:
+        self, pos: np.ndarray, table: TableDef, depth: int, decoded: list[tuple[np.ndarray, str, TableRows]]
+    ) -> TableRows | None:
         """The tables at ``pos`` decoded as the compiled walk decodes each, or None; each table
         decoded is added to ``decoded`` (charged and remembered only once all of them are)."""
         name, n, count = table.name, self.n, len(pos)
@@ -263,6 +279,8 @@ class _Decoder:
         memo = self.memo
         if memo and any((p, name) in memo for p in pos.tolist()):
             return None  # referenced before: the walk charges it as a repeat
+        if any(bool(np.isin(pos, positions).any()) for positions, _, _ in self.walked.get(name, ())):
+            return None  # walked by column before: the same
         words = np.frombuffer(self.buf, "<i4", count=n // 4)
         vtables = pos - words[pos // 4]
         distinct, which = np.unique(vtables, return_inverse=True)
@@ -281,7 +299,7 @@ class _Decoder:
         if bool((pos + grid[:, 0] > n).any()):
             return None
         raw = np.frombuffer(self.buf, np.uint8)
-        columns: list[list[Any]] = []
+        columns: list[list[Any] | UnionColumn] = []
         at = 1  # the layout's column of the next field read
         for f in table.fields:
             base = f.type.base
@@ -298,11 +316,11 @@ class _Decoder:
                 at += 2
             else:
                 scalar = self.schema.scalar_of(base)
-                values = _scalars(raw, pos, grid[:, at], scalar, f.default)
+                values = scalar_column(raw, pos, grid[:, at], scalar, f.default)
                 columns.append([bool(v) for v in values] if scalar == "bool" else values)
                 at += 1
-        out = _row_builder(tuple(f.name for f in table.fields))(*columns)
-        decoded.append((pos.tolist(), name, out))
+        out = TableRows(name, dict(zip((f.name for f in table.fields), columns, strict=True)), count)
+        decoded.append((pos, name, out))
         return out
 
     def _union_column(
@@ -313,29 +331,27 @@ class _Decoder:
         value_at: np.ndarray,
         union: str,
         depth: int,
-        decoded: list[tuple[list[int], str, list[dict[str, Any]]]],
-    ) -> list[Any] | None:
+        decoded: list[tuple[np.ndarray, str, TableRows]],
+    ) -> UnionColumn | None:
         """A union field of the tables at ``pos`` (its type and value fields' offsets), or None."""
         members = self.schema.unions[union]
         codes = np.where(type_at > 0, raw[pos + type_at], 0)
         if bool(((codes > 0) & (value_at == 0)).any()):
             return None  # a type but no value: the walk raises it
-        values: list[Any] = [None] * len(pos)
+        column = UnionColumn(len(pos), np.flatnonzero(codes == 0).tolist())
         for code in np.unique(codes[codes > 0]).tolist():
             chosen = np.flatnonzero(codes == code)
             if code > len(members):
-                for k in chosen.tolist():
-                    values[k] = ("?", code)
+                column.unknown += [(k, code) for k in chosen.tolist()]
                 continue
             slot = pos[chosen] + value_at[chosen]
             member = self.schema.tables[members[code - 1]]
-            where = slot + _gathered(raw, slot, "u4").astype(np.int64)
+            where = slot + gathered(raw, slot, "u4").astype(np.int64)
             tables = self._tables_at(where, member, depth + 1, decoded)
             if tables is None:
                 return None
-            for k, value in zip(chosen.tolist(), tables, strict=True):
-                values[k] = (member.name, value)
-        return values
+            column.members[member.name] = (chosen.tolist(), tables)
+        return column
 
     def string(self, pos: int) -> str:
         return self.shared(pos, "string", self._string, pos)
@@ -405,42 +421,6 @@ def _plain_tables() -> frozenset[str]:
             for f in table.fields
         )
     )
-
-
-@functools.cache
-def _row_builder(keys: tuple[str, ...]) -> Any:
-    """``f(*columns) -> [dict per row]`` of one table's fields: a dict display per row, which
-    is four times as fast as ``dict(zip(keys, row))`` (a capture may hold 200k event objects).
-    Made from the schema's field names, never from a file's bytes."""
-    columns = [f"c{k}" for k in range(len(keys))]
-    values = [f"v{k}" for k in range(len(keys))]
-    display = ", ".join(f"{key!r}: {value}" for key, value in zip(keys, values, strict=True))
-    source = (
-        f"def rows({', '.join(columns)}):\n"
-        f"    return [{{{display}}} for {', '.join(values)}, in zip({', '.join(columns)}, strict=True)]\n"
-    )
-    names: dict[str, Any] = {}
-    exec(compile(source, "<replayfmt.format.decoder: table rows>", "exec"), names)
-    return names["rows"]
-
-
-def _gathered(raw: np.ndarray, at: np.ndarray, code: str) -> np.ndarray:
-    """The little-endian values of numpy type ``code`` at each of ``at`` (any alignment)."""
-    cells = np.ascontiguousarray(raw[at[:, None] + np.arange(np.dtype(code).itemsize)])
-    return cells.view("<" + code).ravel()
-
-
-def _scalars(raw: np.ndarray, pos: np.ndarray, offsets: np.ndarray, scalar: str, default: Any) -> list[Any]:
-    """A scalar field of tables at ``pos`` whose field offsets are ``offsets`` (0: absent, the default)."""
-    present = offsets > 0
-    values: list[Any] = [default] * len(pos)
-    if bool(present.any()):
-        read = _gathered(raw, (pos + offsets)[present], NUMPY_CODES[scalar]).tolist()
-        if bool(present.all()):
-            return read
-        for k, value in zip(np.flatnonzero(present).tolist(), read, strict=True):
-            values[k] = value
-    return values
 
 
 @functools.cache
