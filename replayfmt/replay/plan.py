@@ -183,17 +183,14 @@ def _build_plan(capture: Capture, options: PlanOptions) -> Plan:
     check_substitutions(list(options.substitutions))
     plan = Plan(capture, options)
     checker = _Checker(plan)
-    objects: dict[int, m.ObjectDef] = {}
-    for obj in capture.objects():
-        objects[obj.id] = obj
-        if type(obj) is m.Event:  # the most numerous (a program may make one per record)
-            plan.events[obj.id] = obj
-        elif isinstance(obj, m.Device):
+    objects = {obj.id: obj for obj in capture.objects()}
+    # events are the most numerous (a program may make one per record): taken apart in one pass
+    plan.events = {oid: obj for oid, obj in objects.items() if type(obj) is m.Event}
+    for obj in [obj for obj in objects.values() if type(obj) is not m.Event]:
+        if isinstance(obj, m.Device):
             plan.devices.append(obj)
         elif isinstance(obj, m.Stream):
             plan.streams[obj.id] = obj
-        elif isinstance(obj, m.Event):
-            plan.events[obj.id] = obj
         elif isinstance(obj, m.Buffer):
             plan.buffers[obj.id] = obj
             plan.needs_fixed_addresses |= obj.requires_fixed_address

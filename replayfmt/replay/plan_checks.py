@@ -126,11 +126,11 @@ def event_uses_pass(live: LiveObjects, uses: EventUses) -> bool:
     """The quick checks of a batch's uses of events, in bulk: True when every one passes (each
     event distinct and live, each record's and wait's stream too); False sends each down the
     general path (plan._check_operation), which names the one that fails."""
-    get, event, stream = live.get, m.Event, m.Stream
-    if not all(isinstance(get(e), event) for e in set(uses.events.tolist())):
+    if not set(map(type, map(live.get, set(uses.events.tolist())))) <= {m.Event}:  # None: not live
         return False
-    on = uses.streams[uses.kinds != int(_K.EVENT_SYNCHRONIZE)]
-    return all(not s or isinstance(get(s), stream) for s in set(on.tolist()))
+    on = set(uses.streams[uses.kinds != int(_K.EVENT_SYNCHRONIZE)].tolist())
+    on.discard(0)  # the legacy default stream
+    return set(map(type, map(live.get, on))) <= {m.Stream}
 
 
 # The checks of the most numerous operations (a program may create and record an event per

@@ -84,9 +84,10 @@ class Streams:
             return handle
 
         own = {node.event for graph in plan.graphs.values() for node in graph.nodes if node.event}
-        events, index = plan.events, devices.index
+        events = plan.events
+        index = {d: devices.index(d) for d in {event.device for event in events.values()}}  # device id -> GPU
         spans = sorted(
-            (span[0], span[1], eid, index(events[eid].device))
+            (span[0], span[1], eid, index[events[eid].device])
             for eid, span in plan.event_spans.items()
             if span[2] and eid not in own and eid in events
         )
@@ -103,10 +104,8 @@ class Streams:
             handle = assigned[eid] = pool.pop() if pool else create(eid, k)
             push(busy, (last, eid, k, handle))
         unused: dict[int, Any] = {}  # device -> the CUDA event of the events no operation uses
-        for eid, event in plan.events.items():
-            if eid in self.events:
-                continue
-            k = devices.index(event.device)
+        for eid in sorted(events.keys() - self.events.keys()):  # the few not assigned above
+            k = index[events[eid].device]
             if eid in own or eid in plan.event_spans:
                 self.events[eid] = create(eid, k)
             else:
