@@ -274,16 +274,19 @@ class _Decoder:
         walk = self.compiled.get(name)
         if walk is None or depth > self.max_depth or name not in _plain_tables() or not table.fields:
             return None
-        if len(np.unique(pos)) != count or bool(((pos % 4) != 0).any()) or bool((pos + 4 > n).any()):
+        if not _distinct(pos) or bool(((pos % 4) != 0).any()) or bool((pos + 4 > n).any()):
             return None
-        memo = self.memo
-        if memo and any((p, name) in memo for p in pos.tolist()):
+        remembered = [p for p, kind in self.memo if kind == name]  # the memo holds few tables
+        if remembered and bool(np.isin(pos, remembered).any()):
             return None  # referenced before: the walk charges it as a repeat
         if any(bool(np.isin(pos, positions).any()) for positions, _, _ in self.walked.get(name, ())):
             return None  # walked by column before: the same
         words = np.frombuffer(self.buf, "<i4", count=n // 4)
         vtables = pos - words[pos // 4]
-        distinct, which = np.unique(vtables, return_inverse=True)
+        if bool((vtables == vtables[0]).all()):  # tables alike share one vtable: the usual case
+            distinct, which = vtables[:1], np.zeros(count, np.int64)
+        else:
+            distinct, which = np.unique(vtables, return_inverse=True)
         layouts = []
         for k, vtable in enumerate(distinct.tolist()):
             layout = self.layouts.get((vtable, name))
@@ -339,7 +342,8 @@ class _Decoder:
         if bool(((codes > 0) & (value_at == 0)).any()):
             return None  # a type but no value: the walk raises it
         column = UnionColumn(len(pos), np.flatnonzero(codes == 0).tolist())
-        for code in np.unique(codes[codes > 0]).tolist():
+        present = np.flatnonzero(np.bincount(codes.astype(np.int64), minlength=1))  # codes are bytes: no sort
+        for code in present[present > 0].tolist():
             chosen = np.flatnonzero(codes == code)
             if code > len(members):
                 column.unknown += [(k, code) for k in chosen.tolist()]
@@ -405,6 +409,12 @@ class _Decoder:
 
 
 _COLUMNS_FROM = 32  # table vectors at least this long are tried column by column first
+
+
+def _distinct(pos: np.ndarray) -> bool:
+    """No position twice (a builder lays a vector's tables out in order: sorted is the quick answer)."""
+    steps = np.diff(pos)
+    return bool((steps < 0).all() or (steps > 0).all()) or len(np.unique(pos)) == len(pos)
 
 
 @functools.cache
