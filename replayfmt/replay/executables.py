@@ -43,6 +43,7 @@ class ExecutableSources:
 def plan_executables(
     plan: ExecutableSources,
     objects: dict[int, m.ObjectDef],
+    executables: dict[int, m.Executable],
     fail: Callable[[ReplayError], None],
     launched: dict[int, set[int]],
 ) -> dict[int, ExecutableImage]:
@@ -51,7 +52,6 @@ def plan_executables(
     (which raises, or collects under --continue-on-error) and leaves that executable unusable."""
     images: dict[int, ExecutableImage] = {}
     subs = {s.target: s for s in plan.options.substitutions}
-    executables = {i: o for i, o in objects.items() if isinstance(o, m.Executable)}
     for target in subs:
         if target is not None and target not in executables:
             what = (

@@ -9,9 +9,11 @@ this step, so CI can exercise all of it without a GPU.
 
 from __future__ import annotations
 
+import operator
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import compress, repeat
 from typing import Any
 
 import numpy as np
@@ -183,11 +185,13 @@ def _build_plan(capture: Capture, options: PlanOptions) -> Plan:
     check_substitutions(list(options.substitutions))
     plan = Plan(capture, options)
     checker = _Checker(plan)
-    objects = {obj.id: obj for obj in capture.objects()}
-    # events are the most numerous (a program may make one per record): taken apart in one pass
-    plan.events = {oid: obj for oid, obj in objects.items() if type(obj) is m.Event}
-    for obj in [obj for obj in objects.values() if type(obj) is not m.Event]:
-        if isinstance(obj, m.Device):
+    objects = dict(zip(range(1, capture.object_count + 1), capture.objects(), strict=True))  # ids: dense from 1
+    plan.events, others = _events_apart(objects)
+    executables: dict[int, m.Executable] = {}
+    for obj in others:
+        if isinstance(obj, m.Executable):
+            executables[obj.id] = obj
+        elif isinstance(obj, m.Device):
             plan.devices.append(obj)
         elif isinstance(obj, m.Stream):
             plan.streams[obj.id] = obj
@@ -276,7 +280,7 @@ def _build_plan(capture: Capture, options: PlanOptions) -> Plan:
     for eid, index in plan.launches_of:
         launched.setdefault(eid, set()).add(index)
     plan.images = plan_executables(
-        ExecutableSources(capture, options, plan.devices, plan.files), objects, checker.fail, launched
+        ExecutableSources(capture, options, plan.devices, plan.files), objects, executables, checker.fail, launched
     )
     for (eid, fn), threads in plan.max_block_threads.items():
         _check_function_limits(plan, eid, fn, threads, checker)
@@ -284,6 +288,14 @@ def _build_plan(capture: Capture, options: PlanOptions) -> Plan:
         if buffer.module_global:
             _check_module_global(plan, objects, bid, buffer, checker)
     return plan
+
+
+def _events_apart(objects: dict[int, m.ObjectDef]) -> tuple[dict[int, m.Event], list[m.ObjectDef]]:
+    """The capture's events by id, and its other objects. Events are the most numerous (a program
+    may make one per record: 225k): told apart by type in C (map, compress), not an if per object."""
+    is_event = list(map(operator.is_, map(type, objects.values()), repeat(m.Event)))
+    events = dict(compress(objects.items(), is_event))
+    return events, list(compress(objects.values(), map(operator.not_, is_event)))  # type: ignore[arg-type]
 
 
 def _bulk_checked(
