@@ -4,11 +4,14 @@ run forks from and joins back to (so that a run's device time covers every captu
 
 from __future__ import annotations
 
-import heapq
+from operator import attrgetter
 from typing import Any
+
+import numpy as np
 
 from replayfmt.cuda.driver import check
 from replayfmt.replay.devices import Devices
+from replayfmt.replay.event_sharing import EventSpans, share_events
 from replayfmt.replay.plan import Plan
 
 _NON_BLOCKING = 1  # CU_STREAM_NON_BLOCKING, the only captured stream flag that matters here
@@ -70,8 +73,9 @@ class Streams:
         persistent matmul: 226k of them), so events share CUDA events: one whose uses (first
         a record, then waits and synchronisations) span operations that no other event's span
         overlaps takes a CUDA event freed by one whose span ended before it begins, which keeps
-        every wait on the record it waited on. Events of CUDA graphs, and events first waited on
-        before any record, get their own; events no operation uses share one per device."""
+        every wait on the record it waited on (replay.event_sharing colours the spans, in bulk).
+        Events of CUDA graphs, and events first waited on before any record, get their own;
+        events no operation uses share one per device."""
         devices, cu = self.devices, self.devices.cu
         current: list[int] = [-1]
 
@@ -85,24 +89,19 @@ class Streams:
 
         own = {node.event for graph in plan.graphs.values() for node in graph.nodes if node.event}
         events = plan.events
-        index = {d: devices.index(d) for d in {event.device for event in events.values()}}  # device id -> GPU
-        spans = sorted(
-            (span[0], span[1], eid, index[events[eid].device])
-            for eid, span in plan.event_spans.items()
-            if span[2] and eid not in own and eid in events
-        )
-        # a capture may hold a quarter of a million events: the loop below is per event, so it
-        # keeps to locals (setup is host time before the device starts)
-        free: dict[int, list[Any]] = {}  # device -> CUDA events whose last span has ended
-        busy: list[tuple[int, int, int, Any]] = []  # heap of (last use, event id, device, CUDA event)
-        assigned, push, pop = self.events, heapq.heappush, heapq.heappop
-        for first, last, eid, k in spans:
-            while busy and busy[0][0] < first:
-                _, _, ended_on, handle = pop(busy)
-                free.setdefault(ended_on, []).append(handle)
-            pool = free.get(k)
-            handle = assigned[eid] = pool.pop() if pool else create(eid, k)
-            push(busy, (last, eid, k, handle))
+        index = {d: devices.index(d) for d in set(map(attrgetter("device"), events.values()))}  # device id -> GPU
+        spans = EventSpans.shareable(plan.event_spans, events.keys(), own)
+        ids = spans.events.tolist()
+        if len(index) == 1:  # one GPU (the usual case): no lookup per event
+            gpus = np.full(len(ids), next(iter(index.values())), np.int64)
+        else:
+            gpus = np.array([index[events[eid].device] for eid in ids], np.int64)
+        shared = share_events(spans.first, spans.last, gpus)
+        handles = np.empty(len(shared.device), dtype=object)
+        named = dict(zip(shared.colour[::-1].tolist(), ids[::-1], strict=True))  # each colour's first event
+        for c, k in enumerate(shared.device):
+            handles[c] = create(named[c], k)
+        self.events.update(zip(ids, handles[shared.colour].tolist(), strict=True))
         unused: dict[int, Any] = {}  # device -> the CUDA event of the events no operation uses
         for eid in sorted(events.keys() - self.events.keys()):  # the few not assigned above
             k = index[events[eid].device]
