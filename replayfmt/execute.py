@@ -14,6 +14,7 @@ or, in one call, :func:`execute`. The rooms behind it are ``replayfmt.replay`` (
 from __future__ import annotations
 
 import os
+import time
 
 from replayfmt.errors import ReplayError, ReplayUsageError
 from replayfmt.reader import Capture, open_capture
@@ -58,9 +59,13 @@ class ReplaySession:
             raise ReplayUsageError("this replay session has started its Replayer already")
         if self.plan.problems and not self.plan.options.continue_on_error:
             raise ReplayError(self.plan.problems[0])
+        started = time.perf_counter()
         if self._warmup is not None:
             self._warmup.wait()
+        waited = time.perf_counter() - started
         self._replayer = Replayer(self.plan, options)
+        # setup's phases begin with the wait for the warm-up (CUDA started while the plan was made)
+        self._replayer.setup_seconds = {"wait_for_devices": waited, **self._replayer.setup_seconds}
         return self._replayer
 
     def close(self) -> None:

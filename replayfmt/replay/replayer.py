@@ -63,7 +63,7 @@ class Replayer:
         self.options = options or ReplayOptions()
         self.setup_seconds: dict[str, float] = {}  # setup phase -> seconds it took
         arena_problem = steer_fixed_arena(plan, self.options.devices)  # before CUDA starts here
-        self._devices = Devices(driver())
+        self._devices: Devices = self._phase("load_driver", lambda: Devices(driver()))
         try:
             with collector_paused():  # setup makes a record per operation, and no cycles (see batches)
                 self._setup(arena_problem)
@@ -73,7 +73,7 @@ class Replayer:
 
     def _setup(self, arena_problem: str | None) -> None:
         plan, options, devices = self.plan, self.options, self._devices
-        devices.open(plan, options.devices)
+        self._phase("open_devices", lambda: devices.open(plan, options.devices))
         self._phase("check_device_fits", lambda: devices.check_fit(plan))
         self.addresses: dict[int, int] = self._phase(
             "allocate_buffers", lambda: allocate_buffers(devices, plan, arena_problem)
