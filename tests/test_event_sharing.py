@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from replayfmt.replay.event_sharing import EventSpans, share_events
+from replayfmt.replay.event_sharing import ShareableSpans, share_events
 
 
 def _most_open(spans: list[tuple[int, int]]) -> int:
@@ -56,6 +56,34 @@ def test_spans_out_of_order_are_refused():
 
 def test_shareable_spans_are_those_first_recorded_of_known_events_not_used_by_graphs():
     spans = {7: [10, 12, True], 3: [10, 11, True], 4: [2, 9, False], 5: [1, 1, True], 9: [0, 3, True], 6: [4, 4, 1]}
-    picked = EventSpans.shareable(spans, events={3, 4, 5, 6, 7}, own={6})
+    ids = sorted(spans)
+    columns = (np.array(ids), *(np.array([spans[i][k] for i in ids]) for k in range(2)))
+    columns += (np.array([bool(spans[i][2]) for i in ids]),)
+    picked = ShareableSpans.shareable(columns, events={3, 4, 5, 6, 7}, own={6})
     assert picked.events.tolist() == [5, 3, 7]  # by first use, then last use; 9 is no event, 4 first waited
     assert picked.first.tolist() == [1, 10, 10] and picked.last.tolist() == [1, 11, 12]
+
+
+def test_event_spans_from_uses_in_bulk_and_one_by_one_in_capture_order():
+    from replayfmt.container.event_uses import EventUses
+    from replayfmt.format import model as m
+    from replayfmt.replay.plan_scan import EventSpans
+
+    record, wait, sync = (
+        int(k)
+        for k in (m.OperationKind.EVENT_RECORD, m.OperationKind.STREAM_WAIT_EVENT, m.OperationKind.EVENT_SYNCHRONIZE)
+    )
+    spans = EventSpans()
+    spans.add(m.StreamWaitEvent(1, 2, 40))  # waited on before any record
+    kinds = np.array([record, record, wait, sync], np.uint32)
+    spans.add_uses(
+        EventUses.from_records(kinds, np.array([3, 4, 5, 6]), np.array([7, 8, 2, 7]), np.array([2, 2, 8, 0]))
+    )
+    spans.add(m.EventRecord(9, 40, 2))
+    spans.add(m.EventSynchronize(11, 8))
+    assert dict(spans) == {7: [3, 6, True], 8: [4, 11, True], 40: [1, 9, False]}
+    assert 8 in spans and 9 not in spans and len(spans) == 3
+    ids, first, last, recorded = spans.columns()
+    assert ids.tolist() == [7, 8, 40] and recorded.tolist() == [True, True, False]
+    assert first.tolist() == [3, 4, 1] and last.tolist() == [6, 11, 9]
+    assert dict(EventSpans()) == {} and len(EventSpans().columns()[0]) == 0

@@ -19,14 +19,12 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
-from itertools import chain
-from typing import Any
 
 import numpy as np
 
 
 @dataclass(frozen=True)
-class EventSpans:
+class ShareableSpans:
     """The spans of the events that may share a CUDA event, sorted by first use (then last use,
     then id): ``events[i]`` is used from operation ``first[i]`` to ``last[i]``."""
 
@@ -35,18 +33,20 @@ class EventSpans:
     last: np.ndarray
 
     @classmethod
-    def shareable(cls, spans: dict[int, list[Any]], events: Collection[int], own: Collection[int]) -> EventSpans:
-        """From the plan's spans (event id -> [first, last, first use is a record]): those of the
-        capture's ``events`` first recorded (one first waited on waits for a record it never
-        sees: it keeps its own), except the ``own`` (used by CUDA graphs)."""
-        ids = np.fromiter(spans.keys(), np.int64, len(spans))
-        table = np.fromiter(chain.from_iterable(spans.values()), np.int64, 3 * len(spans)).reshape(-1, 3)
-        keep = (table[:, 2] != 0) & np.isin(ids, np.fromiter(events, np.int64, len(events)))
+    def shareable(
+        cls, spans: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], events: Collection[int], own: Collection[int]
+    ) -> ShareableSpans:
+        """From the plan's spans as columns (event ids, first use, last use, first use is a
+        record: plan_scan.EventSpans.columns): those of the capture's ``events`` first recorded
+        (one first waited on waits for a record it never sees: it keeps its own), except the
+        ``own`` (used by CUDA graphs)."""
+        ids, first, last, recorded = spans
+        keep = recorded & np.isin(ids, np.fromiter(events, np.int64, len(events)))
         if own:
             keep &= ~np.isin(ids, np.fromiter(own, np.int64, len(own)))
-        ids, table = ids[keep], table[keep]
-        order = np.lexsort((ids, table[:, 1], table[:, 0]))
-        return cls(ids[order], table[order, 0], table[order, 1])
+        ids, first, last = ids[keep], first[keep], last[keep]
+        order = np.lexsort((ids, last, first))
+        return cls(ids[order], first[order], last[order])
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,6 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import compress, repeat
-from typing import Any
 
 import numpy as np
 
@@ -55,7 +54,7 @@ from replayfmt.replay.plan_options import (
     check_substitutions,
     launch_shape,
 )
-from replayfmt.replay.plan_scan import EVENT_OPERATIONS, RegionTracker, track_event, track_event_uses
+from replayfmt.replay.plan_scan import EVENT_OPERATIONS, EventSpans, RegionTracker
 
 _K = m.OperationKind
 
@@ -107,7 +106,7 @@ class Plan:
     graph_sizes: dict[int, GraphSize] = field(default_factory=dict)  # each checked graph, expanded
     # event id -> [first, last, first is a record]: the operations that record, wait on or
     # synchronise with it (events first recorded whose spans do not overlap share a CUDA event)
-    event_spans: dict[int, list[Any]] = field(default_factory=dict)
+    event_spans: EventSpans = field(default_factory=EventSpans)
 
     @property
     def state_bytes(self) -> int:
@@ -238,7 +237,7 @@ def _build_plan(capture: Capture, options: PlanOptions) -> Plan:
         kind = op.kind if not isinstance(op, m.UnknownOperation) else -1
         kinds[kind] = kinds.get(kind, 0) + n
         if cls in EVENT_OPERATIONS:  # never folded: each use extends its event's span
-            track_event(plan.event_spans, op)
+            plan.event_spans.add(op)
         quick = QUICK_CHECKS.get(cls)  # creates, events, synchronisations: one lookup or two (the hot path)
         if quick is not None and quick(live, op) and op.index not in overrides:
             regions.note(op.index)
@@ -318,7 +317,7 @@ def _bulk_checked(
             for code, count in zip(*np.unique(item.kinds, return_counts=True), strict=True):
                 kind = m.OperationKind(int(code))
                 kinds[kind] = kinds.get(kind, 0) + int(count)
-            track_event_uses(plan.event_spans, item)
+            plan.event_spans.add_uses(item)
             regions.note(item.index)
         else:
             apart.extend(item.operations())

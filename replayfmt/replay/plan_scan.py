@@ -4,6 +4,7 @@ memsets come folded by the reader, so a capture of 700k operations is checked in
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -12,34 +13,75 @@ from replayfmt.format import model as m
 from replayfmt.reader import EventUses
 
 EVENT_OPERATIONS = frozenset({m.EventRecord, m.StreamWaitEvent, m.EventSynchronize})
+_EVENT_RECORD = int(m.OperationKind.EVENT_RECORD)
 
 
-def track_event(spans: dict[int, list[Any]], op: m.EventRecord | m.StreamWaitEvent | m.EventSynchronize) -> None:
-    """Extend the span of ``op``'s event: [first, last, first is a record] operation indices
-    that use it (events first recorded whose spans do not overlap may share a CUDA event)."""
-    span = spans.get(op.event)
-    if span is None:
-        spans[op.event] = [op.index, op.index, isinstance(op, m.EventRecord)]
-    else:
-        span[1] = op.index
+class EventSpans(Mapping[int, list[Any]]):
+    """The span of operations each event is used in, event id -> [first, last, first is a record]
+    (the operation indices that record, wait on or synchronise with it; events first recorded
+    whose spans do not overlap may share a CUDA event: replay.event_sharing).
 
+    Uses are added in capture order, a batch's in bulk (:meth:`add_uses`) or one at a time
+    (:meth:`add`), and kept as columns: a program may record a new event after every launch
+    (Triton's persistent matmul: 226k), and the spans are worked out once, with numpy, when first
+    asked for (:meth:`columns`, or as a mapping)."""
 
-def track_event_uses(spans: dict[int, list[Any]], uses: EventUses) -> None:
-    """``track_event`` of each of a batch's uses of events, in bulk (they come in capture order)."""
-    column, count = uses.events, len(uses)
-    distinct, first = np.unique(column, return_index=True)
-    last = count - 1 - np.unique(column[::-1], return_index=True)[1]
-    recorded = uses.kinds[first] == int(m.OperationKind.EVENT_RECORD)
-    events, ends = distinct.tolist(), uses.indices[last].tolist()
-    seen = spans.keys() & events  # used in an earlier batch: only its span's end moves
-    if seen:
-        for event, end in zip(events, ends, strict=True):
-            if event in seen:
-                spans[event][1] = end
-    fresh = zip(events, map(list, zip(uses.indices[first].tolist(), ends, recorded.tolist(), strict=True)), strict=True)
-    if seen:
-        fresh = ((event, span) for event, span in fresh if event not in seen)
-    spans.update(fresh)  # one C call for the many events a batch makes and uses
+    def __init__(self) -> None:
+        self._parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (events, indices, is a record)
+        self._one_by_one: list[tuple[int, int, bool]] = []  # uses added one at a time, not yet a part
+        self._columns: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._by_event: dict[int, int] | None = None
+
+    def add(self, op: m.EventRecord | m.StreamWaitEvent | m.EventSynchronize) -> None:
+        """One use, after every use added before it."""
+        self._one_by_one.append((op.event, op.index, type(op) is m.EventRecord))
+        self._columns = self._by_event = None
+
+    def add_uses(self, uses: EventUses) -> None:
+        """A batch's uses, in bulk, after every use added before them."""
+        self._seal()
+        self._parts.append((uses.events, uses.indices, uses.kinds == _EVENT_RECORD))
+        self._columns = self._by_event = None
+
+    def _seal(self) -> None:
+        if self._one_by_one:
+            events, indices, records = zip(*self._one_by_one, strict=True)
+            self._parts.append((np.array(events, np.int64), np.array(indices, np.int64), np.array(records, bool)))
+            self._one_by_one = []
+
+    def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(event ids, sorted; first use; last use; first use is a record), one row per event."""
+        if self._columns is None:
+            self._seal()
+            if not self._parts:
+                empty = np.zeros(0, np.int64)
+                self._columns = (empty, empty, empty, np.zeros(0, bool))
+            else:
+                events, indices, records = (np.concatenate(c) for c in zip(*self._parts, strict=True))
+                ids, first = np.unique(events, return_index=True)  # uses come in capture order
+                last = len(events) - 1 - np.unique(events[::-1], return_index=True)[1]
+                self._columns = (ids, indices[first], indices[last], records[first])
+        return self._columns
+
+    def _rows(self) -> dict[int, int]:
+        if self._by_event is None:
+            ids = self.columns()[0].tolist()
+            self._by_event = dict(zip(ids, range(len(ids)), strict=True))
+        return self._by_event
+
+    def __getitem__(self, event: int) -> list[Any]:
+        row = self._rows()[event]
+        _, first, last, recorded = self.columns()
+        return [int(first[row]), int(last[row]), bool(recorded[row])]
+
+    def __contains__(self, event: object) -> bool:
+        return event in self._rows()
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.columns()[0].tolist())
+
+    def __len__(self) -> int:
+        return len(self.columns()[0])
 
 
 class RegionTracker:

@@ -11,7 +11,7 @@ import numpy as np
 
 from replayfmt.cuda.driver import check
 from replayfmt.replay.devices import Devices
-from replayfmt.replay.event_sharing import EventSpans, share_events
+from replayfmt.replay.event_sharing import ShareableSpans, share_events
 from replayfmt.replay.plan import Plan
 
 _NON_BLOCKING = 1  # CU_STREAM_NON_BLOCKING, the only captured stream flag that matters here
@@ -90,7 +90,7 @@ class Streams:
         own = {node.event for graph in plan.graphs.values() for node in graph.nodes if node.event}
         events = plan.events
         index = {d: devices.index(d) for d in set(map(attrgetter("device"), events.values()))}  # device id -> GPU
-        spans = EventSpans.shareable(plan.event_spans, events.keys(), own)
+        spans = ShareableSpans.shareable(plan.event_spans.columns(), events.keys(), own)
         ids = spans.events.tolist()
         if len(index) == 1:  # one GPU (the usual case): no lookup per event
             gpus = np.full(len(ids), next(iter(index.values())), np.int64)
