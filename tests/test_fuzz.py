@@ -359,6 +359,46 @@ def test_event_objects_are_walked_by_column(event_batches, monkeypatch):
         assert [o.flags for o in from_columns[1:]] == [k % 3 for k in range(48)]
 
 
+def _executable(functions: int, parameters: int, *, shared: bool) -> bytes:
+    """An Executable table whose ``functions`` functions each list ``parameters`` parameter tables
+    (a vector of plain tables, walked by column): their own, or (``shared``) the same ones."""
+    import flatbuffers
+
+    from replayfmt.format.fb import Executable as FbExecutable, Function as FbFunction, Parameter as FbParameter
+
+    b = flatbuffers.Builder(4096)
+
+    def vector(offsets: list[int]) -> int:
+        b.StartVector(4, len(offsets), 4)
+        for t in reversed(offsets):
+            b.PrependUOffsetTRelative(t)
+        return b.EndVector()
+
+    def parameter_tables() -> list[int]:
+        tables = []
+        for k in range(parameters):
+            FbParameter.Start(b)
+            FbParameter.AddOffset(b, 8 * k)
+            FbParameter.AddSize(b, 8)
+            tables.append(FbParameter.End(b))
+        return tables
+
+    common = parameter_tables() if shared else []
+    made = []
+    for f in range(functions):
+        listed = vector(common if shared else parameter_tables())
+        label = b.CreateString(f"f{f}")
+        FbFunction.Start(b)
+        FbFunction.AddName(b, label)
+        FbFunction.AddParameters(b, listed)
+        made.append(FbFunction.End(b))
+    listed = vector(made)
+    FbExecutable.Start(b)
+    FbExecutable.AddFunctions(b, listed)
+    b.Finish(FbExecutable.End(b))
+    return bytes(b.Output())
+
+
 def test_tables_walked_by_column_are_remembered_for_later_references():
     """Two functions' parameter vectors (distinct vectors) list the same 40 parameter tables: the
     first is walked by column, the second refers to tables walked before and is walked table by
@@ -366,39 +406,10 @@ def test_tables_walked_by_column_are_remembered_for_later_references():
     values, and the budget of objects runs out where the schema walk's does."""
     import dataclasses
 
-    import flatbuffers
-
     from replayfmt.format.decoder import decode_buffer
-    from replayfmt.format.fb import Executable as FbExecutable, Function as FbFunction, Parameter as FbParameter
     from replayfmt.format.layout import DEFAULT_LIMITS
 
-    b = flatbuffers.Builder(4096)
-    tables = []
-    for k in range(40):
-        FbParameter.Start(b)
-        FbParameter.AddOffset(b, 8 * k)
-        FbParameter.AddSize(b, 8)
-        tables.append(FbParameter.End(b))
-    functions = []
-    for name in ("first", "second"):
-        label = b.CreateString(name)
-        FbFunction.StartParametersVector(b, len(tables))
-        for t in reversed(tables):
-            b.PrependUOffsetTRelative(t)
-        vector = b.EndVector()
-        FbFunction.Start(b)
-        FbFunction.AddName(b, label)
-        FbFunction.AddParameters(b, vector)
-        functions.append(FbFunction.End(b))
-    FbExecutable.StartFunctionsVector(b, 2)
-    for f in reversed(functions):
-        b.PrependUOffsetTRelative(f)
-    vector = b.EndVector()
-    FbExecutable.Start(b)
-    FbExecutable.AddFunctions(b, vector)
-    b.Finish(FbExecutable.End(b))
-    body = bytes(b.Output())
-
+    body = _executable(2, 40, shared=True)
     compiled, walked = decoded_both_ways(body, "Executable")
     assert same_values(compiled, walked)
     first, second = (f["parameters"] for f in compiled["functions"])
@@ -412,6 +423,29 @@ def test_tables_walked_by_column_are_remembered_for_later_references():
             except replayfmt.ReplayFormatError as exc:
                 outcomes.append(str(exc))
         assert same_values(*outcomes), (most, outcomes)
+
+
+def test_many_vectors_walked_by_column_cost_in_proportion():
+    """What a vector walked by column is checked against (every table decoded before it) is one
+    set per kind, not a pass over everything remembered: four times the functions, each with its
+    own 32 parameters or all listing the same ones, take about four times as long (measured side
+    by side, best of three; a pass per vector made it sixteen)."""
+    import time
+
+    from replayfmt.format.decoder import decode_buffer
+
+    def seconds(body: bytes) -> float:
+        best = float("inf")
+        for _ in range(3):
+            started = time.perf_counter()
+            decode_buffer(body, "Executable", max_depth=8)
+            best = min(best, time.perf_counter() - started)
+        return best
+
+    for shared in (False, True):
+        small, large = (_executable(n, 32, shared=shared) for n in (200, 800))
+        ratio = seconds(large) / seconds(small)
+        assert ratio < 8, f"shared={shared}: 4x the vectors took {ratio:.1f}x as long"
 
 
 def _object_tables(body: bytes) -> list[tuple[int, int]]:

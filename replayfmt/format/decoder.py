@@ -32,6 +32,7 @@ from __future__ import annotations
 import functools
 import struct
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -88,9 +89,15 @@ class _Decoder:
         self.objects_left = min(limits.max_decode_objects, self.n // 4 + 64)
         # (position, type) -> (value, bytes it cost): shared offsets are decoded once
         self.memo: dict[tuple[int, str], tuple[Any, int]] = {}
-        # table name -> (positions, sorted; which row of its TableRows each is; the TableRows) of
-        # the tables walked by column: the memo of those, kept as arrays (no entry per table)
-        self.walked: dict[str, list[tuple[np.ndarray, np.ndarray, TableRows]]] = {}
+        # kind -> the positions decoded (memo entries and tables walked by column): a vector's
+        # tables are checked against it in one pass, whatever was decoded before. Tables walked
+        # by column wait in ``unseen`` until a kind is next checked (most never are)
+        self.seen: dict[str, set[int]] = {}
+        self.unseen: dict[str, list[list[int]]] = {}
+        # table name -> (positions in row order, TableRows) of the vectors walked by column: their
+        # memo, with no entry per table until one is looked up (then indexed, see _walked_hit)
+        self.walked: dict[str, list[tuple[list[int], TableRows]]] = {}
+        self.walked_index: dict[str, dict[int, tuple[TableRows, int]]] = {}
         self.caps = limits.vector_caps()
         self.compiled: dict[str, Any] = compile_tables() if schema is load_schema() else {}
         self.layouts: dict[tuple[int, str], tuple[int, ...]] = {}  # (vtable, table) -> layout()
@@ -151,15 +158,29 @@ class _Decoder:
         self.charge(pos, 0)
         value = decode(*args)
         self.memo[key] = (value, before - self.bytes_left)
+        self.seen.setdefault(kind, set()).add(pos)
         return value
 
+    def _seen(self, kind: str) -> set[int]:
+        """Every position of ``kind`` decoded so far."""
+        seen = self.seen.setdefault(kind, set())
+        for positions in self.unseen.pop(kind, ()):
+            seen.update(positions)
+        return seen
+
     def _walked_hit(self, pos: int, kind: str) -> tuple[Any, int] | None:
-        """The memo entry of a table walked by column at ``pos``: its row, which cost no bytes."""
-        for positions, rows_of, rows in self.walked[kind]:
-            at = int(np.searchsorted(positions, pos))
-            if at < len(positions) and int(positions[at]) == pos:
-                return rows[int(rows_of[at])], 0
-        return None
+        """The memo entry of a table walked by column at ``pos``: its row, which cost no bytes.
+        The first lookup of a kind indexes its vectors walked so far (later ones are indexed as
+        they are walked): work in proportion to the tables, however many lookups there are."""
+        if pos not in self._seen(kind):
+            return None
+        index = self.walked_index.get(kind)
+        if index is None:
+            index = self.walked_index[kind] = {}
+            for positions, rows in self.walked[kind]:
+                index.update(zip(positions, zip(repeat(rows), range(len(positions)))))
+        found = index.get(pos)
+        return None if found is None else (found[0][found[1]], 0)
 
     def table(self, pos: int, table: TableDef, depth: int) -> dict[str, Any]:
         if depth > self.max_depth:
@@ -248,25 +269,29 @@ class _Decoder:
     # -- tables column by column -----------------------------------------------------------------
     # A vector of many tables of one plain kind (200k event objects: an id, no label, an Event
     # body of two scalars) is walked column by column with numpy: every check the table-by-table
-    # walk makes, made on all the tables at once, and the same values, charges and memo entries.
+    # walk makes, made on all the tables at once, and the same values and charges; remembered as
+    # the memo remembers a table (self.walked), without an entry per table.
     # Anything it does not handle, or any check that fails, returns None: the vector is then
     # walked table by table, which decodes it or raises what is wrong, where, as before.
 
     def _tables_by_column(self, data: int, count: int, table: TableDef, depth: int) -> TableRows | None:
         slots = np.frombuffer(self.buf, "<u4", count=count, offset=data).astype(np.int64)
-        decoded: list[tuple[np.ndarray, str, TableRows]] = []  # (positions, table, values) to remember
+        decoded: list[tuple[list[int], str, TableRows]] = []  # (positions, table, values) to remember
         out = self._tables_at(data + 4 * np.arange(count, dtype=np.int64) + slots, table, depth, decoded)
         tables = sum(len(values) for _, _, values in decoded)
         if out is None or self.objects_left - tables < 0:
             return None  # (over the budget: the walk raises it at the table where it runs out)
         self.objects_left -= tables  # one object a table, as the walk charges it, and no bytes
         for positions, name, values in decoded:
-            order = np.argsort(positions, kind="stable")
-            self.walked.setdefault(name, []).append((positions[order], order, values))
+            self.walked.setdefault(name, []).append((positions, values))
+            self.unseen.setdefault(name, []).append(positions)
+            index = self.walked_index.get(name)
+            if index is not None:
+                index.update(zip(positions, zip(repeat(values), range(len(positions)))))
         return out
 
     def _tables_at(
-        self, pos: np.ndarray, table: TableDef, depth: int, decoded: list[tuple[np.ndarray, str, TableRows]]
+        self, pos: np.ndarray, table: TableDef, depth: int, decoded: list[tuple[list[int], str, TableRows]]
     ) -> TableRows | None:
         """The tables at ``pos`` decoded as the compiled walk decodes each, or None; each table
         decoded is added to ``decoded`` (charged and remembered only once all of them are)."""
@@ -276,11 +301,10 @@ class _Decoder:
             return None
         if not _distinct(pos) or bool(((pos % 4) != 0).any()) or bool((pos + 4 > n).any()):
             return None
-        remembered = [p for p, kind in self.memo if kind == name]  # the memo holds few tables
-        if remembered and bool(np.isin(pos, remembered).any()):
-            return None  # referenced before: the walk charges it as a repeat
-        if any(bool(np.isin(pos, positions).any()) for positions, _, _ in self.walked.get(name, ())):
-            return None  # walked by column before: the same
+        positions = pos.tolist()
+        seen = self._seen(name)
+        if seen and not seen.isdisjoint(positions):
+            return None  # referenced before (by the walk or by column): the walk charges it as a repeat
         words = np.frombuffer(self.buf, "<i4", count=n // 4)
         vtables = pos - words[pos // 4]
         if bool((vtables == vtables[0]).all()):  # tables alike share one vtable: the usual case
@@ -323,7 +347,7 @@ class _Decoder:
                 columns.append([bool(v) for v in values] if scalar == "bool" else values)
                 at += 1
         out = TableRows(name, dict(zip((f.name for f in table.fields), columns, strict=True)), count)
-        decoded.append((pos, name, out))
+        decoded.append((positions, name, out))
         return out
 
     def _union_column(
@@ -334,7 +358,7 @@ class _Decoder:
         value_at: np.ndarray,
         union: str,
         depth: int,
-        decoded: list[tuple[np.ndarray, str, TableRows]],
+        decoded: list[tuple[list[int], str, TableRows]],
     ) -> UnionColumn | None:
         """A union field of the tables at ``pos`` (its type and value fields' offsets), or None."""
         members = self.schema.unions[union]

@@ -1,7 +1,8 @@
 """Graph objects (CUDA graphs) to and from FlatBuffers records: the Graph body of an Object.
 
-Kept beside :mod:`replayfmt.format.records`, which calls :func:`encode_graph` and
-:func:`decode_graph` for the ``Graph`` member of the ObjectBody union.
+Kept beside :mod:`replayfmt.format.records`, which calls :func:`encode_graph`, and
+:mod:`replayfmt.format.object_records`, which calls :func:`decode_graph`, for the ``Graph``
+member of the ObjectBody union.
 """
 
 from __future__ import annotations

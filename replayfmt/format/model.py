@@ -76,8 +76,8 @@ def unlabelled_events(ids: list[int], devices: list[int], flags: list[int]) -> l
     """``[Event(id=i, device=d, flags=f) ...]`` for each (i, d, f), made at a third of the cost: a
     frozen dataclass's ``__init__`` goes through ``object.__setattr__`` field by field, these
     through the slots' own descriptors (a capture may hold 200k events, each made when it is read)."""
-    make, set_id, set_label = object.__new__, ObjectDef.id.__set__, ObjectDef.label.__set__  # type: ignore[attr-defined]
-    set_device, set_flags = Event.device.__set__, Event.flags.__set__  # type: ignore[attr-defined]
+    make, set_id, set_label = object.__new__, ObjectDef.id.__set__, ObjectDef.label.__set__  # type: ignore[misc]
+    set_device, set_flags = Event.device.__set__, Event.flags.__set__  # type: ignore[misc]
     events = []
     for i, d, f in zip(ids, devices, flags, strict=True):
         event = make(Event)

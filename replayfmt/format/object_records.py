@@ -26,22 +26,25 @@ def _enum(cls: type, value: int) -> Any:
 
 def decode_objects(rows: Sequence[dict[str, Any]]) -> list[m.ObjectDef]:
     """A RecordBatch's decoded objects, in order. Objects walked by column (TableRows) whose
-    bodies are all of known kinds are made from the columns: events without a dict per row
-    (m.unlabelled_events; the column walk takes only unlabelled tables), the rest one by one."""
+    bodies are all of known kinds and which have no labels are made from the columns: events
+    without a dict per row (m.unlabelled_events), the rest one by one."""
     if not isinstance(rows, TableRows):
         return [decode_object(d) for d in rows]
     ids, labels, bodies = rows.columns["id"], rows.columns["label"], rows.columns["body"]
-    if not isinstance(bodies, UnionColumn) or bodies.absent or bodies.unknown:
+    if not isinstance(ids, list) or not isinstance(bodies, UnionColumn) or bodies.absent or bodies.unknown:
+        return [decode_object(d) for d in rows]
+    if any(labels):  # (the column walk leaves labelled tables to the table walk today)
         return [decode_object(d) for d in rows]
     objects: list[Any] = [None] * len(rows)
     for name, (at, tables) in bodies.members.items():
         if name == "Event":
             devices, flags = tables.columns["device"], tables.columns["flags"]
-            for k, event in zip(at, m.unlabelled_events([ids[k] for k in at], devices, flags), strict=True):  # type: ignore[arg-type]
+            assert isinstance(devices, list) and isinstance(flags, list)  # scalars: plain columns
+            for k, event in zip(at, m.unlabelled_events([ids[k] for k in at], devices, flags), strict=True):
                 objects[k] = event
             continue
         for k, body in zip(at, tables.rows(), strict=True):
-            objects[k] = decode_object({"id": ids[k], "label": labels[k], "body": (name, body)})
+            objects[k] = decode_object({"id": ids[k], "label": "", "body": (name, body)})
     return objects
 
 

@@ -1,4 +1,5 @@
-"""Translation between the model types (replayfmt.format.model) and FlatBuffers records, both ways.
+"""Translation between the model types (replayfmt.format.model) and FlatBuffers records, both ways
+(objects are read back in replayfmt.format.object_records).
 
 Encoding goes through the generated builders in replayfmt/fb; decoding takes the plain values
 that the verifying decoder (replayfmt.format.decoder) produced. The hot operation kinds are numpy

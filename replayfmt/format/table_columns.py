@@ -23,12 +23,12 @@ class TableRows(Sequence[dict[str, Any]]):
     (a list, or a :class:`UnionColumn`), for a reader that wants them without a dict per row (a
     capture's 200k event objects)."""
 
-    __slots__ = ("_rows", "columns", "count", "table")
+    __slots__ = ("_rows", "columns", "length", "table")
 
-    def __init__(self, table: str, columns: dict[str, list[Any] | UnionColumn], count: int) -> None:
+    def __init__(self, table: str, columns: dict[str, list[Any] | UnionColumn], length: int) -> None:
         self.table = table
         self.columns = columns
-        self.count = count
+        self.length = length
         self._rows: list[dict[str, Any]] | None = None
 
     def rows(self) -> list[dict[str, Any]]:
@@ -38,7 +38,7 @@ class TableRows(Sequence[dict[str, Any]]):
         return self._rows
 
     def __len__(self) -> int:
-        return self.count
+        return self.length
 
     @overload
     def __getitem__(self, index: int) -> dict[str, Any]: ...
@@ -58,7 +58,7 @@ class TableRows(Sequence[dict[str, Any]]):
     __hash__ = None  # type: ignore[assignment]  # a sequence of dicts, as a list is
 
     def __repr__(self) -> str:
-        return f"TableRows({self.table}, {self.count} rows)"
+        return f"TableRows({self.table}, {self.length} rows)"
 
 
 @dataclass(slots=True)

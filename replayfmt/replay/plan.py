@@ -14,6 +14,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import compress, repeat
+from typing import cast
 
 import numpy as np
 
@@ -293,8 +294,8 @@ def _events_apart(objects: dict[int, m.ObjectDef]) -> tuple[dict[int, m.Event], 
     """The capture's events by id, and its other objects. Events are the most numerous (a program
     may make one per record: 225k): told apart by type in C (map, compress), not an if per object."""
     is_event = list(map(operator.is_, map(type, objects.values()), repeat(m.Event)))
-    events = dict(compress(objects.items(), is_event))
-    return events, list(compress(objects.values(), map(operator.not_, is_event)))  # type: ignore[arg-type]
+    events = cast(dict[int, m.Event], dict(compress(objects.items(), is_event)))
+    return events, list(compress(objects.values(), map(operator.not_, is_event)))
 
 
 def _bulk_checked(

@@ -30,18 +30,17 @@ class EventSpans(Mapping[int, list[Any]]):
         self._parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (events, indices, is a record)
         self._one_by_one: list[tuple[int, int, bool]] = []  # uses added one at a time, not yet a part
         self._columns: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
-        self._by_event: dict[int, int] | None = None
 
     def add(self, op: m.EventRecord | m.StreamWaitEvent | m.EventSynchronize) -> None:
         """One use, after every use added before it."""
         self._one_by_one.append((op.event, op.index, type(op) is m.EventRecord))
-        self._columns = self._by_event = None
+        self._columns = None
 
     def add_uses(self, uses: EventUses) -> None:
         """A batch's uses, in bulk, after every use added before them."""
         self._seal()
         self._parts.append((uses.events, uses.indices, uses.kinds == _EVENT_RECORD))
-        self._columns = self._by_event = None
+        self._columns = None
 
     def _seal(self) -> None:
         if self._one_by_one:
@@ -63,19 +62,22 @@ class EventSpans(Mapping[int, list[Any]]):
                 self._columns = (ids, indices[first], indices[last], records[first])
         return self._columns
 
-    def _rows(self) -> dict[int, int]:
-        if self._by_event is None:
-            ids = self.columns()[0].tolist()
-            self._by_event = dict(zip(ids, range(len(ids)), strict=True))
-        return self._by_event
+    def _row(self, event: object) -> int | None:
+        ids = self.columns()[0]
+        if not isinstance(event, int | np.integer) or not len(ids):
+            return None
+        row = int(np.searchsorted(ids, event))  # ids are sorted
+        return row if row < len(ids) and int(ids[row]) == event else None
 
     def __getitem__(self, event: int) -> list[Any]:
-        row = self._rows()[event]
+        row = self._row(event)
+        if row is None:
+            raise KeyError(event)
         _, first, last, recorded = self.columns()
         return [int(first[row]), int(last[row]), bool(recorded[row])]
 
     def __contains__(self, event: object) -> bool:
-        return event in self._rows()
+        return self._row(event) is not None
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.columns()[0].tolist())
