@@ -16,7 +16,7 @@ import numpy as np
 from replayfmt.errors import ReplayUsageError
 from replayfmt.format import model as m
 from replayfmt.format.decoder import StructVector
-from replayfmt.format.fb import Graph as FbGraph, GraphNode as FbGraphNode, KernelDims as FbKernelDims
+from replayfmt.format.generated import fb
 from replayfmt.format.layout import DEFAULT_LIMITS
 from replayfmt.format.model import GraphNode, GraphNodeKind
 from replayfmt.format.schema import load_schema
@@ -47,15 +47,15 @@ def _encode_node(b: flatbuffers.Builder, node: GraphNode) -> int:
     relocations = 0
     if node.relocations:
         relocations = _structs(b, "Relocation", [tuple(int(x) for x in r) for r in node.relocations])
-    n = FbGraphNode
+    n = fb.GraphNode
     n.Start(b)
     n.AddKind(b, int(node.kind))
     n.AddExecutable(b, node.executable)
     n.AddFunction(b, node.function)
     n.AddFlags(b, node.flags)
-    n.AddGrid(b, FbKernelDims.CreateKernelDims(b, *node.grid))
-    n.AddBlock(b, FbKernelDims.CreateKernelDims(b, *node.block))
-    n.AddCluster(b, FbKernelDims.CreateKernelDims(b, *node.cluster))
+    n.AddGrid(b, fb.KernelDims.CreateKernelDims(b, *node.grid))
+    n.AddBlock(b, fb.KernelDims.CreateKernelDims(b, *node.block))
+    n.AddCluster(b, fb.KernelDims.CreateKernelDims(b, *node.cluster))
     n.AddSharedMemory(b, node.shared_memory)
     if parameters:
         n.AddParameters(b, parameters)
@@ -101,11 +101,11 @@ def encode_graph(b: flatbuffers.Builder, graph: m.Graph) -> int:
         b.PrependUOffsetTRelative(offset)
     node_vector = b.EndVector()
     edges = _structs(b, "GraphEdge", [(int(s), int(d)) for s, d in graph.edges])
-    FbGraph.Start(b)
-    FbGraph.AddDevice(b, graph.device)
-    FbGraph.AddNodes(b, node_vector)
-    FbGraph.AddEdges(b, edges)
-    return FbGraph.End(b)
+    fb.Graph.Start(b)
+    fb.Graph.AddDevice(b, graph.device)
+    fb.Graph.AddNodes(b, node_vector)
+    fb.Graph.AddEdges(b, edges)
+    return fb.Graph.End(b)
 
 
 def _enum(value: int) -> GraphNodeKind | int:

@@ -17,30 +17,7 @@ import numpy as np
 
 from replayfmt.format import model as m
 from replayfmt.format.decoder import StructVector
-from replayfmt.format.fb import (
-    Buffer as FbBuffer,
-    CaptureMetadata as FbCaptureMetadata,
-    Checkpoint as FbCheckpoint,
-    Device as FbDevice,
-    Event as FbEvent,
-    Executable as FbExecutable,
-    FileReference as FbFileReference,
-    Function as FbFunction,
-    Global as FbGlobal,
-    Index as FbIndex,
-    KernelDims as FbKernelDims,
-    KeyValue as FbKeyValue,
-    Object as FbObject,
-    Operation as FbOperation,
-    Parameter as FbParameter,
-    Payload as FbPayload,
-    RecordBatch as FbRecordBatch,
-    ScopeBegin as FbScopeBegin,
-    ScopeEnd as FbScopeEnd,
-    State as FbState,
-    Stream as FbStream,
-    Unsupported as FbUnsupported,
-)
+from replayfmt.format.generated import fb
 from replayfmt.format.graph_records import encode_graph
 from replayfmt.format.schema import load_schema
 from replayfmt.format.typed_records import decode_typed_tensor, encode_typed_tensor
@@ -112,21 +89,21 @@ def encode_metadata(meta: m.CaptureMetadata) -> bytes:
     pairs = []
     for key, value in meta.properties:
         k, v = _string(b, key), _string(b, value)
-        FbKeyValue.Start(b)
-        FbKeyValue.AddKey(b, k)
-        FbKeyValue.AddValue(b, v)
-        pairs.append(FbKeyValue.End(b))
+        fb.KeyValue.Start(b)
+        fb.KeyValue.AddKey(b, k)
+        fb.KeyValue.AddValue(b, v)
+        pairs.append(fb.KeyValue.End(b))
     properties = _table_vector(b, pairs)
-    FbCaptureMetadata.Start(b)
-    FbCaptureMetadata.AddTool(b, strings["tool"])
-    FbCaptureMetadata.AddToolVersion(b, strings["tool_version"])
-    FbCaptureMetadata.AddCreatedUnixNs(b, meta.created_unix_ns)
-    FbCaptureMetadata.AddHost(b, strings["host"])
-    FbCaptureMetadata.AddGpu(b, strings["gpu"])
-    FbCaptureMetadata.AddDriver(b, strings["driver"])
-    FbCaptureMetadata.AddCommandLine(b, command_line)
-    FbCaptureMetadata.AddProperties(b, properties)
-    b.Finish(FbCaptureMetadata.End(b))
+    fb.CaptureMetadata.Start(b)
+    fb.CaptureMetadata.AddTool(b, strings["tool"])
+    fb.CaptureMetadata.AddToolVersion(b, strings["tool_version"])
+    fb.CaptureMetadata.AddCreatedUnixNs(b, meta.created_unix_ns)
+    fb.CaptureMetadata.AddHost(b, strings["host"])
+    fb.CaptureMetadata.AddGpu(b, strings["gpu"])
+    fb.CaptureMetadata.AddDriver(b, strings["driver"])
+    fb.CaptureMetadata.AddCommandLine(b, command_line)
+    fb.CaptureMetadata.AddProperties(b, properties)
+    b.Finish(fb.CaptureMetadata.End(b))
     return bytes(b.Output())
 
 
@@ -152,54 +129,54 @@ def _encode_function(b: flatbuffers.Builder, fn: m.Function) -> int:
     params = []
     for p in fn.parameters:
         pname = _string(b, p.name) if p.name else 0
-        FbParameter.Start(b)
-        FbParameter.AddOffset(b, p.offset)
-        FbParameter.AddSize(b, p.size)
-        FbParameter.AddKind(b, int(p.kind))
+        fb.Parameter.Start(b)
+        fb.Parameter.AddOffset(b, p.offset)
+        fb.Parameter.AddSize(b, p.size)
+        fb.Parameter.AddKind(b, int(p.kind))
         if pname:
-            FbParameter.AddName(b, pname)
-        FbParameter.AddDtype(b, int(p.dtype))
-        params.append(FbParameter.End(b))
+            fb.Parameter.AddName(b, pname)
+        fb.Parameter.AddDtype(b, int(p.dtype))
+        params.append(fb.Parameter.End(b))
     param_vec = _table_vector(b, params)
-    FbFunction.Start(b)
-    FbFunction.AddName(b, name)
-    FbFunction.AddParameters(b, param_vec)
-    FbFunction.AddRegisters(b, fn.registers)
-    FbFunction.AddStaticSharedMemory(b, fn.static_shared_memory)
-    FbFunction.AddMaxDynamicSharedMemory(b, fn.max_dynamic_shared_memory)
-    FbFunction.AddMaxThreadsPerBlock(b, fn.max_threads_per_block)
-    FbFunction.AddLocalMemory(b, fn.local_memory)
-    FbFunction.AddRequiredCluster(b, FbKernelDims.CreateKernelDims(b, *fn.required_cluster))
-    FbFunction.AddParametersKnown(b, fn.parameters_known)
-    return FbFunction.End(b)
+    fb.Function.Start(b)
+    fb.Function.AddName(b, name)
+    fb.Function.AddParameters(b, param_vec)
+    fb.Function.AddRegisters(b, fn.registers)
+    fb.Function.AddStaticSharedMemory(b, fn.static_shared_memory)
+    fb.Function.AddMaxDynamicSharedMemory(b, fn.max_dynamic_shared_memory)
+    fb.Function.AddMaxThreadsPerBlock(b, fn.max_threads_per_block)
+    fb.Function.AddLocalMemory(b, fn.local_memory)
+    fb.Function.AddRequiredCluster(b, fb.KernelDims.CreateKernelDims(b, *fn.required_cluster))
+    fb.Function.AddParametersKnown(b, fn.parameters_known)
+    return fb.Function.End(b)
 
 
 def _encode_body(b: flatbuffers.Builder, obj: m.ObjectDef) -> int:
     if isinstance(obj, m.Device):
         name = _string(b, obj.name)
         uuid = _ubyte_vector(b, obj.uuid)
-        FbDevice.Start(b)
-        FbDevice.AddOrdinal(b, obj.ordinal)
-        FbDevice.AddName(b, name)
-        FbDevice.AddUuid(b, uuid)
-        FbDevice.AddComputeCapabilityMajor(b, obj.compute_capability[0])
-        FbDevice.AddComputeCapabilityMinor(b, obj.compute_capability[1])
-        FbDevice.AddTotalMemory(b, obj.total_memory)
-        FbDevice.AddDriverVersion(b, obj.driver_version)
-        FbDevice.AddMultiprocessorCount(b, obj.multiprocessor_count)
-        return FbDevice.End(b)
+        fb.Device.Start(b)
+        fb.Device.AddOrdinal(b, obj.ordinal)
+        fb.Device.AddName(b, name)
+        fb.Device.AddUuid(b, uuid)
+        fb.Device.AddComputeCapabilityMajor(b, obj.compute_capability[0])
+        fb.Device.AddComputeCapabilityMinor(b, obj.compute_capability[1])
+        fb.Device.AddTotalMemory(b, obj.total_memory)
+        fb.Device.AddDriverVersion(b, obj.driver_version)
+        fb.Device.AddMultiprocessorCount(b, obj.multiprocessor_count)
+        return fb.Device.End(b)
     if isinstance(obj, m.Stream):
-        FbStream.Start(b)
-        FbStream.AddDevice(b, obj.device)
-        FbStream.AddPriority(b, obj.priority)
-        FbStream.AddFlags(b, obj.flags)
-        FbStream.AddCapturedHandle(b, obj.captured_handle)
-        return FbStream.End(b)
+        fb.Stream.Start(b)
+        fb.Stream.AddDevice(b, obj.device)
+        fb.Stream.AddPriority(b, obj.priority)
+        fb.Stream.AddFlags(b, obj.flags)
+        fb.Stream.AddCapturedHandle(b, obj.captured_handle)
+        return fb.Stream.End(b)
     if isinstance(obj, m.Event):
-        FbEvent.Start(b)
-        FbEvent.AddDevice(b, obj.device)
-        FbEvent.AddFlags(b, obj.flags)
-        return FbEvent.End(b)
+        fb.Event.Start(b)
+        fb.Event.AddDevice(b, obj.device)
+        fb.Event.AddFlags(b, obj.flags)
+        return fb.Event.End(b)
     if isinstance(obj, m.Buffer):
         shape = _int64_vector(b, obj.shape) if obj.shape else 0
         strides = _int64_vector(b, obj.strides) if obj.strides else 0
@@ -207,62 +184,62 @@ def _encode_body(b: flatbuffers.Builder, obj: m.ObjectDef) -> int:
         if obj.ranges:
             array = np.array([(r.offset, r.size, int(r.dtype)) for r in obj.ranges], dtype=dtype("TypedRange"))
             ranges = _struct_vector(b, "TypedRange", array)
-        FbBuffer.Start(b)
-        FbBuffer.AddDevice(b, obj.device)
-        FbBuffer.AddSize(b, obj.size)
-        FbBuffer.AddAlignment(b, obj.alignment)
-        FbBuffer.AddAddress(b, obj.address)
-        FbBuffer.AddMemory(b, int(obj.memory))
-        FbBuffer.AddDtype(b, int(obj.dtype))
+        fb.Buffer.Start(b)
+        fb.Buffer.AddDevice(b, obj.device)
+        fb.Buffer.AddSize(b, obj.size)
+        fb.Buffer.AddAlignment(b, obj.alignment)
+        fb.Buffer.AddAddress(b, obj.address)
+        fb.Buffer.AddMemory(b, int(obj.memory))
+        fb.Buffer.AddDtype(b, int(obj.dtype))
         if shape:
-            FbBuffer.AddShape(b, shape)
+            fb.Buffer.AddShape(b, shape)
         if strides:
-            FbBuffer.AddStrides(b, strides)
-        FbBuffer.AddElementOffset(b, obj.element_offset)
-        FbBuffer.AddRequiresFixedAddress(b, obj.requires_fixed_address)
+            fb.Buffer.AddStrides(b, strides)
+        fb.Buffer.AddElementOffset(b, obj.element_offset)
+        fb.Buffer.AddRequiresFixedAddress(b, obj.requires_fixed_address)
         if ranges:
-            FbBuffer.AddRanges(b, ranges)
-        FbBuffer.AddModuleGlobal(b, obj.module_global)  # (a default is not written: 1.3 readers see none)
-        return FbBuffer.End(b)
+            fb.Buffer.AddRanges(b, ranges)
+        fb.Buffer.AddModuleGlobal(b, obj.module_global)  # (a default is not written: 1.3 readers see none)
+        return fb.Buffer.End(b)
     if isinstance(obj, m.Executable):
         arch = _string(b, obj.target_arch)
         functions = _table_vector(b, [_encode_function(b, fn) for fn in obj.functions])
-        FbExecutable.Start(b)
-        FbExecutable.AddFormat(b, int(obj.format))
-        FbExecutable.AddTargetArch(b, arch)
-        FbExecutable.AddPayload(b, obj.payload)
-        FbExecutable.AddFile(b, obj.file)
-        FbExecutable.AddFunctions(b, functions)
-        return FbExecutable.End(b)
+        fb.Executable.Start(b)
+        fb.Executable.AddFormat(b, int(obj.format))
+        fb.Executable.AddTargetArch(b, arch)
+        fb.Executable.AddPayload(b, obj.payload)
+        fb.Executable.AddFile(b, obj.file)
+        fb.Executable.AddFunctions(b, functions)
+        return fb.Executable.End(b)
     if isinstance(obj, m.Global):
         symbol = _string(b, obj.symbol)
-        FbGlobal.Start(b)
-        FbGlobal.AddExecutable(b, obj.executable)
-        FbGlobal.AddSymbol(b, symbol)
-        FbGlobal.AddSize(b, obj.size)
-        FbGlobal.AddInitialPayload(b, obj.initial_payload)
-        return FbGlobal.End(b)
+        fb.Global.Start(b)
+        fb.Global.AddExecutable(b, obj.executable)
+        fb.Global.AddSymbol(b, symbol)
+        fb.Global.AddSize(b, obj.size)
+        fb.Global.AddInitialPayload(b, obj.initial_payload)
+        return fb.Global.End(b)
     if isinstance(obj, m.FileReference):
         path = _string(b, obj.path)
         ranges = 0
         if obj.ranges:
             array = np.array([(r.offset, r.size, r.payload) for r in obj.ranges], dtype=dtype("FileRange"))
             ranges = _struct_vector(b, "FileRange", array)
-        FbFileReference.Start(b)
-        FbFileReference.AddPath(b, path)
-        FbFileReference.AddSize(b, obj.size)
-        FbFileReference.AddDevice(b, obj.device)
-        FbFileReference.AddInode(b, obj.inode)
-        FbFileReference.AddMtimeNs(b, obj.mtime_ns)
+        fb.FileReference.Start(b)
+        fb.FileReference.AddPath(b, path)
+        fb.FileReference.AddSize(b, obj.size)
+        fb.FileReference.AddDevice(b, obj.device)
+        fb.FileReference.AddInode(b, obj.inode)
+        fb.FileReference.AddMtimeNs(b, obj.mtime_ns)
         if obj.digest is not None:
-            FbFileReference.AddDigest(b, _hash_struct(b, obj.digest))
-        FbFileReference.AddHasDigest(b, obj.digest is not None)
-        FbFileReference.AddPolicy(b, int(obj.policy))
-        FbFileReference.AddValidation(b, int(obj.validation))
+            fb.FileReference.AddDigest(b, _hash_struct(b, obj.digest))
+        fb.FileReference.AddHasDigest(b, obj.digest is not None)
+        fb.FileReference.AddPolicy(b, int(obj.policy))
+        fb.FileReference.AddValidation(b, int(obj.validation))
         if ranges:
-            FbFileReference.AddRanges(b, ranges)
-        FbFileReference.AddPayload(b, obj.payload)
-        return FbFileReference.End(b)
+            fb.FileReference.AddRanges(b, ranges)
+        fb.FileReference.AddPayload(b, obj.payload)
+        return fb.FileReference.End(b)
     if isinstance(obj, m.Graph):
         return encode_graph(b, obj)
     raise TypeError(f"cannot encode object of type {type(obj).__name__}")
@@ -271,13 +248,13 @@ def _encode_body(b: flatbuffers.Builder, obj: m.ObjectDef) -> int:
 def encode_object(b: flatbuffers.Builder, obj: m.ObjectDef) -> int:
     body = _encode_body(b, obj)
     label = _string(b, obj.label) if obj.label else 0
-    FbObject.Start(b)
-    FbObject.AddId(b, obj.id)
+    fb.Object.Start(b)
+    fb.Object.AddId(b, obj.id)
     if label:
-        FbObject.AddLabel(b, label)
-    FbObject.AddBodyType(b, int(obj.kind))
-    FbObject.AddBody(b, body)
-    return FbObject.End(b)
+        fb.Object.AddLabel(b, label)
+    fb.Object.AddBodyType(b, int(obj.kind))
+    fb.Object.AddBody(b, body)
+    return fb.Object.End(b)
 
 
 # ------------------------------------------------------------------------------------------
@@ -326,7 +303,7 @@ def encode_table_op(b: flatbuffers.Builder, op: Any) -> int:
     """Encode one scope, checkpoint or unsupported operation as an Operation table."""
     kind = op.kind
     if kind in (_K.SCOPE_BEGIN, _K.SCOPE_END):
-        module = FbScopeBegin if kind == _K.SCOPE_BEGIN else FbScopeEnd
+        module = fb.ScopeBegin if kind == _K.SCOPE_BEGIN else fb.ScopeEnd
         name = _string(b, op.name)
         module.Start(b)
         module.AddName(b, name)
@@ -336,32 +313,32 @@ def encode_table_op(b: flatbuffers.Builder, op: Any) -> int:
         array = np.array([tuple(e) for e in op.entries], dtype=dtype("CheckpointEntry"))
         entries = _struct_vector(b, "CheckpointEntry", array)
         types = _table_vector(b, [encode_typed_tensor(b, t) for t in op.types]) if op.types else 0
-        FbCheckpoint.Start(b)
-        FbCheckpoint.AddName(b, name)
-        FbCheckpoint.AddEntries(b, entries)
+        fb.Checkpoint.Start(b)
+        fb.Checkpoint.AddName(b, name)
+        fb.Checkpoint.AddEntries(b, entries)
         if types:
-            FbCheckpoint.AddTypes(b, types)
-        body = FbCheckpoint.End(b)
+            fb.Checkpoint.AddTypes(b, types)
+        body = fb.Checkpoint.End(b)
     elif kind == _K.STATE:
-        FbState.Start(b)
-        FbState.AddBuffer(b, op.buffer)
-        FbState.AddPayload(b, op.payload)
-        FbState.AddOffset(b, op.offset)
-        FbState.AddSize(b, op.size)
-        body = FbState.End(b)
+        fb.State.Start(b)
+        fb.State.AddBuffer(b, op.buffer)
+        fb.State.AddPayload(b, op.payload)
+        fb.State.AddOffset(b, op.offset)
+        fb.State.AddSize(b, op.size)
+        body = fb.State.End(b)
     elif kind == _K.UNSUPPORTED:
         call, reason = _string(b, op.call), _string(b, op.reason)
-        FbUnsupported.Start(b)
-        FbUnsupported.AddCall(b, call)
-        FbUnsupported.AddReason(b, reason)
-        FbUnsupported.AddStream(b, op.stream)
-        body = FbUnsupported.End(b)
+        fb.Unsupported.Start(b)
+        fb.Unsupported.AddCall(b, call)
+        fb.Unsupported.AddReason(b, reason)
+        fb.Unsupported.AddStream(b, op.stream)
+        body = fb.Unsupported.End(b)
     else:
         raise TypeError(f"{kind!r} is not a table operation")
-    FbOperation.Start(b)
-    FbOperation.AddBodyType(b, _union_code(kind))
-    FbOperation.AddBody(b, body)
-    return FbOperation.End(b)
+    fb.Operation.Start(b)
+    fb.Operation.AddBodyType(b, _union_code(kind))
+    fb.Operation.AddBody(b, body)
+    return fb.Operation.End(b)
 
 
 def decode_table_op(index: int, kind_code: int, d: dict[str, Any]) -> Any:
@@ -423,32 +400,32 @@ def encode_record_batch(
     payload_offsets = []
     for digest, size, frame_size, frames in payloads:
         frames_vec = _hash_vector(b, frames)
-        FbPayload.Start(b)
-        FbPayload.AddHash(b, _hash_struct(b, digest))
-        FbPayload.AddSize(b, size)
-        FbPayload.AddFrameSize(b, frame_size)
-        FbPayload.AddFrames(b, frames_vec)
-        payload_offsets.append(FbPayload.End(b))
+        fb.Payload.Start(b)
+        fb.Payload.AddHash(b, _hash_struct(b, digest))
+        fb.Payload.AddSize(b, size)
+        fb.Payload.AddFrameSize(b, frame_size)
+        fb.Payload.AddFrames(b, frames_vec)
+        payload_offsets.append(fb.Payload.End(b))
     payload_vec = _table_vector(b, payload_offsets)
     has_data = data_relocations is not None and len(data_relocations) > 0
     data_vec = _struct_vector(b, "DataRelocation", data_relocations) if has_data else 0
-    FbRecordBatch.Start(b)
-    FbRecordBatch.AddFirstOperation(b, first_operation)
-    FbRecordBatch.AddFirstObject(b, first_object)
-    FbRecordBatch.AddFirstPayload(b, first_payload)
-    FbRecordBatch.AddOperationKinds(b, kinds_vec)
-    FbRecordBatch.AddLaunches(b, launch_vec)
-    FbRecordBatch.AddCopies(b, copy_vec)
-    FbRecordBatch.AddMemsets(b, memset_vec)
-    FbRecordBatch.AddIdOperations(b, id_vec)
-    FbRecordBatch.AddOperations(b, op_vec)
-    FbRecordBatch.AddRelocations(b, reloc_vec)
-    FbRecordBatch.AddParameterBytes(b, param_vec)
-    FbRecordBatch.AddObjects(b, obj_vec)
-    FbRecordBatch.AddPayloads(b, payload_vec)
+    fb.RecordBatch.Start(b)
+    fb.RecordBatch.AddFirstOperation(b, first_operation)
+    fb.RecordBatch.AddFirstObject(b, first_object)
+    fb.RecordBatch.AddFirstPayload(b, first_payload)
+    fb.RecordBatch.AddOperationKinds(b, kinds_vec)
+    fb.RecordBatch.AddLaunches(b, launch_vec)
+    fb.RecordBatch.AddCopies(b, copy_vec)
+    fb.RecordBatch.AddMemsets(b, memset_vec)
+    fb.RecordBatch.AddIdOperations(b, id_vec)
+    fb.RecordBatch.AddOperations(b, op_vec)
+    fb.RecordBatch.AddRelocations(b, reloc_vec)
+    fb.RecordBatch.AddParameterBytes(b, param_vec)
+    fb.RecordBatch.AddObjects(b, obj_vec)
+    fb.RecordBatch.AddPayloads(b, payload_vec)
     if has_data:  # (1.3) written only when there are any: files without them read as 1.2 wrote them
-        FbRecordBatch.AddDataRelocations(b, data_vec)
-    b.Finish(FbRecordBatch.End(b))
+        fb.RecordBatch.AddDataRelocations(b, data_vec)
+    b.Finish(fb.RecordBatch.End(b))
     return bytes(memoryview(b.Bytes)[b.Head() :])
 
 
@@ -467,16 +444,16 @@ def encode_index(
     partial_text = _string(b, partial) if partial else 0
     batch_vec = _struct_vector(b, "BatchEntry", batches)
     frame_vec = _struct_vector(b, "FrameEntry", frames)
-    FbIndex.Start(b)
-    FbIndex.AddMetadataOffset(b, metadata_offset)
-    FbIndex.AddOperationCount(b, operation_count)
-    FbIndex.AddObjectCount(b, object_count)
-    FbIndex.AddPayloadCount(b, payload_count)
-    FbIndex.AddBatches(b, batch_vec)
-    FbIndex.AddFrames(b, frame_vec)
+    fb.Index.Start(b)
+    fb.Index.AddMetadataOffset(b, metadata_offset)
+    fb.Index.AddOperationCount(b, operation_count)
+    fb.Index.AddObjectCount(b, object_count)
+    fb.Index.AddPayloadCount(b, payload_count)
+    fb.Index.AddBatches(b, batch_vec)
+    fb.Index.AddFrames(b, frame_vec)
     if timings_offset:
-        FbIndex.AddTimingsOffset(b, timings_offset)
+        fb.Index.AddTimingsOffset(b, timings_offset)
     if partial:
-        FbIndex.AddPartial(b, partial_text)
-    b.Finish(FbIndex.End(b))
+        fb.Index.AddPartial(b, partial_text)
+    b.Finish(fb.Index.End(b))
     return bytes(b.Output())

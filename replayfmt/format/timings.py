@@ -17,7 +17,7 @@ import flatbuffers
 import numpy as np
 
 from replayfmt.errors import ReplayFormatError
-from replayfmt.format.fb import Timings as FbTimings
+from replayfmt.format.generated import fb
 from replayfmt.format.schema import load_schema
 
 CUPTI_CLOCK = "cupti-activity"
@@ -145,11 +145,11 @@ def encode_timings(times: OriginalTimes) -> bytes:
     clock = b.CreateString(times.clock)
     op_vec = _struct_vector(b, "OperationTime", ops)
     scope_vec = _struct_vector(b, "ScopeTime", scopes)
-    FbTimings.Start(b)
-    FbTimings.AddClock(b, clock)
-    FbTimings.AddOperations(b, op_vec)
-    FbTimings.AddScopes(b, scope_vec)
-    b.Finish(FbTimings.End(b))
+    fb.Timings.Start(b)
+    fb.Timings.AddClock(b, clock)
+    fb.Timings.AddOperations(b, op_vec)
+    fb.Timings.AddScopes(b, scope_vec)
+    b.Finish(fb.Timings.End(b))
     return bytes(b.Output())
 
 

@@ -8,7 +8,7 @@ import flatbuffers
 import numpy as np
 
 from replayfmt.format import model as m
-from replayfmt.format.fb import TypedTensor as FbTypedTensor
+from replayfmt.format.generated import fb
 
 
 def encode_typed_tensor(b: flatbuffers.Builder, t: m.TypedTensor) -> int:
@@ -16,18 +16,18 @@ def encode_typed_tensor(b: flatbuffers.Builder, t: m.TypedTensor) -> int:
     shape = b.CreateNumpyVector(np.asarray(t.shape, dtype="<i8")) if t.shape else 0
     strides = b.CreateNumpyVector(np.asarray(t.strides, dtype="<i8")) if t.strides else 0
     name = b.CreateString(t.name) if t.name else 0
-    FbTypedTensor.Start(b)
-    FbTypedTensor.AddBuffer(b, t.buffer)
-    FbTypedTensor.AddOffset(b, t.offset)
-    FbTypedTensor.AddSize(b, t.size)
-    FbTypedTensor.AddDtype(b, int(t.dtype))
+    fb.TypedTensor.Start(b)
+    fb.TypedTensor.AddBuffer(b, t.buffer)
+    fb.TypedTensor.AddOffset(b, t.offset)
+    fb.TypedTensor.AddSize(b, t.size)
+    fb.TypedTensor.AddDtype(b, int(t.dtype))
     if shape:
-        FbTypedTensor.AddShape(b, shape)
+        fb.TypedTensor.AddShape(b, shape)
     if strides:
-        FbTypedTensor.AddStrides(b, strides)
+        fb.TypedTensor.AddStrides(b, strides)
     if name:
-        FbTypedTensor.AddName(b, name)
-    return FbTypedTensor.End(b)
+        fb.TypedTensor.AddName(b, name)
+    return fb.TypedTensor.End(b)
 
 
 def decode_typed_tensor(v: dict[str, Any]) -> m.TypedTensor:
