@@ -89,15 +89,14 @@ class _Decoder:
         self.objects_left = min(limits.max_decode_objects, self.n // 4 + 64)
         # (position, type) -> (value, bytes it cost): shared offsets are decoded once
         self.memo: dict[tuple[int, str], tuple[Any, int]] = {}
-        # kind -> the positions decoded (memo entries and tables walked by column): a vector's
-        # tables are checked against it in one pass, whatever was decoded before. Tables walked
-        # by column wait in ``unseen`` until a kind is next checked (most never are)
-        self.seen: dict[str, set[int]] = {}
-        self.unseen: dict[str, list[list[int]]] = {}
-        # table name -> (positions in row order, TableRows) of the vectors walked by column: their
-        # memo, with no entry per table until one is looked up (then indexed, see _walked_hit)
-        self.walked: dict[str, list[tuple[list[int], TableRows]]] = {}
-        self.walked_index: dict[str, dict[int, tuple[TableRows, int]]] = {}
+        # kind -> the positions of its memo entries: a vector's tables are checked against them
+        # in one pass, however much was decoded before
+        self.memo_positions: dict[str, set[int]] = {}
+        # table name -> position -> (TableRows, row) of the tables walked by column: their memo,
+        # filled from ``unindexed`` (positions in row order, TableRows) only when the kind is next
+        # looked up or checked against (most never are: no entry per table)
+        self.walked: dict[str, dict[int, tuple[TableRows, int]]] = {}
+        self.unindexed: dict[str, list[tuple[list[int], TableRows]]] = {}
         self.caps = limits.vector_caps()
         self.compiled: dict[str, Any] = compile_tables() if schema is load_schema() else {}
         self.layouts: dict[tuple[int, str], tuple[int, ...]] = {}  # (vtable, table) -> layout()
@@ -150,7 +149,8 @@ class _Decoder:
         key = (pos, kind)
         hit = self.memo.get(key)
         if hit is None and kind in self.walked:
-            hit = self._walked_hit(pos, kind)
+            found = self._walked(kind).get(pos)
+            hit = None if found is None else (found[0][found[1]], 0)  # a row: it cost no bytes
         if hit is not None:
             self.charge(pos, hit[1])
             return hit[0]
@@ -158,29 +158,16 @@ class _Decoder:
         self.charge(pos, 0)
         value = decode(*args)
         self.memo[key] = (value, before - self.bytes_left)
-        self.seen.setdefault(kind, set()).add(pos)
+        self.memo_positions.setdefault(kind, set()).add(pos)
         return value
 
-    def _seen(self, kind: str) -> set[int]:
-        """Every position of ``kind`` decoded so far."""
-        seen = self.seen.setdefault(kind, set())
-        for positions in self.unseen.pop(kind, ()):
-            seen.update(positions)
-        return seen
-
-    def _walked_hit(self, pos: int, kind: str) -> tuple[Any, int] | None:
-        """The memo entry of a table walked by column at ``pos``: its row, which cost no bytes.
-        The first lookup of a kind indexes its vectors walked so far (later ones are indexed as
-        they are walked): work in proportion to the tables, however many lookups there are."""
-        if pos not in self._seen(kind):
-            return None
-        index = self.walked_index.get(kind)
-        if index is None:
-            index = self.walked_index[kind] = {}
-            for positions, rows in self.walked[kind]:
-                index.update(zip(positions, zip(repeat(rows), range(len(positions)))))
-        found = index.get(pos)
-        return None if found is None else (found[0][found[1]], 0)
+    def _walked(self, kind: str) -> dict[int, tuple[TableRows, int]]:
+        """The tables of ``kind`` walked by column, by position: each vector indexed once, when
+        first needed (work in proportion to the tables, however many lookups there are)."""
+        index = self.walked[kind]
+        for positions, rows in self.unindexed.pop(kind, ()):
+            index.update(zip(positions, zip(repeat(rows), range(len(positions)))))
+        return index
 
     def table(self, pos: int, table: TableDef, depth: int) -> dict[str, Any]:
         if depth > self.max_depth:
@@ -283,11 +270,8 @@ class _Decoder:
             return None  # (over the budget: the walk raises it at the table where it runs out)
         self.objects_left -= tables  # one object a table, as the walk charges it, and no bytes
         for positions, name, values in decoded:
-            self.walked.setdefault(name, []).append((positions, values))
-            self.unseen.setdefault(name, []).append(positions)
-            index = self.walked_index.get(name)
-            if index is not None:
-                index.update(zip(positions, zip(repeat(values), range(len(positions)))))
+            self.walked.setdefault(name, {})
+            self.unindexed.setdefault(name, []).append((positions, values))
         return out
 
     def _tables_at(
@@ -302,8 +286,9 @@ class _Decoder:
         if not _distinct(pos) or bool(((pos % 4) != 0).any()) or bool((pos + 4 > n).any()):
             return None
         positions = pos.tolist()
-        seen = self._seen(name)
-        if seen and not seen.isdisjoint(positions):
+        remembered = self.memo_positions.get(name)
+        walked = self._walked(name) if name in self.walked else {}
+        if (remembered and not remembered.isdisjoint(positions)) or not walked.keys().isdisjoint(positions):
             return None  # referenced before (by the walk or by column): the walk charges it as a repeat
         words = np.frombuffer(self.buf, "<i4", count=n // 4)
         vtables = pos - words[pos // 4]
