@@ -26,7 +26,9 @@
    loop, no checks), eager replay (goal: its host cost, the time its checked runner takes to
    issue the region, <= 1.5 us a launch; its idle beside raw cuda-python's) and graph mode,
    which launches the region as one native CUDA graph built by stream capture (goal: idle < 2%
-   of busy), beside the program's own torch.cuda graph of the step.
+   of busy), beside the program's own torch.cuda graph of the step. Beside the eager host cost,
+   the driver's floor: the same calls packed once and issued by the bare C loop, nothing else
+   (what the driver itself costs the host for them; no replay making these calls costs less).
 --check exits 1 when a goal printed is missed.
 """
 
@@ -45,7 +47,9 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from itertools import repeat
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from goals import Goals, add_check
@@ -56,6 +60,7 @@ from replayfmt.execute import open_replay
 from replayfmt.format import model as m
 from replayfmt.measure.benchmark import Benchmark, BenchmarkOptions, BenchmarkResult, find_region
 from replayfmt.replay import Replayer, ReplayOptions
+from replayfmt.replay.issue import IssueLibrary, IssuePlanner
 from replayfmt.replay.plan import build_plan
 
 HERE = Path(__file__).resolve().parent
@@ -334,11 +339,42 @@ def _issue_rounds(replayer: Replayer, issue: Callable[[], object]) -> Iterator[t
         yield 1e3 * host, check(cu.cuEventElapsedTime(start, end), "elapsed")
 
 
-def _host_cost(capture: Path) -> tuple[float, float]:
-    """The host's ms to issue the region, raw loop and the replay's checked runner alternating,
-    in a session with no CUPTI activity (which adds its own cost to every launch): medians."""
+def _driver_floor(replayer: Replayer, steps: list) -> Callable[[], None] | None:
+    """The driver's own cost of the region's calls: every call the C loop can make packed once
+    and issued by it with nothing around (no runner, no checks, no bookkeeping), the rest from
+    Python; None where the C loop is not built. No replay that makes these calls can cost less."""
+    library = IssueLibrary.for_driver(replayer.cu)
+    if library is None:
+        return None
+    runs = IssuePlanner(replayer.cu).runs(steps, 0, len(steps))
+
+    def issue() -> None:
+        for run in runs:
+            if run.calls is None:
+                for step in steps[run.start : run.stop]:
+                    step.fn(*step.args)
+            elif library.issue(run.calls)[0] != len(run.calls):
+                raise RuntimeError("the driver refused a call of the floor's loop")
+
+    return issue
+
+
+class HostCost(NamedTuple):
+    """The host's ms to issue the region once (medians): a bare cuda-python loop, the replay's
+    checked runner, and the driver's own floor (None: the C loop is not built)."""
+
+    raw_ms: float
+    replay_ms: float
+    floor_ms: float | None
+
+
+def _host_cost(capture: Path) -> HostCost:
+    """The host's ms to issue the region, the bare loop, the replay's checked runner and the
+    driver floor alternating, in a session with no CUPTI activity (which adds its own cost to
+    every launch): medians."""
     raw: list[float] = []
     replay: list[float] = []
+    floor: list[float] = []
     with open_replay(capture) as session:
         region = find_region(session.capture, "step")
         replayer = session.start(ReplayOptions(uploads_from_host=True))
@@ -347,11 +383,14 @@ def _host_cost(capture: Path) -> tuple[float, float]:
         calls = [(step.fn, step.args) for step in body]
         bare = _issue_rounds(replayer, _bare_loop(calls))
         checked = _issue_rounds(replayer, lambda: replayer.execute_steps(body))
-        for k, ((a, _), (b, _)) in enumerate(zip(bare, checked, strict=True)):
+        floor_issue = _driver_floor(replayer, list(body))
+        least = _issue_rounds(replayer, floor_issue) if floor_issue is not None else repeat((float("nan"), 0.0))
+        for k, ((a, _), (b, _), (c, _)) in enumerate(zip(bare, checked, least)):
             if k >= 5:
                 raw.append(a)
                 replay.append(b)
-    return float(np.median(raw)), float(np.median(replay))
+                floor.append(c)
+    return HostCost(float(np.median(raw)), float(np.median(replay)), float(np.median(floor)) if floor_issue else None)
 
 
 def torch_graph_baseline() -> dict | None:
@@ -369,7 +408,8 @@ def torch_graph_baseline() -> dict | None:
 def bench_bert(directory: Path, capture: Path | None, goals: Goals) -> list[str]:
     """The host-gap lines of the BERT-like step; its two goals judged into ``goals``."""
     capture = capture or record_bert(directory)
-    raw_host, replay_host = _host_cost(capture)  # first: before CUPTI's activity is ever on in this process
+    host = _host_cost(capture)  # first: before CUPTI's activity is ever on in this process
+    raw_host, replay_host = host.raw_ms, host.replay_ms
     eager, raw_elapsed, launches = _timed(capture, "eager")
     graph, *_ = _timed(capture, "graph")
     lines = [f"\nBERT-like training step ({capture.name}, scope 'step'): {launches} launches"]
@@ -395,6 +435,11 @@ def bench_bert(directory: Path, capture: Path | None, goals: Goals) -> list[str]
     raw = float(np.median(raw_elapsed))
     lines.append(row("raw cuda-python (bare loop)", raw, raw_host, busy, ""))
     issue_per_launch = 1e3 * replay_host / launches
+    if host.floor_ms is not None:  # the least these very calls cost the host: the driver's own time
+        lines.append(
+            f"  {'driver floor (same calls, bare C loop)':<34}{'':>11}{'':>9}{'':>10}{'':>16}"
+            f"{1e3 * host.floor_ms / launches:>17.2f}  (the driver's own cost of these calls)"
+        )
     goal = f"goal host cost <= 1.5 us/launch {goals.judge('bert: eager host cost per launch', issue_per_launch <= 1.5)}"
     lines.append(row("replay, eager", eager.device_ms.median, replay_host, busy, goal))
     graph_busy = graph.busy_ms.median

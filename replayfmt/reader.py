@@ -39,6 +39,7 @@ from replayfmt.container.batches import (
 from replayfmt.container.bounded import BoundedFile, ChunkGaps
 from replayfmt.container.chunks import ChunkReader
 from replayfmt.container.directory import Directory, PayloadStats, build_directory, frame_entries, payload_stats
+from replayfmt.container.read_ahead import ReadAhead
 from replayfmt.container.recovery import scan
 from replayfmt.errors import ReplayFormatError, ReplayUsageError
 from replayfmt.format import model as m, records
@@ -92,6 +93,8 @@ class Capture:
         self._graph_charged: dict[int, tuple[int, int]] = {}  # batch -> (graph nodes, edges) it defines
         self._graph_refused: dict[int, ReplayFormatError] = {}  # batches whose graphs went over the totals
         self._chunks = ChunkReader(self._file, self.path, self.limits)
+        self._read_ahead = ReadAhead(self._read_batch_body)
+        self._last_decoded = -1  # the batch decoded last: the next one is read ahead in a scan
         try:
             self.header: FileHeader = unpack_file_header(self._file.read(0, FILE_HEADER_SIZE), self.path)
             tail = self._file.read(self.size - FOOTER_SIZE, FOOTER_SIZE) if self.size >= FOOTER_SIZE else b""
@@ -114,6 +117,7 @@ class Capture:
 
     def close(self) -> None:
         """Release the file and threads. Idempotent; data already returned stays valid."""
+        self._read_ahead.close()
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
@@ -213,9 +217,22 @@ class Capture:
                 self._cached_records -= len(dropped.kinds) + len(dropped.objects)
         return batch
 
+    def _read_batch_body(self, offset: int) -> bytes:
+        return self._chunks.read(offset, ChunkKind.RECORDS, self.limits.max_record_batch_size)
+
     def _decode_batch(self, i: int) -> DecodedBatch:
         entry = self._directory.entry(i)
-        d = self._chunks.decode(entry.offset, ChunkKind.RECORDS, "RecordBatch", self.limits.max_record_batch_size)
+        body = self._read_ahead.take(entry.offset)
+        if body is None:
+            body = self._read_batch_body(entry.offset)
+        sequential, self._last_decoded = i == self._last_decoded + 1, i
+        if sequential and i + 1 < self.batch_count:  # a scan in order: the next body is read meanwhile
+            ahead = self._directory.entry(i + 1).offset
+            with self._lock:
+                cached = i + 1 in self._cache
+            if not cached:
+                self._read_ahead.start(ahead)
+        d = self._chunks.decode_body(body, "RecordBatch", entry.offset, "RECORDS chunk")
         if not self.recovered:  # the gap after a batch (its end is known once its header is read)
             self._gaps.walk(self._chunks.header(entry.offset, f"record batch {i}").end)
         batch = decode_batch(
@@ -228,6 +245,8 @@ class Capture:
         """Graphs are charged to the capture's whole budget (Limits.max_graph_nodes_total and
         max_graph_edges_total) the first time their batch is decoded: each graph is bounded by
         the decoder, and so is what every graph of the file costs together."""
+        if m.Graph not in set(map(type, batch.objects)):  # (most batches: told by type in C, no loop)
+            return
         graphs = [o for o in batch.objects if isinstance(o, m.Graph)]
         with self._lock:
             if not graphs or i in self._graph_charged:

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from replayfmt.container.distinct_rows import distinct_launches, distinct_rows
 from replayfmt.container.event_uses import EventUses
 from replayfmt.errors import ReplayFormatError
 from replayfmt.format import model as m, records
@@ -449,7 +450,7 @@ def distinct_operations(b: DecodedBatch) -> list[tuple[m.Operation | EventUses, 
         creates = id_kinds == _CREATE
         columns = [id_kinds, np.where(creates, 0, ones), twos]  # every create of the batch alike
         keys = np.column_stack(columns).astype(np.uint32)
-        js, n = _distinct_rows(np.ascontiguousarray(keys))
+        js, n = distinct_rows(np.ascontiguousarray(keys))
         for code, index, one, two, count in zip(
             id_kinds[js].tolist(),
             id_positions[js].tolist(),
@@ -461,7 +462,7 @@ def distinct_operations(b: DecodedBatch) -> list[tuple[m.Operation | EventUses, 
             cls, names = _ID_OPERATIONS[code]
             out.append((cls(index, one, two) if len(names) == 2 else cls(index, one), count))
     if len(b.launches):
-        js, n = _distinct_launches(b)
+        js, n = distinct_launches(b.launches, b.relocations)
         positions = np.flatnonzero(category == 0)[js] + first
         chosen = DecodedBatch(launches=b.launches[js], parameters=b.parameters, relocations=b.relocations)
         out += zip(_launches(chosen, positions.tolist()), n.tolist(), strict=True)
@@ -471,7 +472,7 @@ def distinct_operations(b: DecodedBatch) -> list[tuple[m.Operation | EventUses, 
             js, n = np.arange(len(b.copies)), np.ones(len(b.copies), dtype=np.int64)
         else:
             raw = b.copies.view(np.uint8).reshape(len(b.copies), b.copies.dtype.itemsize)
-            js, n = _distinct_rows(np.ascontiguousarray(np.hstack([raw, copy_kinds[:, None]])))
+            js, n = distinct_rows(np.ascontiguousarray(np.hstack([raw, copy_kinds[:, None]])))
         positions = (np.flatnonzero(category == 1)[js] + first).tolist()
         kinds = [_COPY_KINDS[k] for k in copy_kinds[js].tolist()]
         rows = zip(positions, kinds, *(b.copies[name][js].tolist() for name in b.copies.dtype.names), repeat(()))
@@ -485,42 +486,12 @@ def distinct_operations(b: DecodedBatch) -> list[tuple[m.Operation | EventUses, 
         out += zip(copies, n.tolist(), strict=True)
     if len(b.memsets):
         raw = b.memsets.view(np.uint8).reshape(len(b.memsets), b.memsets.dtype.itemsize)
-        js, n = _distinct_rows(np.ascontiguousarray(raw))
+        js, n = distinct_rows(np.ascontiguousarray(raw))
         positions = (np.flatnonzero(category == 2)[js] + first).tolist()
         rows = zip(positions, *(b.memsets[name][js].tolist() for name in b.memsets.dtype.names))
         out += zip(map(_new_tuple, repeat(m.Memset), rows), n.tolist(), strict=True)
     out.sort(key=lambda item: item[0].index)
     return out
-
-
-def _distinct_launches(b: DecodedBatch) -> tuple[np.ndarray, np.ndarray]:
-    """``_distinct_rows`` of the launches by everything but their index, where their parameter
-    bytes lie and their values: relocations compared by content (each launch has its own rows)."""
-    words = b.launches.view("<u4").reshape(-1, 18)
-    base = np.delete(words, [14, 16], axis=1)  # not the parameter offset, not the first relocation
-    table = b.relocations.view(np.uint8).reshape(len(b.relocations), b.relocations.dtype.itemsize)
-    counts = words[:, 17]
-    firsts, sizes = [], []
-    for c in np.unique(counts).tolist():  # one gather per relocation count (a few)
-        rows = np.flatnonzero(counts == c)
-        key = base[rows].view(np.uint8).reshape(len(rows), -1)
-        if c:
-            where = words[rows, 16][:, None].astype(np.int64) + np.arange(c)
-            key = np.hstack([key, table[where].reshape(len(rows), -1)])
-        js, n = _distinct_rows(np.ascontiguousarray(key))
-        firsts.append(rows[js])
-        sizes.append(n)
-    first, size = np.concatenate(firsts), np.concatenate(sizes)
-    order = np.argsort(first)
-    return first[order], size[order]
-
-
-def _distinct_rows(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(first row of each distinct row of ``keys``, in row order; how many rows equal it)."""
-    rows = keys.view(np.dtype((np.void, keys.dtype.itemsize * keys.shape[1]))).ravel()
-    _, first, counts = np.unique(rows, return_index=True, return_counts=True)
-    order = np.argsort(first)
-    return first[order], counts[order]
 
 
 def _positions(category: np.ndarray, which: int, first: int, total: int) -> list[int] | range:

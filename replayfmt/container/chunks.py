@@ -81,10 +81,15 @@ class ChunkReader:
             body, root, max_depth=limits.max_depth, limits=limits, path=self.path, offset=offset, record=record
         )
 
-    def decode(self, offset: int, kind: ChunkKind, root: str, limit: int) -> dict[str, Any]:
-        """The chunk at ``offset``, which must be of ``kind``, decoded as ``root``."""
+    def read(self, offset: int, kind: ChunkKind, limit: int) -> bytes:
+        """The body of the chunk at ``offset``, which must be of ``kind``: checksummed and
+        decompressed (at most ``limit`` logical bytes)."""
         record = f"{kind.name} chunk"
         header = self.header(offset, record)
         if header.kind != kind:
             raise self.error(f"expected a {record}, found chunk kind {header.kind}", offset)
-        return self.decode_body(bytes(self.body(header, limit, record)), root, offset, record)
+        return bytes(self.body(header, limit, record))
+
+    def decode(self, offset: int, kind: ChunkKind, root: str, limit: int) -> dict[str, Any]:
+        """The chunk at ``offset``, which must be of ``kind``, decoded as ``root``."""
+        return self.decode_body(self.read(offset, kind, limit), root, offset, f"{kind.name} chunk")
