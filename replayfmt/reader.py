@@ -39,6 +39,7 @@ from replayfmt.container.batches import (
 from replayfmt.container.bounded import BoundedFile, ChunkGaps
 from replayfmt.container.chunks import ChunkReader
 from replayfmt.container.directory import Directory, PayloadStats, build_directory, frame_entries, payload_stats
+from replayfmt.container.graph_budget import GraphBudget
 from replayfmt.container.read_ahead import ReadAhead
 from replayfmt.container.recovery import scan
 from replayfmt.errors import ReplayFormatError, ReplayUsageError
@@ -59,6 +60,7 @@ from replayfmt.format.layout import (
     unpack_file_header,
     unpack_footer,
 )
+from replayfmt.format.object_columns import ObjectTable
 from replayfmt.format.payloads import decompress_into, frame_hash, hash_hex
 from replayfmt.format.timings import OriginalTimes, decode_timings
 
@@ -90,8 +92,7 @@ class Capture:
         self.recovery_reason = ""
         self._timings_offset = 0  # the TIMINGS chunk (the original program's device times), if any
         self.timings_problem = ""  # why an invalid (OPTIONAL) TIMINGS chunk was dropped, if it was
-        self._graph_charged: dict[int, tuple[int, int]] = {}  # batch -> (graph nodes, edges) it defines
-        self._graph_refused: dict[int, ReplayFormatError] = {}  # batches whose graphs went over the totals
+        self._graphs = GraphBudget(limits)  # every graph of the file together, charged as decoded
         self._chunks = ChunkReader(self._file, self.path, self.limits)
         self._read_ahead = ReadAhead(self._read_batch_body)
         self._last_decoded = -1  # the batch decoded last: the next one is read ahead in a scan
@@ -196,10 +197,10 @@ class Capture:
         return len(self._directory.batch_offsets)
 
     def _batch(self, i: int) -> DecodedBatch:
+        refused = self._graphs.refusal(i)
+        if refused is not None:  # over the capture's graph budget: refused again, never decoded again
+            raise refused
         with self._lock:
-            refused = self._graph_refused.get(i)
-            if refused is not None:  # over the capture's graph budget: refused again, never decoded again
-                raise refused
             cached = self._cache.get(i)
             if cached is not None:
                 self._cache.move_to_end(i)
@@ -207,7 +208,7 @@ class Capture:
         with collector_paused():  # decoding makes many small records and no cycles (see batches)
             batch = self._decode_batch(i)
         with self._lock:
-            # batches holding graphs too: charged once to the graph budget (_charge_graphs), they
+            # batches holding graphs too: charged once to the graph budget (GraphBudget), they
             # count against the cache's records like any other and are decoded again if dropped
             if i not in self._cache:
                 self._cache[i] = batch
@@ -238,38 +239,9 @@ class Capture:
         batch = decode_batch(
             d, entry, self.limits, lambda message, record: self._chunks.error(message, entry.offset, record)
         )
-        self._charge_graphs(i, entry.offset, batch)
+        graphs = [o for o in batch.objects.others if isinstance(o, m.Graph)]  # (events are never graphs)
+        self._graphs.charge(i, graphs, lambda message: self._chunks.error(message, entry.offset, f"record batch {i}"))
         return batch
-
-    def _charge_graphs(self, i: int, offset: int, batch: DecodedBatch) -> None:
-        """Graphs are charged to the capture's whole budget (Limits.max_graph_nodes_total and
-        max_graph_edges_total) the first time their batch is decoded: each graph is bounded by
-        the decoder, and so is what every graph of the file costs together."""
-        if m.Graph not in set(map(type, batch.objects)):  # (most batches: told by type in C, no loop)
-            return
-        graphs = [o for o in batch.objects if isinstance(o, m.Graph)]
-        with self._lock:
-            if not graphs or i in self._graph_charged:
-                return
-            self._graph_charged[i] = (sum(len(g.nodes) for g in graphs), sum(len(g.edges) for g in graphs))
-            nodes = sum(n for n, _ in self._graph_charged.values())
-            edges = sum(e for _, e in self._graph_charged.values())
-        limits = self.limits
-        for total, most, name in (
-            (nodes, limits.max_graph_nodes_total, "nodes"),
-            (edges, limits.max_graph_edges_total, "edges"),
-        ):
-            if total > most:
-                refused = self._chunks.error(
-                    f"the capture's graphs hold more than {most} {name} in all "
-                    f"(Limits.max_graph_{name}_total): refused before more are decoded",
-                    offset,
-                    f"record batch {i}",
-                )
-                with self._lock:
-                    del self._graph_charged[i]  # not kept: remembered as refused
-                    self._graph_refused[i] = refused
-                raise refused
 
     def _batch_of_operation(self, index: int) -> int:
         if not 0 <= index < self.operation_count:
@@ -366,9 +338,16 @@ class Capture:
         return self._batch(bi).objects[object_id - self._directory.first_object[bi]]
 
     def objects(self) -> Iterator[m.ObjectDef]:
+        """Every object, in order of id."""
         for bi in range(self.batch_count):
             if self._directory.object_counts[bi]:
                 yield from self._batch(bi).objects
+
+    def object_table(self) -> ObjectTable:
+        """Every object by id, its events kept as columns (a capture may hold 200k events, and
+        none is made into an object unless it is asked for)."""
+        counts = self._directory.object_counts
+        return ObjectTable.gather(self._batch(bi).objects for bi in range(self.batch_count) if counts[bi])
 
     # -- payloads --------------------------------------------------------------------------
 

@@ -59,7 +59,7 @@ def test_shareable_spans_are_those_first_recorded_of_known_events_not_used_by_gr
     ids = sorted(spans)
     columns = (np.array(ids), *(np.array([spans[i][k] for i in ids]) for k in range(2)))
     columns += (np.array([bool(spans[i][2]) for i in ids]),)
-    picked = ShareableSpans.shareable(columns, events={3, 4, 5, 6, 7}, own={6})
+    picked = ShareableSpans.shareable(columns, events=np.array([3, 4, 5, 6, 7]), own={6})
     assert picked.events.tolist() == [5, 3, 7]  # by first use, then last use; 9 is no event, 4 first waited
     assert picked.first.tolist() == [1, 10, 10] and picked.last.tolist() == [1, 11, 12]
 

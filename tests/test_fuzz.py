@@ -353,7 +353,7 @@ def test_event_objects_are_walked_by_column(event_batches, monkeypatch):
         assert flags == [k % 3 for k in range(48)]
         # the model objects made from the columns are those made from each row's dict
         assert isinstance(compiled["objects"], TableRows) != labelled
-        from_columns = decode_objects(compiled["objects"])
+        from_columns = list(decode_objects(compiled["objects"]))
         assert from_columns == [decode_object(row) for row in schema_walk["objects"]]
         assert [type(o).__name__ for o in from_columns] == ["Stream"] + ["Event"] * 48
         assert [o.flags for o in from_columns[1:]] == [k % 3 for k in range(48)]

@@ -284,9 +284,9 @@ def decode_batch(d: dict[str, Any], entry: BatchEntry, limits: Limits, error: Er
         table_ops.append(op)
     decoded_objects = decode_objects(objects)
     expected = range(d["first_object"], d["first_object"] + len(decoded_objects))
-    if [obj.id for obj in decoded_objects] != list(expected):
-        j = next(j for j, obj in enumerate(decoded_objects) if obj.id != expected[j])
-        raise fail(f"object {decoded_objects[j].id} is out of sequence (expected {expected[j]})")
+    if decoded_objects.ids != list(expected):
+        j = next(j for j, oid in enumerate(decoded_objects.ids) if oid != expected[j])
+        raise fail(f"object {decoded_objects.ids[j]} is out of sequence (expected {expected[j]})")
     decoded_payloads = []
     for j, pd in enumerate(payloads):
         frames = records.struct_array(pd["frames"], "Hash128").tobytes()

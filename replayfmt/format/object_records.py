@@ -9,6 +9,7 @@ from typing import Any
 
 from replayfmt.format import model as m
 from replayfmt.format.graph_records import decode_graph
+from replayfmt.format.object_columns import EventTable, ObjectList
 from replayfmt.format.records import struct_array
 from replayfmt.format.table_columns import TableRows, UnionColumn
 
@@ -24,28 +25,28 @@ def _enum(cls: type, value: int) -> Any:
         return value  # a newer writer's enum value: kept as a plain int
 
 
-def decode_objects(rows: Sequence[dict[str, Any]]) -> list[m.ObjectDef]:
+def decode_objects(rows: Sequence[dict[str, Any]]) -> ObjectList:
     """A RecordBatch's decoded objects, in order. Objects walked by column (TableRows) whose
     bodies are all of known kinds and which have no labels are made from the columns: events
-    without a dict per row (m.unlabelled_events), the rest one by one."""
+    kept as columns (made into objects only when asked for), the rest one by one."""
     if not isinstance(rows, TableRows):
-        return [decode_object(d) for d in rows]
+        return ObjectList.of([decode_object(d) for d in rows])
     ids, labels, bodies = rows.columns["id"], rows.columns["label"], rows.columns["body"]
     if not isinstance(ids, list) or not isinstance(bodies, UnionColumn) or bodies.absent or bodies.unknown:
-        return [decode_object(d) for d in rows]
+        return ObjectList.of([decode_object(d) for d in rows])
     if any(labels):  # (the column walk leaves labelled tables to the table walk today)
-        return [decode_object(d) for d in rows]
-    objects: list[Any] = [None] * len(rows)
+        return ObjectList.of([decode_object(d) for d in rows])
+    made: list[m.ObjectDef | None] = [None] * len(rows)
+    events, positions = EventTable.empty(), []
     for name, (at, tables) in bodies.members.items():
         if name == "Event":
             devices, flags = tables.columns["device"], tables.columns["flags"]
             assert isinstance(devices, list) and isinstance(flags, list)  # scalars: plain columns
-            for k, event in zip(at, m.unlabelled_events([ids[k] for k in at], devices, flags), strict=True):
-                objects[k] = event
+            events, positions = EventTable([ids[k] for k in at], devices, flags), list(at)
             continue
         for k, body in zip(at, tables.rows(), strict=True):
-            objects[k] = decode_object({"id": ids[k], "label": "", "body": (name, body)})
-    return objects
+            made[k] = decode_object({"id": ids[k], "label": "", "body": (name, body)})
+    return ObjectList(made, ids, events, positions)
 
 
 def decode_object(d: dict[str, Any]) -> m.ObjectDef:

@@ -229,7 +229,7 @@ class Devices:
         if isinstance(op, m.DeviceSynchronize):
             return self.index(op.device)
         if isinstance(op, m.EventRecord | m.StreamWaitEvent):
-            return self.index(plan.events[op.event].device)
+            return self.index(plan.events.device(op.event))
         return None
 
 

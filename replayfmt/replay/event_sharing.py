@@ -34,14 +34,14 @@ class ShareableSpans:
 
     @classmethod
     def shareable(
-        cls, spans: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], events: Collection[int], own: Collection[int]
+        cls, spans: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], events: np.ndarray, own: Collection[int]
     ) -> ShareableSpans:
         """From the plan's spans as columns (event ids, first use, last use, first use is a
         record: plan_scan.EventSpans.columns): those of the capture's ``events`` first recorded
         (one first waited on waits for a record it never sees: it keeps its own), except the
         ``own`` (used by CUDA graphs)."""
         ids, first, last, recorded = spans
-        keep = recorded & np.isin(ids, np.fromiter(events, np.int64, len(events)))
+        keep = recorded & np.isin(ids, events)
         if own:
             keep &= ~np.isin(ids, np.fromiter(own, np.int64, len(own)))
         ids, first, last = ids[keep], first[keep], last[keep]

@@ -5,7 +5,7 @@ functions the capture launches and their parameter layouts)."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from replayfmt.container.files import ResolvedFile, read_reference
@@ -42,7 +42,7 @@ class ExecutableSources:
 
 def plan_executables(
     plan: ExecutableSources,
-    objects: dict[int, m.ObjectDef],
+    objects: Mapping[int, m.ObjectDef],
     executables: dict[int, m.Executable],
     fail: Callable[[ReplayError], None],
     launched: dict[int, set[int]],

@@ -9,12 +9,9 @@ this step, so CI can exercise all of it without a GPU.
 
 from __future__ import annotations
 
-import operator
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from itertools import compress, repeat
-from typing import cast
 
 import numpy as np
 
@@ -30,6 +27,7 @@ from replayfmt.errors import (
 )
 from replayfmt.format import model as m
 from replayfmt.format.names import demangle
+from replayfmt.format.object_columns import EventTable
 from replayfmt.reader import Capture, EventUses
 from replayfmt.replay.executables import ExecutableImage, ExecutableSources, plan_executables
 from replayfmt.replay.graph_plan import GraphSize, check_graph, graph_references
@@ -80,7 +78,7 @@ class Plan:
     options: PlanOptions
     devices: list[m.Device] = field(default_factory=list)
     streams: dict[int, m.Stream] = field(default_factory=dict)
-    events: dict[int, m.Event] = field(default_factory=dict)
+    events: EventTable = field(default_factory=EventTable.empty)  # as columns (a program may make 200k)
     buffers: dict[int, m.Buffer] = field(default_factory=dict)
     globals: dict[int, m.Global] = field(default_factory=dict)
     images: dict[int, ExecutableImage] = field(default_factory=dict)
@@ -185,10 +183,10 @@ def _build_plan(capture: Capture, options: PlanOptions) -> Plan:
     check_substitutions(list(options.substitutions))
     plan = Plan(capture, options)
     checker = _Checker(plan)
-    objects = dict(zip(range(1, capture.object_count + 1), capture.objects(), strict=True))  # ids: dense from 1
-    plan.events, others = _events_apart(objects)
+    objects = capture.object_table()  # its events as columns: a program may make 200k
+    plan.events = objects.events
     executables: dict[int, m.Executable] = {}
-    for obj in others:
+    for obj in objects.others.values():
         if isinstance(obj, m.Executable):
             executables[obj.id] = obj
         elif isinstance(obj, m.Device):
@@ -290,14 +288,6 @@ def _build_plan(capture: Capture, options: PlanOptions) -> Plan:
     return plan
 
 
-def _events_apart(objects: dict[int, m.ObjectDef]) -> tuple[dict[int, m.Event], list[m.ObjectDef]]:
-    """The capture's events by id, and its other objects. Events are the most numerous (a program
-    may make one per record: 225k): told apart by type in C (map, compress), not an if per object."""
-    is_event = list(map(operator.is_, map(type, objects.values()), repeat(m.Event)))
-    events = cast(dict[int, m.Event], dict(compress(objects.items(), is_event)))
-    return events, list(compress(objects.values(), map(operator.not_, is_event)))
-
-
 def _bulk_checked(
     items: Iterator[tuple[m.Operation | EventUses, int]],
     plan: Plan,
@@ -326,7 +316,7 @@ def _bulk_checked(
 
 
 def _check_module_global(
-    plan: Plan, objects: dict[int, m.ObjectDef], bid: int, buffer: m.Buffer, checker: _Checker
+    plan: Plan, objects: Mapping[int, m.ObjectDef], bid: int, buffer: m.Buffer, checker: _Checker
 ) -> None:
     """A module global's storage must name a Global of an executable the replay loads, and fit it."""
     glob = objects.get(buffer.module_global)
@@ -351,7 +341,7 @@ def _check_module_global(
         )
 
 
-def _plan_state(plan: Plan, objects: dict[int, m.ObjectDef], op: m.State, hoist: int) -> None:
+def _plan_state(plan: Plan, objects: Mapping[int, m.ObjectDef], op: m.State, hoist: int) -> None:
     """Check a state operation and schedule it before its region begins."""
     buffer = _need(objects, op.buffer, m.Buffer, op, "buffer")
     _check_range(op, buffer, op.offset, op.size, "state")
@@ -368,7 +358,7 @@ def _plan_state(plan: Plan, objects: dict[int, m.ObjectDef], op: m.State, hoist:
         plan.uploads[key] = (copy, plan.capture.payload(op.payload).size)
 
 
-def _need(objects: dict[int, m.ObjectDef], oid: int, cls: type, op: m.Operation, role: str) -> m.ObjectDef:
+def _need(objects: Mapping[int, m.ObjectDef], oid: int, cls: type, op: m.Operation, role: str) -> m.ObjectDef:
     obj = objects.get(oid)
     if not isinstance(obj, cls):
         missing = objects.missing(oid) if isinstance(objects, LiveObjects) else f"object {oid} does not exist"
@@ -380,7 +370,7 @@ def _need(objects: dict[int, m.ObjectDef], oid: int, cls: type, op: m.Operation,
 
 
 def _check_data_relocations(
-    objects: dict[int, m.ObjectDef], op: m.Operation, relocations: tuple[m.Relocation, ...], offset: int, size: int
+    objects: Mapping[int, m.ObjectDef], op: m.Operation, relocations: tuple[m.Relocation, ...], offset: int, size: int
 ) -> None:
     """(1.3) Each pointer stored in the bytes ``op`` writes lies inside them and points into a buffer."""
     for r in relocations:
@@ -406,7 +396,7 @@ def _check_range(op: m.Operation, buffer: m.Buffer, offset: int, size: int, role
 
 
 def _check_operation(
-    plan: Plan, objects: dict[int, m.ObjectDef], op: m.Operation, override: LaunchOverride | None
+    plan: Plan, objects: Mapping[int, m.ObjectDef], op: m.Operation, override: LaunchOverride | None
 ) -> None:
     if override is not None and not isinstance(op, m.Launch):
         raise ReplayUsageError(f"--launch {op.index}: operation {op.index} is a {op.kind.label}, not a launch")

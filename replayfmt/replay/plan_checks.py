@@ -5,23 +5,69 @@ work, and what a replay goes on without (an invalid OPTIONAL TIMINGS chunk, drop
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
+
+import numpy as np
 
 from replayfmt.errors import ReplayFormatError
 from replayfmt.format import model as m, records
+from replayfmt.format.object_columns import ObjectTable
 from replayfmt.reader import Capture, EventUses
 
 _K = m.OperationKind
 
 
-class LiveObjects(dict[int, m.ObjectDef]):
+class LiveObjects(Mapping[int, m.ObjectDef]):
     """The objects alive at the operation being checked: a DestroyObject takes its object out,
-    and ``destroyed`` remembers by which operation (so that a later use is named as such)."""
+    and ``destroyed`` remembers by which operation (so that a later use is named as such).
+    Events stay the capture's columns (ObjectTable.events): one is made into an object only
+    where it is asked for, and the checks of their uses ask :meth:`is_event` or, a batch's in
+    bulk, :meth:`all_events`."""
 
-    def __init__(self, objects: dict[int, m.ObjectDef]) -> None:
-        super().__init__(objects)
+    def __init__(self, objects: ObjectTable) -> None:
+        self._others = dict(objects.others)
+        self._events = objects.events
+        self._gone_events: set[int] = set()
         self.destroyed: dict[int, int] = {}
+
+    def __getitem__(self, oid: int) -> m.ObjectDef:
+        obj = self._others.get(oid)
+        if obj is not None:
+            return obj
+        if oid in self._gone_events:
+            raise KeyError(oid)
+        return self._events[oid]
+
+    def get(self, oid: int, default: Any = None) -> Any:
+        obj = self._others.get(oid)
+        if obj is not None:
+            return obj
+        return self._events[oid] if self.is_event(oid) else default
+
+    def __contains__(self, oid: object) -> bool:
+        return oid in self._others or (oid in self._events and oid not in self._gone_events)
+
+    def __iter__(self) -> Iterator[int]:
+        yield from self._others
+        yield from (eid for eid in self._events if eid not in self._gone_events)
+
+    def __len__(self) -> int:
+        return len(self._others) + len(self._events) - len(self._gone_events)
+
+    def is_event(self, oid: int) -> bool:
+        """Whether ``oid`` is a live event."""
+        return oid in self._events and oid not in self._gone_events
+
+    def is_stream(self, oid: int) -> bool:
+        """Whether ``oid`` is a live stream."""
+        return type(self._others.get(oid)) is m.Stream
+
+    def all_events(self, oids: np.ndarray) -> bool:
+        """Whether every one of ``oids`` is a live event."""
+        if not bool(self._events.holds(oids).all()):
+            return False
+        return not self._gone_events or self._gone_events.isdisjoint(oids.tolist())
 
     def destroy(self, op: m.DestroyObject) -> None:
         """Apply a DestroyObject; ReplayFormatError when its object does not exist or is gone."""
@@ -32,7 +78,8 @@ class LiveObjects(dict[int, m.ObjectDef]):
             )
         if op.object not in self:
             raise ReplayFormatError(f"operation {op.index} (destroy): object {op.object} does not exist")
-        del self[op.object]
+        if self._others.pop(op.object, None) is None:
+            self._gone_events.add(op.object)
         self.destroyed[op.object] = op.index
 
     def missing(self, oid: int) -> str:
@@ -119,18 +166,18 @@ def repeat_key(op: m.Operation) -> tuple[object, ...] | None:
 
 
 def _event_and_stream(live: LiveObjects, op: m.EventRecord | m.StreamWaitEvent) -> bool:
-    return isinstance(live.get(op.event), m.Event) and (not op.stream or isinstance(live.get(op.stream), m.Stream))
+    return live.is_event(op.event) and (not op.stream or live.is_stream(op.stream))
 
 
 def event_uses_pass(live: LiveObjects, uses: EventUses) -> bool:
     """The quick checks of a batch's uses of events, in bulk: True when every one passes (each
     event distinct and live, each record's and wait's stream too); False sends each down the
     general path (plan._check_operation), which names the one that fails."""
-    if not set(map(type, map(live.get, set(uses.events.tolist())))) <= {m.Event}:  # None: not live
+    if not live.all_events(np.unique(uses.events)):
         return False
     on = set(uses.streams[uses.kinds != int(_K.EVENT_SYNCHRONIZE)].tolist())
     on.discard(0)  # the legacy default stream
-    return set(map(type, map(live.get, on))) <= {m.Stream}
+    return all(map(live.is_stream, on))
 
 
 # The checks of the most numerous operations (a program may create and record an event per
@@ -141,8 +188,8 @@ QUICK_CHECKS: dict[type, Callable[[LiveObjects, Any], bool]] = {
     m.DeviceSynchronize: lambda live, op: True,
     m.EventRecord: _event_and_stream,
     m.StreamWaitEvent: _event_and_stream,
-    m.EventSynchronize: lambda live, op: isinstance(live.get(op.event), m.Event),
-    m.StreamSynchronize: lambda live, op: not op.stream or isinstance(live.get(op.stream), m.Stream),
+    m.EventSynchronize: lambda live, op: live.is_event(op.event),
+    m.StreamSynchronize: lambda live, op: not op.stream or live.is_stream(op.stream),
 }
 
 

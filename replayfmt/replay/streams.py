@@ -4,7 +4,6 @@ run forks from and joins back to (so that a run's device time covers every captu
 
 from __future__ import annotations
 
-from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -88,14 +87,14 @@ class Streams:
             return handle
 
         own = {node.event for graph in plan.graphs.values() for node in graph.nodes if node.event}
-        events = plan.events
-        index = {d: devices.index(d) for d in set(map(attrgetter("device"), events.values()))}  # device id -> GPU
-        spans = ShareableSpans.shareable(plan.event_spans.columns(), events.keys(), own)
+        events = plan.events  # as columns
+        index = {d: devices.index(d) for d in events.device_ids()}  # device id -> GPU
+        spans = ShareableSpans.shareable(plan.event_spans.columns(), events.ids, own)
         ids = spans.events.tolist()
         if len(index) == 1:  # one GPU (the usual case): no lookup per event
             gpus = np.full(len(ids), next(iter(index.values())), np.int64)
         else:
-            gpus = np.array([index[events[eid].device] for eid in ids], np.int64)
+            gpus = np.array([index[d] for d in events.devices_of(spans.events).tolist()], np.int64)
         shared = share_events(spans.first, spans.last, gpus)
         handles = np.empty(len(shared.device), dtype=object)
         named = dict(zip(shared.colour[::-1].tolist(), ids[::-1], strict=True))  # each colour's first event
@@ -103,8 +102,8 @@ class Streams:
             handles[c] = create(named[c], k)
         self.events.update(zip(ids, handles[shared.colour].tolist(), strict=True))
         unused: dict[int, Any] = {}  # device -> the CUDA event of the events no operation uses
-        for eid in sorted(events.keys() - self.events.keys()):  # the few not assigned above
-            k = index[events[eid].device]
+        for eid in np.setdiff1d(events.ids, spans.events, assume_unique=True).tolist():  # the few not assigned above
+            k = index[events.device(eid)]
             if eid in own or eid in plan.event_spans:
                 self.events[eid] = create(eid, k)
             else:

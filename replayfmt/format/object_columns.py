@@ -1,0 +1,194 @@
+"""A capture's objects with its events kept as columns.
+
+A program may make an event per launch (225,850 of them in a capture of Triton's persistent-matmul
+tutorial), and a replay needs only their ids, devices and flags, in bulk: an Event object each
+cost the host about a third of its time to open and plan such a capture. Here events stay as
+columns, and one is made only where it is asked for (by id, or by walking a batch's objects).
+
+- :class:`EventTable`: events by id, as columns;
+- :class:`ObjectList`: one record batch's objects in order (what the reader keeps per batch);
+- :class:`ObjectTable`: every object of a capture by id, events in one EventTable (the plan's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, overload
+
+import numpy as np
+
+from replayfmt.format import model as m
+
+
+class EventTable(Mapping[int, m.Event]):
+    """Events by id: ``ids`` (increasing), ``devices`` and ``flags``, one row each."""
+
+    __slots__ = ("_devices", "_rows", "devices", "flags", "ids")
+
+    def __init__(self, ids: Sequence[int], devices: Sequence[int], flags: Sequence[int]) -> None:
+        self.ids = np.asarray(ids, dtype=np.int64)
+        self.devices = np.asarray(devices, dtype=np.int64)
+        self.flags = np.asarray(flags, dtype=np.int64)
+        if not len(self.ids) == len(self.devices) == len(self.flags):
+            raise ValueError("an event table's columns differ in length")
+        if len(self.ids) > 1 and not bool((self.ids[1:] > self.ids[:-1]).all()):
+            raise ValueError("an event table's ids must increase")
+        self._rows: dict[int, int] | None = None  # id -> row, for lookups one by one: made when first needed
+        self._devices: list[int] | None = None  # the same, for the device of one event
+
+    @classmethod
+    def empty(cls) -> EventTable:
+        """A table of no events."""
+        return cls((), (), ())
+
+    @classmethod
+    def concatenate(cls, tables: Iterable[EventTable]) -> EventTable:
+        """One table of ``tables`` in order (their ids increasing from each to the next)."""
+        parts = list(tables)
+        if not parts:
+            return cls.empty()
+        return cls(*(np.concatenate([getattr(t, name) for t in parts]) for name in ("ids", "devices", "flags")))
+
+    def _row(self, event_id: object) -> int:
+        """The row of ``event_id``, or -1."""
+        rows = self._rows
+        if rows is None:  # (a steps' build asks for the device of each event it records: 200k)
+            rows = self._rows = dict(zip(self.ids.tolist(), range(len(self.ids))))
+        return rows.get(event_id, -1)  # type: ignore[call-overload]
+
+    def __getitem__(self, event_id: int) -> m.Event:
+        i = self._row(event_id)
+        if i < 0:
+            raise KeyError(event_id)
+        return m.Event(id=int(event_id), device=int(self.devices[i]), flags=int(self.flags[i]))
+
+    def __contains__(self, event_id: object) -> bool:
+        return self._row(event_id) >= 0
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.ids.tolist())
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def device(self, event_id: int) -> int:
+        """The device id of event ``event_id`` (KeyError: no such event)."""
+        i = self._row(event_id)
+        if i < 0:
+            raise KeyError(event_id)
+        return self._device_list()[i]
+
+    def _device_list(self) -> list[int]:
+        devices = self._devices
+        if devices is None:
+            devices = self._devices = self.devices.tolist()
+        return devices
+
+    def device_ids(self) -> list[int]:
+        """The devices the events are on, each once, in order."""
+        if not len(self.devices) or bool((self.devices == self.devices[0]).all()):  # (one device: the usual case)
+            return self.devices[:1].tolist()
+        return sorted(set(self.devices.tolist()))
+
+    def devices_of(self, event_ids: np.ndarray) -> np.ndarray:
+        """The device id of each of ``event_ids`` (all of them events of this table)."""
+        return self.devices[np.searchsorted(self.ids, event_ids)]
+
+    def holds(self, event_ids: np.ndarray) -> np.ndarray:
+        """Whether each of ``event_ids`` is an event of this table."""
+        event_ids = np.asarray(event_ids, dtype=np.int64)
+        at = np.minimum(np.searchsorted(self.ids, event_ids), max(len(self.ids) - 1, 0))
+        return (self.ids[at] == event_ids) if len(self.ids) else np.zeros(len(event_ids), dtype=bool)
+
+    def made(self) -> list[m.Event]:
+        """Every event as a model object, in order of id."""
+        return m.unlabelled_events(self.ids.tolist(), self.devices.tolist(), self.flags.tolist())
+
+
+class ObjectList(Sequence[m.ObjectDef]):
+    """One record batch's objects in order. ``others``: those that are not events, made when the
+    batch was decoded; ``events``: its events as columns, made into objects when one is first
+    asked for by position or the list is walked (then kept)."""
+
+    __slots__ = ("_made", "event_positions", "events", "ids", "others")
+
+    def __init__(
+        self, made: list[m.ObjectDef | None], ids: list[int], events: EventTable, event_positions: list[int]
+    ) -> None:
+        self._made = made  # None where an event is not made yet
+        self.ids = ids  # every object's id, in order
+        self.events = events
+        self.event_positions = event_positions  # where events[k] lies in the list
+        self.others = [o for o in made if o is not None and type(o) is not m.Event]
+
+    @classmethod
+    def of(cls, objects: list[m.ObjectDef]) -> ObjectList:
+        """The list of objects already made (events among them)."""
+        positions = [k for k, o in enumerate(objects) if type(o) is m.Event]
+        events: list[Any] = [objects[k] for k in positions]
+        table = EventTable([e.id for e in events], [e.device for e in events], [e.flags for e in events])
+        return cls(objects, [o.id for o in objects], table, positions)
+
+    def _complete(self) -> list[m.ObjectDef]:
+        made = self._made
+        if self.event_positions and made[self.event_positions[0]] is None:
+            for k, event in zip(self.event_positions, self.events.made(), strict=True):
+                made[k] = event
+        return made  # type: ignore[return-value]
+
+    def __len__(self) -> int:
+        return len(self._made)
+
+    @overload
+    def __getitem__(self, k: int) -> m.ObjectDef: ...
+    @overload
+    def __getitem__(self, k: slice) -> list[m.ObjectDef]: ...
+    def __getitem__(self, k: int | slice) -> m.ObjectDef | list[m.ObjectDef]:
+        if isinstance(k, slice):
+            return self._complete()[k]
+        obj = self._made[k]
+        return obj if obj is not None else self._complete()[k]
+
+    def __iter__(self) -> Iterator[m.ObjectDef]:
+        return iter(self._complete())
+
+
+class ObjectTable(Mapping[int, m.ObjectDef]):
+    """Every object of a capture by id: ``others`` (those that are not events) as objects, and
+    ``events`` as one EventTable."""
+
+    __slots__ = ("events", "others")
+
+    def __init__(self, others: dict[int, m.ObjectDef], events: EventTable) -> None:
+        self.others = others
+        self.events = events
+
+    @classmethod
+    def gather(cls, batches: Iterable[ObjectList]) -> ObjectTable:
+        """The table of every batch's objects."""
+        others: dict[int, m.ObjectDef] = {}
+        tables = []
+        for objects in batches:
+            others.update((o.id, o) for o in objects.others)
+            tables.append(objects.events)
+        return cls(others, EventTable.concatenate(tables))
+
+    def __getitem__(self, object_id: int) -> m.ObjectDef:
+        obj = self.others.get(object_id)
+        return obj if obj is not None else self.events[object_id]
+
+    def get(self, object_id: int, default: Any = None) -> Any:
+        obj = self.others.get(object_id)
+        if obj is not None:
+            return obj
+        return self.events.get(object_id, default)
+
+    def __contains__(self, object_id: object) -> bool:
+        return object_id in self.others or object_id in self.events
+
+    def __iter__(self) -> Iterator[int]:
+        yield from self.others
+        yield from self.events
+
+    def __len__(self) -> int:
+        return len(self.others) + len(self.events)
