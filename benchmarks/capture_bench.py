@@ -10,7 +10,10 @@ pipeline writing fresh data at 90% or more of a bare file write from pinned memo
    recorder, then here inside a recording region whose buffers were already touched (no more
    snapshots). The recorder listens before any kernel loads, as it must.
 2. Snapshot copies: a 1 GiB allocation's first touch in a region, against a bare pinned
-   cuMemcpyDtoH of the same size into a pinned buffer.
+   cuMemcpyDtoH of the same size into a pinned buffer; where the program was held (its stream,
+   hashing and scanning, copying aside, handing frames to the writer), and the time Python's
+   cyclic collector ran during the touch and in the program's next 50 calls (the recorder puts
+   off, to the program's next allocation, a full collection its snapshot would set off).
 3. The snapshot pipeline end to end (sync, device hash, copy, compress, write: timed until the
    writer has written every frame), beside a bare file write from pinned memory of the same size
    in the same run: fresh fp32 noise and fresh bf16 weight-like data (random, --snapshot-mib
@@ -26,6 +29,8 @@ import argparse
 import concurrent.futures as cf
 import cProfile
 import ctypes
+import dataclasses
+import gc
 import json
 import os
 import pstats
@@ -50,6 +55,25 @@ def bump(x_ptr, n, BLOCK: tl.constexpr):
     offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offsets < n
     tl.store(x_ptr + offsets, tl.load(x_ptr + offsets, mask=mask) + 1, mask=mask)
+
+
+class CollectorClock:
+    """The seconds Python's cyclic collector runs from now until :meth:`stop`."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._began = 0.0
+        gc.callbacks.append(self._tick)
+
+    def _tick(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._began
+
+    def stop(self) -> float:
+        gc.callbacks.remove(self._tick)
+        return self.seconds
 
 
 def per_launch(fn, launches: int) -> float:
@@ -139,7 +163,9 @@ def main() -> None:
     parser.add_argument("--launches", type=int, default=20000)
     parser.add_argument("--snapshot-mib", type=int, default=1024)
     parser.add_argument("--bare", action="store_true", help="time without the recorder; print JSON")
-    parser.add_argument("--profile", action="store_true", help="also profile the recorded launches (cProfile)")
+    parser.add_argument(
+        "--profile", action="store_true", help="also profile the recorded launches and the first touch (cProfile)"
+    )
     parser.add_argument(
         "--no-original-times",
         action="store_true",
@@ -181,9 +207,29 @@ def main() -> None:
                 profiler.runcall(lambda: [per_launch(fn, 2000) for fn in (triton_launch, torch_add)])
                 pstats.Stats(profiler).sort_stats("tottime").print_stats(18)
             before = rec.memory.copy_seconds, rec.memory.copied, rec.report.snapshot_seconds
+            stats_before = dataclasses.replace(rec.memory.snapshot_stats)
+            touch_profile = cProfile.Profile() if args.profile else None
+            collections = CollectorClock()
             started = time.perf_counter()
+            if touch_profile is not None:
+                touch_profile.enable()
             big.add_(1)  # first touch of 1 GiB: one snapshot
+            if touch_profile is not None:
+                touch_profile.disable()
             touched = time.perf_counter() - started
+            in_touch = collections.seconds
+            for _ in range(50):  # the program goes on: a collection put off by the recorder runs here
+                torch_add()
+            torch.cuda.synchronize()
+            after_touch = collections.stop() - in_touch
+            if touch_profile is not None:
+                pstats.Stats(touch_profile).sort_stats("cumtime").print_stats(45)
+            stats_after = rec.memory.snapshot_stats
+            set_aside = stats_after.set_aside > stats_before.set_aside
+            phases = {
+                name: getattr(stats_after, f"{name}_seconds") - getattr(stats_before, f"{name}_seconds")
+                for name in ("wait", "hash", "aside", "copy")
+            }
             copy_seconds = rec.memory.copy_seconds - before[0]
             copied = rec.memory.copied - before[1]
             snapshot_seconds = rec.report.snapshot_seconds - before[2]
@@ -204,11 +250,21 @@ def main() -> None:
     held_rate = copied / copy_seconds / 1e9
     if held_rate < 10:
         missed.append("first touch held")
+    path = "copied aside on the device" if set_aside else "NOT copied aside: through the pinned slots"
     print(
         f"recorder's first touch of {copied >> 20} MiB (pointer scan on, as by default): program held "
-        f"{held_rate:.1f} GB/s [goal >= 10 GB/s] (device hash and scan, copied aside on the device), whole snapshot "
+        f"{held_rate:.1f} GB/s [goal >= 10 GB/s] ({path}), whole snapshot "
         f"{copied / snapshot_seconds / 1e9:.1f} GB/s, first touch {copied / touched / 1e9:.1f} GB/s; "
         f"bare pinned cuMemcpyDtoH {bandwidth:.1f} GB/s"
+    )
+    print(
+        f"  Python's cyclic collector: {1e3 * in_touch:.1f} ms during the touch, {1e3 * after_touch:.1f} ms in the "
+        "program's next 50 calls (the recorder puts off a collection its snapshot would set off)"
+    )
+    print(
+        f"  held for: the program's stream {1e3 * phases['wait']:.1f} ms, hashing and scanning on the device "
+        f"{1e3 * phases['hash']:.1f} ms, copying aside {1e3 * phases['aside']:.1f} ms, handing the frames to the "
+        f"writer {1e3 * (phases['copy'] - phases['aside']):.1f} ms"
     )
     print(f"capture: {report.operations} operations, {size >> 20} MiB on disk (compression ran on writer threads)")
 

@@ -44,6 +44,7 @@ from replayfmt.container.payload_store import FetchMissing, FrameStore
 from replayfmt.container.sealing import RecordSealer
 from replayfmt.errors import ReplayError, ReplayUsageError
 from replayfmt.format import model as m, records, timings
+from replayfmt.format.generated import fb
 from replayfmt.format.graph_records import check_writable
 from replayfmt.format.layout import (
     FILE_HEADER_SIZE,
@@ -83,8 +84,7 @@ class CaptureWriter:
     """Writes one .kreplay capture. Use as a context manager, or call :meth:`close`.
 
     ``path`` must not exist unless ``overwrite=True``: nothing the user had is replaced silently.
-    ``threads`` compress payload frames (default: one per core, at most 16; 0: on the calling thread).
-    """
+    ``threads`` compress payload frames (default: one per core, at most 16; 0: on the calling thread)."""
 
     def __init__(
         self,
@@ -104,6 +104,7 @@ class CaptureWriter:
             raise ReplayUsageError(f"frame_size must be within [{MIN_FRAME_SIZE}, {64 << 20}] bytes")
         if batch_operations < 1:
             raise ReplayUsageError("batch_operations must be at least 1")
+        fb.import_all()  # (50 ms) now, not at a first record, which a recorder may make inside a step
         self.path = Path(path)
         self._fd = create_file(self.path, overwrite=overwrite)
         self.frame_size = frame_size

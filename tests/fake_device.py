@@ -24,6 +24,7 @@ class FakeDevice:
         self.synchronized: list[int | None] = []
         self.hashed: list[tuple[int, int]] = []
         self.copies: list[tuple[int, int]] = []  # (device address, size) of every copy
+        self.device_copies: list[tuple[int, int, int]] = []  # (destination, source, size): device to device
         self.queued: list[tuple[int, int, int]] = []
         self.pinned_buffers: dict[int, Any] = {}
         self.freed: list[int] = []
@@ -83,6 +84,7 @@ class FakeDevice:
         return address
 
     def copy_device(self, destination: int, source: int, size: int) -> None:
+        self.device_copies.append((destination, source, size))
         self.queued.append((destination, source, size))
 
     def free_stage(self, address: int) -> None:

@@ -176,11 +176,32 @@ def test_a_large_snapshot_is_copied_aside_and_the_program_may_write_at_once(tmp_
         device.memory[BASE][:] = bytes(len(data))  # the program's next kernel overwrites it at once
     snapshots.close()
     assert device.copies == []  # nothing crossed from the program's memory: it was copied aside
+    assert [(source, n) for _, source, n in device.device_copies] == [(BASE, len(data))]  # in one copy
     assert [n for _, n in device.staged] == [len(data)] and device.stages_freed == [device.staged[0][0]]
     assert snapshots.stats.copied_bytes == len(data)
     reference = scanned(data).words()
     assert np.array_equal(words.words().sites, reference.sites) and len(reference) == 6
     assert np.array_equal(words.words().values, reference.values)
+    with replayfmt.open(path) as cap:
+        assert cap.read_payload(pid) == data
+
+
+def test_frames_set_aside_are_copied_in_one_run_per_stretch_the_file_lacks(tmp_path, monkeypatch):
+    """The file holds frames 2 and 3 already: the other four are set aside in two copies (one per
+    stretch that follows on), and the payload reads back whole."""
+    monkeypatch.setattr(snapshots_module, "STAGE_AT_LEAST", 2 * FRAME)
+    data = with_pointers(6 * FRAME, 5)
+    device = staging_device(data)
+    snapshots = Snapshotter(device, slot_size=2 * FRAME, slots=2, background=device.sibling())
+    words = FrameWords()
+    words.begin(BASE, BASE + (1 << 30))
+    path = tmp_path / "s.kreplay"
+    with replayfmt.CaptureWriter(path, frame_size=FRAME, threads=2) as w:
+        w.add_payload(data[2 * FRAME : 4 * FRAME])
+        pid = snapshots.snapshot(BASE, len(data), None, w, frames=words)
+    snapshots.close()
+    assert [(source - BASE, n) for _, source, n in device.device_copies] == [(0, 2 * FRAME), (4 * FRAME, 2 * FRAME)]
+    assert snapshots.stats.copied_bytes == 4 * FRAME and snapshots.stats.set_aside == 1
     with replayfmt.open(path) as cap:
         assert cap.read_payload(pid) == data
 

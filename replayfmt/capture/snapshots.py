@@ -93,6 +93,9 @@ class SnapshotStats:
     copied_bytes: int = 0  # bytes that crossed the bus (the frames the file lacked)
     copy_seconds: float = 0.0  # the program was held for these copies
     hash_seconds: float = 0.0  # device hashing, digests included
+    set_aside: int = 0  # snapshots copied aside on the device and written behind the program
+    wait_seconds: float = 0.0  # waiting for the program's stream to finish what it queued
+    aside_seconds: float = 0.0  # copying aside: the stage's allocation, the device copy and its wait
 
 
 class _Slot:
@@ -169,7 +172,9 @@ class Snapshotter:
         this thread, before the writer does. ``frames`` (instead of ``inspect``) learns every
         frame's stored-pointer candidates: found on the device where it can, else from the
         frame's bytes when they cross the bus, else by digest (the file held the frame)."""
+        started = time.perf_counter()
         self.device.synchronize(stream)
+        self.stats.wait_seconds += time.perf_counter() - started
         frame_size = writer.frame_size
         if size and self.slot_size % frame_size:
             raise ValueError(f"slot size {self.slot_size} is not a multiple of the frame size {frame_size}")
@@ -226,21 +231,36 @@ class Snapshotter:
         total = sum(pieces[i][1] for i in missing)
         if self.background is None or total < STAGE_AT_LEAST:
             return None
+        started = time.perf_counter()
+        try:
+            return self._set_aside(pieces, missing, total)
+        finally:
+            self.stats.aside_seconds += time.perf_counter() - started
+
+    def _set_aside(self, pieces: list[tuple[int, int]], missing: list[int], total: int) -> Detached | None:
         stage = self.device.stage(total)
         if stage is None:
             return None
         aside: dict[int, tuple[int, int]] = {}
+        runs: list[list[int]] = []  # [stage offset, source, length]: frames that follow on, one copy each
         at = 0
         for i in missing:
-            aside[i] = (stage + at, pieces[i][1])
-            self.device.copy_device(stage + at, *pieces[i])
-            at += pieces[i][1]
+            source, length = pieces[i]
+            aside[i] = (stage + at, length)
+            if runs and runs[-1][1] + runs[-1][2] == source:  # (a fresh snapshot: one copy in all)
+                runs[-1][2] += length
+            else:
+                runs.append([at, source, length])
+            at += length
+        for offset, source, length in runs:  # few driver calls: each lets the writer's threads take the GIL
+            self.device.copy_device(stage + offset, source, length)
         try:
             self.device.wait(self.device.mark())
         except BaseException:
             self.device.free_stage(stage)
             raise
         self.stats.copied_bytes += total
+        self.stats.set_aside += 1
         self._staged_count += 1
         staged = [aside.get(i, piece) for i, piece in enumerate(pieces)]
         return Detached(self._drain(stage, staged, missing))

@@ -5,6 +5,7 @@ replay, which only reads (through replayfmt.format.decoder), would spend 50 ms i
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from types import ModuleType
 
 
@@ -18,6 +19,14 @@ class GeneratedModules:
         module = importlib.import_module(f"replayfmt.format.fb.{name}")
         setattr(self, name, module)
         return module
+
+    def import_all(self) -> None:
+        """Import every builder now: a writer does at its opening, so that its first records,
+        which may be made inside a program's step while the recorder holds it, import none."""
+        import replayfmt.format.fb as package
+
+        for module in pkgutil.iter_modules(package.__path__):
+            getattr(self, module.name)
 
 
 fb = GeneratedModules()
