@@ -385,6 +385,7 @@ def _host_cost(capture: Path) -> HostCost:
         checked = _issue_rounds(replayer, lambda: replayer.execute_steps(body))
         floor_issue = _driver_floor(replayer, list(body))
         least = _issue_rounds(replayer, floor_issue) if floor_issue is not None else repeat((float("nan"), 0.0))
+        # (least: rounds of its own, or an endless filler where the C loop is not built)
         for k, ((a, _), (b, _), (c, _)) in enumerate(zip(bare, checked, least)):
             if k >= 5:
                 raw.append(a)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 import concurrent.futures as cf
+import functools
 import os
 import threading
 from collections import OrderedDict
@@ -94,7 +95,11 @@ class Capture:
         self.timings_problem = ""  # why an invalid (OPTIONAL) TIMINGS chunk was dropped, if it was
         self._graphs = GraphBudget(limits)  # every graph of the file together, charged as decoded
         self._chunks = ChunkReader(self._file, self.path, self.limits)
-        self._read_ahead = ReadAhead(self._read_batch_body)
+        # (reads through the chunk reader, not a method of this object: no cycle keeps an
+        # unclosed capture, its file and its batches alive after its last reference goes)
+        self._read_ahead = ReadAhead(
+            functools.partial(self._chunks.read, kind=ChunkKind.RECORDS, limit=self.limits.max_record_batch_size)
+        )
         self._last_decoded = -1  # the batch decoded last: the next one is read ahead in a scan
         try:
             self.header: FileHeader = unpack_file_header(self._file.read(0, FILE_HEADER_SIZE), self.path)
@@ -218,14 +223,11 @@ class Capture:
                 self._cached_records -= len(dropped.kinds) + len(dropped.objects)
         return batch
 
-    def _read_batch_body(self, offset: int) -> bytes:
-        return self._chunks.read(offset, ChunkKind.RECORDS, self.limits.max_record_batch_size)
-
     def _decode_batch(self, i: int) -> DecodedBatch:
         entry = self._directory.entry(i)
         body = self._read_ahead.take(entry.offset)
         if body is None:
-            body = self._read_batch_body(entry.offset)
+            body = self._chunks.read(entry.offset, ChunkKind.RECORDS, self.limits.max_record_batch_size)
         sequential, self._last_decoded = i == self._last_decoded + 1, i
         if sequential and i + 1 < self.batch_count:  # a scan in order: the next body is read meanwhile
             ahead = self._directory.entry(i + 1).offset

@@ -9,8 +9,8 @@ import pytest
 
 import replayfmt
 from replayfmt.errors import ReplayFormatError
-from replayfmt.format import model as m
-from replayfmt.format.object_columns import EventTable, ObjectTable
+from replayfmt.format import model as m, records
+from replayfmt.format.object_columns import EventTable, ObjectList, ObjectTable
 from replayfmt.replay.plan import build_plan
 from replayfmt.replay.plan_checks import LiveObjects
 
@@ -95,3 +95,54 @@ def test_destroyed_events_are_gone_from_the_live_objects():
         live.destroy(m.DestroyObject(9, 9))
     live.destroy(m.DestroyObject(10, 1))
     assert not live.is_stream(1) and live[2] == m.Event(id=2)
+
+
+@pytest.mark.parametrize("ids", [(2, 1, 3), (1, 1, 3), (1, 2, 4)])
+def test_events_out_of_sequence_are_a_format_error_naming_the_batch(tmp_path, ids):
+    """A batch whose event ids are swapped, repeated or skip one is refused with the reader's
+    one-line error at the batch's offset, by the plan and by a walk of the objects alike."""
+    from craft import FileBuilder, record_batch
+
+    fb = FileBuilder()
+    events = [m.Event(id=i, device=0) for i in ids]
+    create = np.array([(1, 0)], dtype=records.dtype("IdOperationRecord"))
+    body = record_batch(objects=events, kinds=bytes([m.OperationKind.CREATE_OBJECT]), id_operations=create)
+    offset = fb.batch(body, 0, 1, objs=3)
+    path = fb.finish(tmp_path / "swapped.kreplay")
+    refused = rf"offset {offset}: .*out of sequence"
+    for read in (lambda cap: list(cap.objects()), build_plan, lambda cap: cap.object_table()):
+        with replayfmt.open(path) as capture, pytest.raises(ReplayFormatError, match=refused):
+            read(capture)
+
+
+def test_labelled_events_keep_their_labels_in_every_view(tmp_path):
+    path = tmp_path / "labels.kreplay"
+    with replayfmt.CaptureWriter(path, threads=0) as w:
+        dev = w.add_object(m.Device(name="d"))
+        plain = w.add_object(m.Event(device=dev))
+        named = w.add_object(m.Event(device=dev, label="step end"))
+    with replayfmt.open(path) as capture:
+        table = capture.object_table()
+        assert table[named].label == capture.object(named).label == "step end"
+        assert table[plain].label == "" and table.events.made()[1].label == "step end"
+        assert [o.label for o in capture.objects()] == ["", "", "step end"]
+
+
+def test_one_event_asked_for_is_made_alone():
+    stream = m.Stream(id=1)
+    objects = ObjectList([stream, None, None], [1, 2, 3], EventTable([2, 3], [0, 0], [1, 2]), [1, 2])
+    assert objects[2] == objects[-1] == m.Event(id=3, flags=2) and objects[0] is stream
+    assert objects[1] is not objects[1]  # made when asked for, not kept
+    assert objects.others == [stream] and len(objects) == 3
+    assert list(objects) == [stream, m.Event(id=2, flags=1), m.Event(id=3, flags=2)]
+    assert objects[1] is objects[1]  # walked: every event made, and kept
+
+
+def test_event_table_lookups_at_and_past_its_ends():
+    table = EventTable([3, 5, 9], [0, 1, 0], [0, 0, 0])
+    assert table.holds(np.array([0, 3, 4, 9, 10])).tolist() == [False, True, False, True, False]
+    assert EventTable.empty().holds(np.array([1, 2])).tolist() == [False, False]
+    assert table.devices_of(np.array([9, 5])).tolist() == [0, 1]
+    with pytest.raises(KeyError):
+        table.devices_of(np.array([5, 6]))
+    assert "3" not in table and 3 in table and np.int64(5) in table

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import replayfmt
+from replayfmt.container.distinct_rows import distinct_rows
 from replayfmt.format import model as m
 from replayfmt.reader import EventUses
 from replayfmt.replay.plan import PlanOptions, build_plan
@@ -175,14 +176,18 @@ def _distinct_rows_by_bytes(keys: np.ndarray) -> tuple[list[int], list[int]]:
     return list(first.values()), [counts[k] for k in first]
 
 
-def test_rows_whose_hashes_collide_are_still_told_apart():
-    """Rows (a, b) and (b, a) of two 64-bit words hash alike (the hash mixes a ^ b first): the
-    distinct rows come out by their bytes all the same."""
-    from replayfmt.container.distinct_rows import distinct_rows
+def test_rows_whose_hashes_collide_are_still_told_apart(monkeypatch):
+    """With a hash that sends every row to one value (a multiplier of 0), the rows are told apart
+    by their bytes all the same: the collision is found and the rows sorted as bytes."""
+    import replayfmt.container.distinct_rows as module
 
     keys = np.array([[1, 0], [0, 1], [1, 0], [5, 6], [6, 5], [0, 1]], dtype="<u8")
+    expected = ([0, 1, 3, 4], [2, 2, 1, 1])
     first, counts = distinct_rows(keys)
-    assert (first.tolist(), counts.tolist()) == _distinct_rows_by_bytes(keys) == ([0, 1, 3, 4], [2, 2, 1, 1])
+    assert (first.tolist(), counts.tolist()) == _distinct_rows_by_bytes(keys) == expected
+    monkeypatch.setattr(module, "_HASH_MULTIPLIER", np.uint64(0))
+    first, counts = distinct_rows(keys)
+    assert (first.tolist(), counts.tolist()) == expected
 
 
 @settings(max_examples=200, deadline=None)
@@ -195,8 +200,6 @@ def test_rows_whose_hashes_collide_are_still_told_apart():
 def test_distinct_rows_equal_a_walk_over_their_bytes(rows, width, values, seed):
     """Few distinct byte values make many equal rows, and (for widths of several words) rows
     whose hashes may collide: first rows and counts equal a dict's over the rows' bytes."""
-    from replayfmt.container.distinct_rows import distinct_rows
-
     keys = np.random.default_rng(seed).integers(0, values, size=(rows, width), dtype=np.uint8)
     first, counts = distinct_rows(keys)
     assert (first.tolist(), counts.tolist()) == _distinct_rows_by_bytes(keys)

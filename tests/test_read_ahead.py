@@ -97,3 +97,32 @@ def test_read_ahead_hands_over_its_body_or_error_once():
     started.wait(5)
     ahead.close()  # waits for the read in flight and drops it
     assert ahead.take(24) is None
+
+
+def test_nothing_is_read_ahead_once_closed():
+    ahead = ReadAhead(lambda offset: bytes(8))
+    ahead.close()
+    ahead.start(8)  # (another thread decoding as the reader closes)
+    assert ahead.take(8) is None
+    assert not [t for t in threading.enumerate() if t.name.startswith("replayfmt read-ahead")]
+
+
+def test_an_unclosed_capture_is_freed_with_its_last_reference(tmp_path):
+    """The read-ahead holds no reference back to its capture: dropping an unclosed, scanned
+    capture frees it (its file and batches) without waiting for the cyclic collector."""
+    import gc
+    import weakref
+
+    path = tmp_path / "c.kreplay"
+    _capture(path)
+    capture = replayfmt.open(path)
+    list(capture.iter_operations())
+    gone = weakref.ref(capture)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        del capture
+        assert gone() is None
+    finally:
+        if enabled:
+            gc.enable()

@@ -62,7 +62,7 @@ def check_capture(path: str | Path, *, fixed_addresses: bool = False) -> Verdict
     """Run run-replay's plan on the capture at ``path`` (no GPU needed)."""
     try:
         with open_capture(path) as cap:
-            objects = list(cap.objects())
+            objects = list(cap.object_table().others.values())  # (events are neither buffers nor files)
             fixed = fixed_addresses or any(isinstance(o, m.Buffer) and o.requires_fixed_address for o in objects)
             files = host_files(objects)
             plan = build_plan(cap, PlanOptions(fixed_addresses=fixed))

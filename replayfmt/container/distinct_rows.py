@@ -41,13 +41,13 @@ def distinct_rows(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if raw.shape[1] % 8:
         raw = np.hstack([raw, np.zeros((n, -raw.shape[1] % 8), np.uint8)])
     words = raw.view("<u8")
-    key = words[:, 0].copy()
-    for j in range(1, words.shape[1]):
+    key = np.full(n, _HASH_SEED, dtype=np.uint64)
+    for j in range(words.shape[1]):  # every word mixed in on its own: rows alike in a sum or xor differ
         key ^= words[:, j]
         key *= _HASH_MULTIPLIER
         key ^= key >> np.uint64(29)
     _, first, inverse, counts = np.unique(key, return_index=True, return_inverse=True, return_counts=True)
-    if words.shape[1] > 1 and not bool((words == words[first[inverse]]).all()):
+    if not bool((words == words[first[inverse]]).all()):
         rows = raw.view(np.dtype((np.void, raw.shape[1]))).ravel()  # a collision: sorted as bytes
         _, first, counts = np.unique(rows, return_index=True, return_counts=True)
     order = np.argsort(first)
@@ -55,3 +55,4 @@ def distinct_rows(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 _HASH_MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)  # odd: multiplying by it loses no bits
+_HASH_SEED = np.uint64(0xCBF29CE484222325)

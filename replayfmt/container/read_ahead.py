@@ -4,7 +4,7 @@ A replay scans its capture's batches in order (the plan's pass, then the steps')
 decompressing are about a tenth of a batch's cost.
 
 What a read ahead raises is raised where its body is taken, as if it were read there; a body never
-taken is dropped."""
+taken is kept until the next read ahead begins, or the reader closes."""
 
 from __future__ import annotations
 
@@ -21,12 +21,13 @@ class ReadAhead:
         self._lock = threading.Lock()
         self._pool: cf.ThreadPoolExecutor | None = None
         self._pending: tuple[int, cf.Future[bytes]] | None = None
+        self._closed = False
 
     def start(self, offset: int) -> None:
         """Begin reading the body at ``offset`` (in place of one begun before and not taken)."""
         with self._lock:
-            if self._pending is not None and self._pending[0] == offset:
-                return
+            if self._closed or (self._pending is not None and self._pending[0] == offset):
+                return  # (closed: another thread's decoding after the reader closed begins nothing)
             if self._pool is None:
                 self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="replayfmt read-ahead")
             self._pending = (offset, self._pool.submit(self._read, offset))
@@ -44,6 +45,6 @@ class ReadAhead:
     def close(self) -> None:
         """Wait for a read in flight (the file it reads is closed next) and drop what was read."""
         with self._lock:
-            pool, self._pool, self._pending = self._pool, None, None
+            pool, self._pool, self._pending, self._closed = self._pool, None, None, True
         if pool is not None:
             pool.shutdown(wait=True)

@@ -290,7 +290,7 @@ def narrowing(cap: Capture, ops: list[m.Operation], work: list[m.Operation], clo
     where there is none; tier 2: the buffer's end). Nothing is narrowed in a capture that stores
     device addresses in memory (it needs fixed addresses), nor a buffer holding pointer sites."""
     sizes = _sizes(cap, closure)
-    if any(isinstance(o, m.Buffer) and o.requires_fixed_address for o in cap.objects()):
+    if any(isinstance(o, m.Buffer) and o.requires_fixed_address for o in cap.object_table().others.values()):
         return Narrowing((), frozenset(sizes))
     targets: dict[int, set[int]] = {}
     sites: set[int] = set()

@@ -75,7 +75,8 @@ class Event(ObjectDef):
 def unlabelled_events(ids: list[int], devices: list[int], flags: list[int]) -> list[Event]:
     """``[Event(id=i, device=d, flags=f) ...]`` for each (i, d, f), made at a third of the cost: a
     frozen dataclass's ``__init__`` goes through ``object.__setattr__`` field by field, these
-    through the slots' own descriptors (a capture may hold 200k events, each made when it is read)."""
+    through the slots' own descriptors (a capture may hold 200k events: a walk of its objects makes
+    them all; the reader and the plan keep them as columns, replayfmt.format.object_columns)."""
     make, set_id, set_label = object.__new__, ObjectDef.id.__set__, ObjectDef.label.__set__  # type: ignore[misc]
     set_device, set_flags = Event.device.__set__, Event.flags.__set__  # type: ignore[misc]
     events = []

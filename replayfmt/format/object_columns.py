@@ -12,6 +12,7 @@ columns, and one is made only where it is asked for (by id, or by walking a batc
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, overload
 
@@ -21,17 +22,29 @@ from replayfmt.format import model as m
 
 
 class EventTable(Mapping[int, m.Event]):
-    """Events by id: ``ids`` (increasing), ``devices`` and ``flags``, one row each."""
+    """Events by id: ``ids`` (increasing), ``devices`` and ``flags``, one row each, and the
+    ``labels`` of the few that have one."""
 
-    __slots__ = ("_devices", "_rows", "devices", "flags", "ids")
+    __slots__ = ("_devices", "_rows", "devices", "flags", "ids", "labels")
 
-    def __init__(self, ids: Sequence[int], devices: Sequence[int], flags: Sequence[int]) -> None:
+    def __init__(
+        self,
+        ids: Sequence[int],
+        devices: Sequence[int],
+        flags: Sequence[int],
+        labels: Mapping[int, str] | None = None,
+        *,
+        check: bool = True,
+    ) -> None:
+        """``check=False``: the ids were read from a file whose reader checks them itself (the
+        batch's objects in sequence, an error naming the batch), after making the table."""
         self.ids = np.asarray(ids, dtype=np.int64)
         self.devices = np.asarray(devices, dtype=np.int64)
         self.flags = np.asarray(flags, dtype=np.int64)
+        self.labels = dict(labels or {})
         if not len(self.ids) == len(self.devices) == len(self.flags):
             raise ValueError("an event table's columns differ in length")
-        if len(self.ids) > 1 and not bool((self.ids[1:] > self.ids[:-1]).all()):
+        if check and len(self.ids) > 1 and not bool((self.ids[1:] > self.ids[:-1]).all()):
             raise ValueError("an event table's ids must increase")
         self._rows: dict[int, int] | None = None  # id -> row, for lookups one by one: made when first needed
         self._devices: list[int] | None = None  # the same, for the device of one event
@@ -47,7 +60,9 @@ class EventTable(Mapping[int, m.Event]):
         parts = list(tables)
         if not parts:
             return cls.empty()
-        return cls(*(np.concatenate([getattr(t, name) for t in parts]) for name in ("ids", "devices", "flags")))
+        labels = {k: v for t in parts for k, v in t.labels.items()}
+        columns = (np.concatenate([getattr(t, name) for t in parts]) for name in ("ids", "devices", "flags"))
+        return cls(*columns, labels)
 
     def _row(self, event_id: object) -> int:
         """The row of ``event_id``, or -1."""
@@ -60,7 +75,12 @@ class EventTable(Mapping[int, m.Event]):
         i = self._row(event_id)
         if i < 0:
             raise KeyError(event_id)
-        return m.Event(id=int(event_id), device=int(self.devices[i]), flags=int(self.flags[i]))
+        return self._event(i)
+
+    def _event(self, i: int) -> m.Event:
+        """The event of row ``i``."""
+        eid = int(self.ids[i])
+        return m.Event(id=eid, label=self.labels.get(eid, ""), device=int(self.devices[i]), flags=int(self.flags[i]))
 
     def __contains__(self, event_id: object) -> bool:
         return self._row(event_id) >= 0
@@ -91,7 +111,9 @@ class EventTable(Mapping[int, m.Event]):
         return sorted(set(self.devices.tolist()))
 
     def devices_of(self, event_ids: np.ndarray) -> np.ndarray:
-        """The device id of each of ``event_ids`` (all of them events of this table)."""
+        """The device id of each of ``event_ids``; KeyError where one is no event of this table."""
+        if not bool(self.holds(event_ids).all()):
+            raise KeyError(int(np.asarray(event_ids)[~self.holds(event_ids)][0]))
         return self.devices[np.searchsorted(self.ids, event_ids)]
 
     def holds(self, event_ids: np.ndarray) -> np.ndarray:
@@ -102,7 +124,10 @@ class EventTable(Mapping[int, m.Event]):
 
     def made(self) -> list[m.Event]:
         """Every event as a model object, in order of id."""
-        return m.unlabelled_events(self.ids.tolist(), self.devices.tolist(), self.flags.tolist())
+        events = m.unlabelled_events(self.ids.tolist(), self.devices.tolist(), self.flags.tolist())
+        for i in np.flatnonzero(np.isin(self.ids, list(self.labels))).tolist() if self.labels else ():
+            events[i] = self._event(i)
+        return events
 
 
 class ObjectList(Sequence[m.ObjectDef]):
@@ -126,7 +151,10 @@ class ObjectList(Sequence[m.ObjectDef]):
         """The list of objects already made (events among them)."""
         positions = [k for k, o in enumerate(objects) if type(o) is m.Event]
         events: list[Any] = [objects[k] for k in positions]
-        table = EventTable([e.id for e in events], [e.device for e in events], [e.flags for e in events])
+        labels = {e.id: e.label for e in events if e.label}
+        table = EventTable(
+            [e.id for e in events], [e.device for e in events], [e.flags for e in events], labels, check=False
+        )
         return cls(objects, [o.id for o in objects], table, positions)
 
     def _complete(self) -> list[m.ObjectDef]:
@@ -147,7 +175,10 @@ class ObjectList(Sequence[m.ObjectDef]):
         if isinstance(k, slice):
             return self._complete()[k]
         obj = self._made[k]
-        return obj if obj is not None else self._complete()[k]
+        if obj is not None:
+            return obj
+        k = k + len(self._made) if k < 0 else k  # one event asked for: only it is made (not kept)
+        return self.events._event(bisect.bisect_left(self.event_positions, k))
 
     def __iter__(self) -> Iterator[m.ObjectDef]:
         return iter(self._complete())
@@ -155,7 +186,8 @@ class ObjectList(Sequence[m.ObjectDef]):
 
 class ObjectTable(Mapping[int, m.ObjectDef]):
     """Every object of a capture by id: ``others`` (those that are not events) as objects, and
-    ``events`` as one EventTable."""
+    ``events`` as one EventTable. Iterated, it gives the others' ids, then the events'; its
+    ``values()`` and ``items()`` make every event (the plan uses neither)."""
 
     __slots__ = ("events", "others")
 

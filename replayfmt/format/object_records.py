@@ -42,7 +42,8 @@ def decode_objects(rows: Sequence[dict[str, Any]]) -> ObjectList:
         if name == "Event":
             devices, flags = tables.columns["device"], tables.columns["flags"]
             assert isinstance(devices, list) and isinstance(flags, list)  # scalars: plain columns
-            events, positions = EventTable([ids[k] for k in at], devices, flags), list(at)
+            # (not checked here: decode_batch checks every id in sequence, naming the batch)
+            events, positions = EventTable([ids[k] for k in at], devices, flags, check=False), list(at)
             continue
         for k, body in zip(at, tables.rows(), strict=True):
             made[k] = decode_object({"id": ids[k], "label": "", "body": (name, body)})

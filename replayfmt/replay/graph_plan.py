@@ -71,7 +71,7 @@ def _range(graph: m.Graph, buffer: m.Buffer, offset: int, size: int, role: str) 
         )
 
 
-def _need(objects: dict[int, m.ObjectDef], oid: int, cls: type, graph: m.Graph, role: str) -> Any:
+def _need(objects: Mapping[int, m.ObjectDef], oid: int, cls: type, graph: m.Graph, role: str) -> Any:
     obj = objects.get(oid)
     if not isinstance(obj, cls):
         missing = getattr(objects, "missing", lambda oid: f"object {oid} does not exist")(oid)
@@ -91,7 +91,7 @@ class GraphSize:
 
 def check_graph(
     graphs: dict[int, m.Graph],
-    objects: dict[int, m.ObjectDef],
+    objects: Mapping[int, m.ObjectDef],
     graph: m.Graph,
     check_launch: Callable[[m.Launch], None],
     index: int,
@@ -163,7 +163,7 @@ def children_first(
 
 def _check_one(
     graphs: dict[int, m.Graph],
-    objects: dict[int, m.ObjectDef],
+    objects: Mapping[int, m.ObjectDef],
     graph: m.Graph,
     check_launch: Callable[[m.Launch], None],
     index: int,
@@ -198,7 +198,7 @@ def _check_one(
 
 
 def _check_node(
-    objects: dict[int, m.ObjectDef],
+    objects: Mapping[int, m.ObjectDef],
     graph: m.Graph,
     node: GraphNode,
     check_launch: Callable[[m.Launch], None],
