@@ -13,7 +13,9 @@ columns, and one is made only where it is asked for (by id, or by walking a batc
 from __future__ import annotations
 
 import bisect
+import operator
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from itertools import compress, repeat
 from typing import Any, overload
 
 import numpy as np
@@ -47,7 +49,7 @@ class EventTable(Mapping[int, m.Event]):
         if check and len(self.ids) > 1 and not bool((self.ids[1:] > self.ids[:-1]).all()):
             raise ValueError("an event table's ids must increase")
         self._rows: dict[int, int] | None = None  # id -> row, for lookups one by one: made when first needed
-        self._devices: list[int] | None = None  # the same, for the device of one event
+        self._devices: list[int] | None = None  # the devices column as a list, for the same
 
     @classmethod
     def empty(cls) -> EventTable:
@@ -96,13 +98,10 @@ class EventTable(Mapping[int, m.Event]):
         i = self._row(event_id)
         if i < 0:
             raise KeyError(event_id)
-        return self._device_list()[i]
-
-    def _device_list(self) -> list[int]:
         devices = self._devices
-        if devices is None:
+        if devices is None:  # (a list: a steps' build asks this for each event it records, 200k)
             devices = self._devices = self.devices.tolist()
-        return devices
+        return devices[i]
 
     def device_ids(self) -> list[int]:
         """The devices the events are on, each once, in order."""
@@ -144,18 +143,22 @@ class ObjectList(Sequence[m.ObjectDef]):
         self.ids = ids  # every object's id, in order
         self.events = events
         self.event_positions = event_positions  # where events[k] lies in the list
-        self.others = [o for o in made if o is not None and type(o) is not m.Event]
+        # what is made before any event is: the others (picked in C: a batch may hold 3k events)
+        self.others = list(compress(made, map(operator.is_not, made, repeat(None))))
 
     @classmethod
     def of(cls, objects: list[m.ObjectDef]) -> ObjectList:
-        """The list of objects already made (events among them)."""
+        """The list of objects already made (events among them: kept as columns like any batch's)."""
         positions = [k for k, o in enumerate(objects) if type(o) is m.Event]
         events: list[Any] = [objects[k] for k in positions]
         labels = {e.id: e.label for e in events if e.label}
         table = EventTable(
             [e.id for e in events], [e.device for e in events], [e.flags for e in events], labels, check=False
         )
-        return cls(objects, [o.id for o in objects], table, positions)
+        made: list[m.ObjectDef | None] = list(objects)
+        for k in positions:
+            made[k] = None
+        return cls(made, [o.id for o in objects], table, positions)
 
     def _complete(self) -> list[m.ObjectDef]:
         made = self._made

@@ -32,12 +32,10 @@ class LiveObjects(Mapping[int, m.ObjectDef]):
         self.destroyed: dict[int, int] = {}
 
     def __getitem__(self, oid: int) -> m.ObjectDef:
-        obj = self._others.get(oid)
-        if obj is not None:
-            return obj
-        if oid in self._gone_events:
+        obj = self.get(oid)
+        if obj is None:
             raise KeyError(oid)
-        return self._events[oid]
+        return obj
 
     def get(self, oid: int, default: Any = None) -> Any:
         obj = self._others.get(oid)
@@ -46,7 +44,7 @@ class LiveObjects(Mapping[int, m.ObjectDef]):
         return self._events[oid] if self.is_event(oid) else default
 
     def __contains__(self, oid: object) -> bool:
-        return oid in self._others or (oid in self._events and oid not in self._gone_events)
+        return oid in self._others or self.is_event(oid)  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[int]:
         yield from self._others

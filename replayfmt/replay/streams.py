@@ -102,8 +102,9 @@ class Streams:
             handles[c] = create(named[c], k)
         self.events.update(zip(ids, handles[shared.colour].tolist(), strict=True))
         unused: dict[int, Any] = {}  # device -> the CUDA event of the events no operation uses
-        for eid in np.setdiff1d(events.ids, spans.events, assume_unique=True).tolist():  # the few not assigned above
-            k = index[events.device(eid)]
+        rest = np.setdiff1d(events.ids, spans.events, assume_unique=True)  # the few not assigned above
+        for eid, device in zip(rest.tolist(), events.devices_of(rest).tolist(), strict=True):
+            k = index[device]
             if eid in own or eid in plan.event_spans:
                 self.events[eid] = create(eid, k)
             else:
