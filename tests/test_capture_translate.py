@@ -32,6 +32,7 @@ class FakeMemory:
         self.host: dict[int, bytes] = {}
         self.reads: list[tuple[int, int, int | None]] = []
         self.before_allocation: dict[int, int] = {}
+        self.devices: dict[int, int] = {}  # allocation base -> the ordinal of its device, where not the first
 
     def read(self, address: int, size: int, stream: int | None) -> bytes:
         self.reads.append((address, size, stream))
@@ -59,6 +60,9 @@ class FakeMemory:
             if base <= address < base + size:
                 return base, size
         return None
+
+    def device_of(self, address: int) -> int | None:
+        return self.devices.get(address)
 
 
 def saxpy_params(a: float, x: int, y: int, n: int) -> bytes:

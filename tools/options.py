@@ -87,7 +87,8 @@ def replay_options(fn: F) -> F:
                 "devices",
                 multiple=True,
                 metavar="cuda:N",
-                help="Device for each captured device, in order (repeatable; default cuda:0).",
+                help="Device for each captured device, in order (repeatable; captured devices not named run "
+                "on the lowest free ordinals: cuda:0, cuda:1, ...).",
             ),
             source_options,
             click.option(

@@ -48,6 +48,7 @@ class Allocation:
     api: ev.MemoryApi
     call: str
     buffer: int = 0  # object id once written
+    device: int = -1  # ordinal of the device whose memory it is (-1: unknown)
     region: int = -1  # the region in which it was last touched
     before: int = 0  # payload of its snapshot in that region (0: defined by the region itself)
     latest: int = 0  # host-visible memory: payload of its contents when last uploaded or read
@@ -65,10 +66,20 @@ class Allocation:
 
 class AllocationTable:
     """Live allocations by address. ``find_unknown(address)`` answers (base, size) for device
-    memory allocated before recording started, or None."""
+    memory allocated before recording started, or None; ``device_of(address)`` the ordinal of the
+    device that memory is on (None: unknown), and ``device_now()`` the device the program works on
+    now, which an allocation made while recording is on."""
 
-    def __init__(self, find_unknown: Callable[[int], tuple[int, int] | None]) -> None:
+    def __init__(
+        self,
+        find_unknown: Callable[[int], tuple[int, int] | None],
+        *,
+        device_of: Callable[[int], int | None] = lambda address: None,
+        device_now: Callable[[], int] = lambda: -1,
+    ) -> None:
         self._find_unknown = find_unknown
+        self._device_of = device_of
+        self._device_now = device_now
         self._starts: list[int] = []
         self._by_address: dict[int, Allocation] = {}
         self._not_pointers: set[int] = set()  # words the driver said are no allocation
@@ -82,7 +93,7 @@ class AllocationTable:
 
     def add(self, address: int, size: int, api: ev.MemoryApi, call: str) -> Allocation:
         self.remove(address)
-        allocation = Allocation(address, size, api, call)
+        allocation = Allocation(address, size, api, call, device=self._device_now())
         bisect.insort(self._starts, address)
         self._by_address[address] = allocation
         self._not_pointers.clear()
@@ -123,6 +134,9 @@ class AllocationTable:
                 self._not_pointers.add(address)
             else:
                 allocation = self.add(found[0], found[1], ev.MemoryApi.DEVICE, "allocated before recording")
+                owner = self._device_of(found[0])  # maybe not the device working now (peer access)
+                if owner is not None:
+                    allocation.device = owner
         if allocation is None or allocation.api != ev.MemoryApi.DEVICE:
             return None
         return allocation

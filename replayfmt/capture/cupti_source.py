@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from replayfmt.capture import events as ev
+from replayfmt.capture.contexts import DeviceTracker, ProgramContexts
 from replayfmt.capture.cupti_api import (
     DOMAIN_DRIVER_API,
     DOMAIN_RESOURCE,
@@ -48,6 +49,7 @@ _LAUNCH_EX = struct.Struct("<QQQQ")  # config, f, kernelParams, extra
 _LAUNCH_CONFIG = struct.Struct("<7I4xQQI")  # grid, block, sharedMemBytes, hStream, attrs, numAttrs
 _MODULE_RESOURCE = struct.Struct("<I4xQQ")  # moduleId, cubinSize, pCubin
 _CORRELATION_ID = 64  # offset of CUpti_CallbackData.correlationId (the id activity records carry)
+_CONTEXT = 40  # offset of CUpti_CallbackData.context: the calling thread's context
 _unpack_from = struct.unpack_from
 
 # (self, callback site, functionParams, functionReturnValue, call name, symbolName)
@@ -106,6 +108,7 @@ class CuptiSource(GraphCalls):
         cu: Any = None,
         ring: LaunchRing | None = None,
         lock: Any = None,
+        contexts: ProgramContexts | None = None,
     ) -> None:
         self.cupti = cupti
         self.cu = cu or driver()
@@ -127,6 +130,7 @@ class CuptiSource(GraphCalls):
         # held from a ring's take until the call that took it is written (the recorder's times lock)
         self._lock = lock if lock is not None else threading.RLock()
         self._keeps_armed: set[int] = set()  # callback ids of calls that change no launch's meaning
+        self._devices = DeviceTracker(contexts)  # the device the calls run on
 
     # -- subscription ----------------------------------------------------------------------
 
@@ -182,6 +186,9 @@ class CuptiSource(GraphCalls):
                         self._take_ring(disarm=withdraws)
                     if self._code.unloads:
                         self._forget_unloaded()
+                    moved = self._devices.moved(u64(data + _CONTEXT))
+                    if moved is not None:
+                        self._sink(ev.DeviceChanged(moved))
                     entry[0](self, site, params, result, entry[1], symbol)
             finally:
                 guard.busy = False
@@ -413,6 +420,23 @@ def _copy_decoder(direction: ev.CopyDirection, asynchronous: bool) -> Decoder:
     return decode
 
 
+def _peer_copy_decoder(asynchronous: bool) -> Decoder:
+    """cuMemcpyPeer(Async): a device-to-device copy between two devices' memory (the contexts it
+    names are those of the two addresses, which the allocations already say)."""
+
+    def decode(self: CuptiSource, site: int, p: int, result: int, call: str, symbol: int) -> None:
+        dst, _dst_context, src, _src_context, size, *stream = _unpack_from(
+            "<QQQQQQ" if asynchronous else "<QQQQQ", MEMORY, p
+        )
+        if site == _EXIT:
+            if not asynchronous and self._succeeded(result):
+                self._sink(ev.CopyDone(dst, size))
+            return
+        self._sink(ev.Copy(_D2D, dst, src, size, stream[0] if stream else 0, asynchronous, call))
+
+    return decode
+
+
 def _memset_decoder(element_size: int, asynchronous: bool) -> Decoder:
     code = {1: "B", 2: "H", 4: "I"}[element_size]
     layout = struct.Struct(f"<Q{code}{8 - element_size}xQ" + ("Q" if asynchronous else ""))
@@ -508,6 +532,8 @@ for _names, _decoder in [
     (_variants("cuMemcpyDtoHAsync_v2"), _copy_decoder(_D2H, True)),
     (_variants("cuMemcpyDtoD_v2"), _copy_decoder(_D2D, False)),
     (_variants("cuMemcpyDtoDAsync_v2"), _copy_decoder(_D2D, True)),
+    (_variants("cuMemcpyPeer"), _peer_copy_decoder(False)),
+    (_variants("cuMemcpyPeerAsync"), _peer_copy_decoder(True)),
     (_variants("cuMemsetD8_v2"), _memset_decoder(1, False)),
     (_variants("cuMemsetD16_v2"), _memset_decoder(2, False)),
     (_variants("cuMemsetD32_v2"), _memset_decoder(4, False)),
@@ -556,8 +582,6 @@ for _names, _decoder in [
     ),
     (
         _variants(
-            "cuMemcpyPeer",
-            "cuMemcpyPeerAsync",
             "cuMemcpy2D_v2",
             "cuMemcpy2DAsync_v2",
             "cuMemcpy3D_v2",

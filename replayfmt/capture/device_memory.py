@@ -1,6 +1,8 @@
 """The recorder's own access to device memory (snapshots) and to the driver's allocation table,
 through cuda.bindings. These calls run inside callbacks, so they are made under the recorder's
-per-thread guard and are never recorded themselves."""
+per-thread guard and are never recorded themselves. On a program that uses several devices each
+device has its own stream and snapshot pipeline, run in a context of the device whose memory they
+read (:mod:`replayfmt.capture.contexts`)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ import time
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-from replayfmt.capture.snapshots import CudaSnapshotDevice, SnapshotStats, Snapshotter
+from replayfmt.capture.contexts import ProgramContexts
+from replayfmt.capture.snapshots import HOST_ALLOC_PORTABLE, CudaSnapshotDevice, SnapshotStats, Snapshotter
 from replayfmt.capture.stored_pointers import FrameWords
 from replayfmt.container.batches import collector_paused
 from replayfmt.cuda.driver import check, driver
@@ -29,20 +32,33 @@ class DeviceMemory(Protocol):
     def find_allocation(self, address: int) -> tuple[int, int] | None:
         """(base, size) of the device allocation holding ``address`` (one made before recording)."""
 
+    def device_of(self, address: int) -> int | None:
+        """The ordinal of the device whose memory holds ``address`` (None: not device memory)."""
+
+
+class _DeviceSide:
+    """The recorder's own work on one device: the context it runs in, its stream and its
+    snapshot pipeline (made at first use)."""
+
+    def __init__(self, context: Any) -> None:
+        self.context = context
+        self.stream: Any = None
+        self.snapshots: Snapshotter | None = None
+
 
 class DriverMemory:
     """Device and host memory access for snapshots, through cuda.bindings. Device reads land in
     a reused pinned buffer (DMA at full speed) and are copied out once."""
 
-    def __init__(self, guard: threading.local) -> None:
+    def __init__(self, guard: threading.local, contexts: ProgramContexts | None = None) -> None:
         self.cu = driver()
         self._guard = guard
-        self._stream: Any = None
+        self.contexts = contexts if contexts is not None else ProgramContexts(self.cu)
+        self._sides: dict[int, _DeviceSide] = {}  # device ordinal -> the recorder's work there
         self._pinned = 0
         self._pinned_size = 0
         self.copy_seconds = 0.0
         self.copied = 0
-        self._snapshots: Snapshotter | None = None
 
     @contextlib.contextmanager
     def _unrecorded(self) -> Iterator[None]:
@@ -56,11 +72,27 @@ class DriverMemory:
         finally:
             guard.busy = previous
 
-    def _own_stream(self) -> Any:
-        if self._stream is None:
+    @contextlib.contextmanager
+    def _device_holding(self, address: int) -> Iterator[_DeviceSide]:
+        """The recorder's side of the device whose memory holds ``address``, its context current
+        for the block (the caller's context afterwards); the current context's device where the
+        driver cannot say (host memory)."""
+        contexts = self.contexts
+        ordinal = contexts.ordinal_of(address)
+        if ordinal is None:
+            here = contexts.device_of_context(int(check(self.cu.cuCtxGetCurrent(), "cuCtxGetCurrent")))
+            ordinal = here.ordinal if here is not None else 0
+        side = self._sides.get(ordinal)
+        if side is None:
+            side = self._sides[ordinal] = _DeviceSide(contexts.context_of_device(ordinal))
+        with contexts.pushed(side.context):
+            yield side
+
+    def _own_stream(self, side: _DeviceSide) -> Any:
+        if side.stream is None:
             cu = self.cu
-            self._stream = check(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
-        return self._stream
+            side.stream = check(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
+        return side.stream
 
     def _staging(self, size: int) -> int:
         if size > self._pinned_size:
@@ -69,20 +101,22 @@ class DriverMemory:
                 check(cu.cuMemFreeHost(self._pinned), "cuMemFreeHost")
                 self._pinned = 0
             grown = max(size, min(2 * self._pinned_size, 1 << 30), 8 << 20)
-            self._pinned = int(check(cu.cuMemHostAlloc(grown, 0), f"cuMemHostAlloc({grown})"))
+            # portable: pinned for every context, since each device's copies land here
+            pinned = check(cu.cuMemHostAlloc(grown, HOST_ALLOC_PORTABLE), f"cuMemHostAlloc({grown})")
+            self._pinned = int(pinned)
             self._pinned_size = grown
         return self._pinned
 
     def read(self, address: int, size: int, stream: int | None) -> bytes:
         cu = self.cu
-        with self._unrecorded():
+        with self._unrecorded(), self._device_holding(address) as side:
             if stream is None:
                 check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
             else:
                 check(cu.cuStreamSynchronize(cu.CUstream(stream)), "cuStreamSynchronize (launching stream)")
             if size == 0:
                 return b""
-            own = self._own_stream()
+            own = self._own_stream(side)
             chunk = min(size, 1 << 30)
             staging = self._staging(chunk)
             out = bytearray(size) if size > chunk else None
@@ -112,27 +146,26 @@ class DriverMemory:
         compressed and written from pinned memory by the writer's threads (replayfmt.capture.snapshots);
         large ones copied aside on the device first and written behind the program. ``frames``
         learns every frame's stored-pointer candidates (see :meth:`Snapshotter.snapshot`)."""
-        with self._unrecorded():
-            if self._snapshots is None:
+        with self._unrecorded(), self._device_holding(address) as side:
+            if side.snapshots is None:
                 cu = self.cu
                 # the writer's thread copies snapshots set aside on a stream of its own
                 background = check(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
-                context = check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")
-                self._snapshots = Snapshotter(
-                    CudaSnapshotDevice(cu, self._own_stream()),
+                side.snapshots = Snapshotter(
+                    CudaSnapshotDevice(cu, self._own_stream(side)),
                     background=CudaSnapshotDevice(cu, background),
-                    begin=lambda: self._enter_writer_thread(context),
+                    begin=lambda context=side.context: self._enter_writer_thread(context),
                 )
-            stats = self._snapshots.stats
+            snapshots = side.snapshots
+            stats = snapshots.stats
             copied, began = stats.copied_bytes, time.perf_counter()
             try:
                 # with Python's cyclic collector paused: handing a large snapshot's frames to the
-                # writer makes a thousand small objects, enough to set off the full collection the
-                # recorder's and the program's objects have made due (measured on the H100: 0.1 s
-                # of a 1 GiB first touch's 0.12), which the program then waited for before its
-                # kernel ran; it runs at the program's next allocation instead
+                # writer makes a thousand small objects, enough to set off a full collection of
+                # the recorder's and the program's objects, which the program would then wait
+                # for before its kernel ran; it runs at the program's next allocation instead
                 with collector_paused():
-                    return self._snapshots.snapshot(address, size, stream, writer, frames=frames)
+                    return snapshots.snapshot(address, size, stream, writer, frames=frames)
             finally:
                 self.copy_seconds += time.perf_counter() - began
                 self.copied += stats.copied_bytes - copied
@@ -140,11 +173,12 @@ class DriverMemory:
     @property
     def snapshot_stats(self) -> SnapshotStats:
         """What the snapshots cost and moved so far (where the program was held, and how)."""
-        return self._snapshots.stats if self._snapshots is not None else SnapshotStats()
+        return SnapshotStats.total([side.snapshots.stats for side in self._sides.values() if side.snapshots])
 
     def _enter_writer_thread(self, context: Any) -> None:
-        """On the writer's thread, before it copies a snapshot set aside: the program's context,
-        and the recorder's guard (its driver calls are the recorder's own, never recorded)."""
+        """On the writer's thread, before it copies a snapshot set aside: the context of the
+        device it was set aside on, and the recorder's guard (its driver calls are the
+        recorder's own, never recorded)."""
         self._guard.busy = True
         check(self.cu.cuCtxSetCurrent(context), "cuCtxSetCurrent (snapshot writer)")
 
@@ -162,19 +196,26 @@ class DriverMemory:
                 return None
             return int(base), int(size)
 
+    def device_of(self, address: int) -> int | None:
+        with self._unrecorded():
+            return self.contexts.ordinal_of(address)
+
     def close(self) -> None:
-        """Free the recorder's pinned memory and stream (after the writer has closed: the
+        """Free the recorder's pinned memory and streams (after the writer has closed: the
         writer's threads read snapshot frames from the pinned slots until then)."""
         cu = self.cu
-        if self._snapshots is not None:
-            self._snapshots.close()  # waits for the snapshots set aside to be handed over
-            self._snapshots.device.close()
-            if self._snapshots.background is not None:
-                cu.cuStreamDestroy(self._snapshots.background.stream)
-            self._snapshots = None
-        if self._pinned:
-            cu.cuMemFreeHost(self._pinned)
-            self._pinned = 0
-        if self._stream is not None:
-            cu.cuStreamDestroy(self._stream)
-            self._stream = None
+        with self._unrecorded():
+            for side in self._sides.values():
+                with self.contexts.pushed(side.context):
+                    if side.snapshots is not None:
+                        side.snapshots.close()  # waits for the snapshots set aside to be handed over
+                        side.snapshots.device.close()
+                        if side.snapshots.background is not None:
+                            cu.cuStreamDestroy(side.snapshots.background.stream)
+                    if side.stream is not None:
+                        cu.cuStreamDestroy(side.stream)
+            self._sides.clear()
+            if self._pinned:
+                cu.cuMemFreeHost(self._pinned)
+                self._pinned = 0
+            self.contexts.close()

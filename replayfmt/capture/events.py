@@ -244,6 +244,14 @@ class EventSynchronized:
 
 
 @dataclass(slots=True)
+class DeviceChanged:
+    """The calls that follow run on ``device`` (the calling context's device changed: a program
+    that works on several GPUs from one process)."""
+
+    device: m.Device
+
+
+@dataclass(slots=True)
 class HostFunction:
     """A host function enqueued in ``stream`` (cuLaunchHostFunc, cuStreamAddCallback): it keeps
     its place in the stream's order; its code, the program's own, is not captured."""
@@ -376,6 +384,7 @@ Event = (
     | StreamSynchronized
     | ContextSynchronized
     | EventSynchronized
+    | DeviceChanged
     | HostFunction
     | GraphInstantiated
     | GraphKernelUpdated

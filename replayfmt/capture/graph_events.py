@@ -29,6 +29,7 @@ from replayfmt.format.graph_records import check_writable
 from replayfmt.format.model import GraphNode, GraphNodeKind
 
 if TYPE_CHECKING:
+    from replayfmt.capture.device_objects import DeviceObjects
     from replayfmt.capture.report import Report
     from replayfmt.writer import CaptureWriter
 
@@ -59,7 +60,7 @@ class GraphEvents:
     report: Report
     allocations: AllocationTable
     _recording: bool
-    _device: int
+    devices: DeviceObjects
     _executables: dict[int, GraphExecutable]  # CUgraphExec handle -> what it runs
     _modules: dict[tuple[str, int], Any]  # module key -> what the translator keeps of it
     _graph_ids: dict[m.Graph, int]  # each Graph object written, by value: an unchanged graph is written once
@@ -184,7 +185,7 @@ class GraphEvents:
             if any(a.buffer for a in left):
                 nodes[at], touched, _ = self._graph_node(info, [])
                 targets.extend(a for a in touched if a not in targets)
-        graph = m.Graph(device=self._device, nodes=tuple(nodes), edges=tuple(description.edges))
+        graph = m.Graph(device=self.devices.current, nodes=tuple(nodes), edges=tuple(description.edges))
         try:
             check_writable(graph)  # more nodes or edges than a reader decodes: the launch is refused
         except ReplayUsageError as exc:

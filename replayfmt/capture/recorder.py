@@ -75,7 +75,7 @@ class Recorder:
         self.options = options
         guard = threading.local()
         self.memory = DriverMemory(guard)
-        device = _describe_device(self.memory.cu)
+        device = self.memory.contexts.device(_current_ordinal(self.memory.cu))
         metadata = m.CaptureMetadata(
             tool="replayfmt.capture",
             tool_version=_version(),
@@ -102,6 +102,7 @@ class Recorder:
             launch_results=options.mode == CaptureMode.KERNEL,
             ring=ring,
             lock=self.times.lock,
+            contexts=self.memory.contexts,
         )
         self.times.correlation = self.source.correlation_id
         self._enrichment: list[Any] = []
@@ -319,27 +320,12 @@ def _version() -> str:
         return ""
 
 
-def _describe_device(cu: Any) -> m.Device:
-    """The device the program works on (the current context's, or cuda:0)."""
-    from replayfmt.cuda.driver import check, compute_capability
+def _current_ordinal(cu: Any) -> int:
+    """The device the program works on when recording starts (the current context's, or cuda:0)."""
+    from replayfmt.cuda.driver import check
 
     check(cu.cuInit(0), "cuInit")
     err, ordinal = cu.cuCtxGetDevice()
     if err != cu.CUresult.CUDA_SUCCESS:
         ordinal = check(cu.cuDeviceGet(0), "cuDeviceGet")
-    device = int(ordinal)
-    attribute = cu.CUdevice_attribute
-    sms = check(cu.cuDeviceGetAttribute(attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device), "attr")
-    name = check(cu.cuDeviceGetName(256, device), "cuDeviceGetName")
-    uuid = check(cu.cuDeviceGetUuid(device), "cuDeviceGetUuid")
-    total = check(cu.cuDeviceTotalMem(device), "cuDeviceTotalMem")
-    version = check(cu.cuDriverGetVersion(), "cuDriverGetVersion")
-    return m.Device(
-        ordinal=device,
-        name=bytes(name).split(b"\0")[0].decode(),
-        uuid=bytes(uuid.bytes),
-        compute_capability=compute_capability(device),
-        total_memory=int(total),
-        driver_version=int(version),
-        multiprocessor_count=int(sms),
-    )
+    return int(ordinal)

@@ -44,6 +44,9 @@ Inspect = Callable[[int, memoryview], None]  # (offset in the snapshot, the fram
 Found = tuple[np.ndarray, np.ndarray] | None  # a frame's candidate words found on the device, or too many
 # Snapshots this large or larger are copied aside on the device and written behind the program
 STAGE_AT_LEAST = 32 << 20
+# cuMemHostAlloc flag: the memory is pinned for every context, not only the allocating one (the
+# recorder copies from several devices into the same pinned buffers)
+HOST_ALLOC_PORTABLE = 0x01
 
 
 class SnapshotDevice(Protocol):
@@ -87,6 +90,15 @@ class SnapshotDevice(Protocol):
 @dataclass
 class SnapshotStats:
     """What the snapshots cost and moved, for the report and the benchmark."""
+
+    @classmethod
+    def total(cls, parts: list[SnapshotStats]) -> SnapshotStats:
+        """The sum of several devices' stats."""
+        out = cls()
+        for part in parts:
+            for name in cls.__dataclass_fields__:
+                setattr(out, name, getattr(out, name) + getattr(part, name))
+        return out
 
     snapshots: int = 0
     logical_bytes: int = 0  # bytes snapshotted
@@ -462,7 +474,7 @@ class CudaSnapshotDevice:
             self.cu.cuEventDestroy(marker)
 
     def pinned(self, size: int) -> tuple[int, memoryview]:
-        address = int(check(self.cu.cuMemHostAlloc(size, 0), f"cuMemHostAlloc({size})"))
+        address = int(check(self.cu.cuMemHostAlloc(size, HOST_ALLOC_PORTABLE), f"cuMemHostAlloc({size})"))
         return address, memoryview((ctypes.c_char * size).from_address(address)).cast("B")
 
     def free_pinned(self, address: int) -> None:

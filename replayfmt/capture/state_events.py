@@ -22,6 +22,7 @@ from replayfmt.format import model as m
 
 if TYPE_CHECKING:
     from replayfmt.capture.device_memory import DeviceMemory
+    from replayfmt.capture.device_objects import DeviceObjects
     from replayfmt.capture.report import Report
     from replayfmt.writer import CaptureWriter
 
@@ -35,7 +36,7 @@ class StateEvents:
     options: RecordOptions
     report: Report
     _region: int
-    _device: int
+    devices: DeviceObjects
     _frame_words: FrameWords
     _touched: list[Allocation]
     _scopes: list[tuple[str, dict[int, Allocation]]]

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from replayfmt.capture import events as ev
 from replayfmt.capture.allocations import POINTER_HIGH, Allocation, AllocationTable, TensorLabel
 from replayfmt.capture.device_memory import DeviceMemory
+from replayfmt.capture.device_objects import DeviceObjects
 from replayfmt.capture.file_references import FileReferences
 from replayfmt.capture.graph_events import GraphEvents, GraphExecutable
 from replayfmt.capture.hostfiles import HostFiles
@@ -97,8 +98,10 @@ class Translator(ModuleEvents, MemoryEvents, GraphEvents, StateEvents, RepeatEve
         self.report = Report(path=str(writer.path))
         self._lock = threading.RLock()
         self._host_files = host_files or HostFiles()
-        self._device = writer.add_object(device or m.Device())
-        self.allocations = AllocationTable(memory.find_allocation)
+        self.devices = DeviceObjects(writer, device or m.Device())
+        self.allocations = AllocationTable(
+            memory.find_allocation, device_of=memory.device_of, device_now=lambda: self.devices.current_ordinal
+        )
         self._modules: dict[tuple[str, int], Module] = {}
         self._streams: dict[int, int] = {}
         self._stream_info: dict[int, ev.StreamCreated] = {}
@@ -431,7 +434,7 @@ class Translator(ModuleEvents, MemoryEvents, GraphEvents, StateEvents, RepeatEve
 
     def _on_context_synchronized(self, event: ev.ContextSynchronized) -> None:
         if self._recording:
-            self.writer.device_synchronize(self._device)
+            self.writer.device_synchronize(self.devices.current)
 
     def _on_event_synchronized(self, event: ev.EventSynchronized) -> None:
         if self._recording:
@@ -459,7 +462,7 @@ class Translator(ModuleEvents, MemoryEvents, GraphEvents, StateEvents, RepeatEve
         if sid is None:
             info = self._stream_info.get(handle, ev.StreamCreated(handle))
             sid = self._streams[handle] = self.writer.add_object(
-                m.Stream(device=self._device, flags=info.flags, priority=info.priority, captured_handle=handle)
+                m.Stream(device=self.devices.current, flags=info.flags, priority=info.priority, captured_handle=handle)
             )
         return sid
 
@@ -467,7 +470,7 @@ class Translator(ModuleEvents, MemoryEvents, GraphEvents, StateEvents, RepeatEve
         eid = self._events.get(handle)
         if eid is None:
             flags = self._event_flags.get(handle, 0)
-            eid = self._events[handle] = self.writer.add_object(m.Event(device=self._device, flags=flags))
+            eid = self._events[handle] = self.writer.add_object(m.Event(device=self.devices.current, flags=flags))
         return eid
 
     def _buffer(self, allocation: Allocation) -> int:
@@ -483,7 +486,7 @@ class Translator(ModuleEvents, MemoryEvents, GraphEvents, StateEvents, RepeatEve
         allocation.buffer = self.writer.add_object(
             m.Buffer(
                 size=allocation.size,
-                device=self._device,
+                device=self.devices.of(allocation.device),
                 address=allocation.address,
                 dtype=dtype,
                 shape=shape,
@@ -593,4 +596,5 @@ class Translator(ModuleEvents, MemoryEvents, GraphEvents, StateEvents, RepeatEve
         ev.GraphExecDestroyed: GraphEvents._on_graph_exec_destroyed,
         ev.GraphLaunched: GraphEvents._on_graph_launched,
         ev.NotReproducible: _on_not_reproducible,
+        ev.DeviceChanged: lambda self, event: self.devices.switch(event.device),
     }

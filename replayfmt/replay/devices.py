@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from replayfmt.cuda.driver import check, compute_capability, driver, libcuda
-from replayfmt.errors import DeviceError, DeviceUnavailableError, ReplayError, ReplayUsageError
+from replayfmt.errors import DeviceError, DeviceUnavailableError, ReplayError
 from replayfmt.format import model as m
 from replayfmt.replay.plan import Plan
 
@@ -130,16 +130,20 @@ class Devices:
     # -- opening -----------------------------------------------------------------------------
 
     def open(self, plan: Plan, ordinals: tuple[int, ...]) -> None:
-        """Retain the primary context of each device the capture needs; the first becomes current."""
+        """Retain the primary context of each device the capture needs; the first becomes current.
+        Captured devices that ``ordinals`` does not name run on the lowest ordinals it leaves free."""
         cu = self.cu
         wanted = max(1, len(plan.devices))
-        if wanted > len(ordinals):
-            raise ReplayUsageError(
-                f"the capture uses {len(plan.devices)} devices; give as many --device flags (got {len(ordinals)})"
-            )
         if wanted > 1 and plan.options.fixed_addresses:
             raise DeviceError("--fixed-addresses replays single-device captures only")
         count = check(cu.cuDeviceGetCount(), "cuDeviceGetCount")
+        free = [k for k in range(count) if k not in ordinals]
+        ordinals = (*ordinals, *free[: max(0, wanted - len(ordinals))])
+        if wanted > len(ordinals):
+            raise DeviceUnavailableError(
+                f"the capture uses {wanted} devices; this machine has {count} CUDA device(s) (replay each rank or "
+                "device's work on a machine with as many GPUs)"
+            )
         optin = cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
         for ordinal in ordinals[:wanted]:
             if ordinal >= count:

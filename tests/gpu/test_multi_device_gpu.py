@@ -13,7 +13,6 @@ import pytest
 from test_replay_gpu import AXPY, F32, FUNCTIONS, SCALE, f32, i32, ints
 
 import replayfmt
-from replayfmt.errors import ReplayUsageError
 from replayfmt.format import model as m
 from replayfmt.replay import Replayer, ReplayOptions
 from replayfmt.replay.plan import build_plan
@@ -148,7 +147,7 @@ def test_default_stream_work_runs_on_the_device_it_touches(tmp_path, two_gpus):
     assert result.verified and len(result.reports) > 0, [r.line() for r in result.reports]
 
 
-def test_too_few_devices_given_is_a_usage_error(tmp_path, two_gpus):
+def test_captured_devices_not_named_run_on_the_lowest_free_ordinals(tmp_path, two_gpus):
     path = event_edge_capture(tmp_path, two_gpus["replay_kernels"])
-    with pytest.raises(ReplayUsageError, match="uses 2 devices; give as many --device flags"):
-        replay(path, devices=(0,))
+    result = replay(path, devices=(1,))  # captured device 1 then runs on cuda:0
+    assert result.verified, [r.line() for r in result.reports]

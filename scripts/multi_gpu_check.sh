@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The multi-GPU corpus (benchmarks/corpus_multi) on a machine with two GPUs: each program alone,
+# then captured, verified and timed (GPU busy time beside the original's). Logs go to $OUT.
+#   usage: scripts/multi_gpu_check.sh [PROGRAM ...]     (default: every program of the folder)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+. scripts/device_setup.sh || exit 1
+out="${OUT:-gpu-logs}"
+mkdir -p "$out"
+work=$(mktemp -d)
+nvidia-smi -L
+programs=("$@")
+[ ${#programs[@]} -gt 0 ] || programs=(benchmarks/corpus_multi/*.py)
+for program in "${programs[@]}"; do
+  name=$(basename "$program" .py)
+  launcher=(python3)
+  grep -q "torchrun" "$program" && launcher=(torchrun --standalone --nproc_per_node 2)
+  echo "=== $name: alone"
+  timeout 120 "${launcher[@]}" "$program" 2>&1 | tail -3
+  echo "=== $name: capture"
+  if [ "${launcher[0]}" = torchrun ]; then
+    timeout 180 "${launcher[@]}" -m replayfmt.capture -o "$work/$name.kreplay" --scope step "$program" 2>&1 | tail -15
+  else
+    timeout 180 python3 -m replayfmt.capture -o "$work/$name.kreplay" --scope step "$program" 2>&1 | tail -15
+  fi
+  for capture in "$work/$name"*.kreplay; do
+    [ -f "$capture" ] || continue
+    echo "=== $name: $(basename "$capture"): dump"
+    python3 -m replayfmt_tools.dump_replay "$capture" 2>&1 | head -12
+    echo "=== $name: $(basename "$capture"): verify"
+    timeout 120 python3 -m replayfmt_tools.run_replay --verify "$capture" 2>&1 | tail -6
+    echo "=== $name: $(basename "$capture"): benchmark"
+    timeout 120 python3 -m replayfmt_tools.benchmark_replay --scope step "$capture" 2>&1 | tail -8
+  done
+done 2>&1 | tee "$out/multi_gpu.log"
