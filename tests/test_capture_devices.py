@@ -49,7 +49,7 @@ def two_device_pipeline(cubin: bytes, mem: FakeMemory) -> list:
         peer_copy,
         stage_two,
         ev.LaunchEnd(STREAM1),
-        ev.EventRecorded(0xE1, STREAM1),
+        ev.EventRecorded(0xE1, 0),  # on cuda:1's default stream
         ev.DeviceChanged(GPU0),
         ev.StreamWaited(0, 0xE1),
         ev.ContextSynchronized(),
@@ -68,13 +68,18 @@ def test_each_object_is_written_on_its_own_device(tmp_path, cubin):
         assert buffers[A].device == devices[0]
         assert buffers[B].device == devices[1]
         assert buffers[C].device == devices[1]  # allocated before recording: its memory's device, asked
-        streams = [o for o in objects if isinstance(o, m.Stream)]
-        assert [s.device for s in streams] == [devices[1]]
+        streams = {o.captured_handle: o for o in objects if isinstance(o, m.Stream)}
+        assert sorted(streams) == [0, STREAM1] and {s.device for s in streams.values()} == {devices[1]}
         events = [o for o in objects if isinstance(o, m.Event)]
         assert [e.device for e in events] == [devices[1]]
         ops = list(cap.iter_operations())
         copy = next(op for op in ops if isinstance(op, m.Copy))
         assert (copy.src_buffer, copy.dst_buffer) == (buffers[A].id, buffers[B].id)
+        # cuda:1's default stream is a stream of cuda:1, cuda:0's the capture's stream 0, so the
+        # cross-device wait stays on the device that waited
+        recorded = next(op for op in ops if isinstance(op, m.EventRecord))
+        wait = next(op for op in ops if isinstance(op, m.StreamWaitEvent))
+        assert (recorded.stream, wait.stream, wait.event) == (streams[0].id, 0, recorded.event)
         sync = next(op for op in ops if isinstance(op, m.DeviceSynchronize))
         assert sync.device == devices[0]  # the context synchronised was cuda:0's
         plan = build_plan(cap, PlanOptions())

@@ -15,6 +15,7 @@ import click
 from replayfmt.capture import CaptureMode, Recorder, RecordOptions, Report, SelfCheck
 from replayfmt.capture.injection import Target, TargetKind, classify, describe_failure, record_program
 from replayfmt.capture.profilers import conflict_line
+from replayfmt.capture.ranks import rank_output, this_rank
 from replayfmt.capture.self_check import Outcome, replay_check
 from replayfmt.cuda.address_space import restart_without_aslr
 from replayfmt.format import model as m
@@ -162,6 +163,7 @@ def main(
     verification finds a difference is reported and kept. The report also says what replay needs
     from this host.
     """
+    output = str(rank_output(Path(output), this_rank()))  # one capture per rank under a launcher
     # before CUDA, CUPTI or the program start: a path that cannot take the capture is one line now
     check_new_file(Path(output), "-o", overwrite_flag="--overwrite", overwrite=overwrite)
     if fixed_addresses:

@@ -18,6 +18,7 @@ class DeviceObjects:
     def __init__(self, writer: CaptureWriter, first: m.Device) -> None:
         self._writer = writer
         self._ids = {first.ordinal: writer.add_object(first)}
+        self._first = first.ordinal
         self.current_ordinal = first.ordinal
 
     @property
@@ -25,9 +26,17 @@ class DeviceObjects:
         """The object id of the device the program works on now."""
         return self._ids[self.current_ordinal]
 
-    @property
-    def count(self) -> int:
-        return len(self._ids)
+    def now(self) -> int:
+        """The ordinal of the device the program works on now."""
+        return self.current_ordinal
+
+    def default_stream_key(self) -> int | None:
+        """None on the first device, whose default stream is the capture's stream 0; on another
+        device, the key its default stream is known by: it is written as a stream of that device
+        (replay runs it on a blocking stream there), so its work and its waits stay on it."""
+        if self.current_ordinal == self._first:
+            return None
+        return -1 - self.current_ordinal  # never a stream handle
 
     def switch(self, device: m.Device) -> None:
         """The events that follow run on ``device``."""

@@ -98,10 +98,8 @@ class Translator(ModuleEvents, MemoryEvents, GraphEvents, StateEvents, RepeatEve
         self.report = Report(path=str(writer.path))
         self._lock = threading.RLock()
         self._host_files = host_files or HostFiles()
-        self.devices = DeviceObjects(writer, device or m.Device())
-        self.allocations = AllocationTable(
-            memory.find_allocation, device_of=memory.device_of, device_now=lambda: self.devices.current_ordinal
-        )
+        devices = self.devices = DeviceObjects(writer, device or m.Device())
+        self.allocations = AllocationTable(memory.find_allocation, device_of=memory.device_of, device_now=devices.now)
         self._modules: dict[tuple[str, int], Module] = {}
         self._streams: dict[int, int] = {}
         self._stream_info: dict[int, ev.StreamCreated] = {}
@@ -456,12 +454,13 @@ class Translator(ModuleEvents, MemoryEvents, GraphEvents, StateEvents, RepeatEve
     # -- objects ---------------------------------------------------------------------------
 
     def _stream(self, handle: int) -> int:
-        if handle in _DEFAULT_STREAMS:
-            return 0
-        sid = self._streams.get(handle)
+        key = handle
+        if handle in _DEFAULT_STREAMS and (key := self.devices.default_stream_key()) is None:
+            return 0  # the default stream of the device recording began on
+        sid = self._streams.get(key)
         if sid is None:
-            info = self._stream_info.get(handle, ev.StreamCreated(handle))
-            sid = self._streams[handle] = self.writer.add_object(
+            info = self._stream_info.get(key, ev.StreamCreated(handle))
+            sid = self._streams[key] = self.writer.add_object(
                 m.Stream(device=self.devices.current, flags=info.flags, priority=info.priority, captured_handle=handle)
             )
         return sid
