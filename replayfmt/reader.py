@@ -7,7 +7,7 @@ threads, and every frame is checked against its hash. A file without a valid foo
 was killed) is recovered by scanning its chunks: everything up to the first damaged chunk is
 readable, and ``recovered`` / ``discarded_bytes`` say so.
 
-Hostile files (docs/FORMAT.md §9): bytes are read with pread, never through a mapping (a file that
+Hostile files (docs/FORMAT.md §5.3): bytes are read with pread, never through a mapping (a file that
 shrinks while open is an error, not SIGBUS); every declared size is checked against ``Limits``
 before anything is allocated or decompressed.
 

@@ -128,9 +128,9 @@ class DriverMemory:
             try:
                 # with Python's cyclic collector paused: handing a large snapshot's frames to the
                 # writer makes a thousand small objects, enough to set off the full collection the
-                # recorder's and the program's objects have made due (measured on the H100: 0.1 s
-                # of a 1 GiB first touch's 0.12), which the program then waited for before its
-                # kernel ran; it runs at the program's next allocation instead
+                # recorder's and the program's objects have made due (0.1 s, most of a 1 GiB first
+                # touch), which the program would wait for before its kernel ran; it runs at the
+                # program's next allocation instead
                 with collector_paused():
                     return self._snapshots.snapshot(address, size, stream, writer, frames=frames)
             finally:

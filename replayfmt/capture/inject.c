@@ -334,8 +334,9 @@ EXPORT int InitializeInjection(void) {
     if (result == 0) result = enable_domain(1, subscriber, DOMAIN_DRIVER_API);
     /* the runtime domain (followed in C only, for correlation ids) is enabled here, before the
      * runtime's own initialisation goes on, in case a runtime settles then whether it reports
-     * its calls to CUPTI (enabled later, at the recorder's start, the H100 run bound no work a
-     * runtime call issued; not yet checked on a GPU enabled here) */
+     * its calls to CUPTI (enabled later, at the recorder's start, no work a runtime call issued
+     * could be bound to that call; whether enabling it here is enough is not yet checked on a
+     * GPU) */
     if (result == 0) result = enable_domain(1, subscriber, DOMAIN_RUNTIME_API);
     if (result != 0) {
         const char *text = NULL;

@@ -39,7 +39,7 @@ _PYTHON_NAMES = ("python", "pypy")  # interpreter names a shebang may give (pyth
 
 
 class TargetKind(enum.Enum):
-    PYTHON = "python"  # run in this process with runpy, as before
+    PYTHON = "python"  # run in this process with runpy
     NATIVE = "native"  # run as a child process with the injection library
 
 

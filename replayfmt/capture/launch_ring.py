@@ -12,7 +12,7 @@ a stream capture) and before a region or scope starts or ends.
 
 CUPTI's callback must be the library's (``replayfmt_recorder_callback``, or the injection
 library's trampoline) for the ring to see launches: :func:`recorder_library` finds the library
-pip built; without it, every launch goes through Python as before.
+pip built; without it, every launch goes through Python.
 """
 
 from __future__ import annotations

@@ -71,8 +71,8 @@ ULP_WIDENING: dict[m.DType, int] = {
 }
 # How many times its piece's largest spread a captured float may lie outside the replays' values
 # (never more than _NEIGHBOUR_CAP_ULPS of its own value) when the program is shown to vary: the
-# captured run ran beside the recorder, in another order of atomics than a few replays show (seen
-# on the H100: a float32 index_add_ sum 154 ulps off where 3 replays spread 0.0006 and it 0.0047).
+# captured run ran beside the recorder, in another order of atomics than a few replays show (a
+# float32 index_add_ sum can lie 8 times the replays' spread outside them).
 SPREAD_FACTOR = 16
 WORD = 4  # untyped bytes vary by 4-byte words (the common element size of GPU data)
 NEIGHBOURHOOD = 1024  # untyped words whose replays' spread allows a word's difference: 4 KiB blocks
@@ -385,8 +385,8 @@ class RangeObservation:
         # within what the floats near it varied by (their values: a sum cancelling near zero varies
         # by many ulps), and never by more than a small fraction of its own value, or of its
         # neighbourhood's scale where it is a number of that scale (a sum of that tensor's terms
-        # that cancelled to a small value: seen on the H100 in a torch_geometric step, 1% of a
-        # 7e-7 sum amid 4e-5 terms that varied by 2.4e-7, with 4 replays agreeing among themselves)
+        # that cancelled to a small value, such as a 7e-7 sum amid 4e-5 terms that vary by 2.4e-7,
+        # differs from the capture by a share of its neighbours' scale while replays agree)
         near = _neighbourhood_max(spread_values)
         magnitude = np.abs(as_float[0])
         with np.errstate(invalid="ignore"):

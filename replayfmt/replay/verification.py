@@ -4,7 +4,7 @@
 
 1. every piece of every compared range (a checkpoint entry or expected download, cut into typed
    and untyped pieces) that a replay reproduced bit for bit is **exact**; when none differs, that
-   is all (a deterministic program pays for one replay, as before);
+   is all (a deterministic program pays for one replay);
 2. a piece that differed is replayed again until ``replays`` replays in all, and judged per
    element against their spread (:mod:`replayfmt.replay.judge`): within run-to-run variation, or
    wrong;
@@ -330,9 +330,9 @@ class Verification:
         addresses in memory (a poisoned address would fault)."""
         keys = []
         gentle = self.policy is EvidencePolicy.ALWAYS or self.nothing_else
-        # pointers stored in memory (1.3 data relocations): a poisoned pointer table faults the
-        # replay (seen on the H100: CUDA_ERROR_MISALIGNED_ADDRESS); such a capture's integers and
-        # untyped bytes may hold more, so none of them is poisoned
+        # pointers stored in memory (1.3 data relocations): a kernel that follows a poisoned
+        # pointer faults (CUDA_ERROR_MISALIGNED_ADDRESS, or worse) and ends the replay; such a
+        # capture's integers and untyped bytes may hold more pointers, so none of them is poisoned
         stores_pointers = self.plan.needs_fixed_addresses or self.plan.stores_pointers
         for key in sorted(self.expected):
             if not self._how(key).gentle:
