@@ -29,7 +29,15 @@ from replayfmt.errors import ReplayUsageError
 from replayfmt.format import model as m
 from replayfmt.replay.compare import FLOATING, Tolerance, tolerances
 from replayfmt.replay.evidence import Classified, Evidence, Piece, Poison, classify, patched, pieces, poison
-from replayfmt.replay.judge import WORD, Judgement, RangeObservation, Verdict, judged_dtype, lanes_of, part_size
+from replayfmt.replay.judge import (
+    WORD,
+    PieceJudgement,
+    RangeObservation,
+    ValueVerdict,
+    judged_dtype,
+    lanes_of,
+    part_size,
+)
 from replayfmt.replay.options import RunResult
 from replayfmt.replay.plan import Plan
 from replayfmt.replay.state import PoisonWrite
@@ -417,7 +425,10 @@ class Verification:
         written = classify(expected, actual, how=self._how(key), judge_ok=True).written
         again = observation.copy()
         again.add(patched(expected, actual, written))
-        ok = again.judge(nondeterministic=True, tolerance=self._asked(self.pieces[key])).verdict is not Verdict.WRONG
+        ok = (
+            again.judge(nondeterministic=True, tolerance=self._asked(self.pieces[key])).verdict
+            is not ValueVerdict.WRONG
+        )
         return classify(expected, actual, how=self._how(key), judge_ok=ok)
 
     @property
@@ -463,7 +474,7 @@ class Verification:
             if observation is None:
                 lanes = lanes_of(piece.dtype if piece.typed else m.DType.UNKNOWN, piece.size, piece.offset)
                 name = piece.dtype.name.lower() if piece.typed else "bytes"
-                judgement = Judgement(Verdict.EXACT, name, piece.typed, lanes, 0, 0)
+                judgement = PieceJudgement(ValueVerdict.EXACT, name, piece.typed, lanes, 0, 0)
             else:
                 judgement = observation.judge(nondeterministic=nondeterministic, tolerance=self._asked(piece))
             default = Evidence.UNPROVEN if key in self.expected else Evidence.COMPARED
