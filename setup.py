@@ -11,7 +11,7 @@ issue loop, replays issue every call from Python. Everything else is in pyprojec
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-# the same flags replayfmt.capture.injection.compile_flags() gives a build on first use
+# the same flags replayfmt.capture.c_library.compile_flags() gives a build on first use
 _FLAGS = ["-O2", "-std=gnu11", "-fvisibility=hidden", "-Wall"]
 
 

@@ -7,7 +7,7 @@ threads, and every frame is checked against its hash. A file without a valid foo
 was killed) is recovered by scanning its chunks: everything up to the first damaged chunk is
 readable, and ``recovered`` / ``discarded_bytes`` say so.
 
-Hostile files (docs/FORMAT.md §9): bytes are read with pread, never through a mapping (a file that
+Hostile files (docs/FORMAT.md §5.3): bytes are read with pread, never through a mapping (a file that
 shrinks while open is an error, not SIGBUS); every declared size is checked against ``Limits``
 before anything is allocated or decompressed.
 
@@ -201,7 +201,10 @@ class Capture:
     def batch_count(self) -> int:
         return len(self._directory.batch_offsets)
 
-    def _batch(self, i: int) -> DecodedBatch:
+    def batch(self, i: int) -> DecodedBatch:
+        """Record batch ``i`` decoded, its columns as they are stored (``kinds``, ``copies``,
+        ``table_ops``, ``objects``, ...): for views that walk every batch without making an
+        operation object each (dump's summary). Cached; raises ReplayFormatError where damaged."""
         refused = self._graphs.refusal(i)
         if refused is not None:  # over the capture's graph budget: refused again, never decoded again
             raise refused
@@ -279,7 +282,7 @@ class Capture:
         many it stands for)``. What a checker looks at once (the replay plan): a million launches of
         a few shapes are a few records."""
         for bi in range(self.batch_count):
-            batch = self._batch(bi)
+            batch = self.batch(bi)
             with collector_paused():
                 groups = distinct_operations(batch)
             yield from groups
@@ -292,7 +295,7 @@ class Capture:
         last = self._last_materialized
         if last is not None and last[0] == bi:
             return last[1]
-        b = self._batch(bi)
+        b = self.batch(bi)
         with collector_paused():
             ops = materialize(b)
         self._last_materialized = (bi, ops)  # one batch only: many live records slow the GC
@@ -302,7 +305,7 @@ class Capture:
         """The kind code of every operation, as one uint8 array (decodes every batch)."""
         if not self.batch_count:
             return np.zeros(0, np.uint8)
-        return np.concatenate([self._batch(i).kinds for i in range(self.batch_count)])
+        return np.concatenate([self.batch(i).kinds for i in range(self.batch_count)])
 
     def original_times(self) -> OriginalTimes:
         """The original program's device times (the recorder's CUPTI records); empty when none.
@@ -337,19 +340,19 @@ class Capture:
         bi = bisect.bisect_right(self._directory.first_object, object_id) - 1
         while self._directory.object_counts[bi] == 0:  # batches without objects share a first_object
             bi -= 1
-        return self._batch(bi).objects[object_id - self._directory.first_object[bi]]
+        return self.batch(bi).objects[object_id - self._directory.first_object[bi]]
 
     def objects(self) -> Iterator[m.ObjectDef]:
         """Every object, in order of id."""
         for bi in range(self.batch_count):
             if self._directory.object_counts[bi]:
-                yield from self._batch(bi).objects
+                yield from self.batch(bi).objects
 
     def object_table(self) -> ObjectTable:
         """Every object by id, its events kept as columns (a capture may hold 200k events, and
         none is made into an object unless it is asked for)."""
         counts = self._directory.object_counts
-        return ObjectTable.gather(self._batch(bi).objects for bi in range(self.batch_count) if counts[bi])
+        return ObjectTable.gather(self.batch(bi).objects for bi in range(self.batch_count) if counts[bi])
 
     # -- payloads --------------------------------------------------------------------------
 
@@ -359,12 +362,12 @@ class Capture:
         bi = bisect.bisect_right(self._directory.first_payload, payload_id) - 1
         while self._directory.payload_counts[bi] == 0:
             bi -= 1
-        return self._batch(bi).payloads[payload_id - self._directory.first_payload[bi]]
+        return self.batch(bi).payloads[payload_id - self._directory.first_payload[bi]]
 
     def payloads(self) -> Iterator[m.PayloadInfo]:
         for bi in range(self.batch_count):
             if self._directory.payload_counts[bi]:
-                yield from self._batch(bi).payloads
+                yield from self.batch(bi).payloads
 
     def frame_location(self, digest: bytes) -> tuple[int, int, int, int] | None:
         """(offset, stored_size, logical_size, codec) of a stored frame, or None if absent."""

@@ -45,7 +45,7 @@ from replayfmt.container.sealing import RecordSealer
 from replayfmt.errors import ReplayError, ReplayUsageError
 from replayfmt.format import model as m, records, timings
 from replayfmt.format.generated import fb
-from replayfmt.format.graph_records import check_writable
+from replayfmt.format.graph_records import check_graph_within_limits
 from replayfmt.format.layout import (
     FILE_HEADER_SIZE,
     FORMAT_MAJOR,
@@ -240,7 +240,7 @@ class CaptureWriter:
         """Define an object (a CreateObject operation) and return its id (dense from 1)."""
         if type(obj) not in m.OBJECT_TYPES.values():
             raise ReplayUsageError(f"cannot write an object of type {type(obj).__name__}")
-        check_writable(obj)  # a graph its reader would refuse: refused now, not when sealed on another thread
+        check_graph_within_limits(obj)  # refused now, not when sealed on another thread
         with self._lock:
             self._check_open()
             oid = self._next_object

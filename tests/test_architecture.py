@@ -1,6 +1,7 @@
 """The house rules of docs/ARCHITECTURE.md, checked on the source: which package may import which,
-the library never imports the command-line tools, no module takes another's private names, no
-import cycles at module level, and no room grows too big to live in."""
+the library never imports the command-line tools, no module takes or touches another's private
+names, no import circles (through imports inside functions too), and no room grows too big to
+live in."""
 
 from __future__ import annotations
 
@@ -169,11 +170,90 @@ def test_no_module_imports_another_modules_private_names():
     assert not wrong, "\n".join(wrong)
 
 
-def test_no_import_cycles_at_module_level():
+# Private names that x._name may use although its module does not define them. Public API of the
+# standard library despite the underscore: a namedtuple's methods (so that they never clash with a
+# field's name), os._exit (a child process ends without the parent's exit handlers), and ctypes'
+# function-pointer type, which has no public name.
+STDLIB_UNDERSCORED = {"_replace", "_make", "_asdict", "_fields", "_exit", "_CFuncPtr"}
+
+
+def is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_names_defined(tree: ast.Module) -> set[str]:
+    """The _private names a module defines: functions, classes, methods, attributes it assigns
+    (self._x = ...), module and class variables, parameters, and names in __slots__."""
+    defined: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            defined.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            defined.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            defined.add(node.id)
+        elif isinstance(node, ast.arg):
+            defined.add(node.arg)
+        elif isinstance(node, ast.alias):
+            defined.add(node.asname or node.name)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):  # __slots__, getattr(x, "_name")
+            defined.add(node.value)
+    return {name for name in defined if is_private(name)}
+
+
+def own_base_classes(tree: ast.Module) -> set[str]:
+    """The names of the base classes of the classes this module defines: a class may name its own
+    base's handlers (Translator's dispatch table of its mixins' _on_* methods)."""
+    return {ast.unparse(base) for node in ast.walk(tree) if isinstance(node, ast.ClassDef) for base in node.bases}
+
+
+def private_reach_ins(tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, x._name) for every private attribute used on something other than self or cls that
+    the module does not define itself."""
+    defined, bases = private_names_defined(tree), own_base_classes(tree)
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute) or not is_private(node.attr):
+            continue
+        owner = node.value
+        if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+            continue
+        if node.attr in defined or node.attr in STDLIB_UNDERSCORED or ast.unparse(owner) in bases:
+            continue
+        found.append((node.lineno, ast.unparse(node)))
+    return found
+
+
+def test_no_module_reaches_into_another_modules_private_names():
+    """x._name names only what its own module defines: a private attribute of an object from
+    another module is that module's business (make what is needed public there instead)."""
+    wrong = [
+        f"{path.relative_to(ROOT)}:{line} uses {use}, which its module does not define"
+        for path in [*library_files(), *sorted(TOOLS.rglob("*.py"))]
+        for line, use in private_reach_ins(ast.parse(path.read_text(), filename=str(path)))
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_reach_in_rule_tells_a_reach_in_from_a_modules_own_names():
+    code = (
+        "import os\n"
+        "class Base:\n    pass\n"
+        "class Mine(Base):\n"
+        "    _table = {1: Base._on_one}\n"
+        "    def f(self, cap, other):\n"
+        "        os._exit(0)\n"
+        "        return self._x, other._table, cap.rows._replace(a=1), cap._batch(0), cap.public\n"
+    )
+    assert private_reach_ins(ast.parse(code)) == [(8, "cap._batch")]
+
+
+def import_graph(*, top_level_only: bool) -> dict[str, set[str]]:
+    """Module -> the modules it imports, at module level or (top_level_only=False) anywhere."""
     modules = {module_name(p) for p in library_files()}
     graph: dict[str, set[str]] = {m: set() for m in modules}
     for imp in ALL_IMPORTS:
-        if not imp.top_level:
+        if top_level_only and not imp.top_level:
             continue
         targets = {imp.imported}
         targets |= {f"{imp.imported}.{n}" for n in imp.names if f"{imp.imported}.{n}" in modules}
@@ -181,6 +261,10 @@ def test_no_import_cycles_at_module_level():
     # a package's __init__ importing its own modules is how packages export: not a cycle
     for module, targets in graph.items():
         graph[module] = {t for t in targets if not module.startswith(t + ".")}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     state: dict[str, int] = {}
     stack: list[str] = []
 
@@ -198,7 +282,25 @@ def test_no_import_cycles_at_module_level():
 
     for module in sorted(graph):
         if module not in state and (cycle := visit(module)):
-            pytest.fail("import cycle: " + " -> ".join(cycle))
+            return cycle
+    return None
+
+
+def test_no_import_cycles_at_module_level():
+    cycle = find_cycle(import_graph(top_level_only=True))
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_no_import_circles_through_imports_inside_functions():
+    """An import inside a function defers a circle to the first call, and hides it: the modules
+    still depend on each other both ways. They count as edges too."""
+    cycle = find_cycle(import_graph(top_level_only=False))
+    assert cycle is None, "import circle (imports inside functions included): " + " -> ".join(cycle or [])
+
+
+def test_the_circle_finder_finds_a_circle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
 
 
 @pytest.mark.parametrize("path", library_files(), ids=lambda p: str(p.relative_to(ROOT)))

@@ -19,6 +19,7 @@ from click.testing import CliRunner
 
 import replayfmt
 from replayfmt.capture import CaptureMode, RecordOptions
+from replayfmt.capture.c_library import INJECTION_ABI, build_injection_library, injection_library, library_abi
 from replayfmt.capture.hosted import (
     NVTX_DOMAIN_PUSH_EX,
     NVTX_PUSH_A,
@@ -27,16 +28,12 @@ from replayfmt.capture.hosted import (
     range_name,
 )
 from replayfmt.capture.injection import (
-    INJECTION_ABI,
     ChildSettings,
     InjectionConfig,
     ProgramRun,
     TargetKind,
-    build_injection_library,
     classify,
     collect,
-    injection_library,
-    library_abi,
     record_program,
     shared_libpython,
 )

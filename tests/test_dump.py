@@ -15,7 +15,7 @@ from samples import write_sample
 import replayfmt
 from replayfmt.dump import Dumper, DumpFilter, summarize
 from replayfmt.format import model as m
-from replayfmt.replay.replayable import judge
+from replayfmt.replay.replayable import plan_verdict
 from replayfmt_tools.dump_replay import main
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -214,7 +214,7 @@ def test_summary_reports_verdicts(tmp_path):
         w.scope_end("inner")
     with replayfmt.open(path) as cap:
         assert summarize(cap).replayable is None  # the summary alone judges nothing
-        verdict = judge(cap)
+        verdict = plan_verdict(cap)
         s = summarize(cap, problems=verdict.problems, warnings=verdict.warnings)
     assert not s.replayable and s.not_replayable_because == verdict.problems
     assert any("policy fail" in r for r in s.not_replayable_because)

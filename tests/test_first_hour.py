@@ -22,7 +22,7 @@ from replayfmt.format.names import demangle
 from replayfmt.measure.benchmark import BenchmarkResult, KernelTiming, Stats
 from replayfmt.measure.tune import Candidate, CandidateResult, Targets, find_targets
 from replayfmt.replay.plan import build_plan
-from replayfmt.replay.replayable import judge
+from replayfmt.replay.replayable import plan_verdict
 from replayfmt_tools import benchmark_replay, capture_replay, dump_replay, run_replay, tune_replay
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -198,8 +198,8 @@ def test_a_recovered_prefix_replays_and_says_so(tmp_path):
     with replayfmt.open(path) as c:
         kept = c.operation_count
         assert c.recovered and kept > 0
-        assert judge(c).replayable
-        summary = summarize(c, problems=judge(c).problems)
+        assert plan_verdict(c).replayable
+        summary = summarize(c, problems=plan_verdict(c).problems)
     assert summary.replayable
     code, out, _ = invoke(run_replay.main, "--dry-run", str(path))
     assert code == 0 and f"only the {kept} recovered operations replay" in out and "plan OK" in out

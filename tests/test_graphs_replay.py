@@ -16,7 +16,7 @@ from replayfmt.errors import AbiMismatchError, ReplayFormatError, UnsupportedOpe
 from replayfmt.format import model as m
 from replayfmt.format.model import GraphNode, GraphNodeKind
 from replayfmt.replay import graphs as replay_graphs
-from replayfmt.replay.graph_plan import graph_buffers, topological_order
+from replayfmt.replay.graph_plan import buffers_used_by_graph, topological_order
 from replayfmt.replay.plan import PlanOptions, build_plan
 
 _N = GraphNodeKind
@@ -90,7 +90,7 @@ def test_a_good_graph_is_planned_with_its_kernels_counted(tmp_path):
     with cap:
         (graph,) = plan.graphs.values()
         assert plan.launches_of == {(ids["exe"], 0): 1} and plan.operation_counts["graph_launch"] == 1
-        assert graph_buffers(plan.graphs, graph.id) == {ids["x"], ids["y"]}
+        assert buffers_used_by_graph(plan.graphs, graph.id) == {ids["x"], ids["y"]}
         order = topological_order(graph)
         assert all(order.index(s) < order.index(d) for s, d in graph.edges)
 

@@ -21,9 +21,9 @@ from replayfmt.container.files import FileRemap, open_regular, remap_path
 from replayfmt.errors import ReplayError, ReplayFormatError, ReplayUsageError
 from replayfmt.format import model as m
 from replayfmt.format.layout import Limits
-from replayfmt.replay.graph_plan import children_first, graph_buffers, kernel_nodes
+from replayfmt.replay.graph_plan import buffers_used_by_graph, children_first, kernel_nodes
 from replayfmt.replay.plan import PlanOptions, build_plan
-from replayfmt.replay.replayable import judge
+from replayfmt.replay.replayable import plan_verdict
 
 COMMANDS = (
     ("dump-replay",),
@@ -151,7 +151,7 @@ def test_deep_chains_walk_iteratively_when_the_limits_allow(tmp_path):
         plan = build_plan(cap)
         top = max(plan.graphs)
         assert len(plan.graphs) == 2000 and plan.graph_sizes[top].depth == 2000
-        assert graph_buffers(plan.graphs, top, limits) == {1}
+        assert buffers_used_by_graph(plan.graphs, top, limits) == {1}
         assert len(children_first(plan.graphs, top, {}, limits)) == 2000
     path = hg.diamond(tmp_path, wide=8, deep=6, launch_every=True)
     with replayfmt.open(path) as cap:
@@ -159,7 +159,7 @@ def test_deep_chains_walk_iteratively_when_the_limits_allow(tmp_path):
         top = max(plan.graphs)
         assert plan.graph_sizes[top].nodes == 8**5  # the expansion, counted without walking it
         assert len(children_first(plan.graphs, top, {})) == 1 + 8 * 5
-        assert len(kernel_nodes(plan.graphs, top)) == 0 and graph_buffers(plan.graphs, top) == {1}
+        assert len(kernel_nodes(plan.graphs, top)) == 0 and buffers_used_by_graph(plan.graphs, top) == {1}
 
 
 def test_all_graphs_of_a_capture_are_charged_together(tmp_path):
@@ -169,7 +169,7 @@ def test_all_graphs_of_a_capture_are_charged_together(tmp_path):
         for _ in range(4):
             w.graph_launch(w.add_object(m.Graph(nodes=tuple(hg._memset_node(buf) for _ in range(100)))))
     with replayfmt.open(path) as cap:
-        assert judge(cap).replayable
+        assert plan_verdict(cap).replayable
     with replayfmt.open(path, limits=Limits(max_graph_nodes_total=350)) as cap:
         for _ in range(2):  # the batch over the budget is refused again, from memory
             with pytest.raises(ReplayFormatError, match=r"more than 350 nodes in all \(Limits.max_graph_nodes_total\)"):

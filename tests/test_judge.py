@@ -14,9 +14,9 @@ from replayfmt.replay.evidence import Evidence, Poison, classify, patched, piece
 from replayfmt.replay.judge import (
     NEIGHBOURHOOD,
     ULP_WIDENING,
-    Judgement,
+    PieceJudgement,
     RangeObservation,
-    Verdict,
+    ValueVerdict,
     key_values,
     lanes_of,
     ordered_keys,
@@ -118,36 +118,36 @@ def observe(dtype, captured, replays) -> RangeObservation:
 def test_identical_replays_are_exact():
     o = observe(D.FLOAT32, [1.0, 2.0], [[1.0, 2.0]] * 3)
     judgement = o.judge(nondeterministic=True)
-    assert judgement.verdict is Verdict.EXACT and judgement.elements == 2 and not o.varies
+    assert judgement.verdict is ValueVerdict.EXACT and judgement.elements == 2 and not o.varies
 
 
 def test_inside_the_replays_spread_is_run_to_run_variation():
     o = observe(D.FLOAT32, [1.0, 5.0], [[1.0, 4.9], [1.0, 5.1]])
     j = o.judge(nondeterministic=True)
-    assert o.varies and j.verdict is Verdict.VARIES and j.wrong == 0 and j.differing == 1
+    assert o.varies and j.verdict is ValueVerdict.VARIES and j.wrong == 0 and j.differing == 1
     assert j.spread_abs == pytest.approx(0.2, rel=1e-5) and j.largest_abs_diff == pytest.approx(0.1, rel=1e-4)
     assert j.shown[0].position == (1,) and j.shown[0].replay_min == pytest.approx(4.9) and not j.shown[0].wrong
 
 
 def test_a_value_outside_the_spread_by_more_than_it_is_wrong():
     o = observe(D.FLOAT32, [1.0, 5.75], [[1.0, 4.75], [1.0, 5.25]])  # 0.5 past the max; spread 0.5: tolerated
-    assert o.judge(nondeterministic=True).verdict is Verdict.VARIES
+    assert o.judge(nondeterministic=True).verdict is ValueVerdict.VARIES
     o = observe(D.FLOAT32, [1.0, 5.875], [[1.0, 4.75], [1.0, 5.25]])
     j = o.judge(nondeterministic=True)
-    assert j.verdict is Verdict.WRONG and j.wrong == 1 and j.shown[0].wrong and j.shown[0].index == 1
+    assert j.verdict is ValueVerdict.WRONG and j.wrong == 1 and j.shown[0].wrong and j.shown[0].index == 1
 
 
 def test_a_float_may_lie_a_few_spreads_out_where_the_captured_run_varied_otherwise():
     # the H100 case: an index_add_ sum captured 0.0047 from 3 replays that spread 0.0006
     replays = [[476.1393, 100.0], [476.1399, 100.0], [476.1396, 100.0]]
-    assert observe(D.FLOAT32, [476.144, 100.0], replays).judge(nondeterministic=True).verdict is Verdict.VARIES
+    assert observe(D.FLOAT32, [476.144, 100.0], replays).judge(nondeterministic=True).verdict is ValueVerdict.VARIES
     # past 16 spreads it is wrong; so is an integer that far, and a float past 2**16 ulps of itself
-    assert observe(D.FLOAT32, [476.151, 100.0], replays).judge(nondeterministic=True).verdict is Verdict.WRONG
+    assert observe(D.FLOAT32, [476.151, 100.0], replays).judge(nondeterministic=True).verdict is ValueVerdict.WRONG
     ints = [[1000, 7], [1001, 7], [1000, 7]]
-    assert observe(D.INT32, [1003, 7], ints).judge(nondeterministic=True).verdict is Verdict.WRONG
+    assert observe(D.INT32, [1003, 7], ints).judge(nondeterministic=True).verdict is ValueVerdict.WRONG
     wide = [[1000.0, 1.0], [1000.5, 1.0]]  # 16 spreads of 0.5 would forgive 1.0 at 1.0; the cap does not
-    assert observe(D.FLOAT32, [1000.0, 2.0], wide).judge(nondeterministic=True).verdict is Verdict.WRONG
-    assert observe(D.FLOAT32, [1001.5, 1.0], wide).judge(nondeterministic=True).verdict is Verdict.VARIES
+    assert observe(D.FLOAT32, [1000.0, 2.0], wide).judge(nondeterministic=True).verdict is ValueVerdict.WRONG
+    assert observe(D.FLOAT32, [1001.5, 1.0], wide).judge(nondeterministic=True).verdict is ValueVerdict.VARIES
 
 
 @pytest.mark.parametrize("dtype", [D.FLOAT16, D.BFLOAT16, D.FLOAT32, D.FLOAT64])
@@ -160,9 +160,9 @@ def test_the_ulp_widening_follows_the_dtype_and_needs_nondeterminism(dtype):
 
     # every replay agrees (by chance) on 1.0; the captured value is a few ulps off
     for ulps, nondeterministic, verdict in [
-        (widening, True, Verdict.VARIES),
-        (widening + 1, True, Verdict.WRONG),
-        (1, False, Verdict.WRONG),  # a program that never varied is judged exactly
+        (widening, True, ValueVerdict.VARIES),
+        (widening + 1, True, ValueVerdict.WRONG),
+        (1, False, ValueVerdict.WRONG),  # a program that never varied is judged exactly
     ]:
         o = observe(dtype, [with_ulps(ulps)], [[1.0], [1.0], [1.0]])
         j = o.judge(nondeterministic=nondeterministic)
@@ -174,48 +174,48 @@ def test_fp8_widening_is_one_ulp():
     o = RangeObservation(fp8_e4m3([0x39]), D.FLOAT8_E4M3FN)
     for _ in range(3):
         o.add(fp8_e4m3([0x38]))
-    assert o.judge(nondeterministic=True).verdict is Verdict.VARIES
+    assert o.judge(nondeterministic=True).verdict is ValueVerdict.VARIES
     o = RangeObservation(fp8_e4m3([0x3A]), D.FLOAT8_E4M3FN)
     o.add(fp8_e4m3([0x38]))
-    assert o.judge(nondeterministic=True).verdict is Verdict.WRONG
+    assert o.judge(nondeterministic=True).verdict is ValueVerdict.WRONG
 
 
 def test_nan_needs_a_nan_and_a_number_needs_a_number():
-    assert observe(D.FLOAT32, [np.nan], [[1.0], [np.nan]]).judge(nondeterministic=True).verdict is Verdict.VARIES
+    assert observe(D.FLOAT32, [np.nan], [[1.0], [np.nan]]).judge(nondeterministic=True).verdict is ValueVerdict.VARIES
     j = observe(D.FLOAT32, [np.nan], [[1.0], [1.0]]).judge(nondeterministic=True)
-    assert j.verdict is Verdict.WRONG and np.isnan(j.shown[0].captured) and j.shown[0].abs_diff == np.inf
+    assert j.verdict is ValueVerdict.WRONG and np.isnan(j.shown[0].captured) and j.shown[0].abs_diff == np.inf
     j = observe(D.FLOAT32, [1.0], [[np.nan], [np.nan]]).judge(nondeterministic=True)
-    assert j.verdict is Verdict.WRONG and np.isnan(j.shown[0].replay_min)
+    assert j.verdict is ValueVerdict.WRONG and np.isnan(j.shown[0].replay_min)
     # a NaN with another payload is still a NaN
     other = np.array([0x7FC00001], "<u4").tobytes()
     o = RangeObservation(np.array([np.nan], "<f4").tobytes(), D.FLOAT32)
     o.add(other)
-    assert o.judge(nondeterministic=False).verdict is Verdict.VARIES
+    assert o.judge(nondeterministic=False).verdict is ValueVerdict.VARIES
 
 
 def test_infinities_compare_as_the_largest_values():
-    assert observe(D.FLOAT32, [np.inf], [[np.inf]] * 2).judge(nondeterministic=True).verdict is Verdict.EXACT
+    assert observe(D.FLOAT32, [np.inf], [[np.inf]] * 2).judge(nondeterministic=True).verdict is ValueVerdict.EXACT
     j = observe(D.FLOAT32, [np.inf], [[3e38], [3.1e38]]).judge(nondeterministic=True)
-    assert j.verdict is Verdict.WRONG and j.shown[0].abs_diff == np.inf
-    assert observe(D.FLOAT32, [3.05e38], [[3e38], [np.inf]]).judge(nondeterministic=True).verdict is Verdict.VARIES
+    assert j.verdict is ValueVerdict.WRONG and j.shown[0].abs_diff == np.inf
+    assert observe(D.FLOAT32, [3.05e38], [[3e38], [np.inf]]).judge(nondeterministic=True).verdict is ValueVerdict.VARIES
 
 
 def test_signed_zeros_are_one_value():
     j = observe(D.FLOAT32, [-0.0], [[0.0], [0.0]]).judge(nondeterministic=False)
-    assert j.verdict is Verdict.VARIES and j.wrong == 0 and j.largest_ulp_diff == 0
+    assert j.verdict is ValueVerdict.VARIES and j.wrong == 0 and j.largest_ulp_diff == 0
 
 
 def test_integers_allow_only_the_spread():
-    assert observe(D.INT32, [5], [[4], [6]]).judge(nondeterministic=True).verdict is Verdict.VARIES
-    assert observe(D.INT32, [9], [[4], [6]]).judge(nondeterministic=True).verdict is Verdict.WRONG
+    assert observe(D.INT32, [5], [[4], [6]]).judge(nondeterministic=True).verdict is ValueVerdict.VARIES
+    assert observe(D.INT32, [9], [[4], [6]]).judge(nondeterministic=True).verdict is ValueVerdict.WRONG
     j = observe(D.INT32, [7], [[5], [5]]).judge(nondeterministic=True)
-    assert j.verdict is Verdict.WRONG and j.widening_ulps == 0 and j.shown[0].ulp_diff == 2
+    assert j.verdict is ValueVerdict.WRONG and j.widening_ulps == 0 and j.shown[0].ulp_diff == 2
 
 
 def test_a_tolerance_asked_for_also_allows_values():
     o = observe(D.FLOAT32, [1.001], [[1.0], [1.0]])
-    assert o.judge(nondeterministic=False).verdict is Verdict.WRONG
-    assert o.judge(nondeterministic=False, tolerance=(1e-2, 0.0)).verdict is Verdict.VARIES
+    assert o.judge(nondeterministic=False).verdict is ValueVerdict.WRONG
+    assert o.judge(nondeterministic=False, tolerance=(1e-2, 0.0)).verdict is ValueVerdict.VARIES
 
 
 def test_untyped_bytes_may_differ_only_in_words_that_varied():
@@ -227,14 +227,14 @@ def test_untyped_bytes_may_differ_only_in_words_that_varied():
     o.add(bytes(first))
     o.add(bytes(second))
     j = o.judge(nondeterministic=True)
-    assert j.verdict is Verdict.VARIES and j.dtype == "bytes" and not j.typed and j.elements == 4  # words
+    assert j.verdict is ValueVerdict.VARIES and j.dtype == "bytes" and not j.typed and j.elements == 4  # words
     third = bytearray(expected)
     third[15] ^= 4  # word 3 never varied between replays... yet differs (its top byte) in every one
     o = RangeObservation(expected, D.UNKNOWN)
     for _ in range(2):
         o.add(bytes(third))
     j = o.judge(nondeterministic=True)
-    assert j.verdict is Verdict.WRONG and j.wrong == 1 and j.shown[0].index == 3 and j.shown[0].position == (12,)
+    assert j.verdict is ValueVerdict.WRONG and j.wrong == 1 and j.shown[0].index == 3 and j.shown[0].position == (12,)
 
 
 def test_untyped_words_that_read_as_floats_get_the_float32_widening_in_a_nondeterministic_program():
@@ -249,21 +249,21 @@ def test_untyped_words_that_read_as_floats_get_the_float32_widening_in_a_nondete
     for _ in range(2):
         o.add(replay.tobytes())
     varies = o.judge(nondeterministic=True)
-    assert varies.verdict is Verdict.VARIES and varies.differing == 2 and varies.widening_ulps == 4
+    assert varies.verdict is ValueVerdict.VARIES and varies.differing == 2 and varies.widening_ulps == 4
     assert varies.shown[0].captured == 1.5 and varies.shown[0].ulp_diff == 2
-    assert o.judge(nondeterministic=False).verdict is Verdict.WRONG  # a deterministic program: bit for bit
+    assert o.judge(nondeterministic=False).verdict is ValueVerdict.WRONG  # a deterministic program: bit for bit
     planted = replay.copy()
     planted[2] *= 1.01  # a wrong constant: thousands of ulps
     o = RangeObservation(captured.tobytes(), D.UNKNOWN)
     o.add(planted.tobytes())
     wrong = o.judge(nondeterministic=True)
-    assert wrong.verdict is Verdict.WRONG and wrong.wrong == 1 and wrong.shown[0].position == (8,)
+    assert wrong.verdict is ValueVerdict.WRONG and wrong.wrong == 1 and wrong.shown[0].position == (8,)
     indices = np.array([0, 90, 4095, 1 << 20], np.int32)
     shifted = indices + np.array([0, 1, 0, 2], np.int32)  # an index off by one reads as a subnormal float
     o = RangeObservation(indices.tobytes(), D.UNKNOWN)
     o.add(shifted.tobytes())
     off = o.judge(nondeterministic=True)
-    assert off.verdict is Verdict.WRONG and off.wrong == 2
+    assert off.verdict is ValueVerdict.WRONG and off.wrong == 2
     assert [(e.captured, e.replay_min, e.ulp_diff) for e in off.shown] == [(90, 91, 1), (1 << 20, (1 << 20) + 2, 2)]
 
 
@@ -271,13 +271,13 @@ def test_untyped_words_cost_a_few_bytes_each_and_copy_independently():
     expected = np.random.default_rng(3).standard_normal(1 << 16).astype(np.float32).tobytes() + b"xy"
     o = RangeObservation(expected, D.UNKNOWN)
     o.add(expected)
-    assert o.lanes == (1 << 16) + 1 and o.judge(nondeterministic=True).verdict is Verdict.EXACT
+    assert o.lanes == (1 << 16) + 1 and o.judge(nondeterministic=True).verdict is ValueVerdict.EXACT
     other = o.copy()
     changed = bytearray(expected)
     changed[-1] ^= 1  # the 2-byte tail is a word of its own
     other.add(bytes(changed))  # after one exact replay: the tail word varied between replays
-    assert other.varies and other.judge(nondeterministic=True).verdict is Verdict.VARIES
-    assert not o.varies and o.judge(nondeterministic=True).verdict is Verdict.EXACT and o.replays == 1
+    assert other.varies and other.judge(nondeterministic=True).verdict is ValueVerdict.VARIES
+    assert not o.varies and o.judge(nondeterministic=True).verdict is ValueVerdict.EXACT and o.replays == 1
     fresh = RangeObservation(expected, D.UNKNOWN)
     fresh.add(bytes(changed))
     assert fresh.judge(nondeterministic=True).wrong == 1  # the same word, never seen right: wrong
@@ -398,7 +398,7 @@ def test_untyped_float_words_may_differ_by_the_spread_of_varied_words_near_them(
     o.add(first.tobytes())
     o.add(second.tobytes())
     j = o.judge(nondeterministic=True)
-    assert j.verdict is Verdict.WRONG and j.wrong == 1 and j.shown[0].index == 5 * NEIGHBOURHOOD
+    assert j.verdict is ValueVerdict.WRONG and j.wrong == 1 and j.shown[0].index == 5 * NEIGHBOURHOOD
     assert j.shown[0].ulp_diff > ULP_WIDENING[D.FLOAT32]
 
 
@@ -421,13 +421,13 @@ def test_a_small_sum_amid_larger_terms_keeps_the_error_of_its_terms():
     for replay in replays:
         o.add(replay.tobytes())
     j = o.judge(nondeterministic=True)
-    assert j.verdict is Verdict.VARIES and j.wrong == 0
+    assert j.verdict is ValueVerdict.VARIES and j.wrong == 0
     calm = captured.copy()  # no neighbour varied: nothing forgives it
     calm[500] = replays[0][500]
     o = RangeObservation(captured.tobytes(), D.UNKNOWN)
     o.add(calm.tobytes())
     o.add(calm.tobytes())
-    assert o.judge(nondeterministic=True).verdict is Verdict.WRONG
+    assert o.judge(nondeterministic=True).verdict is ValueVerdict.WRONG
 
     big = captured.copy()
     big[600] = np.float32(1.2e-4)  # a value of the tensor's own scale, 1% off in every replay
@@ -441,7 +441,7 @@ def test_a_small_sum_amid_larger_terms_keeps_the_error_of_its_terms():
         changed[700] = 302_000_000
         o.add(changed.tobytes())
     j = o.judge(nondeterministic=True)
-    assert j.verdict is Verdict.WRONG and [e.index for e in j.shown] == [600, 700]
+    assert j.verdict is ValueVerdict.WRONG and [e.index for e in j.shown] == [600, 700]
 
 
 def test_a_steady_tensor_beside_a_noisy_one_keeps_its_own_cap():
@@ -460,7 +460,7 @@ def test_a_steady_tensor_beside_a_noisy_one_keeps_its_own_cap():
         replay[NEIGHBOURHOOD + 20] = captured[NEIGHBOURHOOD + 20] * np.float32(2.5)
         o.add(replay.tobytes())
     j = o.judge(nondeterministic=True)
-    assert j.verdict is Verdict.WRONG and [e.index for e in j.shown] == [NEIGHBOURHOOD + 10, NEIGHBOURHOOD + 20]
+    assert j.verdict is ValueVerdict.WRONG and [e.index for e in j.shown] == [NEIGHBOURHOOD + 10, NEIGHBOURHOOD + 20]
 
 
 def test_the_float_reading_of_untyped_words_forgives_no_scale_it_did_not_measure():
@@ -483,7 +483,7 @@ def test_the_float_reading_of_untyped_words_forgives_no_scale_it_did_not_measure
     o.add(first.tobytes())
     o.add(second.tobytes())
     j = o.judge(nondeterministic=True)
-    assert j.verdict is Verdict.WRONG and [e.index for e in j.shown] == [10, 11, 12]
+    assert j.verdict is ValueVerdict.WRONG and [e.index for e in j.shown] == [10, 11, 12]
     tail = RangeObservation(bytes([1, 0, 0x80]), D.UNKNOWN)
     tail.add(bytes([2, 0, 0x80]))
     assert tail.judge(nondeterministic=True).wrong == 1  # (0x00800001 padded would read as a normal float)
@@ -495,7 +495,7 @@ def test_the_float_reading_of_untyped_words_forgives_no_scale_it_did_not_measure
     o.add(changed.tobytes())
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert o.judge(nondeterministic=True).verdict is Verdict.VARIES
+        assert o.judge(nondeterministic=True).verdict is ValueVerdict.VARIES
 
 
 def test_untyped_words_are_the_buffers_words_whatever_byte_the_piece_starts_at():
@@ -506,13 +506,13 @@ def test_untyped_words_are_the_buffers_words_whatever_byte_the_piece_starts_at()
     changed.view(np.uint32)[2] += 1  # one ulp, alike in every replay, unlike the capture
     piece, replay = floats.tobytes()[2:], changed.tobytes()[2:]  # the piece starts at buffer byte 2
 
-    def judged(phase: int) -> Judgement:
+    def judged(phase: int) -> PieceJudgement:
         o = RangeObservation(piece, D.UNKNOWN, phase=phase)
         o.add(replay)
         o.add(replay)
         return o.judge(nondeterministic=True)
 
     aligned = judged(2)
-    assert aligned.verdict is Verdict.VARIES and aligned.elements == lanes_of(D.UNKNOWN, 14, 2) == 4
+    assert aligned.verdict is ValueVerdict.VARIES and aligned.elements == lanes_of(D.UNKNOWN, 14, 2) == 4
     assert aligned.shown[0].position == (6,) and aligned.shown[0].ulp_diff == 1  # buffer byte 8, piece byte 6
-    assert judged(0).verdict is Verdict.WRONG  # cut at the piece's start, the float is two halves
+    assert judged(0).verdict is ValueVerdict.WRONG  # cut at the piece's start, the float is two halves

@@ -17,10 +17,10 @@ from test_capture_translate import MODULE, FakeMemory
 import replayfmt
 from replayfmt import CaptureWriter
 from replayfmt.capture import events as ev
+from replayfmt.capture.c_library import injection_library
 from replayfmt.capture.cupti_api import DOMAIN_DRIVER_API, CallbackType
 from replayfmt.capture.cupti_source import CuptiSource
 from replayfmt.capture.hostfiles import HostFiles
-from replayfmt.capture.injection import injection_library
 from replayfmt.capture.launch_ring import FLAG_COOPERATIVE, RING_DTYPE, ArmedLaunch, LaunchRing
 from replayfmt.capture.options import RecordOptions
 from replayfmt.capture.report import KernelStats

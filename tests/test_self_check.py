@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from replayfmt.capture import self_check
-from replayfmt.capture.self_check import Outcome, judge, replay_check, replay_command, skip_reason
+from replayfmt.capture.self_check import Outcome, read_verify_output, replay_check, replay_command, skip_reason
 
 VERIFIED = (
     "device        #1 on cuda:0 NVIDIA H100 sm_90\n"
@@ -72,13 +72,13 @@ MISMATCH_OUT = "op     12 buffer 3: MISMATCH 64 float32 compared (exact), 3 mism
     ],
 )
 def test_what_run_replay_says_earns_the_verdict(code, stdout, stderr, outcome, ranges, detail):
-    check = judge(code, stdout, stderr)
+    check = read_verify_output(code, stdout, stderr)
     assert (check.outcome, check.ranges) == (outcome, ranges) and check.detail.startswith(detail)
 
 
 def test_the_verdict_lines():
-    assert judge(0, VERIFIED, "").describe() == "replayed and verified: 3 ranges"
-    assert judge(1, "", "x: error: boom\n").describe() == "the replay failed: boom"
+    assert read_verify_output(0, VERIFIED, "").describe() == "replayed and verified: 3 ranges"
+    assert read_verify_output(1, "", "x: error: boom\n").describe() == "the replay failed: boom"
 
 
 def test_the_child_is_run_replay_verify_with_this_interpreter(tmp_path):

@@ -15,7 +15,7 @@ from fake_replayer import HostReplayer
 import replayfmt
 from replayfmt.format import model as m
 from replayfmt.replay.evidence import Evidence
-from replayfmt.replay.judge import Verdict
+from replayfmt.replay.judge import ValueVerdict
 from replayfmt.replay.plan import PlanOptions, build_plan
 from replayfmt.replay.plan_options import LaunchOverride
 from replayfmt.replay.verification import EvidencePolicy, Verification
@@ -113,7 +113,7 @@ def test_a_deterministic_program_verifies_exactly_in_one_replay(tmp_path):
     path = write_capture(tmp_path / "c.kreplay", out_start=np.zeros(ROWS, np.float32), out_expected=row_sums(x, None))
     report, replayer = verify(path, program())
     assert report.verified and replayer.runs == 1 and report.replays == 1
-    assert {r.judgement.verdict for r in report.ranges} == {Verdict.EXACT}
+    assert {r.judgement.verdict for r in report.ranges} == {ValueVerdict.EXACT}
     ranges = by_label(report)
     assert ranges["out"].evidence is Evidence.COMPARED and ranges["out"].piece.dtype == m.DType.FLOAT32
     # x started as expected, but out changed and matched: no poisoned replay unless asked (1.2x budget)
@@ -138,7 +138,7 @@ def test_a_nondeterministic_program_verifies_within_run_to_run_variation(tmp_pat
     report, replayer = verify(path, program(nondeterministic=True))
     out = by_label(report)["out"]
     assert report.verified and report.nondeterministic, report.lines()
-    assert out.judgement.verdict is Verdict.VARIES and out.judgement.wrong == 0 and replayer.runs >= 4
+    assert out.judgement.verdict is ValueVerdict.VARIES and out.judgement.wrong == 0 and replayer.runs >= 4
     assert 0 < out.judgement.largest_ulp_diff < 1000 and out.judgement.spread_abs > 0
     assert "within run-to-run variation (largest difference" in out.line()
 
@@ -149,7 +149,7 @@ def test_a_planted_bug_fails_on_a_nondeterministic_program_naming_the_element(tm
     path = write_capture(tmp_path / "c.kreplay", out_start=np.zeros(ROWS, np.float32), out_expected=row_sums(x, 1000))
     report, _ = verify(path, program(nondeterministic=True, bug=bug))
     out = by_label(report)["out"]
-    assert not report.verified and out.judgement.verdict is Verdict.WRONG
+    assert not report.verified and out.judgement.verdict is ValueVerdict.WRONG
     first = out.judgement.shown[0]
     assert first.wrong and first.abs_diff > out.judgement.spread_abs and first.ulp_diff > 4
     assert not (first.replay_min <= first.captured <= first.replay_max)
@@ -614,7 +614,7 @@ def test_an_untyped_range_that_differs_is_typed_by_the_kernel_parameters_pointin
     (piece,) = [r for r in report.ranges if r.piece.typed]
     assert piece.piece.typed_by == "kernel parameter" and piece.piece.dtype == m.DType.FLOAT32
     assert piece.piece.size == 8 * n  # from where the pointer points to the end of the range
-    assert piece.judgement.verdict is Verdict.VARIES and piece.judgement.shown[0].index == 5
+    assert piece.judgement.verdict is ValueVerdict.VARIES and piece.judgement.shown[0].index == 5
     assert piece.judgement.shown[0].ulp_diff == 1
 
 

@@ -9,7 +9,7 @@ import click
 from replayfmt.errors import ReplayUsageError
 from replayfmt.measure.corpus import VERDICTS, CorpusRow, compare, corpus_files, read_csv, run_corpus, write_csv
 from replayfmt.measure.fanout import open_fanout
-from replayfmt.measure.tune import check_writable
+from replayfmt.measure.tune import check_output_writable
 from replayfmt_tools.common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, ToolExit, agents_md_option, reports_errors
 from replayfmt_tools.options import cluster_options, parse_devices
 
@@ -108,7 +108,7 @@ def main(
     if csv_path is not None:
         if csv_path.exists():
             raise ReplayUsageError(f"--csv {csv_path}: already exists; choose another file")
-        check_writable(csv_path, "--csv")
+        check_output_writable(csv_path, "--csv")
     settings = {"dry_run": dry_run, "repetitions": repetitions}
     gpus = list(parse_devices(device_list))
     with open_fanout(gpus, engine=engine or "auto", scheduler=scheduler, pin=not dry_run) as fanout:

@@ -14,7 +14,7 @@ import replayfmt
 from replayfmt.dump import Dumper, DumpFilter, PayloadMode, render_summary_text, summarize
 from replayfmt.dump.export import prepare_directory
 from replayfmt.errors import ReplayFormatError, ReplayUsageError
-from replayfmt.replay.replayable import judge
+from replayfmt.replay.replayable import plan_verdict
 from replayfmt_tools.common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, ToolExit, agents_md_option, reports_errors
 
 _FLUSH_EVERY = 2048
@@ -173,7 +173,7 @@ def main(
         if payload_dir is not None and prepare_directory(payload_dir):
             click.echo(f"dump-replay: created the directory {payload_dir} for payload files", err=True)
         dumper = Dumper(cap, filter=dump_filter, payloads=payload_mode, payload_dir=payload_dir)
-        verdict = judge(cap)  # the plan's verdict: the one run-replay --dry-run gives
+        verdict = plan_verdict(cap)  # the plan's verdict: the one run-replay --dry-run gives
         summary = summarize(cap, problems=verdict.problems, warnings=verdict.warnings)
         if fmt == "json" and jq_program:
             _write_lines(_jq_lines(jq_program, iter([json.dumps(summary.as_row())])))

@@ -18,7 +18,7 @@ from replayfmt.measure.tune import (
     Worker,
     WorkerConfig,
     capture_identity,
-    check_writable,
+    check_output_writable,
     compile_kernel_pattern,
     fan_out_search,
     find_targets,
@@ -176,10 +176,10 @@ def main(
     if plot_path is not None and plot_path.exists():
         raise ReplayUsageError(f"--plot: {plot_path} already exists; choose another file")
     if plot_path is not None:
-        check_writable(plot_path, "--plot")
+        check_output_writable(plot_path, "--plot")
         check_plot_path(plot_path)
     if csv_path is not None:
-        check_writable(csv_path, "--csv")  # before any work: a search must not fail at its first result
+        check_output_writable(csv_path, "--csv")  # before any work: a search must not fail at its first result
     if kernel is not None:
         compile_kernel_pattern(kernel)
     gpus = list(parse_devices(device_list))

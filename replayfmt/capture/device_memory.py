@@ -161,9 +161,10 @@ class DriverMemory:
             copied, began = stats.copied_bytes, time.perf_counter()
             try:
                 # with Python's cyclic collector paused: handing a large snapshot's frames to the
-                # writer makes a thousand small objects, enough to set off a full collection of
-                # the recorder's and the program's objects, which the program would then wait
-                # for before its kernel ran; it runs at the program's next allocation instead
+                # writer makes a thousand small objects, enough to set off the full collection the
+                # recorder's and the program's objects have made due (0.1 s, most of a 1 GiB first
+                # touch), which the program would wait for before its kernel ran; it runs at the
+                # program's next allocation instead
                 with collector_paused():
                     return snapshots.snapshot(address, size, stream, writer, frames=frames)
             finally:

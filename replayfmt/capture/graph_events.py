@@ -25,7 +25,7 @@ from replayfmt.capture.allocations import Allocation, AllocationTable
 from replayfmt.capture.parameter_words import ParameterPointers
 from replayfmt.errors import ReplayUsageError
 from replayfmt.format import model as m
-from replayfmt.format.graph_records import check_writable
+from replayfmt.format.graph_records import check_graph_within_limits
 from replayfmt.format.model import GraphNode, GraphNodeKind
 
 if TYPE_CHECKING:
@@ -187,7 +187,7 @@ class GraphEvents:
                 targets.extend(a for a in touched if a not in targets)
         graph = m.Graph(device=self.devices.current, nodes=tuple(nodes), edges=tuple(description.edges))
         try:
-            check_writable(graph)  # more nodes or edges than a reader decodes: the launch is refused
+            check_graph_within_limits(graph)  # more nodes or edges than a reader decodes: the launch is refused
         except ReplayUsageError as exc:
             raise Unrecordable(str(exc)) from None
         return graph, targets, kernels

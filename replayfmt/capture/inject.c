@@ -47,7 +47,7 @@
 enum { DOMAIN_DRIVER_API = 1, DOMAIN_RUNTIME_API = 2, DOMAIN_NVTX = 5 };
 enum { SITE_ENTER = 0, SITE_EXIT = 1, CORRELATION_ID_OFFSET = 64 };  /* CUpti_CallbackData */
 #define MAX_CBID 4096
-#define REPLAYFMT_INJECTION_ABI 3 /* replayfmt.capture.injection.INJECTION_ABI: bump both together */
+#define REPLAYFMT_INJECTION_ABI 3 /* replayfmt.capture.c_library.INJECTION_ABI: bump both together */
 /* CUpti_driver_api_trace_cbid (cupti_driver_cbid.h) */
 enum { CBID_INIT = 1, CBID_CTX_DESTROY = 11, CBID_CTX_DESTROY_V2 = 322, CBID_PRIMARY_RESET = 389,
        CBID_PRIMARY_RESET_V2 = 545 };
@@ -334,8 +334,9 @@ EXPORT int InitializeInjection(void) {
     if (result == 0) result = enable_domain(1, subscriber, DOMAIN_DRIVER_API);
     /* the runtime domain (followed in C only, for correlation ids) is enabled here, before the
      * runtime's own initialisation goes on, in case a runtime settles then whether it reports
-     * its calls to CUPTI (enabled later, at the recorder's start, the H100 run bound no work a
-     * runtime call issued; not yet checked on a GPU enabled here) */
+     * its calls to CUPTI (enabled later, at the recorder's start, no work a runtime call issued
+     * could be bound to that call; whether enabling it here is enough is not yet checked on a
+     * GPU) */
     if (result == 0) result = enable_domain(1, subscriber, DOMAIN_RUNTIME_API);
     if (result != 0) {
         const char *text = NULL;

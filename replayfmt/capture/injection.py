@@ -4,18 +4,16 @@ A program that is not a Python script (an ELF binary, a shell script) runs as a 
 with ``CUDA_INJECTION64_PATH`` naming the small library built from ``inject.c``; CUDA calls its
 ``InitializeInjection`` inside the program's first ``cuInit``, and the library hosts the same
 recorder in an embedded interpreter (:mod:`replayfmt.capture.hosted`). This module decides what
-a target is (:func:`classify`), finds what the child needs (the library, the shared libpython,
-libcupti), hands the recorder's settings over in a session directory (:class:`InjectionConfig`,
-``config.json``), runs the child, and collects its report (:class:`ProgramRun`).
+a target is (:func:`classify`), finds what the child needs (the library, from
+:mod:`replayfmt.capture.c_library`; the shared libpython; libcupti), hands the recorder's settings
+over in a session directory (:class:`InjectionConfig`, ``config.json``), runs the child, and
+collects its report (:class:`ProgramRun`).
 Why the recorder is hosted rather than rewritten in C, and what it costs: docs/INJECTION.md.
 """
 
 from __future__ import annotations
 
-import ctypes
 import enum
-import glob
-import hashlib
 import json
 import mmap
 import os
@@ -29,20 +27,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from replayfmt.capture.c_library import injection_library
 from replayfmt.capture.options import CaptureMode, RecordOptions
 from replayfmt.errors import DeviceUnavailableError, ReplayUsageError
 from replayfmt.format import model as m
 
 CONFIG_VERSION = 1
-INJECTION_ABI = 3  # inject.c's REPLAYFMT_INJECTION_ABI: bump both together
-_SOURCES = (Path(__file__).with_name("inject.c"), Path(__file__).with_name("launch_ring.c"))
 _ELF_MAGIC = b"\x7fELF"
 _ELFCLASS64 = 2
 _PYTHON_NAMES = ("python", "pypy")  # interpreter names a shebang may give (python3, python3.12, ...)
 
 
 class TargetKind(enum.Enum):
-    PYTHON = "python"  # run in this process with runpy, as before
+    PYTHON = "python"  # run in this process with runpy
     NATIVE = "native"  # run as a child process with the injection library
 
 
@@ -193,73 +190,6 @@ class InjectionConfig:
 
 
 # -- what the child needs ------------------------------------------------------------------------
-
-
-def injection_library(*, cache: Path | None = None) -> Path:
-    """The injection library: the one pip built beside this module, or else (none built, or one
-    of another interface version) one built now from ``inject.c`` with the C compiler into
-    ``cache`` (default ``~/.cache/replayfmt``); a one-line error says what is missing when
-    neither can be had."""
-    built = built_library()
-    if built is not None:
-        return built
-    missing = [source for source in _SOURCES if not source.is_file()]
-    if missing:
-        raise ReplayUsageError(f"the injection library was not built and its source {missing[0]} is missing: reinstall")
-    folder = cache or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "replayfmt"
-    digest = hashlib.sha256(b"".join(source.read_bytes() for source in _SOURCES)).hexdigest()[:16]
-    target = folder / f"inject-{digest}.so"
-    if target.is_file() and library_abi(target) == INJECTION_ABI:
-        return target
-    return build_injection_library(target)
-
-
-def built_library() -> Path | None:
-    """The library pip built beside this module, of this interface version (None: none)."""
-    for built in sorted(glob.glob(str(Path(__file__).with_name("_inject")) + "*.so")):
-        if library_abi(Path(built)) == INJECTION_ABI:
-            return Path(built)
-    return None
-
-
-def build_injection_library(target: Path, *, compiler: str | None = None) -> Path:
-    """Compile ``inject.c`` and ``launch_ring.c`` into ``target`` (written whole or not at all) with ``compiler``
-    (default: $CC, else cc, gcc or clang); a one-line error when there is none or it fails."""
-    cc = compiler or os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if not cc:
-        raise ReplayUsageError(
-            "recording a program that is not Python needs the injection library, which was not built: "
-            "install a C compiler (cc) and reinstall replayfmt, or set CC"
-        )
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        result = subprocess.run(
-            [*shlex.split(cc), *compile_flags(), "-o", str(partial), *map(str, _SOURCES), "-ldl", "-lpthread"],
-            capture_output=True,
-            text=True,
-        )
-    except OSError as exc:
-        raise ReplayUsageError(f"cannot run the C compiler {cc}: {exc.strerror}") from None
-    if result.returncode != 0:
-        first = (result.stderr.strip().splitlines() or ["no message"])[0]
-        partial.unlink(missing_ok=True)
-        raise ReplayUsageError(f"cannot build the injection library with {cc}: {first}")
-    os.replace(partial, target)
-    return target
-
-
-def library_abi(path: Path) -> int | None:
-    """The interface version an injection library was built with; None when it cannot load."""
-    try:
-        return int(ctypes.CDLL(str(path)).replayfmt_injection_abi())
-    except (OSError, AttributeError):
-        return None
-
-
-def compile_flags() -> list[str]:
-    """The C compiler's flags for the injection library (setup.py builds it with the same)."""
-    return ["-O2", "-fPIC", "-shared", "-std=gnu11", "-fvisibility=hidden", "-Wall"]
 
 
 def shared_libpython() -> Path:
@@ -455,11 +385,8 @@ __all__ = [
     "ProgramRun",
     "Target",
     "TargetKind",
-    "build_injection_library",
     "classify",
     "collect",
-    "injection_library",
-    "library_abi",
     "record_program",
     "shared_libpython",
 ]

@@ -12,7 +12,7 @@ a stream capture) and before a region or scope starts or ends.
 
 CUPTI's callback must be the library's (``replayfmt_recorder_callback``, or the injection
 library's trampoline) for the ring to see launches: :func:`recorder_library` finds the library
-pip built; without it, every launch goes through Python as before.
+pip built; without it, every launch goes through Python.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from replayfmt.capture import events as ev
-from replayfmt.capture.injection import built_library
+from replayfmt.capture.c_library import built_library
 from replayfmt.capture.report import KernelStats
 from replayfmt.writer import LaunchTemplate
 
@@ -150,7 +150,7 @@ class LaunchRing:
 
 
 def recorder_library() -> ctypes.CDLL | None:
-    """The recorder's C library pip built beside this module (``injection.built_library``);
+    """The recorder's C library pip built beside this module (``c_library.built_library``);
     None when there is none (launches then all go through Python)."""
     built = built_library()
     return ctypes.CDLL(str(built)) if built is not None else None

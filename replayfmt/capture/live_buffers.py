@@ -170,7 +170,7 @@ def _gpu_started(jax: Any) -> bool:
     asking a JAX that has not would start it, and its arena, from inside a driver callback)."""
     bridge = getattr(getattr(jax, "_src", None), "xla_bridge", None)
     started = getattr(bridge, "_backends", None)
-    if started is None:  # a JAX without that table: ask as before
+    if started is None:  # a JAX without that table: taken as started (asking is what could start it)
         return True
     return any(name in started for name in ("cuda", "gpu", "rocm"))
 
@@ -207,8 +207,8 @@ class TorchCachingAllocator:
 def torch_view(segments: list[dict[str, Any]], *, expandable: bool = False) -> LiveView:
     """The :class:`LiveView` of ``torch.cuda.memory_snapshot()``'s segments. Expandable segments
     (``expandable``: the allocator's setting; or a segment marked ``is_expandable``) are left out:
-    mapped piece by piece as they grow, they are whole snapshotted, as before live buffers were
-    asked (an H100 run found a capture of them failing verification when bounded)."""
+    mapped piece by piece as they grow, they are snapshotted whole: bounded to their live blocks,
+    captures of them did not verify (docs/LIMITATIONS.md)."""
     managed, live, exact = [], [], []
     for segment in segments:
         if expandable or segment.get("is_expandable"):

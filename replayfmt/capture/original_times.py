@@ -170,8 +170,8 @@ class OriginalTimes:
         # degenerate: fewer ids than half the operations, and one id on most records (heavy record
         # drops also leave few ids, each on few records: the ids still bind those)
         if ids and len(ids) * 2 < len(self._issued) and ids.most_common(1)[0][1] * 2 > len(work):
-            # CUPTI numbered many calls alike (seen in a CUDA-injected C++ program on the H100: every
-            # record carried id 1): the ids bind nothing, the order and the clock do
+            # CUPTI numbered many calls alike (in a CUDA-injected program it may give every record
+            # id 1): the ids bind nothing, the order and the clock do
             times = issued_times(work, self._issued)  # (graph launches, bound by id, stay untimed)
         else:
             by_id = operation_times(batch.records, self._bound)

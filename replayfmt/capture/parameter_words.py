@@ -13,29 +13,28 @@ candidate. Three kinds of word inside a struct are not taken at face value:
   word may be a 4-byte field whose other half (padding, or an unused neighbour) still holds the
   high half of a pointer the caller's stack held before: an int32 (TensorListMetadata's last
   field ``int start_tensor_this_launch``, and the unused tail of its block_to_chunk array, read
-  (1, 0x7f28)), or a float (dropout's backward takes its scale 1/(1-p) = 0x3f8e38e4 beside
-  padding that read 0x7f04). Where an allocation covers the value, relocating it corrupts the
-  field: seen on the H100, a BERT step's replay faulted (INVALID_ADDRESS_SPACE) or computed
-  every parameter wrong, a few captures in ten, each time through a 64 MiB allocation no kernel
-  used. Such a word is also often a real pointer: a tensor within 64 KiB of a 4 GiB boundary
-  has a small low half (a foreach optimizer step's tensors on a segment just below one; a
-  GEMM's output at the start of a segment on one), and a tensor's address may read as a float.
-  A small int up high is relocated as a pointer into device memory all the same: it lands
-  within 64 KiB of a 4 GiB boundary, and replay places every device buffer there at its
-  recorded address modulo 4 GiB (replay/buffers.py), so relocating it moves only the stale
-  half and a field keeps its value. A word that may be data (:func:`maybe_data`: a low half that
-  reads as a plausible float and is not 8-byte aligned, or a small low half into host memory or
-  a module's globals, which replay does not place) is a pointer only into an allocation the
-  capture already holds or that the same launch reaches through another word; the translator
-  decides. An 8-byte aligned word that reads as a float is a pointer wherever it lands:
-  tensors start on round addresses (1.0, 2.0 read as 0x3f80_0000, 0x4000_0000).
+  as (1, 0x7f28)), or a float (dropout's backward takes its scale 1/(1-p) = 0x3f8e38e4 beside
+  padding that reads 0x7f04). Where an allocation happens to cover the value, relocating it
+  corrupts the field, and the replay faults or computes every result wrong. Such a word is also
+  often a real pointer: a tensor within 64 KiB of a 4 GiB boundary has a small low half (a
+  foreach optimizer step's tensors on a segment just below one; a GEMM's output at the start of
+  a segment on one), and a tensor's address may read as a float. So a small int up high is
+  relocated as a pointer into device memory all the same: it lands within 64 KiB of a 4 GiB
+  boundary, and replay places every device buffer there at its recorded address modulo 4 GiB
+  (replay/buffers.py), so relocating it moves only the stale half and a field keeps its value.
+  A word that may be data (:func:`maybe_data`: a low half that reads as a plausible float and is
+  not 8-byte aligned, or a small low half into host memory or a module's globals, which replay
+  does not place) is a pointer only into an allocation the capture already holds or that the
+  same launch reaches through another word; the translator decides. An 8-byte aligned word that
+  reads as a float is a pointer wherever it lands: tensors start on round addresses (1.0, 2.0
+  read as 0x3f80_0000, 0x4000_0000).
 - **Unaligned in an arena.** A word into an arena (4 GiB or more) that is not 8-byte aligned is
   data: cuDNN's sm_90 convolution kernels take a 2.9 KB struct holding 64-bit division magic
   numbers (0x4_9249_2493, 0x3_E38E_38E4) and TMA descriptor fields (0x4_0005_63c3) that fall
-  inside a 38 GB arena, and relocating them made the replay fault (an illegal instruction, seen
-  on the H100 in a flax step); the tensors a struct points at in an arena are aligned (XLA aligns
-  its buffers). 16 bytes was too strict: a JAX optax step's replay computed wrong values with
-  it, and verified with 8.
+  inside a tens-of-GB arena, and relocating them makes the kernel run an illegal instruction.
+  The tensors a struct points at in an arena are 8-byte aligned (XLA aligns its buffers); the
+  rule asks no more than 8, because a 16-byte rule leaves real pointers of JAX's optimizer steps
+  unrelocated.
 
 The price: a pointer inside a struct within 64 KiB of a 4 GiB boundary below 16 TiB, or 2 GiB
 past one, or into an arena and not 8-byte aligned, or one that may be data (as above) into an
@@ -96,9 +95,9 @@ def maybe_data(word: int, *, low_half_kept: bool) -> bool:
     boundary, where replay places each device buffer (not host memory, nor a module's globals)
     at its recorded address modulo 4 GiB (replay/buffers.py), so that relocating the word into
     one moves only its stale half and a field keeps its value. A round float (1.0, 2.0: low 16
-    bits zero) is no evidence: tensors start on such addresses, and a kernel's output in an
-    allocation nothing reached yet left unrelocated made resnet18's replay fault (cuDNN's
-    convolution structs, three captures in five on the H100)."""
+    bits zero) is no evidence: tensors start on such addresses, and leaving a kernel's output
+    unrelocated because it lies in an allocation nothing reached yet makes the replay fault
+    (cuDNN's convolution structs hold such outputs)."""
     if small_low_half(word):
         return not low_half_kept
     return plausible_float(word & 0xFFFFFFFF) and word % _STRUCT_POINTER_ALIGNMENT != 0

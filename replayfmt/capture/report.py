@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from replayfmt.capture.verdict import Verdict
+from replayfmt.capture.verdict import CaptureVerdict
 from replayfmt.format.names import demangle
 
 
@@ -35,7 +35,7 @@ class Report:
     # buffer id -> what it holds that may be pointers or data: left as captured (--fixed-addresses replays it)
     ambiguous_pointers: dict[int, str] = field(default_factory=dict)
     partial: str = ""  # why the capture stopped before the program did ("" complete): written in the file
-    verdict: Verdict | None = None  # run-replay's plan on the closed file (None: not checked)
+    verdict: CaptureVerdict | None = None  # run-replay's plan on the closed file (None: not checked)
     timing: str = ""  # whether the original program's device times were recorded (CUPTI)
     notes: list[str] = field(
         default_factory=list

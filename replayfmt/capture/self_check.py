@@ -98,10 +98,10 @@ def replay_check(path: str | Path, *, fixed_addresses: bool, timeout_s: float) -
         return ReplayCheck(Outcome.SKIPPED, detail=why, seconds=time.monotonic() - started)
     except OSError as exc:
         return ReplayCheck(Outcome.SKIPPED, detail=f"cannot start run-replay: {exc}")
-    return judge(done.returncode, done.stdout, done.stderr, time.monotonic() - started)
+    return read_verify_output(done.returncode, done.stdout, done.stderr, time.monotonic() - started)
 
 
-def judge(returncode: int, stdout: str, stderr: str, seconds: float = 0.0) -> ReplayCheck:
+def read_verify_output(returncode: int, stdout: str, stderr: str, seconds: float = 0.0) -> ReplayCheck:
     """What run-replay --verify's exit status and output say."""
     verified = [line for line in stdout.splitlines() if line.startswith("verified: ")]
     if returncode == 0 and verified:

@@ -17,7 +17,7 @@ from replayfmt.replay.plan import PlanOptions, build_plan
 
 
 @dataclass
-class Verdict:
+class CaptureVerdict:
     """``replayable``; otherwise ``reason`` is the first problem run-replay would refuse on."""
 
     replayable: bool
@@ -58,7 +58,7 @@ def host_files(objects: list[m.ObjectDef]) -> list[str]:
     return sorted(paths)
 
 
-def check_capture(path: str | Path, *, fixed_addresses: bool = False) -> Verdict:
+def check_capture(path: str | Path, *, fixed_addresses: bool = False) -> CaptureVerdict:
     """Run run-replay's plan on the capture at ``path`` (no GPU needed)."""
     try:
         with open_capture(path) as cap:
@@ -67,7 +67,7 @@ def check_capture(path: str | Path, *, fixed_addresses: bool = False) -> Verdict
             files = host_files(objects)
             plan = build_plan(cap, PlanOptions(fixed_addresses=fixed))
     except ReplayError as exc:
-        return Verdict(False, str(exc))
+        return CaptureVerdict(False, str(exc))
     if plan.problems:  # (the whole capture's, such as no device work left)
-        return Verdict(False, plan.problems[0])
-    return Verdict(True, fixed_addresses=fixed, host_files=files, device_bytes=plan.buffer_bytes)
+        return CaptureVerdict(False, plan.problems[0])
+    return CaptureVerdict(True, fixed_addresses=fixed, host_files=files, device_bytes=plan.buffer_bytes)

@@ -61,7 +61,7 @@ def prepare_directory(directory: Path) -> bool:
         if not directory.is_dir():
             what = "a file" if directory.is_file() else "not a directory"
             raise _fail(directory, f"{directory} is {what}, not a directory to write payload files into")
-        check_writable(directory)
+        check_directory_writable(directory)
         return False
     parent = directory.absolute().parent
     if not parent.is_dir():
@@ -73,11 +73,11 @@ def prepare_directory(directory: Path) -> bool:
         directory.mkdir()
     except OSError as exc:
         raise _fail(directory, f"cannot create the directory ({exc.strerror})") from None
-    check_writable(directory)
+    check_directory_writable(directory)
     return True
 
 
-def check_writable(directory: Path) -> None:
+def check_directory_writable(directory: Path) -> None:
     """Create and remove a temporary in ``directory``: a read-only one fails here, at once."""
     dir_fd = _open_dir(directory)
     try:

@@ -18,6 +18,7 @@ from replayfmt.format import model as m
 from replayfmt.reader import Capture
 
 _K = m.OperationKind
+_KNOWN_KINDS = frozenset(int(k) for k in _K)
 _COPY_CODES = [int(_K.COPY_HOST_TO_DEVICE), int(_K.COPY_DEVICE_TO_HOST), int(_K.COPY_DEVICE_TO_DEVICE)]
 
 
@@ -100,7 +101,7 @@ def summarize(
     notes: list[str] = []
     try:
         for bi in range(cap.batch_count):
-            batch = cap._batch(bi)
+            batch = cap.batch(bi)
             codes, counts = np.unique(batch.kinds, return_counts=True)
             kind_counts.update(dict(zip(codes.tolist(), counts.tolist())))
             copy_kinds = batch.kinds[np.isin(batch.kinds, _COPY_CODES)]
@@ -134,10 +135,7 @@ def summarize(
         s.damaged = str(exc)
     for name, index in open_scopes:
         notes.append(f"scope '{name}' opened at operation {index} is never closed")
-    s.operations = {
-        _K(k).label if k in m.OperationKind._value2member_map_ else f"unknown_{k}": n
-        for k, n in sorted(kind_counts.items())
-    }
+    s.operations = {_K(k).label if k in _KNOWN_KINDS else f"unknown_{k}": n for k, n in sorted(kind_counts.items())}
     s.objects, s.unsupported, s.scopes, s.files = dict(objects), dict(unsupported), dict(scopes), dict(files)
     if problems is not None:
         s.replayable = not problems

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from replayfmt.edit.shadow import globals_by_image, graph_buffers, image_of, launch_buffers, merge
+from replayfmt.edit.shadow import buffers_named_by_graph, globals_by_image, image_of, launch_buffers, merge
 from replayfmt.errors import ReplayUsageError
 from replayfmt.format import model as m
 
@@ -70,7 +70,7 @@ def compute_closure(ops: Iterable[m.Operation], lookup: Callable[[int], m.Object
             _add_graph(c, op.graph, lookup)  # type: ignore[union-attr]
             graph = lookup(op.graph)  # type: ignore[union-attr]
             if isinstance(graph, m.Graph):
-                for buffer in graph_buffers(graph, lookup):
+                for buffer in buffers_named_by_graph(graph, lookup):
                     whole(buffer, reads)
                     whole(buffer, writes)
         elif kind == _K.MEMSET:

@@ -162,7 +162,7 @@ def graph_nodes(graph: m.Graph, lookup: Callable[[int], m.ObjectDef]) -> Iterato
                     stack.append(child)
 
 
-def graph_buffers(graph: m.Graph, lookup: Callable[[int], m.ObjectDef]) -> set[int]:
+def buffers_named_by_graph(graph: m.Graph, lookup: Callable[[int], m.ObjectDef]) -> set[int]:
     """Every buffer a graph's nodes (and its child graphs', recursively) name."""
     out: set[int] = set()
     for node in graph_nodes(graph, lookup):
@@ -320,7 +320,7 @@ class Shadow:
             graph = self._lookup(op.graph)  # type: ignore[union-attr]
             if isinstance(graph, m.Graph):
                 launched = self._globals_of(graph_executables(graph, self._lookup))
-                for buffer in graph_buffers(graph, self._lookup) | launched:
+                for buffer in buffers_named_by_graph(graph, self._lookup) | launched:
                     self.dirty(buffer, op.index, f"graph launch of graph {graph.id}")
         elif kind == _K.NONE:  # an operation this reader does not know: it may have written anything
             for buffer in self._buffers:

@@ -6,7 +6,7 @@ never hands file bytes to generated accessors. :func:`decode_buffer` walks a buf
 parsed schema (replayfmt/schema.fbs), checks every offset, vtable, vector, string (bounds, NUL
 terminator, UTF-8) and union before using it, bounds the nesting depth, and returns plain values.
 
-Budget (docs/FORMAT.md §9): every table, vector or string reached costs one object and every
+Budget (docs/FORMAT.md §5.1): every table, vector or string reached costs one object and every
 value produced costs its bytes, charged at each reference; a chunk may spend ``Limits``'
 ``decode_expansion`` x its body (+64 KiB) in bytes and one object per 4 bytes of body. A table,
 vector or string reached through an offset seen before is not decoded again: the value decoded
@@ -259,7 +259,7 @@ class _Decoder:
     # walk makes, made on all the tables at once, and the same values and charges; remembered as
     # the memo remembers a table (self.walked), without an entry per table.
     # Anything it does not handle, or any check that fails, returns None: the vector is then
-    # walked table by table, which decodes it or raises what is wrong, where, as before.
+    # walked table by table, which decodes it or raises what is wrong, where.
 
     def _tables_by_column(self, data: int, count: int, table: TableDef, depth: int) -> TableRows | None:
         slots = np.frombuffer(self.buf, "<u4", count=count, offset=data).astype(np.int64)

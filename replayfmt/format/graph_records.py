@@ -76,7 +76,7 @@ def _encode_node(b: flatbuffers.Builder, node: GraphNode) -> int:
     return n.End(b)
 
 
-def check_writable(graph: m.ObjectDef) -> None:
+def check_graph_within_limits(graph: m.ObjectDef) -> None:
     """ReplayUsageError for a graph no reader with default ``Limits`` would decode: a writer
     never writes a file its own reader refuses (any other object passes)."""
     if not isinstance(graph, m.Graph):
@@ -93,8 +93,8 @@ def check_writable(graph: m.ObjectDef) -> None:
 
 
 def encode_graph(b: flatbuffers.Builder, graph: m.Graph) -> int:
-    """The Graph table of ``graph`` (refused as :func:`check_writable` says)."""
-    check_writable(graph)
+    """The Graph table of ``graph`` (refused as :func:`check_graph_within_limits` says)."""
+    check_graph_within_limits(graph)
     nodes = [_encode_node(b, node) for node in graph.nodes]
     b.StartVector(4, len(nodes), 4)
     for offset in reversed(nodes):

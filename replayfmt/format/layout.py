@@ -76,7 +76,7 @@ def align_up(n: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """Caps that protect readers from hostile files ("for your safety"; docs/FORMAT.md §9).
+    """Caps that protect readers from hostile files ("for your safety"; docs/FORMAT.md §5.2).
 
     Every size a file declares is checked against these before memory is allocated or data is
     decompressed, and every decoding step is charged to a budget proportional to the bytes the

@@ -37,7 +37,7 @@ from replayfmt.measure import kernel_times as kt
 from replayfmt.measure.graph_nodes import NodeKey, node_name, unroll_graph_launches
 from replayfmt.measure.restore import Span, buffers_of, restore_spans
 from replayfmt.reader import Capture
-from replayfmt.replay.graph_plan import graph_buffers
+from replayfmt.replay.graph_plan import buffers_used_by_graph
 from replayfmt.replay.graphs import launch_into_capture
 from replayfmt.replay.launches import launch_config_copy
 from replayfmt.replay.replayer import Replayer
@@ -297,7 +297,7 @@ class Benchmark:
     def _buffers_of(self, op: object) -> set[int]:
         """The buffers an operation touches, a graph launch's nodes' included."""
         if isinstance(op, m.GraphLaunch):
-            return graph_buffers(self.r.plan.graphs, op.graph, self.r.plan.capture.limits)
+            return buffers_used_by_graph(self.r.plan.graphs, op.graph, self.r.plan.capture.limits)
         return buffers_of(op)
 
     def _snapshot(self, spans: list[Span]) -> list[tuple[int, int, int]]:

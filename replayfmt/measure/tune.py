@@ -321,7 +321,7 @@ def _parse_dims(text: str) -> m.Dims | None:
     return (x, y, z)
 
 
-def check_writable(path: Path, flag: str) -> None:
+def check_output_writable(path: Path, flag: str) -> None:
     """Fail before any work when ``path`` could not be written (missing or read-only directory)."""
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
@@ -342,7 +342,7 @@ class CsvLog:
         self.capture = capture
         self.file: Any = None
         if path is not None:
-            check_writable(path, "--csv")
+            check_output_writable(path, "--csv")
 
     def _open(self, path: Path) -> None:
         new = not path.exists() or path.stat().st_size == 0

@@ -60,9 +60,9 @@ def _allocate_anywhere(devices: Devices, buffers: dict[int, m.Buffer]) -> dict[i
     """Each buffer where the driver puts it (its pointers relocated); a device buffer whose
     recorded range comes near a 4 GiB boundary (format/boundaries.py: a 4-byte field beside a
     stale high half that the recorder relocated may land there) at its recorded address modulo
-    4 GiB, so that relocating such a word changes only its high half (seen on the H100: a
-    MobileNet step's batch-norm reductions faulted where a 20 MiB segment started on a boundary
-    and their size fields beside 0x7f26 were relocated into it)."""
+    4 GiB, so that relocating such a word changes only its high half (a batch-norm reduction's
+    size field beside a stale 0x7f26 half, relocated into a segment that starts on a boundary,
+    keeps its value only so)."""
     cu = devices.cu
     addresses: dict[int, int] = {}
     current = 0

@@ -229,7 +229,7 @@ def _check_node(
     # a child graph was checked before this graph (children_first)
 
 
-def graph_buffers(graphs: dict[int, m.Graph], graph_id: int, limits: Limits = DEFAULT_LIMITS) -> set[int]:
+def buffers_used_by_graph(graphs: dict[int, m.Graph], graph_id: int, limits: Limits = DEFAULT_LIMITS) -> set[int]:
     """Every buffer a checked graph's nodes (its children's included) use; each graph is looked
     at once, however often it is reached."""
     used: set[int] = set()

@@ -1,7 +1,7 @@
 /* The replay's issue loop, compiled: runs of prepared driver calls (launches, event records,
  * stream waits, copies, memsets) issued from one C loop instead of one Python call each.
  *
- * Through cuda-python a launch costs the host about 7 us on the H100 machine, as long as the
+ * Through cuda-python a launch costs the host about 7 us on an H100 machine, as long as the
  * kernels of a training step take on the device: eager replay then keeps the device waiting.
  * replayfmt/replay/issue.py packs each call's arguments (handles, shapes, addresses, as integers)
  * into struct issue_call rows once, and hands this loop the driver's own entry points (from
@@ -9,7 +9,7 @@
  *
  * No CUDA headers: the entry points' signatures are written out below from the driver API
  * (CUresult is an int; handles and device pointers are pointer-sized). Built by setup.py into
- * replayfmt/replay/_issue*.so; without it the replay issues from Python, as before. */
+ * replayfmt/replay/_issue*.so; without it the replay issues from Python. */
 
 #include <stddef.h>
 #include <stdint.h>

@@ -1,13 +1,13 @@
 """Issuing steps from C (``issue.c``): the driver calls a replay makes most (launches, event
 records, stream waits, copies, memsets) packed once into rows of integers and issued by one C loop
 through the driver's own entry points, instead of one cuda-python call each (about 7 us of host
-time a launch on the H100 machine, where the host sets the pace: captures of many tiny kernels).
+time a launch on an H100 machine, where the host sets the pace: captures of many tiny kernels).
 A step of another kind, or whose arguments are not plain handles and integers, runs from Python
 in its place in the order.
 
 The library is built by setup.py beside this module (``_issue*.so``); where it is absent, or the
 driver gives no entry points (a stand-in driver), nothing here is used and the runner issues
-every step from Python, as it did before.
+every step from Python.
 """
 
 from __future__ import annotations

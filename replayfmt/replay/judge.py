@@ -71,8 +71,8 @@ ULP_WIDENING: dict[m.DType, int] = {
 }
 # How many times its piece's largest spread a captured float may lie outside the replays' values
 # (never more than _NEIGHBOUR_CAP_ULPS of its own value) when the program is shown to vary: the
-# captured run ran beside the recorder, in another order of atomics than a few replays show (seen
-# on the H100: a float32 index_add_ sum 154 ulps off where 3 replays spread 0.0006 and it 0.0047).
+# captured run ran beside the recorder, in another order of atomics than a few replays show (a
+# float32 index_add_ sum can lie 8 times the replays' spread outside them).
 SPREAD_FACTOR = 16
 WORD = 4  # untyped bytes vary by 4-byte words (the common element size of GPU data)
 NEIGHBOURHOOD = 1024  # untyped words whose replays' spread allows a word's difference: 4 KiB blocks
@@ -177,7 +177,7 @@ def key_values(keys: np.ndarray, dtype: m.DType) -> np.ndarray:
     return np.where(negative, -values, values)
 
 
-class Verdict(enum.Enum):
+class ValueVerdict(enum.Enum):
     EXACT = "exact"
     VARIES = "within run-to-run variation"
     WRONG = "wrong"
@@ -216,10 +216,10 @@ def _json_float(x: float) -> float | str:
 
 
 @dataclass
-class Judgement:
+class PieceJudgement:
     """The verdict on one piece of a compared range over every replay."""
 
-    verdict: Verdict
+    verdict: ValueVerdict
     dtype: str  # "float32", ...; "bytes" for untyped pieces
     typed: bool
     elements: int
@@ -302,7 +302,7 @@ class RangeObservation:
         mixed = (self.nan_count > 0) & numbers
         return bool(np.any(numbers & (self.lo != self.hi)) or mixed.any())
 
-    def judge(self, *, nondeterministic: bool, tolerance: tuple[float, float] | None = None) -> Judgement:
+    def judge(self, *, nondeterministic: bool, tolerance: tuple[float, float] | None = None) -> PieceJudgement:
         """The verdict; ``nondeterministic``: the program showed run-to-run variation somewhere,
         which allows the dtype's ulp widening (never for integers, nor for untyped words that do
         not read as floats). ``tolerance``: (rtol, atol) asked for with --tolerance, also allowed
@@ -311,7 +311,7 @@ class RangeObservation:
         if self.replays == 0:
             raise ValueError("a piece must be observed in at least one replay before it is judged")
         if self.identical:
-            return Judgement(Verdict.EXACT, name, self.typed, self.lanes, 0, 0)
+            return PieceJudgement(ValueVerdict.EXACT, name, self.typed, self.lanes, 0, 0)
         if not self.typed:
             return self._judge_words(nondeterministic)
         c, c_nan, lo, hi = self.captured_keys, self.captured_nan, self.lo, self.hi
@@ -357,7 +357,7 @@ class RangeObservation:
             name, differs, wrong, abs_diff, ulp_diff, shown_values, (spread_abs, spread_ulps, widening)
         )
 
-    def _judge_words(self, nondeterministic: bool) -> Judgement:
+    def _judge_words(self, nondeterministic: bool) -> PieceJudgement:
         """Untyped words: a word that differs must have varied between replays, or read as normal
         float32 numbers (capture and replays) within the float32 widening, or within the spread of
         the float words that varied near it (:data:`NEIGHBOURHOOD`) and :data:`_NEIGHBOUR_CAP_ULPS`,
@@ -385,8 +385,8 @@ class RangeObservation:
         # within what the floats near it varied by (their values: a sum cancelling near zero varies
         # by many ulps), and never by more than a small fraction of its own value, or of its
         # neighbourhood's scale where it is a number of that scale (a sum of that tensor's terms
-        # that cancelled to a small value: seen on the H100 in a torch_geometric step, 1% of a
-        # 7e-7 sum amid 4e-5 terms that varied by 2.4e-7, with 4 replays agreeing among themselves)
+        # that cancelled to a small value, such as a 7e-7 sum amid 4e-5 terms that vary by 2.4e-7,
+        # differs from the capture by a share of its neighbours' scale while replays agree)
         near = _neighbourhood_max(spread_values)
         magnitude = np.abs(as_float[0])
         with np.errstate(invalid="ignore"):
@@ -420,9 +420,9 @@ class RangeObservation:
         ulp_diff: np.ndarray,
         shown_values: tuple[np.ndarray, np.ndarray, np.ndarray],
         spread: tuple[float, int, int],
-    ) -> Judgement:
+    ) -> PieceJudgement:
         n_wrong = int(wrong.sum())
-        verdict = Verdict.WRONG if n_wrong else Verdict.VARIES
+        verdict = ValueVerdict.WRONG if n_wrong else ValueVerdict.VARIES
         pick = np.flatnonzero(wrong if n_wrong else differs)[:SHOWN]
         captured, low, high = shown_values
         shown = [
@@ -443,7 +443,7 @@ class RangeObservation:
         if finite.size and not np.isfinite(largest_abs):
             largest_abs = float("inf")
         spread_abs, spread_ulps, widening = spread
-        return Judgement(
+        return PieceJudgement(
             verdict,
             name,
             self.typed,

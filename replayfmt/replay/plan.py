@@ -174,7 +174,7 @@ def build_plan(capture: Capture, options: PlanOptions = PlanOptions()) -> Plan:
     """Read and check the whole capture; raise the first problem (or collect them all)."""
     # with Python's cyclic collector paused: the plan keeps a record or two per event and makes
     # no cycles, and the full passes the collector makes over a heap of 200k decoded objects
-    # cost 0.1 to 0.5 s of a 0.7 s plan (measured on the H100 machine; see container.batches)
+    # would cost 0.1 to 0.5 s of a 0.7 s plan (see container.batches)
     with collector_paused():
         return _build_plan(capture, options)
 

@@ -13,7 +13,7 @@ from replayfmt.replay.plan_checks import plan_warnings
 
 
 @dataclass
-class Judgement:
+class PlanVerdict:
     """The one verdict on a capture with default options (what ``run-replay --dry-run`` decides):
     ``problems`` (empty: replayable) and ``warnings`` (replayable all the same: an OPTIONAL chunk
     dropped)."""
@@ -26,12 +26,12 @@ class Judgement:
         return not self.problems
 
 
-def judge(capture: Capture) -> Judgement:
+def plan_verdict(capture: Capture) -> PlanVerdict:
     """Plan ``capture`` with the dry run's default options, collecting every problem (as
     ``--continue-on-error`` does): a capture that needs a flag (``--fixed-addresses``,
     ``--file-remap``) is not replayable as it stands, and the problem names the flag."""
     try:
         plan = build_plan(capture, PlanOptions(continue_on_error=True))
     except ReplayError as exc:
-        return Judgement([str(exc)], plan_warnings(capture))
-    return Judgement(list(plan.problems), list(plan.warnings))
+        return PlanVerdict([str(exc)], plan_warnings(capture))
+    return PlanVerdict(list(plan.problems), list(plan.warnings))

@@ -299,10 +299,10 @@ class _Lane:
 class UploadLanes:
     """Upload lanes: each is a worker thread with its own stream and two pinned slots. A lane takes
     the next piece, reads it into a slot whose previous copy is done, and copies it up from its
-    own thread, so lanes never wait on one another: one ring fed in order by the main thread held
-    every copy behind the slowest read and reached half the rate on the H100. Every lane is
+    own thread, so lanes never wait on one another: one ring fed in order by the main thread would
+    hold every copy behind the slowest read (half the rate). Every lane is
     pinned before any reads: while the driver pins memory it holds back other threads' driver
-    calls, so lanes that pinned as they started stalled each other's copies (half the rate)."""
+    calls, so lanes that pinned as they started would stall each other's copies (half the rate)."""
 
     SLOTS = _SLOTS
 

@@ -4,7 +4,7 @@
 
 1. every piece of every compared range (a checkpoint entry or expected download, cut into typed
    and untyped pieces) that a replay reproduced bit for bit is **exact**; when none differs, that
-   is all (a deterministic program pays for one replay, as before);
+   is all (a deterministic program pays for one replay);
 2. a piece that differed is replayed again until ``replays`` replays in all, and judged per
    element against their spread (:mod:`replayfmt.replay.judge`): within run-to-run variation, or
    wrong;
@@ -29,7 +29,15 @@ from replayfmt.errors import ReplayUsageError
 from replayfmt.format import model as m
 from replayfmt.replay.compare import FLOATING, Tolerance, tolerances
 from replayfmt.replay.evidence import Classified, Evidence, Piece, Poison, classify, patched, pieces, poison
-from replayfmt.replay.judge import WORD, Judgement, RangeObservation, Verdict, judged_dtype, lanes_of, part_size
+from replayfmt.replay.judge import (
+    WORD,
+    PieceJudgement,
+    RangeObservation,
+    ValueVerdict,
+    judged_dtype,
+    lanes_of,
+    part_size,
+)
 from replayfmt.replay.options import RunResult
 from replayfmt.replay.plan import Plan
 from replayfmt.replay.state import PoisonWrite
@@ -330,9 +338,9 @@ class Verification:
         addresses in memory (a poisoned address would fault)."""
         keys = []
         gentle = self.policy is EvidencePolicy.ALWAYS or self.nothing_else
-        # pointers stored in memory (1.3 data relocations): a poisoned pointer table faults the
-        # replay (seen on the H100: CUDA_ERROR_MISALIGNED_ADDRESS); such a capture's integers and
-        # untyped bytes may hold more, so none of them is poisoned
+        # pointers stored in memory (1.3 data relocations): a kernel that follows a poisoned
+        # pointer faults (CUDA_ERROR_MISALIGNED_ADDRESS, or worse) and ends the replay; such a
+        # capture's integers and untyped bytes may hold more pointers, so none of them is poisoned
         stores_pointers = self.plan.needs_fixed_addresses or self.plan.stores_pointers
         for key in sorted(self.expected):
             if not self._how(key).gentle:
@@ -417,7 +425,10 @@ class Verification:
         written = classify(expected, actual, how=self._how(key), judge_ok=True).written
         again = observation.copy()
         again.add(patched(expected, actual, written))
-        ok = again.judge(nondeterministic=True, tolerance=self._asked(self.pieces[key])).verdict is not Verdict.WRONG
+        ok = (
+            again.judge(nondeterministic=True, tolerance=self._asked(self.pieces[key])).verdict
+            is not ValueVerdict.WRONG
+        )
         return classify(expected, actual, how=self._how(key), judge_ok=ok)
 
     @property
@@ -463,7 +474,7 @@ class Verification:
             if observation is None:
                 lanes = lanes_of(piece.dtype if piece.typed else m.DType.UNKNOWN, piece.size, piece.offset)
                 name = piece.dtype.name.lower() if piece.typed else "bytes"
-                judgement = Judgement(Verdict.EXACT, name, piece.typed, lanes, 0, 0)
+                judgement = PieceJudgement(ValueVerdict.EXACT, name, piece.typed, lanes, 0, 0)
             else:
                 judgement = observation.judge(nondeterministic=nondeterministic, tolerance=self._asked(piece))
             default = Evidence.UNPROVEN if key in self.expected else Evidence.COMPARED

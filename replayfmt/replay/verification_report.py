@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from replayfmt.replay.evidence import Evidence, Piece
-from replayfmt.replay.judge import Judgement, Verdict
+from replayfmt.replay.judge import PieceJudgement, ValueVerdict
 
 
 @dataclass
@@ -18,13 +18,13 @@ class RangeReport:
     """The verdict on one piece: how it compared, and what that proves."""
 
     piece: Piece
-    judgement: Judgement
+    judgement: PieceJudgement
     evidence: Evidence
     note: str = ""
 
     @property
     def passed(self) -> bool:
-        return self.judgement.verdict is not Verdict.WRONG and self.evidence is not Evidence.LEFT
+        return self.judgement.verdict is not ValueVerdict.WRONG and self.evidence is not Evidence.LEFT
 
     @property
     def counts(self) -> bool:
@@ -39,12 +39,12 @@ class RangeReport:
             what += f" {p.name!r}"
         verdict = "FAIL" if not self.passed else "ok"
         text = f"op {p.operation:>6} {name} bytes {p.offset}+{p.size} ({what}): {verdict} {j.verdict.value}"
-        if j.verdict is Verdict.VARIES:
+        if j.verdict is ValueVerdict.VARIES:
             text += (
                 f" (largest difference {j.largest_abs_diff:.3g}, {j.largest_ulp_diff} ulp; replays spread "
                 f"{j.spread_abs:.3g}, {j.spread_ulps} ulp; {j.differing} of {j.elements} differ)"
             )
-        elif j.verdict is Verdict.WRONG:
+        elif j.verdict is ValueVerdict.WRONG:
             text += f": {j.wrong} of {j.elements} {'elements' if p.typed else '4-byte words'} wrong"
         text += f"; {self.evidence.value}" + (f" ({self.note})" if self.note else "")
         return text
@@ -52,7 +52,7 @@ class RangeReport:
     def detail(self) -> list[str]:
         """numpy's assert_allclose, per piece: the first differing elements."""
         j = self.judgement
-        if j.verdict is Verdict.EXACT or not j.shown:
+        if j.verdict is ValueVerdict.EXACT or not j.shown:
             return []
         unit = "index" if self.piece.typed else "byte"
         out = [f"    {unit:>12} {'captured':>14} {'replay min':>14} {'replay max':>14} {'abs diff':>10} {'ulp':>8}"]
@@ -157,7 +157,7 @@ class VerificationReport:
         pieces with ``all_ranges``), with the first differing elements of each."""
         out = []
         for r in self.ranges:
-            quiet = r.judgement.verdict is Verdict.EXACT and r.evidence is Evidence.COMPARED
+            quiet = r.judgement.verdict is ValueVerdict.EXACT and r.evidence is Evidence.COMPARED
             if all_ranges or not quiet:
                 out.append(r.line())
                 out += r.detail()
