@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from replayfmt.capture.children import ChildWatch
 from replayfmt.capture.cupti_api import Cupti, load_cupti
 from replayfmt.capture.cupti_source import CuptiSource
 from replayfmt.capture.device_memory import DriverMemory
@@ -114,6 +115,8 @@ class Recorder:
             self.writer.close()
             raise
         self.times.start()
+        self._children = ChildWatch()
+        self._children.start()  # after this process's cuInit: only children see the injection variables
         _active.append(self)
         from replayfmt.capture.enrich import enrich
 
@@ -200,6 +203,7 @@ class Recorder:
             for undo in self._enrichment:
                 undo()
             self.source.stop()
+            self.report.children = self._children.stop()
             if _active and _active[-1] is self:
                 _active.pop()
             self.times.close()  # before the writer closes: the times go in at close

@@ -40,6 +40,7 @@ class Report:
     notes: list[str] = field(
         default_factory=list
     )  # what the recorder changed in the program (its profilers turned off)
+    children: list[str] = field(default_factory=list)  # "pid program" of child processes that used CUDA, unrecorded
 
     def kernel(self, name: str) -> KernelStats:
         stats = self.kernels.get(name)
@@ -89,6 +90,8 @@ class Report:
         if self.timing:
             out.append(f"  {self.timing}")
         out.extend(f"  note: {note}" for note in self.notes)
+        for child in self.children[:limit]:
+            out.append(f"  not recorded: process {child} used CUDA (record each process: docs/RECORDER.md)")
         if self.partial:
             out.append(f"  partial: {self.partial}")
         if self.verdict is not None:
