@@ -344,10 +344,13 @@ TOOLS = {
   The capture must have been taken with randomisation off too (`capture-replay --fixed-addresses`
   does that). Used from Python, create the Replayer before anything else starts CUDA.
 * Several devices: captured device k runs on the k-th `--device` (`--device cuda:1 --device
-  cuda:0` swaps them). Streams, events and modules live on their device; event edges and copies
-  cross devices; a kernel that uses another device's memory gets peer access (or a clear error
-  where the devices have none). Default-stream work runs on the device whose buffers it touches.
-  benchmark-replay, tune-replay and `--fixed-addresses` take single-device captures only.
+  cuda:0` swaps them); captured devices no `--device` names run on the lowest free ordinals.
+  Streams, events and modules live on their device; event edges and copies cross devices; a
+  kernel that uses another device's memory gets peer access (or a clear error where the devices
+  have none). Default-stream work of the first device runs on its default stream; a capture the
+  recorder made writes other devices' default streams as streams of theirs. benchmark-replay times
+  such a capture in eager mode (GPU busy time: the union over every device, on both sides);
+  `--mode graph`, tune-replay and `--fixed-addresses` take single-device captures only.
 """,
     "tune-replay": """\
 ## tune-replay notes

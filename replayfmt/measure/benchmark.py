@@ -203,10 +203,9 @@ class Benchmark:
     def __init__(self, replayer: Replayer, region: Region, options: BenchmarkOptions) -> None:
         if options.mode not in ("eager", "graph"):
             raise ReplayUsageError(f"--mode {options.mode!r}: expected eager or graph")
-        if len(replayer.gpus) > 1:
-            raise ReplayUsageError(
-                "benchmark-replay times single-device captures only in this version; run-replay replays this one"
-            )
+        several = len(replayer.gpus) > 1
+        if several and options.mode == "graph":
+            raise ReplayUsageError("--mode graph times single-device captures; --mode eager times this one")
         self.r = replayer
         self.cu = replayer.cu
         self.region = region
@@ -230,6 +229,8 @@ class Benchmark:
         if self.clock is not None:
             replayer.own(self.clock.activity.stop)
         want_events = (options.per_kernel or options.trace is not None) and self.clock is None
+        if several and want_events:  # a CUDA event records only on a stream of its own device
+            raise ReplayUsageError("per-operation times of a capture of several devices need CUPTI (--clock cupti)")
         self._events: dict[int, tuple[Any, Any]] = {}
         self._node_events: dict[NodeKey, tuple[Any, Any]] = {}  # (graph launch, node): per-kernel
         if want_events:
