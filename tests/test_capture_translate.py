@@ -73,10 +73,12 @@ def kernel(layout=SAXPY, name="saxpy") -> ev.Kernel:
     return ev.Kernel(0xF00, name, MODULE, layout)
 
 
-def record(tmp_path: Path, events, memory: FakeMemory, options=RecordOptions(), region=True) -> tuple[Path, Translator]:
+def record(
+    tmp_path: Path, events, memory: FakeMemory, options=RecordOptions(), region=True, collectives=None
+) -> tuple[Path, Translator]:
     path = tmp_path / "c.kreplay"
     with CaptureWriter(path) as writer:
-        t = Translator(writer, options, memory, host_files=HostFiles(tmp_path / "no-maps"))
+        t = Translator(writer, options, memory, host_files=HostFiles(tmp_path / "no-maps"), collectives=collectives)
         if region:
             t.start("step")
         for e in events:

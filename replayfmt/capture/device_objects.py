@@ -26,6 +26,11 @@ class DeviceObjects:
         """The object id of the device the program works on now."""
         return self._ids[self.current_ordinal]
 
+    @property
+    def several(self) -> bool:
+        """Whether the program worked on more than one device so far."""
+        return len(self._ids) > 1
+
     def now(self) -> int:
         """The ordinal of the device the program works on now."""
         return self.current_ordinal

@@ -25,6 +25,7 @@ from replayfmt.capture.cupti_source import CuptiSource
 from replayfmt.capture.device_memory import DriverMemory
 from replayfmt.capture.labels import KernelAnnotation
 from replayfmt.capture.launch_ring import LaunchRing
+from replayfmt.capture.nccl_log import CollectiveLog
 from replayfmt.capture.options import CaptureMode, RecordOptions
 from replayfmt.capture.original_times import OriginalTimes
 from replayfmt.capture.ranks import this_rank
@@ -94,7 +95,12 @@ class Recorder:
         if options.mode == CaptureMode.REGION and cupti.library is not None:
             clock = ctypes.cast(cupti.lib.cuptiGetTimestamp, ctypes.c_void_p).value if options.original_times else 0
             ring = LaunchRing(cupti.library, cupti.driver_callback_ids, clock or 0)
-        self.translator = Translator(self.writer, options, self.memory, device=device, ring=ring)
+        # NCCL's log of this process's collectives, on before the program starts NCCL
+        self.collectives = CollectiveLog()
+        self.collectives.start()
+        self.translator = Translator(
+            self.writer, options, self.memory, device=device, ring=ring, collectives=self.collectives
+        )
         # the original program's device times (CUPTI activity records), bound to operations as written
         self.times = OriginalTimes(self.writer, self.translator.report, cupti.lib, enabled=options.original_times)
         self.source = CuptiSource(
@@ -204,6 +210,7 @@ class Recorder:
                 undo()
             self.source.stop()
             self.report.children = self._children.stop()
+            self.collectives.stop()
             if _active and _active[-1] is self:
                 _active.pop()
             self.times.close()  # before the writer closes: the times go in at close

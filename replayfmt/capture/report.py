@@ -30,6 +30,7 @@ class Report:
     unsupported: dict[str, int] = field(default_factory=dict)  # call -> count
     graph_launches: int = 0  # cuGraphLaunch calls written as GraphLaunch operations
     graphs: int = 0  # Graph objects written (a graph changed between launches is written again)
+    collectives: int = 0  # NCCL calls recorded as the bytes they left in their receive buffers
     errors: list[str] = field(default_factory=list)  # problems met inside callbacks
     stored_pointers: int = 0  # pointers found in state and uploads, relocated on replay (data relocations)
     # buffer id -> what it holds that may be pointers or data: left as captured (--fixed-addresses replays it)
@@ -71,6 +72,11 @@ class Report:
         if self.graph_launches:
             graphs = f"{self.graph_launches} launches recorded as graph launches of {self.graphs} graph objects"
             out.append(f"  CUDA graphs: {graphs}")
+        if self.collectives:
+            out.append(
+                f"  collectives: {self.collectives} NCCL calls recorded as the bytes they left in their receive "
+                "buffers (this rank replays alone, on one GPU; the collectives are not timed as collectives)"
+            )
         if self.skipped_bytes:
             sources = ", ".join(sorted(self.live_sources))
             out.append(

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from replayfmt.capture import events as ev
 from replayfmt.capture.allocations import POINTER_HIGH, Allocation, AllocationTable, TensorLabel
+from replayfmt.capture.collective_events import CollectiveEvents
 from replayfmt.capture.device_memory import DeviceMemory
 from replayfmt.capture.device_objects import DeviceObjects
 from replayfmt.capture.file_references import FileReferences
@@ -33,6 +34,7 @@ from replayfmt.capture.live_buffers import LiveBuffers
 from replayfmt.capture.live_types import LiveTypes
 from replayfmt.capture.memory_events import MEMORY_KINDS, MemoryEvents
 from replayfmt.capture.modules import Module, ModuleEvents
+from replayfmt.capture.nccl_log import CollectiveLog
 from replayfmt.capture.options import CaptureMode, RecordOptions
 from replayfmt.capture.parameter_words import (
     ParameterPointers,
@@ -45,11 +47,11 @@ from replayfmt.capture.repeat_events import RepeatEvents
 from replayfmt.capture.report import KernelStats, Report
 from replayfmt.capture.state_events import StateEvents
 from replayfmt.capture.stored_pointers import FrameWords
+from replayfmt.capture.stream_events import StreamEvents
 from replayfmt.format import model as m
 from replayfmt.format.names import matches_kernel
 from replayfmt.writer import CaptureWriter
 
-_DEFAULT_STREAMS = (0, 1, 2)  # 0, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
 _COLLECTIVE = re.compile(r"^_?Z?\d*nccl|^ncclKernel|^ncclDevKernel")
 
 
@@ -77,7 +79,7 @@ class _KernelShape:
     last: tuple[bytes, int, ParameterPointers] | None = None
 
 
-class Translator(ModuleEvents, MemoryEvents, GraphEvents, StateEvents, RepeatEvents):
+class Translator(ModuleEvents, MemoryEvents, GraphEvents, StateEvents, RepeatEvents, CollectiveEvents, StreamEvents):
     """Consumes :mod:`events` in program order and writes them to ``writer``. Thread-safe."""
 
     def __init__(
@@ -90,6 +92,7 @@ class Translator(ModuleEvents, MemoryEvents, GraphEvents, StateEvents, RepeatEve
         host_files: HostFiles | None = None,
         live_buffers: LiveBuffers | None = None,
         ring: LaunchRing | None = None,
+        collectives: CollectiveLog | None = None,
     ) -> None:
         self.writer = writer
         self._ring = ring  # where launches that repeat are armed for the C library (launch_ring)
@@ -118,6 +121,7 @@ class Translator(ModuleEvents, MemoryEvents, GraphEvents, StateEvents, RepeatEve
         self._touched: list[Allocation] = []
         self._scopes: list[tuple[str, dict[int, Allocation]]] = []  # open scopes in a region: what they touch
         self._pending_d2h: dict[int, tuple[int, Allocation, int, int, int]] = {}
+        self.collectives, self._received = collectives, []  # NCCL's log; collectives awaiting their results
         self._frame_words = FrameWords()  # stored-pointer candidates of snapshot frames, by digest
         self._executables: dict[int, GraphExecutable] = {}
         self._graph_ids: dict[m.Graph, int] = {}
@@ -156,6 +160,8 @@ class Translator(ModuleEvents, MemoryEvents, GraphEvents, StateEvents, RepeatEve
             while self._scopes:  # scopes the program left open
                 self.scope_end(self._scopes[-1][0])
             self._recording = False
+            if self._received:  # collectives launched last: their results before the checkpoint
+                self._write_received()
             self._restore_changed_pristine_globals(self._region, self._touched)
             self._checkpoint(self._touched, stream=None, name=self._region_name or "region")
             if self._region_name:
@@ -177,6 +183,8 @@ class Translator(ModuleEvents, MemoryEvents, GraphEvents, StateEvents, RepeatEve
             if self._recording and name == self._region_name and name in self.options.region_scopes:
                 self.stop()
             elif self._recording:
+                if self._received:  # collectives launched last: their results before the checkpoint
+                    self._write_received()
                 if self._scopes and self._scopes[-1][0] == name:  # (state: inside its region of the file)
                     self._restore_changed_pristine_globals(self._region, self._touched)
                     touched = self._scopes.pop()[1]
@@ -209,6 +217,8 @@ class Translator(ModuleEvents, MemoryEvents, GraphEvents, StateEvents, RepeatEve
             if self.report.partial:
                 return
             try:
+                if self._received:  # collectives launched before this event have run by now
+                    self._write_received()
                 self._dispatch[type(event)](self, event)
             except Exception as exc:  # a callback must never break the program
                 problem = f"{type(event).__name__}: {type(exc).__name__}: {exc}"
@@ -229,10 +239,9 @@ class Translator(ModuleEvents, MemoryEvents, GraphEvents, StateEvents, RepeatEve
         if self.options.mode == CaptureMode.KERNEL:
             self._kernel_instance(event)
             return
-        if not self._recording:
-            return
         if shape.collective:
-            self._unsupported(event.call, f"{kernel.name} is a collective (NCCL) kernel", event.stream)
+            return self._on_collective_launch(event)
+        if not self._recording:
             return
         function = self._function(kernel)
         if function is None:
@@ -410,38 +419,6 @@ class Translator(ModuleEvents, MemoryEvents, GraphEvents, StateEvents, RepeatEve
         )
         return None
 
-    def _on_stream_created(self, event: ev.StreamCreated) -> None:
-        self._stream_info[event.handle] = event
-        self._streams.pop(event.handle, None)  # a reused handle is a new stream
-
-    def _on_event_created(self, event: ev.EventCreated) -> None:
-        self._event_flags[event.handle] = event.flags
-        self._events.pop(event.handle, None)
-
-    def _on_event_recorded(self, event: ev.EventRecorded) -> None:
-        if self._recording:
-            self.writer.event_record(self._event(event.event), self._stream(event.stream))
-
-    def _on_stream_waited(self, event: ev.StreamWaited) -> None:
-        if self._recording:
-            self.writer.stream_wait_event(self._stream(event.stream), self._event(event.event))
-
-    def _on_stream_synchronized(self, event: ev.StreamSynchronized) -> None:
-        if self._recording:
-            self.writer.stream_synchronize(self._stream(event.stream))
-
-    def _on_context_synchronized(self, event: ev.ContextSynchronized) -> None:
-        if self._recording:
-            self.writer.device_synchronize(self.devices.current)
-
-    def _on_event_synchronized(self, event: ev.EventSynchronized) -> None:
-        if self._recording:
-            self.writer.event_synchronize(self._event(event.event))
-
-    def _on_host_function(self, event: ev.HostFunction) -> None:
-        if self._recording:
-            self.writer.host_function(self._stream(event.stream))
-
     def _on_not_reproducible(self, event: ev.NotReproducible) -> None:
         if self._recording:
             self._unsupported(event.call, event.reason, event.stream)
@@ -452,25 +429,6 @@ class Translator(ModuleEvents, MemoryEvents, GraphEvents, StateEvents, RepeatEve
             self.writer.unsupported(call, reason, self._stream(stream))
 
     # -- objects ---------------------------------------------------------------------------
-
-    def _stream(self, handle: int) -> int:
-        key = handle
-        if handle in _DEFAULT_STREAMS and (key := self.devices.default_stream_key()) is None:
-            return 0  # the default stream of the device recording began on
-        sid = self._streams.get(key)
-        if sid is None:
-            info = self._stream_info.get(key, ev.StreamCreated(handle))
-            sid = self._streams[key] = self.writer.add_object(
-                m.Stream(device=self.devices.current, flags=info.flags, priority=info.priority, captured_handle=handle)
-            )
-        return sid
-
-    def _event(self, handle: int) -> int:
-        eid = self._events.get(handle)
-        if eid is None:
-            flags = self._event_flags.get(handle, 0)
-            eid = self._events[handle] = self.writer.add_object(m.Event(device=self.devices.current, flags=flags))
-        return eid
 
     def _buffer(self, allocation: Allocation) -> int:
         if allocation.buffer:
@@ -580,14 +538,14 @@ class Translator(ModuleEvents, MemoryEvents, GraphEvents, StateEvents, RepeatEve
         ev.Copy: _on_copy,
         ev.CopyDone: _on_copy_done,
         ev.Memset: _on_memset,
-        ev.StreamCreated: _on_stream_created,
-        ev.EventCreated: _on_event_created,
-        ev.EventRecorded: _on_event_recorded,
-        ev.StreamWaited: _on_stream_waited,
-        ev.StreamSynchronized: _on_stream_synchronized,
-        ev.ContextSynchronized: _on_context_synchronized,
-        ev.EventSynchronized: _on_event_synchronized,
-        ev.HostFunction: _on_host_function,
+        ev.StreamCreated: StreamEvents._on_stream_created,
+        ev.EventCreated: StreamEvents._on_event_created,
+        ev.EventRecorded: StreamEvents._on_event_recorded,
+        ev.StreamWaited: StreamEvents._on_stream_waited,
+        ev.StreamSynchronized: StreamEvents._on_stream_synchronized,
+        ev.ContextSynchronized: StreamEvents._on_context_synchronized,
+        ev.EventSynchronized: StreamEvents._on_event_synchronized,
+        ev.HostFunction: StreamEvents._on_host_function,
         ev.GraphInstantiated: GraphEvents._on_graph_instantiated,
         ev.GraphKernelUpdated: GraphEvents._on_graph_kernel_updated,
         ev.GraphNodeUpdated: GraphEvents._on_graph_node_updated,

@@ -1,0 +1,133 @@
+"""A rank's NCCL collectives recorded as the bytes they left: NCCL's log lines parsed, the receive
+range prepared before the kernel runs and written back, in stream order, at the recorder's next
+event; and the refusals (no log, several devices, a kernel no call explains, an unknown operation).
+Translated from synthetic events and real NCCL log lines, on the CPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_capture_translate import MODULE, A, B, FakeMemory, kernel, record, saxpy_params
+
+import replayfmt
+from replayfmt.capture import events as ev
+from replayfmt.capture.nccl_log import Collective, CollectiveLog, parse_line
+from replayfmt.format import model as m
+from replayfmt.replay.plan import PlanOptions, build_plan
+
+NCCL_STREAM = 0x5EED
+# as NCCL 2.2x writes them (hostname:pid:tid [device] NCCL INFO ...)
+ALL_REDUCE = (
+    b"gpu7:1234:1299 [0] NCCL INFO AllReduce: opCount 3 sendbuff 0x7f0000100000 recvbuff 0x7f0000100000 "
+    b"count 256 datatype 7 op 0 root 0 comm 0x55d0c0 [nranks=2] stream 0x5eed"
+)
+ALL_GATHER = (
+    b"gpu7:1234:1299 [0] NCCL INFO AllGather: opCount 4 sendbuff 0x7f0000000000 recvbuff 0x7f0000100000 "
+    b"count 64 datatype 9 op 0 root 0 comm 0x55d0c0 [nranks=4] stream (nil)"
+)
+
+
+def test_nccl_log_lines_are_read_as_calls():
+    reduce = parse_line(ALL_REDUCE)
+    assert reduce == Collective("AllReduce", B, B, 256, 7, 0, 0, 0x55D0C0, 2, NCCL_STREAM)
+    assert reduce.received == 1024  # 256 float32
+    gather = parse_line(ALL_GATHER)
+    assert gather is not None and gather.stream == 0 and gather.received == 64 * 4 * 2  # bf16 from 4 ranks
+    assert parse_line(b"gpu7:1234:1299 [0] NCCL INFO Init COMPLETE") is None
+    send = Collective("Send", A, 0, 8, 7, 0, 1, 1, 2, 0)
+    assert send.received == 0
+    assert Collective("AllToAllv", A, B, 8, 7, 0, 0, 1, 2, 0).received is None  # not known: refused
+
+
+class FakeLog(CollectiveLog):
+    """NCCL's log as a list of lines handed out at each launch."""
+
+    def __init__(self, batches: list[list[bytes]], *, on: bool = True) -> None:
+        super().__init__()
+        self._batches = batches
+        self._on = on
+        self.why_not = "" if on else "NCCL_DEBUG is set in the program's environment"
+
+    @property
+    def on(self) -> bool:  # type: ignore[override]
+        return self._on
+
+    def take(self) -> list[Collective]:
+        lines = self._batches.pop(0) if self._batches else []
+        found = [c for c in map(parse_line, lines) if c is not None]
+        self.seen += len(found)
+        return found
+
+
+def nccl_kernel() -> ev.Kernel:
+    return ev.Kernel(0xACC, "ncclDevKernel_AllReduce_Sum_f32_RING_LL", MODULE, ((0, 8),))
+
+
+def ddp_step(cubin: bytes, mem: FakeMemory, log_lines: list[bytes]) -> list:
+    """A gradient in B all-reduced on NCCL's stream (the peer's half added: all ones), then read by saxpy."""
+    grad = np.arange(256, dtype=np.float32)
+    mem.device[A] = bytearray(np.ones(256, dtype=np.float32).tobytes())
+    mem.device[B] = bytearray(grad.tobytes())
+
+    def all_reduce_runs():  # the collective runs on the device while the host goes on
+        mem.device[B][:] = (grad + 1).astype(np.float32).tobytes()
+        return ev.EventRecorded(0xE1, NCCL_STREAM)
+
+    return [
+        ev.ModuleImage(MODULE, cubin, None, "cuModuleLoadData"),
+        ev.Allocation(A, 1024),
+        ev.Allocation(B, 1024),
+        ev.StreamCreated(NCCL_STREAM, 1),
+        ev.EventCreated(0xE1),
+        ev.LaunchBegin(nccl_kernel(), (2, 1, 1), (512, 1, 1), 0, NCCL_STREAM, bytes(8), call="cuLaunchKernelEx"),
+        all_reduce_runs,
+        ev.StreamWaited(0, 0xE1),
+        ev.LaunchBegin(kernel(), (1, 1, 1), (256, 1, 1), 0, 0, saxpy_params(2.0, B, A, 256)),
+        ev.LaunchEnd(0),
+    ], log_lines
+
+
+def test_a_collective_is_kept_as_the_bytes_it_left_in_stream_order(tmp_path, cubin):
+    mem = FakeMemory()
+    events, lines = ddp_step(cubin, mem, [ALL_REDUCE])
+    path, t = record(tmp_path, events, mem, collectives=FakeLog([lines]))
+    assert not t.report.errors and not t.report.unsupported and t.report.collectives == 1
+    with replayfmt.open(path) as cap:
+        ops = list(cap.iter_operations())
+        buffers = {o.address: o for o in cap.objects() if isinstance(o, m.Buffer)}
+        streams = {o.captured_handle: o.id for o in cap.objects() if isinstance(o, m.Stream)}
+        kinds = [op.kind for op in ops]
+        assert m.OperationKind.LAUNCH in kinds and kinds.count(m.OperationKind.LAUNCH) == 1  # no NCCL kernel
+        upload = next(op for op in ops if op.kind == m.OperationKind.COPY_HOST_TO_DEVICE)
+        assert (upload.dst_buffer, upload.dst_offset, upload.stream) == (buffers[B].id, 0, streams[NCCL_STREAM])
+        assert np.array_equal(np.frombuffer(cap.read_payload(upload.payload), np.float32), np.arange(256) + 1)
+        # in stream order: after the collective's place, before the event the compute stream waits on
+        assert ops.index(upload) < next(i for i, op in enumerate(ops) if op.kind == m.OperationKind.EVENT_RECORD)
+        assert not build_plan(cap, PlanOptions()).problems  # one rank replays alone
+
+
+@pytest.mark.parametrize(
+    ("log", "reason"),
+    [
+        (FakeLog([[ALL_REDUCE]], on=False), "NCCL_DEBUG is set"),
+        (FakeLog([[]]), "NCCL's log names no call for it"),
+        (FakeLog([[ALL_REDUCE.replace(b"AllReduce", b"AllToAllv")]]), "this version does not record it"),
+    ],
+)
+def test_a_collective_that_cannot_be_kept_is_refused_saying_why(tmp_path, cubin, log, reason):
+    mem = FakeMemory()
+    events, _ = ddp_step(cubin, mem, [])
+    path, t = record(tmp_path, events, mem, collectives=log)
+    assert t.report.unsupported == {"cuLaunchKernelEx": 1}
+    with replayfmt.open(path) as cap:
+        refused = next(op for op in cap.iter_operations() if op.kind == m.OperationKind.UNSUPPORTED)
+        assert "collective (NCCL) kernel" in refused.reason and reason in refused.reason
+
+
+def test_collectives_of_a_process_on_several_devices_are_refused(tmp_path, cubin):
+    mem = FakeMemory()
+    events, lines = ddp_step(cubin, mem, [ALL_REDUCE])
+    events.insert(0, ev.DeviceChanged(m.Device(ordinal=1, name="gpu1")))
+    events.insert(1, ev.DeviceChanged(m.Device(ordinal=0, name="gpu0")))
+    _, t = record(tmp_path, events, mem, collectives=FakeLog([lines]))
+    assert t.report.unsupported == {"cuLaunchKernelEx": 1} and t.report.collectives == 0
