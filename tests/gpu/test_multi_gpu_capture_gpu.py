@@ -1,0 +1,71 @@
+"""Programs that use two GPUs, recorded and replayed end to end (benchmarks/corpus_multi): a model
+split over two devices in one process replays on two GPUs and verifies; each rank of a DDP and an
+FSDP2 step under torchrun writes its own capture, whose collectives are kept as the bytes they left,
+and replays alone on one GPU and verifies; collectives among the devices of one process (a sharded
+JAX step) are refused by name. Skips on machines with fewer than two GPUs."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from test_capture_gpu import ROOT, capture, dump, needs, run, verified
+
+import replayfmt
+
+CORPUS = ROOT / "benchmarks" / "corpus_multi"
+
+
+@pytest.fixture(scope="module")
+def two_gpus(capture_ready) -> str:
+    from replayfmt.cuda.driver import check, driver
+
+    count = check(driver().cuDeviceGetCount(), "cuDeviceGetCount")
+    if count < 2:
+        pytest.skip(f"needs two GPUs; this machine has {count}")
+    return capture_ready
+
+
+@pytest.fixture(scope="module")
+def capture_ready(gpu_arch) -> str:
+    if importlib.util.find_spec("cupti") is None:
+        pytest.skip("cupti-python is not installed (pip install 'replayfmt[capture]')")
+    return gpu_arch
+
+
+def test_a_model_split_over_two_devices_replays_on_two_gpus_and_verifies(tmp_path, two_gpus):
+    needs("torch")
+    out = tmp_path / "pipeline.kreplay"
+    capture(out, CORPUS / "torch_two_device_pipeline.py", "--scope", "step")
+    assert "device 2" in dump(out)  # two Device objects
+    verified(out)
+
+
+@pytest.mark.parametrize("program", ["torch_ddp_step", "torch_fsdp2_step"])
+def test_each_rank_of_a_torchrun_job_replays_alone_and_verifies(tmp_path, two_gpus, program):
+    needs("torch")
+    torchrun = shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun"))
+    out = tmp_path / "job.kreplay"
+    launch = [torchrun, "--standalone", "--nproc_per_node", "2", "-m", "replayfmt.capture"]
+    result = run([*launch, "-o", str(out), "--scope", "step", str(CORPUS / f"{program}.py")])
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    assert not out.exists()
+    for rank in (0, 1):
+        capture_file = tmp_path / f"job.rank{rank}.kreplay"
+        with replayfmt.open(capture_file) as cap:
+            properties = dict(cap.metadata.properties)
+        assert (properties["rank"], properties["world_size"]) == (str(rank), "2")
+        assert "collective (NCCL) kernel" not in dump(capture_file)
+        verified(capture_file)
+
+
+def test_collectives_among_the_devices_of_one_process_are_refused_by_name(tmp_path, two_gpus):
+    needs("jax")
+    out = tmp_path / "sharded.kreplay"
+    result = run([sys.executable, "-m", "replayfmt.capture", "-o", str(out), "--scope", "step",
+                  str(CORPUS / "jax_sharded_step.py")])  # fmt: skip
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "collective (NCCL) kernel" in result.stderr and "several devices" in result.stderr
