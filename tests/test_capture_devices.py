@@ -115,3 +115,18 @@ def test_the_source_says_when_the_calling_device_changes():
     assert moves == [GPU0, None, None, None, GPU1, None, GPU0]
     assert contexts.asked == [0xC0, 0, 0xC2, 0xC1, 0xC0]  # a repeated context is not asked again
     assert DeviceTracker(None).moved(0xC1) is None  # a stand-in source follows no device
+
+
+def test_a_rank_on_its_own_device_writes_that_device_alone(tmp_path, cubin):
+    """A torchrun rank starts the recorder while cuda:0 is current, then works on cuda:1 alone."""
+    mem = FakeMemory()
+    events = [e for e in two_device_pipeline(cubin, mem) if not isinstance(e, ev.DeviceChanged)]
+    mem.devices.clear()
+    path, t = record(tmp_path, [ev.DeviceChanged(GPU1), *events], mem)
+    assert not t.devices.several
+    with replayfmt.open(path) as cap:
+        devices = [o for o in cap.objects() if isinstance(o, m.Device)]
+        assert [d.ordinal for d in devices] == [1]
+        assert not [
+            o for o in cap.objects() if isinstance(o, m.Stream) and o.captured_handle == 0
+        ]  # stream 0 is its own

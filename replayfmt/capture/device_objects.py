@@ -13,23 +13,26 @@ if TYPE_CHECKING:
 
 
 class DeviceObjects:
-    """Device object ids by device ordinal, written as the program first works on each device."""
+    """Device object ids by device ordinal, each written when the capture first needs it. The
+    program's first device is the first one it worked on (a rank that calls ``set_device(1)`` works
+    on cuda:1 alone, whichever device was current when the recorder started)."""
 
-    def __init__(self, writer: CaptureWriter, first: m.Device) -> None:
+    def __init__(self, writer: CaptureWriter, initial: m.Device) -> None:
         self._writer = writer
-        self._ids = {first.ordinal: writer.add_object(first)}
-        self._first = first.ordinal
-        self.current_ordinal = first.ordinal
+        self._described = {initial.ordinal: initial}
+        self._ids: dict[int, int] = {}
+        self._used: set[int] = set()  # devices the program's calls ran on
+        self._first = self.current_ordinal = initial.ordinal
 
     @property
     def current(self) -> int:
         """The object id of the device the program works on now."""
-        return self._ids[self.current_ordinal]
+        return self.of(self.current_ordinal)
 
     @property
     def several(self) -> bool:
         """Whether the program worked on more than one device so far."""
-        return len(self._ids) > 1
+        return len(self._used | set(self._ids)) > 1
 
     def now(self) -> int:
         """The ordinal of the device the program works on now."""
@@ -45,16 +48,19 @@ class DeviceObjects:
 
     def switch(self, device: m.Device) -> None:
         """The events that follow run on ``device``."""
-        if device.ordinal not in self._ids:
-            self._ids[device.ordinal] = self._writer.add_object(device)
+        if not self._ids and not self._used:
+            self._first = device.ordinal  # nothing written yet: the program's first device
+        self._described.setdefault(device.ordinal, device)
+        self._used.add(device.ordinal)
         self.current_ordinal = device.ordinal
 
     def of(self, ordinal: int) -> int:
         """The object id of device ``ordinal`` (-1: the current device). A device whose memory the
         program reached before any of its calls ran there is written with its ordinal alone."""
         if ordinal < 0:
-            return self.current
+            ordinal = self.current_ordinal
         found = self._ids.get(ordinal)
         if found is None:
-            found = self._ids[ordinal] = self._writer.add_object(m.Device(ordinal=ordinal, name=f"cuda:{ordinal}"))
+            device = self._described.get(ordinal) or m.Device(ordinal=ordinal, name=f"cuda:{ordinal}")
+            found = self._ids[ordinal] = self._writer.add_object(device)
         return found
