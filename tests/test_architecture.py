@@ -239,7 +239,6 @@ def test_the_replayer_stays_short():
 MAX_CLI_MAIN_LINES = 40
 CLI_MAINS_NOT_YET_THINNED = {
     "tools/benchmark_replay.py",
-    "tools/capture_replay.py",
     "tools/corpus_replay.py",
     "tools/dump_replay.py",
     "tools/tune_replay.py",

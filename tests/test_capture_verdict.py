@@ -8,6 +8,7 @@ from click.testing import CliRunner
 from test_capture_translate import MODULE, A, FakeMemory, kernel, record, saxpy_params
 
 import replayfmt
+import replayfmt.verbs.record as record_verb
 from replayfmt.capture import RecordOptions, Translator, events as ev
 from replayfmt.capture.hostfiles import HostFiles
 from replayfmt.capture.self_check import Outcome, ReplayCheck
@@ -152,7 +153,7 @@ def test_capture_replay_exits_1_and_removes_an_unreplayable_capture_unless_kept(
     out = tmp_path / "out.kreplay"
     _FakeRecorder.image = cubin
     monkeypatch.setattr(_FakeRecorder, "unsupported", unsupported)
-    monkeypatch.setattr(capture_replay, "Recorder", _FakeRecorder)
+    monkeypatch.setattr(record_verb, "Recorder", _FakeRecorder)
     args = ["-o", str(out), *(["--keep-partial"] if keep else []), str(script)]
     result = CliRunner().invoke(capture_replay.main, args)
     stderr = result.stderr if hasattr(result, "stderr") else result.output
@@ -174,7 +175,7 @@ def run_tool(tmp_path, monkeypatch, *, replay=None, fail=False, keep=False, scri
     out = tmp_path / "out.kreplay"
     monkeypatch.setattr(_FakeRecorder, "replay", replay)
     monkeypatch.setattr(_FakeRecorder, "fail", fail)
-    monkeypatch.setattr(capture_replay, "Recorder", _FakeRecorder)
+    monkeypatch.setattr(record_verb, "Recorder", _FakeRecorder)
     args = ["-o", str(out), *(["--keep-partial"] if keep else []), *flags, str(path)]
     result = CliRunner().invoke(capture_replay.main, args)
     return result, (result.stderr if hasattr(result, "stderr") else result.output), out

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+import replayfmt.verbs.record as record_verb
 from replayfmt_tools import benchmark_replay, capture_replay, dump_replay, tune_replay
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -197,7 +198,7 @@ def program(tmp_path: Path) -> tuple[Path, Path]:
     ],
 )
 def test_the_recorders_output_is_checked_before_the_program_runs(tmp_path, monkeypatch, where, message):
-    monkeypatch.setattr(capture_replay, "Recorder", NoWork)
+    monkeypatch.setattr(record_verb, "Recorder", NoWork)
     script, marker = program(tmp_path)
     out = {
         "exists": tmp_path / "old.kreplay",

@@ -9,12 +9,23 @@ its result; a program calls the same function and gets the same answer::
     if not result.verified:
         print(result.outcome.value, result.detail)
 
-``verify`` is ``run-replay`` (``--verify`` and without it), and the recorder's self-check runs it
-in a child process (``python -m replayfmt.verbs``): the same function with the same options, so
-both give the same verdict on the same file.
+``run_and_record`` is ``capture-replay``: run a program, record it, judge and self-check the
+file, keep or remove it. ``verify`` is ``run-replay`` (``--verify`` and without it), and the
+recorder's self-check runs it in a child process (``python -m replayfmt.verbs``): the same
+function with the same options, so both give the same verdict on the same file.
 """
 
 from replayfmt.replay.verify_types import EvidencePolicy, Outcome, VerifyOptions, VerifyResult
+from replayfmt.verbs.record import RecordResult, RunAndRecordOptions, run_and_record
 from replayfmt.verbs.verify import verify
 
-__all__ = ["EvidencePolicy", "Outcome", "VerifyOptions", "VerifyResult", "verify"]
+__all__ = [
+    "EvidencePolicy",
+    "Outcome",
+    "RecordResult",
+    "RunAndRecordOptions",
+    "VerifyOptions",
+    "VerifyResult",
+    "run_and_record",
+    "verify",
+]
