@@ -248,3 +248,20 @@ def test_the_translator_stops_at_its_first_error(tmp_path, cubin):
     assert len(t.report.errors) == 1 and not t.recording  # nothing after the first error
     with replayfmt.open(path) as cap:
         assert not any(op.kind == m.OperationKind.MEMSET for op in cap)
+
+
+def test_the_record_verb_keeps_or_removes_and_says_why(tmp_path, cubin, monkeypatch):
+    _FakeRecorder.image = cubin
+    monkeypatch.setattr(record_verb, "Recorder", _FakeRecorder)
+    script = tmp_path / "prog.py"
+    script.write_text("print('hello')\n")
+    out = tmp_path / "out.kreplay"
+    lines: list[str] = []
+    kept = record_verb.run_and_record(str(script), (), out, say=lines.append)
+    assert (kept.exit_code, kept.kept, kept.replayable, kept.error) == (0, True, True, "")
+    assert "  replayable: yes (plan only: not replayed)" in lines
+    monkeypatch.setattr(_FakeRecorder, "fail", True)
+    options = record_verb.RunAndRecordOptions(overwrite=True, report=False)
+    removed = record_verb.run_and_record(str(script), (), out, options, say=lines.append, name="rec")
+    assert (removed.exit_code, removed.kept, removed.replayable) == (1, False, False) and not out.exists()
+    assert removed.error.startswith(f"error: {out} cannot be replayed (it is partial: ")
