@@ -241,7 +241,6 @@ CLI_MAINS_NOT_YET_THINNED = {
     "tools/benchmark_replay.py",
     "tools/corpus_replay.py",
     "tools/dump_replay.py",
-    "tools/tune_replay.py",
 }
 
 

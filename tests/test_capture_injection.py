@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 import replayfmt
-import replayfmt.verbs.record as record_verb
+import replayfmt.verbs.recording as record_verb
 from replayfmt.capture import CaptureMode, RecordOptions
 from replayfmt.capture.hosted import (
     NVTX_DOMAIN_PUSH_EX,

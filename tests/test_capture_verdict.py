@@ -8,7 +8,7 @@ from click.testing import CliRunner
 from test_capture_translate import MODULE, A, FakeMemory, kernel, record, saxpy_params
 
 import replayfmt
-import replayfmt.verbs.record as record_verb
+import replayfmt.verbs.recording as record_verb
 from replayfmt.capture import RecordOptions, Translator, events as ev
 from replayfmt.capture.hostfiles import HostFiles
 from replayfmt.capture.self_check import Outcome, ReplayCheck

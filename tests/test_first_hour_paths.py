@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import replayfmt.verbs.record as record_verb
+import replayfmt.verbs.recording as record_verb
+import replayfmt.verbs.tuning as tune_verb
 from replayfmt_tools import benchmark_replay, capture_replay, dump_replay, tune_replay
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,7 +82,7 @@ def test_a_closed_pipe_ends_a_dump_quietly(cap):
 
 def test_a_search_space_wholly_pruned_is_a_usage_error_before_any_worker(cap, monkeypatch):
     """It printed "1 pruned, 0 to evaluate", then started a worker that failed."""
-    monkeypatch.setattr(tune_replay, "Worker", NoWork)
+    monkeypatch.setattr(tune_verb, "Worker", NoWork)
     code, out, err = invoke(tune_replay.main, "--launch=9", "--block=4096", str(cap))
     line = one_error(err, "tune-replay")
     assert code == 2 and "every point of the search space is pruned (1), none to evaluate" in line
@@ -96,7 +97,7 @@ def test_a_search_space_wholly_pruned_is_a_usage_error_before_any_worker(cap, mo
     ],
 )
 def test_the_plot_path_is_checked_before_the_search(cap, tmp_path, monkeypatch, name, message):
-    monkeypatch.setattr(tune_replay, "Worker", NoWork)
+    monkeypatch.setattr(tune_verb, "Worker", NoWork)
     code, _, err = invoke(tune_replay.main, "--launch=9", "--block=64;128", f"--plot={tmp_path / name}", str(cap))
     assert code == 2 and message in one_error(err, "tune-replay")
 

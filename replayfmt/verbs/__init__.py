@@ -9,23 +9,31 @@ its result; a program calls the same function and gets the same answer::
     if not result.verified:
         print(result.outcome.value, result.detail)
 
-``run_and_record`` is ``capture-replay``: run a program, record it, judge and self-check the
-file, keep or remove it. ``verify`` is ``run-replay`` (``--verify`` and without it), and the
-recorder's self-check runs it in a child process (``python -m replayfmt.verbs``): the same
-function with the same options, so both give the same verdict on the same file.
+``verify`` is ``run-replay`` (``--verify`` and without it), and the recorder's self-check runs it
+in a child process (``python -m replayfmt.verbs``): the same function with the same options, so
+both give the same verdict on the same file. ``run_and_record`` is ``capture-replay``: run a
+program, record it, judge and self-check the file, keep or remove it. ``tune`` is
+``tune-replay``: launch shapes searched on a replayed kernel, every candidate verified.
+
+The modules are named for the work (``verifying``, ``recording``, ``tuning``) so that the
+functions this package exports never shadow them.
 """
 
 from replayfmt.replay.verify_types import EvidencePolicy, Outcome, VerifyOptions, VerifyResult
-from replayfmt.verbs.record import RecordResult, RunAndRecordOptions, run_and_record
-from replayfmt.verbs.verify import verify
+from replayfmt.verbs.recording import RecordResult, RunAndRecordOptions, run_and_record
+from replayfmt.verbs.tuning import TuneOptions, TuneResult, tune
+from replayfmt.verbs.verifying import verify
 
 __all__ = [
     "EvidencePolicy",
     "Outcome",
     "RecordResult",
     "RunAndRecordOptions",
+    "TuneOptions",
+    "TuneResult",
     "VerifyOptions",
     "VerifyResult",
     "run_and_record",
+    "tune",
     "verify",
 ]
