@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+import replayfmt.verbs.benchmarking as benchmarking
 import replayfmt.verbs.recording as record_verb
 import replayfmt.verbs.tuning as tune_verb
 from replayfmt_tools import benchmark_replay, capture_replay, dump_replay, tune_replay
@@ -169,7 +170,7 @@ def test_flags_that_would_be_ignored_are_refused(cap, args, message):
 def test_benchmark_paths_are_checked_before_the_gpu(cap, tmp_path, monkeypatch, flag, setup, message):
     """Without a GPU the old code said the GPU was missing: these were read only after the run."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    monkeypatch.setattr(benchmark_replay, "open_replay", NoWork)
+    monkeypatch.setattr(benchmarking, "open_replay", NoWork)
     path = tmp_path / "b.json"
     if setup == "dir/":
         path = tmp_path / "missing" / "t.json"

@@ -13,18 +13,21 @@ its result; a program calls the same function and gets the same answer::
 in a child process (``python -m replayfmt.verbs``): the same function with the same options, so
 both give the same verdict on the same file. ``run_and_record`` is ``capture-replay``: run a
 program, record it, judge and self-check the file, keep or remove it. ``tune`` is
-``tune-replay``: launch shapes searched on a replayed kernel, every candidate verified.
+``tune-replay``: launch shapes searched on a replayed kernel, every candidate verified. ``benchmark`` is
+``benchmark-replay``: a scope timed from the same starting state every time.
 
 The modules are named for the work (``verifying``, ``recording``, ``tuning``) so that the
 functions this package exports never shadow them.
 """
 
 from replayfmt.replay.verify_types import EvidencePolicy, Outcome, VerifyOptions, VerifyResult
+from replayfmt.verbs.benchmarking import BenchmarkReplayOptions, benchmark
 from replayfmt.verbs.recording import RecordResult, RunAndRecordOptions, run_and_record
 from replayfmt.verbs.tuning import TuneOptions, TuneResult, tune
 from replayfmt.verbs.verifying import verify
 
 __all__ = [
+    "BenchmarkReplayOptions",
     "EvidencePolicy",
     "Outcome",
     "RecordResult",
@@ -33,6 +36,7 @@ __all__ = [
     "TuneResult",
     "VerifyOptions",
     "VerifyResult",
+    "benchmark",
     "run_and_record",
     "tune",
     "verify",
