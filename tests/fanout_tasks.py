@@ -50,8 +50,8 @@ def replay_or_crash(path: str, settings: dict) -> Outcome:
     """corpus-replay's task, except that a capture named crash.kreplay takes its worker down."""
     from pathlib import Path
 
-    from replayfmt.measure.corpus import replay_capture
+    from replayfmt.verbs.corpus_runs import verify_row
 
     if Path(path).name == "crash.kreplay":
         os._exit(11)
-    return replay_capture(path, settings)
+    return verify_row(path, settings)

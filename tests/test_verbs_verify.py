@@ -139,3 +139,20 @@ def test_the_self_check_and_run_replay_verify_agree_on_the_same_file(capture, pl
     assert said["verification"]["verified"] == direct.verified == (check.outcome is self_check.Outcome.VERIFIED)
     assert check.outcome.value == direct.outcome.value
     assert check.ranges == (direct.compared if direct.verified else 0)
+
+
+@pytest.mark.parametrize(
+    ("run", "verdict"),
+    [(program(), "verified"), (program(bug="dropped term"), "mismatch")],
+    ids=["correct", "dropped-term"],
+)
+def test_a_corpus_row_is_the_verify_verbs_verdict(capture, playing, run, verdict):
+    from replayfmt.verbs.corpus_runs import verify_row
+
+    playing["program"] = run
+    row = verify_row(str(capture), {"repetitions": 2}).value
+    assert row["verdict"] == verdict and row["capture"] == "c.kreplay" and row["operations"] > 0
+    assert row["ranges"] == verify(capture).compared == 2
+    assert row["device_ms"] == 0.0  # the median of the timed runs (the host replayer's clock reads 0)
+    planned = verify_row(str(capture), {"dry_run": True}).value
+    assert planned["verdict"] == "planned" and planned["ranges"] == 0 and planned["device_ms"] is None

@@ -167,7 +167,7 @@ def _print_result(result: VerifyResult, *, dry_run: bool, as_json: bool) -> int:
             click.echo(json.dumps(dry, indent=2))
         return result.exit_code
     if result.problems:
-        raise ToolExit(EXIT_PROBLEM, result.detail)
+        raise ToolExit(EXIT_PROBLEM, f"{len(result.problems)} problem(s); nothing was executed")
     for line in result.report_lines:
         click.echo(line, err=as_json)
     for error in result.errors:

@@ -48,14 +48,18 @@ class VerifyOptions:
     replays: int = DEFAULT_REPLAYS  # replays in all where a range differs from the capture (1: judge the first)
     evidence: EvidencePolicy = EvidencePolicy.AUTO
     repetitions: int = 1  # runs of the whole capture (inputs restored each time), each timed
+    timed_runs: int = 0  # then runs that are timed and not compared (what a corpus reports), in timed_ms
     save_output: Path | None = None  # write the replayed checkpoint buffers here
     nvtx: bool = False  # NVTX ranges around scopes and launches
     check_payloads: bool = True  # check payload frames against their hashes
     dry_run: bool = False  # parse, resolve files, load substitutions, check ABIs, plan; no GPU
 
     def __post_init__(self) -> None:
-        if self.replays < 1 or self.repetitions < 1:
-            raise ReplayUsageError(f"replays ({self.replays}) and repetitions ({self.repetitions}) must be >= 1")
+        if self.replays < 1 or self.repetitions < 1 or self.timed_runs < 0:
+            raise ReplayUsageError(
+                f"replays ({self.replays}) and repetitions ({self.repetitions}) must be >= 1, "
+                f"timed_runs ({self.timed_runs}) >= 0"
+            )
         if not self.devices or len(set(self.devices)) != len(self.devices):
             raise ReplayUsageError(f"devices {self.devices}: at least one, none twice")
 
@@ -93,6 +97,9 @@ class VerifyResult:
     device_ms: tuple[float, ...] = ()  # one per repetition, its starting state left out
     state_ms: tuple[float, ...] = ()  # one per repetition: setting its starting state
     built_while_running: bool = False  # device_ms[0] may include waits for the host
+    timed_ms: tuple[float, ...] = ()  # device times of the timed runs (VerifyOptions.timed_runs)
+    operations: int = 0  # operations in the capture (those recovered, for a recovered file)
+    setup_s: float = 0.0  # host seconds before the device's work: open, plan (and the replay's setup)
     compared: int = 0  # ranges compared (verify)
     summary: str = ""  # the verification's verdict line ("verified: N range(s) compared ...")
     report_lines: tuple[str, ...] = ()  # the ranges that did not compare exactly or prove little
@@ -124,6 +131,9 @@ class VerifyResult:
             "device_ms": list(self.device_ms),
             "state_ms": list(self.state_ms),
             "built_while_running": self.built_while_running,
+            "timed_ms": list(self.timed_ms),
+            "operations": self.operations,
+            "setup_s": self.setup_s,
             "compared": self.compared,
             "summary": self.summary,
             "report_lines": list(self.report_lines),
@@ -143,6 +153,9 @@ class VerifyResult:
                 device_ms=tuple(float(x) for x in data["device_ms"]),
                 state_ms=tuple(float(x) for x in data["state_ms"]),
                 built_while_running=bool(data["built_while_running"]),
+                timed_ms=tuple(float(x) for x in data["timed_ms"]),
+                operations=int(data["operations"]),
+                setup_s=float(data["setup_s"]),
                 compared=int(data["compared"]),
                 summary=str(data["summary"]),
                 report_lines=tuple(str(line) for line in data["report_lines"]),

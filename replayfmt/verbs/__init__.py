@@ -14,20 +14,25 @@ in a child process (``python -m replayfmt.verbs``): the same function with the s
 both give the same verdict on the same file. ``run_and_record`` is ``capture-replay``: run a
 program, record it, judge and self-check the file, keep or remove it. ``tune`` is
 ``tune-replay``: launch shapes searched on a replayed kernel, every candidate verified. ``benchmark`` is
-``benchmark-replay``: a scope timed from the same starting state every time.
+``benchmark-replay``: a scope timed from the same starting state every time. ``corpus`` is
+``corpus-replay``: every capture of a directory verified on a fan-out of workers, each row by
+``verify``.
 
-The modules are named for the work (``verifying``, ``recording``, ``tuning``) so that the
+The modules are named for the work (``verifying``, ``recording``, ``tuning``, ...) so that the
 functions this package exports never shadow them.
 """
 
 from replayfmt.replay.verify_types import EvidencePolicy, Outcome, VerifyOptions, VerifyResult
 from replayfmt.verbs.benchmarking import BenchmarkReplayOptions, benchmark
+from replayfmt.verbs.corpus_runs import CorpusOptions, CorpusResult, corpus
 from replayfmt.verbs.recording import RecordResult, RunAndRecordOptions, run_and_record
 from replayfmt.verbs.tuning import TuneOptions, TuneResult, tune
 from replayfmt.verbs.verifying import verify
 
 __all__ = [
     "BenchmarkReplayOptions",
+    "CorpusOptions",
+    "CorpusResult",
     "EvidencePolicy",
     "Outcome",
     "RecordResult",
@@ -37,6 +42,7 @@ __all__ = [
     "VerifyOptions",
     "VerifyResult",
     "benchmark",
+    "corpus",
     "run_and_record",
     "tune",
     "verify",

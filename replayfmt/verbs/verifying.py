@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from collections.abc import Callable
 
 from replayfmt.execute import open_replay
@@ -59,8 +60,10 @@ def verify(
     plan_options = options.plan
     warm = () if options.dry_run else replay.devices[:1]
     verification: Verification | None = None
+    started = time.perf_counter()
     with open_replay(path, plan_options, warm_devices=warm) as session:
         plan = session.plan
+        operations = session.capture.operation_count
         for line in plan.describe():
             say(line)
         _say_recovered(session.capture, say)
@@ -71,9 +74,13 @@ def verify(
             if options.dry_run:
                 say(f"dry run: plan {'has problems' if problems else 'OK'}; nothing was executed")
             outcome = Outcome.FAILED if problems else Outcome.PLANNED
-            detail = f"{len(problems)} problem(s); nothing was executed" if problems else ""
-            return VerifyResult(capture, outcome, detail=detail, problems=problems)
+            detail = problems[0] if problems else ""
+            setup_s = time.perf_counter() - started
+            return VerifyResult(
+                capture, outcome, detail=detail, problems=problems, operations=operations, setup_s=setup_s
+            )
         replayer = session.start(replay)
+        setup_s = time.perf_counter() - started
         for k, gpu in enumerate(replayer.gpus):
             major, minor = gpu.compute_capability
             say(f"device        #{k + 1} on cuda:{gpu.ordinal} {gpu.name} sm_{major}{minor}")
@@ -89,6 +96,11 @@ def verify(
         if verification is not None:
             verification.note_runs(result)
             errors += verification.finish(replayer)
+        timed_ms: list[float] = []
+        if options.timed_runs and not errors:
+            timed = replayer.run(options.timed_runs, verify=False)
+            errors += timed.errors
+            timed_ms = timed.device_ms
     if verification is not None and verification.wants_reference and not errors:
         # which bytes the captured kernels write: a poisoned replay of the capture as recorded
         reference_plan = dataclasses.replace(plan_options, substitutions=(), launch_overrides=())
@@ -119,6 +131,9 @@ def verify(
         device_ms=tuple(result.device_ms),
         state_ms=tuple(result.state_ms),
         built_while_running=result.built_while_running,
+        timed_ms=tuple(timed_ms),
+        operations=operations,
+        setup_s=setup_s,
         compared=report.compared if report is not None else 0,
         summary=report.summary() if report is not None else "",
         report_lines=tuple(report.lines()) if report is not None else (),
