@@ -16,14 +16,17 @@ program, record it, judge and self-check the file, keep or remove it. ``tune`` i
 ``tune-replay``: launch shapes searched on a replayed kernel, every candidate verified. ``benchmark`` is
 ``benchmark-replay``: a scope timed from the same starting state every time. ``corpus`` is
 ``corpus-replay``: every capture of a directory verified on a fan-out of workers, each row by
-``verify``.
+``verify``. ``extract`` is ``extract-replay`` (it lives in ``replayfmt.edit``, exported here) and
+``diff`` is ``diff-replay``.
 
 The modules are named for the work (``verifying``, ``recording``, ``tuning``, ...) so that the
 functions this package exports never shadow them.
 """
 
+from replayfmt.edit import ExtractOptions, ExtractResult, Selection, extract
 from replayfmt.replay.verify_types import EvidencePolicy, Outcome, VerifyOptions, VerifyResult
 from replayfmt.verbs.benchmarking import BenchmarkReplayOptions, benchmark
+from replayfmt.verbs.comparing import DiffOptions, DiffResult, diff
 from replayfmt.verbs.corpus_runs import CorpusOptions, CorpusResult, corpus
 from replayfmt.verbs.recording import RecordResult, RunAndRecordOptions, run_and_record
 from replayfmt.verbs.tuning import TuneOptions, TuneResult, tune
@@ -33,16 +36,23 @@ __all__ = [
     "BenchmarkReplayOptions",
     "CorpusOptions",
     "CorpusResult",
+    "DiffOptions",
+    "DiffResult",
     "EvidencePolicy",
+    "ExtractOptions",
+    "ExtractResult",
     "Outcome",
     "RecordResult",
     "RunAndRecordOptions",
+    "Selection",
     "TuneOptions",
     "TuneResult",
     "VerifyOptions",
     "VerifyResult",
     "benchmark",
     "corpus",
+    "diff",
+    "extract",
     "run_and_record",
     "tune",
     "verify",
