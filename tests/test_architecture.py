@@ -234,12 +234,9 @@ def test_the_replayer_stays_short():
     pytest.fail("no Replayer class in replayfmt/replay")
 
 
-# A console script's main parses flags into a verb's options, calls it and prints (issue 43); its
-# body (the docstring aside) stays short. Mains not yet thinned to a verb, by name:
+# A console script's main parses flags into a verb's options (replayfmt.verbs), calls it and
+# prints; its body (the docstring aside) stays short: the workflow lives in the library.
 MAX_CLI_MAIN_LINES = 40
-CLI_MAINS_NOT_YET_THINNED = {
-    "tools/dump_replay.py",
-}
 
 
 def cli_main_lines(path: Path) -> int:
@@ -257,8 +254,6 @@ def cli_main_lines(path: Path) -> int:
 def test_a_command_line_main_only_parses_calls_and_prints(path):
     name = str(path.relative_to(ROOT))
     lines = cli_main_lines(path)
-    if name in CLI_MAINS_NOT_YET_THINNED:
-        pytest.skip(f"{name}: main not yet a verb's wrapper ({lines} lines)")
     assert lines <= MAX_CLI_MAIN_LINES, (
         f"{name}: main has {lines} lines (at most {MAX_CLI_MAIN_LINES}): move the workflow into a library verb "
         "(replayfmt.verbs) and keep flags, the call and the printing here"
