@@ -245,3 +245,22 @@ def test_the_tune_verb_searches_resumes_and_names_the_winner(tmp_path, monkeypat
     plan = PlanOptions(substitutions=(Substitution.parse("7@ptx=/k.ptx"),), remaps=(FileRemap.parse("/a=/b"),))
     config = tuning.worker_config(str(path), result.targets, TuneOptions(space=space, launch=1, plan=plan))
     assert config.plan == {"substitutions": ["7@ptx=/k.ptx"], "remaps": ["/a=/b"], "fixed_addresses": False}
+
+
+def test_a_candidate_reshapes_a_launch_as_run_replay_launch_does(tmp_path):
+    import json
+
+    from replayfmt.measure.tune import candidate_request
+    from replayfmt.replay.plan_options import LaunchOverride, ShapeOverride
+
+    with replayfmt.open(capture(tmp_path / "t.kreplay")) as cap:
+        op = cap.operation(1)
+    candidate = Candidate(block=(128, 1, 1), smem=4096)
+    sent = json.loads(json.dumps(candidate_request(candidate)))  # the worker's line
+    reshape = ShapeOverride.from_dict(sent["reshape"])
+    flag = LaunchOverride.parse("1:block=128,smem=4096")
+    assert reshape == candidate.reshape == flag.reshape
+    assert reshape.apply(op) == flag.shape(op) and reshape.apply(op).grid == (64, 1, 1)
+    for bad, field in [({"grid": [0, 1, 1]}, "grid"), ({"block": [2, 2]}, "block"), ({"shared_memory": -1}, "shared")]:
+        with pytest.raises(replayfmt.ReplayUsageError, match=field):
+            ShapeOverride.from_dict(bad)
