@@ -15,12 +15,13 @@ import click
 
 from replayfmt.cuda.address_space import restart_without_aslr
 from replayfmt.errors import ReplayUsageError
+from replayfmt.format.layout import Limits
 from replayfmt.format.names import demangle
 from replayfmt.measure import kernel_times as kt
 from replayfmt.measure.benchmark import BenchmarkOptions, BenchmarkResult
 from replayfmt.verbs import BenchmarkReplayOptions, benchmark
 from replayfmt_tools.common import EXIT_OK, agents_md_option, check_new_file, reports_errors
-from replayfmt_tools.options import parse_devices, plan_options, replay_options
+from replayfmt_tools.options import limit_option, parse_devices, plan_options, replay_options
 
 EPILOG = """\b
 Setup (allocations, module loads, uploads, the operations before the scope, the captured
@@ -197,6 +198,7 @@ def _compare(result: BenchmarkResult, baseline_path: Path, baseline: dict[str, A
     help="Write a Chrome/Perfetto trace of the last iteration (a track per stream).",
 )
 @replay_options
+@limit_option
 @agents_md_option("benchmark-replay")
 @reports_errors("benchmark-replay")
 def main(
@@ -219,6 +221,7 @@ def main(
     launches: tuple[str, ...],
     fixed_addresses: bool,
     nvtx: bool,
+    limits: Limits,
 ) -> int:
     """Time replayed work faithfully: exactly the scope asked for (the whole capture without
     --scope), from the same starting state every time; setup and starting state stay outside the
@@ -242,6 +245,7 @@ def main(
         ),
         devices=parse_devices(devices),
         nvtx=nvtx,
+        limits=limits,
     )
     _check_new_files(trace=trace, output=output)
     baseline = load_baseline(compare_to) if compare_to is not None else None

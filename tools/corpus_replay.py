@@ -6,10 +6,11 @@ from pathlib import Path
 
 import click
 
+from replayfmt.format.layout import Limits
 from replayfmt.measure.corpus import CorpusRow
 from replayfmt.verbs import CorpusOptions, CorpusResult, corpus
 from replayfmt_tools.common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, ToolExit, agents_md_option, reports_errors
-from replayfmt_tools.options import cluster_options, parse_devices
+from replayfmt_tools.options import cluster_options, limit_option, parse_devices
 
 EPILOG = """\b
 Each capture is one task on a worker pinned to one GPU (--device, several times; or the workers
@@ -80,6 +81,7 @@ Examples:
     show_default=True,
     help="With --compare-to: a device time over this many times the baseline's is a regression.",
 )
+@limit_option
 @agents_md_option("corpus-replay")
 @reports_errors("corpus-replay")
 def main(
@@ -93,6 +95,7 @@ def main(
     csv_path: Path | None,
     baseline: Path | None,
     threshold: float,
+    limits: Limits,
 ) -> int:
     """Replay every capture of DIRECTORY (or plan it, with --dry-run) on one worker per GPU and
     print one table: verdict, operations, device time, host time; optionally compared with a baseline."""
@@ -106,6 +109,7 @@ def main(
         csv=csv_path,
         baseline=baseline,
         threshold=threshold,
+        limits=limits,
     )
     result = corpus(directory, options, progress=click.echo)
     _print_rows(list(result.rows))

@@ -15,8 +15,10 @@ from replayfmt.dump import Dumper, DumpFilter, PayloadMode, render_summary_text,
 from replayfmt.dump.export import prepare_directory
 from replayfmt.dump.summary import Summary
 from replayfmt.errors import ReplayFormatError, ReplayUsageError
+from replayfmt.format.layout import Limits
 from replayfmt.replay.replayable import judge
 from replayfmt_tools.common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, ToolExit, agents_md_option, reports_errors
+from replayfmt_tools.options import limit_option
 
 _FLUSH_EVERY = 2048
 
@@ -148,6 +150,7 @@ def _check_usage(
     help="Inline payload bytes in JSONL rows (up to 64 MiB each), or write each payload once to "
     "DIR/<hash>.bin (existing files are verified, never replaced).",
 )
+@limit_option
 @agents_md_option("dump-replay")
 @reports_errors("dump-replay", output_is_the_work=True)
 def main(
@@ -160,13 +163,14 @@ def main(
     grep: str | None,
     jq_program: str | None,
     payloads: str,
+    limits: Limits,
 ) -> int:
     """Show what a .kreplay capture holds: kernels, launch shapes, files, payloads, and whether it
     can be replayed. Streams in constant memory; jq-friendly."""
     payload_mode, payload_dir = _parse_payloads(payloads)
     dump_filter = DumpFilter.parse(ops=ops, kinds=kinds, object_id=object_id, grep=grep)
     try:
-        cap = replayfmt.open(capture)
+        cap = replayfmt.open(capture, limits=limits)
     except ReplayFormatError as exc:
         raise ToolExit(EXIT_USAGE, f"error: {exc}") from None
     with cap:

@@ -9,10 +9,18 @@ import click
 
 from replayfmt.cuda.address_space import restart_without_aslr
 from replayfmt.errors import ReplayUsageError, VerificationError
+from replayfmt.format.layout import Limits
 from replayfmt.replay.verify_types import DEFAULT_REPLAYS
 from replayfmt.verbs import EvidencePolicy, VerifyOptions, VerifyResult, verify as run_verify
 from replayfmt_tools.common import EXIT_OK, EXIT_PROBLEM, ToolExit, agents_md_option, reports_errors
-from replayfmt_tools.options import parse_devices, plan_options, replay_options, tolerance, tolerance_options
+from replayfmt_tools.options import (
+    limit_option,
+    parse_devices,
+    plan_options,
+    replay_options,
+    tolerance,
+    tolerance_options,
+)
 
 EPILOG = """\b
 Failure contract: replay is strict. An unsupported operation, a missing or changed file, an
@@ -99,6 +107,7 @@ Examples:
     help="Do not check payload frames against their hashes (faster uploads; a corrupted file then goes unseen).",
 )
 @click.option("--dry-run", is_flag=True, help="Parse, resolve files, load substitutions, check ABIs, plan; no GPU.")
+@limit_option
 @agents_md_option("run-replay")
 @reports_errors("run-replay")
 def main(
@@ -121,6 +130,7 @@ def main(
     continue_on_error: bool,
     no_payload_checks: bool,
     dry_run: bool,
+    limits: Limits,
 ) -> int:
     """Rebuild a capture on a CUDA device and run it: buffers reallocated and pointers relocated,
     streams and events rebuilt so captured concurrency is kept, optionally verified against the
@@ -147,6 +157,7 @@ def main(
         nvtx=nvtx,
         check_payloads=not no_payload_checks,
         dry_run=dry_run,
+        limits=limits,
     )
     if fixed_addresses and not dry_run:
         restart_without_aslr()  # recorded addresses are reachable only so (see address_space)

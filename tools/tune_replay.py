@@ -7,11 +7,13 @@ from pathlib import Path
 import click
 
 from replayfmt.cuda.address_space import restart_without_aslr
+from replayfmt.format.layout import Limits
 from replayfmt.measure.tune import SearchSpace, parse_dims_list, parse_int_list
 from replayfmt.verbs import TuneOptions, TuneResult, tune
 from replayfmt_tools.common import EXIT_OK, EXIT_PROBLEM, ToolExit, agents_md_option, reports_errors
 from replayfmt_tools.options import (
     cluster_options,
+    limit_option,
     parse_devices,
     plan_options,
     source_options,
@@ -112,6 +114,7 @@ Examples:
 )
 @cluster_options
 @source_options
+@limit_option
 @agents_md_option("tune-replay")
 @reports_errors("tune-replay")
 def main(
@@ -139,6 +142,7 @@ def main(
     substitutions: tuple[str, ...],
     remaps: tuple[str, ...],
     fixed_addresses: bool,
+    limits: Limits,
 ) -> int:
     """Search grid, block and shared-memory sizes for a replayed kernel; print the best ones and
     the winning shape as ready run-replay flags."""
@@ -164,6 +168,7 @@ def main(
         devices=parse_devices(device_list),
         scheduler=scheduler,
         engine=engine,
+        limits=limits,
     )
     if fixed_addresses:
         restart_without_aslr()  # recorded addresses are reachable only so (see address_space)

@@ -401,6 +401,7 @@ class WorkerConfig:
     atol: float | None = None
     tolerance: bool = False
     nodes: tuple[tuple[int, int], ...] = ()  # (graph, node): kernel nodes tuned with the launches
+    limits: dict[str, int] = field(default_factory=dict)  # the reader's caps that differ from the defaults
 
 
 class Worker:

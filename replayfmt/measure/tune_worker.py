@@ -14,6 +14,7 @@ from replayfmt.cuda.driver import check
 from replayfmt.errors import DeviceError, DeviceUnavailableError, ReplayError
 from replayfmt.execute import ReplaySession, open_replay
 from replayfmt.format import model as m
+from replayfmt.format.layout import DEFAULT_LIMITS
 from replayfmt.measure.fanout import Outcome
 from replayfmt.replay.compare import Tolerance
 from replayfmt.replay.options import ReplayOptions
@@ -61,6 +62,7 @@ class Evaluator:
                     remaps=tuple(FileRemap.parse(r) for r in config["plan"].get("remaps", ())),
                     fixed_addresses=bool(config["plan"].get("fixed_addresses")),
                 ),
+                limits=DEFAULT_LIMITS.overridden(config.get("limits", {})),
             )
             self._prepare()
         except ReplayError as exc:  # "unavailable": no driver or GPU here (the tool exits 2, as the others do)

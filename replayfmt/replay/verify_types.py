@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from replayfmt.errors import DeviceUnavailableError, ReplayError, ReplayFormatError, ReplayUsageError
+from replayfmt.format.layout import DEFAULT_LIMITS, Limits
 from replayfmt.replay.compare import Tolerance
 from replayfmt.replay.plan_options import PlanOptions
 
@@ -53,6 +54,7 @@ class VerifyOptions:
     nvtx: bool = False  # NVTX ranges around scopes and launches
     check_payloads: bool = True  # check payload frames against their hashes
     dry_run: bool = False  # parse, resolve files, load substitutions, check ABIs, plan; no GPU
+    limits: Limits = DEFAULT_LIMITS  # the reader's caps (--limit NAME=VALUE)
 
     def __post_init__(self) -> None:
         if self.replays < 1 or self.repetitions < 1 or self.timed_runs < 0:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from replayfmt.execute import open_replay
+from replayfmt.format.layout import DEFAULT_LIMITS, Limits
 from replayfmt.measure.benchmark import Benchmark, BenchmarkOptions, BenchmarkResult, find_region
 from replayfmt.replay.options import ReplayOptions
 from replayfmt.replay.plan_options import PlanOptions
@@ -30,6 +31,7 @@ class BenchmarkReplayOptions:
     plan: PlanOptions = field(default_factory=PlanOptions)  # substitutions, remaps, launch overrides
     devices: tuple[int, ...] = (0,)  # captured device k runs on cuda:devices[k]
     nvtx: bool = False  # NVTX ranges around scopes and launches
+    limits: Limits = DEFAULT_LIMITS  # the reader's caps (--limit NAME=VALUE)
 
 
 def benchmark(
@@ -39,6 +41,6 @@ def benchmark(
     capture at ``path``; ``progress`` is told each iteration."""
     options = options or BenchmarkReplayOptions()
     replay = ReplayOptions(devices=options.devices, uploads_from_host=True, nvtx=options.nvtx)
-    with open_replay(path, options.plan) as session:
+    with open_replay(path, options.plan, limits=options.limits) as session:
         region = find_region(session.capture, options.measure.scope)  # before any device work
         return Benchmark(session.start(replay), region, options.measure).run(progress)

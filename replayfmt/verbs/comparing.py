@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from replayfmt.edit.diff import Diff, diff_captures
 from replayfmt.edit.diff_view import DEFAULT_FAIL_ON, Threshold, failures
 from replayfmt.errors import ReplayUsageError
+from replayfmt.format.layout import DEFAULT_LIMITS, Limits
 from replayfmt.reader import open_capture
 
 
@@ -17,6 +18,7 @@ class DiffOptions:
     """What :func:`diff` is asked; the defaults are ``diff-replay A B``'s (every structural change fails)."""
 
     fail_on: tuple[Threshold, ...] = DEFAULT_FAIL_ON
+    limits: Limits = DEFAULT_LIMITS  # the reader's caps (--limit NAME=VALUE)
 
     def __post_init__(self) -> None:
         if not self.fail_on:
@@ -37,6 +39,6 @@ def diff(
 ) -> DiffResult:
     """Compare the captures at ``before`` and ``after`` (no GPU)."""
     options = options or DiffOptions()
-    with open_capture(before) as a, open_capture(after) as b:
+    with open_capture(before, limits=options.limits) as a, open_capture(after, limits=options.limits) as b:
         compared = diff_captures(a, b)
     return DiffResult(compared, tuple(failures(compared, options.fail_on)), options.fail_on)

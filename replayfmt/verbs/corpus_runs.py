@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from replayfmt.errors import DeviceError, DeviceUnavailableError, ReplayError, ReplayUsageError
+from replayfmt.format.layout import DEFAULT_LIMITS, Limits
 from replayfmt.measure.corpus import (
     VERDICTS,
     Comparison,
@@ -51,9 +52,11 @@ def verify_row(path: str, settings: dict[str, Any]) -> Outcome:
     """A fan-out task: one capture's row (as a dict). ``settings``: ``dry_run`` (plan only),
     ``repetitions`` (timed runs after the verified one). Poisoned after a sticky CUDA error."""
     dry_run = bool(settings.get("dry_run"))
-    options = VerifyOptions(dry_run=dry_run, timed_runs=0 if dry_run else max(1, int(settings.get("repetitions", 3))))
+    timed = 0 if dry_run else max(1, int(settings.get("repetitions", 3)))
+    limits = DEFAULT_LIMITS.overridden(settings.get("limits", {}))
     poisoned, verdict = False, ""
     try:
+        options = VerifyOptions(dry_run=dry_run, timed_runs=timed, limits=limits)
         result = verify(path, options)
     except ReplayError as exc:
         result = VerifyResult.from_error(path, exc)
@@ -84,6 +87,7 @@ class CorpusOptions:
     csv: Path | None = None  # the rows written here (a new file)
     baseline: Path | None = None  # another directory of the same captures, or a CSV of an earlier run
     threshold: float = 1.05  # device time over this times the baseline's is a regression
+    limits: Limits = DEFAULT_LIMITS  # the reader's caps (--limit NAME=VALUE), the workers' too
 
     def __post_init__(self) -> None:
         if self.repetitions < 1 or not self.timeout_s > 0 or not self.threshold > 0:
@@ -136,7 +140,7 @@ def corpus(
         if options.csv.exists():
             raise ReplayUsageError(f"--csv {options.csv}: already exists; choose another file")
         check_writable(options.csv, "--csv")
-    settings = {"dry_run": options.dry_run, "repetitions": options.repetitions}
+    settings = {"dry_run": options.dry_run, "repetitions": options.repetitions, "limits": options.limits.changes()}
     timeout, gpus = options.timeout_s, list(options.devices)
     with open_fanout(gpus, engine=options.engine or "auto", scheduler=options.scheduler, pin=not options.dry_run) as f:
         say(f"corpus: {len(paths)} capture(s) in {directory}; workers: {f.describe()}")

@@ -19,6 +19,7 @@ from pathlib import Path
 from replayfmt.errors import ReplayUsageError
 from replayfmt.execute import open_replay
 from replayfmt.format import model as m
+from replayfmt.format.layout import DEFAULT_LIMITS, Limits
 from replayfmt.format.names import demangle
 from replayfmt.measure.fanout import open_fanout
 from replayfmt.measure.tune import (
@@ -67,6 +68,7 @@ class TuneOptions:
     devices: tuple[int, ...] = (0,)  # several: one worker per GPU
     scheduler: str | None = None  # a Dask cluster's address (fan out there)
     engine: str | None = None  # the fan-out's engine: auto, dask, local
+    limits: Limits = DEFAULT_LIMITS  # the reader's caps (--limit NAME=VALUE), the workers' too
 
     def __post_init__(self) -> None:
         space = self.space
@@ -136,7 +138,7 @@ def tune(path: str | os.PathLike[str], options: TuneOptions, *, progress: Progre
     _check_outputs(options)
     capture = os.fspath(path)
     space = options.space
-    with open_replay(path, options.plan) as session:
+    with open_replay(path, options.plan, limits=options.limits) as session:
         plan = session.plan
         targets = find_targets(plan, launch=options.launch, kernel=options.kernel)
         identity = capture_identity(session.capture)
@@ -209,6 +211,7 @@ def worker_config(capture: str, targets: Targets, options: TuneOptions) -> Worke
         rtol=options.tolerance.rtol,
         atol=options.tolerance.atol,
         tolerance=options.tolerance.enabled,
+        limits=options.limits.changes(),
     )
 
 

@@ -61,7 +61,7 @@ def verify(
     warm = () if options.dry_run else replay.devices[:1]
     verification: Verification | None = None
     started = time.perf_counter()
-    with open_replay(path, plan_options, warm_devices=warm) as session:
+    with open_replay(path, plan_options, warm_devices=warm, limits=options.limits) as session:
         plan = session.plan
         operations = session.capture.operation_count
         for line in plan.describe():
@@ -104,7 +104,7 @@ def verify(
     if verification is not None and verification.wants_reference and not errors:
         # which bytes the captured kernels write: a poisoned replay of the capture as recorded
         reference_plan = dataclasses.replace(plan_options, substitutions=(), launch_overrides=())
-        with open_replay(path, reference_plan) as reference:
+        with open_replay(path, reference_plan, limits=options.limits) as reference:
             replayer = reference.start(dataclasses.replace(replay, save_output=None))
             verification.apply_reference(verification.reference_written(replayer))
     for i, (ms, state_ms) in enumerate(zip(result.device_ms, result.state_ms, strict=True)):
