@@ -37,6 +37,10 @@ def test_what_each_operation_of_a_real_capture_touches(tmp_path):
     assert by_kind[OperationKind.EVENT_RECORD].events == {event}
     assert by_kind[OperationKind.STREAM_WAIT_EVENT].streams == {ids["stream2"]}
     assert by_kind[OperationKind.GRAPH_LAUNCH].graphs == {ids["graph"]}
-    assert by_kind[OperationKind.MODULE_LOAD] == Uses(executables=frozenset({exe}), module_globals=True)
+    load = Uses(executables=frozenset({exe}), devices=frozenset({ids["device"]}), module_globals=True)
+    assert by_kind[OperationKind.MODULE_LOAD] == load
+    assert by_kind[OperationKind.DEVICE_SYNCHRONIZE].devices == {ids["device"]}
+    everything = set().union(*(uses(op).ids() for op in ops))  # what dump-replay --object finds
+    assert {x, y, exe, event, ids["stream"], ids["stream2"], ids["graph"], ids["device"]} <= everything
     assert by_kind[OperationKind.DESTROY_OBJECT].objects == {event}
     assert uses(m.ScopeBegin(0, "step")) == Uses() == uses(m.UnknownOperation(0, 99))

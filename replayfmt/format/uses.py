@@ -35,7 +35,25 @@ class Uses:
     streams: frozenset[int] = _NONE
     graphs: frozenset[int] = _NONE  # a graph launch's graph: its nodes touch more (walk it)
     objects: frozenset[int] = _NONE  # created or destroyed
+    devices: frozenset[int] = _NONE  # a module load's device, a device synchronisation's
+    files: frozenset[int] = _NONE  # a copy's source file (a FileReference)
+    pointed: frozenset[int] = _NONE  # buffers whose replayed addresses it stores (pointers in data, 1.3)
     module_globals: bool = False  # reads, and may write, the module globals of its executables' images
+
+    def ids(self) -> frozenset[int]:
+        """Every object it refers to (dump-replay --object)."""
+        return (
+            self.buffers
+            | self.checked
+            | self.executables
+            | self.events
+            | self.streams
+            | self.graphs
+            | self.objects
+            | self.devices
+            | self.files
+            | self.pointed
+        ) - {0}
 
 
 def _ids(*values: int) -> frozenset[int]:
@@ -49,7 +67,8 @@ def _launch(op: Any) -> Uses:
 
 def _copy(op: Any) -> Uses:
     touched = _ids(op.src_buffer, op.dst_buffer)
-    return Uses(touched, _ids(op.dst_buffer), streams=frozenset({op.stream}))
+    pointed = _ids(*(r.target_buffer for r in op.relocations))
+    return Uses(touched, _ids(op.dst_buffer), streams=frozenset({op.stream}), files=_ids(op.src_file), pointed=pointed)
 
 
 def _memset(op: Any) -> Uses:
@@ -57,7 +76,7 @@ def _memset(op: Any) -> Uses:
 
 
 def _state(op: Any) -> Uses:
-    return Uses(_ids(op.buffer), _ids(op.buffer))
+    return Uses(_ids(op.buffer), _ids(op.buffer), pointed=_ids(*(r.target_buffer for r in op.relocations)))
 
 
 def _checkpoint(op: Any) -> Uses:
@@ -66,7 +85,7 @@ def _checkpoint(op: Any) -> Uses:
 
 def _module_load(op: Any) -> Uses:
     # a load sets its image's globals to the bytes the image gives them
-    return Uses(executables=_ids(op.executable), module_globals=True)
+    return Uses(executables=_ids(op.executable), devices=_ids(op.device), module_globals=True)
 
 
 def _stream_only(op: Any) -> Uses:
@@ -87,7 +106,7 @@ USES: dict[OperationKind, Callable[[Any], Uses]] = {
     _K.EVENT_RECORD: lambda op: Uses(events=_ids(op.event), streams=frozenset({op.stream})),
     _K.STREAM_WAIT_EVENT: lambda op: Uses(events=_ids(op.event), streams=frozenset({op.stream})),
     _K.STREAM_SYNCHRONIZE: _stream_only,
-    _K.DEVICE_SYNCHRONIZE: lambda op: Uses(),
+    _K.DEVICE_SYNCHRONIZE: lambda op: Uses(devices=_ids(op.device)),
     _K.EVENT_SYNCHRONIZE: lambda op: Uses(events=_ids(op.event)),
     _K.SCOPE_BEGIN: lambda op: Uses(),
     _K.SCOPE_END: lambda op: Uses(),
