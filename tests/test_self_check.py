@@ -109,3 +109,21 @@ def test_what_is_too_large_to_replay_now_is_skipped_with_the_reason(tmp_path):
     assert "over the self-check's" in skip_reason(path, device_bytes=0, free_bytes=None, max_file_bytes=1024)
     why = skip_reason(path, device_bytes=3 << 30, free_bytes=1 << 30, max_file_bytes=1 << 30)
     assert why.startswith("its buffers need 3.00 GiB of device memory and 1.00 GiB are free")
+
+
+def test_the_real_child_gives_the_verdict_this_process_gives(tmp_path):
+    """``python -m replayfmt.verbs`` itself, across the process boundary (options pickled in, the
+    result as JSON out): the self-check's verdict is the one the verify verb gives here (without
+    a GPU: could not replay here; with one: verified)."""
+    from pathlib import Path
+
+    from replayfmt.errors import ReplayError
+    from replayfmt.verbs import verify
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "saxpy.kreplay"
+    try:
+        direct = verify(path)
+    except ReplayError as exc:
+        direct = VerifyResult.from_error(path, exc)
+    check = replay_check(path, fixed_addresses=False, timeout_s=120)
+    assert check.outcome == check_of(direct).outcome and check.detail == check_of(direct).detail
