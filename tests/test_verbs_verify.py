@@ -156,3 +156,20 @@ def test_a_corpus_row_is_the_verify_verbs_verdict(capture, playing, run, verdict
     assert row["device_ms"] == 0.0  # the median of the timed runs (the host replayer's clock reads 0)
     planned = verify_row(str(capture), {"dry_run": True}).value
     assert planned["verdict"] == "planned" and planned["ranges"] == 0 and planned["device_ms"] is None
+
+
+def test_docs_verbs_md_names_each_verb_with_its_parameters():
+    import inspect
+    import re
+    from pathlib import Path
+
+    import replayfmt.verbs as verbs
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "VERBS.md").read_text()
+    documented = dict(re.findall(r"\| `(\w+)\(([^`]*)\)` \|", text))
+    functions = {n for n in verbs.__all__ if inspect.isfunction(getattr(verbs, n))}
+    assert set(documented) == functions
+    for name, params in documented.items():
+        said = [p.split("=")[0].strip() for p in params.split(",") if p.strip() not in ("*", "")]
+        real = [p for p in inspect.signature(getattr(verbs, name)).parameters if p != "snapshot"]
+        assert said == real, name

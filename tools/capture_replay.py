@@ -150,11 +150,11 @@ def main(
     At the end the capture is checked as run-replay's plan checks it, then replayed and verified
     in a child process (what run-replay --verify runs, with its options: one verdict; bounded by
     --self-check-timeout and --self-check-max-gib, off with --no-self-check): `replayable: yes
-    (replayed and verified: N ranges)`, or what failed. A capture that cannot be replayed, or that stopped on an error (the
-    recorder's, or the program's while it was recorded: the file is marked partial), is removed
-    and the exit status is 1 (--keep-partial keeps the file and exits 0); a replay whose
-    verification finds a difference is reported and kept. The report also says what replay needs
-    from this host.
+    (replayed and verified: N ranges)`, or what failed. A capture that cannot be replayed, or
+    that stopped on an error (the recorder's, or the program's while it was recorded: the file
+    is marked partial), is removed and the exit status is 1 (--keep-partial keeps the file and
+    exits 0); a replay whose verification finds a difference is reported and kept. The report
+    also says what replay needs from this host.
     """
     # before CUDA, CUPTI or the program start: a path that cannot take the capture is one line now
     check_new_file(Path(output), "-o", overwrite_flag="--overwrite", overwrite=overwrite)
