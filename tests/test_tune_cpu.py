@@ -1,5 +1,6 @@
 """tune-replay without a GPU: the space, pruning, targets, CSV and resume, the plot, usage errors."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,7 @@ from replayfmt.measure.tune import (
 )
 from replayfmt.measure.tune_plot import plot
 from replayfmt.replay.plan import build_plan
-from replayfmt.replay.plan_options import PlanOptions, Substitution
+from replayfmt.replay.plan_options import LaunchOverride, PlanOptions, Substitution
 from replayfmt_tools.tune_replay import main
 
 SCALE = m.Function(name="scale", max_threads_per_block=512, max_dynamic_shared_memory=64 * 1024)
@@ -241,10 +242,18 @@ def test_the_tune_verb_searches_resumes_and_names_the_winner(tmp_path, monkeypat
     assert {r.candidate for r in again.results} == {r.candidate for r in result.results}
     with pytest.raises(replayfmt.ReplayUsageError, match="give a search space"):
         TuneOptions(space=SearchSpace(), launch=1)
-    # the workers are told the plan's options as the flags that gave them
-    plan = PlanOptions(substitutions=(Substitution.parse("7@ptx=/k.ptx"),), remaps=(FileRemap.parse("/a=/b"),))
+    # the workers are told the plan's options whole, as one JSON object
+    plan = PlanOptions(
+        substitutions=(Substitution.parse("7@ptx=/k.ptx"), Substitution.parse("all=/x.cubin")),
+        remaps=(FileRemap.parse("/a=/b"),),
+        launch_overrides=(LaunchOverride.parse("3:grid=2,block=64,smem=128"), LaunchOverride.parse("4:skip")),
+        fixed_addresses=True,
+    )
     config = tuning.worker_config(str(path), result.targets, TuneOptions(space=space, launch=1, plan=plan))
-    assert config.plan == {"substitutions": ["7@ptx=/k.ptx"], "remaps": ["/a=/b"], "fixed_addresses": False}
+    assert PlanOptions.from_dict(json.loads(json.dumps(config.plan))) == plan
+    assert PlanOptions.from_dict({}) == PlanOptions()
+    with pytest.raises(replayfmt.ReplayUsageError, match="plan options"):
+        PlanOptions.from_dict({"substitutions": [{"path": "/x"}]})
 
 
 def test_a_candidate_reshapes_a_launch_as_run_replay_launch_does(tmp_path):

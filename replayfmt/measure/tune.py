@@ -393,7 +393,7 @@ class CsvLog:
 class WorkerConfig:
     capture: str
     operations: tuple[int, ...]
-    plan: dict[str, Any]  # PlanOptions arguments as strings (substitutions, remaps, fixed_addresses)
+    plan: dict[str, Any]  # PlanOptions.to_dict(): what the worker plans with (PlanOptions.from_dict)
     device: int = 0
     warmup: int = 2
     repetitions: int = 10

@@ -9,7 +9,6 @@ import statistics
 import sys
 from typing import Any
 
-from replayfmt.container.files import FileRemap
 from replayfmt.cuda.driver import check
 from replayfmt.errors import DeviceError, DeviceUnavailableError, ReplayError
 from replayfmt.execute import ReplaySession, open_replay
@@ -18,7 +17,7 @@ from replayfmt.format.layout import DEFAULT_LIMITS
 from replayfmt.measure.fanout import Outcome
 from replayfmt.replay.compare import Tolerance
 from replayfmt.replay.options import ReplayOptions
-from replayfmt.replay.plan_options import PlanOptions, ShapeOverride, Substitution
+from replayfmt.replay.plan_options import PlanOptions, ShapeOverride
 
 
 def _reply(message: dict[str, Any]) -> None:
@@ -57,11 +56,7 @@ class Evaluator:
         try:
             self.session = open_replay(
                 config["capture"],
-                PlanOptions(
-                    substitutions=tuple(Substitution.parse(s) for s in config["plan"].get("substitutions", ())),
-                    remaps=tuple(FileRemap.parse(r) for r in config["plan"].get("remaps", ())),
-                    fixed_addresses=bool(config["plan"].get("fixed_addresses")),
-                ),
+                PlanOptions.from_dict(config["plan"]),
                 limits=DEFAULT_LIMITS.overridden(config.get("limits", {})),
             )
             self._prepare()

@@ -202,3 +202,46 @@ class PlanOptions:
     launch_overrides: tuple[LaunchOverride, ...] = ()
     fixed_addresses: bool = False
     continue_on_error: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """One JSON-able object (what a worker process is told)."""
+        return {
+            "substitutions": [
+                {"target": s.target, "path": str(s.path), "format": None if s.format is None else int(s.format)}
+                for s in self.substitutions
+            ],
+            "remaps": [[r.captured_prefix, r.new_prefix] for r in self.remaps],
+            "launch_overrides": [
+                {"operation": o.operation, "skip": o.skip, **o.reshape.to_dict()} for o in self.launch_overrides
+            ],
+            "fixed_addresses": self.fixed_addresses,
+            "continue_on_error": self.continue_on_error,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PlanOptions:
+        """The inverse of :meth:`to_dict` (absent keys: the defaults); a malformed object is a
+        ReplayUsageError naming what."""
+        try:
+            substitutions = tuple(
+                Substitution(
+                    s["target"], Path(s["path"]), None if s["format"] is None else m.ExecutableFormat(s["format"])
+                )
+                for s in data.get("substitutions", ())
+            )
+            remaps = tuple(FileRemap(str(a), str(b)) for a, b in data.get("remaps", ()))
+            overrides = []
+            for o in data.get("launch_overrides", ()):
+                shape = ShapeOverride.from_dict(o)
+                overrides.append(
+                    LaunchOverride(int(o["operation"]), shape.grid, shape.block, shape.shared_memory, bool(o["skip"]))
+                )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ReplayUsageError(f"plan options: malformed ({exc!r})") from None
+        return cls(
+            substitutions,
+            remaps,
+            tuple(overrides),
+            bool(data.get("fixed_addresses", False)),
+            bool(data.get("continue_on_error", False)),
+        )

@@ -43,7 +43,7 @@ from replayfmt.measure.tune import (
 )
 from replayfmt.measure.tune_plot import check_plot_path, plot
 from replayfmt.replay.compare import Tolerance
-from replayfmt.replay.plan_options import PlanOptions, Substitution
+from replayfmt.replay.plan_options import PlanOptions
 
 Progress = Callable[[str], None]
 
@@ -200,11 +200,7 @@ def worker_config(capture: str, targets: Targets, options: TuneOptions) -> Worke
         capture=capture,
         operations=targets.operations,
         nodes=targets.nodes,
-        plan={
-            "substitutions": [_substitution_flag(s) for s in plan.substitutions],
-            "remaps": [f"{r.captured_prefix}={r.new_prefix}" for r in plan.remaps],
-            "fixed_addresses": plan.fixed_addresses,
-        },
+        plan=plan.to_dict(),
         device=0 if options.fanning else options.devices[0],  # a fanned-out worker sees only its GPU, as 0
         warmup=options.warmup,
         repetitions=options.repetitions,
@@ -213,12 +209,3 @@ def worker_config(capture: str, targets: Targets, options: TuneOptions) -> Worke
         tolerance=options.tolerance.enabled,
         limits=options.limits.changes(),
     )
-
-
-def _substitution_flag(substitution: Substitution) -> str:
-    """A substitution as its flag's value (ID=PATH, ID@FORMAT=PATH, all=PATH): how a worker is told."""
-    key = "all" if substitution.target is None else str(substitution.target)
-    formats = {value: name for name, value in m.EXECUTABLE_FORMATS.items()}
-    if substitution.format is not None:
-        key += f"@{formats[substitution.format]}"
-    return f"{key}={substitution.path}"
