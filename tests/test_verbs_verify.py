@@ -173,3 +173,10 @@ def test_docs_verbs_md_names_each_verb_with_its_parameters():
         said = [p.split("=")[0].strip() for p in params.split(",") if p.strip() not in ("*", "")]
         real = [p for p in inspect.signature(getattr(verbs, name)).parameters if p != "snapshot"]
         assert said == real, name
+
+
+def test_run_replays_json_carries_the_outcome(capture, playing):
+    playing["program"] = program(bug="off-by-one")
+    cli = CliRunner().invoke(run_replay, ["--verify", "--format=json", str(capture)])
+    said = json.loads(cli.stdout)
+    assert cli.exit_code == 1 and said["outcome"] == "mismatch" and said["detail"].startswith("1 of 2 compared")

@@ -185,7 +185,16 @@ def _print_result(result: VerifyResult, *, dry_run: bool, as_json: bool) -> int:
         click.echo(f"run-replay: error: {error}", err=True)
     if as_json:
         out = result.to_dict()
-        keys = ("capture", "device_ms", "state_ms", "built_while_running", "verification", "errors")
+        keys = (
+            "capture",
+            "outcome",
+            "detail",
+            "device_ms",
+            "state_ms",
+            "built_while_running",
+            "verification",
+            "errors",
+        )
         click.echo(json.dumps({key: out[key] for key in keys}, indent=2))
     if result.report is not None:
         click.echo(result.summary, err=as_json)
