@@ -17,6 +17,7 @@ import os
 import time
 
 from replayfmt.errors import ReplayError, ReplayUsageError
+from replayfmt.format.layout import DEFAULT_LIMITS, Limits
 from replayfmt.reader import Capture, open_capture
 from replayfmt.replay.devices import DeviceWarmup
 from replayfmt.replay.options import ReplayOptions, RunResult
@@ -83,17 +84,22 @@ class ReplaySession:
 
 
 def open_replay(
-    path: str | os.PathLike[str], plan_options: PlanOptions | None = None, *, warm_devices: tuple[int, ...] = ()
+    path: str | os.PathLike[str],
+    plan_options: PlanOptions | None = None,
+    *,
+    warm_devices: tuple[int, ...] = (),
+    limits: Limits = DEFAULT_LIMITS,
 ) -> ReplaySession:
     """Open a capture and plan its replay (every check that needs no GPU); see :class:`ReplaySession`.
 
     ``warm_devices``: the devices the replay will run on, whose CUDA start begins on a thread of
     its own while the capture is read and planned (:class:`~replayfmt.replay.devices.DeviceWarmup`);
-    none with ``fixed_addresses``, which must steer the driver before CUDA starts."""
+    none with ``fixed_addresses``, which must steer the driver before CUDA starts. ``limits``: the
+    reader's caps (``--limit``)."""
     options = plan_options or PlanOptions()
     warmup = DeviceWarmup(warm_devices) if warm_devices and not options.fixed_addresses else None
     try:
-        capture = open_capture(path)
+        capture = open_capture(path, limits=limits)
     except BaseException:
         if warmup is not None:
             warmup.close()

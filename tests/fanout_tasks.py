@@ -37,12 +37,12 @@ def sleep(seconds: float) -> float:
 def fake_candidate(config: dict, request: dict) -> Outcome:
     """Stands for the tune worker's evaluation: a candidate's time is its grid's x (the captured
     grid: 64); block 512 takes the process down, block 1024 poisons it (a sticky error)."""
-    block = request["block"] or [256, 1, 1]
+    block = request["reshape"]["block"] or [256, 1, 1]
     if block[0] == 512:
         os._exit(1)
     if block[0] == 1024:
         return Outcome({"error": "CUDA_ERROR_ILLEGAL_ADDRESS", "fatal": True}, poisoned=True)
-    grid = request["grid"] or [64, 1, 1]
+    grid = request["reshape"]["grid"] or [64, 1, 1]
     return Outcome({"median_ms": float(grid[0]), "stddev_ms": 0.01, "verified": True, "pid": os.getpid()})
 
 
@@ -50,8 +50,8 @@ def replay_or_crash(path: str, settings: dict) -> Outcome:
     """corpus-replay's task, except that a capture named crash.kreplay takes its worker down."""
     from pathlib import Path
 
-    from replayfmt.measure.corpus import replay_capture
+    from replayfmt.verbs.corpus_runs import verify_row
 
     if Path(path).name == "crash.kreplay":
         os._exit(11)
-    return replay_capture(path, settings)
+    return verify_row(path, settings)

@@ -41,7 +41,9 @@ ALLOWED: dict[str, set[str]] = {
     "replay": {"errors", "format", "container", "cuda", "reader"},
     "dump": {"errors", "version", "format", "container", "reader"},
     "measure": {"errors", "format", "container", "cuda", "replay", "reader", "execute"},
-    "capture": {"errors", "format", "container", "cuda", "replay", "writer", "reader"},
+    # the recorder writes; what its file is worth it asks the replay side (replay.replayable, and
+    # the verify verb in a child process, by module name): it never reads a capture itself
+    "capture": {"errors", "format", "container", "cuda", "replay", "writer"},
     # cutting captures apart and comparing them: reads one, writes another, replays a prefix on a GPU
     "edit": {"errors", "version", "format", "cuda", "reader", "writer", "replay", "execute"},
     # The design card's front doors: the public writing and reading API over container/, and the
@@ -50,6 +52,21 @@ ALLOWED: dict[str, set[str]] = {
     "reader": {"errors", "format", "container"},
     "execute": {"errors", "format", "reader", "replay"},
     "": {"errors", "version", "format", "container", "writer", "reader"},  # replayfmt/__init__.py: the public API
+    # one function per verb, typed options in and a typed result out, composing everything below
+    "verbs": {
+        "errors",
+        "version",
+        "format",
+        "container",
+        "cuda",
+        "reader",
+        "writer",
+        "replay",
+        "execute",
+        "measure",
+        "edit",
+        "capture",
+    },
 }
 MAX_MODULE_LINES = 600
 MAX_REPLAYER_LINES = 350
@@ -317,3 +334,29 @@ def test_the_replayer_stays_short():
                 assert length <= MAX_REPLAYER_LINES, f"Replayer is {length} lines (at most {MAX_REPLAYER_LINES})"
                 return
     pytest.fail("no Replayer class in replayfmt/replay")
+
+
+# A console script's main parses flags into a verb's options (replayfmt.verbs), calls it and
+# prints; its body (the docstring aside) stays short: the workflow lives in the library.
+MAX_CLI_MAIN_LINES = 40
+
+
+def cli_main_lines(path: Path) -> int:
+    """Lines of ``main``'s body in a tools/ module, its docstring left out."""
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.FunctionDef) and node.name == "main":
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                body = body[1:]
+            return body[-1].end_lineno - body[0].lineno + 1 if body else 0
+    return 0
+
+
+@pytest.mark.parametrize("path", sorted(TOOLS.glob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_command_line_main_only_parses_calls_and_prints(path):
+    name = str(path.relative_to(ROOT))
+    lines = cli_main_lines(path)
+    assert lines <= MAX_CLI_MAIN_LINES, (
+        f"{name}: main has {lines} lines (at most {MAX_CLI_MAIN_LINES}): move the workflow into a library verb "
+        "(replayfmt.verbs) and keep flags, the call and the printing here"
+    )

@@ -242,3 +242,19 @@ def test_a_scopes_nvtx_range_opens_and_closes_every_iteration():
             kinds = [s.kind for s in split.body if s.kind is not StepKind.TAG]
             assert kinds == [StepKind.NVTX_PUSH, StepKind.LAUNCH, StepKind.NVTX_POP], scope
             assert not any(s.kind in (StepKind.NVTX_PUSH, StepKind.NVTX_POP) for s in split.setup), scope
+
+
+def test_the_benchmark_verb_refuses_a_missing_scope_before_any_device_work(tmp_path, monkeypatch):
+    from replayfmt.execute import ReplaySession
+    from replayfmt.measure.benchmark import BenchmarkOptions
+    from replayfmt.verbs import BenchmarkReplayOptions, benchmark
+
+    def no_device(*_args, **_kwargs):
+        raise AssertionError("the device was started before the scope was found")
+
+    monkeypatch.setattr(ReplaySession, "start", no_device)
+    path = tmp_path / "s.kreplay"
+    scoped(path, [("begin", "a"), ("end", "a")])
+    options = BenchmarkReplayOptions(measure=BenchmarkOptions(scope="b"))
+    with pytest.raises(replayfmt.ReplayUsageError, match="'b'"):
+        benchmark(path, options)

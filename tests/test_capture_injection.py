@@ -18,6 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 import replayfmt
+import replayfmt.verbs.recording as record_verb
 from replayfmt.capture import CaptureMode, RecordOptions
 from replayfmt.capture.c_library import INJECTION_ABI, build_injection_library, injection_library, library_abi
 from replayfmt.capture.hosted import (
@@ -397,7 +398,7 @@ def test_a_native_programs_capture_is_kept_only_when_it_is_complete(tmp_path, mo
         Path(output).write_bytes(b"KREPLAY")  # what the child left
         return run
 
-    monkeypatch.setattr(capture_replay, "record_program", recorded)
+    monkeypatch.setattr(record_verb, "record_program", recorded)
     result = CliRunner().invoke(capture_replay.main, ["-o", str(out), "--no-self-check", "/bin/true"])
     assert (result.exit_code, out.exists()) == (status, kept), result.output
     assert "Traceback" not in result.output

@@ -8,6 +8,7 @@ from click.testing import CliRunner
 from test_capture_translate import MODULE, A, FakeMemory, kernel, record, saxpy_params
 
 import replayfmt
+import replayfmt.verbs.recording as record_verb
 from replayfmt.capture import RecordOptions, Translator, events as ev
 from replayfmt.capture.hostfiles import HostFiles
 from replayfmt.capture.self_check import Outcome, ReplayCheck
@@ -152,7 +153,7 @@ def test_capture_replay_exits_1_and_removes_an_unreplayable_capture_unless_kept(
     out = tmp_path / "out.kreplay"
     _FakeRecorder.image = cubin
     monkeypatch.setattr(_FakeRecorder, "unsupported", unsupported)
-    monkeypatch.setattr(capture_replay, "Recorder", _FakeRecorder)
+    monkeypatch.setattr(record_verb, "Recorder", _FakeRecorder)
     args = ["-o", str(out), *(["--keep-partial"] if keep else []), str(script)]
     result = CliRunner().invoke(capture_replay.main, args)
     stderr = result.stderr if hasattr(result, "stderr") else result.output
@@ -174,7 +175,7 @@ def run_tool(tmp_path, monkeypatch, *, replay=None, fail=False, keep=False, scri
     out = tmp_path / "out.kreplay"
     monkeypatch.setattr(_FakeRecorder, "replay", replay)
     monkeypatch.setattr(_FakeRecorder, "fail", fail)
-    monkeypatch.setattr(capture_replay, "Recorder", _FakeRecorder)
+    monkeypatch.setattr(record_verb, "Recorder", _FakeRecorder)
     args = ["-o", str(out), *(["--keep-partial"] if keep else []), *flags, str(path)]
     result = CliRunner().invoke(capture_replay.main, args)
     return result, (result.stderr if hasattr(result, "stderr") else result.output), out
@@ -247,3 +248,20 @@ def test_the_translator_stops_at_its_first_error(tmp_path, cubin):
     assert len(t.report.errors) == 1 and not t.recording  # nothing after the first error
     with replayfmt.open(path) as cap:
         assert not any(op.kind == m.OperationKind.MEMSET for op in cap)
+
+
+def test_the_record_verb_keeps_or_removes_and_says_why(tmp_path, cubin, monkeypatch):
+    _FakeRecorder.image = cubin
+    monkeypatch.setattr(record_verb, "Recorder", _FakeRecorder)
+    script = tmp_path / "prog.py"
+    script.write_text("print('hello')\n")
+    out = tmp_path / "out.kreplay"
+    lines: list[str] = []
+    kept = record_verb.run_and_record(str(script), (), out, say=lines.append)
+    assert (kept.exit_code, kept.kept, kept.replayable, kept.error) == (0, True, True, "")
+    assert "  replayable: yes (plan only: not replayed)" in lines
+    monkeypatch.setattr(_FakeRecorder, "fail", True)
+    options = record_verb.RunAndRecordOptions(overwrite=True, report=False)
+    removed = record_verb.run_and_record(str(script), (), out, options, say=lines.append, name="rec")
+    assert (removed.exit_code, removed.kept, removed.replayable) == (1, False, False) and not out.exists()
+    assert removed.error.startswith(f"error: {out} cannot be replayed (it is partial: ")

@@ -168,3 +168,17 @@ def test_changed_parameters_but_not_pointers(tmp_path):
     r = CliRunner().invoke(main, ["--all-launches", "--format=jsonl", str(a), str(c)])
     launches = [row for row in rows(r.output) if row["kind"] == "launch"]
     assert [row["changes"] for row in launches] == [["parameters"], [], [], []]
+
+
+def test_the_diff_verb_says_which_thresholds_the_change_crossed(pair):
+    from replayfmt.verbs import DiffOptions, diff
+
+    a, b = pair
+    result = diff(a, b)
+    assert [p.changes for p in result.diff.pairs if p.changes] == [("inserted",), ("executable",), ("shape",)]
+    assert result.failed and any("shape" in f for f in result.failed)
+    assert diff(a, a).failed == ()
+    timed = diff(a, b, DiffOptions(fail_on=tuple(parse_fail_on("time=50%"))))
+    assert timed.failed == ("time=50%: 1 kernels moved (gather x2.000)",)  # saxpy's 1.1x is within 50%
+    with pytest.raises(ReplayUsageError, match="at least one threshold"):
+        DiffOptions(fail_on=())

@@ -14,6 +14,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+import replayfmt.verbs.benchmarking as benchmarking
+import replayfmt.verbs.recording as record_verb
+import replayfmt.verbs.tuning as tune_verb
 from replayfmt_tools import benchmark_replay, capture_replay, dump_replay, tune_replay
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,7 +83,7 @@ def test_a_closed_pipe_ends_a_dump_quietly(cap):
 
 def test_a_search_space_wholly_pruned_is_a_usage_error_before_any_worker(cap, monkeypatch):
     """It printed "1 pruned, 0 to evaluate", then started a worker that failed."""
-    monkeypatch.setattr(tune_replay, "Worker", NoWork)
+    monkeypatch.setattr(tune_verb, "Worker", NoWork)
     code, out, err = invoke(tune_replay.main, "--launch=9", "--block=4096", str(cap))
     line = one_error(err, "tune-replay")
     assert code == 2 and "every point of the search space is pruned (1), none to evaluate" in line
@@ -95,7 +98,7 @@ def test_a_search_space_wholly_pruned_is_a_usage_error_before_any_worker(cap, mo
     ],
 )
 def test_the_plot_path_is_checked_before_the_search(cap, tmp_path, monkeypatch, name, message):
-    monkeypatch.setattr(tune_replay, "Worker", NoWork)
+    monkeypatch.setattr(tune_verb, "Worker", NoWork)
     code, _, err = invoke(tune_replay.main, "--launch=9", "--block=64;128", f"--plot={tmp_path / name}", str(cap))
     assert code == 2 and message in one_error(err, "tune-replay")
 
@@ -167,7 +170,7 @@ def test_flags_that_would_be_ignored_are_refused(cap, args, message):
 def test_benchmark_paths_are_checked_before_the_gpu(cap, tmp_path, monkeypatch, flag, setup, message):
     """Without a GPU the old code said the GPU was missing: these were read only after the run."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    monkeypatch.setattr(benchmark_replay, "open_replay", NoWork)
+    monkeypatch.setattr(benchmarking, "open_replay", NoWork)
     path = tmp_path / "b.json"
     if setup == "dir/":
         path = tmp_path / "missing" / "t.json"
@@ -197,7 +200,7 @@ def program(tmp_path: Path) -> tuple[Path, Path]:
     ],
 )
 def test_the_recorders_output_is_checked_before_the_program_runs(tmp_path, monkeypatch, where, message):
-    monkeypatch.setattr(capture_replay, "Recorder", NoWork)
+    monkeypatch.setattr(record_verb, "Recorder", NoWork)
     script, marker = program(tmp_path)
     out = {
         "exists": tmp_path / "old.kreplay",

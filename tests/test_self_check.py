@@ -1,105 +1,90 @@
-"""The recorder's self-check: what run-replay --verify's output earns, the child process within
-its time bound, and what is not replayed (too large, no device memory to spare). No GPU: the
-child is a stand-in printing what run-replay prints."""
+"""The recorder's self-check: the verify verb in a child process, its typed result read back (one
+JSON object, never the tool's text), the child within its time bound, a child that dies, and what
+is not replayed (too large, no device memory to spare). No GPU: the children here are stand-ins
+writing what the verify verb's child writes; tests/test_verbs_verify.py runs the real one."""
 
 from __future__ import annotations
 
+import json
+import pickle
 import sys
 
 import pytest
 
 from replayfmt.capture import self_check
-from replayfmt.capture.self_check import Outcome, read_verify_output, replay_check, replay_command, skip_reason
-
-VERIFIED = (
-    "device        #1 on cuda:0 NVIDIA H100 sm_90\n"
-    "op     12 buffer 3: ok 64 float32 compared\n"
-    "verified: 3 buffer range(s) match\n"
-)
-ILLEGAL = "operation 33 (device_synchronize): cuCtxSynchronize failed: CUDA_ERROR_ILLEGAL_ADDRESS"
-NOTHING = (
-    "repetition 1: 0.1 ms device time\nverify: the capture holds no checkpoints or expected downloads to compare\n"
-)
-MISMATCH_OUT = "op     12 buffer 3: MISMATCH 64 float32 compared (exact), 3 mismatching, first at index 7\n"
+from replayfmt.capture.self_check import Outcome, check_of, replay_check, replay_command, skip_reason
+from replayfmt.replay.verify_types import Outcome as Verified, VerifyOptions, VerifyResult
 
 
 @pytest.mark.parametrize(
-    ("code", "stdout", "stderr", "outcome", "ranges", "detail"),
+    ("result", "outcome", "ranges", "detail"),
     [
-        (0, VERIFIED, "", Outcome.VERIFIED, 3, ""),
-        # an operation failed, then verification found nothing or a difference: a failed replay
-        (
-            1,
-            "NOT verified: 3 range(s) compared\n",
-            f"run-replay: error: {ILLEGAL}\nrun-replay: error: verification: 1 of 3 compared range(s) failed\n",
-            Outcome.FAILED,
-            0,
-            ILLEGAL,
-        ),
-        # what run-replay --verify prints today (docs/VERIFY.md): the verdict line, then the problem
-        (0, "verified: 21 range(s) compared (21 typed) over 1 replay(s): 21 exact\n", "", Outcome.VERIFIED, 21, ""),
-        (
-            1,
-            "NOT verified: 193 range(s) compared (40 typed) over 4 replay(s): 21 exact, 172 wrong\n",
-            "run-replay: error: verification: 172 of 193 compared range(s) failed; first: op 227 buffer 3\n",
-            Outcome.MISMATCH,
-            0,
-            "172 of 193",
-        ),
-        (
-            1,
-            "NOT verified: 4 range(s) compared\n",
-            "run-replay: error: verification: nothing was proven: every one of the 4 compared range(s) held\n",
-            Outcome.NOTHING_TO_VERIFY,
-            0,
-            "nothing was proven",
-        ),
-        (0, NOTHING, "", Outcome.NOTHING_TO_VERIFY, 0, ""),
-        # nothing to compare exits non-zero where --verify insists on comparing something: still replayed
-        (1, NOTHING, "run-replay: error: nothing was verified\n", Outcome.NOTHING_TO_VERIFY, 0, ""),
-        (1, MISMATCH_OUT, "run-replay: error: verification failed for 1 buffer range(s)\n", Outcome.MISMATCH, 0, "op"),
-        (
-            1,
-            "",
-            f"run-replay: error: {ILLEGAL}\n",
-            Outcome.FAILED,
-            0,
-            ILLEGAL,
-        ),
-        (1, "", "", Outcome.FAILED, 0, "run-replay exited with status 1"),
+        (VerifyResult("c", Verified.VERIFIED, compared=3), Outcome.VERIFIED, 3, ""),
+        (VerifyResult("c", Verified.MISMATCH, "1 of 3 compared range(s) failed"), Outcome.MISMATCH, 0, "1 of 3"),
+        (VerifyResult("c", Verified.FAILED, "operation 33 (sync): ILLEGAL"), Outcome.FAILED, 0, "operation 33"),
+        (VerifyResult("c", Verified.NOTHING_TO_VERIFY, "nothing was proven"), Outcome.NOTHING_TO_VERIFY, 0, "nothing"),
         # another process gets no device (exclusive compute mode, say): nothing learnt of the capture
-        (2, "", "run-replay: error: no CUDA device\n", Outcome.SKIPPED, 0, "run-replay could not run here: no CUDA"),
+        (VerifyResult("c", Verified.UNAVAILABLE, "no CUDA device"), Outcome.SKIPPED, 0, "could not replay here: no"),
     ],
 )
-def test_what_run_replay_says_earns_the_verdict(code, stdout, stderr, outcome, ranges, detail):
-    check = read_verify_output(code, stdout, stderr)
+def test_the_verify_verbs_outcome_is_the_self_checks(result, outcome, ranges, detail):
+    check = check_of(result)
     assert (check.outcome, check.ranges) == (outcome, ranges) and check.detail.startswith(detail)
 
 
 def test_the_verdict_lines():
-    assert read_verify_output(0, VERIFIED, "").describe() == "replayed and verified: 3 ranges"
-    assert read_verify_output(1, "", "x: error: boom\n").describe() == "the replay failed: boom"
+    assert check_of(VerifyResult("c", Verified.VERIFIED, compared=3)).describe() == "replayed and verified: 3 ranges"
+    assert check_of(VerifyResult("c", Verified.FAILED, "boom")).describe() == "the replay failed: boom"
 
 
-def test_the_child_is_run_replay_verify_with_this_interpreter(tmp_path):
-    assert replay_command(tmp_path / "c.kreplay", fixed_addresses=True) == [
+def test_the_child_is_the_verify_verb_with_this_interpreter(tmp_path):
+    command = replay_command(tmp_path / "c.kreplay", tmp_path / "o.pickle", tmp_path / "r.json")
+    assert command == [
         sys.executable,
         "-m",
-        "replayfmt_tools.run_replay",
-        "--verify",
-        "--fixed-addresses",
+        "replayfmt.verbs",
+        "verify",
+        str(tmp_path / "o.pickle"),
         str(tmp_path / "c.kreplay"),
+        str(tmp_path / "r.json"),
     ]
 
 
+def test_the_child_gets_run_replay_verifys_default_options():
+    assert self_check.verify_options(fixed_addresses=False) == VerifyOptions()
+    assert self_check.verify_options(fixed_addresses=True).plan.fixed_addresses
+
+
 def stand_in(monkeypatch, code: str) -> None:
-    monkeypatch.setattr(self_check, "replay_command", lambda path, fixed_addresses: [sys.executable, "-c", code])
+    """The child: ``code`` run with the options' and the result's paths as sys.argv[1:]."""
+    monkeypatch.setattr(
+        self_check, "replay_command", lambda path, options, result: [sys.executable, "-c", code, options, result]
+    )
 
 
 def test_a_child_that_verifies(tmp_path, monkeypatch):
-    stand_in(monkeypatch, f"print({VERIFIED!r})")
-    check = replay_check(tmp_path / "c.kreplay", fixed_addresses=False, timeout_s=60)
+    written = VerifyResult(str(tmp_path / "c.kreplay"), Verified.VERIFIED, compared=3).to_dict()
+    code = (
+        "import json, pickle, sys\n"
+        "options = pickle.load(open(sys.argv[1], 'rb'))\n"
+        "assert options.plan.fixed_addresses\n"
+        f"json.dump({written!r}, open(sys.argv[2], 'w'))\n"
+    )
+    stand_in(monkeypatch, code)
+    check = replay_check(tmp_path / "c.kreplay", fixed_addresses=True, timeout_s=60)
     assert check.outcome == Outcome.VERIFIED and check.ranges == 3 and check.seconds > 0
+
+
+def test_a_child_that_dies_before_it_says_fails_the_check_with_its_last_words(tmp_path, monkeypatch):
+    stand_in(monkeypatch, "import sys; print('Segmentation fault in the driver', file=sys.stderr); sys.exit(139)")
+    check = replay_check(tmp_path / "c.kreplay", fixed_addresses=False, timeout_s=60)
+    assert check.outcome == Outcome.FAILED and check.detail == "Segmentation fault in the driver"
+
+
+def test_a_child_whose_result_is_malformed_fails_the_check(tmp_path, monkeypatch):
+    stand_in(monkeypatch, "import sys; open(sys.argv[2], 'w').write('{\"outcome\": \"verified\"}')")
+    check = replay_check(tmp_path / "c.kreplay", fixed_addresses=False, timeout_s=60)
+    assert check.outcome == Outcome.FAILED and "result is unreadable" in check.detail
 
 
 def test_a_child_past_its_time_is_stopped_and_the_check_says_so(tmp_path, monkeypatch):
@@ -109,6 +94,14 @@ def test_a_child_past_its_time_is_stopped_and_the_check_says_so(tmp_path, monkey
     assert check.seconds < 20
 
 
+def test_the_options_go_to_the_child_whole(tmp_path):
+    options = self_check.verify_options(fixed_addresses=True)
+    assert pickle.loads(pickle.dumps(options)) == options
+    result = VerifyResult("c", Verified.MISMATCH, "x", errors=("e",), device_ms=(1.5,), report={"ranges": []})
+    again = VerifyResult.from_dict(json.loads(json.dumps(result.to_dict())))
+    assert again == result and again.report == {"ranges": []}
+
+
 def test_what_is_too_large_to_replay_now_is_skipped_with_the_reason(tmp_path):
     path = tmp_path / "c.kreplay"
     path.write_bytes(bytes(4096))
@@ -116,3 +109,21 @@ def test_what_is_too_large_to_replay_now_is_skipped_with_the_reason(tmp_path):
     assert "over the self-check's" in skip_reason(path, device_bytes=0, free_bytes=None, max_file_bytes=1024)
     why = skip_reason(path, device_bytes=3 << 30, free_bytes=1 << 30, max_file_bytes=1 << 30)
     assert why.startswith("its buffers need 3.00 GiB of device memory and 1.00 GiB are free")
+
+
+def test_the_real_child_gives_the_verdict_this_process_gives(tmp_path):
+    """``python -m replayfmt.verbs`` itself, across the process boundary (options pickled in, the
+    result as JSON out): the self-check's verdict is the one the verify verb gives here (without
+    a GPU: could not replay here; with one: verified)."""
+    from pathlib import Path
+
+    from replayfmt.errors import ReplayError
+    from replayfmt.verbs import verify
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "saxpy.kreplay"
+    try:
+        direct = verify(path)
+    except ReplayError as exc:
+        direct = VerifyResult.from_error(path, exc)
+    check = replay_check(path, fixed_addresses=False, timeout_s=120)
+    assert check.outcome == check_of(direct).outcome and check.detail == check_of(direct).detail

@@ -1,11 +1,13 @@
 """tune-replay without a GPU: the space, pruning, targets, CSV and resume, the plot, usage errors."""
 
+import json
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 import replayfmt
+from replayfmt.container.files import FileRemap
 from replayfmt.format import model as m
 from replayfmt.measure.tune import (
     Candidate,
@@ -24,6 +26,7 @@ from replayfmt.measure.tune import (
 )
 from replayfmt.measure.tune_plot import plot
 from replayfmt.replay.plan import build_plan
+from replayfmt.replay.plan_options import LaunchOverride, PlanOptions, Substitution
 from replayfmt_tools.tune_replay import main
 
 SCALE = m.Function(name="scale", max_threads_per_block=512, max_dynamic_shared_memory=64 * 1024)
@@ -209,3 +212,64 @@ def test_tools_share_the_replay_and_tolerance_options_with_their_help():
     assert helps[main] == helps[run_main] and all(helps[main].values())
     text = " ".join(CliRunner().invoke(main, ["--help"]).stdout.split())
     assert "Relative tolerance (implies --tolerance)." in text and "The ABI must match." in text
+
+
+def test_the_tune_verb_searches_resumes_and_names_the_winner(tmp_path, monkeypatch):
+    import replayfmt.verbs.tuning as tuning
+    from replayfmt.verbs import TuneOptions, tune
+
+    class Worker(FakeWorker):
+        restarts = 0
+
+        def __init__(self, config) -> None:
+            super().__init__()
+            assert config.operations == (1, 2, 3)
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(tuning, "Worker", Worker)
+    path = capture(tmp_path / "t.kreplay")
+    space = SearchSpace(grids=[(1, 1, 1), (2, 1, 1)], blocks=[(128, 1, 1), (512, 1, 1)])
+    options = TuneOptions(space=space, kernel="^sca", csv=tmp_path / "t.csv")
+    lines: list[str] = []
+    result = tune(path, options, progress=lines.append)
+    assert lines[0].startswith("tuning scale (operations 1, 2, 3)") and "4 to evaluate" in lines[1]
+    assert result.good[0].candidate == Candidate((1, 1, 1), (128, 1, 1)) and len(result.failed) == 2
+    assert result.baseline is not None and result.baseline.ok
+    assert result.best_flags == " ".join(f"--launch={op}:grid=1,1,1,block=128,1,1,smem=0" for op in (1, 2, 3))
+    again = tune(path, options)  # resumed from the CSV: nothing evaluated twice
+    assert {r.candidate for r in again.results} == {r.candidate for r in result.results}
+    with pytest.raises(replayfmt.ReplayUsageError, match="give a search space"):
+        TuneOptions(space=SearchSpace(), launch=1)
+    # the workers are told the plan's options whole, as one JSON object
+    plan = PlanOptions(
+        substitutions=(Substitution.parse("7@ptx=/k.ptx"), Substitution.parse("all=/x.cubin")),
+        remaps=(FileRemap.parse("/a=/b"),),
+        launch_overrides=(LaunchOverride.parse("3:grid=2,block=64,smem=128"), LaunchOverride.parse("4:skip")),
+        fixed_addresses=True,
+    )
+    config = tuning.worker_config(str(path), result.targets, TuneOptions(space=space, launch=1, plan=plan))
+    assert PlanOptions.from_dict(json.loads(json.dumps(config.plan))) == plan
+    assert PlanOptions.from_dict({}) == PlanOptions()
+    with pytest.raises(replayfmt.ReplayUsageError, match="plan options"):
+        PlanOptions.from_dict({"substitutions": [{"path": "/x"}]})
+
+
+def test_a_candidate_reshapes_a_launch_as_run_replay_launch_does(tmp_path):
+    import json
+
+    from replayfmt.measure.tune import candidate_request
+    from replayfmt.replay.plan_options import LaunchOverride, ShapeOverride
+
+    with replayfmt.open(capture(tmp_path / "t.kreplay")) as cap:
+        op = cap.operation(1)
+    candidate = Candidate(block=(128, 1, 1), smem=4096)
+    sent = json.loads(json.dumps(candidate_request(candidate)))  # the worker's line
+    reshape = ShapeOverride.from_dict(sent["reshape"])
+    flag = LaunchOverride.parse("1:block=128,smem=4096")
+    assert reshape == candidate.reshape == flag.reshape
+    assert reshape.apply(op) == flag.shape(op) and reshape.apply(op).grid == (64, 1, 1)
+    for bad, field in [({"grid": [0, 1, 1]}, "grid"), ({"block": [2, 2]}, "block"), ({"shared_memory": -1}, "shared")]:
+        with pytest.raises(replayfmt.ReplayUsageError, match=field):
+            ShapeOverride.from_dict(bad)

@@ -19,6 +19,7 @@ from replayfmt.replay.judge import ValueVerdict
 from replayfmt.replay.plan import PlanOptions, build_plan
 from replayfmt.replay.plan_options import LaunchOverride
 from replayfmt.replay.verification import EvidencePolicy, Verification
+from replayfmt.verbs import verifying
 
 ROWS, COLS = 64, 256
 X_ID, OUT_ID, Y_ID = 2, 3, 4  # buffer ids as the writer hands them out (the device is 1)
@@ -418,9 +419,7 @@ def run_replay_on_host(monkeypatch, path: Path, programs: list, *flags: str):
     from replayfmt_tools import run_replay
 
     sessions = iter(programs)
-    monkeypatch.setattr(
-        run_replay, "open_replay", lambda p, options, **_: HostSession(Path(p), options, next(sessions))
-    )
+    monkeypatch.setattr(verifying, "open_replay", lambda p, options, **_: HostSession(Path(p), options, next(sessions)))
     result = CliRunner().invoke(run_replay.main, ["--verify", *flags, str(path)])
     return result.exit_code, result.stdout, result.stderr
 
@@ -456,7 +455,7 @@ def test_run_replay_fails_a_skipped_kernel_against_the_reference_replay(tmp_path
     from replayfmt_tools import run_replay
 
     # a skip of "operation 0" stands for any change of kernels: the plan says the work changed
-    monkeypatch.setattr(run_replay, "open_replay", with_skip)
+    monkeypatch.setattr(verifying, "open_replay", with_skip)
     monkeypatch.setattr(Verification, "kernels_changed", property(lambda self: True))
     result = CliRunner().invoke(run_replay.main, ["--verify", str(path)])
     assert result.exit_code == 1, result.stderr

@@ -15,13 +15,13 @@ import click
 
 from replayfmt.cuda.address_space import restart_without_aslr
 from replayfmt.errors import ReplayUsageError
-from replayfmt.execute import open_replay
+from replayfmt.format.layout import Limits
 from replayfmt.format.names import demangle
 from replayfmt.measure import kernel_times as kt
-from replayfmt.measure.benchmark import Benchmark, BenchmarkOptions, BenchmarkResult, find_region
-from replayfmt.replay.options import ReplayOptions
+from replayfmt.measure.benchmark import BenchmarkOptions, BenchmarkResult
+from replayfmt.verbs import BenchmarkReplayOptions, benchmark
 from replayfmt_tools.common import EXIT_OK, agents_md_option, check_new_file, reports_errors
-from replayfmt_tools.options import parse_devices, plan_options, replay_options
+from replayfmt_tools.options import limit_option, parse_devices, plan_options, replay_options
 
 EPILOG = """\b
 Setup (allocations, module loads, uploads, the operations before the scope, the captured
@@ -198,6 +198,7 @@ def _compare(result: BenchmarkResult, baseline_path: Path, baseline: dict[str, A
     help="Write a Chrome/Perfetto trace of the last iteration (a track per stream).",
 )
 @replay_options
+@limit_option
 @agents_md_option("benchmark-replay")
 @reports_errors("benchmark-replay")
 def main(
@@ -220,40 +221,35 @@ def main(
     launches: tuple[str, ...],
     fixed_addresses: bool,
     nvtx: bool,
+    limits: Limits,
 ) -> int:
     """Time replayed work faithfully: exactly the scope asked for (the whole capture without
     --scope), from the same starting state every time; setup and starting state stay outside the
     timed region. Elapsed time from CUDA events; GPU busy and per-operation times from CUPTI."""
     if fixed_addresses:
         restart_without_aslr()  # recorded addresses are reachable only so (see address_space)
-    options = plan_options(
-        substitutions=substitutions, remaps=remaps, launches=launches, fixed_addresses=fixed_addresses
+    options = BenchmarkReplayOptions(
+        measure=BenchmarkOptions(
+            scope=scope,
+            warmup=warmup,
+            repetitions=repetitions,
+            min_time=min_time,
+            mode=mode,
+            flush_l2=flush_l2,
+            per_kernel=per_kernel or trace is not None,
+            trace=trace,
+            clock=clock,
+        ),
+        plan=plan_options(
+            substitutions=substitutions, remaps=remaps, launches=launches, fixed_addresses=fixed_addresses
+        ),
+        devices=parse_devices(devices),
+        nvtx=nvtx,
+        limits=limits,
     )
-    replay = ReplayOptions(devices=parse_devices(devices), uploads_from_host=True, nvtx=nvtx)
-    # every path before any device work: a run must not end in an error about its own flags
-    if trace is not None:
-        check_new_file(trace, "--trace")
-    if output is not None:
-        check_new_file(output, "--output")
+    _check_new_files(trace=trace, output=output)
     baseline = load_baseline(compare_to) if compare_to is not None else None
-    with open_replay(capture, options) as session:
-        region = find_region(session.capture, scope)  # before any device work: a bad --scope fails fast
-        bench = Benchmark(
-            session.start(replay),
-            region,
-            BenchmarkOptions(
-                scope=scope,
-                warmup=warmup,
-                repetitions=repetitions,
-                min_time=min_time,
-                mode=mode,
-                flush_l2=flush_l2,
-                per_kernel=per_kernel or trace is not None,
-                trace=trace,
-                clock=clock,
-            ),
-        )
-        result = _run_with_progress(bench)
+    result = _run_with_progress(capture, options)
     if fmt == "json":
         text = json.dumps(result_json(result), indent=2) + "\n"
     elif fmt == "csv":
@@ -269,6 +265,14 @@ def main(
         for line in _compare(result, compare_to, baseline):
             click.echo(line, err=fmt != "text" and output is None)
     return EXIT_OK
+
+
+def _check_new_files(*, trace: Path | None, output: Path | None) -> None:
+    """Every path before any device work: a run must not end in an error about its own flags."""
+    if trace is not None:
+        check_new_file(trace, "--trace")
+    if output is not None:
+        check_new_file(output, "--output")
 
 
 def result_json(result: BenchmarkResult) -> dict[str, Any]:
@@ -295,10 +299,11 @@ def write_atomically(path: Path, text: str) -> None:
         raise ReplayUsageError(f"--output {path}: cannot write ({exc.strerror})") from None
 
 
-def _run_with_progress(bench: Benchmark) -> BenchmarkResult:
+def _run_with_progress(capture: Path, options: BenchmarkReplayOptions) -> BenchmarkResult:
     """A progress bar on stderr, shown only once the run has taken more than a second."""
     if not sys.stderr.isatty():
-        return bench.run()
+        return benchmark(capture, options)
+    min_time = options.measure.min_time
     from rich.progress import Progress
 
     state: dict[str, Any] = {}
@@ -309,11 +314,11 @@ def _run_with_progress(bench: Benchmark) -> BenchmarkResult:
         if "bar" not in state:
             state["bar"] = Progress(transient=True, console=None)
             state["bar"].start()
-            state["task"] = state["bar"].add_task("benchmarking", total=total or bench.options.min_time)
-        state["bar"].update(state["task"], completed=done if total else min(elapsed, bench.options.min_time))
+            state["task"] = state["bar"].add_task("benchmarking", total=total or min_time)
+        state["bar"].update(state["task"], completed=done if total else min(elapsed, min_time))
 
     try:
-        return bench.run(progress)
+        return benchmark(capture, options, progress=progress)
     finally:
         if "bar" in state:
             state["bar"].stop()

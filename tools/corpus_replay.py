@@ -6,12 +6,11 @@ from pathlib import Path
 
 import click
 
-from replayfmt.errors import ReplayUsageError
-from replayfmt.measure.corpus import VERDICTS, CorpusRow, compare, corpus_files, read_csv, run_corpus, write_csv
-from replayfmt.measure.fanout import open_fanout
-from replayfmt.measure.tune import check_output_writable
+from replayfmt.format.layout import Limits
+from replayfmt.measure.corpus import CorpusRow
+from replayfmt.verbs import CorpusOptions, CorpusResult, corpus
 from replayfmt_tools.common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, ToolExit, agents_md_option, reports_errors
-from replayfmt_tools.options import cluster_options, parse_devices
+from replayfmt_tools.options import cluster_options, limit_option, parse_devices
 
 EPILOG = """\b
 Each capture is one task on a worker pinned to one GPU (--device, several times; or the workers
@@ -82,6 +81,7 @@ Examples:
     show_default=True,
     help="With --compare-to: a device time over this many times the baseline's is a regression.",
 )
+@limit_option
 @agents_md_option("corpus-replay")
 @reports_errors("corpus-replay")
 def main(
@@ -95,57 +95,46 @@ def main(
     csv_path: Path | None,
     baseline: Path | None,
     threshold: float,
+    limits: Limits,
 ) -> int:
     """Replay every capture of DIRECTORY (or plan it, with --dry-run) on one worker per GPU and
     print one table: verdict, operations, device time, host time; optionally compared with a baseline."""
-    paths = corpus_files(directory)
-    baseline_paths = None
-    if baseline is not None:
-        if baseline.is_dir():
-            baseline_paths = corpus_files(baseline, "--compare-to")
-        elif not baseline.is_file():
-            raise ReplayUsageError(f"--compare-to {baseline}: no such directory or CSV file")
-    if csv_path is not None:
-        if csv_path.exists():
-            raise ReplayUsageError(f"--csv {csv_path}: already exists; choose another file")
-        check_output_writable(csv_path, "--csv")
-    settings = {"dry_run": dry_run, "repetitions": repetitions}
-    gpus = list(parse_devices(device_list))
-    with open_fanout(gpus, engine=engine or "auto", scheduler=scheduler, pin=not dry_run) as fanout:
-        click.echo(f"corpus: {len(paths)} capture(s) in {directory}; workers: {fanout.describe()}")
-        rows = sorted(run_corpus(fanout, paths, settings, timeout=timeout), key=lambda r: r.capture)
-        before = None
-        if baseline_paths is not None:
-            before = sorted(run_corpus(fanout, baseline_paths, settings, timeout=timeout), key=lambda r: r.capture)
-        replaced = fanout.replaced
-    if before is None and baseline is not None:
-        before = read_csv(baseline)
-    _print_rows(rows)
-    if csv_path is not None:
-        write_csv(csv_path, rows)
-        click.echo(f"csv: {csv_path}")
-    if replaced:
-        click.echo(f"(a worker was replaced {replaced} time(s): a capture broke its CUDA context, crashed or hung)")
-    failed = [r for r in rows if not r.ok]
-    regressions = []
-    if before is not None:
-        comparisons = compare(rows, before, threshold)
-        click.echo(f"\n{'capture':<32} {'baseline ms':>12} {'now ms':>10} {'ratio':>7}  regression")
-        for c in comparisons:
-            base = "" if c.baseline is None or c.baseline.device_ms is None else f"{c.baseline.device_ms:.4f}"
-            now = "" if c.row is None or c.row.device_ms is None else f"{c.row.device_ms:.4f}"
-            ratio = "" if c.ratio is None else f"{c.ratio:.3f}"
-            click.echo(f"{c.capture:<32} {base:>12} {now:>10} {ratio:>7}  {c.regression}")
-        regressions = [c for c in comparisons if c.regression]
-    counts = {v: n for v in VERDICTS if (n := sum(1 for r in rows if r.verdict == v))}
-    click.echo(
-        "\n"
-        + ", ".join(f"{n} {v}" for v, n in counts.items())
-        + (f"; {len(regressions)} regression(s)" if before is not None else "")
+    options = CorpusOptions(
+        dry_run=dry_run,
+        repetitions=repetitions,
+        devices=parse_devices(device_list),
+        scheduler=scheduler,
+        engine=engine,
+        timeout_s=timeout,
+        csv=csv_path,
+        baseline=baseline,
+        threshold=threshold,
+        limits=limits,
     )
-    if rows and all(r.verdict == "unavailable" for r in rows):
+    result = corpus(directory, options, progress=click.echo)
+    _print_rows(list(result.rows))
+    if csv_path is not None:
+        click.echo(f"csv: {csv_path}")
+    if result.replaced:
+        click.echo(
+            f"(a worker was replaced {result.replaced} time(s): a capture broke its CUDA context, crashed or hung)"
+        )
+    if result.comparisons is not None:
+        _print_comparisons(result)
+    regressions = f"; {len(result.regressions)} regression(s)" if result.comparisons is not None else ""
+    click.echo("\n" + ", ".join(f"{n} {v}" for v, n in result.counts.items()) + regressions)
+    if result.nowhere_to_run:
         raise ToolExit(EXIT_USAGE, "no GPU here for any worker (--dry-run plans without one)")
-    return EXIT_PROBLEM if failed or regressions else EXIT_OK
+    return EXIT_PROBLEM if result.failed or result.regressions else EXIT_OK
+
+
+def _print_comparisons(result: CorpusResult) -> None:
+    click.echo(f"\n{'capture':<32} {'baseline ms':>12} {'now ms':>10} {'ratio':>7}  regression")
+    for c in result.comparisons or ():
+        base = "" if c.baseline is None or c.baseline.device_ms is None else f"{c.baseline.device_ms:.4f}"
+        now = "" if c.row is None or c.row.device_ms is None else f"{c.row.device_ms:.4f}"
+        ratio = "" if c.ratio is None else f"{c.ratio:.3f}"
+        click.echo(f"{c.capture:<32} {base:>12} {now:>10} {ratio:>7}  {c.regression}")
 
 
 def _print_rows(rows: list[CorpusRow]) -> None:

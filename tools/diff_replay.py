@@ -8,10 +8,11 @@ from pathlib import Path
 
 import click
 
-import replayfmt
-from replayfmt.edit.diff import diff_captures
-from replayfmt.edit.diff_view import DEFAULT_FAIL_ON, Threshold, failures, json_rows, parse_fail_on, render_text
+from replayfmt.edit.diff_view import DEFAULT_FAIL_ON, json_rows, parse_fail_on, render_text
+from replayfmt.format.layout import Limits
+from replayfmt.verbs import DiffOptions, diff
 from replayfmt_tools.common import EXIT_OK, EXIT_PROBLEM, agents_md_option, reports_errors
+from replayfmt_tools.options import limit_option
 
 EPILOG = """\b
 Matching: each capture's launches in order form a sequence of (demangled) kernel names; the two
@@ -50,19 +51,19 @@ Examples:
 )
 @click.option("--fail-on", "fail_on", multiple=True, metavar="CHECKS", help="What counts as different (see below).")
 @click.option("--all-launches", is_flag=True, help="List every launch pair, not only the changed ones.")
+@limit_option
 @agents_md_option("diff-replay")
 @reports_errors("diff-replay")
-def main(before: Path, after: Path, fmt: str, fail_on: tuple[str, ...], all_launches: bool) -> int:
+def main(before: Path, after: Path, fmt: str, fail_on: tuple[str, ...], all_launches: bool, limits: Limits) -> int:
     """Compare two captures: kernels added, removed or changed, and original times side by side."""
-    thresholds: list[Threshold] = [t for text in fail_on for t in parse_fail_on(text)] or list(DEFAULT_FAIL_ON)
-    with replayfmt.open(before) as a, replayfmt.open(after) as b:
-        d = diff_captures(a, b)
-    failed = failures(d, thresholds)
+    thresholds = tuple(t for text in fail_on for t in parse_fail_on(text)) or DEFAULT_FAIL_ON
+    result = diff(before, after, DiffOptions(fail_on=thresholds, limits=limits))
+    failed = list(result.failed)
     if fmt == "jsonl":
-        for row in json_rows(d, failed, thresholds, all_launches=all_launches):
+        for row in json_rows(result.diff, failed, list(thresholds), all_launches=all_launches):
             click.echo(json.dumps(row))
     else:
-        for line in render_text(d, failed, all_launches=all_launches):
+        for line in render_text(result.diff, failed, all_launches=all_launches):
             click.echo(line)
     return EXIT_PROBLEM if failed else EXIT_OK
 

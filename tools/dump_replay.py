@@ -13,9 +13,12 @@ import click
 import replayfmt
 from replayfmt.dump import Dumper, DumpFilter, PayloadMode, render_summary_text, summarize
 from replayfmt.dump.export import prepare_directory
+from replayfmt.dump.summary import Summary
 from replayfmt.errors import ReplayFormatError, ReplayUsageError
+from replayfmt.format.layout import Limits
 from replayfmt.replay.replayable import plan_verdict
 from replayfmt_tools.common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, ToolExit, agents_md_option, reports_errors
+from replayfmt_tools.options import limit_option
 
 _FLUSH_EVERY = 2048
 
@@ -147,6 +150,7 @@ def _check_usage(
     help="Inline payload bytes in JSONL rows (up to 64 MiB each), or write each payload once to "
     "DIR/<hash>.bin (existing files are verified, never replaced).",
 )
+@limit_option
 @agents_md_option("dump-replay")
 @reports_errors("dump-replay", output_is_the_work=True)
 def main(
@@ -159,13 +163,14 @@ def main(
     grep: str | None,
     jq_program: str | None,
     payloads: str,
+    limits: Limits,
 ) -> int:
     """Show what a .kreplay capture holds: kernels, launch shapes, files, payloads, and whether it
     can be replayed. Streams in constant memory; jq-friendly."""
     payload_mode, payload_dir = _parse_payloads(payloads)
     dump_filter = DumpFilter.parse(ops=ops, kinds=kinds, object_id=object_id, grep=grep)
     try:
-        cap = replayfmt.open(capture)
+        cap = replayfmt.open(capture, limits=limits)
     except ReplayFormatError as exc:
         raise ToolExit(EXIT_USAGE, f"error: {exc}") from None
     with cap:
@@ -175,29 +180,7 @@ def main(
         dumper = Dumper(cap, filter=dump_filter, payloads=payload_mode, payload_dir=payload_dir)
         verdict = plan_verdict(cap)  # the plan's verdict: the one run-replay --dry-run gives
         summary = summarize(cap, problems=verdict.problems, warnings=verdict.warnings)
-        if fmt == "json" and jq_program:
-            _write_lines(_jq_lines(jq_program, iter([json.dumps(summary.as_row())])))
-        elif fmt == "json":
-            click.echo(json.dumps(summary.as_row(), indent=2))
-        else:
-            try:
-                if fmt == "text" and not jq_program:
-                    _write_lines(render_summary_text(summary))
-                    if not summary_only:
-                        sys.stdout.write("\n")
-                        _write_lines(dumper.text_lines())
-                else:
-                    encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
-
-                    def rows() -> Iterator[str]:
-                        yield encode(dumper.file_row())
-                        yield encode(summary.as_row())
-                        yield from dumper.jsonl_rows()
-
-                    _write_lines(_jq_lines(jq_program, rows()) if jq_program else rows())
-            except ReplayFormatError as exc:
-                sys.stdout.flush()
-                raise ToolExit(EXIT_PROBLEM, f"error: {exc}") from None
+        _write_views(dumper, summary, fmt=fmt, jq_program=jq_program, summary_only=summary_only)
         sys.stdout.flush()
         if summary.damaged:
             raise ToolExit(EXIT_PROBLEM, f"error: {summary.damaged}")
@@ -208,6 +191,33 @@ def main(
                 f"{cap.discarded_bytes} bytes at its end were unreadable and discarded ({cap.recovery_reason})",
             )
     return EXIT_OK
+
+
+def _write_views(dumper: Dumper, summary: Summary, *, fmt: str, jq_program: str | None, summary_only: bool) -> None:
+    """The summary, then (unless ``summary_only``) every record, as text or JSON lines, through jq if asked."""
+    if fmt == "json" and jq_program:
+        _write_lines(_jq_lines(jq_program, iter([json.dumps(summary.as_row())])))
+    elif fmt == "json":
+        click.echo(json.dumps(summary.as_row(), indent=2))
+    else:
+        try:
+            if fmt == "text" and not jq_program:
+                _write_lines(render_summary_text(summary))
+                if not summary_only:
+                    sys.stdout.write("\n")
+                    _write_lines(dumper.text_lines())
+            else:
+                encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+                def rows() -> Iterator[str]:
+                    yield encode(dumper.file_row())
+                    yield encode(summary.as_row())
+                    yield from dumper.jsonl_rows()
+
+                _write_lines(_jq_lines(jq_program, rows()) if jq_program else rows())
+        except ReplayFormatError as exc:
+            sys.stdout.flush()
+            raise ToolExit(EXIT_PROBLEM, f"error: {exc}") from None
 
 
 if __name__ == "__main__":

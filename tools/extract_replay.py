@@ -10,7 +10,9 @@ from pathlib import Path
 import click
 
 from replayfmt.edit import ExtractOptions, ExtractResult, Selection, extract
+from replayfmt.format.layout import Limits
 from replayfmt_tools.common import EXIT_OK, agents_md_option, reports_errors
+from replayfmt_tools.options import limit_option
 
 EPILOG = """\b
 Exactly one of --operation, --operations, --kernel, --scope says what to cut out. The output
@@ -126,6 +128,7 @@ def _report(result: ExtractResult) -> dict[str, object]:
 @click.option(
     "--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True, help="How to report."
 )
+@limit_option
 @agents_md_option("extract-replay")
 @reports_errors("extract-replay")
 def main(
@@ -139,6 +142,7 @@ def main(
     force: bool,
     max_read_gib: float,
     fmt: str,
+    limits: Limits,
 ) -> int:
     """Cut one launch, a scope or an operation range out of CAPTURE into a standalone capture."""
     selection = _selection(operation, operations, kernel, scope)
@@ -146,7 +150,9 @@ def main(
         capture,
         selection,
         output,
-        ExtractOptions(allow_gpu=not no_gpu, overwrite=force, max_gpu_read=int(max_read_gib * (1 << 30))),
+        ExtractOptions(
+            allow_gpu=not no_gpu, overwrite=force, max_gpu_read=int(max_read_gib * (1 << 30)), limits=limits
+        ),
     )
     if fmt == "json":
         click.echo(json.dumps(_report(result)))

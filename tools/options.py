@@ -3,6 +3,7 @@ decorators, with their help) and turned into the library's option objects in one
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Callable
@@ -12,6 +13,7 @@ import click
 
 from replayfmt.container.files import FileRemap
 from replayfmt.errors import ReplayUsageError
+from replayfmt.format.layout import DEFAULT_LIMITS, Limits, parse_limit
 from replayfmt.replay.compare import Tolerance
 from replayfmt.replay.plan_options import LaunchOverride, PlanOptions, Substitution
 
@@ -167,3 +169,28 @@ def cluster_options(fn: F) -> F:
             ),
         ],
     )
+
+
+def _limits(ctx: click.Context, param: click.Parameter, specs: tuple[str, ...]) -> Limits:
+    """Callback for --limit: the reader's caps with each NAME=VALUE in place (a usage error, exit
+    2, for an unknown name or a value that is not a finite whole number > 0)."""
+    try:
+        return DEFAULT_LIMITS.overridden(dict(parse_limit(spec) for spec in specs))
+    except ReplayUsageError as exc:
+        raise click.BadParameter(str(exc).removeprefix("--limit "), ctx=ctx, param=param) from None
+
+
+def limit_option(fn: F) -> F:
+    """--limit NAME=VALUE (repeatable): raise (or lower) one of the reader's caps on what a file
+    may declare (replayfmt.format.layout.Limits), for a file you trust; every tool that reads a
+    capture takes it. The parameter is ``limits``, a Limits."""
+    names = ", ".join(f.name for f in dataclasses.fields(Limits))
+    return click.option(
+        "--limit",
+        "limits",
+        multiple=True,
+        metavar="NAME=VALUE",
+        callback=_limits,
+        help="Raise one of the reader's caps on what a file may declare, for a file you trust (VALUE a whole "
+        f"number, K/M/G/T suffixes: powers of 1024). Repeatable. Names: {names}.",
+    )(fn)

@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 import click
 
 from replayfmt.cuda.address_space import restart_without_aslr
 from replayfmt.errors import ReplayUsageError, VerificationError
-from replayfmt.execute import open_replay
-from replayfmt.reader import Capture
-from replayfmt.replay.options import ReplayOptions
-from replayfmt.replay.verification import DEFAULT_REPLAYS, EvidencePolicy, Verification
+from replayfmt.format.layout import Limits
+from replayfmt.replay.verify_types import DEFAULT_REPLAYS
+from replayfmt.verbs import EvidencePolicy, VerifyOptions, VerifyResult, verify as run_verify
 from replayfmt_tools.common import EXIT_OK, EXIT_PROBLEM, ToolExit, agents_md_option, reports_errors
-from replayfmt_tools.options import parse_devices, plan_options, replay_options, tolerance, tolerance_options
+from replayfmt_tools.options import (
+    limit_option,
+    parse_devices,
+    plan_options,
+    replay_options,
+    tolerance,
+    tolerance_options,
+)
 
 EPILOG = """\b
 Failure contract: replay is strict. An unsupported operation, a missing or changed file, an
@@ -103,6 +107,7 @@ Examples:
     help="Do not check payload frames against their hashes (faster uploads; a corrupted file then goes unseen).",
 )
 @click.option("--dry-run", is_flag=True, help="Parse, resolve files, load substitutions, check ABIs, plan; no GPU.")
+@limit_option
 @agents_md_option("run-replay")
 @reports_errors("run-replay")
 def main(
@@ -125,6 +130,7 @@ def main(
     continue_on_error: bool,
     no_payload_checks: bool,
     dry_run: bool,
+    limits: Limits,
 ) -> int:
     """Rebuild a capture on a CUDA device and run it: buffers reallocated and pointers relocated,
     streams and events rebuilt so captured concurrency is kept, optionally verified against the
@@ -133,120 +139,71 @@ def main(
         given = [flag for flag, on in (("--nondeterminism-runs", nondeterminism_runs), ("--evidence", evidence)) if on]
         if given:
             raise ReplayUsageError(f"{' and '.join(given)} only mean something with --verify; add --verify")
+    options = VerifyOptions(
+        plan=plan_options(
+            substitutions=substitutions,
+            remaps=remaps,
+            launches=launches,
+            fixed_addresses=fixed_addresses,
+            continue_on_error=continue_on_error,
+        ),
+        verify=verify,
+        devices=parse_devices(devices),
+        tolerance=tolerance(use_tolerance=use_tolerance, rtol=rtol, atol=atol),
+        replays=nondeterminism_runs or DEFAULT_REPLAYS,
+        evidence=EvidencePolicy(evidence or "auto"),
+        repetitions=repetitions,
+        save_output=save_output,
+        nvtx=nvtx,
+        check_payloads=not no_payload_checks,
+        dry_run=dry_run,
+        limits=limits,
+    )
     if fixed_addresses and not dry_run:
         restart_without_aslr()  # recorded addresses are reachable only so (see address_space)
     as_json = output_format == "json"
+    # with --format=json stdout holds only the JSON object
+    result = run_verify(capture, options, progress=lambda line: click.echo(line, err=as_json))
+    return _print_result(result, dry_run=dry_run, as_json=as_json)
 
-    def say(line: str) -> None:
-        click.echo(line, err=as_json)  # with --format=json stdout holds only the JSON object
 
-    options = plan_options(
-        substitutions=substitutions,
-        remaps=remaps,
-        launches=launches,
-        fixed_addresses=fixed_addresses,
-        continue_on_error=continue_on_error,
-    )
-    replay = ReplayOptions(
-        devices=parse_devices(devices),
-        verify=verify,
-        tolerance=tolerance(use_tolerance=use_tolerance, rtol=rtol, atol=atol),
-        save_output=save_output,
-        continue_on_error=continue_on_error,
-        nvtx=nvtx,
-        check_payloads=not no_payload_checks,
-        build_while_running=True,  # the verdict sooner: the device starts while the steps are built
-    )
-    verification = None
-    # CUDA starts on the first device while the capture is read and planned (most captures use one)
-    warm = () if dry_run else replay.devices[:1]
-    with open_replay(capture, options, warm_devices=warm) as session:
-        plan = session.plan
-        for line in plan.describe():
-            say(line)
-        _say_recovered(session.capture, say)
-        for warning in plan.warnings:
-            say(f"warning       {warning}")
-        problems = plan.problems
-        for problem in problems:
-            click.echo(f"run-replay: error: {problem}", err=True)
-        if dry_run:
-            say(f"dry run: plan {'has problems' if problems else 'OK'}; nothing was executed")
-            if as_json:
-                click.echo(json.dumps({"capture": str(capture), "dry_run": True, "problems": problems}, indent=2))
-            return EXIT_PROBLEM if problems else EXIT_OK
-        if problems:
-            raise ToolExit(EXIT_PROBLEM, f"{len(problems)} problem(s); nothing was executed")
-        replayer = session.start(replay)
-        for k, gpu in enumerate(replayer.gpus):
-            major, minor = gpu.compute_capability
-            say(f"device        #{k + 1} on cuda:{gpu.ordinal} {gpu.name} sm_{major}{minor}")
-        if replayer.staging.bytes:
-            say(f"uploads       {replayer.staging.line()}")
-        if verify:
-            verification = Verification(
-                plan,
-                replays=nondeterminism_runs or DEFAULT_REPLAYS,
-                evidence=EvidencePolicy(evidence or "auto"),
-                tolerance=replay.tolerance,
-            )
-            verification.attach(replayer)
-        result = replayer.run(repetitions)
-        errors = list(result.errors)
-        if verification is not None:
-            verification.note_runs(result)
-            errors += verification.finish(replayer)
-    if verification is not None and verification.wants_reference and not errors:
-        # which bytes the captured kernels write: a poisoned replay of the capture as recorded
-        reference_plan = dataclasses.replace(options, substitutions=(), launch_overrides=())
-        with open_replay(capture, reference_plan) as reference:
-            replayer = reference.start(dataclasses.replace(replay, save_output=None))
-            verification.apply_reference(verification.reference_written(replayer))
-    for i, (ms, state_ms) in enumerate(zip(result.device_ms, result.state_ms, strict=True)):
-        state = f" (starting state set apart: {state_ms:.3f} ms)" if plan.state else ""
-        if i == 0 and result.built_while_running:
-            state += " (steps built as it ran: may include waits for the host)"
-        say(f"repetition {i + 1}: {ms:.3f} ms device time{state}")
-    report = verification.report() if verification is not None else None
-    if report is not None:
-        for line in report.lines():
-            say(line)
-    for error in errors:
+def _print_result(result: VerifyResult, *, dry_run: bool, as_json: bool) -> int:
+    """What run-replay says after the replay: the verification's detail, errors, the JSON object,
+    the verdict line; the exit status (a failure raises, naming it)."""
+    for problem in result.problems:
+        click.echo(f"run-replay: error: {problem}", err=True)
+    if dry_run:
+        if as_json:
+            dry = {"capture": result.capture, "dry_run": True, "problems": list(result.problems)}
+            click.echo(json.dumps(dry, indent=2))
+        return result.exit_code
+    if result.problems:
+        raise ToolExit(EXIT_PROBLEM, f"{len(result.problems)} problem(s); nothing was executed")
+    for line in result.report_lines:
+        click.echo(line, err=as_json)
+    for error in result.errors:
         click.echo(f"run-replay: error: {error}", err=True)
     if as_json:
-        click.echo(
-            json.dumps(
-                {
-                    "capture": str(capture),
-                    "device_ms": result.device_ms,
-                    "state_ms": result.state_ms,
-                    "built_while_running": result.built_while_running,  # device_ms[0] may include host waits
-                    "verification": report.as_dict() if report is not None else None,
-                    "errors": errors,
-                },
-                indent=2,
-            )
+        out = result.to_dict()
+        keys = (
+            "capture",
+            "outcome",
+            "detail",
+            "device_ms",
+            "state_ms",
+            "built_while_running",
+            "verification",
+            "errors",
         )
-    if report is not None:
-        say(report.summary())
-        problem = report.problem()
+        click.echo(json.dumps({key: out[key] for key in keys}, indent=2))
+    if result.report is not None:
+        click.echo(result.summary, err=as_json)
+        problem = result.report["problem"]
         if problem is not None:
             raise VerificationError(f"verification: {problem}")
-    if errors:
-        raise ToolExit(EXIT_PROBLEM, f"{len(errors)} operation(s) failed")
+    if result.errors:
+        raise ToolExit(EXIT_PROBLEM, f"{len(result.errors)} operation(s) failed")
     return EXIT_OK
-
-
-def _say_recovered(cap: Capture, say: Callable[[str], None]) -> None:
-    """Say that a file was recovered (a prefix of the capture replays; the plan says when that
-    prefix holds no device work)."""
-    if not cap.recovered:
-        return
-    kept = f"; only the {cap.operation_count} recovered operations replay" if cap.operation_count else ""
-    say(
-        f"recovered     yes: the file was not closed properly; {cap.discarded_bytes} bytes at its end were "
-        f"discarded ({cap.recovery_reason}){kept}"
-    )
 
 
 if __name__ == "__main__":

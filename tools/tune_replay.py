@@ -7,34 +7,13 @@ from pathlib import Path
 import click
 
 from replayfmt.cuda.address_space import restart_without_aslr
-from replayfmt.errors import ReplayUsageError
-from replayfmt.execute import open_replay
-from replayfmt.format import model as m
-from replayfmt.format.names import demangle
-from replayfmt.measure.fanout import open_fanout
-from replayfmt.measure.tune import (
-    CsvLog,
-    SearchSpace,
-    Worker,
-    WorkerConfig,
-    capture_identity,
-    check_output_writable,
-    compile_kernel_pattern,
-    fan_out_search,
-    find_targets,
-    graph_node_shapes,
-    order,
-    override_flags,
-    parse_dims_list,
-    parse_int_list,
-    prune,
-    read_csv,
-    search,
-)
-from replayfmt.measure.tune_plot import check_plot_path, plot
+from replayfmt.format.layout import Limits
+from replayfmt.measure.tune import SearchSpace, parse_dims_list, parse_int_list
+from replayfmt.verbs import TuneOptions, TuneResult, tune
 from replayfmt_tools.common import EXIT_OK, EXIT_PROBLEM, ToolExit, agents_md_option, reports_errors
 from replayfmt_tools.options import (
     cluster_options,
+    limit_option,
     parse_devices,
     plan_options,
     source_options,
@@ -135,6 +114,7 @@ Examples:
 )
 @cluster_options
 @source_options
+@limit_option
 @agents_md_option("tune-replay")
 @reports_errors("tune-replay")
 def main(
@@ -162,6 +142,7 @@ def main(
     substitutions: tuple[str, ...],
     remaps: tuple[str, ...],
     fixed_addresses: bool,
+    limits: Limits,
 ) -> int:
     """Search grid, block and shared-memory sizes for a replayed kernel; print the best ones and
     the winning shape as ready run-replay flags."""
@@ -171,90 +152,39 @@ def main(
         parse_int_list(smems, "--smem"),
         parse_int_list(registers, "--max-registers"),
     )
-    if not (space.grids or space.blocks or space.smems or space.max_registers):
-        raise ReplayUsageError("give a search space: --grid, --block, --smem and/or --max-registers")
-    if plot_path is not None and plot_path.exists():
-        raise ReplayUsageError(f"--plot: {plot_path} already exists; choose another file")
-    if plot_path is not None:
-        check_output_writable(plot_path, "--plot")
-        check_plot_path(plot_path)
-    if csv_path is not None:
-        check_output_writable(csv_path, "--csv")  # before any work: a search must not fail at its first result
-    if kernel is not None:
-        compile_kernel_pattern(kernel)
-    gpus = list(parse_devices(device_list))
-    fanning = len(gpus) > 1 or scheduler is not None or engine is not None
-    if fixed_addresses:
-        restart_without_aslr()  # recorded addresses are reachable only so (see address_space)
-    options = plan_options(substitutions=substitutions, remaps=remaps, fixed_addresses=fixed_addresses)
-    comparison = tolerance(use_tolerance=use_tolerance, rtol=rtol, atol=atol)
-    with open_replay(capture, options) as session:
-        plan = session.plan
-        targets = find_targets(plan, launch=launch_op, kernel=kernel)
-        identity = capture_identity(session.capture)
-        image_format = plan.images[targets.executable].format
-        if space.max_registers and targets.nodes:
-            raise ReplayUsageError("--max-registers: re-JITted functions do not reach CUDA graph kernel nodes yet")
-        if space.max_registers and image_format != m.ExecutableFormat.PTX:
-            held = image_format.name.lower()
-            raise ReplayUsageError(
-                f"--max-registers: executable {targets.executable} is held as {held}; only PTX can be re-JITted"
-            )
-    valid, pruned = prune(plan, targets, space.points())
-    if not valid:  # before any worker starts: there is nothing for one to do
-        shown = "; ".join(f"{candidate.describe()}: {reason}" for candidate, reason in pruned[:3])
-        more = f" (and {len(pruned) - 3} more)" if len(pruned) > 3 else ""
-        raise ReplayUsageError(
-            f"every point of the search space is pruned ({len(pruned)}), none to evaluate: {shown}{more}; "
-            "give --grid, --block or --smem values within the limits"
-        )
-    points = order(valid, strategy, budget)
-    done = read_csv(csv_path, targets, identity) if csv_path is not None else {}
-    click.echo(
-        f"tuning {demangle(targets.kernel)} (operations {', '.join(map(str, targets.operations))}), captured "
-        f"grid={targets.grid} block={targets.block} smem={targets.smem}"
-        + (f"; {', '.join(f'graph {g} node {n}' for g, n in targets.nodes)} in graph launches" if targets.nodes else "")
-    )
-    click.echo(
-        f"space: {len(valid) + len(pruned)} points, {len(pruned)} pruned, {len(points)} to evaluate"
-        + (f", {sum(1 for p in points if p.key() in done)} already in {csv_path}" if done else "")
-    )
-    for candidate, reason in pruned[:20]:
-        click.echo(f"  pruned {candidate.describe()}: {reason}")
-    config = WorkerConfig(
-        capture=str(capture),
-        operations=targets.operations,
-        nodes=targets.nodes,
-        plan={"substitutions": list(substitutions), "remaps": list(remaps), "fixed_addresses": fixed_addresses},
-        device=0 if fanning else gpus[0],  # a fanned-out worker sees only its own GPU, as device 0
+    options = TuneOptions(
+        space=space,
+        launch=launch_op,
+        kernel=kernel,
+        plan=plan_options(substitutions=substitutions, remaps=remaps, fixed_addresses=fixed_addresses),
+        strategy=strategy,
+        budget=budget,
         warmup=warmup,
         repetitions=repetitions,
-        rtol=comparison.rtol,
-        atol=comparison.atol,
-        tolerance=comparison.enabled,
+        timeout_s=timeout,
+        tolerance=tolerance(use_tolerance=use_tolerance, rtol=rtol, atol=atol),
+        csv=csv_path,
+        plot=plot_path,
+        devices=parse_devices(device_list),
+        scheduler=scheduler,
+        engine=engine,
+        limits=limits,
     )
-    log = CsvLog(csv_path, targets, identity)
-    results = list(done.values())
-    if fanning:  # one worker per GPU (or per worker of the cluster at --scheduler), each pinned to its GPU
-        with open_fanout(gpus, engine=engine or "auto", scheduler=scheduler) as fanout:
-            click.echo(f"workers: {fanout.describe()}")
-            try:
-                results += fan_out_search(fanout, config, points, done=done, log=log, timeout=timeout)
-            finally:
-                log.close()
-            restarts = fanout.replaced
-    else:
-        worker = Worker(config)
-        try:
-            for result in search(worker, points, done=done, log=log, timeout=timeout):
-                results.append(result)
-        finally:
-            worker.close()
-            log.close()
-        restarts = worker.restarts
-    good = sorted((r for r in results if r.ok), key=lambda r: r.median_ms or 0.0)
-    failed = [r for r in results if not r.ok]
-    baseline = next((r for r in results if r.baseline), None)
+    if fixed_addresses:
+        restart_without_aslr()  # recorded addresses are reachable only so (see address_space)
+    result = tune(capture, options, progress=click.echo)
+    _print_table(result, top)
+    if plot_path is not None:
+        click.echo(f"plot: {plot_path}")
+    if not result.good:
+        raise ToolExit(EXIT_PROBLEM, "no candidate ran and verified")
+    _print_best(result)
+    return EXIT_OK
+
+
+def _print_table(result: TuneResult, top: int) -> None:
+    """The fastest candidates, then the failed ones."""
+    targets = result.targets
     click.echo(
         "\nclock: CUDA events around each launch of the targets (about 2-3 us above CUPTI's kernel time "
         "for small kernels; benchmark-replay --per-kernel reads CUPTI)"
@@ -262,7 +192,7 @@ def main(
     click.echo(
         f"\n{'rank':>4}  {'grid':<14}{'block':<14}{'smem':>8}{'regs':>6}  {'median ms':>10}  {'stddev':>8}  verified"
     )
-    for rank, r in enumerate(good[:top], 1):
+    for rank, r in enumerate(result.good[:top], 1):
         c = r.candidate
         grid, block = c.grid or targets.grid, c.block or targets.block
         smem = targets.smem if c.smem is None else c.smem
@@ -273,29 +203,27 @@ def main(
             f"{rank:>4}  {','.join(map(str, grid)):<14}{','.join(map(str, block)):<14}{smem:>8}{regs:>6}  "
             f"{r.median_ms:>10.4f}  {r.stddev_ms or 0:>8.4f}  {verified}{mark}"
         )
+    failed = result.failed
     if failed:
         click.echo(f"\n{len(failed)} candidate(s) failed:")
         for r in failed[:top]:
             click.echo(f"  {r.candidate.describe()}: {r.error or 'wrong result'}")
-    if restarts:
-        click.echo(f"(a worker was replaced {restarts} time(s) after faults or timeouts)")
-    if plot_path is not None:
-        plot(results, targets, plot_path)
-        click.echo(f"plot: {plot_path}")
-    if not good:
-        raise ToolExit(EXIT_PROBLEM, "no candidate ran and verified")
-    best = good[0]
+    if result.restarts:
+        click.echo(f"(a worker was replaced {result.restarts} time(s) after faults or timeouts)")
+
+
+def _print_best(result: TuneResult) -> None:
+    """The winner against the captured shape, as run-replay flags."""
+    best, baseline = result.good[0], result.baseline
     if baseline is not None and baseline.ok and baseline.median_ms:
         click.echo(
             f"\nbest: {best.median_ms:.4f} ms vs captured {baseline.median_ms:.4f} ms "
             f"({baseline.median_ms / best.median_ms:.2f}x)"
         )
-    flags = override_flags(targets, best.candidate)
-    if flags:
-        click.echo(f"run-replay {flags} --verify {capture}")
-    if targets.nodes:
-        click.echo(f"best for {graph_node_shapes(targets, best.candidate)}")
-    return EXIT_OK
+    if result.best_flags:
+        click.echo(f"run-replay {result.best_flags} --verify {result.capture}")
+    if result.best_graph_shapes:
+        click.echo(f"best for {result.best_graph_shapes}")
 
 
 if __name__ == "__main__":

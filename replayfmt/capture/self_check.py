@@ -2,9 +2,11 @@
 
 A plan that accepts a capture does not prove it replays: a pointer stored in device memory that
 was not relocated, a kernel that reads memory the capture never saw, fail only on the device. So
-the recorder runs what a user would run, ``run-replay --verify FILE``, in a child process (the
-recorder's own process has CUPTI subscribed and the program's context and memory), and reports
-what it earned: the ranges verified, or what failed.
+the recorder runs what ``run-replay --verify FILE`` runs, :func:`replayfmt.verbs.verify` with the
+same options, in a child process (``python -m replayfmt.verbs``: the recorder's own process has
+CUPTI subscribed and the program's context and memory, and a fault kills a CUDA context), and
+reads back the child's :class:`~replayfmt.replay.verify_types.VerifyResult` (one JSON object in a
+file): the same verdict ``run-replay --verify`` gives on the same file, by construction.
 
 Bounded: the child gets ``timeout_s`` seconds; a capture larger than ``max_file_bytes``, or whose
 buffers need more device memory than is free while the program still holds its own, is not
@@ -14,17 +16,21 @@ replayed, and the check says why (run-replay --verify it yourself then).
 from __future__ import annotations
 
 import enum
+import json
 import os
-import re
+import pickle
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from replayfmt.errors import ReplayError
+from replayfmt.replay.plan_options import PlanOptions
+from replayfmt.replay.verify_types import Outcome as Verified, VerifyOptions, VerifyResult
+
 _TAIL = 400  # characters of a failure kept in the verdict
-_ENVIRONMENT = 2  # run-replay's exit status for usage, format and environment errors (no GPU, no driver)
-_OPERATION_FAILED = re.compile(r"operation \d+|operation\(s\) failed|Traceback")
 
 
 class Outcome(enum.Enum):
@@ -49,7 +55,9 @@ class ReplayCheck:
         if self.outcome == Outcome.VERIFIED:
             return f"replayed and verified: {self.ranges} ranges"
         if self.outcome == Outcome.NOTHING_TO_VERIFY:
-            return "replayed; nothing verified: the capture holds no checkpoints or expected downloads"
+            return (
+                f"replayed; nothing verified: {self.detail or 'the capture holds no checkpoints or expected downloads'}"
+            )
         if self.outcome == Outcome.MISMATCH:
             return f"replayed, but verification failed: {self.detail}"
         if self.outcome == Outcome.FAILED:
@@ -57,12 +65,15 @@ class ReplayCheck:
         return f"not replayed: {self.detail}"
 
 
-def replay_command(path: str | Path, *, fixed_addresses: bool) -> list[str]:
-    """The child: run-replay --verify, through the interpreter running the recorder."""
-    command = [sys.executable, "-m", "replayfmt_tools.run_replay", "--verify"]
-    if fixed_addresses:
-        command.append("--fixed-addresses")
-    return [*command, str(path)]
+def verify_options(*, fixed_addresses: bool) -> VerifyOptions:
+    """The self-check's options: ``run-replay --verify``'s defaults (with ``--fixed-addresses``
+    where the capture needs it)."""
+    return VerifyOptions(plan=PlanOptions(fixed_addresses=fixed_addresses))
+
+
+def replay_command(path: str | Path, options: Path, result: Path) -> list[str]:
+    """The child: the verify verb, through the interpreter running the recorder."""
+    return [sys.executable, "-m", "replayfmt.verbs", "verify", str(options), str(path), str(result)]
 
 
 def skip_reason(path: str | Path, *, device_bytes: int, free_bytes: int | None, max_file_bytes: int) -> str:
@@ -84,59 +95,42 @@ def skip_reason(path: str | Path, *, device_bytes: int, free_bytes: int | None, 
 def replay_check(path: str | Path, *, fixed_addresses: bool, timeout_s: float) -> ReplayCheck:
     """Replay and verify ``path`` in a child process, within ``timeout_s`` seconds."""
     started = time.monotonic()
-    try:
-        done = subprocess.run(
-            replay_command(path, fixed_addresses=fixed_addresses),
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            stdin=subprocess.DEVNULL,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        why = f"the replay ran past the self-check's {timeout_s:g} s (--self-check-timeout); run-replay --verify it"
-        return ReplayCheck(Outcome.SKIPPED, detail=why, seconds=time.monotonic() - started)
-    except OSError as exc:
-        return ReplayCheck(Outcome.SKIPPED, detail=f"cannot start run-replay: {exc}")
-    return read_verify_output(done.returncode, done.stdout, done.stderr, time.monotonic() - started)
+    with tempfile.TemporaryDirectory(prefix="replayfmt-self-check-") as folder:
+        options, result = Path(folder) / "options.pickle", Path(folder) / "result.json"
+        options.write_bytes(pickle.dumps(verify_options(fixed_addresses=fixed_addresses)))
+        try:
+            done = subprocess.run(
+                replay_command(path, options, result),
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+                stdin=subprocess.DEVNULL,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            why = f"the replay ran past the self-check's {timeout_s:g} s (--self-check-timeout); run-replay --verify it"
+            return ReplayCheck(Outcome.SKIPPED, detail=why, seconds=time.monotonic() - started)
+        except OSError as exc:
+            return ReplayCheck(Outcome.SKIPPED, detail=f"cannot start the replay: {exc}")
+        seconds = time.monotonic() - started
+        if not result.exists():  # the child died before it could say (a crash, a signal)
+            tail = done.stderr.strip()[-_TAIL:] or f"the replay's process exited with status {done.returncode}"
+            return ReplayCheck(Outcome.FAILED, detail=tail, seconds=seconds)
+        try:
+            verdict = VerifyResult.from_dict(json.loads(result.read_text()))
+        except (ValueError, ReplayError) as exc:
+            return ReplayCheck(Outcome.FAILED, detail=f"the replay's result is unreadable: {exc}"[:_TAIL])
+    return check_of(verdict, seconds)
 
 
-def read_verify_output(returncode: int, stdout: str, stderr: str, seconds: float = 0.0) -> ReplayCheck:
-    """What run-replay --verify's exit status and output say."""
-    verified = [line for line in stdout.splitlines() if line.startswith("verified: ")]
-    if returncode == 0 and verified:
-        ranges = int(verified[-1].split()[1])
-        return ReplayCheck(Outcome.VERIFIED, ranges, seconds=seconds)
-    failed = [line for line in stderr.splitlines() if "error:" in line and _OPERATION_FAILED.search(line)]
-    if failed:  # an operation failed: whatever verification then says, the replay did not run through
-        detail = failed[0].split("error:", 1)[1].strip()
-        return ReplayCheck(Outcome.FAILED, detail=detail[:_TAIL], seconds=seconds)
-    # run-replay --verify's verdict line on failure (docs/VERIFY.md): "verification: <problem>"
-    problem = next(
-        (
-            line.split("error: verification:", 1)[1].strip()
-            for line in stderr.splitlines()
-            if "error: verification:" in line
-        ),
-        "",
-    )
-    if problem.startswith(("nothing was compared", "nothing was proven")):
-        return ReplayCheck(Outcome.NOTHING_TO_VERIFY, detail=problem[:_TAIL], seconds=seconds)
-    if problem:  # it replayed; what it computed differs (judged per element against several replays)
-        return ReplayCheck(Outcome.MISMATCH, detail=problem[:_TAIL], seconds=seconds)
-    nothing = "the capture holds no checkpoints or expected downloads" in stdout
-    # run-replay says so (and exits 1 where nothing compared is a failure of --verify): not a failed replay
-    if nothing and ": MISMATCH " not in stdout and not _OPERATION_FAILED.search(stderr):
-        return ReplayCheck(Outcome.NOTHING_TO_VERIFY, seconds=seconds)
-    errors = [line for line in stderr.splitlines() if "error:" in line]
-    detail = (errors[-1].split("error:", 1)[1].strip() if errors else stderr.strip()[-_TAIL:]) or (
-        f"run-replay exited with status {returncode}"
-    )
-    mismatch = [line.strip() for line in stdout.splitlines() if ": MISMATCH " in line]
-    if mismatch or "verification failed" in stderr:
-        return ReplayCheck(Outcome.MISMATCH, detail=(mismatch[0] if mismatch else detail)[:_TAIL], seconds=seconds)
-    if returncode == 0:  # replayed, no verified line: nothing compared
-        return ReplayCheck(Outcome.NOTHING_TO_VERIFY, seconds=seconds)
-    if returncode == _ENVIRONMENT:  # no device for another process, a driver refusal: says nothing of the capture
-        return ReplayCheck(Outcome.SKIPPED, detail=f"run-replay could not run here: {detail[:_TAIL]}", seconds=seconds)
-    return ReplayCheck(Outcome.FAILED, detail=detail[:_TAIL], seconds=seconds)
+def check_of(result: VerifyResult, seconds: float = 0.0) -> ReplayCheck:
+    """What the verify verb's result earns the recorder: its outcome, one to one (could not run
+    here: skipped, since it says nothing of the capture)."""
+    detail = result.detail[:_TAIL]
+    if result.outcome is Verified.VERIFIED:
+        return ReplayCheck(Outcome.VERIFIED, result.compared, seconds=seconds)
+    if result.outcome is Verified.UNAVAILABLE:  # no device for another process, a driver refusal
+        return ReplayCheck(Outcome.SKIPPED, detail=f"could not replay here: {detail}", seconds=seconds)
+    if result.outcome in (Verified.MISMATCH, Verified.FAILED):
+        return ReplayCheck(Outcome(result.outcome.value), detail=detail, seconds=seconds)
+    return ReplayCheck(Outcome.NOTHING_TO_VERIFY, detail=detail, seconds=seconds)

@@ -1,5 +1,6 @@
 """The recorder's verdict on its own file: the checks run-replay's plan makes (with default
-options), run once the capture is closed, so that no capture that cannot replay leaves the
+options; the replay side makes them, :func:`replayfmt.replay.replayable.check_closed`), run once
+the capture is closed, so that no capture that cannot replay leaves the
 recorder looking like a success; then, where asked, a replay of it (:mod:`self_check`): only a
 replay earns ``replayable: yes (replayed and verified: N ranges)``. Also what the capture needs
 from the host it was made on."""
@@ -10,10 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from replayfmt.capture.self_check import Outcome, ReplayCheck
-from replayfmt.errors import ReplayError
-from replayfmt.format import model as m
-from replayfmt.reader import open_capture
-from replayfmt.replay.plan import PlanOptions, build_plan
+from replayfmt.replay.replayable import check_closed
 
 
 @dataclass
@@ -52,22 +50,14 @@ class CaptureVerdict:
         return f"needs {len(self.host_files)} file(s) from the host: " + ", ".join(self.host_files)
 
 
-def host_files(objects: list[m.ObjectDef]) -> list[str]:
-    """The paths a capture's file references make replay read (policy reference)."""
-    paths = {o.path for o in objects if isinstance(o, m.FileReference) and o.policy == m.FilePolicy.REFERENCE}
-    return sorted(paths)
-
-
 def check_capture(path: str | Path, *, fixed_addresses: bool = False) -> CaptureVerdict:
-    """Run run-replay's plan on the capture at ``path`` (no GPU needed)."""
-    try:
-        with open_capture(path) as cap:
-            objects = list(cap.object_table().others.values())  # (events are neither buffers nor files)
-            fixed = fixed_addresses or any(isinstance(o, m.Buffer) and o.requires_fixed_address for o in objects)
-            files = host_files(objects)
-            plan = build_plan(cap, PlanOptions(fixed_addresses=fixed))
-    except ReplayError as exc:
-        return CaptureVerdict(False, str(exc))
-    if plan.problems:  # (the whole capture's, such as no device work left)
-        return CaptureVerdict(False, plan.problems[0])
-    return CaptureVerdict(True, fixed_addresses=fixed, host_files=files, device_bytes=plan.buffer_bytes)
+    """The replay side's verdict on the closed capture at ``path`` (run-replay's plan; no GPU)."""
+    closed = check_closed(path, fixed_addresses=fixed_addresses)
+    if closed.problem:
+        return CaptureVerdict(False, closed.problem)
+    return CaptureVerdict(
+        True,
+        fixed_addresses=closed.fixed_addresses,
+        host_files=list(closed.host_files),
+        device_bytes=closed.device_bytes,
+    )

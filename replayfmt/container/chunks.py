@@ -5,6 +5,7 @@ ReplayFormatError naming the offset and the record."""
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any
 
 from replayfmt.container.bounded import BoundedFile, ExpansionBudget
@@ -52,15 +53,14 @@ class ChunkReader:
         """The chunk's body, checksummed and decompressed (at most ``limit`` logical bytes)."""
         if header.logical_size > limit:
             raise self.error(
-                f"declares {header.logical_size} bytes, over the limit of {limit} "
-                "(raise replayfmt.Limits to read a trusted file)",
+                f"declares {header.logical_size} bytes, over the limit of {limit} ({self._remedy(limit)})",
                 header.offset,
                 record,
             )
         if header.codec and header.kind != ChunkKind.FRAME:  # a frame goes into a buffer its payload took
             why = self._expansion.admit(header.offset, header.stored_size, header.logical_size)
             if why:
-                raise self.error(why + " (raise replayfmt.Limits to read a trusted file)", header.offset, record)
+                raise self.error(f"{why} ({self._remedy(self.limits.max_expansion)})", header.offset, record)
         stored = self.file.read(header.body_offset, header.stored_size, record)
         if checksum64(stored) != header.body_checksum:
             raise self.error("body checksum mismatch (the file is corrupted)", header.offset, record)
@@ -73,6 +73,13 @@ class ChunkReader:
         stored = self.file.read(header.body_offset, header.stored_size, "FRAME chunk")
         if checksum64(stored) != header.body_checksum:
             raise self.error("chunk body checksum mismatch", header.offset)
+
+    def _remedy(self, limit: int) -> str:
+        """How to read a trusted file past ``limit``: the tools' flag, naming the limit where only
+        one of the Limits has that value."""
+        names = [f.name for f in fields(self.limits) if getattr(self.limits, f.name) == limit]
+        flag = f"--limit {names[0]}=N" if len(names) == 1 else "--limit NAME=N"
+        return f"to read a trusted file, raise it: {flag}, or replayfmt.Limits"
 
     def decode_body(self, body: bytes, root: str, offset: int, record: str) -> dict[str, Any]:
         """A chunk body decoded as the FlatBuffer table ``root`` (verified, within the budget)."""

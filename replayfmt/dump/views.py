@@ -36,6 +36,7 @@ from replayfmt.format import model as m
 from replayfmt.format.names import demangle
 from replayfmt.format.payloads import hash_hex
 from replayfmt.format.records import ID_OPERATIONS
+from replayfmt.format.uses import uses
 from replayfmt.reader import Capture
 from replayfmt.version import __version__
 
@@ -578,23 +579,6 @@ def _object_text(obj: m.ObjectDef) -> str:
 
 
 def _ids_of(op: m.Operation) -> set[int]:
-    """Every object id an operation refers to (for --object)."""
-    if isinstance(op, m.Launch):
-        ids = {op.executable, op.stream}
-        for r in op.relocations:
-            ids.add(r.target_buffer)
-            if r.site_buffer:
-                ids.add(r.site_buffer)
-        return ids
-    if isinstance(op, m.Copy):
-        return {op.stream, op.src_buffer, op.dst_buffer, op.src_file, *(r.target_buffer for r in op.relocations)} - {0}
-    if isinstance(op, m.Memset):
-        return {op.stream, op.buffer}
-    if isinstance(op, m.Checkpoint):
-        return {e.buffer for e in op.entries}
-    if isinstance(op, m.State):
-        return {op.buffer, *(r.target_buffer for r in op.relocations)}
-    if isinstance(op, m.UnknownOperation | m.ScopeBegin | m.ScopeEnd):
-        return set()
-    names = ("object", "executable", "device", "event", "stream", "graph")
-    return {getattr(op, n) for n in field_names(op) if n in names}
+    """Every object id an operation refers to (for --object): the one table's
+    (replayfmt.format.uses)."""
+    return set(uses(op).ids())

@@ -16,9 +16,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from replayfmt.edit.shadow import buffers_named_by_graph, globals_by_image, image_of, launch_buffers, merge
+from replayfmt.edit.shadow import buffers_named_by_graph, launch_buffers, merge
 from replayfmt.errors import ReplayUsageError
 from replayfmt.format import model as m
+from replayfmt.format.uses import module_globals
 
 _K = m.OperationKind
 
@@ -100,9 +101,7 @@ def _module_globals(executables: set[int], lookup: Callable[[int], m.ObjectDef],
     """The buffers that are module globals (format 1.4) of the images of ``executables``."""
     if not executables:
         return []
-    by_image = globals_by_image(range(1, object_count + 1), lookup)
-    images = {image_of(e, lookup) for e in executables}
-    return sorted({b for image in images if image is not None for b in by_image.get(image, ())})
+    return sorted(module_globals(executables, range(1, object_count + 1), lookup))
 
 
 def _add_graph(c: Closure, graph_id: int, lookup: Callable[[int], m.ObjectDef]) -> None:

@@ -32,6 +32,7 @@ from replayfmt.edit.snapshots import Narrowing
 from replayfmt.edit.transplant import Transplant
 from replayfmt.errors import DeviceUnavailableError, ReplayUsageError, UnsupportedOperationError
 from replayfmt.format import model as m, timings
+from replayfmt.format.layout import DEFAULT_LIMITS, Limits
 from replayfmt.reader import Capture, open_capture
 from replayfmt.version import __version__
 from replayfmt.writer import CaptureWriter
@@ -75,6 +76,7 @@ class ExtractOptions:
     allow_gpu: bool = True
     overwrite: bool = False
     max_gpu_read: int = 8 << 30  # bytes the GPU path may read back whole (host memory, twice)
+    limits: Limits = DEFAULT_LIMITS  # the reader's caps (--limit NAME=VALUE)
 
 
 @dataclass
@@ -153,7 +155,7 @@ def extract(
         raise ReplayUsageError(f"{output} exists; pass --force to replace it")
     if output.resolve() == Path(source).resolve():
         raise ReplayUsageError(f"{output} is the source capture: write the extract elsewhere")
-    with open_capture(source) as cap:
+    with open_capture(source, limits=options.limits) as cap:
         names = _Names(cap)
         ops = list(cap.iter_operations(0, None))
         where = resolve(selection, ops, names)
@@ -190,7 +192,11 @@ def extract(
             if snapshot is None:
                 from replayfmt.edit.prefix import replay_snapshots as snapshot
 
-                kwargs = {"narrowing": narrowing(cap, ops, work, closure), "sizes": _sizes(cap, closure)}
+                kwargs = {
+                    "narrowing": narrowing(cap, ops, work, closure),
+                    "sizes": _sizes(cap, closure),
+                    "limits": options.limits,
+                }
             try:
                 snapshots = snapshot(str(source), where.first, where.last, closure.reads, closure.writes, **kwargs)
             except DeviceUnavailableError as exc:

@@ -27,6 +27,7 @@ from replayfmt.cuda.driver import check
 from replayfmt.edit.shadow import merge, runs
 from replayfmt.edit.snapshots import Narrowing, Ranges, Snapshots
 from replayfmt.execute import open_replay
+from replayfmt.format.layout import DEFAULT_LIMITS, Limits
 from replayfmt.replay.options import ReplayOptions
 from replayfmt.replay.plan_options import PlanOptions
 from replayfmt.replay.steps import StepKind
@@ -70,13 +71,14 @@ def replay_snapshots(
     *,
     narrowing: Narrowing | None = None,
     sizes: dict[int, int] | None = None,
+    limits: Limits = DEFAULT_LIMITS,
 ) -> Snapshots:
     """Replay the capture at ``path`` up to operation ``first`` (exclusive) and then ``first..last``;
     the bytes of ``reads`` before and of ``writes`` after, or (with ``narrowing`` and the buffers'
     ``sizes``) of the narrowed ranges of both. The starting state of the region holding ``first``
     is set before the first read, as a replay sets it before the range. Needs a GPU."""
     out = Snapshots()
-    with open_replay(path, plan_options or PlanOptions()) as session:
+    with open_replay(path, plan_options or PlanOptions(), limits=limits) as session:
         replayer = session.start(ReplayOptions())
         out.device = replayer.device_name
 

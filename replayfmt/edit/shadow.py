@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from replayfmt.format import model as m
+from replayfmt.format.uses import globals_by_image, image_of, uses
 
 _K = m.OperationKind
 
@@ -176,32 +177,9 @@ def buffers_named_by_graph(graph: m.Graph, lookup: Callable[[int], m.ObjectDef])
 
 
 def launch_buffers(op: m.Launch) -> set[int]:
-    """The buffers a launch's relocations name (targets, and buffers that hold pointer sites)."""
-    out = {r.target_buffer for r in op.relocations} | {r.site_buffer for r in op.relocations}
-    out.discard(0)
-    return out
-
-
-Image = tuple[int, int]  # (payload, file): a module, which the executables of its kernels share
-
-
-def image_of(executable: int, lookup: Callable[[int], m.ObjectDef]) -> Image | None:
-    exe = lookup(executable)
-    return (exe.payload, exe.file) if isinstance(exe, m.Executable) else None
-
-
-def globals_by_image(buffers: Iterable[int], lookup: Callable[[int], m.ObjectDef]) -> dict[Image, set[int]]:
-    """The buffers among ``buffers`` that are module globals (format 1.4), by the image whose
-    kernels read (and may write) them without naming them."""
-    out: dict[Image, set[int]] = {}
-    for bid in buffers:
-        buf = lookup(bid)
-        if isinstance(buf, m.Buffer) and buf.module_global:
-            glob = lookup(buf.module_global)
-            image = image_of(glob.executable, lookup) if isinstance(glob, m.Global) else None
-            if image is not None:
-                out.setdefault(image, set()).add(bid)
-    return out
+    """The buffers a launch's relocations name (targets, and buffers that hold pointer sites):
+    the one table's (:mod:`replayfmt.format.uses`)."""
+    return set(uses(op).buffers)
 
 
 def graph_executables(graph: m.Graph, lookup: Callable[[int], m.ObjectDef]) -> set[int]:

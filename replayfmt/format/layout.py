@@ -12,12 +12,14 @@ All integers are little-endian. Checksums are XXH3-64 (seed 0); content hashes a
 from __future__ import annotations
 
 import enum
+import math
 import struct
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
 
 import xxhash
 
-from replayfmt.errors import ReplayFormatError, ReplayVersionError
+from replayfmt.errors import ReplayFormatError, ReplayUsageError, ReplayVersionError
 
 MAGIC = b"KREPLAY\x00"
 FOOTER_MAGIC = b"KRFOOTER"
@@ -138,6 +140,43 @@ class Limits:
                 f"({self.max_expansion}x + {self.expansion_slack}) allows (a decompression bomb?)"
             )
         return None
+
+    def overridden(self, values: Mapping[str, int]) -> Limits:
+        """These limits with ``values`` (field name -> a whole number > 0) in place; an unknown
+        name or a value that is not a positive whole number is a ReplayUsageError naming it
+        (``--limit NAME=VALUE`` in every tool)."""
+        names = {f.name for f in fields(self)}
+        for name, value in values.items():
+            if name not in names:
+                raise ReplayUsageError(f"--limit {name}: no such limit (one of: {', '.join(sorted(names))})")
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ReplayUsageError(f"--limit {name}={value!r}: must be a whole number > 0")
+        return replace(self, **values)
+
+    def changes(self) -> dict[str, int]:
+        """The fields that differ from the defaults (what a worker process is told)."""
+        return {f.name: v for f in fields(self) if (v := getattr(self, f.name)) != getattr(DEFAULT_LIMITS, f.name)}
+
+
+_SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_limit(spec: str) -> tuple[str, int]:
+    """``NAME=VALUE`` (VALUE a whole number, optionally with K, M, G or T: powers of 1024) as a
+    (name, value) pair; what :meth:`Limits.raised` takes. A malformed spec is a ReplayUsageError."""
+    name, sep, text = spec.partition("=")
+    name, text = name.strip(), text.strip().upper().removesuffix("IB").removesuffix("B")
+    if not sep or not name or not text:
+        raise ReplayUsageError(f"--limit {spec!r}: expected NAME=VALUE, e.g. max_frame_size=256M")
+    unit = text[-1] if text[-1] in _SUFFIXES else ""
+    try:
+        number = float(text[: len(text) - len(unit)])
+    except ValueError:
+        raise ReplayUsageError(f"--limit {spec!r}: {text!r} is not a number") from None
+    value = number * _SUFFIXES[unit]
+    if not math.isfinite(value) or value <= 0 or value != int(value):
+        raise ReplayUsageError(f"--limit {spec!r}: must be a finite whole number > 0")
+    return name, int(value)
 
 
 DEFAULT_LIMITS = Limits()

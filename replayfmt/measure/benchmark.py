@@ -33,11 +33,12 @@ from replayfmt.cuda.driver import check
 from replayfmt.errors import ReplayError, ReplayUsageError
 from replayfmt.format import model as m
 from replayfmt.format.names import demangle
+from replayfmt.format.uses import uses
 from replayfmt.measure import kernel_times as kt
 from replayfmt.measure.graph_nodes import NodeKey, node_name, unroll_graph_launches
-from replayfmt.measure.restore import Span, buffers_of, restore_spans
+from replayfmt.measure.restore import ModuleGlobals, Span, buffers_of, restore_spans
 from replayfmt.reader import Capture
-from replayfmt.replay.graph_plan import buffers_used_by_graph
+from replayfmt.replay.graph_plan import buffers_used_by_graph, kernel_nodes
 from replayfmt.replay.graphs import launch_into_capture
 from replayfmt.replay.launches import launch_config_copy
 from replayfmt.replay.replayer import Replayer
@@ -249,6 +250,7 @@ class Benchmark:
         # the region's starting state
         replayer.execute_steps(self.prefix)
         replayer.synchronize()
+        self._globals: ModuleGlobals | None = None  # found at the first launch that may touch them
         self._snapshots = self._snapshot(self._restore_spans(self._touched_buffers()))
         self._flush: tuple[int, int] | None = None
         if options.flush_l2:
@@ -295,11 +297,20 @@ class Benchmark:
                 before.append(op)
         return restore_spans(buffers, sizes, before, states, self._buffers_of)
 
-    def _buffers_of(self, op: object) -> set[int]:
-        """The buffers an operation touches, a graph launch's nodes' included."""
+    def _buffers_of(self, op: m.Operation) -> set[int]:
+        """The buffers an operation touches (replayfmt.format.uses): a graph launch's nodes', and
+        the module globals its kernels may write unnamed."""
+        plan = self.r.plan
+        if self._globals is None:
+            objects: dict[int, m.ObjectDef] = {**plan.buffers, **plan.globals}
+            objects.update((e, image.executable) for e, image in plan.images.items())
+            self._globals = ModuleGlobals(plan.buffers, objects.get)
         if isinstance(op, m.GraphLaunch):
-            return buffers_used_by_graph(self.r.plan.graphs, op.graph, self.r.plan.capture.limits)
-        return buffers_of(op)
+            limits = plan.capture.limits
+            kernels = {node.executable for *_, node in kernel_nodes(plan.graphs, op.graph, limits)}
+            return buffers_used_by_graph(plan.graphs, op.graph, limits) | self._globals.of(kernels)
+        used = uses(op)
+        return buffers_of(op) | (self._globals.of(used.executables) if used.module_globals else set())
 
     def _snapshot(self, spans: list[Span]) -> list[tuple[int, int, int]]:
         """Pristine device copies of what the region starts from: (live, pristine, size)."""

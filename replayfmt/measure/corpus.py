@@ -3,28 +3,22 @@ workers, one row each, for compiler teams that replay hundreds of captures per c
 with a baseline (another directory of the same captures, or a CSV of an earlier run) to find
 regressions.
 
-Each capture is one task (:func:`replay_capture`) on a worker pinned to one GPU: open, plan,
-set up, replay once verifying every checkpoint, then time ``repetitions`` runs (median device
-time). A capture that breaks its CUDA context poisons its worker, which is replaced; one that
-crashes or hangs its process loses it, which is replaced too; the row says so.
+Each capture is one task on a worker pinned to one GPU (the verify verb's,
+:func:`replayfmt.verbs.corpus_runs.verify_row`). A capture that breaks its CUDA context poisons
+its worker, which is replaced; one that crashes or hangs its process loses it, which is replaced
+too; the row says so. Here: the rows, their CSV, and the comparison with a baseline.
 """
 
 from __future__ import annotations
 
 import csv
-import statistics
-import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from replayfmt.errors import DeviceError, DeviceUnavailableError, ReplayError, ReplayUsageError
-from replayfmt.execute import open_replay
-from replayfmt.measure.fanout import FanOut, Outcome, Task
-from replayfmt.reader import Capture, open_capture
-from replayfmt.replay.options import ReplayOptions
-from replayfmt.replay.plan import Plan, build_plan
+from replayfmt.errors import ReplayUsageError
+from replayfmt.measure.fanout import FanOut, Task
 
 SUFFIX = ".kreplay"
 
@@ -64,63 +58,17 @@ def corpus_files(directory: Path, flag: str = "DIR") -> list[Path]:
     return found
 
 
-def replay_capture(path: str, settings: dict[str, Any]) -> Outcome:
-    """A fan-out task: one capture's row (as a dict). ``settings``: ``dry_run`` (plan only),
-    ``repetitions`` (timed runs after the verified one). Poisoned after a sticky CUDA error."""
-    row = CorpusRow(Path(path).name)
-    started = time.perf_counter()
-    try:
-        if settings.get("dry_run"):
-            with open_capture(path) as cap:
-                plan = build_plan(cap)  # raises the first problem
-                row.operations = cap.operation_count
-                row.error = _problem(cap, plan)
-            row.host_s = time.perf_counter() - started
-            row.verdict = "failed" if row.error else "planned"
-            return Outcome(asdict(row))
-        with open_replay(path) as session:
-            row.operations = session.capture.operation_count
-            row.error = _problem(session.capture, session.plan)
-            if row.error:
-                row.verdict = "failed"
-                return Outcome(asdict(row))
-            replayer = session.start(ReplayOptions(verify=True))
-            row.host_s = time.perf_counter() - started
-            result = replayer.run(1, verify=True)
-            row.ranges = len(result.reports)
-            if result.mismatches:
-                row.verdict, row.error = "mismatch", result.mismatches[0].line().strip()
-                return Outcome(asdict(row))
-            times = replayer.run(max(1, int(settings.get("repetitions", 3))), verify=False).device_ms
-            row.device_ms = statistics.median(times)
-            row.verdict = "verified" if row.ranges else "replayed"
-    except DeviceError as exc:
-        row.verdict = "unavailable" if isinstance(exc, DeviceUnavailableError) else "failed"
-        row.error = str(exc)
-        return Outcome(asdict(row), poisoned=exc.sticky)
-    except ReplayError as exc:
-        row.verdict, row.error = "failed", str(exc)
-    return Outcome(asdict(row))
-
-
-def _problem(cap: Capture, plan: Plan) -> str:
-    """Why a planned capture cannot be replayed as captured ("" when it can)."""
-    if plan.problems:
-        return plan.problems[0]
-    if cap.recovered and not cap.operation_count:
-        return f"the file was recovered ({cap.recovery_reason}) and no operation survived: not replayable as captured"
-    return ""
-
-
 def run_corpus(
     fanout: FanOut,
     paths: Iterable[Path],
     settings: dict[str, Any],
     *,
     timeout: float | None = None,
-    task: Callable[[str, dict[str, Any]], Any] = replay_capture,
+    task: Callable[[str, dict[str, Any]], Any],
 ) -> Iterator[CorpusRow]:
-    """Every capture of ``paths`` as a row, in the order they complete (``task`` does one)."""
+    """Every capture of ``paths`` as a row, in the order they complete (``task(path, settings)``
+    does one, on a worker, and answers an Outcome holding the row as a dict:
+    :func:`replayfmt.verbs.corpus_runs.verify_row`)."""
     tasks = [Task(path.name, task, (str(path), settings)) for path in paths]
     for outcome in fanout.run(tasks, timeout=timeout):
         if outcome.error:

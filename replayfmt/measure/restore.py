@@ -7,6 +7,9 @@ state ranges is enough. That is what makes a framework arena benchmarkable: XLA'
 of gigabytes, of which a step's state is a few megabytes. A buffer that operations before the
 region do touch (a launch, copy or memset: their writes are not known byte by byte) is restored
 whole, as are all buffers of a capture replayed at fixed addresses (raw pointers reach anything).
+What an operation touches is the one table's (:mod:`replayfmt.format.uses`), a launch's module
+globals included: a kernel that bumps a counter in its module would otherwise start every
+iteration from the one before's count.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from replayfmt.format import model as m
+from replayfmt.format.uses import globals_by_image, image_of, uses
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,15 +30,31 @@ class Span:
     size: int
 
 
-def buffers_of(op: object) -> set[int]:
-    """The buffers an operation reads or writes (0, the launch's own parameters, left out)."""
-    if isinstance(op, m.Launch):
-        return {b for r in op.relocations for b in (r.target_buffer, r.site_buffer)} - {0}
-    if isinstance(op, m.Copy):
-        return {op.src_buffer, op.dst_buffer} - {0}
-    if isinstance(op, m.Memset | m.State):
-        return {op.buffer}
-    return set()
+def buffers_of(op: m.Operation) -> set[int]:
+    """The buffers an operation's device work reads or writes, as it names them (0, the launch's
+    own parameters, left out; a launch's module globals: :class:`ModuleGlobals`)."""
+    return set(uses(op).buffers)
+
+
+class ModuleGlobals:
+    """The module globals (format 1.4) among a capture's buffers, by the executables whose kernels
+    read and may write them unnamed; found once, then looked up per executable."""
+
+    def __init__(self, buffers: Iterable[int], lookup: Callable[[int], m.ObjectDef | None]) -> None:
+        self._lookup = lookup
+        self._by_image = globals_by_image(buffers, lookup)
+        self._of: dict[int, frozenset[int]] = {}
+
+    def of(self, executables: Iterable[int]) -> set[int]:
+        """The globals the kernels of ``executables`` may touch."""
+        out: set[int] = set()
+        for executable in executables:
+            found = self._of.get(executable)
+            if found is None:
+                image = image_of(executable, self._lookup) if self._by_image else None
+                found = self._of[executable] = frozenset(self._by_image.get(image, ())) if image else frozenset()
+            out |= found
+        return out
 
 
 def restore_spans(

@@ -37,7 +37,7 @@ from replayfmt.measure.fanout import FanOut
 from replayfmt.reader import Capture
 from replayfmt.replay.graph_plan import kernel_nodes, node_launch
 from replayfmt.replay.plan import Plan
-from replayfmt.replay.plan_options import MAX_BLOCK, MAX_GRID, MAX_THREADS_PER_BLOCK
+from replayfmt.replay.plan_options import MAX_BLOCK, MAX_GRID, MAX_THREADS_PER_BLOCK, ShapeOverride
 
 CSV_FIELDS = [
     "kernel",
@@ -76,6 +76,11 @@ class Candidate:
             "" if self.smem is None else str(self.smem),
             "" if self.max_registers is None else str(self.max_registers),
         )
+
+    @property
+    def reshape(self) -> ShapeOverride:
+        """The shape change this candidate makes to every launch it tunes."""
+        return ShapeOverride(self.grid, self.block, self.smem)
 
     def describe(self) -> str:
         parts = [
@@ -388,7 +393,7 @@ class CsvLog:
 class WorkerConfig:
     capture: str
     operations: tuple[int, ...]
-    plan: dict[str, Any]  # PlanOptions arguments as strings (substitutions, remaps, fixed_addresses)
+    plan: dict[str, Any]  # PlanOptions.to_dict(): what the worker plans with (PlanOptions.from_dict)
     device: int = 0
     warmup: int = 2
     repetitions: int = 10
@@ -396,6 +401,7 @@ class WorkerConfig:
     atol: float | None = None
     tolerance: bool = False
     nodes: tuple[tuple[int, int], ...] = ()  # (graph, node): kernel nodes tuned with the launches
+    limits: dict[str, int] = field(default_factory=dict)  # the reader's caps that differ from the defaults
 
 
 class Worker:
@@ -500,13 +506,9 @@ def search(
 
 
 def candidate_request(candidate: Candidate) -> dict[str, Any]:
-    """What a worker is told of a candidate (one JSON line for the worker process)."""
-    return {
-        "grid": candidate.grid,
-        "block": candidate.block,
-        "smem": candidate.smem,
-        "max_registers": candidate.max_registers,
-    }
+    """What a worker is told of a candidate (one JSON line for the worker process): the shape
+    change every target gets (the same ShapeOverride run-replay --launch applies), and the cap."""
+    return {"reshape": candidate.reshape.to_dict(), "max_registers": candidate.max_registers}
 
 
 def fan_out_search(

@@ -9,15 +9,15 @@ import statistics
 import sys
 from typing import Any
 
-from replayfmt.container.files import FileRemap
 from replayfmt.cuda.driver import check
 from replayfmt.errors import DeviceError, DeviceUnavailableError, ReplayError
 from replayfmt.execute import ReplaySession, open_replay
 from replayfmt.format import model as m
+from replayfmt.format.layout import DEFAULT_LIMITS
 from replayfmt.measure.fanout import Outcome
 from replayfmt.replay.compare import Tolerance
 from replayfmt.replay.options import ReplayOptions
-from replayfmt.replay.plan_options import PlanOptions, Substitution
+from replayfmt.replay.plan_options import PlanOptions, ShapeOverride
 
 
 def _reply(message: dict[str, Any]) -> None:
@@ -56,11 +56,8 @@ class Evaluator:
         try:
             self.session = open_replay(
                 config["capture"],
-                PlanOptions(
-                    substitutions=tuple(Substitution.parse(s) for s in config["plan"].get("substitutions", ())),
-                    remaps=tuple(FileRemap.parse(r) for r in config["plan"].get("remaps", ())),
-                    fixed_addresses=bool(config["plan"].get("fixed_addresses")),
-                ),
+                PlanOptions.from_dict(config["plan"]),
+                limits=DEFAULT_LIMITS.overridden(config.get("limits", {})),
             )
             self._prepare()
         except ReplayError as exc:  # "unavailable": no driver or GPU here (the tool exits 2, as the others do)
@@ -97,25 +94,22 @@ class Evaluator:
             return self.problem
         config, replayer, targets, nodes = self.config, self.replayer, self.targets, self.nodes
         try:
+            reshape = ShapeOverride.from_dict(request["reshape"])
             if request["max_registers"] is not None or self.cap_used:
-                block = tuple(request["block"]) if request["block"] else (targets or [n for *_, n in nodes])[0].block
+                block = reshape.apply((targets or [n for *_, n in nodes])[0]).block
                 threads = block[0] * block[1] * block[2]
                 replayer.load_with_register_cap(targets[0].executable, request["max_registers"], threads)
                 self.cap_used = True
             for op in targets:
-                grid = tuple(request["grid"]) if request["grid"] else op.grid
-                block = tuple(request["block"]) if request["block"] else op.block
-                smem = op.shared_memory if request["smem"] is None else request["smem"]
-                if smem > 48 * 1024:
-                    replayer.opt_in_shared_memory(op.executable, op.function, smem)
-                replayer.set_launch_shape(op.index, grid, block, smem)  # type: ignore[arg-type]
+                shape = reshape.apply(op)
+                if shape.shared_memory > 48 * 1024:
+                    replayer.opt_in_shared_memory(op.executable, op.function, shape.shared_memory)
+                replayer.set_launch_shape(op.index, shape.grid, shape.block, shape.shared_memory)
             for graph, index, node in nodes:
-                grid = tuple(request["grid"]) if request["grid"] else node.grid
-                block = tuple(request["block"]) if request["block"] else node.block
-                smem = node.shared_memory if request["smem"] is None else request["smem"]
-                if smem > 48 * 1024:
-                    replayer.opt_in_shared_memory(node.executable, node.function, smem)
-                replayer.set_graph_node_shape(graph, index, grid, block, smem)  # type: ignore[arg-type]
+                shape = reshape.apply(node)
+                if shape.shared_memory > 48 * 1024:
+                    replayer.opt_in_shared_memory(node.executable, node.function, shape.shared_memory)
+                replayer.set_graph_node_shape(graph, index, shape.grid, shape.block, shape.shared_memory)
             result = replayer.run(1, verify=True)
             if result.mismatches:  # a wrong answer is this candidate's result, not the worker's failure
                 return {"verified": False, "error": f"wrong result: {result.mismatches[0].line()}"}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 from replayfmt.container.files import FileRemap
 from replayfmt.errors import ReplayUsageError
@@ -61,6 +62,62 @@ def check_substitutions(subs: list[Substitution]) -> None:
 _DIMS = re.compile(r"^(\d+)(?:,(\d+))?(?:,(\d+))?$")
 
 
+class Shaped(Protocol):
+    """What runs somewhere: a launch, or a CUDA graph's kernel node."""
+
+    @property
+    def grid(self) -> m.Dims: ...
+    @property
+    def block(self) -> m.Dims: ...
+    @property
+    def shared_memory(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class ShapeOverride:
+    """A change to where a launch runs; ``None`` keeps the captured setting. The one way a launch
+    is reshaped: ``run-replay --launch`` gives one operation its own (:class:`LaunchOverride`),
+    tune-replay gives every launch and graph kernel node it tunes a candidate's (sent to its
+    workers as :meth:`to_dict`)."""
+
+    grid: m.Dims | None = None
+    block: m.Dims | None = None
+    shared_memory: int | None = None
+
+    def apply(self, captured: Shaped) -> LaunchShape:
+        """``captured``'s shape with this override applied."""
+        return LaunchShape(
+            self.grid or captured.grid,
+            self.block or captured.block,
+            captured.shared_memory if self.shared_memory is None else self.shared_memory,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"grid": self.grid, "block": self.block, "shared_memory": self.shared_memory}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ShapeOverride:
+        """The inverse of :meth:`to_dict`; anything but three positive dims or a byte count is a
+        ReplayUsageError naming the field."""
+
+        def dims(key: str) -> m.Dims | None:
+            value = data.get(key)
+            if value is None:
+                return None
+            if not (isinstance(value, list | tuple) and len(value) == 3 and all(_positive(v) for v in value)):
+                raise ReplayUsageError(f"launch shape: {key} {value!r} is not three dimensions >= 1")
+            return (int(value[0]), int(value[1]), int(value[2]))
+
+        smem = data.get("shared_memory")
+        if smem is not None and not (isinstance(smem, int) and not isinstance(smem, bool) and smem >= 0):
+            raise ReplayUsageError(f"launch shape: shared_memory {smem!r} is not a byte count")
+        return cls(dims("grid"), dims("block"), smem)
+
+
+def _positive(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
 @dataclass(frozen=True)
 class LaunchOverride:
     """``--launch=OP:grid=X,Y,Z,block=X,Y,Z,smem=N``: change one launch's shape;
@@ -100,13 +157,14 @@ class LaunchOverride:
                 values[key] = dims
         return cls(int(op), **values)  # type: ignore[arg-type]
 
+    @property
+    def reshape(self) -> ShapeOverride:
+        """The shape change alone (what tune-replay gives each launch it tunes)."""
+        return ShapeOverride(self.grid, self.block, self.shared_memory)
+
     def shape(self, op: m.Launch) -> LaunchShape:
         """The launch's shape with this override applied (settings it does not give stay captured)."""
-        return LaunchShape(
-            self.grid or op.grid,
-            self.block or op.block,
-            op.shared_memory if self.shared_memory is None else self.shared_memory,
-        )
+        return self.reshape.apply(op)
 
 
 @dataclass(frozen=True)
@@ -144,3 +202,46 @@ class PlanOptions:
     launch_overrides: tuple[LaunchOverride, ...] = ()
     fixed_addresses: bool = False
     continue_on_error: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """One JSON-able object (what a worker process is told)."""
+        return {
+            "substitutions": [
+                {"target": s.target, "path": str(s.path), "format": None if s.format is None else int(s.format)}
+                for s in self.substitutions
+            ],
+            "remaps": [[r.captured_prefix, r.new_prefix] for r in self.remaps],
+            "launch_overrides": [
+                {"operation": o.operation, "skip": o.skip, **o.reshape.to_dict()} for o in self.launch_overrides
+            ],
+            "fixed_addresses": self.fixed_addresses,
+            "continue_on_error": self.continue_on_error,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PlanOptions:
+        """The inverse of :meth:`to_dict` (absent keys: the defaults); a malformed object is a
+        ReplayUsageError naming what."""
+        try:
+            substitutions = tuple(
+                Substitution(
+                    s["target"], Path(s["path"]), None if s["format"] is None else m.ExecutableFormat(s["format"])
+                )
+                for s in data.get("substitutions", ())
+            )
+            remaps = tuple(FileRemap(str(a), str(b)) for a, b in data.get("remaps", ()))
+            overrides = []
+            for o in data.get("launch_overrides", ()):
+                shape = ShapeOverride.from_dict(o)
+                overrides.append(
+                    LaunchOverride(int(o["operation"]), shape.grid, shape.block, shape.shared_memory, bool(o["skip"]))
+                )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ReplayUsageError(f"plan options: malformed ({exc!r})") from None
+        return cls(
+            substitutions,
+            remaps,
+            tuple(overrides),
+            bool(data.get("fixed_addresses", False)),
+            bool(data.get("continue_on_error", False)),
+        )

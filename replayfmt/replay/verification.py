@@ -20,7 +20,6 @@ one piece was compared with evidence. The rule is docs/VERIFY.md.
 
 from __future__ import annotations
 
-import enum
 from typing import Any, Protocol
 
 import numpy as np
@@ -42,18 +41,10 @@ from replayfmt.replay.options import RunResult
 from replayfmt.replay.plan import Plan
 from replayfmt.replay.state import PoisonWrite
 from replayfmt.replay.verification_report import RangeReport, VerificationReport
+from replayfmt.replay.verify_types import DEFAULT_REPLAYS, EvidencePolicy
 
-DEFAULT_REPLAYS = 4  # replays in all when a piece differs from the capture
 SINGLE_ROUNDS = 4  # pieces still tainted after two poisoned rounds that are poisoned one by one
 Key = tuple[int, int, int]  # (operation, buffer, offset) of a piece
-
-
-class EvidencePolicy(enum.Enum):
-    """When the ranges that start as expected are replayed poisoned."""
-
-    AUTO = "auto"  # when kernels were changed (substituted, reshaped, skipped), or nothing else is evidence
-    ALWAYS = "always"
-    NEVER = "never"
 
 
 class VerifyingReplayer(Protocol):

@@ -161,3 +161,48 @@ def test_nvtx_ranges_wrap_scopes_and_launches(tmp_path, kernels, monkeypatch):
             text=True,
         )
         assert result.returncode == 0, result.stderr
+
+
+def test_a_counter_the_kernel_bumps_in_its_module_is_restored_every_iteration(tmp_path, gpu_arch):
+    """tests/kernels/module_globals.cu's gather bumps the module global ``calls`` (named by no
+    relocation): every iteration starts from the captured count, so after 2 + 5 iterations it
+    holds 1, not 7."""
+    from samples import compiled_cubin
+
+    cubin = compiled_cubin("module_globals.cu", gpu_arch)
+    if cubin is None:
+        pytest.skip(f"no module_globals cubin for {gpu_arch} (nvcc, or tests/fixtures/cubins)")
+    gather = m.Function(
+        name="gather",
+        parameters=(
+            m.Parameter(offset=0, size=8, kind=m.ParameterKind.POINTER),
+            m.Parameter(offset=8, size=4, kind=m.ParameterKind.VALUE),
+        ),
+        parameters_known=True,
+    )
+    path = tmp_path / "calls.kreplay"
+    with replayfmt.CaptureWriter(path, threads=0) as w:
+        dev = w.add_object(m.Device(name="test", compute_capability=(9, 0)))
+        exe = w.add_object(
+            m.Executable(format=m.ExecutableFormat.CUBIN, payload=w.add_payload(cubin), functions=(gather,))
+        )
+        calls = w.add_object(m.Global(executable=exe, symbol="calls", size=4))
+        counter = w.add_object(m.Buffer(size=4, device=dev, module_global=calls))
+        out = w.add_object(m.Buffer(size=64, device=dev))
+        w.module_load(exe, dev)
+        with w.scope("step"):
+            w.state(buffer=counter, data=np.zeros(1, np.uint32))
+            # n = 0: no element is gathered (base stays unread); thread 0 still bumps calls
+            w.launch(
+                executable=exe,
+                function=0,
+                grid=(1, 1, 1),
+                block=(32, 1, 1),
+                parameters=bytes(8) + np.int32(0).tobytes() + bytes(4),
+                relocations=[m.Relocation(0, out, 0, 0)],
+            )
+    with replayfmt.open(path) as cap:
+        plan = build_plan(cap)
+        with Replayer(plan, ReplayOptions(uploads_from_host=True)) as r:
+            Benchmark(r, find_region(cap, "step"), BenchmarkOptions(scope="step", warmup=2, repetitions=5)).run()
+            assert np.frombuffer(r.read_back(counter, 0, 4), np.uint32)[0] == 1

@@ -13,6 +13,7 @@ from replayfmt.measure.corpus import run_corpus
 from replayfmt.measure.fanout import open_fanout
 from replayfmt.measure.tune import CsvLog, SearchSpace, WorkerConfig, fan_out_search, find_targets, prune
 from replayfmt.replay.plan import build_plan
+from replayfmt.verbs.corpus_runs import verify_row
 
 pytestmark = pytest.mark.gpu
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -33,7 +34,10 @@ def test_a_corpus_verifies_on_the_gpu_and_a_faulting_capture_loses_only_its_work
     path, _ = tune_capture(tmp_path, kernels, STRIDE, (132, 1, 1), (256, 1, 1), lambda y: 2 * y)
     shutil.copy(path, corpus / "c_stride.kreplay")
     before = fanout.replaced
-    rows = {r.capture: r for r in run_corpus(fanout, sorted(corpus.iterdir()), {"repetitions": 3}, timeout=120)}
+    rows = {
+        r.capture: r
+        for r in run_corpus(fanout, sorted(corpus.iterdir()), {"repetitions": 3}, timeout=120, task=verify_row)
+    }
     assert rows["a_saxpy.kreplay"].verdict == "verified" and rows["a_saxpy.kreplay"].ranges > 0
     assert rows["a_saxpy.kreplay"].device_ms > 0
     fault = rows["b_fault.kreplay"]
