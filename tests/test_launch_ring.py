@@ -361,6 +361,7 @@ def test_ring_launches_on_a_stream_new_to_the_region_are_bound_from_their_first_
         launches["stream"] = 0x6000  # never seen: its object is written before the launches
         launches["grid"], launches["block"], launches["armed"] = (1, 1, 1), (32, 1, 1), 7
         event = ev.RepeatedLaunches(launches, {7: armed()})
+        translator.devices.current  # noqa: B018 (the device is written when first needed: here, before the count)
         before = writer.operation_count
         translator.handle(event)
         assert writer.operation_count == before + 4 and event.first == before + 1
