@@ -103,10 +103,10 @@ def test_a_child_that_verifies(tmp_path, monkeypatch):
 
 
 def test_a_child_past_its_time_is_stopped_and_the_check_says_so(tmp_path, monkeypatch):
-    stand_in(monkeypatch, "import time; time.sleep(30)")
+    stand_in(monkeypatch, "import time; time.sleep(600)")
     check = replay_check(tmp_path / "c.kreplay", fixed_addresses=False, timeout_s=1)
     assert check.outcome == Outcome.SKIPPED and "ran past the self-check's 1 s (--self-check-timeout)" in check.detail
-    assert check.seconds < 20
+    assert check.seconds < 600  # not a speed goal: the check did not wait for the child to end
 
 
 def test_what_is_too_large_to_replay_now_is_skipped_with_the_reason(tmp_path):
