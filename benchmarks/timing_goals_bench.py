@@ -15,6 +15,10 @@ nothing else on the GPU: the goals compare device times.
   state, a small kernel): benchmark-replay --scope=step under 0.05 ms, eager and graph.
 * ``extract``: the longest GEMM of a torch.compile'd step cut out with extract-replay: its busy
   time alone within 2% of the same launch inside the step's replay (--per-kernel).
+* ``host_waits``: tests/gpu/capture_scripts/xla_delay_kernel.py, XLA's autotuner timing three
+  candidates behind its DelayKernel, captured whole: benchmark-replay's busy time within 2% of the
+  original's (the delay kernels, which would spin 100 ms each, are released: neither side times
+  them).
 * ``graph``: the stream-captured CUDA graphs of examples/capture/cuda_python_stream_capture.py:
   benchmark-replay --mode=graph within 0.3x..3x of the eager replay.
 """
@@ -159,15 +163,12 @@ def extract(goals: Goals, tmp: Path) -> None:
 
 
 def graph(goals: Goals, tmp: Path) -> None:
-    from replayfmt.cuda.driver import check, compute_capability, driver
-
-    major, minor = compute_capability(check(driver().cuDeviceGet(0), "cuDeviceGet"))
     out = capture(
         tmp / "stream_capture.kreplay",
         EXAMPLES / "capture" / "cuda_python_stream_capture.py",
         "--scope",
         "step",
-        args=(f"sm_{major}{minor}",),
+        args=(arch(),),
     )
     eager = bench(out, "--scope=step", repetitions=5)["device_ms"]["median"]
     as_graph = bench(out, "--scope=step", "--mode=graph", repetitions=5)["device_ms"]["median"]
@@ -178,7 +179,27 @@ def graph(goals: Goals, tmp: Path) -> None:
     print(f"  graph launches: eager {eager:.4f} ms, as a graph {as_graph:.4f} ms ({ratio:.2f}x)  {verdict}")
 
 
-GOALS: dict[str, Callable[[Goals, Path], None]] = {"whole": whole, "state": state, "extract": extract, "graph": graph}
+def host_waits(goals: Goals, tmp: Path) -> None:
+    out = capture(tmp / "autotune.kreplay", SCRIPTS / "xla_delay_kernel.py", args=(arch(),))
+    result = bench(out, "--clock=cupti", repetitions=20)
+    print(f"  {result['released'] or 'nothing released'}")
+    busy_within(goals, "autotuner timing behind delay kernels: busy", result)
+
+
+def arch() -> str:
+    from replayfmt.cuda.driver import check, compute_capability, driver
+
+    major, minor = compute_capability(check(driver().cuDeviceGet(0), "cuDeviceGet"))
+    return f"sm_{major}{minor}"
+
+
+GOALS: dict[str, Callable[[Goals, Path], None]] = {
+    "whole": whole,
+    "state": state,
+    "extract": extract,
+    "graph": graph,
+    "host_waits": host_waits,
+}
 
 
 def main() -> int:

@@ -222,6 +222,8 @@ def main(
                     "state_ms": result.state_ms,
                     "built_while_running": result.built_while_running,  # device_ms[0] may include host waits
                     "verification": report.as_dict() if report is not None else None,
+                    # launches not run: they wait for a host write no replay makes (XLA's autotuner)
+                    "released": {str(i): what for i, what in sorted(plan.host_waits.items())},
                     "errors": errors,
                 },
                 indent=2,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from replayfmt.capture.verdict import Verdict
+from replayfmt.format.host_waits import released_counts
 from replayfmt.format.names import demangle
 
 
@@ -36,6 +37,7 @@ class Report:
     ambiguous_pointers: dict[int, str] = field(default_factory=dict)
     partial: str = ""  # why the capture stopped before the program did ("" complete): written in the file
     verdict: Verdict | None = None  # run-replay's plan on the closed file (None: not checked)
+    host_waits: list[str] = field(default_factory=list)  # launches marked LAUNCH_FLAG_HOST_RELEASED: what each is
     timing: str = ""  # whether the original program's device times were recorded (CUPTI)
     notes: list[str] = field(
         default_factory=list
@@ -86,6 +88,11 @@ class Report:
             )
         if len(self.ambiguous_pointers) > 5:
             out.append(f"  ... and {len(self.ambiguous_pointers) - 5} more buffers that may hold pointers")
+        if self.host_waits:
+            out.append(
+                f"  host waits: {released_counts(self.host_waits)} at replay (each spins until the "
+                "program writes a release into pinned memory; a replay runs no such host code)"
+            )
         if self.timing:
             out.append(f"  {self.timing}")
         out.extend(f"  note: {note}" for note in self.notes)

@@ -25,6 +25,7 @@ from replayfmt.capture.allocations import POINTER_HIGH, Allocation, AllocationTa
 from replayfmt.capture.device_memory import DeviceMemory
 from replayfmt.capture.file_references import FileReferences
 from replayfmt.capture.graph_events import GraphEvents, GraphExecutable
+from replayfmt.capture.host_releases import host_released
 from replayfmt.capture.hostfiles import HostFiles
 from replayfmt.capture.labels import KernelAnnotation, typed_ranges
 from replayfmt.capture.launch_ring import LaunchRing
@@ -327,7 +328,8 @@ class Translator(ModuleEvents, MemoryEvents, GraphEvents, StateEvents, RepeatEve
             stream=self._stream(event.stream),
             parameters=event.parameters,
             relocations=relocations,
-            flags=m.LAUNCH_FLAG_COOPERATIVE if event.cooperative else 0,
+            flags=(m.LAUNCH_FLAG_COOPERATIVE if event.cooperative else 0)
+            | host_released(event.kernel.name, event.parameters, self.allocations, self.report),
         )
 
     def _on_copy(self, event: ev.Copy) -> None:
