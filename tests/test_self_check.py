@@ -81,6 +81,19 @@ def test_the_verdict_lines():
     assert judge(1, "", "x: error: boom\n").describe() == "the replay failed: boom"
 
 
+def test_a_capture_whose_checkpoints_prove_nothing_is_not_said_to_hold_none():
+    """Issue 44: the recorder said 'checkpoints: N of N bytes typed' and then 'the capture holds no
+    checkpoints'; it held them, of bytes the region never changed."""
+    proven_nothing = (
+        "run-replay: error: verification: nothing was proven: every one of the 4 compared range(s) held its "
+        "expected bytes before the region ran, and no replay showed the region writing them\n"
+    )
+    line = judge(1, "NOT verified: 4 range(s) compared\n", proven_nothing).describe()
+    assert line.startswith("replayed; nothing verified: nothing was proven: every one of the 4 compared range(s)")
+    assert "holds no checkpoints" not in line
+    assert "holds no checkpoints" in judge(0, NOTHING, "").describe()  # where it holds none, it says so
+
+
 def test_the_child_is_run_replay_verify_with_this_interpreter(tmp_path):
     assert replay_command(tmp_path / "c.kreplay", fixed_addresses=True) == [
         sys.executable,

@@ -37,6 +37,9 @@ class Report:
     ambiguous_pointers: dict[int, str] = field(default_factory=dict)
     partial: str = ""  # why the capture stopped before the program did ("" complete): written in the file
     verdict: Verdict | None = None  # run-replay's plan on the closed file (None: not checked)
+    # checkpoints taken before what a region wrote was freed, remapped or reused (its scope's end would miss it)
+    released_checkpoints: int = 0
+    released_dropped: int = 0  # frees past MAX_RELEASED_CHECKPOINTS: what they held goes unchecked
     host_waits: list[str] = field(default_factory=list)  # launches marked LAUNCH_FLAG_HOST_RELEASED: what each is
     timing: str = ""  # whether the original program's device times were recorded (CUPTI)
     notes: list[str] = field(
@@ -68,6 +71,16 @@ class Report:
             out.append(
                 f"  checkpoints: {self.typed_bytes} of {self.checkpoint_bytes} bytes typed by the program's arrays "
                 f"({self.typing_seconds:.3f} s asking); the rest is compared as bytes"
+            )
+        if self.released_checkpoints:
+            out.append(
+                f"  checkpoints before frees: {self.released_checkpoints} (what a scope wrote into memory freed "
+                "before it ended)"
+                + (
+                    f"; {self.released_dropped} more frees past the limit went unchecked"
+                    if self.released_dropped
+                    else ""
+                )
             )
         if self.graph_launches:
             graphs = f"{self.graph_launches} launches recorded as graph launches of {self.graphs} graph objects"

@@ -7,12 +7,15 @@ A mixin of :class:`~replayfmt.capture.translate.Translator`, like ``MemoryEvents
 
 from __future__ import annotations
 
+import struct
+import threading
 import time
 from collections.abc import Hashable
 from typing import TYPE_CHECKING
 
 from replayfmt.capture import events as ev
 from replayfmt.capture.allocations import Allocation, AllocationTable
+from replayfmt.capture.host_releases import host_released
 from replayfmt.capture.live_buffers import LiveBuffers
 from replayfmt.capture.live_types import LiveTypes, typed_tensors
 from replayfmt.capture.options import CaptureMode, RecordOptions
@@ -24,6 +27,12 @@ if TYPE_CHECKING:
     from replayfmt.capture.device_memory import DeviceMemory
     from replayfmt.capture.report import Report
     from replayfmt.writer import CaptureWriter
+
+
+_WORD = struct.Struct("<Q")
+# checkpoints taken before frees in one capture: each waits for the device, and a step frees every
+# temporary it made; past this, what is freed before its scope ends goes unchecked (the report says so)
+MAX_RELEASED_CHECKPOINTS = 4096
 
 
 class StateEvents:
@@ -43,6 +52,10 @@ class StateEvents:
     live_types: LiveTypes  # the frameworks' typed arrays, asked once per checkpoint
     _refused: set[int]  # allocations too large to snapshot blindly (reported once each)
     _checkpoints: int
+    _recording: bool
+    _region_name: str
+    _pointed: set[int]  # the addresses the region's launches pointed at
+    _lock: threading.RLock
 
     if TYPE_CHECKING:  # provided by the translator
 
@@ -230,22 +243,83 @@ class StateEvents:
             todo += allocation.pointees.values()
         return reached
 
-    def _checkpoint(self, allocations: list[Allocation], *, stream: int | None, name: str) -> None:
+    def _launched(self, event: ev.LaunchBegin, relocations: tuple[m.Relocation, ...]) -> int:
+        """A launch written: in a region, the addresses it points at are noted (a framework's block
+        freed later in the region is checkpointed if one of them lies in it); its flags beyond
+        the call's (LAUNCH_FLAG_HOST_RELEASED)."""
+        if self._recording:
+            size = len(event.parameters)
+            self._pointed.update(
+                _WORD.unpack_from(event.parameters, r.site_offset)[0]
+                for r in relocations
+                if r.site_buffer == 0 and r.site_offset + 8 <= size
+            )
+        return host_released(event.kernel.name, event.parameters, self.allocations, self.report)
+
+    def points_at(self, address: int) -> bool:
+        """Whether a launch of the open region pointed at ``address`` (a framework's hook asks
+        before it works out what it frees)."""
+        return self._recording and address in self._pointed
+
+    def release_block(self, address: int, size: int, why: str) -> None:
+        """A framework frees its block [address, address + size) (PyTorch's caching allocator:
+        the memory stays mapped, to be handed out again): if the region's launches pointed into
+        it, what they wrote there is checkpointed now, before another tensor reuses it; the
+        checkpoint at the scope's end compares only what is still live then."""
+        with self._lock:
+            if not self._recording or not any(address <= p < address + size for p in self._pointed):
+                return
+            allocation = self.allocations.find(address)
+            if allocation is not None and allocation.api == ev.MemoryApi.DEVICE:
+                offset = address - allocation.address
+                spans = [(offset, min(size, allocation.size - offset))]
+                self._checkpoint_released(allocation, spans, why)
+
+    def _checkpoint_released(self, allocation: Allocation, spans: list[tuple[int, int]] | None, why: str) -> None:
+        """Before what the region wrote into device memory stops being the region's (the
+        allocation freed or remapped, a framework's block freed): a checkpoint of it now (of
+        ``spans``, offsets in the allocation; None: its live buffers or all of it, as at a
+        scope's end), named for the open scope. Host-visible memory is left alone: the host may
+        have written it (XLA's autotuner semaphores), which no replay reproduces."""
+        if not self._recording or allocation.region != self._region or allocation.api != ev.MemoryApi.DEVICE:
+            return
+        if not allocation.buffer or not self.allocations.is_live(allocation):
+            return
+        if self.report.released_checkpoints >= MAX_RELEASED_CHECKPOINTS:
+            self.report.released_dropped += 1
+            return
+        scope = self._scopes[-1][0] if self._scopes else (self._region_name or "region")
+        name = f"{scope} (buffer {allocation.buffer} {why})"
+        self._checkpoint([allocation], stream=None, name=name, only=spans, released=True)
+
+    def _checkpoint(
+        self,
+        allocations: list[Allocation],
+        *,
+        stream: int | None,
+        name: str,
+        only: list[tuple[int, int]] | None = None,
+        released: bool = False,
+    ) -> None:
         """What the allocations hold now, for those still alive (their live framework buffers
-        where a framework manages them): unchanged ones too (a step run again on the same inputs
-        rewrites its outputs with the bytes they held), at no cost in the file, where their
-        payload is their state's."""
+        where a framework manages them; ``only`` those spans of the one allocation given):
+        unchanged ones too (a step run again on the same inputs rewrites its outputs with the
+        bytes they held), at no cost in the file, where their payload is their state's.
+        ``released``: taken before the memory goes, and written only when it holds something."""
         entries: list[m.CheckpointEntry] = []
         types: list[m.TypedTensor] = []
         self._checkpoints += 1
         started = time.perf_counter()
-        live = self.live_types.labels() if allocations else []  # what the frameworks say it holds, once
+        # what the frameworks say it holds, once (not for memory being freed: its arrays are gone)
+        live = self.live_types.labels() if allocations and not released else []
         self.report.typing_seconds += time.perf_counter() - started
         for allocation in allocations:
             if not self.allocations.is_live(allocation):
                 continue  # freed meanwhile
-            spans = self._spans(allocation, ("checkpoint", self._checkpoints), allocation.buffer, exact=True)
-            if spans == [(0, allocation.size)] and allocation.state_spans is not None:
+            spans = only
+            if spans is None:
+                spans = self._spans(allocation, ("checkpoint", self._checkpoints), allocation.buffer, exact=True)
+            if only is None and spans == [(0, allocation.size)] and allocation.state_spans is not None:
                 # the state held only the live buffers of a framework that no longer speaks for this
                 # memory (expandable segments released, say): the other bytes are undefined at
                 # replay's start, so only the ranges the state set are compared
@@ -265,4 +339,7 @@ class StateEvents:
             self.report.typed_bytes += sum(t.size for t in typed)
             self.report.checkpoint_bytes += sum(size for _, size in spans or ())
             types += typed
+        if released and not entries:
+            return
+        self.report.released_checkpoints += released
         self.writer.checkpoint(entries, name=name, types=types)

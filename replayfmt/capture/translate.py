@@ -25,7 +25,6 @@ from replayfmt.capture.allocations import POINTER_HIGH, Allocation, AllocationTa
 from replayfmt.capture.device_memory import DeviceMemory
 from replayfmt.capture.file_references import FileReferences
 from replayfmt.capture.graph_events import GraphEvents, GraphExecutable
-from replayfmt.capture.host_releases import host_released
 from replayfmt.capture.hostfiles import HostFiles
 from replayfmt.capture.labels import KernelAnnotation, typed_ranges
 from replayfmt.capture.launch_ring import LaunchRing
@@ -116,6 +115,7 @@ class Translator(ModuleEvents, MemoryEvents, GraphEvents, StateEvents, RepeatEve
         self._recording = False
         self._region_name = ""
         self._touched: list[Allocation] = []
+        self._pointed: set[int] = set()  # what the region's launches point at (block frees checkpoint those)
         self._scopes: list[tuple[str, dict[int, Allocation]]] = []  # open scopes in a region: what they touch
         self._pending_d2h: dict[int, tuple[int, Allocation, int, int, int]] = {}
         self._frame_words = FrameWords()  # stored-pointer candidates of snapshot frames, by digest
@@ -142,7 +142,7 @@ class Translator(ModuleEvents, MemoryEvents, GraphEvents, StateEvents, RepeatEve
             self._recording = True
             name = name or (f"region#{self._region}" if self._region > 1 else "")  # where its state applies
             self._region_name = name
-            self._touched = []
+            self._touched, self._pointed = [], set()
             if self.options.live_buffers:  # what the program holds now: a step may donate it
                 self.live_buffers.hold(("state", self._region))
             if name:
@@ -328,8 +328,7 @@ class Translator(ModuleEvents, MemoryEvents, GraphEvents, StateEvents, RepeatEve
             stream=self._stream(event.stream),
             parameters=event.parameters,
             relocations=relocations,
-            flags=(m.LAUNCH_FLAG_COOPERATIVE if event.cooperative else 0)
-            | host_released(event.kernel.name, event.parameters, self.allocations, self.report),
+            flags=(m.LAUNCH_FLAG_COOPERATIVE if event.cooperative else 0) | self._launched(event, relocations),
         )
 
     def _on_copy(self, event: ev.Copy) -> None:
