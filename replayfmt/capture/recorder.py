@@ -104,6 +104,7 @@ class Recorder:
             lock=self.times.lock,
         )
         self.times.correlation = self.source.correlation_id
+        self.translator.settled = self._settled  # a framework's block free checkpoints after the ring's launches
         self._enrichment: list[Any] = []
         self._closed = False
         try:
@@ -138,6 +139,12 @@ class Recorder:
         with self.times.lock:
             self.source.settle()
             self.translator.stop()
+
+    @contextlib.contextmanager
+    def _settled(self) -> Iterator[None]:
+        with self.times.lock:
+            self.source.settle()
+            yield
 
     @contextlib.contextmanager
     def region(self, name: str = "") -> Iterator[None]:

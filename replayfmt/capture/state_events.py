@@ -7,10 +7,12 @@ A mixin of :class:`~replayfmt.capture.translate.Translator`, like ``MemoryEvents
 
 from __future__ import annotations
 
+import contextlib
 import struct
 import threading
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
 from replayfmt.capture import events as ev
@@ -56,6 +58,9 @@ class StateEvents:
     _region_name: str
     _pointed: set[int]  # the addresses the region's launches pointed at
     _lock: threading.RLock
+    # held around a framework's block free, outside the translator's lock: the recorder hands on
+    # the launches its C library holds first (a checkpoint must follow the launches before it)
+    settled: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext
 
     if TYPE_CHECKING:  # provided by the translator
 
@@ -266,7 +271,7 @@ class StateEvents:
         the memory stays mapped, to be handed out again): if the region's launches pointed into
         it, what they wrote there is checkpointed now, before another tensor reuses it; the
         checkpoint at the scope's end compares only what is still live then."""
-        with self._lock:
+        with self.settled(), self._lock:
             if not self._recording or not any(address <= p < address + size for p in self._pointed):
                 return
             allocation = self.allocations.find(address)
