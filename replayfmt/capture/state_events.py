@@ -135,14 +135,9 @@ class StateEvents:
         where a framework manages it (``exact``: their own bytes, without padding or gaps), else
         all of it; None (and an unsupported operation, once) when it is larger than
         options.max_snapshot and no framework says which bytes are live."""
-        live = None
-        if self.options.live_buffers and allocation.api == ev.MemoryApi.DEVICE:
-            live = self.live_buffers.ranges(allocation.address, allocation.size, step)
+        live = self._live_spans(allocation, step, exact=exact)
         if live is not None:
-            ranges = live.exact if exact else live.ranges
-            self.report.skipped_bytes += allocation.size - sum(r.size for r in ranges)
-            self.report.live_sources.add(live.source)
-            return [(r.start - allocation.address, r.size) for r in ranges]
+            return live
         if allocation.size <= self.options.max_snapshot:
             return [(0, allocation.size)] if allocation.size else []
         if allocation.address not in self._refused:  # written in either mode: replay must refuse it
@@ -156,6 +151,19 @@ class StateEvents:
             self.report.errors.append(reason)
             self.writer.unsupported("snapshot", reason, 0)
         return None
+
+    def _live_spans(self, allocation: Allocation, step: Hashable, *, exact: bool) -> list[tuple[int, int]] | None:
+        """(offset, size) of the live framework buffers in the allocation; None when no framework
+        speaks for it (a buffer may cover all of it: that is a framework speaking)."""
+        live = None
+        if self.options.live_buffers and allocation.api == ev.MemoryApi.DEVICE:
+            live = self.live_buffers.ranges(allocation.address, allocation.size, step)
+        if live is None:
+            return None
+        ranges = live.exact if exact else live.ranges
+        self.report.skipped_bytes += allocation.size - sum(r.size for r in ranges)
+        self.report.live_sources.add(live.source)
+        return [(r.start - allocation.address, r.size) for r in ranges]
 
     def _snapshot_failed(self, allocation: Allocation, buffer: int, offset: int, size: int, exc: Exception) -> None:
         """A snapshot the driver refused: the capture says which buffer and bytes, where they came
@@ -321,14 +329,16 @@ class StateEvents:
         for allocation in allocations:
             if not self.allocations.is_live(allocation):
                 continue  # freed meanwhile
-            spans = only
-            if spans is None:
-                spans = self._spans(allocation, ("checkpoint", self._checkpoints), allocation.buffer, exact=True)
-            if only is None and spans == [(0, allocation.size)] and allocation.state_spans is not None:
+            step = ("checkpoint", self._checkpoints)
+            spans = only if only is not None else self._live_spans(allocation, step, exact=True)
+            if spans is None and allocation.state_spans is not None:
                 # the state held only the live buffers of a framework that no longer speaks for this
                 # memory (expandable segments released, say): the other bytes are undefined at
-                # replay's start, so only the ranges the state set are compared
+                # replay's start, so only the ranges the state set are compared. (A framework whose
+                # one buffer fills the allocation still speaks: a 16 MiB output in its own segment)
                 spans = allocation.state_spans
+            elif spans is None:
+                spans = self._spans(allocation, step, allocation.buffer, exact=True)
             started = time.perf_counter()
             for offset, size in spans or ():
                 try:
