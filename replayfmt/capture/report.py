@@ -39,7 +39,8 @@ class Report:
     verdict: Verdict | None = None  # run-replay's plan on the closed file (None: not checked)
     # checkpoints taken before what a region wrote was freed, remapped or reused (its scope's end would miss it)
     released_checkpoints: int = 0
-    released_dropped: int = 0  # frees past MAX_RELEASED_CHECKPOINTS: what they held goes unchecked
+    released_bytes: int = 0  # of them
+    released_dropped: int = 0  # frees past MAX_RELEASED_CHECKPOINTS or _BYTES: what they held goes unchecked
     host_waits: list[str] = field(default_factory=list)  # launches marked LAUNCH_FLAG_HOST_RELEASED: what each is
     timing: str = ""  # whether the original program's device times were recorded (CUPTI)
     notes: list[str] = field(

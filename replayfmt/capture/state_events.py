@@ -32,9 +32,11 @@ if TYPE_CHECKING:
 
 
 _WORD = struct.Struct("<Q")
-# checkpoints taken before frees in one capture: each waits for the device, and a step frees every
-# temporary it made; past this, what is freed before its scope ends goes unchecked (the report says so)
+# checkpoints taken before frees in one capture, and their bytes: each waits for the device, and a
+# step frees every temporary it made (a whole training loop, GBs of them); past either, what is freed
+# before its scope ends goes unchecked (the report says so)
 MAX_RELEASED_CHECKPOINTS = 4096
+MAX_RELEASED_BYTES = 4 << 30
 
 
 class StateEvents:
@@ -339,6 +341,10 @@ class StateEvents:
                 spans = allocation.state_spans
             elif spans is None:
                 spans = self._spans(allocation, step, allocation.buffer, exact=True)
+            if released and self.report.released_bytes + sum(n for _, n in spans or ()) > MAX_RELEASED_BYTES:
+                self.report.released_dropped += 1
+                return
+            self.report.released_bytes += sum(n for _, n in spans or ()) if released else 0
             started = time.perf_counter()
             for offset, size in spans or ():
                 try:
