@@ -227,3 +227,36 @@ def test_past_the_byte_budget_frees_go_unchecked_and_the_report_says_so(tmp_path
     _, t = record(tmp_path / "again", [ev.ModuleImage(MODULE, cubin, None), *step_that_drops_its_result(again)], again)
     assert (t.report.released_checkpoints, t.report.released_bytes) == (1, 4 * N)
     assert "checkpoints before frees: 1 (" in "\n".join(t.report.lines())
+
+
+def test_a_block_a_graphs_kernel_node_wrote_is_checkpointed_when_freed(tmp_path, cubin):
+    """XLA's command buffers and PyTorch's CUDA graphs launch kernels as graph nodes: what their
+    parameters point at counts as the region's too."""
+    from test_capture_graphs import description, graph_memory, setup_events
+    from test_capture_translate import B
+
+    mem = graph_memory()
+
+    def run_graph():
+        mem.device[B][:] = (2 * np.arange(64) + 1).astype(np.float32).tobytes()
+        return ev.StreamSynchronized(0x5000)
+
+    events = [*setup_events(cubin), ev.GraphInstantiated(0xE0E0, description()), ev.GraphLaunched(0xE0E0, 0x5000)]
+    path = tmp_path / "c.kreplay"
+    with replayfmt.CaptureWriter(path) as writer:
+        from replayfmt.capture import RecordOptions, Translator
+        from replayfmt.capture.hostfiles import HostFiles
+
+        t = Translator(writer, RecordOptions(), mem, host_files=HostFiles(tmp_path / "no-maps"))
+        t.start("step")
+        for e in [*events, run_graph]:
+            t.handle(e() if callable(e) else e)
+        assert t.points_at(B) and not t.points_at(B + 4)
+        t.release_block(B, 256, "freed by torch")
+        t.stop()
+    assert t.report.released_checkpoints == 1 and not t.report.errors
+    with replayfmt.open(path) as cap:
+        released = next(op for op in cap.iter_operations() if isinstance(op, m.Checkpoint))
+        (entry,) = released.entries
+        expected = (2 * np.arange(64) + 1).astype(np.float32)
+        assert np.array_equal(np.frombuffer(cap.read_payload(entry.payload), np.float32), expected)

@@ -46,6 +46,7 @@ class GraphExecutable:
     kernels: list[ev.Kernel] = field(default_factory=list)  # one per kernel node
     broken: str = ""  # why its launches cannot be replayed ("" when they can)
     disabled: set[int] = field(default_factory=set)  # node handles disabled (cuGraphNodeSetEnabled): run as empty
+    pointed: frozenset[int] = frozenset()  # the addresses its kernel nodes' parameters point at
 
 
 class Unrecordable(Exception):
@@ -59,6 +60,7 @@ class GraphEvents:
     report: Report
     allocations: AllocationTable
     _recording: bool
+    _pointed: set[int]  # the addresses the region's launches pointed at (state_events)
     _device: int
     _executables: dict[int, GraphExecutable]  # CUgraphExec handle -> what it runs
     _modules: dict[tuple[str, int], Any]  # module key -> what the translator keeps of it
@@ -146,6 +148,14 @@ class GraphEvents:
                 return
             executable.graph = self._graph_id(graph)
             executable.epoch, executable.targets, executable.kernels = epoch, targets, kernels
+            at = {a.buffer: a.address for a in targets}
+            executable.pointed = frozenset(
+                at[r.target_buffer] + r.target_offset
+                for node in graph.nodes
+                for r in node.relocations
+                if r.site_buffer == 0 and r.target_buffer in at
+            )
+        self._pointed.update(executable.pointed)  # a framework's block free checkpoints what they wrote
         modules = {kernel.module: kernel for kernel in executable.kernels}  # their globals: asked at every launch
         module_globals = [a for kernel in modules.values() for a in self._module_globals(kernel, event.stream)]
         for allocation in (*executable.targets, *module_globals):  # snapshots first: what the graph starts from
