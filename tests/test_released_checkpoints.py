@@ -120,7 +120,7 @@ def test_a_framework_block_the_region_wrote_is_checkpointed_when_the_framework_f
 
     def framework_frees(t):
         t.release_block(untouched, 4 * N, "freed by torch")  # never pointed at by the region: not written
-        t.release_block(out, 4 * N, "freed by torch")
+        t.release_block(out, 4 * N, "freed by torch")  # the step's result, dropped: no launch after it
 
     path = tmp_path / "c.kreplay"
     with replayfmt.CaptureWriter(path) as writer:
@@ -260,3 +260,35 @@ def test_a_block_a_graphs_kernel_node_wrote_is_checkpointed_when_freed(tmp_path,
         (entry,) = released.entries
         expected = (2 * np.arange(64) + 1).astype(np.float32)
         assert np.array_equal(np.frombuffer(cap.read_payload(entry.payload), np.float32), expected)
+
+
+def test_a_block_freed_before_another_launch_of_the_scope_is_a_temporary_and_let_go(tmp_path, cubin):
+    """A workspace a kernel used and the framework freed before the next launch: it may be written
+    only in part (its other bytes are no replay's), so it is not compared."""
+    mem = FakeMemory()
+    mem.device[ARENA] = bytearray(1 << 20)
+    mem.device[X] = bytearray(np.arange(N, dtype=np.float32).tobytes())
+    workspace, out = ARENA + 0x2000, ARENA + 0x4000
+    launch = [
+        ev.LaunchBegin(kernel(), (1, 1, 1), (N, 1, 1), 0, 0, saxpy_params(2.0, X, workspace, N)),
+        ev.LaunchEnd(0),
+    ]
+    then = [ev.LaunchBegin(kernel(), (1, 1, 1), (N, 1, 1), 0, 0, saxpy_params(3.0, X, out, N)), ev.LaunchEnd(0)]
+    path = tmp_path / "c.kreplay"
+    with replayfmt.CaptureWriter(path) as writer:
+        from replayfmt.capture import RecordOptions, Translator
+        from replayfmt.capture.hostfiles import HostFiles
+
+        t = Translator(writer, RecordOptions(), mem, host_files=HostFiles(tmp_path / "no-maps"))
+        t.start("step")
+        for e in [ev.ModuleImage(MODULE, cubin, None), ev.Allocation(X, 4 * N), ev.Allocation(ARENA, 1 << 20), *launch]:
+            t.handle(e)
+        t.release_block(workspace, 4 * N, "freed by torch")
+        for e in then:
+            t.handle(e)
+        t.release_block(out, 4 * N, "freed by torch")
+        t.stop()
+    assert t.report.released_checkpoints == 1
+    with replayfmt.open(path) as cap:
+        (released,) = [op for op in cap.iter_operations() if isinstance(op, m.Checkpoint) and "freed" in op.name]
+        assert [(e.offset, e.size) for e in released.entries] == [(0x4000, 4 * N)]

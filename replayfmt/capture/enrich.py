@@ -119,9 +119,10 @@ def _install_torch(translator: Translator) -> Callable[[], None] | None:
 
 def _install_torch_frees(translator: Translator) -> Callable[[], None] | None:
     """PyTorch's caching allocator frees a tensor's block with no driver call; its GPU trace (the
-    hooks torch.cuda._sanitizer uses) tells each free while the block still counts as allocated.
-    A block the open region's launches pointed at is checkpointed then, before a later tensor
-    reuses it (translator.release_block): a step's dropped result is compared too."""
+    hooks torch.cuda._sanitizer uses) tells each free while the block still counts as allocated,
+    so its size can be asked. A block the open scope's launches pointed at is handed to the
+    translator (release_block), which compares it at the scope's end if no launch followed the
+    free: a step's dropped result."""
     if "torch" not in sys.modules:
         return None
     import torch

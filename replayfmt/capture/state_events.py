@@ -277,26 +277,51 @@ class StateEvents:
         return self._recording and address in self._pointed
 
     def release_block(self, address: int, size: int, why: str) -> None:
-        """A framework frees its block [address, address + size) (PyTorch's caching allocator:
-        the memory stays mapped, to be handed out again): if the region's launches pointed into
-        it, what they wrote there is checkpointed now, before another tensor reuses it; the
-        checkpoint at the scope's end compares only what is still live then."""
+        """A framework frees its block [address, address + size) (PyTorch's caching allocator: the
+        memory stays mapped and keeps its bytes until a later tensor is handed it). Inside a named
+        scope, a block the scope's launches pointed into is held as the scope's result: when the
+        scope ends with no launch after the free (a step whose result is dropped), it is
+        checkpointed then, before the scope's own checkpoint, which compares only what is still
+        live. A launch after the free makes it a temporary of the step (a workspace may be
+        written only in part: its other bytes are no replay's), and it is let go."""
         with self.settled(), self._lock:
-            if not self._recording or not any(address <= p < address + size for p in self._pointed):
+            if not self._recording or not (self._scopes or self._region_name):
                 return
+            if any(address <= p < address + size for p in self._pointed):
+                self._pending_releases().append((address, size, why, self._launches_recorded()))
+
+    def _pending_releases(self) -> list[tuple[int, int, str, int]]:
+        """Blocks freed in the open scope: (address, size, why, launches recorded when freed)."""
+        return self.__dict__.setdefault("_released_blocks", [])
+
+    def _launches_recorded(self) -> int:
+        return sum(stats.captured for stats in self.report.kernels.values())
+
+    def _checkpoint_dropped_results(self) -> None:
+        """At a scope's end: the blocks freed after its last launch (see :meth:`release_block`)."""
+        pending = self._pending_releases()
+        launches = self._launches_recorded() if pending else 0
+        for address, size, why, then in pending:
             allocation = self.allocations.find(address)
-            if allocation is not None and allocation.api == ev.MemoryApi.DEVICE:
+            if then == launches and allocation is not None and allocation.api == ev.MemoryApi.DEVICE:
                 offset = address - allocation.address
                 spans = [(offset, min(size, allocation.size - offset))]
-                self._checkpoint_released(allocation, spans, why)
+                self._checkpoint_released(allocation, spans, why, ending=True)
+        pending.clear()
 
-    def _checkpoint_released(self, allocation: Allocation, spans: list[tuple[int, int]] | None, why: str) -> None:
+    def _checkpoint_released(
+        self, allocation: Allocation, spans: list[tuple[int, int]] | None, why: str, *, ending: bool = False
+    ) -> None:
         """Before what the region wrote into device memory stops being the region's (the
         allocation freed or remapped, a framework's block freed): a checkpoint of it now (of
         ``spans``, offsets in the allocation; None: its live buffers or all of it, as at a
         scope's end), named for the open scope. Host-visible memory is left alone: the host may
         have written it (XLA's autotuner semaphores), which no replay reproduces."""
-        if not self._recording or allocation.region != self._region or allocation.api != ev.MemoryApi.DEVICE:
+        if (
+            not (self._recording or ending)
+            or allocation.region != self._region
+            or allocation.api != ev.MemoryApi.DEVICE
+        ):
             return
         if not allocation.buffer or not self.allocations.is_live(allocation):
             return
@@ -321,6 +346,8 @@ class StateEvents:
         unchanged ones too (a step run again on the same inputs rewrites its outputs with the
         bytes they held), at no cost in the file, where their payload is their state's.
         ``released``: taken before the memory goes, and written only when it holds something."""
+        if not released:
+            self._checkpoint_dropped_results()
         entries: list[m.CheckpointEntry] = []
         types: list[m.TypedTensor] = []
         self._checkpoints += 1
