@@ -292,3 +292,25 @@ def test_a_block_freed_before_another_launch_of_the_scope_is_a_temporary_and_let
     with replayfmt.open(path) as cap:
         (released,) = [op for op in cap.iter_operations() if isinstance(op, m.Checkpoint) and "freed" in op.name]
         assert [(e.offset, e.size) for e in released.entries] == [(0x4000, 4 * N)]
+
+
+def test_without_a_named_scope_a_framework_free_is_not_even_sized(tmp_path, cubin):
+    """A whole program recorded with no scope: its frees cost nothing (no memory_snapshot each)."""
+    mem = FakeMemory()
+    mem.device[ARENA] = bytearray(1 << 20)
+    mem.device[X] = bytearray(4 * N)
+    path = tmp_path / "c.kreplay"
+    with replayfmt.CaptureWriter(path) as writer:
+        from replayfmt.capture import RecordOptions, Translator
+        from replayfmt.capture.hostfiles import HostFiles
+
+        t = Translator(writer, RecordOptions(), mem, host_files=HostFiles(tmp_path / "no-maps"))
+        t.start()  # the whole program: no name
+        launch = ev.LaunchBegin(kernel(), (1, 1, 1), (N, 1, 1), 0, 0, saxpy_params(2.0, X, ARENA, N))
+        for e in [ev.ModuleImage(MODULE, cubin, None), ev.Allocation(X, 4 * N), ev.Allocation(ARENA, 1 << 20), launch]:
+            t.handle(e)
+        assert not t.points_at(ARENA)
+        t.scope_begin("step")
+        assert t.points_at(ARENA)
+        t.scope_end("step")
+        t.stop()

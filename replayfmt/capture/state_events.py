@@ -272,9 +272,9 @@ class StateEvents:
         return host_released(event.kernel.name, event.parameters, self.allocations, self.report)
 
     def points_at(self, address: int) -> bool:
-        """Whether a launch of the open region pointed at ``address`` (a framework's hook asks
-        before it works out what it frees)."""
-        return self._recording and address in self._pointed
+        """Whether a launch of the open region pointed at ``address`` while a named scope is open
+        (a framework's hook asks before it works out what it frees: release_block)."""
+        return self._recording and bool(self._scopes or self._region_name) and address in self._pointed
 
     def release_block(self, address: int, size: int, why: str) -> None:
         """A framework frees its block [address, address + size) (PyTorch's caching allocator: the
