@@ -59,6 +59,7 @@ class StateEvents:
     _recording: bool
     _region_name: str
     _pointed: set[int]  # the addresses the region's launches pointed at
+    _released_blocks: list[tuple[int, int, str, int]]  # freed in the open scope: address, size, why, launches then
     _lock: threading.RLock
     # held around a framework's block free, outside the translator's lock: the recorder hands on
     # the launches its C library holds first (a checkpoint must follow the launches before it)
@@ -288,18 +289,14 @@ class StateEvents:
             if not self._recording or not (self._scopes or self._region_name):
                 return
             if any(address <= p < address + size for p in self._pointed):
-                self._pending_releases().append((address, size, why, self._launches_recorded()))
-
-    def _pending_releases(self) -> list[tuple[int, int, str, int]]:
-        """Blocks freed in the open scope: (address, size, why, launches recorded when freed)."""
-        return self.__dict__.setdefault("_released_blocks", [])
+                self._released_blocks.append((address, size, why, self._launches_recorded()))
 
     def _launches_recorded(self) -> int:
         return sum(stats.captured for stats in self.report.kernels.values())
 
     def _checkpoint_dropped_results(self) -> None:
         """At a scope's end: the blocks freed after its last launch (see :meth:`release_block`)."""
-        pending = self._pending_releases()
+        pending = self._released_blocks
         launches = self._launches_recorded() if pending else 0
         for address, size, why, then in pending:
             allocation = self.allocations.find(address)

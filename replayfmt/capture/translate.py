@@ -116,6 +116,7 @@ class Translator(ModuleEvents, MemoryEvents, GraphEvents, StateEvents, RepeatEve
         self._region_name = ""
         self._touched: list[Allocation] = []
         self._pointed: set[int] = set()  # what the region's launches point at (block frees checkpoint those)
+        self._released_blocks: list[tuple[int, int, str, int]] = []  # freed in the open scope (state_events)
         self._scopes: list[tuple[str, dict[int, Allocation]]] = []  # open scopes in a region: what they touch
         self._pending_d2h: dict[int, tuple[int, Allocation, int, int, int]] = {}
         self._frame_words = FrameWords()  # stored-pointer candidates of snapshot frames, by digest
