@@ -12,7 +12,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = ROOT / "benchmarks"
-GPU_BENCHMARKS = ["replay_bench.py", "fidelity_bench.py", "fidelity_recorded.py", "tune_bench.py", "capture_bench.py"]
+GPU_BENCHMARKS = [
+    "replay_bench.py",
+    "fidelity_bench.py",
+    "fidelity_recorded.py",
+    "tune_bench.py",
+    "capture_bench.py",
+    "timing_goals_bench.py",
+]
 sys.path.insert(0, str(BENCHMARKS))
 
 from goals import Goals  # noqa: E402 - the benchmarks' own helper, beside them
@@ -55,3 +62,19 @@ def test_the_gpu_suite_runs_every_gpu_benchmark_with_check(name):
 def test_tune_bench_measures_its_baseline_in_the_same_run():
     source = (BENCHMARKS / "tune_bench.py").read_text()
     assert "Mneme" not in source and "def bare_rate(" in source and "bare cuda-python evaluation" in source
+
+
+def test_no_test_asserts_a_time():
+    """Times belong to the benchmarks' goals (judged with --check, nothing else on the GPU): a
+    test that asserts one fails whenever other work shares the machine (issue 44)."""
+    timed = re.compile(
+        r"assert[^\n]*(perf_counter\(\) - \w+ *<|monotonic\(\) - \w+ *<|\[\"median\"\] *<"
+        r"|TOLERANCE \*|abs\(\w+ */ *\w+ *- *1\) *<=|< *ratio *<|\.seconds *< *[0-9]{1,2}\b)"
+    )
+    found = [
+        f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+        for path in sorted((ROOT / "tests").rglob("test_*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if timed.search(line)
+    ]
+    assert not found, "\n".join(found)

@@ -401,3 +401,49 @@ def test_which_dtypes_can_hold_addresses():
         True,
         False,
     ]
+
+
+def test_an_output_that_fills_its_segment_is_compared(tmp_path):
+    """Issue 44: a compiled step's 16 MiB output in a 16 MiB segment of its own (PyTorch's caching
+    allocator) was not compared: no tensor lived there when the step began (the state is none of
+    it), and at the step's end its one live block covers the whole segment, which the checkpoint
+    took for a framework that no longer speaks for the memory, and so compared what the state
+    held: nothing."""
+    memory = arena_memory()
+    segment = ByteRange(ARENA, ARENA + 4 * MiB)
+    source = FakeSource("torch", live=[], managed=[segment])
+    live = LiveBuffers([source], min_size=MiB, gap=0)
+
+    def compiled_step():  # the output is allocated (the whole segment) and written by the last kernel
+        source.live = [segment]
+        memory.device[ARENA][:] = bytes(range(256)) * (4 * MiB // 256)
+        return ev.StreamSynchronized(0)
+
+    events = [ev.Allocation(ARENA, 4 * MiB), ev.Memset(ARENA + 64, 0, 4, 16), compiled_step]
+    path, t = record(tmp_path, events, memory, live)
+    assert not t.report.errors
+    with replayfmt.open(path) as cap:
+        ops = list(cap.iter_operations())
+        assert not [op for op in ops if op.kind == m.OperationKind.STATE]  # nothing of it was live at the start
+        checkpoint = next(op for op in ops if op.kind == m.OperationKind.CHECKPOINT)
+        assert [(e.offset, e.size) for e in checkpoint.entries] == [(0, 4 * MiB)]
+        assert cap.read_payload(checkpoint.entries[0].payload) == bytes(memory.device[ARENA])
+
+
+def test_memory_no_framework_speaks_for_any_more_is_compared_where_its_state_was_set(tmp_path):
+    """The other side of the rule above: a framework that bounded the state and no longer speaks
+    for the memory at the checkpoint (expandable segments released): only the state's ranges."""
+    memory = arena_memory()
+    source = FakeSource("torch", live=[ByteRange(ARENA + MiB, ARENA + MiB + 4096)], managed=[])
+
+    def released():
+        source.live = []  # no live buffer inside: the framework does not speak for it now
+        return ev.StreamSynchronized(0)
+
+    live = LiveBuffers([source], min_size=MiB, gap=0)
+    path, _ = record(
+        tmp_path, [ev.Allocation(ARENA, 4 * MiB), ev.Memset(ARENA + MiB + 64, 0, 4, 16), released], memory, live
+    )
+    with replayfmt.open(path) as cap:
+        checkpoint = next(op for op in cap.iter_operations() if op.kind == m.OperationKind.CHECKPOINT)
+        assert [(e.offset, e.size) for e in checkpoint.entries] == [(MiB, 4096)]

@@ -2,7 +2,6 @@
 paths) with a message that names what is wrong and where."""
 
 import struct
-import time
 
 import numpy as np
 import pytest
@@ -10,7 +9,7 @@ import zstandard
 from craft import FileBuilder, amplifying_executable_batch, record_batch
 
 import replayfmt
-from replayfmt.format import model as m
+from replayfmt.format import decoder, model as m
 from replayfmt.format.decoder import decode_buffer
 from replayfmt.format.layout import FILE_HEADER_SIZE, ChunkFlags, Codec, FileHeader, pack_file_header
 from replayfmt.format.payloads import frame_hash, payload_hash
@@ -213,12 +212,27 @@ def test_unknown_operation_kind_is_kept_as_unknown(tmp_path):
         drain(path)
 
 
-def test_rejects_shared_offset_amplification_quickly(tmp_path):
+@pytest.fixture
+def charges(monkeypatch) -> list[int]:
+    """How many times the decoder charged its budget: every table, vector, string and shared
+    reference it reaches is charged, so the count measures the walk's work (a clock would measure
+    the machine's load)."""
+    count = [0]
+    charge = decoder._Decoder.charge
+
+    def counted(self, *args: object) -> None:
+        count[0] += 1
+        charge(self, *args)
+
+    monkeypatch.setattr(decoder._Decoder, "charge", counted)
+    return count
+
+
+def test_rejects_shared_offset_amplification_quickly(tmp_path, charges):
     body = amplifying_executable_batch(400)  # 400**3 = 64 million tables if walked naively
-    started = time.perf_counter()
     with pytest.raises(replayfmt.ReplayFormatError, match=r"shared offsets amplify"):
         decode_buffer(body, "RecordBatch", max_depth=8)
-    assert time.perf_counter() - started < 5
+    assert 0 < charges[0] <= len(body) // 4 + 64  # refused within the budget: one object per 4 bytes
 
 
 def test_rejects_nesting_deeper_than_the_limit(sample):
@@ -271,7 +285,7 @@ def test_rejects_chunk_kind_mismatch_at_index_offset(tmp_path):
         drain(path)
 
 
-def test_shared_offsets_are_decoded_once_and_charged_at_every_reference():
+def test_shared_offsets_are_decoded_once_and_charged_at_every_reference(charges):
     """A value reached through many offsets is decoded once (the same object comes back) and its
     bytes count at each reference, so the budget bounds what consumers see, not just the work."""
     from hostile import _shared_name_batch
@@ -281,10 +295,10 @@ def test_shared_offsets_are_decoded_once_and_charged_at_every_reference():
     functions = d["objects"][0]["body"][1]["functions"]
     assert len(functions) == 50 and all(f is functions[0] for f in functions)
     body = _shared_name_batch(20_000, 60_000)  # 1.2 GB of names from 140 KB
-    started = time.perf_counter()
+    charges[0] = 0
     with pytest.raises(replayfmt.ReplayFormatError) as info:
         decode_buffer(body, "RecordBatch", max_depth=8, offset=64, record="RECORDS chunk")
-    assert time.perf_counter() - started < 1
+    assert 0 < charges[0] < 20_000  # refused before walking every reference
     assert str(info.value).startswith("offset 64: RECORDS chunk, byte ")
     assert str(info.value).endswith(
         ": decoding produces more than the decode budget allows (shared offsets amplify it)"

@@ -35,7 +35,9 @@ execution intervals) come from CUPTI activity records, the clock Nsight Systems 
 show, with nothing inserted between kernels; without CUPTI they come from CUDA events around each
 operation (a note says so). A capture recorded with the original program's device times prints
 its GPU busy time beside the replay's, with the ratio (not its elapsed time: under the recorder
-that includes the recorder's own work).
+that includes the recorder's own work). Kernels that wait for a host write into pinned memory
+(XLA's autotuner DelayKernel) are not run, and neither side's time holds them: "host waits" says
+how many.
 
 \b
 Examples:
@@ -68,6 +70,11 @@ def _text(result: BenchmarkResult) -> list[str]:
         clock=result.clock,
         clock_note=result.clock_note,
     )
+    if result.released:
+        lines.append(
+            f"host waits    {result.released}: not run and not timed, on either side (each waits for a host "
+            "write no replay makes)"
+        )
     rows = [(k.operation, demangle(k.name), k.device_ms.median, k.original_ns) for k in result.kernels]
     return lines + kt.operation_lines(rows, result.clock)
 

@@ -193,6 +193,7 @@ def _print_result(result: VerifyResult, *, dry_run: bool, as_json: bool) -> int:
             "state_ms",
             "built_while_running",
             "verification",
+            "released",
             "errors",
         )
         click.echo(json.dumps({key: out[key] for key in keys}, indent=2))

@@ -117,6 +117,57 @@ def _install_torch(translator: Translator) -> Callable[[], None] | None:
     return lambda: mode.__exit__(None, None, None)
 
 
+def _install_torch_frees(translator: Translator) -> Callable[[], None] | None:
+    """PyTorch's caching allocator frees a tensor's block with no driver call; its GPU trace (the
+    hooks torch.cuda._sanitizer uses) tells each free while the block still counts as allocated,
+    so its size can be asked. A block the open scope's launches pointed at is handed to the
+    translator (release_block), which compares it at the scope's end if no launch followed the
+    free: a step's dropped result."""
+    if "torch" not in sys.modules:
+        return None
+    import torch
+
+    trace = _torch_gpu_trace()
+    activate = getattr(torch._C, "_activate_gpu_trace", None)
+    callbacks = getattr(trace, "CUDAMemoryDeallocationCallbacks", None)
+    if trace is None or activate is None or callbacks is None:
+        return None  # a PyTorch without the GPU trace: blocks freed in a scope go unchecked, as before
+
+    def freed(pointer: int) -> None:
+        if not translator.points_at(pointer):  # one set lookup for every block the program frees
+            return
+        size = torch_block_size(torch.cuda.memory_snapshot(), pointer)
+        if size:
+            translator.release_block(pointer, size, "freed by PyTorch's caching allocator")
+
+    trace.register_callback_for_memory_deallocation(freed)
+    activate()  # (it stays active: PyTorch has no way to turn it off; with our callback gone it does nothing)
+    return lambda: callbacks.callback_list.remove(freed) if freed in callbacks.callback_list else None
+
+
+def _torch_gpu_trace() -> Any:
+    for name in ("torch.cuda._gpu_trace", "torch.utils._cuda_trace"):  # (renamed in PyTorch 2.1)
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    return None
+
+
+def torch_block_size(segments: list[dict[str, Any]], pointer: int) -> int:
+    """The bytes the tensor freed at ``pointer`` asked for (``torch.cuda.memory_snapshot()``'s
+    block there, still allocated while the free is traced), or 0 when no allocated block starts
+    there."""
+    for segment in segments:
+        start = segment["address"]
+        if not start <= pointer < start + segment["total_size"]:
+            continue
+        for block in segment.get("blocks", ()):
+            if block["address"] == pointer and block["state"] != "inactive":
+                return int(block.get("requested_size") or block["size"])
+    return 0
+
+
 def _install_proton(translator: Translator) -> Callable[[], None] | None:
     return profilers.install_proton(translator.report.notes)
 
@@ -169,6 +220,7 @@ def enrich(translator: Translator) -> list[Callable[[], None]]:
             removers.append(remove)
 
     wanted = [("triton", _install_triton)] + ([("torch", _install_torch)] if translator.options.label_tensors else [])
+    wanted.append(("torch", _install_torch_frees))
     wanted += [("triton.profiler", _install_proton), ("torch.profiler", _install_torch_profiler)]
     for name, installer in wanted:
         if name in sys.modules:

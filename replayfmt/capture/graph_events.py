@@ -47,6 +47,7 @@ class GraphExecutable:
     kernels: list[ev.Kernel] = field(default_factory=list)  # one per kernel node
     broken: str = ""  # why its launches cannot be replayed ("" when they can)
     disabled: set[int] = field(default_factory=set)  # node handles disabled (cuGraphNodeSetEnabled): run as empty
+    pointed: frozenset[int] = frozenset()  # the addresses its kernel nodes' parameters point at
 
 
 class Unrecordable(Exception):
@@ -61,6 +62,7 @@ class GraphEvents:
     allocations: AllocationTable
     _recording: bool
     devices: DeviceObjects
+    _pointed: set[int]  # the addresses the region's launches pointed at (state_events)
     _executables: dict[int, GraphExecutable]  # CUgraphExec handle -> what it runs
     _modules: dict[tuple[str, int], Any]  # module key -> what the translator keeps of it
     _graph_ids: dict[m.Graph, int]  # each Graph object written, by value: an unchanged graph is written once
@@ -147,6 +149,14 @@ class GraphEvents:
                 return
             executable.graph = self._graph_id(graph)
             executable.epoch, executable.targets, executable.kernels = epoch, targets, kernels
+            at = {a.buffer: a.address for a in targets}
+            executable.pointed = frozenset(
+                at[r.target_buffer] + r.target_offset
+                for node in graph.nodes
+                for r in node.relocations
+                if r.site_buffer == 0 and r.target_buffer in at
+            )
+        self._pointed.update(executable.pointed)  # a framework's block free checkpoints what they wrote
         modules = {kernel.module: kernel for kernel in executable.kernels}  # their globals: asked at every launch
         module_globals = [a for kernel in modules.values() for a in self._module_globals(kernel, event.stream)]
         for allocation in (*executable.targets, *module_globals):  # snapshots first: what the graph starts from

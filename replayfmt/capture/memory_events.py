@@ -58,6 +58,9 @@ class MemoryEvents:
             self, allocation: Allocation, buffer: int, offset: int, size: int, exc: Exception
         ) -> None: ...
         def stored_pointers(self, holder: Allocation, words: Words) -> tuple[m.Relocation, ...]: ...
+        def _checkpoint_released(
+            self, allocation: Allocation, spans: list[tuple[int, int]] | None, why: str
+        ) -> None: ...
 
         @property
         def scans_pointers(self) -> bool: ...
@@ -66,6 +69,9 @@ class MemoryEvents:
         self.allocations.add(event.address, event.size, event.api, event.call)
 
     def _on_free(self, event: ev.Free) -> None:
+        held = self.allocations.find(event.address)
+        if held is not None and held.address == event.address:  # what the region wrote into it, before it goes
+            self._checkpoint_released(held, None, f"before {event.call}")
         allocation = self.allocations.remove(event.address)
         if allocation is not None and allocation.buffer and self._recording:
             self.writer.destroy(allocation.buffer)

@@ -113,6 +113,7 @@ class Recorder:
             contexts=self.memory.contexts,
         )
         self.times.correlation = self.source.correlation_id
+        self.translator.settled = self._settled  # a framework's block free checkpoints after the ring's launches
         self._enrichment: list[Any] = []
         self._closed = False
         try:
@@ -149,6 +150,12 @@ class Recorder:
         with self.times.lock:
             self.source.settle()
             self.translator.stop()
+
+    @contextlib.contextmanager
+    def _settled(self) -> Iterator[None]:
+        with self.times.lock:
+            self.source.settle()
+            yield
 
     @contextlib.contextmanager
     def region(self, name: str = "") -> Iterator[None]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from replayfmt.capture.verdict import CaptureVerdict
+from replayfmt.format.host_waits import released_counts
 from replayfmt.format.names import demangle
 
 
@@ -37,6 +38,11 @@ class Report:
     ambiguous_pointers: dict[int, str] = field(default_factory=dict)
     partial: str = ""  # why the capture stopped before the program did ("" complete): written in the file
     verdict: CaptureVerdict | None = None  # run-replay's plan on the closed file (None: not checked)
+    # checkpoints taken before what a region wrote was freed, remapped or reused (its scope's end would miss it)
+    released_checkpoints: int = 0
+    released_bytes: int = 0  # of them
+    released_dropped: int = 0  # frees past MAX_RELEASED_CHECKPOINTS or _BYTES: what they held goes unchecked
+    host_waits: list[str] = field(default_factory=list)  # launches marked LAUNCH_FLAG_HOST_RELEASED: what each is
     timing: str = ""  # whether the original program's device times were recorded (CUPTI)
     notes: list[str] = field(
         default_factory=list
@@ -69,6 +75,16 @@ class Report:
                 f"  checkpoints: {self.typed_bytes} of {self.checkpoint_bytes} bytes typed by the program's arrays "
                 f"({self.typing_seconds:.3f} s asking); the rest is compared as bytes"
             )
+        if self.released_checkpoints:
+            out.append(
+                f"  checkpoints before frees: {self.released_checkpoints} (what a scope wrote into memory freed "
+                "before it ended)"
+                + (
+                    f"; {self.released_dropped} more frees past the limit went unchecked"
+                    if self.released_dropped
+                    else ""
+                )
+            )
         if self.graph_launches:
             graphs = f"{self.graph_launches} launches recorded as graph launches of {self.graphs} graph objects"
             out.append(f"  CUDA graphs: {graphs}")
@@ -93,6 +109,11 @@ class Report:
             )
         if len(self.ambiguous_pointers) > 5:
             out.append(f"  ... and {len(self.ambiguous_pointers) - 5} more buffers that may hold pointers")
+        if self.host_waits:
+            out.append(
+                f"  host waits: {released_counts(self.host_waits)} at replay (each spins until the "
+                "program writes a release into pinned memory; a replay runs no such host code)"
+            )
         if self.timing:
             out.append(f"  {self.timing}")
         out.extend(f"  note: {note}" for note in self.notes)

@@ -54,6 +54,9 @@ class ReplayCheck:
         """The parenthesised part of the recorder's ``replayable`` line."""
         if self.outcome == Outcome.VERIFIED:
             return f"replayed and verified: {self.ranges} ranges"
+        if self.outcome == Outcome.NOTHING_TO_VERIFY and self.detail.startswith("nothing was proven"):
+            # the capture holds checkpoints, of bytes the region never changed: say that, not "none"
+            return f"replayed; nothing verified: {self.detail}"
         if self.outcome == Outcome.NOTHING_TO_VERIFY:
             return (
                 f"replayed; nothing verified: {self.detail or 'the capture holds no checkpoints or expected downloads'}"

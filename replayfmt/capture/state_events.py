@@ -7,12 +7,17 @@ A mixin of :class:`~replayfmt.capture.translate.Translator`, like ``MemoryEvents
 
 from __future__ import annotations
 
+import contextlib
+import struct
+import threading
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
 from replayfmt.capture import events as ev
 from replayfmt.capture.allocations import Allocation, AllocationTable
+from replayfmt.capture.host_releases import host_released
 from replayfmt.capture.live_buffers import LiveBuffers
 from replayfmt.capture.live_types import LiveTypes, typed_tensors
 from replayfmt.capture.options import CaptureMode, RecordOptions
@@ -25,6 +30,14 @@ if TYPE_CHECKING:
     from replayfmt.capture.device_objects import DeviceObjects
     from replayfmt.capture.report import Report
     from replayfmt.writer import CaptureWriter
+
+
+_WORD = struct.Struct("<Q")
+# checkpoints taken before frees in one capture, and their bytes: each waits for the device, and a
+# step frees every temporary it made (a whole training loop, GBs of them); past either, what is freed
+# before its scope ends goes unchecked (the report says so)
+MAX_RELEASED_CHECKPOINTS = 4096
+MAX_RELEASED_BYTES = 4 << 30
 
 
 class StateEvents:
@@ -44,6 +57,14 @@ class StateEvents:
     live_types: LiveTypes  # the frameworks' typed arrays, asked once per checkpoint
     _refused: set[int]  # allocations too large to snapshot blindly (reported once each)
     _checkpoints: int
+    _recording: bool
+    _region_name: str
+    _pointed: set[int]  # the addresses the region's launches pointed at
+    _released_blocks: list[tuple[int, int, str, int]]  # freed in the open scope: address, size, why, launches then
+    _lock: threading.RLock
+    # held around a framework's block free, outside the translator's lock: the recorder hands on
+    # the launches its C library holds first (a checkpoint must follow the launches before it)
+    settled: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext
 
     if TYPE_CHECKING:  # provided by the translator
 
@@ -118,14 +139,9 @@ class StateEvents:
         where a framework manages it (``exact``: their own bytes, without padding or gaps), else
         all of it; None (and an unsupported operation, once) when it is larger than
         options.max_snapshot and no framework says which bytes are live."""
-        live = None
-        if self.options.live_buffers and allocation.api == ev.MemoryApi.DEVICE:
-            live = self.live_buffers.ranges(allocation.address, allocation.size, step)
+        live = self._live_spans(allocation, step, exact=exact)
         if live is not None:
-            ranges = live.exact if exact else live.ranges
-            self.report.skipped_bytes += allocation.size - sum(r.size for r in ranges)
-            self.report.live_sources.add(live.source)
-            return [(r.start - allocation.address, r.size) for r in ranges]
+            return live
         if allocation.size <= self.options.max_snapshot:
             return [(0, allocation.size)] if allocation.size else []
         if allocation.address not in self._refused:  # written in either mode: replay must refuse it
@@ -139,6 +155,19 @@ class StateEvents:
             self.report.errors.append(reason)
             self.writer.unsupported("snapshot", reason, 0)
         return None
+
+    def _live_spans(self, allocation: Allocation, step: Hashable, *, exact: bool) -> list[tuple[int, int]] | None:
+        """(offset, size) of the live framework buffers in the allocation; None when no framework
+        speaks for it (a buffer may cover all of it: that is a framework speaking)."""
+        live = None
+        if self.options.live_buffers and allocation.api == ev.MemoryApi.DEVICE:
+            live = self.live_buffers.ranges(allocation.address, allocation.size, step)
+        if live is None:
+            return None
+        ranges = live.exact if exact else live.ranges
+        self.report.skipped_bytes += allocation.size - sum(r.size for r in ranges)
+        self.report.live_sources.add(live.source)
+        return [(r.start - allocation.address, r.size) for r in ranges]
 
     def _snapshot_failed(self, allocation: Allocation, buffer: int, offset: int, size: int, exc: Exception) -> None:
         """A snapshot the driver refused: the capture says which buffer and bytes, where they came
@@ -231,26 +260,116 @@ class StateEvents:
             todo += allocation.pointees.values()
         return reached
 
-    def _checkpoint(self, allocations: list[Allocation], *, stream: int | None, name: str) -> None:
+    def _launched(self, event: ev.LaunchBegin, relocations: tuple[m.Relocation, ...]) -> int:
+        """A launch written: in a region, the addresses it points at are noted (a framework's block
+        freed later in the region is checkpointed if one of them lies in it); its flags beyond
+        the call's (LAUNCH_FLAG_HOST_RELEASED)."""
+        if self._recording:
+            size = len(event.parameters)
+            self._pointed.update(
+                _WORD.unpack_from(event.parameters, r.site_offset)[0]
+                for r in relocations
+                if r.site_buffer == 0 and r.site_offset + 8 <= size
+            )
+        return host_released(event.kernel.name, event.parameters, self.allocations, self.report)
+
+    def points_at(self, address: int) -> bool:
+        """Whether a launch of the open region pointed at ``address`` while a named scope is open
+        (a framework's hook asks before it works out what it frees: release_block)."""
+        return self._recording and bool(self._scopes or self._region_name) and address in self._pointed
+
+    def release_block(self, address: int, size: int, why: str) -> None:
+        """A framework frees its block [address, address + size) (PyTorch's caching allocator: the
+        memory stays mapped and keeps its bytes until a later tensor is handed it). Inside a named
+        scope, a block the scope's launches pointed into is held as the scope's result: when the
+        scope ends with no launch after the free (a step whose result is dropped), it is
+        checkpointed then, before the scope's own checkpoint, which compares only what is still
+        live. A launch after the free makes it a temporary of the step (a workspace may be
+        written only in part: its other bytes are no replay's), and it is let go."""
+        with self.settled(), self._lock:
+            if not self._recording or not (self._scopes or self._region_name):
+                return
+            if any(address <= p < address + size for p in self._pointed):
+                self._released_blocks.append((address, size, why, self._launches_recorded()))
+
+    def _launches_recorded(self) -> int:
+        return sum(stats.captured for stats in self.report.kernels.values())
+
+    def _checkpoint_dropped_results(self) -> None:
+        """At a scope's end: the blocks freed after its last launch (see :meth:`release_block`)."""
+        pending = self._released_blocks
+        launches = self._launches_recorded() if pending else 0
+        for address, size, why, then in pending:
+            allocation = self.allocations.find(address)
+            if then == launches and allocation is not None and allocation.api == ev.MemoryApi.DEVICE:
+                offset = address - allocation.address
+                spans = [(offset, min(size, allocation.size - offset))]
+                self._checkpoint_released(allocation, spans, why, ending=True)
+        pending.clear()
+
+    def _checkpoint_released(
+        self, allocation: Allocation, spans: list[tuple[int, int]] | None, why: str, *, ending: bool = False
+    ) -> None:
+        """Before what the region wrote into device memory stops being the region's (the
+        allocation freed or remapped, a framework's block freed): a checkpoint of it now (of
+        ``spans``, offsets in the allocation; None: its live buffers or all of it, as at a
+        scope's end), named for the open scope. Host-visible memory is left alone: the host may
+        have written it (XLA's autotuner semaphores), which no replay reproduces."""
+        if (
+            not (self._recording or ending)
+            or allocation.region != self._region
+            or allocation.api != ev.MemoryApi.DEVICE
+        ):
+            return
+        if not allocation.buffer or not self.allocations.is_live(allocation):
+            return
+        if self.report.released_checkpoints >= MAX_RELEASED_CHECKPOINTS:
+            self.report.released_dropped += 1
+            return
+        scope = self._scopes[-1][0] if self._scopes else (self._region_name or "region")
+        name = f"{scope} (buffer {allocation.buffer} {why})"
+        self._checkpoint([allocation], stream=None, name=name, only=spans, released=True)
+
+    def _checkpoint(
+        self,
+        allocations: list[Allocation],
+        *,
+        stream: int | None,
+        name: str,
+        only: list[tuple[int, int]] | None = None,
+        released: bool = False,
+    ) -> None:
         """What the allocations hold now, for those still alive (their live framework buffers
-        where a framework manages them): unchanged ones too (a step run again on the same inputs
-        rewrites its outputs with the bytes they held), at no cost in the file, where their
-        payload is their state's."""
+        where a framework manages them; ``only`` those spans of the one allocation given):
+        unchanged ones too (a step run again on the same inputs rewrites its outputs with the
+        bytes they held), at no cost in the file, where their payload is their state's.
+        ``released``: taken before the memory goes, and written only when it holds something."""
+        if not released:
+            self._checkpoint_dropped_results()
         entries: list[m.CheckpointEntry] = []
         types: list[m.TypedTensor] = []
         self._checkpoints += 1
         started = time.perf_counter()
-        live = self.live_types.labels() if allocations else []  # what the frameworks say it holds, once
+        # what the frameworks say it holds, once (not for memory being freed: its arrays are gone)
+        live = self.live_types.labels() if allocations and not released else []
         self.report.typing_seconds += time.perf_counter() - started
         for allocation in allocations:
             if not self.allocations.is_live(allocation):
                 continue  # freed meanwhile
-            spans = self._spans(allocation, ("checkpoint", self._checkpoints), allocation.buffer, exact=True)
-            if spans == [(0, allocation.size)] and allocation.state_spans is not None:
+            step = ("checkpoint", self._checkpoints)
+            spans = only if only is not None else self._live_spans(allocation, step, exact=True)
+            if spans is None and allocation.state_spans is not None:
                 # the state held only the live buffers of a framework that no longer speaks for this
                 # memory (expandable segments released, say): the other bytes are undefined at
-                # replay's start, so only the ranges the state set are compared
+                # replay's start, so only the ranges the state set are compared. (A framework whose
+                # one buffer fills the allocation still speaks: a 16 MiB output in its own segment)
                 spans = allocation.state_spans
+            elif spans is None:
+                spans = self._spans(allocation, step, allocation.buffer, exact=True)
+            if released and self.report.released_bytes + sum(n for _, n in spans or ()) > MAX_RELEASED_BYTES:
+                self.report.released_dropped += 1
+                return
+            self.report.released_bytes += sum(n for _, n in spans or ()) if released else 0
             started = time.perf_counter()
             for offset, size in spans or ():
                 try:
@@ -266,4 +385,7 @@ class StateEvents:
             self.report.typed_bytes += sum(t.size for t in typed)
             self.report.checkpoint_bytes += sum(size for _, size in spans or ())
             types += typed
+        if released and not entries:
+            return
+        self.report.released_checkpoints += released
         self.writer.checkpoint(entries, name=name, types=types)

@@ -119,6 +119,8 @@ class Translator(ModuleEvents, MemoryEvents, GraphEvents, StateEvents, RepeatEve
         self._recording = False
         self._region_name = ""
         self._touched: list[Allocation] = []
+        self._pointed: set[int] = set()  # what the region's launches point at (block frees checkpoint those)
+        self._released_blocks: list[tuple[int, int, str, int]] = []  # freed in the open scope (state_events)
         self._scopes: list[tuple[str, dict[int, Allocation]]] = []  # open scopes in a region: what they touch
         self._pending_d2h: dict[int, tuple[int, Allocation, int, int, int]] = {}
         self.collectives, self._received = collectives, []  # NCCL's log; collectives awaiting their results
@@ -146,7 +148,7 @@ class Translator(ModuleEvents, MemoryEvents, GraphEvents, StateEvents, RepeatEve
             self._recording = True
             name = name or (f"region#{self._region}" if self._region > 1 else "")  # where its state applies
             self._region_name = name
-            self._touched = []
+            self._touched, self._pointed = [], set()
             if self.options.live_buffers:  # what the program holds now: a step may donate it
                 self.live_buffers.hold(("state", self._region))
             if name:
@@ -337,7 +339,7 @@ class Translator(ModuleEvents, MemoryEvents, GraphEvents, StateEvents, RepeatEve
             stream=self._stream(event.stream),
             parameters=event.parameters,
             relocations=relocations,
-            flags=m.LAUNCH_FLAG_COOPERATIVE if event.cooperative else 0,
+            flags=(m.LAUNCH_FLAG_COOPERATIVE if event.cooperative else 0) | self._launched(event, relocations),
         )
 
     def _on_copy(self, event: ev.Copy) -> None:

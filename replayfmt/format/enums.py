@@ -168,4 +168,7 @@ class FileValidation(enum.IntEnum):
 
 
 LAUNCH_FLAG_COOPERATIVE = 1
+# the kernel waits for the host to write a release into pinned memory (XLA's autotuner DelayKernel):
+# a replay, which never writes it, skips the launch (format/host_waits.py says why)
+LAUNCH_FLAG_HOST_RELEASED = 2
 COPY_FLAG_ASYNC = 1

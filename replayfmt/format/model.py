@@ -19,6 +19,7 @@ from replayfmt.format.enums import (
     DEVICE_WORK as DEVICE_WORK,
     EXECUTABLE_FORMATS as EXECUTABLE_FORMATS,
     LAUNCH_FLAG_COOPERATIVE as LAUNCH_FLAG_COOPERATIVE,
+    LAUNCH_FLAG_HOST_RELEASED as LAUNCH_FLAG_HOST_RELEASED,
     DType as DType,
     ExecutableFormat as ExecutableFormat,
     FilePolicy as FilePolicy,

@@ -9,7 +9,7 @@ first start to last end (span). No I/O here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,9 +63,10 @@ class OriginalTimes:
         t = self.operations.get(operation)
         return None if t is None else t.duration_ns
 
-    def region(self, start: int, stop: int) -> RegionTime | None:
-        """Device time of the timed operations in ``[start, stop)``; None when none is timed."""
-        times = [t for i, t in self.operations.items() if start <= i < stop]
+    def region(self, start: int, stop: int, leave_out: Container[int] = ()) -> RegionTime | None:
+        """Device time of the timed operations in ``[start, stop)`` but those in ``leave_out``
+        (launches a replay skips); None when none is timed."""
+        times = [t for i, t in self.operations.items() if start <= i < stop and i not in leave_out]
         if not times:
             return None
         return RegionTime(

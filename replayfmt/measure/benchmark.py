@@ -32,6 +32,7 @@ import numpy as np
 from replayfmt.cuda.driver import check
 from replayfmt.errors import ReplayError, ReplayUsageError
 from replayfmt.format import model as m
+from replayfmt.format.host_waits import released_counts
 from replayfmt.format.names import demangle
 from replayfmt.format.uses import uses
 from replayfmt.measure import kernel_times as kt
@@ -138,6 +139,7 @@ class BenchmarkResult:
     busy_ms: Stats | None = None  # region GPU busy time: union of its device work (CUPTI only)
     kernel_busy_ms: Stats | None = None  # the same, over its kernels alone
     original: kt.OriginalSide | None = None  # the original program's times for the region
+    released: str = ""  # launches not run nor timed, on either side: "2 XLA autotuner delay kernels released"
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -215,7 +217,9 @@ class Benchmark:
         plan = replayer.plan
         steps = replayer.steps
         self.ops = {op.index: op for op in plan.capture.iter_operations(region.start, region.stop)}
-        self.timed_ops = [i for i, op in self.ops.items() if op.kind in m.DEVICE_WORK]
+        # launches that wait for a host write are not run (replay/host_releases): nothing of theirs is timed
+        self.released = {i: w for i, w in plan.host_waits.items() if region.start <= i < region.stop}
+        self.timed_ops = [i for i, op in self.ops.items() if op.kind in m.DEVICE_WORK and i not in self.released]
         split = region_steps(steps, region, self.timed_ops)
         self.prefix = split.setup
         body = split.body
@@ -516,7 +520,7 @@ class Benchmark:
             trace = {"traceEvents": events, "displayTimeUnit": "ms"}
             options.trace.write_text(json.dumps(trace))
         original = kt.original_side(
-            self.r.plan.capture.original_times(), self.region.start, self.region.stop, self.timed_ops
+            self.r.plan.capture.original_times(), self.region.start, self.region.stop, self.timed_ops, self.released
         )
         kernels = []
         for key, values in sorted(per_op.items(), key=lambda kv: kv[0] if isinstance(kv[0], tuple) else (kv[0], -1)):
@@ -543,6 +547,7 @@ class Benchmark:
             busy_ms=busy,
             kernel_busy_ms=kernel_busy,
             original=original,
+            released=released_counts(list(self.released.values())),
         )
 
     def _names(self) -> dict[int, tuple[str, str, int]]:

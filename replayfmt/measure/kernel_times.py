@@ -14,7 +14,7 @@ keeps CUDA events; the result's ``clock`` and ``clock_note`` say which clock pro
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -215,9 +215,12 @@ class OriginalSide:
     operations: dict[int, int] = field(default_factory=dict)  # op index -> original ns
 
 
-def original_side(times: OriginalTimes, start: int, stop: int, device_ops: Sequence[int]) -> OriginalSide | None:
-    """The original's figures for operations ``[start, stop)``; None when the capture has none."""
-    region = times.region(start, stop) if times else None
+def original_side(
+    times: OriginalTimes, start: int, stop: int, device_ops: Sequence[int], leave_out: Container[int] = ()
+) -> OriginalSide | None:
+    """The original's figures for operations ``[start, stop)`` but ``leave_out`` (what the replay
+    skips: its work is compared with the same operations'); None when the capture has none."""
+    region = times.region(start, stop, leave_out) if times else None
     if region is None:
         return None
     operations = {i: d for i in device_ops if (d := times.duration_ns(i)) is not None}

@@ -26,11 +26,13 @@ from replayfmt.errors import (
     UnsupportedOperationError,
 )
 from replayfmt.format import model as m
+from replayfmt.format.host_waits import released_counts
 from replayfmt.format.names import demangle
 from replayfmt.format.object_columns import EventTable
 from replayfmt.reader import Capture, EventUses
 from replayfmt.replay.executables import ExecutableImage, ExecutableSources, plan_executables
 from replayfmt.replay.graph_plan import GraphSize, check_graph, graph_references
+from replayfmt.replay.host_releases import host_released
 from replayfmt.replay.plan_checks import (
     QUICK_CHECKS,
     FrameChecks,
@@ -84,6 +86,7 @@ class Plan:
     images: dict[int, ExecutableImage] = field(default_factory=dict)
     files: dict[int, ResolvedFile] = field(default_factory=dict)
     overrides: dict[int, LaunchOverride] = field(default_factory=dict)
+    host_waits: dict[int, str] = field(default_factory=dict)  # launches skipped: waits for the host (host_releases)
     operation_counts: dict[str, int] = field(default_factory=dict)
     launches_of: dict[tuple[int, int], int] = field(default_factory=dict)  # (exe, fn) -> launch count
     max_shared_memory: dict[tuple[int, int], int] = field(default_factory=dict)
@@ -150,6 +153,9 @@ class Plan:
                 f"state         {ranges} range(s), {self.state_bytes} bytes, in {len(self.state)} region(s): "
                 "applied before each region begins, outside any timing"
             )
+        if self.host_waits:
+            released = released_counts(list(self.host_waits.values()))
+            lines.append(f"host waits    {released}: not run (each waits for a host write no replay makes)")
         for op, o in sorted(self.overrides.items()):
             if o.skip:
                 lines.append(f"override      operation {op}: skipped (not run; its results are left as they start)")
@@ -280,6 +286,7 @@ def _build_plan(capture: Capture, options: PlanOptions) -> Plan:
     plan.images = plan_executables(
         ExecutableSources(capture, options, plan.devices, plan.files), objects, executables, checker.fail, launched
     )
+    plan.host_waits = host_released(capture, objects, plan.buffers, plan.launches_of)
     for (eid, fn), threads in plan.max_block_threads.items():
         _check_function_limits(plan, eid, fn, threads, checker)
     for bid, buffer in plan.buffers.items():

@@ -168,7 +168,7 @@ class StepBuilder:
         assert graphs is not None
         events, handles, defaults = self.streams.events, self.streams.handles, self.streams.defaults
         several = devices.several
-        overrides = plan.overrides
+        overrides, host_waits = plan.overrides, plan.host_waits
         packed = self._packed
         launch_call, launch_ex_call, record_call, wait_call = (
             cu.cuLaunchKernel,
@@ -194,8 +194,8 @@ class StepBuilder:
             captured = getattr(op, "stream", 0)
             stream = op_streams[index] = handles[captured] if captured else defaults[gpu or 0]
             override = overrides.get(index) if cls is m.Launch else None
-            if override is not None and override.skip:
-                pass  # --launch OP:skip: not run at all
+            if (override is not None and override.skip) or (cls is m.Launch and index in host_waits):
+                pass  # --launch OP:skip, or a wait for a host write no replay makes: not run at all
             elif cls is m.Launch:
                 key = (gpu, *op[1:])
                 launch = packed.get(key) if override is None else None  # an overridden launch is its own

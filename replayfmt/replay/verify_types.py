@@ -106,6 +106,8 @@ class VerifyResult:
     summary: str = ""  # the verification's verdict line ("verified: N range(s) compared ...")
     report_lines: tuple[str, ...] = ()  # the ranges that did not compare exactly or prove little
     report: dict[str, Any] | None = field(default=None, compare=False)  # VerificationReport.as_dict()
+    # launches not run, by operation: they wait for a host write no replay makes (XLA's autotuner)
+    released: dict[int, str] = field(default_factory=dict)
 
     @property
     def verified(self) -> bool:
@@ -140,6 +142,7 @@ class VerifyResult:
             "summary": self.summary,
             "report_lines": list(self.report_lines),
             "verification": self.report,
+            "released": {str(i): what for i, what in sorted(self.released.items())},
         }
 
     @classmethod
@@ -162,6 +165,7 @@ class VerifyResult:
                 summary=str(data["summary"]),
                 report_lines=tuple(str(line) for line in data["report_lines"]),
                 report=data["verification"],
+                released={int(i): str(what) for i, what in data.get("released", {}).items()},
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ReplayFormatError(f"verify result: malformed or missing field ({exc!r})") from None

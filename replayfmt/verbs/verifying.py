@@ -138,6 +138,7 @@ def verify(
         summary=report.summary() if report is not None else "",
         report_lines=tuple(report.lines()) if report is not None else (),
         report=report.as_dict() if report is not None else None,
+        released=dict(plan.host_waits),
     )
 
 

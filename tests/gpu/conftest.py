@@ -1,5 +1,6 @@
 """GPU tests: they need a CUDA device, cuda-python and nvcc; without them they skip cleanly."""
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -7,6 +8,11 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # workers share one GPU (pytest -n 4): a JAX program preallocates 75% of the device's memory
+    # alone, so each takes a fifth here (inherited by the programs the tests capture and replay)
+    os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.18")
 
 KERNELS = Path(__file__).parent / "kernels"
 

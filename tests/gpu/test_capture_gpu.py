@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from driver_refusals import skip_when_the_range_is_refused
 from numba_env import require_numba_runs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -168,6 +169,7 @@ def test_cublas_gemm_with_fixed_addresses(tmp_path, capture_ready):
     # the recording process held PyTorch's libraries, this one does not: run-replay moves the
     # driver's address range onto the recorded one (address_space.steer_device_arena)
     result = replay(out, "--verify", "--fixed-addresses")
+    skip_when_the_range_is_refused(result)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
 
 

@@ -67,6 +67,8 @@ def test_cupti_times_a_small_kernel_below_events_around_it(kernels, cupti):
     cupti_us = statistics.median(r.duration_ns / 1e3 for r in kernels_seen)
     event_us = statistics.median(check(cu.cuEventElapsedTime(a, b), "elapsed") * 1e3 for a, b in events)
     print(f"scale({n}): CUPTI {cupti_us:.2f} us, events {event_us:.2f} us")
+    # not a speed goal: each event pair encloses its kernel on the stream, so CUPTI's kernel
+    # interval lies inside it however busy the GPU is
     assert 0 < cupti_us < event_us
     # a second activity in the same process may start once the first has stopped
     with KernelActivity() as again:

@@ -1,6 +1,9 @@
 """benchmark-replay with no --scope on kernel-mode captures, as a new user first types it: the
 region is the whole capture, and its starting state (inside each captured scope) is never timed.
-The replay's GPU busy time is held to the original program's (the capture's original_ns rows)."""
+The replay's GPU busy time beside the original program's (the capture's original_ns rows) and the
+elapsed time without the state are timing goals, judged by benchmarks/timing_goals_bench.py
+--check (nothing else on the GPU); here the behaviour: the whole capture is the region, every
+scope's state is set outside the timed iterations, and the original's times come along."""
 
 from __future__ import annotations
 
@@ -13,7 +16,6 @@ import pytest
 from test_capture_gpu import SCRIPTS, capture, needs, run
 
 ROOT = Path(__file__).resolve().parents[2]
-TOLERANCE = 0.02  # issue 25: the replay's busy time within 2% of the original's
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +42,13 @@ def bench(path: Path, *flags: str) -> dict:
 
 
 def busy_beside_original(result: dict) -> tuple[float, float]:
+    """The whole capture is the region, timed with CUPTI, and both busy times are there: the
+    replay's from its own launches (every captured launch timed each iteration), the original's
+    from the capture's rows."""
     assert result["scope"] is None and result["clock"] == "cupti", result["clock_note"]
     assert result["original"] is not None, "the capture carries no original_ns rows"
+    assert result["busy_ms"]["median"] > 0 and result["original"]["busy_ns"] > 0, result
+    assert result["original"]["timed"] > 0, result["original"]
     return result["busy_ms"]["median"], result["original"]["busy_ns"] / 1e6
 
 
@@ -66,8 +73,6 @@ def test_the_whole_kernel_mode_capture_times_the_kernel_not_its_state(tmp_path, 
     result = bench(softmax_capture(tmp_path, 1))
     busy, original = busy_beside_original(result)
     print(f"whole capture: replay busy {busy:.4f} ms, original {original:.4f} ms, elapsed {result['device_ms']}")
-    assert abs(busy - original) <= TOLERANCE * original, (busy, original)
-    assert result["device_ms"]["median"] < 0.05  # 2 MiB from pinned host memory takes over 0.1 ms
 
 
 def test_a_region_over_several_captured_scopes_sets_their_state_untimed(tmp_path, capture_ready):
@@ -76,15 +81,13 @@ def test_a_region_over_several_captured_scopes_sets_their_state_untimed(tmp_path
     path = softmax_capture(tmp_path, 4)
     for clock in ("cupti", "events"):
         result = bench(path, f"--clock={clock}")
-        # timed, the 3 later scopes' 2 MiB of state each took about 0.2 ms apiece (the issue's 0.215 ms for one)
-        assert result["device_ms"]["median"] < 0.3, (clock, result["device_ms"])
+        assert result["scope"] is None and result["device_ms"]["median"] > 0, (clock, result)
+        print(f"four scopes, {clock}: elapsed {result['device_ms']}")
     busy, original = busy_beside_original(bench(path))
     print(f"four scopes: replay busy {busy:.4f} ms, original {original:.4f} ms")
-    assert abs(busy - original) <= TOLERANCE * original, (busy, original)
 
 
 def test_the_quick_start_capture_times_like_the_original(capture_ready):
     """examples/triton_softmax.kreplay as the quick start gives it, with no --scope."""
     busy, original = busy_beside_original(bench(ROOT / "examples" / "triton_softmax.kreplay"))
     print(f"quick start: replay busy {busy:.4f} ms, original {original:.4f} ms")
-    assert abs(busy - original) <= TOLERANCE * original, (busy, original)
