@@ -128,7 +128,7 @@ def _install_torch_frees(translator: Translator) -> Callable[[], None] | None:
     import torch
 
     trace = _torch_gpu_trace()
-    activate = getattr(torch._C, "_activate_gpu_trace", None)
+    activate = getattr(getattr(torch, "_C", None), "_activate_gpu_trace", None)  # PyTorch's, not ours
     callbacks = getattr(trace, "CUDAMemoryDeallocationCallbacks", None)
     if trace is None or activate is None or callbacks is None:
         return None  # a PyTorch without the GPU trace: blocks freed in a scope go unchecked, as before
