@@ -379,6 +379,20 @@ TOOLS = {
   copy before the range is simulated, and a checkpoint makes bytes known again after a kernel.
 * The output never replaces a file without `--force`, nor the source at all.
 """,
+    "reduce-replay": """\
+## reduce-replay notes
+
+* One test: `--fails-verify` (with `--executable-substitution ID=PATH`: the candidate must also
+  verify without it), `--faults[=CUDA_ERROR_NAME]`, `--slower RATIO` (a substitution against the
+  captured kernels), `--command 'CMD {}'` (non-zero exit: still failing). The original is tested
+  first; one that passes is refused.
+* Candidates are subsets of the device work with their inputs rebuilt from the capture's data;
+  one whose inputs the capture lacks is skipped, not replayed. Kernel-mode captures reduce best.
+* Each candidate runs in a child process (one at a time per `--device`); `--max-tries`,
+  `--max-seconds` and Ctrl-C leave the best capture so far at `-o`, which fails the test.
+* Substitution ids are the original capture's; the result's metadata says them for the result
+  (`reduce.result_substitutions`), with `reduce.source_digest` and `reduce.operations_kept`.
+""",
     "diff-replay": """\
 ## diff-replay notes
 

@@ -40,7 +40,7 @@ from replayfmt.edit.ddmin import Search, ddmin
 from replayfmt.edit.extract import file_digest
 from replayfmt.edit.reduce_build import Built, NotBuildable, Piece, Reducible
 from replayfmt.edit.reduce_tests import Answer, Command, FailsVerify, Test, end_children, run_candidate
-from replayfmt.errors import MismatchError, ReplayError, ReplayUsageError
+from replayfmt.errors import DeviceUnavailableError, MismatchError, ReplayError, ReplayUsageError
 from replayfmt.reader import open_capture
 
 Runner = Callable[[Test, Path, "int | None", float], Answer]
@@ -229,6 +229,8 @@ class _Run:
             self.phase = "original"
             answer = self.runner(self.test, self.r.source, self.options.devices[0], self.options.timeout)
             res.replays += 1
+            if answer.error == "unavailable":
+                raise DeviceUnavailableError(f"the test needs a GPU to replay on: {answer.detail}")
             if not answer.failing:
                 raise OriginalPasses(
                     f"the original capture passes the test ({self.test.describe()}): {answer.detail or 'no failure'}; "
@@ -351,6 +353,9 @@ class _Run:
         items = sorted(self.best.pieces)
         dropped: list[Piece] = []
         self.phase = "inputs"
+        # ddmin never tries nothing at all, and the test may need no bytes
+        if items and self.budget() and self._evaluate([(kept, items)])[0]:
+            return
         while items:
             settled = set(items)
 
