@@ -41,8 +41,9 @@ ALLOWED: dict[str, set[str]] = {
     "dump": {"errors", "version", "format", "container", "reader"},
     "measure": {"errors", "format", "container", "cuda", "replay", "reader", "execute"},
     "capture": {"errors", "format", "container", "cuda", "replay", "writer", "reader"},
-    # cutting captures apart and comparing them: reads one, writes another, replays a prefix on a GPU
-    "edit": {"errors", "version", "format", "cuda", "reader", "writer", "replay", "execute"},
+    # cutting captures apart and comparing them: reads one, writes another, replays a prefix on a GPU;
+    # reduce's worker times a candidate as benchmark-replay does (measure never imports edit)
+    "edit": {"errors", "version", "format", "cuda", "reader", "writer", "replay", "execute", "measure"},
     # The design card's front doors: the public writing and reading API over container/, and the
     # executor's entry over replay/.
     "writer": {"errors", "format", "container"},
