@@ -257,7 +257,9 @@ def test_substitutions_are_renumbered_for_each_candidate(tmp_path):
 def test_cli_reduces_and_prints_its_report(step, tmp_path):
     path, _ = step
     out = tmp_path / "small.kreplay"
-    res = CliRunner().invoke(reduce_main, [str(path), "-o", str(out), "--command", GREP_GATHER, "--quiet", "--no-state-phase"])
+    res = CliRunner().invoke(
+        reduce_main, [str(path), "-o", str(out), "--command", GREP_GATHER, "--quiet", "--no-state-phase"]
+    )
     assert res.exit_code == 0, res.output
     assert "launches 4 -> 1" in res.output and out.exists()
 
