@@ -192,3 +192,29 @@ def ptx_text(data: bytes) -> list[tuple[Target, bytes]]:
             continue
         out.append((e.target, body.rstrip(b"\0")))
     return out
+
+
+def cannot_load(images: dict[int, CodeTargets], capability: tuple[int, int]) -> dict[int, CodeTargets]:
+    """The executables (id -> targets) whose code does not load on a GPU of ``capability``; an
+    image whose targets could not be read is left to the driver to judge."""
+    return {eid: t for eid, t in sorted(images.items()) if t.loads_on(capability) is False}
+
+
+def refusal(images: dict[int, CodeTargets], capability: tuple[int, int], device: str) -> str | None:
+    """Why ``device`` (of ``capability``) cannot run these executables, naming them, or None."""
+    bad = cannot_load(images, capability)
+    if not bad:
+        return None
+    groups: dict[str, list[int]] = {}
+    for eid, t in bad.items():
+        groups.setdefault(t.describe(), []).append(eid)
+    shown = "; ".join(
+        f"executable{'s' if len(ids) > 1 else ''} {', '.join(map(str, ids[:8]))}{' and more' if len(ids) > 8 else ''}"
+        f" ({what})"
+        for what, ids in groups.items()
+    )
+    return (
+        f"{device} (sm_{capability[0]}{capability[1]}) cannot run {len(bad)} of the capture's {len(images)} "
+        f"executable(s): {shown}; replay on a GPU they were built for, or substitute builds for "
+        f"sm_{capability[0]}{capability[1]} with --executable-substitution"
+    )

@@ -144,3 +144,4 @@ class PlanOptions:
     launch_overrides: tuple[LaunchOverride, ...] = ()
     fixed_addresses: bool = False
     continue_on_error: bool = False
+    jit_from_ptx: bool = False  # load every executable from its PTX (the driver JIT-compiles it), never a cubin
