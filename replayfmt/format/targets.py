@@ -171,12 +171,13 @@ def ptx_image(data: bytes) -> bytes | None:
 def ptx_text(data: bytes) -> list[tuple[Target, bytes]]:
     """The PTX text of each PTX entry of a fatbin (zstd-compressed ones decompressed; the older
     compression is not read) or of PTX itself."""
-    if _PTX_TARGET.search(data[: 1 << 20]) and data[:4] != ELF_MAGIC:
-        found = _PTX_TARGET.search(data)
-        assert found is not None
-        return [(Target(int(found[1]), found[2].decode(), ptx=True), data)]
+    if data[:4] == ELF_MAGIC:
+        return []
+    if len(data) < 4 or struct.unpack_from("<I", data)[0] != FATBIN_MAGIC:
+        found = _PTX_TARGET.search(data[: 1 << 20])
+        return [(Target(int(found[1]), found[2].decode(), ptx=True), data)] if found else []
     out = []
-    for e in fatbin_entries(data) if data[:4] != ELF_MAGIC else []:
+    for e in fatbin_entries(data):
         if e.kind != _KIND_PTX:
             continue
         body = data[e.start + e.header_size : e.start + e.header_size + e.size]
@@ -218,3 +219,47 @@ def refusal(images: dict[int, CodeTargets], capability: tuple[int, int], device:
         f"executable(s): {shown}; replay on a GPU they were built for, or substitute builds for "
         f"sm_{capability[0]}{capability[1]} with --executable-substitution"
     )
+
+
+_PTX_VERSION = re.compile(rb"^\s*\.version\s+(\d+)\.(\d+)", re.M)
+_PTX_ADDRESS_SIZE = re.compile(rb"^\s*\.address_size\s+(\d+)", re.M)
+
+
+def _padded(data: bytes) -> bytes:
+    return data + b"\0" * (-len(data) % 8)
+
+
+def build_fatbin(cubin: bytes, ptx: bytes) -> bytes:
+    """A fatbin of one cubin and the PTX it was compiled from, laid out as CUDA's ``fatbinary
+    --compress=false`` lays them out (the driver loads the cubin where it can run, else JIT-compiles
+    the PTX); CubinError when ``cubin`` is not one or ``ptx`` names no target or version."""
+    sm = parse_cubin(cubin).arch
+    version = _PTX_VERSION.search(ptx)
+    target = _PTX_TARGET.search(ptx)
+    if version is None or target is None:
+        raise CubinError("PTX without a .version or .target directive")
+    address = _PTX_ADDRESS_SIZE.search(ptx)
+    elf_body = _padded(cubin)
+    elf = struct.pack("<HHIQIIHHIIIQQQ", _KIND_ELF, 0x0101, 64, len(elf_body), 0, 0, cubin[8], 1, sm, 0, 0, 0x11, 0, 0)
+    text = ptx.rstrip(b"\0") + b"\0"
+    ptx_body = _padded(text)
+    flags = 0x11 | (_FLAG_ARCH_SPECIFIC if target[2] == b"a" else 0)
+    ptx_header = struct.pack(
+        "<HHIQIIHHIIIQQQ",
+        _KIND_PTX,
+        0x0101,
+        80,
+        len(ptx_body),
+        0,
+        int(address[1]) if address else 64,
+        int(version[2]),
+        int(version[1]),
+        int(target[1]),
+        0,
+        0,
+        flags,
+        0,
+        0,
+    ) + struct.pack("<Q8x", 0x48)
+    body = elf + elf_body + ptx_header + ptx_body
+    return struct.pack("<IHHQ", FATBIN_MAGIC, 1, 16, len(body)) + body

@@ -10,9 +10,8 @@ from replayfmt.cuda.driver import CudaCallError, check
 from replayfmt.cuda.functions import parameter_layout
 from replayfmt.errors import AbiMismatchError, DeviceError, ReplayUsageError
 from replayfmt.format import model as m
-from replayfmt.format.targets import refusal
 from replayfmt.replay.devices import Devices, ReplayDevice
-from replayfmt.replay.executables import ExecutableImage, image_targets, layout_difference
+from replayfmt.replay.executables import ExecutableImage, layout_difference
 from replayfmt.replay.plan import Plan
 
 FunctionKey = tuple[int, int]  # (executable id, function index)
@@ -39,13 +38,7 @@ class Modules:
         return self.on_device[0]
 
     def load(self) -> None:
-        """Load every executable on every device (the first stays current); a device the code
-        has no cubin or PTX for is refused first, naming the executables."""
-        targets = image_targets(self.plan.images)
-        for gpu in self.devices.gpus:
-            why = refusal(targets, gpu.compute_capability, f"cuda:{gpu.ordinal} ({gpu.name})")
-            if why is not None:
-                raise DeviceError(why)
+        """Load every executable on every device (the first stays current)."""
         initial_globals: dict[int, bytes] = {}  # read from the file once, uploaded on every device
         for k, gpu in enumerate(self.devices.gpus):
             self.devices.use(k)
