@@ -119,10 +119,20 @@ def build(ptx: bytes, work: Path, stem: str, arch: str) -> tuple[Path, str]:
 
 
 def off_by_one(ptx: bytes) -> bytes | None:
-    found = re.search(rb"setp\.lt\.s32\s+%p\d+,\s*%r\d+,\s*(\d+);", ptx)
-    if found is None or int(found[1]) < 2:
+    """The first bounds check ``i < n`` (``setp.lt.s32`` or its negation ``setp.ge.s32``) made
+    ``i < n - 1``: the last element is left unwritten (or unread)."""
+    found = re.search(rb"setp\.(lt|ge)\.s32\s+(%p\d+),\s*(%r\d+),\s*(%r\d+|\d+);", ptx)
+    if found is None:
         return None
-    return ptx[: found.start(1)] + str(int(found[1]) - 1).encode() + ptx[found.end(1) :]
+    op, pred, index, bound = found[1], found[2], found[3], found[4]
+    if bound.isdigit():
+        if int(bound) < 2:
+            return None
+        line = b"setp." + op + b".s32 " + pred + b", " + index + b", " + str(int(bound) - 1).encode() + b";"
+    else:
+        line = b"{ .reg .s32 %obo; add.s32 %obo, " + bound + b", -1; setp." + op + b".s32 " + pred + b", "
+        line += index + b", %obo; }"
+    return ptx[: found.start()] + line + ptx[found.end() :]
 
 
 def far_load(ptx: bytes) -> bytes | None:
