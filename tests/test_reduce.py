@@ -296,3 +296,14 @@ def test_json_answers_round_trip():
     a = Answer(True, "x", "CUDA_ERROR_ILLEGAL_ADDRESS", 1.5)
     assert Answer(**json.loads(json.dumps(a.to_json()))) == a
     assert np.isfinite(a.seconds)
+
+
+def test_a_replay_test_without_a_gpu_is_an_environment_error(step, tmp_path):
+    """The worker (a real child process) answers that it has no device: exit 2, not 'passes'."""
+    from replayfmt.replay.devices import environment_ok
+
+    if environment_ok() is None:
+        pytest.skip("a GPU is here: the worker replays instead")
+    path, _ = step
+    res = CliRunner().invoke(reduce_main, [str(path), "-o", str(tmp_path / "o.kreplay"), "--faults", "--quiet"])
+    assert res.exit_code == 2 and "the test needs a GPU to replay on" in res.output, res.output

@@ -26,12 +26,13 @@ original's operation indices).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -155,13 +156,26 @@ def reduce(
     if output.resolve() == source.resolve():
         raise ReplayUsageError(f"-o {output} is the capture being reduced: write the result elsewhere")
     test.check()
-    with open_capture(source) as cap, tempfile.TemporaryDirectory(prefix="reduce-", dir=output.parent) as work:
+    with open_capture(source) as cap, _workdir(output) as work:
         r = Reducible(cap, source)
-        run = _Run(r, test, output, Path(work), options, progress, runner)
+        run = _Run(r, test, output, work, options, progress, runner)
         run.result.operations_before = cap.operation_count
         run.result.size_before = source.stat().st_size
         run.go()
     return run.result
+
+
+@contextlib.contextmanager
+def _workdir(output: Path) -> Iterator[Path]:
+    """A directory for the candidates beside ``output`` (so the best one is renamed into place)."""
+    try:
+        holder = tempfile.TemporaryDirectory(prefix=".reduce-", dir=output.parent)
+    except OSError as exc:
+        raise ReplayUsageError(
+            f"-o {output}: cannot make a directory for candidates in {output.parent} ({exc.strerror})"
+        ) from None
+    with holder as work:
+        yield Path(work)
 
 
 class _Run:

@@ -151,13 +151,9 @@ class Reducible:
         self.capture = capture
         self.source = source
         self.ops = list(capture.iter_operations(0, None))
+        # operations that cannot be replayed (unsupported calls, kinds this reader does not know) are
+        # never kept: they are not device work; what they may have written is unknown to the shadow
         for op in self.ops:
-            if op.kind == _K.UNSUPPORTED:
-                raise UnsupportedOperationError(
-                    f"operation {op.index} ({op.call}: {op.reason}) cannot be replayed, so it cannot be reduced"  # type: ignore[union-attr]
-                )
-            if op.kind == _K.NONE:
-                raise UnsupportedOperationError(f"operation {op.index} is of a kind this reader does not know")
             if isinstance(op, m.State | m.Copy) and op.relocations:
                 raise UnsupportedOperationError(
                     f"operation {op.index} ({op.kind.label}) stores pointers in device memory: reduce-replay "
@@ -385,7 +381,8 @@ class _Walk:
                     self.actions.append(check)
             elif op.kind in _CONTROL and first < i < last:
                 self.actions.append(i)
-            self.shadow.apply(op)
+            if i < last:  # after the last kept operation nothing is given: only checkpoints matter
+                self.shadow.apply(op)
 
     def _wrote(self, i: int, *, candidate: bool) -> None:
         for b, lo, hi in self.r.writes[i]:
