@@ -307,3 +307,29 @@ def test_a_replay_test_without_a_gpu_is_an_environment_error(step, tmp_path):
     path, _ = step
     res = CliRunner().invoke(reduce_main, [str(path), "-o", str(tmp_path / "o.kreplay"), "--faults", "--quiet"])
     assert res.exit_code == 2 and "the test needs a GPU to replay on" in res.output, res.output
+
+
+def test_candidates_fan_out_one_at_a_time_per_device(step, tmp_path):
+    path, e = step
+    seen: list[int | None] = []
+
+    def runner(test, candidate, device, timeout):
+        seen.append(device)
+        with replayfmt.open(candidate) as cap:
+            return Answer(_has(cap, "gather"))
+
+    one = reduce(path, tmp_path / "one.kreplay", Command("x {}"), ReduceOptions(devices=(None,)), runner=runner)
+    seen.clear()
+    two = reduce(path, tmp_path / "two.kreplay", Command("x {}"), ReduceOptions(devices=(0, 1)), runner=runner)
+    assert two.kept == one.kept == (e.ops["gather"],)
+    assert set(seen) == {0, 1} and two.devices == 2
+
+
+def test_a_budget_spent_before_any_candidate_failed_writes_nothing(step, tmp_path):
+    path, _ = step
+    out = tmp_path / "o.kreplay"
+    res = CliRunner().invoke(
+        reduce_main, [str(path), "-o", str(out), "--command", GREP_GATHER, "--max-tries", "1", "--quiet"]
+    )
+    assert res.exit_code == 1 and "nothing written" in res.output and "--max-tries 1" in res.output
+    assert not out.exists()

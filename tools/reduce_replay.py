@@ -9,8 +9,10 @@ import click
 from replayfmt.edit.reduce import ReduceOptions, reduce
 from replayfmt.edit.reduce_tests import Command, FailsVerify, Faults, Slower, Test
 from replayfmt.errors import ReplayUsageError
-from replayfmt_tools.common import EXIT_OK, agents_md_option, check_new_file, reports_errors
+from replayfmt_tools.common import EXIT_OK, EXIT_PROBLEM, agents_md_option, check_new_file, reports_errors
 from replayfmt_tools.options import parse_device
+
+EXIT_INTERRUPTED = 130
 
 EPILOG = """\b
 Exactly one test says what "still failing" means:
@@ -36,8 +38,10 @@ from (dump-replay --format=json: reduce.source, reduce.source_digest, reduce.tes
 reduce.operations_kept, reduce.result_substitutions: the substitution's ids in the result).
 
 \b
-Exit status: 0 reduced; 1 the original passes the test, or the capture cannot be reduced; 2 usage
-error, unreadable capture, existing -o without --overwrite.
+Exit status: 0 reduced; 1 the original passes the test, the capture cannot be reduced, or a bound
+stopped the search before any candidate failed (nothing written); 2 usage error, unreadable
+capture, existing -o without --overwrite, no GPU for a test that replays; 130 interrupted (the best
+capture so far is at -o).
 
 \b
 Examples:
@@ -159,7 +163,9 @@ def main(
     result = reduce(capture, output, test, options, progress=progress)
     for line in result.lines():
         click.echo(line)
-    return EXIT_OK
+    if result.stopped.startswith("interrupted"):
+        return EXIT_INTERRUPTED
+    return EXIT_OK if result.written else EXIT_PROBLEM
 
 
 if __name__ == "__main__":

@@ -255,6 +255,8 @@ class _Run:
             self._say(f"the original fails: {answer.detail}")
             searched = ddmin(self.r.units, self._operations, batch=len(self.options.devices), budget=self.budget)
             self._account(searched)
+            if searched.exhausted and self.best is None:
+                return  # the budget ran out before any candidate failed: nothing to write
             if self.best is None or list(self.best.kept) != searched.best:
                 self._settle(searched.best)
             if self.best is not None:
