@@ -21,6 +21,7 @@ from replayfmt.format.targets import (
     Target,
     cannot_load,
     code_targets,
+    code_targets_at,
     fatbin_entries,
     ptx_image,
     ptx_text,
@@ -175,3 +176,22 @@ def test_jit_from_ptx_refuses_naming_executables_without_ptx(tmp_path):
         open_replay(path, PlanOptions(jit_from_ptx=True))
     res = CliRunner().invoke(run_main, ["--dry-run", "--jit-from-ptx", str(path)])
     assert res.exit_code == 2 and f"hold no PTX (only cubins): {a}, {c}" in res.output
+
+
+@pytest.mark.parametrize("image", [SM80, SM90, FATBIN, FATBIN + bytes(64)])
+def test_targets_read_piece_by_piece_agree_with_the_whole_image(image):
+    reads = []
+
+    def read(at, n):
+        reads.append(n)
+        return image[at : at + n]
+
+    assert code_targets_at(read, len(image), UNKNOWN) == code_targets(image, UNKNOWN)
+    assert sum(reads) < len(image)  # headers only
+
+
+def test_dump_reads_a_large_image_by_its_headers(tmp_path):
+    path = tmp_path / "c.kreplay"
+    capture(path, [(m.ExecutableFormat.FATBIN, FATBIN + bytes(3 << 20))])  # over the whole-read size
+    text = CliRunner().invoke(dump_main, [str(path)]).output
+    assert "loads on: sm_80 sm_90, PTX compute_90" in text

@@ -9,14 +9,14 @@ from dataclasses import dataclass, field
 
 from replayfmt.errors import ReplayError
 from replayfmt.format import model as m
-from replayfmt.format.targets import CodeTargets, code_targets
+from replayfmt.format.targets import CodeTargets, code_targets, code_targets_at
 from replayfmt.reader import Capture
 
 # compute capabilities a capture's reach is stated over (those GPUs have been made of)
 KNOWN_CAPABILITIES = (
     (7, 0), (7, 2), (7, 5), (8, 0), (8, 6), (8, 7), (8, 9), (9, 0), (10, 0), (10, 3), (11, 0), (12, 0), (12, 1)
 )  # fmt: skip
-_MAX_READ = 256 << 20  # an executable's image read to find its targets, at most
+_READ_WHOLE = 1 << 20  # an image up to this size is read whole; a larger one, header by header
 
 
 class CodeTargetCache:
@@ -37,12 +37,17 @@ class CodeTargetCache:
         if not exe.payload:
             return CodeTargets(unreadable=f"loaded from file reference {exe.file}" if exe.file else "no image")
         try:
-            if self.cap.payload(exe.payload).size > _MAX_READ:
-                return CodeTargets(unreadable=f"image over {_MAX_READ >> 20} MiB, not read")
-            data = bytes(self.cap.read_payload(exe.payload))
+            size = self.cap.payload(exe.payload).size
+            if size <= _READ_WHOLE:
+                return code_targets(bytes(self.cap.read_payload(exe.payload)), exe.format)
+            return code_targets_at(lambda at, n: self._piece(exe.payload, at, n), size, exe.format)
         except (ReplayError, KeyError) as exc:
             return CodeTargets(unreadable=f"payload {exe.payload} unreadable ({exc})")
-        return code_targets(data, exe.format)
+
+    def _piece(self, payload: int, at: int, size: int) -> bytes:
+        out = bytearray(size)
+        self.cap.read_payload_into(payload, out, at)
+        return bytes(out)
 
 
 @dataclass

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from replayfmt.format import model as m
@@ -100,39 +101,66 @@ class CodeTargets:
         }
 
 
+Read = Callable[[int, int], bytes]  # (offset, size) -> those bytes of an image
+
+
 def fatbin_entries(data: bytes) -> list[FatbinEntry]:
     """The entries of a fatbin (several fatbins one after another too); CubinError when malformed."""
+    return _walk_fatbin(lambda at, n: data[at : at + n], len(data))
+
+
+def _walk_fatbin(read: Read, total: int) -> list[FatbinEntry]:
+    """The entries of the fatbin(s) of ``total`` bytes, reading only their headers."""
     out: list[FatbinEntry] = []
     at = 0
-    while at + 16 <= len(data):
-        magic, _version, header_size, size = struct.unpack_from("<IHHQ", data, at)
+    while at + 16 <= total:
+        magic, _version, header_size, size = struct.unpack("<IHHQ", read(at, 16))
         if magic != FATBIN_MAGIC:
-            if out and not any(data[at:]):  # zero padding after the last fatbin
+            if out and not any(read(at, min(total - at, 4096))):  # zero padding after the last fatbin
                 break
             raise CubinError(f"fatbin: no fatbin header at byte {at}")
         end = at + header_size + size
-        if header_size < 16 or end > len(data):
+        if header_size < 16 or end > total:
             raise CubinError(
                 f"fatbin: the fatbin at byte {at} claims {size} bytes past its header; the file ends first"
             )
         entry = at + header_size
         while entry + 64 <= end:
-            kind, _, entry_header, payload = struct.unpack_from("<HHIQ", data, entry)
-            (sm,) = struct.unpack_from("<I", data, entry + 28)
-            (flags,) = struct.unpack_from("<Q", data, entry + 40)
-            (decompressed,) = struct.unpack_from("<Q", data, entry + 56)
+            head = read(entry, 64)
+            kind, _, entry_header, payload = struct.unpack_from("<HHIQ", head)
+            (sm,) = struct.unpack_from("<I", head, 28)
+            (flags,) = struct.unpack_from("<Q", head, 40)
+            (decompressed,) = struct.unpack_from("<Q", head, 56)
             if entry_header < 64 or entry + entry_header + payload > end:
                 raise CubinError(f"fatbin: entry at byte {entry} runs past its fatbin's end")
             suffix = "a" if flags & _FLAG_ARCH_SPECIFIC else "f" if flags & _FLAG_FAMILY else ""
             if kind in (_KIND_PTX, _KIND_ELF):
-                out.append(
-                    FatbinEntry(
-                        kind, Target(sm, suffix, kind == _KIND_PTX), entry, entry_header, payload, flags, decompressed
-                    )
-                )
+                target = Target(sm, suffix, kind == _KIND_PTX)
+                out.append(FatbinEntry(kind, target, entry, entry_header, payload, flags, decompressed))
             entry += entry_header + payload
         at = end
     return out
+
+
+def code_targets_at(read: Read, total: int, fmt: m.ExecutableFormat) -> CodeTargets:
+    """:func:`code_targets` of an image of ``total`` bytes read piece by piece: a cubin's ELF
+    header, a fatbin's headers, PTX's first MiB (a large image is not read whole)."""
+    try:
+        head = read(0, min(total, 64))
+        if head[:4] == ELF_MAGIC:
+            if len(head) < 0x34:
+                raise CubinError("not a 64-bit little-endian ELF file")
+            (flags,) = struct.unpack_from("<I", head, 0x30)
+            return CodeTargets((Target((flags >> 8) & 0xFF if head[8] >= 8 else flags & 0xFF),))
+        if len(head) >= 4 and struct.unpack_from("<I", head)[0] == FATBIN_MAGIC:
+            return CodeTargets(tuple(sorted({e.target for e in _walk_fatbin(read, total)})))
+        found = _PTX_TARGET.search(read(0, min(total, 1 << 20)))
+        if found:
+            return CodeTargets((Target(int(found[1]), found[2].decode(), ptx=True),))
+    except CubinError as exc:
+        return CodeTargets(unreadable=str(exc))
+    what = fmt.name.lower() if fmt != m.ExecutableFormat.UNKNOWN else "an image"
+    return CodeTargets(unreadable=f"{what} this reader cannot read")
 
 
 def code_targets(data: bytes, fmt: m.ExecutableFormat) -> CodeTargets:
