@@ -333,3 +333,25 @@ def test_a_budget_spent_before_any_candidate_failed_writes_nothing(step, tmp_pat
     )
     assert res.exit_code == 1 and "nothing written" in res.output and "--max-tries 1" in res.output
     assert not out.exists()
+
+
+def test_the_lazy_shadow_answers_as_the_shadow_does(step):
+    from replayfmt.edit.lazy_shadow import LazyShadow
+    from replayfmt.edit.shadow import ByteState, Shadow
+
+    path, _ = step
+    with replayfmt.open(path) as cap:
+        sizes = {o.id: o.size for o in cap.objects() if isinstance(o, m.Buffer)}
+        read = lambda p, out, at: cap.read_payload_into(p, out, at)  # noqa: E731
+        plain, lazy = Shadow(sizes, read, cap.object), LazyShadow(sizes, read, cap.object)
+        compared = 0
+        for op in cap:
+            plain.apply(op)
+            lazy.apply(op)
+            for b, size in sizes.items():
+                known = plain.state_runs(b, 0, size, ByteState.KNOWN)
+                assert known == lazy.state_runs(b, 0, size, ByteState.KNOWN)
+                for lo, hi in known:
+                    assert plain.read(b, lo, hi - lo).tobytes() == lazy.read(b, lo, hi - lo).tobytes()
+                    compared += 1
+        assert compared > 50

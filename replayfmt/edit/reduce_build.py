@@ -20,14 +20,15 @@ reduction drops to find the bytes the remaining work needs.
 
 from __future__ import annotations
 
-import bisect
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from replayfmt.edit.closure import Closure, compute_closure
-from replayfmt.edit.shadow import ByteState, Shadow, globals_by_image, graph_buffers, graph_executables, image_of
+from replayfmt.edit.lazy_shadow import LazyShadow
+from replayfmt.edit.reduce_runs import RunMap
+from replayfmt.edit.shadow import ByteState, globals_by_image, graph_buffers, graph_executables, image_of
 from replayfmt.edit.transplant import Transplant
 from replayfmt.errors import ReplayUsageError, UnsupportedOperationError
 from replayfmt.format import model as m
@@ -50,46 +51,6 @@ TOOL = "replayfmt reduce-replay"
 
 class NotBuildable(Exception):
     """A candidate's kept work reads bytes the capture does not hold."""
-
-
-class RunMap:
-    """An int for every byte of ``[0, size)``, kept as sorted runs (who wrote each byte last)."""
-
-    __slots__ = ("_starts", "_values", "size")
-
-    def __init__(self, size: int, value: int) -> None:
-        self.size = size
-        self._starts = [0]
-        self._values = [value]
-
-    def _split(self, at: int) -> int:
-        k = bisect.bisect_right(self._starts, at) - 1
-        if self._starts[k] != at:
-            self._starts.insert(k + 1, at)
-            self._values.insert(k + 1, self._values[k])
-            k += 1
-        return k
-
-    def set(self, lo: int, hi: int, value: int) -> None:
-        lo, hi = max(0, lo), min(self.size, hi)
-        if lo >= hi:
-            return
-        first = self._split(lo)
-        last = self._split(hi) if hi < self.size else len(self._starts)
-        self._starts[first:last] = [lo]
-        self._values[first:last] = [value]
-
-    def pieces(self, lo: int, hi: int) -> list[tuple[int, int, int]]:
-        """(start, end, value) of the runs within ``[lo, hi)``, clipped to it."""
-        out = []
-        k = max(0, bisect.bisect_right(self._starts, lo) - 1)
-        while k < len(self._starts) and self._starts[k] < hi:
-            end = self._starts[k + 1] if k + 1 < len(self._starts) else self.size
-            a, b = max(lo, self._starts[k]), min(hi, end)
-            if a < b:
-                out.append((a, b, self._values[k]))
-            k += 1
-        return out
 
 
 @dataclass(frozen=True, order=True)
@@ -353,7 +314,7 @@ class _Walk:
                     tracked.add(op.src_buffer)  # type: ignore[union-attr]
                     grew = True
         self.buffers = buffers
-        self.shadow = Shadow(
+        self.shadow = LazyShadow(
             {b: r._size(b) for b in tracked}, lambda p, out, at: cap.read_payload_into(p, out, at), cap.object
         )
         self.original = {b: RunMap(r._size(b), NOTHING) for b in buffers}  # the last writer in the original
