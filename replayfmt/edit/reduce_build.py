@@ -245,7 +245,7 @@ class Reducible:
             properties=(*[(k, v) for k, v in src.properties if not k.startswith("reduce.")], *properties),
         )
         built = Built(output, tuple(keep), {})
-        with CaptureWriter(output, metadata=meta, overwrite=True, threads=0) as w:
+        with CaptureWriter(output, metadata=meta, overwrite=True) as w:
             t = Transplant(self.capture, w)
             t.add_objects(objects)
             w.scope_begin("reduced")
