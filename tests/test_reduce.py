@@ -355,3 +355,30 @@ def test_the_lazy_shadow_answers_as_the_shadow_does(step):
                     assert plain.read(b, lo, hi - lo).tobytes() == lazy.read(b, lo, hi - lo).tobytes()
                     compared += 1
         assert compared > 50
+
+
+def test_the_inputs_phase_keeps_exactly_the_bytes_the_failure_needs(step, tmp_path):
+    """An oracle that fails only when the gather launch is there and sees the original's indices:
+    the result keeps that launch and those 1024 bytes, none of the rest it was given."""
+    from replayfmt.edit.shadow import ByteState, Shadow
+
+    path, e = step
+
+    def runner(test, candidate, device, timeout):
+        with replayfmt.open(candidate) as cap:
+            sizes = {o.id: o.size for o in cap.objects() if isinstance(o, m.Buffer)}
+            idx = next((o.id for o in cap.objects() if o.label == "idx"), None)
+            if idx is None:
+                return Answer(False)
+            shadow = Shadow(sizes, lambda p, out, at: cap.read_payload_into(p, out, at), cap.object)
+            for op in cap:
+                if op.kind == _K.LAUNCH and cap.object(op.executable).functions[op.function].name == "gather":
+                    known = shadow.state_runs(idx, 0, sizes[idx], ByteState.KNOWN) == [(0, sizes[idx])]
+                    return Answer(known and shadow.read(idx, 0, sizes[idx]).tobytes() == e.data["IDX"].tobytes())
+                shadow.apply(op)
+        return Answer(False)
+
+    out = tmp_path / "small.kreplay"
+    result = reduce(path, out, Command("x {}"), ReduceOptions(devices=(None,), least_piece=256), runner=runner)
+    assert result.kept == (e.ops["gather"],)
+    assert result.given_bytes == 1024 and result.given_bytes_first > 4 * 1024
