@@ -117,3 +117,13 @@ def test_triton_capture_keeps_ptx_and_replays_from_it(tmp_path, gpu_arch):
     assert exes and all(r["has_ptx"] for r in exes), exes
     res = tool("run_replay", "--jit-from-ptx", "--verify", str(out))
     assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
+
+
+def test_slower_reduces_to_one_slow_kernel(tmp_path, kernels):
+    path, exe = steps_capture(tmp_path, kernels, steps=8)
+    slow = tmp_path / "slow.cubin"
+    slow.write_bytes(kernels["replay_kernels_slow"])  # axpy, the same answer, far slower
+    out = tmp_path / "small.kreplay"
+    res = tool("reduce_replay", str(path), "-o", str(out), "--slower=3", f"--executable-substitution={exe}={slow}")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert device_work(out) == ["axpy"], res.stdout
