@@ -22,14 +22,14 @@ program. Nine tools, each printing this page with `--agents-md`:
 | `extract-replay` | cut one launch, a scope or a range out as a standalone capture | where the capture lacks bytes |
 | `diff-replay` | compare two captures: kernels added, removed, changed; original times side by side | no |
 | `corpus-replay` | replay a directory of captures, a worker per GPU, against a baseline | yes (not `--dry-run`) |
-| `reduce-replay` | shrink a capture to the smallest one that still fails a test (verify, fault, slower, a command) | yes (not `--command`) |
+| `reduce-replay` | shrink a capture to the smallest one that still fails a test | yes (not `--command`) |
 
 From Python: `replayfmt.open`, `replayfmt.CaptureWriter`, `replayfmt.capture.record` and
 `replayfmt.execute.open_replay`. The front doors are `replayfmt/schema.fbs`, `writer.py`,
 `reader.py` and `execute.py`; behind them the library is laid out by job (`format/` the wire,
 `container/` the file's rooms, `cuda/` the driver, `replay/` plan and Replayer, `measure/` benchmark
-and tune, `dump/`, `capture/` the recorder, `edit/` extract, diff and reduce), and these CLIs live apart in top-level `tools/`;
-docs/ARCHITECTURE.md maps every module.
+and tune, `dump/`, `capture/` the recorder, `edit/` extract, diff, reduce), and these CLIs live apart in
+top-level `tools/`; docs/ARCHITECTURE.md maps every module.
 
 Every command on this page runs as written, from a checkout of replayfmt, on the example
 capture (a saxpy kernel: executable 5, launch operation 9, scope `saxpy`):
