@@ -177,7 +177,8 @@ def test_every_candidate_plans_and_the_reduction_keeps_the_gather(step, tmp_path
     assert len(seen) == result.replays and result.replays >= 4
     assert result.launches_before == 4 and result.launches_after == 1 and result.work_before == 10
     assert dry_run_ok(out)
-    lines = "\n".join(result.lines())
+    lines = str(result)
+    assert lines.splitlines() == result.lines()
     assert "launches 4 -> 1" in lines and f"{result.replays} tried" in lines
 
 

@@ -95,6 +95,9 @@ class ReduceResult:
     last_answer: str = ""  # the result's own verdict, as the test put it
     history: list[str] = field(default_factory=list)
 
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
+
     def lines(self) -> list[str]:
         mb = 1 << 20
         out = [
