@@ -1,6 +1,9 @@
 """reduce-replay and --jit-from-ptx on a real program, on the GPU machine (issue 45's "done when").
 
     python3 benchmarks/reduce_demo.py [--work DIR] [--device cuda:0 ...] [--layers 8]
+        [--steps capture,offbyone,oob,command,jit] [--max-seconds S]
+
+(each step can run in a call of its own: the capture in DIR is reused, DIR/summary.json gathers)
 
 1. A torch.compile'd MLP training step (forward, backward, SGD: a few hundred launches of Triton
    and cuBLAS kernels) is captured in kernel mode (every launch its own region, with its state and
@@ -184,57 +187,72 @@ def planted(step: Path, work: Path, arch: str, kernels: dict, make, devices: lis
     return {"error": f"no Triton kernel where the {label} bug shows"}
 
 
+STEPS = ("capture", "offbyone", "oob", "command", "jit")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", type=Path, default=Path("/tmp/reduce_demo"))
-    ap.add_argument("--device", action="append", default=[])
+    ap.add_argument("--device", action="append", default=[], help="cuda:N to test candidates on (repeatable)")
     ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--steps", default=",".join(STEPS), help=f"which of {','.join(STEPS)} (the capture is reused)")
+    ap.add_argument("--max-seconds", type=float, default=0, help="bound each reduction (0: none)")
     args = ap.parse_args()
+    steps = set(args.steps.split(","))
+    if steps - set(STEPS):
+        ap.error(f"--steps: unknown {', '.join(sorted(steps - set(STEPS)))}")
     work: Path = args.work
     work.mkdir(parents=True, exist_ok=True)
     devices = args.device or ["cuda:0"]
+    bound = [f"--max-seconds={args.max_seconds:g}"] if args.max_seconds else []
     from replayfmt.cuda.driver import check, compute_capability, driver
 
     major, minor = compute_capability(check(driver().cuDeviceGet(0), "cuDeviceGet"))
     arch = f"sm_{major}{minor}"
-    summary: dict = {"arch": arch, "devices": devices}
+    summary_path = work / "summary.json"
+    summary: dict = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    summary.update(arch=arch, devices=devices)
 
-    program = work / "model_step.py"
-    program.write_text(MODEL)
     step = work / "step.kreplay"
-    cap = run([PY, "-m", "replayfmt.capture", "--overwrite", "--mode=kernel", "--max-per-kernel=0", "-o", str(step),
-               str(program), str(args.layers)])  # fmt: skip
-    if cap.returncode != 0:
-        print(tail(cap, 30))
-        return 1
-    summary["step"] = runs_on(step)
-    print(f"step capture: {summary['step']}")
-    verify = tool("run_replay", "--verify", str(step))
-    summary["step_verify_exit"] = verify.returncode
-    print(tail(verify, 3))
+    if "capture" in steps or not step.exists():
+        program = work / "model_step.py"
+        program.write_text(MODEL)
+        cap = run([PY, "-m", "replayfmt.capture", "--overwrite", "--mode=kernel", "--max-per-kernel=0", "-o",
+                   str(step), str(program), str(args.layers)])  # fmt: skip
+        if cap.returncode != 0:
+            print(tail(cap, 30))
+            return 1
+        summary["step"] = runs_on(step)
+        print(f"step capture: {summary['step']}")
+        verify = tool("run_replay", "--verify", str(step))
+        summary["step_verify_exit"] = verify.returncode
+        print(tail(verify, 3))
 
     kernels = kernel_ptx(step)
     summary["triton_executables"] = len(kernels)
-    summary["fails_verify"] = planted(step, work, arch, kernels, off_by_one, devices, "offbyone", ["--fails-verify"])
-    print(f"fails-verify: {summary['fails_verify']}")
-    summary["faults"] = planted(
-        step, work, arch, kernels, far_load, devices, "oob", ["--faults=CUDA_ERROR_ILLEGAL_ADDRESS"]
-    )
-    print(f"faults: {summary['faults']}")
-
-    name = next(iter(kernels.values()))[0] if kernels else "gemm"
-    grep = f"{PY} -m replayfmt_tools.dump_replay {{}} | grep -q 'launch *{name}' && exit 1; exit 0"
-    summary["command"] = {"kernel": name, **reduce(step, work / "command.kreplay", devices, "--command", grep)}
-    print(f"command: {summary['command']}")
-
-    softmax = work / "softmax.kreplay"
-    script = ROOT / "tests" / "gpu" / "capture_scripts" / "triton_softmax_repeated.py"
-    run([PY, "-m", "replayfmt.capture", "--overwrite", "-o", str(softmax), str(script), "3"])
-    for label, path in (("triton", softmax), ("pytorch_step", step)):
-        jit = tool("run_replay", "--jit-from-ptx", "--verify", str(path))
-        summary[f"jit_from_ptx_{label}"] = {"exit": jit.returncode, "tail": tail(jit, 4), **runs_on(path)}
-        print(f"--jit-from-ptx --verify {label}: exit {jit.returncode}\n{tail(jit, 4)}")
-    (work / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if "offbyone" in steps:
+        test = ["--fails-verify", *bound]
+        summary["fails_verify"] = planted(step, work, arch, kernels, off_by_one, devices, "offbyone", test)
+        print(f"fails-verify: {summary['fails_verify']}")
+    if "oob" in steps:
+        test = ["--faults=CUDA_ERROR_ILLEGAL_ADDRESS", *bound]
+        summary["faults"] = planted(step, work, arch, kernels, far_load, devices, "oob", test)
+        print(f"faults: {summary['faults']}")
+    if "command" in steps:
+        name = next(iter(kernels.values()))[0] if kernels else "gemm"
+        grep = f"{PY} -m replayfmt_tools.dump_replay {{}} | grep -q 'launch *{name}' && exit 1; exit 0"
+        result = reduce(step, work / "command.kreplay", devices, "--command", grep, *bound)
+        summary["command"] = {"kernel": name, **result}
+        print(f"command: {summary['command']}")
+    if "jit" in steps:
+        softmax = work / "softmax.kreplay"
+        script = ROOT / "tests" / "gpu" / "capture_scripts" / "triton_softmax_repeated.py"
+        run([PY, "-m", "replayfmt.capture", "--overwrite", "-o", str(softmax), str(script), "3"])
+        for label, path in (("triton", softmax), ("pytorch_step", step)):
+            jit = tool("run_replay", "--jit-from-ptx", "--verify", str(path))
+            summary[f"jit_from_ptx_{label}"] = {"exit": jit.returncode, "tail": tail(jit, 4), **runs_on(path)}
+            print(f"--jit-from-ptx --verify {label}: exit {jit.returncode}\n{tail(jit, 4)}")
+    summary_path.write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary, indent=2))
     return 0
 
