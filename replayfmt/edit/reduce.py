@@ -339,9 +339,10 @@ class _Run:
             for (k, built), answer in zip(queued, results):
                 self.result.replays += 1
                 answers[k] = answer.failing
+                verdict = "fails" if answer.failing else "passes"
                 self._say(
-                    f"{len(built.kept)} operations, {built.state_bytes} bytes given: "
-                    f"{'fails' if answer.failing else 'passes'} ({answer.detail[:120]})"
+                    f"{len(built.kept)} device operation(s), {built.state_bytes} bytes given: {verdict} "
+                    f"({answer.detail[:120]})"
                 )
                 if answer.failing and self._better(built, candidates[k][1]):
                     self._keep(built, answer)
