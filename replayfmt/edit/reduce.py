@@ -30,7 +30,6 @@ import contextlib
 import os
 import shutil
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -204,9 +203,7 @@ class _Run:
         self.started = time.monotonic()
         self.digest = file_digest(r.source)
         self.best: Built | None = None
-        self.best_pieces: int | None = None
-        self.count = 0
-        self.lock = threading.Lock()
+        self.count = 0  # candidates built, which names their files
         self.phase = ""
         self.result = ReduceResult(
             r.source,
@@ -344,13 +341,13 @@ class _Run:
                     f"{len(built.kept)} device operation(s), {built.state_bytes} bytes given: {verdict} "
                     f"({answer.detail[:120]})"
                 )
-                if answer.failing and self._better(built, candidates[k][1]):
+                if answer.failing and self._better(built):
                     self._keep(built, answer)
                 else:
                     built.path.unlink(missing_ok=True)
         return answers
 
-    def _better(self, built: Built, dropped: list[Piece]) -> bool:
+    def _better(self, built: Built) -> bool:
         best = self.best
         if best is None:
             return True
