@@ -36,6 +36,8 @@ CUBINS = [
     ("tests/gpu/kernels/replay_kernels_other_abi.cu", "sm_90"),
     ("tests/gpu/kernels/replay_kernels_wrong.cu", "sm_90"),
 ]
+# (source, comma-separated codes): fatbins holding several cubins and PTX (which GPUs a capture can run on)
+FATBINS = [("examples/kernels/saxpy.cu", "sm_80,sm_90,compute_90")]
 PTX = [("replayfmt/cuda/kernels/frame_digest.cu", "compute_75", "replayfmt/cuda/kernels/frame_digest.ptx")]
 
 
@@ -53,6 +55,9 @@ def expected_entries() -> dict[str, dict[str, str]]:
     for source, arch in CUBINS:
         out = (FIXTURES / fixture_name(source, arch)).relative_to(ROOT).as_posix()
         entries[out] = {"source": source, "arch": arch, "kind": "cubin", "source_sha256": sha256(ROOT / source)}
+    for source, codes in FATBINS:
+        out = (FIXTURES / f"{Path(source).stem}.{codes.replace(',', '.')}.fatbin").relative_to(ROOT).as_posix()
+        entries[out] = {"source": source, "arch": codes, "kind": "fatbin", "source_sha256": sha256(ROOT / source)}
     for source, arch, out in PTX:
         entries[out] = {"source": source, "arch": arch, "kind": "ptx", "source_sha256": sha256(ROOT / source)}
     return entries
@@ -61,6 +66,9 @@ def expected_entries() -> dict[str, dict[str, str]]:
 def nvcc_command(nvcc: str, kind: str, arch: str, source: Path, out: Path) -> list[str]:
     if kind == "ptx":
         return [nvcc, "-ptx", f"-arch={arch}", "-o", str(out), str(source)]
+    if kind == "fatbin":  # sm_XY: that cubin; compute_XY: that PTX
+        codes = [f"-gencode=arch=compute_{code.split('_')[1]},code={code}" for code in arch.split(",")]
+        return [nvcc, "-fatbin", *codes, "-O3", "-o", str(out), str(source)]
     return [nvcc, "-cubin", f"-arch={arch}", "-O3", "-o", str(out), str(source)]
 
 
@@ -76,7 +84,7 @@ def problems() -> list[str]:
             found.append(f"{out}: missing")
         elif recorded.get(out) != entry:
             found.append(f"{out}: built from another version of {entry['source']}")
-        elif entry["kind"] == "cubin" and (ROOT / out).stat().st_size > MAX_FIXTURE_BYTES:
+        elif entry["kind"] in ("cubin", "fatbin") and (ROOT / out).stat().st_size > MAX_FIXTURE_BYTES:
             found.append(f"{out}: over {MAX_FIXTURE_BYTES} bytes")
     return found
 

@@ -57,7 +57,7 @@ def test_every_jsonl_line_parses_with_stable_leading_rows(sample):
     code, out, _ = dump("--format=jsonl", str(sample))
     rows = [json.loads(line) for line in out.splitlines()]
     assert code == 0
-    assert rows[0]["kind"] == "file" and rows[0]["format_version"] == "1.4" and rows[0]["jsonl_version"] == 3
+    assert rows[0]["kind"] == "file" and rows[0]["format_version"] == "1.4" and rows[0]["jsonl_version"] == 4
     assert rows[1]["kind"] == "summary" and rows[1]["replayable"] is False
     with replayfmt.open(sample) as cap:
         assert len(rows) == 2 + cap.operation_count + cap.object_count

@@ -141,6 +141,7 @@ def plan_options(
     launches: tuple[str, ...] = (),
     fixed_addresses: bool,
     continue_on_error: bool = False,
+    jit_from_ptx: bool = False,
 ) -> PlanOptions:
     return PlanOptions(
         substitutions=tuple(Substitution.parse(s) for s in substitutions),
@@ -148,6 +149,7 @@ def plan_options(
         launch_overrides=tuple(LaunchOverride.parse(spec) for spec in launches),
         fixed_addresses=fixed_addresses,
         continue_on_error=continue_on_error,
+        jit_from_ptx=jit_from_ptx,
     )
 
 

@@ -10,7 +10,7 @@ SHARED = """\
 # replayfmt playbook
 
 replayfmt captures GPU work into one `.kreplay` file and works on it without the original
-program. Eight tools, each printing this page with `--agents-md`:
+program. Nine tools, each printing this page with `--agents-md`:
 
 | tool | does | needs a GPU |
 |---|---|---|
@@ -22,13 +22,14 @@ program. Eight tools, each printing this page with `--agents-md`:
 | `extract-replay` | cut one launch, a scope or a range out as a standalone capture | where the capture lacks bytes |
 | `diff-replay` | compare two captures: kernels added, removed, changed; original times side by side | no |
 | `corpus-replay` | replay a directory of captures, a worker per GPU, against a baseline | yes (not `--dry-run`) |
+| `reduce-replay` | shrink a capture to the smallest one that still fails a test | yes (not `--command`) |
 
 From Python: `replayfmt.open`, `replayfmt.CaptureWriter`, `replayfmt.capture.record` and
 `replayfmt.execute.open_replay`. The front doors are `replayfmt/schema.fbs`, `writer.py`,
 `reader.py` and `execute.py`; behind them the library is laid out by job (`format/` the wire,
 `container/` the file's rooms, `cuda/` the driver, `replay/` plan and Replayer, `measure/` benchmark
-and tune, `dump/`, `capture/` the recorder, `edit/` extract and diff), and these CLIs live apart in top-level `tools/`;
-docs/ARCHITECTURE.md maps every module.
+and tune, `dump/`, `capture/` the recorder, `edit/` extract, diff, reduce), and these CLIs live apart in
+top-level `tools/`; docs/ARCHITECTURE.md maps every module.
 
 Every command on this page runs as written, from a checkout of replayfmt, on the example
 capture (a saxpy kernel: executable 5, launch operation 9, scope `saxpy`):
@@ -381,6 +382,20 @@ TOOLS = {
 * State from the capture is computed as a replay would see it: every upload, memset and device
   copy before the range is simulated, and a checkpoint makes bytes known again after a kernel.
 * The output never replaces a file without `--force`, nor the source at all.
+""",
+    "reduce-replay": """\
+## reduce-replay notes
+
+* One test: `--fails-verify` (with `--executable-substitution ID=PATH`: the candidate must also
+  verify without it), `--faults[=CUDA_ERROR_NAME]`, `--slower RATIO` (a substitution against the
+  captured kernels), `--command 'CMD {}'` (non-zero exit: still failing). The original is tested
+  first; one that passes is refused.
+* Candidates are subsets of the device work with their inputs rebuilt from the capture's data;
+  one whose inputs the capture lacks is skipped, not replayed. Kernel-mode captures reduce best.
+* Each candidate runs in a child process (one at a time per `--device`); `--max-tries`,
+  `--max-seconds` and Ctrl-C leave the best capture so far at `-o`, which fails the test.
+* Substitution ids are the original capture's; the result's metadata says them for the result
+  (`reduce.result_substitutions`), with `reduce.source_digest` and `reduce.operations_kept`.
 """,
     "diff-replay": """\
 ## diff-replay notes

@@ -24,7 +24,8 @@ from replayfmt_tools.options import (
 
 EPILOG = """\b
 Failure contract: replay is strict. An unsupported operation, a missing or changed file, an
-executable whose ABI differs, a launch shape over a function's limits or a CUDA error stops the
+executable whose ABI differs, a GPU that none of an executable's cubins or PTX can run on (the
+executables are named), a launch shape over a function's limits or a CUDA error stops the
 replay with one line naming the operation index, object id, kernel and CUDA error; nothing is
 skipped silently. --continue-on-error reports every failure it can and still exits non-zero.
 
@@ -45,6 +46,7 @@ Examples:
   run-replay --verify --format=json cap.kreplay | jq '.verification.ranges[] | select(.passed|not)'
   run-replay --verify --launch 9:skip cap.kreplay      # must fail: a kernel left out
   run-replay --dry-run --executable-substitution 5=new.cubin cap.kreplay
+  run-replay --jit-from-ptx --verify cap.kreplay    # the path a GPU newer than the cubins takes
   run-replay --file-remap /old/models=/data/models --verify cap.kreplay
   run-replay --launch 42:grid=128,1,1,block=256 --repetitions 10 cap.kreplay
 """
@@ -106,6 +108,12 @@ Examples:
     is_flag=True,
     help="Do not check payload frames against their hashes (faster uploads; a corrupted file then goes unseen).",
 )
+@click.option(
+    "--jit-from-ptx",
+    is_flag=True,
+    help="Load every executable from its PTX (the driver JIT-compiles it, as on a GPU no cubin is for), never a "
+    "cubin; refused, naming them, when executables hold no PTX (dump-replay shows each one's targets).",
+)
 @click.option("--dry-run", is_flag=True, help="Parse, resolve files, load substitutions, check ABIs, plan; no GPU.")
 @limit_option
 @agents_md_option("run-replay")
@@ -129,6 +137,7 @@ def main(
     output_format: str,
     continue_on_error: bool,
     no_payload_checks: bool,
+    jit_from_ptx: bool,
     dry_run: bool,
     limits: Limits,
 ) -> int:
@@ -146,6 +155,7 @@ def main(
             launches=launches,
             fixed_addresses=fixed_addresses,
             continue_on_error=continue_on_error,
+            jit_from_ptx=jit_from_ptx,
         ),
         verify=verify,
         devices=parse_devices(devices),

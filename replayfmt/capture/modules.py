@@ -14,14 +14,17 @@ not, and given their load-time bytes as state if the region's kernels change the
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from replayfmt.capture import events as ev
 from replayfmt.capture.allocations import Allocation, AllocationTable, ModuleGlobal
+from replayfmt.capture.ptx_sources import PtxFinder
 from replayfmt.errors import DeviceError
 from replayfmt.format import model as m
 from replayfmt.format.cubin import CubinError, detect_format, parse_cubin
+from replayfmt.format.targets import build_fatbin
 from replayfmt.writer import CaptureWriter
 
 if TYPE_CHECKING:
@@ -56,9 +59,14 @@ class Module:
         return bool(self.payload or self.file)
 
 
-def store_module(module: Module, writer: CaptureWriter) -> None:
+_PTX_FINDER = PtxFinder()  # one per process: its index of the compiler caches is reused
+
+
+def store_module(module: Module, writer: CaptureWriter, ptx_of: Callable[[bytes], bytes | None] | None = None) -> None:
     """Write the module's image into the capture as a payload (once, whatever the file policy);
-    its format and architecture read from the bytes."""
+    its format and architecture read from the bytes. A cubin the program loaded whose PTX a
+    compiler cache holds (``ptx_of``; default :mod:`ptx_sources`: Triton's, Inductor's) is stored
+    as a fatbin of both, so the capture can be JIT-compiled for other GPUs."""
     if module.stored:
         return
     image = module.image
@@ -77,8 +85,22 @@ def store_module(module: Module, writer: CaptureWriter) -> None:
             module.arch = f"sm_{parse_cubin(data).arch}"
         except CubinError:
             pass
+    if module.arch and image.key[0] == "module":  # a cubin the program loaded (a library's carry no PTX)
+        data = _with_ptx(module, data, ptx_of or _PTX_FINDER.find)
     module.payload = writer.add_payload(data)
     module.image = ev.ModuleImage(image.key, None, image.path, image.call)  # the bytes are stored now
+
+
+def _with_ptx(module: Module, cubin: bytes, ptx_of: Callable[[bytes], bytes | None]) -> bytes:
+    try:
+        ptx = ptx_of(cubin)
+        if ptx is None:
+            return cubin
+        fatbin = build_fatbin(cubin, ptx)
+    except (CubinError, OSError):  # keep the cubin as it was loaded
+        return cubin
+    module.format = m.ExecutableFormat.FATBIN
+    return fatbin
 
 
 def _module_executable(module: Module, writer: CaptureWriter) -> int:

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from replayfmt.dump.code import CodeTargetCache, capture_targets
 from replayfmt.dump.fields import label_of
 from replayfmt.errors import ReplayFormatError
 from replayfmt.format import model as m
@@ -57,6 +58,12 @@ class Summary:
     state_bytes: int = 0  # starting state (format 1.1 state operations): restored, not work
     upload_bytes: int = 0  # host-to-device copies the program made
     stored_pointers: int = 0  # (1.3) pointers inside state and uploads, relocated on replay
+    # which GPUs the capture's code loads on (replayfmt.dump.code): sm_XY names, executable ids
+    runs_on_by_cubin: list[str] = field(default_factory=list)
+    runs_on_by_ptx: list[str] = field(default_factory=list)
+    executables_without_ptx: list[int] = field(default_factory=list)
+    executables_unknown_targets: list[int] = field(default_factory=list)
+    runs_on: str = ""  # the text line
 
     def as_row(self) -> dict[str, Any]:
         row: dict[str, Any] = {"kind": "summary"}
@@ -99,6 +106,7 @@ def summarize(
     files: Counter[str] = Counter()
     open_scopes: list[tuple[str, int]] = []
     notes: list[str] = []
+    executables: list[m.Executable] = []
     try:
         for bi in range(cap.batch_count):
             batch = cap.batch(bi)
@@ -122,6 +130,8 @@ def summarize(
                     else:
                         open_scopes.pop()
             for obj in batch.objects:
+                if isinstance(obj, m.Executable):
+                    executables.append(obj)
                 objects[obj.kind.label if not isinstance(obj, m.UnknownObject) else "unknown_object"] += 1
                 if isinstance(obj, m.FileReference):
                     files[f"{label_of(obj.policy)}/{label_of(obj.validation)}"] += 1
@@ -131,6 +141,10 @@ def summarize(
         s.payloads, s.payload_logical_bytes = stats.payloads, stats.logical_bytes
         s.payload_stored_bytes, s.compression_ratio = stats.stored_bytes, round(stats.compression_ratio, 4)
         s.dedup_saved_bytes, s.missing_frames = stats.dedup_saved_bytes, stats.missing_frames
+        reach = capture_targets(CodeTargetCache(cap), executables)
+        s.runs_on = reach.line()
+        s.runs_on_by_cubin, s.runs_on_by_ptx = reach.by_cubin, reach.by_ptx
+        s.executables_without_ptx, s.executables_unknown_targets = reach.without_ptx, reach.unreadable
     except ReplayFormatError as exc:
         s.damaged = str(exc)
     for name, index in open_scopes:
@@ -173,6 +187,8 @@ def render_summary_text(s: Summary) -> list[str]:
     else:
         lines.append("recovered     no (index and footer intact)")
     lines.append(f"partial       yes: {s.partial}" if s.partial else "partial       no")
+    if s.runs_on:
+        lines.append(f"runs on       {s.runs_on}")
     if s.stored_pointers:
         lines.append(f"pointers      {s.stored_pointers} stored in state and uploads (relocated on replay)")
     if s.replayable is None:

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from replayfmt.dump.code import CodeTargetCache
 from replayfmt.dump.export import export_payload, prepare_directory
 from replayfmt.dump.fields import (
     field_names,
@@ -29,8 +30,9 @@ from replayfmt.dump.fields import (
     typed_tensor_row,
 )
 from replayfmt.dump.filters import JSONL_VERSION, DumpFilter, PayloadMode
-from replayfmt.dump.graphs import graph_fields, graph_node_lines, graph_summary, kernel_names
+from replayfmt.dump.graphs import graph_fields, graph_node_lines, kernel_names
 from replayfmt.dump.launch_json import LaunchTemplate
+from replayfmt.dump.object_text import object_names, object_text
 from replayfmt.errors import ReplayUsageError
 from replayfmt.format import model as m
 from replayfmt.format.names import demangle
@@ -84,6 +86,7 @@ class Dumper:
         self._encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
         self._payload_refs: dict[int, dict[str, Any] | None] = {}
         self._executables: dict[int, m.Executable | None] = {}
+        self.code = CodeTargetCache(cap)  # which GPUs each executable loads on
         # the original program's device times: with them, launch, copy and memset rows carry original_ns
         self._original = cap.original_times()
 
@@ -204,6 +207,7 @@ class Dumper:
                 payload=self.payload_ref(obj.payload),
                 file=obj.file,
                 functions=[_function_row(i, fn) for i, fn in enumerate(obj.functions)],
+                **self.code.of(obj).to_json(),
             )
         elif isinstance(obj, m.Global):
             row.update(
@@ -385,7 +389,7 @@ class Dumper:
             return False
         if f.object_id is not None and obj.id != f.object_id:
             return False
-        return f.grep is None or any(f.grep.search(n) for n in _object_names(obj))
+        return f.grep is None or any(f.grep.search(n) for n in object_names(obj))
 
     def _names_of(self, op: m.Operation) -> list[str]:
         if isinstance(op, m.Launch):
@@ -402,7 +406,7 @@ class Dumper:
             return kernel_names(graph, self.function) if isinstance(graph, m.Graph) else []
         if isinstance(op, m.CreateObject | m.DestroyObject):
             obj = self._object_or_none(op.object)
-            return _object_names(obj) if obj is not None else []
+            return object_names(obj) if obj is not None else []
         return []
 
     # -- streams -------------------------------------------------------------------------------
@@ -446,7 +450,7 @@ class Dumper:
         """One line per object and operation, with its index and ids."""
         for op, obj in self.records():
             if obj is not None and self._object_selected(obj):
-                yield _object_text(obj)
+                yield object_text(obj, self.code.of(obj) if isinstance(obj, m.Executable) else None)
                 if isinstance(obj, m.Graph):
                     yield from graph_node_lines(obj, self.function)
             label = op.kind.label if not isinstance(op, m.UnknownOperation) else "unknown"
@@ -536,46 +540,6 @@ def _function_row(index: int, fn: m.Function) -> dict[str, Any]:
         "local_memory": fn.local_memory,
         "required_cluster": list(fn.required_cluster),
     }
-
-
-def _object_names(obj: m.ObjectDef) -> list[str]:
-    names = [obj.label] if obj.label else []
-    if isinstance(obj, m.Device):
-        names.append(obj.name)
-    elif isinstance(obj, m.Executable):
-        names += [fn.name for fn in obj.functions] + [demangle(fn.name) for fn in obj.functions]
-    elif isinstance(obj, m.Global):
-        names += [obj.symbol, demangle(obj.symbol)]
-    elif isinstance(obj, m.FileReference):
-        names.append(obj.path)
-    return names
-
-
-def _object_text(obj: m.ObjectDef) -> str:
-    label = "unknown_object" if isinstance(obj, m.UnknownObject) else obj.kind.label
-    head = f"obj {obj.id:>6} {label:<18}"
-    tag = f" {obj.label!r}" if obj.label else ""
-    if isinstance(obj, m.Device):
-        return f"{head}{tag} {obj.name} sm_{obj.compute_capability[0]}{obj.compute_capability[1]} ordinal={obj.ordinal}"
-    if isinstance(obj, m.Buffer):
-        shape = f" {label_of(obj.dtype)}{list(obj.shape)}" if obj.dtype else ""
-        if obj.ranges:
-            shape += " ranges=" + ",".join(f"[{r.offset},{r.offset + r.size}):{label_of(r.dtype)}" for r in obj.ranges)
-        storage = f" global={obj.module_global}" if obj.module_global else ""
-        return f"{head}{tag} size={obj.size} device={obj.device} address={obj.address:#x}{shape}{storage}"
-    if isinstance(obj, m.Executable):
-        names = ", ".join(demangle(fn.name) for fn in obj.functions)
-        return f"{head}{tag} {label_of(obj.format)} {obj.target_arch} payload#{obj.payload} functions: {names}"
-    if isinstance(obj, m.FileReference):
-        policy, validation = label_of(obj.policy), label_of(obj.validation)
-        return f"{head}{tag} {obj.path} size={obj.size} policy={policy} validation={validation}"
-    if isinstance(obj, m.Global):
-        return f"{head}{tag} {demangle(obj.symbol)} exe={obj.executable} size={obj.size}"
-    if isinstance(obj, m.Stream | m.Event):
-        return f"{head}{tag} device={obj.device} flags={obj.flags}"
-    if isinstance(obj, m.Graph):
-        return f"{head}{tag} {graph_summary(obj)}"
-    return f"{head}{tag}"
 
 
 def _ids_of(op: m.Operation) -> set[int]:

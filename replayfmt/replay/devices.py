@@ -18,6 +18,8 @@ from typing import Any
 from replayfmt.cuda.driver import check, compute_capability, driver, libcuda
 from replayfmt.errors import DeviceError, DeviceUnavailableError, ReplayError
 from replayfmt.format import model as m
+from replayfmt.format.targets import refusal
+from replayfmt.replay.executables import image_targets
 from replayfmt.replay.plan import Plan
 
 _K = m.OperationKind
@@ -158,21 +160,18 @@ class Devices:
         self.use(0)
 
     def check_fit(self, plan: Plan) -> None:
-        """Every captured cubin must run on its device, and every device must hold its buffers."""
+        """Every executable must have a cubin or PTX its device can run (the refusal names those that
+        do not), and every device must hold its buffers."""
         cu = self.cu
         need: dict[int, int] = {}
         for buf in plan.buffers.values():
             k = self.index(buf.device)
             need[k] = need.get(k, 0) + buf.size
+        targets = image_targets(plan.images)  # what each image holds code for: cubins, PTX
         for k, gpu in enumerate(self.gpus):
-            for eid, image in plan.images.items():
-                built = image.cubin.arch if image.cubin is not None else None
-                if built is not None and (built // 10 != gpu.arch // 10 or built > gpu.arch):
-                    raise DeviceError(
-                        f"executable {eid} is a cubin for sm_{built}; cuda:{gpu.ordinal} ({gpu.name}) is "
-                        f"sm_{gpu.arch}: it cannot run it (substitute a build for sm_{gpu.arch} with "
-                        "--executable-substitution)"
-                    )
+            why = refusal(targets, gpu.compute_capability, f"cuda:{gpu.ordinal} ({gpu.name})")
+            if why is not None:
+                raise DeviceError(why)
             self.use(k)
             free, _total = check(cu.cuMemGetInfo(), "cuMemGetInfo")
             if need.get(k, 0) > free:

@@ -13,6 +13,7 @@ from replayfmt.errors import AbiMismatchError, FileMismatchError, ReplayError, R
 from replayfmt.format import model as m
 from replayfmt.format.cubin import CubinError, CubinInfo, detect_format, parse_cubin
 from replayfmt.format.model import EXECUTABLE_FORMATS
+from replayfmt.format.targets import CodeTargets, code_targets, ptx_image
 from replayfmt.reader import Capture
 from replayfmt.replay.plan_options import PlanOptions
 
@@ -104,7 +105,50 @@ def plan_executables(
         except (CubinError, AbiMismatchError, FileMismatchError) as exc:
             fail(exc)
             images[eid] = ExecutableImage(exe, b"", exe.format, "unusable")
+    if plan.options.jit_from_ptx:
+        _from_ptx(images)
     return images
+
+
+def image_targets(images: dict[int, ExecutableImage]) -> dict[int, CodeTargets]:
+    """What each executable's image holds code for (read once per image), for the device check."""
+    by_data: dict[int, CodeTargets] = {}
+    out = {}
+    for eid, image in images.items():
+        if image.source == "unusable":
+            continue
+        if id(image.data) not in by_data:
+            by_data[id(image.data)] = code_targets(image.data, image.format)
+        out[eid] = by_data[id(image.data)]
+    return out
+
+
+def _from_ptx(images: dict[int, ExecutableImage]) -> None:
+    """--jit-from-ptx: every image replaced by its PTX alone (a fatbin's PTX entries, or PTX text),
+    so the driver JIT-compiles it as it would on a GPU no cubin is for; refused, naming them, when
+    executables hold no PTX."""
+    without = []
+    by_data: dict[int, bytes | None] = {}  # executables of one module share its image
+    for eid, image in images.items():
+        if image.source == "unusable":
+            continue
+        if id(image.data) not in by_data:
+            try:
+                by_data[id(image.data)] = ptx_image(image.data)
+            except CubinError:
+                by_data[id(image.data)] = None
+        ptx = by_data[id(image.data)]
+        if ptx is None:
+            without.append(eid)
+            continue
+        fmt = m.ExecutableFormat.PTX if ptx is image.data else m.ExecutableFormat.FATBIN  # (text, or a fatbin)
+        images[eid] = ExecutableImage(image.executable, ptx, fmt, image.source)
+    if without:
+        shown = ", ".join(map(str, without[:12])) + (f" and {len(without) - 12} more" if len(without) > 12 else "")
+        raise ReplayUsageError(
+            f"--jit-from-ptx: {len(without)} executable(s) hold no PTX (only cubins): {shown}; "
+            "dump-replay lists each executable's targets"
+        )
 
 
 def _check_substitute_arch(plan: ExecutableSources, eid: int, exe: m.Executable, image: ExecutableImage) -> None:

@@ -202,6 +202,7 @@ class PlanOptions:
     launch_overrides: tuple[LaunchOverride, ...] = ()
     fixed_addresses: bool = False
     continue_on_error: bool = False
+    jit_from_ptx: bool = False  # load every executable from its PTX (the driver JIT-compiles it), never a cubin
 
     def to_dict(self) -> dict[str, Any]:
         """One JSON-able object (what a worker process is told)."""
@@ -216,6 +217,7 @@ class PlanOptions:
             ],
             "fixed_addresses": self.fixed_addresses,
             "continue_on_error": self.continue_on_error,
+            "jit_from_ptx": self.jit_from_ptx,
         }
 
     @classmethod
@@ -244,4 +246,5 @@ class PlanOptions:
             tuple(overrides),
             bool(data.get("fixed_addresses", False)),
             bool(data.get("continue_on_error", False)),
+            bool(data.get("jit_from_ptx", False)),
         )
