@@ -28,7 +28,7 @@ from pathlib import Path
 from replayfmt.edit.closure import Closure, compute_closure
 from replayfmt.edit.lazy_shadow import LazyShadow
 from replayfmt.edit.reduce_runs import RunMap
-from replayfmt.edit.shadow import ByteState, globals_by_image, graph_buffers, graph_executables, image_of
+from replayfmt.edit.shadow import ByteState, buffers_named_by_graph, globals_by_image, graph_executables, image_of
 from replayfmt.edit.transplant import Transplant
 from replayfmt.errors import ReplayUsageError, UnsupportedOperationError
 from replayfmt.format import model as m
@@ -156,7 +156,7 @@ class Reducible:
             if not isinstance(graph, m.Graph):
                 return [], []
             lookup = self.capture.object
-            names = graph_buffers(graph, lookup) | self._image_globals(graph_executables(graph, lookup))
+            names = buffers_named_by_graph(graph, lookup) | self._image_globals(graph_executables(graph, lookup))
             whole = self._whole(names)
             return whole, whole
         if op.kind == _K.MEMSET:
