@@ -18,11 +18,13 @@ for program in "${programs[@]}"; do
   echo "=== $name: alone"
   timeout 120 "${launcher[@]}" "$program" 2>&1 | tail -3
   echo "=== $name: capture"
-  if [ "${launcher[0]}" = torchrun ]; then
-    timeout 180 "${launcher[@]}" -m replayfmt.capture -o "$work/$name.kreplay" --scope step "$program" 2>&1 | tail -15
+  if [ "${launcher[0]}" = torchrun ]; then  # every rank's lines, prefixed [rankN]:
+    timeout 180 "${launcher[@]}" --tee 3 -m replayfmt.capture -o "$work/$name.kreplay" --scope step "$program" \
+      >"$out/$name.capture.log" 2>&1
   else
-    timeout 180 python3 -m replayfmt.capture -o "$work/$name.kreplay" --scope step "$program" 2>&1 | tail -15
+    timeout 180 python3 -m replayfmt.capture -o "$work/$name.kreplay" --scope step "$program" >"$out/$name.capture.log" 2>&1
   fi
+  grep -E "error|Error|replayable|collectives|not recorded|rank[0-9]+\]:.*(loss|Traceback)" "$out/$name.capture.log" | tail -20
   for capture in "$work/$name"*.kreplay; do
     [ -f "$capture" ] || continue
     echo "=== $name: $(basename "$capture"): dump"
