@@ -68,18 +68,21 @@ def test_each_object_is_written_on_its_own_device(tmp_path, cubin):
         assert buffers[A].device == devices[0]
         assert buffers[B].device == devices[1]
         assert buffers[C].device == devices[1]  # allocated before recording: its memory's device, asked
-        streams = {o.captured_handle: o for o in objects if isinstance(o, m.Stream)}
-        assert sorted(streams) == [0, STREAM1] and {s.device for s in streams.values()} == {devices[1]}
+        streams = {(o.device, o.captured_handle): o for o in objects if isinstance(o, m.Stream)}
+        # once the program works on two devices each device's default stream is a stream of its own
+        assert sorted(streams) == sorted([(devices[1], 0), (devices[1], STREAM1), (devices[0], 0)])
         events = [o for o in objects if isinstance(o, m.Event)]
         assert [e.device for e in events] == [devices[1]]
         ops = list(cap.iter_operations())
         copy = next(op for op in ops if isinstance(op, m.Copy))
         assert (copy.src_buffer, copy.dst_buffer) == (buffers[A].id, buffers[B].id)
-        # cuda:1's default stream is a stream of cuda:1, cuda:0's the capture's stream 0, so the
-        # cross-device wait stays on the device that waited
+        # the record on cuda:1's default stream and the wait on cuda:0's stay on their devices
         recorded = next(op for op in ops if isinstance(op, m.EventRecord))
         wait = next(op for op in ops if isinstance(op, m.StreamWaitEvent))
-        assert (recorded.stream, wait.stream, wait.event) == (streams[0].id, 0, recorded.event)
+        assert (recorded.stream, wait.stream) == (streams[devices[1], 0].id, streams[devices[0], 0].id)
+        assert wait.event == recorded.event
+        launches = [op for op in ops if isinstance(op, m.Launch)]
+        assert launches[0].stream == 0  # before the program worked on a second device: stream 0
         sync = next(op for op in ops if isinstance(op, m.DeviceSynchronize))
         assert sync.device == devices[0]  # the context synchronised was cuda:0's
         plan = build_plan(cap, PlanOptions())

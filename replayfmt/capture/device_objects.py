@@ -39,10 +39,12 @@ class DeviceObjects:
         return self.current_ordinal
 
     def default_stream_key(self) -> int | None:
-        """None on the first device, whose default stream is the capture's stream 0; on another
-        device, the key its default stream is known by: it is written as a stream of that device
-        (replay runs it on a blocking stream there), so its work and its waits stay on it."""
-        if self.current_ordinal == self._first:
+        """None while the program works on one device: its default stream is the capture's stream
+        0. Once it works on several, the key each device's default stream is known by: it is
+        written as a stream of that device (replay runs it on a blocking stream there, ordered with
+        that device's stream 0), so its work and its waits stay on the device that issued them (a
+        cross-device copy on stream 0 would otherwise run on whichever device its buffers name)."""
+        if not self.several:
             return None
         return -1 - self.current_ordinal  # never a stream handle
 

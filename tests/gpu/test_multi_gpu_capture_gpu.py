@@ -12,9 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_capture_gpu import ROOT, capture, dump, needs, run, verified
+from test_capture_gpu import ROOT, SCRIPTS, capture, dump, needs, run, verified
 
 import replayfmt
+from replayfmt.format import model as m
 
 CORPUS = ROOT / "benchmarks" / "corpus_multi"
 
@@ -42,6 +43,15 @@ def test_a_model_split_over_two_devices_replays_on_two_gpus_and_verifies(tmp_pat
     capture(out, CORPUS / "torch_two_device_pipeline.py", "--scope", "step")
     assert "device 2" in dump(out)  # two Device objects
     verified(out)
+
+
+def test_a_program_on_the_second_device_alone_replays_on_one_gpu(tmp_path, two_gpus):
+    needs("torch")
+    out = tmp_path / "second.kreplay"
+    capture(out, SCRIPTS / "second_device_mlp.py", "--scope", "step")
+    with replayfmt.open(out) as cap:
+        assert [d.ordinal for d in cap.objects() if isinstance(d, m.Device)] == [1]
+    verified(out)  # on cuda:0: captured device 1 runs on the first --device
 
 
 @pytest.mark.parametrize("program", ["torch_ddp_step", "torch_fsdp2_step"])
