@@ -68,15 +68,27 @@ class ProgramContexts:
         return found
 
     def ordinal_of(self, address: int) -> int | None:
-        """The device whose memory holds ``address``; None for host memory or no allocation."""
+        """The device whose memory holds ``address``; None for host memory or no allocation. Asked
+        through the allocation's context (memory from cuMemAlloc and the pools), else through its
+        physical allocation's location (virtual memory management: such memory has no context).
+        Not through CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: the bindings answered 0 for cuda:1's memory."""
         cu = self.cu
-        err, ordinal = cu.cuPointerGetAttribute(cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, address)
-        if err != cu.CUresult.CUDA_SUCCESS:
-            return None
-        err, kind = cu.cuPointerGetAttribute(cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, address)
+        attribute = cu.CUpointer_attribute
+        err, kind = cu.cuPointerGetAttribute(attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, address)
         if err != cu.CUresult.CUDA_SUCCESS or kind != cu.CUmemorytype.CU_MEMORYTYPE_DEVICE:
             return None
-        return int(ordinal)
+        err, context = cu.cuPointerGetAttribute(attribute.CU_POINTER_ATTRIBUTE_CONTEXT, address)
+        if err == cu.CUresult.CUDA_SUCCESS and int(context):
+            device = self.device_of_context(int(context))
+            return device.ordinal if device is not None else None
+        err, handle = cu.cuMemRetainAllocationHandle(address)
+        if err != cu.CUresult.CUDA_SUCCESS:
+            return None
+        try:
+            err, properties = cu.cuMemGetAllocationPropertiesFromHandle(handle)
+            return int(properties.location.id) if err == cu.CUresult.CUDA_SUCCESS else None
+        finally:
+            cu.cuMemRelease(handle)
 
     def context_of_device(self, ordinal: int) -> Any:
         """A context to work on device ``ordinal`` in: the current one when it runs there, else
