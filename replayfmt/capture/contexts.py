@@ -68,27 +68,22 @@ class ProgramContexts:
         return found
 
     def ordinal_of(self, address: int) -> int | None:
-        """The device whose memory holds ``address``; None for host memory or no allocation. Asked
-        through the allocation's context (memory from cuMemAlloc and the pools), else through its
-        physical allocation's location (virtual memory management: such memory has no context).
-        Not through CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: the bindings answered 0 for cuda:1's memory."""
+        """The device of the context that allocated ``address`` (memory from cuMemAlloc and the
+        pools); None for host memory, no allocation, or memory mapped with virtual memory
+        management, which has no context (the caller then works in the current context, from
+        which the program reaches it: a peer's memory that NCCL mapped here may be reachable from
+        this device alone). Not through CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: the bindings answered
+        0 for cuda:1's memory."""
         cu = self.cu
         attribute = cu.CUpointer_attribute
         err, kind = cu.cuPointerGetAttribute(attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, address)
         if err != cu.CUresult.CUDA_SUCCESS or kind != cu.CUmemorytype.CU_MEMORYTYPE_DEVICE:
             return None
         err, context = cu.cuPointerGetAttribute(attribute.CU_POINTER_ATTRIBUTE_CONTEXT, address)
-        if err == cu.CUresult.CUDA_SUCCESS and int(context):
-            device = self.device_of_context(int(context))
-            return device.ordinal if device is not None else None
-        err, handle = cu.cuMemRetainAllocationHandle(address)
-        if err != cu.CUresult.CUDA_SUCCESS:
+        if err != cu.CUresult.CUDA_SUCCESS or not int(context):
             return None
-        try:
-            err, properties = cu.cuMemGetAllocationPropertiesFromHandle(handle)
-            return int(properties.location.id) if err == cu.CUresult.CUDA_SUCCESS else None
-        finally:
-            cu.cuMemRelease(handle)
+        device = self.device_of_context(int(context))
+        return device.ordinal if device is not None else None
 
     def context_of_device(self, ordinal: int) -> Any:
         """A context to work on device ``ordinal`` in: the current one when it runs there, else

@@ -76,7 +76,8 @@ class DriverMemory:
     def _device_holding(self, address: int) -> Iterator[_DeviceSide]:
         """The recorder's side of the device whose memory holds ``address``, its context current
         for the block (the caller's context afterwards); the current context's device where the
-        driver cannot say (host memory)."""
+        driver names no allocating context (host memory, virtual memory management: the program's
+        own calls in this context reach it)."""
         contexts = self.contexts
         ordinal = contexts.ordinal_of(address)
         if ordinal is None:
