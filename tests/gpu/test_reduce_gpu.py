@@ -105,7 +105,21 @@ def test_triton_capture_keeps_ptx_and_replays_from_it(tmp_path, gpu_arch):
     out = tmp_path / "softmax.kreplay"
     script = ROOT / "tests" / "gpu" / "capture_scripts" / "triton_softmax_repeated.py"
     captured = subprocess.run(
-        [sys.executable, "-m", "replayfmt.capture", "-o", str(out), str(script), "3"],
+        # kernel mode: the Triton kernel alone (PyTorch's own kernels, which make its input, ship
+        # cubins without PTX, and dump-replay lists them as such)
+        [
+            sys.executable,
+            "-m",
+            "replayfmt.capture",
+            "-o",
+            str(out),
+            "--mode",
+            "kernel",
+            "--kernels",
+            "softmax_kernel",
+            str(script),
+            "3",
+        ],  # fmt: skip
         capture_output=True,
         text=True,
         timeout=600,
@@ -124,6 +138,7 @@ def test_slower_reduces_to_one_slow_kernel(tmp_path, kernels):
     slow = tmp_path / "slow.cubin"
     slow.write_bytes(kernels["replay_kernels_slow"])  # axpy, the same answer, far slower
     out = tmp_path / "small.kreplay"
-    res = tool("reduce_replay", str(path), "-o", str(out), "--slower=3", f"--executable-substitution={exe}={slow}")
+    # the slow build measured 2.3x the original on an H200: a threshold well under that
+    res = tool("reduce_replay", str(path), "-o", str(out), "--slower=1.5", f"--executable-substitution={exe}={slow}")
     assert res.returncode == 0, res.stderr[-3000:]
     assert device_work(out) == ["axpy"], res.stdout
