@@ -119,7 +119,7 @@ def test_triton_capture_keeps_ptx_and_replays_from_it(tmp_path, gpu_arch):
             "softmax_kernel",
             str(script),
             "3",
-        ],  # fmt: skip
+        ],
         capture_output=True,
         text=True,
         timeout=600,
