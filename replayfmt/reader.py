@@ -43,7 +43,7 @@ from replayfmt.container.directory import Directory, PayloadStats, build_directo
 from replayfmt.container.graph_budget import GraphBudget
 from replayfmt.container.read_ahead import ReadAhead
 from replayfmt.container.recovery import scan
-from replayfmt.errors import ReplayFormatError, ReplayUsageError
+from replayfmt.errors import MissingRecordError, ReplayFormatError, ReplayUsageError
 from replayfmt.format import model as m, records
 from replayfmt.format.layout import (
     ALIGNMENT,
@@ -333,7 +333,7 @@ class Capture:
     def object(self, object_id: int) -> m.ObjectDef:
         """The object with this id (ids are dense from 1)."""
         if not 1 <= object_id <= self.object_count:
-            raise KeyError(f"object {object_id} does not exist (the capture has {self.object_count})")
+            raise MissingRecordError(f"object {object_id} does not exist (the capture has {self.object_count})")
         bi = bisect.bisect_right(self._directory.first_object, object_id) - 1
         while self._directory.object_counts[bi] == 0:  # batches without objects share a first_object
             bi -= 1
@@ -355,7 +355,7 @@ class Capture:
 
     def payload(self, payload_id: int) -> m.PayloadInfo:
         if not 1 <= payload_id <= self.payload_count:
-            raise KeyError(f"payload {payload_id} does not exist (the capture has {self.payload_count})")
+            raise MissingRecordError(f"payload {payload_id} does not exist (the capture has {self.payload_count})")
         bi = bisect.bisect_right(self._directory.first_payload, payload_id) - 1
         while self._directory.payload_counts[bi] == 0:
             bi -= 1

@@ -138,6 +138,7 @@ def plan_options(
     launches: tuple[str, ...] = (),
     fixed_addresses: bool,
     continue_on_error: bool = False,
+    verify_payloads: bool = False,
 ) -> PlanOptions:
     return PlanOptions(
         substitutions=tuple(Substitution.parse(s) for s in substitutions),
@@ -145,6 +146,7 @@ def plan_options(
         launch_overrides=tuple(LaunchOverride.parse(spec) for spec in launches),
         fixed_addresses=fixed_addresses,
         continue_on_error=continue_on_error,
+        verify_payloads=verify_payloads,
     )
 
 

@@ -100,9 +100,15 @@ Examples:
 @click.option(
     "--no-payload-checks",
     is_flag=True,
-    help="Do not check payload frames against their hashes (faster uploads; a corrupted file then goes unseen).",
+    help="Do not check payload frames against their hashes (faster uploads, and a --dry-run that reads no "
+    "payload; a corrupted file then goes unseen).",
 )
-@click.option("--dry-run", is_flag=True, help="Parse, resolve files, load substitutions, check ABIs, plan; no GPU.")
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Parse, resolve files, load substitutions, check ABIs, read every payload the replay uses and check its "
+    "hashes, plan; no GPU.",
+)
 @agents_md_option("run-replay")
 @reports_errors("run-replay")
 def main(
@@ -146,6 +152,7 @@ def main(
         launches=launches,
         fixed_addresses=fixed_addresses,
         continue_on_error=continue_on_error,
+        verify_payloads=dry_run and not no_payload_checks,  # a replay checks them as it stages them
     )
     replay = ReplayOptions(
         devices=parse_devices(devices),
@@ -171,6 +178,8 @@ def main(
         for problem in problems:
             click.echo(f"run-replay: error: {problem}", err=True)
         if dry_run:
+            if no_payload_checks:
+                say("payloads      contents not read (--no-payload-checks): a damaged payload goes unseen")
             say(f"dry run: plan {'has problems' if problems else 'OK'}; nothing was executed")
             if as_json:
                 click.echo(json.dumps({"capture": str(capture), "dry_run": True, "problems": problems}, indent=2))

@@ -24,7 +24,7 @@ from replayfmt.execute import open_replay
 from replayfmt.measure.fanout import FanOut, Outcome, Task
 from replayfmt.reader import Capture, open_capture
 from replayfmt.replay.options import ReplayOptions
-from replayfmt.replay.plan import Plan, build_plan
+from replayfmt.replay.plan import Plan, PlanOptions, build_plan
 
 SUFFIX = ".kreplay"
 
@@ -72,7 +72,8 @@ def replay_capture(path: str, settings: dict[str, Any]) -> Outcome:
     try:
         if settings.get("dry_run"):
             with open_capture(path) as cap:
-                plan = build_plan(cap)  # raises the first problem
+                # raises the first problem; every payload read and checked, as the replay would
+                plan = build_plan(cap, PlanOptions(verify_payloads=True))
                 row.operations = cap.operation_count
                 row.error = _problem(cap, plan)
             row.host_s = time.perf_counter() - started

@@ -35,7 +35,9 @@ from replayfmt.replay.plan_checks import (
     QUICK_CHECKS,
     FrameChecks,
     LiveObjects,
+    check_global_symbol,
     check_graph_lifetimes,
+    check_object_payloads,
     device_work_problem,
     event_uses_pass,
     payloads_of,
@@ -106,6 +108,8 @@ class Plan:
     # event id -> [first, last, first is a record]: the operations that record, wait on or
     # synchronise with it (events first recorded whose spans do not overlap share a CUDA event)
     event_spans: EventSpans = field(default_factory=EventSpans)
+    # (payloads, logical bytes) read and checked against their hashes (options.verify_payloads)
+    payloads_verified: tuple[int, int] | None = None
 
     @property
     def state_bytes(self) -> int:
@@ -150,6 +154,9 @@ class Plan:
                 f"state         {ranges} range(s), {self.state_bytes} bytes, in {len(self.state)} region(s): "
                 "applied before each region begins, outside any timing"
             )
+        if self.payloads_verified is not None:
+            count, size = self.payloads_verified
+            lines.append(f"payloads      {count} used, {size} bytes read and checked against their hashes")
         for op, o in sorted(self.overrides.items()):
             if o.skip:
                 lines.append(f"override      operation {op}: skipped (not run; its results are left as they start)")
@@ -228,7 +235,7 @@ def _build_plan(capture: Capture, options: PlanOptions) -> Plan:
     kinds: dict[m.OperationKind | int, int] = {}
     regions = RegionTracker()
     live = LiveObjects(objects)  # what each operation may use: nothing after its DestroyObject
-    frames = FrameChecks(capture)
+    frames = FrameChecks(capture, verify=options.verify_payloads)
     passed: set[tuple[object, ...]] = set()  # repeat_key of what was checked already (all but the index)
     # operations equal but for their index come folded (the reader's distinct_operations): checked once
     for op, n in _bulk_checked(unfolded(capture, bool(overrides)), plan, live, regions, kinds):
@@ -277,9 +284,15 @@ def _build_plan(capture: Capture, options: PlanOptions) -> Plan:
     launched: dict[int, set[int]] = {}
     for eid, index in plan.launches_of:
         launched.setdefault(eid, set()).add(index)
+    check_object_payloads(capture, objects.others, frames, checker.fail)
+    plan.payloads_verified = (len(frames.checked), frames.verified_bytes) if frames.verify else None
     plan.images = plan_executables(
         ExecutableSources(capture, options, plan.devices, plan.files), objects, executables, checker.fail, launched
     )
+    for gid, glob in plan.globals.items():
+        image = plan.images.get(glob.executable)
+        if image is not None:
+            check_global_symbol(gid, glob, image.cubin, image.source, checker.fail)
     for (eid, fn), threads in plan.max_block_threads.items():
         _check_function_limits(plan, eid, fn, threads, checker)
     for bid, buffer in plan.buffers.items():

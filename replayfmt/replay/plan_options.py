@@ -144,3 +144,6 @@ class PlanOptions:
     launch_overrides: tuple[LaunchOverride, ...] = ()
     fixed_addresses: bool = False
     continue_on_error: bool = False
+    # read every payload the plan uses and check its frames' hashes (the GPU-less verdicts: the
+    # dry run, dump-replay's replayable); a replay checks them as it stages the bytes instead
+    verify_payloads: bool = False
