@@ -21,7 +21,7 @@ from replayfmt.measure import kernel_times as kt
 from replayfmt.measure.benchmark import Benchmark, BenchmarkOptions, BenchmarkResult, find_region
 from replayfmt.replay.options import ReplayOptions
 from replayfmt_tools.common import EXIT_OK, agents_md_option, check_new_file, reports_errors
-from replayfmt_tools.options import parse_devices, plan_options, replay_options
+from replayfmt_tools.options import FiniteFloatRange, parse_devices, plan_options, replay_options
 
 EPILOG = """\b
 Setup (allocations, module loads, uploads, the operations before the scope, the captured
@@ -142,7 +142,7 @@ def _compare(result: BenchmarkResult, baseline_path: Path, baseline: dict[str, A
 @click.option("--repetitions", type=click.IntRange(min=1), help="Timed iterations (default: as many as --min-time).")
 @click.option(
     "--min-time",
-    type=click.FloatRange(min=0),
+    type=FiniteFloatRange(min=0),
     default=1.0,
     show_default=True,
     metavar="SECONDS",

@@ -9,9 +9,16 @@ import click
 from replayfmt.errors import ReplayUsageError
 from replayfmt.measure.corpus import VERDICTS, CorpusRow, compare, corpus_files, read_csv, run_corpus, write_csv
 from replayfmt.measure.fanout import open_fanout
-from replayfmt.measure.tune import check_writable
-from replayfmt_tools.common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, ToolExit, agents_md_option, reports_errors
-from replayfmt_tools.options import cluster_options, parse_devices
+from replayfmt_tools.common import (
+    EXIT_OK,
+    EXIT_PROBLEM,
+    EXIT_USAGE,
+    ToolExit,
+    agents_md_option,
+    check_new_file,
+    reports_errors,
+)
+from replayfmt_tools.options import FiniteFloatRange, cluster_options, parse_devices
 
 EPILOG = """\b
 Each capture is one task on a worker pinned to one GPU (--device, several times; or the workers
@@ -59,7 +66,7 @@ Examples:
 @cluster_options
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0.1),
+    type=FiniteFloatRange(min=0.1),
     default=600.0,
     show_default=True,
     metavar="SECONDS",
@@ -77,7 +84,7 @@ Examples:
 )
 @click.option(
     "--threshold",
-    type=click.FloatRange(min=1.0),
+    type=FiniteFloatRange(min=1.0),
     default=1.05,
     show_default=True,
     help="With --compare-to: a device time over this many times the baseline's is a regression.",
@@ -105,21 +112,17 @@ def main(
             baseline_paths = corpus_files(baseline, "--compare-to")
         elif not baseline.is_file():
             raise ReplayUsageError(f"--compare-to {baseline}: no such directory or CSV file")
+    before = read_csv(baseline) if baseline is not None and baseline_paths is None else None  # checked before work
     if csv_path is not None:
-        if csv_path.exists():
-            raise ReplayUsageError(f"--csv {csv_path}: already exists; choose another file")
-        check_writable(csv_path, "--csv")
+        check_new_file(csv_path, "--csv")
     settings = {"dry_run": dry_run, "repetitions": repetitions}
     gpus = list(parse_devices(device_list))
     with open_fanout(gpus, engine=engine or "auto", scheduler=scheduler, pin=not dry_run) as fanout:
         click.echo(f"corpus: {len(paths)} capture(s) in {directory}; workers: {fanout.describe()}")
         rows = sorted(run_corpus(fanout, paths, settings, timeout=timeout), key=lambda r: r.capture)
-        before = None
         if baseline_paths is not None:
             before = sorted(run_corpus(fanout, baseline_paths, settings, timeout=timeout), key=lambda r: r.capture)
         replaced = fanout.replaced
-    if before is None and baseline is not None:
-        before = read_csv(baseline)
     _print_rows(rows)
     if csv_path is not None:
         write_csv(csv_path, rows)

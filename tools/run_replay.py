@@ -13,7 +13,7 @@ from replayfmt.cuda.address_space import restart_without_aslr
 from replayfmt.errors import ReplayUsageError, VerificationError
 from replayfmt.execute import open_replay
 from replayfmt.reader import Capture
-from replayfmt.replay.options import ReplayOptions
+from replayfmt.replay.options import ReplayOptions, dry_run_devices
 from replayfmt.replay.verification import DEFAULT_REPLAYS, EvidencePolicy, Verification
 from replayfmt_tools.common import EXIT_OK, EXIT_PROBLEM, ToolExit, agents_md_option, reports_errors
 from replayfmt_tools.options import parse_devices, plan_options, replay_options, tolerance, tolerance_options
@@ -178,6 +178,12 @@ def main(
         for problem in problems:
             click.echo(f"run-replay: error: {problem}", err=True)
         if dry_run:
+            device_problems, note = dry_run_devices(replay.devices, len(plan.devices))
+            problems = problems + device_problems
+            for problem in device_problems:
+                click.echo(f"run-replay: error: {problem}", err=True)
+            if note and devices:  # the ordinals asked for (the default cuda:0 goes without saying)
+                say(f"devices       {note}")
             if no_payload_checks:
                 say("payloads      contents not read (--no-payload-checks): a damaged payload goes unseen")
             say(f"dry run: plan {'has problems' if problems else 'OK'}; nothing was executed")

@@ -34,6 +34,7 @@ from replayfmt.measure.tune import (
 from replayfmt.measure.tune_plot import check_plot_path, plot
 from replayfmt_tools.common import EXIT_OK, EXIT_PROBLEM, ToolExit, agents_md_option, reports_errors
 from replayfmt_tools.options import (
+    FiniteFloatRange,
     cluster_options,
     parse_devices,
     plan_options,
@@ -102,7 +103,7 @@ Examples:
 )
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0.1),
+    type=FiniteFloatRange(min=0.1),
     default=10.0,
     show_default=True,
     metavar="SECONDS",

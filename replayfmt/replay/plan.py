@@ -9,6 +9,7 @@ this step, so CI can exercise all of it without a GPU.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -48,6 +49,7 @@ from replayfmt.replay.plan_checks import (
 from replayfmt.replay.plan_options import (
     MAX_BLOCK,
     MAX_GRID,
+    MAX_SHARED_MEMORY,
     MAX_THREADS_PER_BLOCK,
     LaunchOverride,
     PlanOptions,
@@ -431,8 +433,16 @@ def _check_operation(
             )
         fn = exe.functions[op.function]
         shape = launch_shape(op, override)
-        if override is not None:
-            plan.overrides[op.index] = override
+        if override is not None:  # kept as the whole shape it gives (what describe prints)
+            plan.overrides[op.index] = dataclasses.replace(
+                override, grid=shape.grid, block=shape.block, shared_memory=shape.shared_memory
+            )
+        if shape.shared_memory + fn.static_shared_memory > MAX_SHARED_MEMORY:
+            raise UnsupportedOperationError(
+                f"operation {op.index} ({fn.name}): {shape.shared_memory} bytes of dynamic shared memory"
+                + (f" and {fn.static_shared_memory} static" if fn.static_shared_memory else "")
+                + f", over the {MAX_SHARED_MEMORY} any CUDA device gives a block"
+            )
         for d, (g, limit) in enumerate(zip(shape.grid, MAX_GRID)):
             if not 1 <= g <= limit:
                 raise UnsupportedOperationError(

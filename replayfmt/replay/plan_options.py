@@ -15,6 +15,7 @@ from replayfmt.format.model import EXECUTABLE_FORMATS
 MAX_GRID = (2**31 - 1, 65535, 65535)
 MAX_BLOCK = (1024, 1024, 64)
 MAX_THREADS_PER_BLOCK = 1024
+MAX_SHARED_MEMORY = 227 << 10  # shared memory of one block, static and dynamic: the most any GPU gives (sm_90+)
 
 
 @dataclass(frozen=True)
