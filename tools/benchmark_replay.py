@@ -93,9 +93,11 @@ def load_baseline(path: Path) -> dict[str, Any]:
     """--compare-to's earlier result, read before any work: a missing or malformed file is one line
     up front, not an error after the benchmark ran."""
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ReplayUsageError(f"--compare-to {path}: cannot read ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise ReplayUsageError(f"--compare-to {path}: not JSON (not UTF-8 text: byte {exc.start})") from None
     try:
         baseline = json.loads(text)
         float(baseline["device_ms"]["median"])
