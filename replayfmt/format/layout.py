@@ -118,6 +118,9 @@ class Limits:
     # max_graph_visits nodes in all (a child graph reached again is remembered, not walked again)
     max_graph_depth: int = 16
     max_graph_visits: int = 1 << 21
+    # pointers one launch re-points (in its parameters, at most 32 KiB of them, and in buffers
+    # it writes): a million relocations in one launch is a forged file's, checked at decode
+    max_launch_relocations: int = 1 << 18
 
     def vector_caps(self) -> dict[tuple[str, str], tuple[int, str]]:
         """(table, vector field) -> (most elements, the Limits field that sets it): what

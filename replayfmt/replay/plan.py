@@ -107,6 +107,7 @@ class Plan:
     # checkpoint operation index -> where its region begins (the key of its region's state)
     checkpoint_regions: dict[int, int] = field(default_factory=dict)
     graph_sizes: dict[int, GraphSize] = field(default_factory=dict)  # each checked graph, expanded
+    graph_uses: dict[int, set[int]] = field(default_factory=dict)  # each launched graph's objects (its children's too)
     # event id -> [first, last, first is a record]: the operations that record, wait on or
     # synchronise with it (events first recorded whose spans do not overlap share a CUDA event)
     event_spans: EventSpans = field(default_factory=EventSpans)
@@ -422,6 +423,8 @@ def _check_operation(
         )
     if isinstance(op, m.UnknownOperation):
         raise UnsupportedOperationError(f"operation {op.index} has kind {op.code}, unknown to this replayfmt: upgrade")
+    if isinstance(op, m.CreateObject):  # the quick check found no such object
+        raise ReplayFormatError(f"operation {op.index} (create): object {op.object} does not exist")
     stream = getattr(op, "stream", 0)
     if stream and not isinstance(op, m.Unsupported):
         _need(objects, stream, m.Stream, op, "stream")
@@ -516,6 +519,10 @@ def _check_operation(
             _check_range(op, src, op.src_offset, op.size, "source")
             _check_range(op, dst, op.dst_offset, op.size, "destination")
     elif isinstance(op, m.Memset):
+        if op.element_size not in (1, 2, 4):  # cuMemsetD8, D16 and D32: there is no other
+            raise ReplayFormatError(
+                f"operation {op.index} (memset): element size {op.element_size}; a memset sets 1, 2 or 4 bytes"
+            )
         buf = _need(objects, op.buffer, m.Buffer, op, "buffer")
         _check_range(op, buf, op.offset, op.count * op.element_size, "memset")
     elif isinstance(op, m.Checkpoint):
@@ -543,7 +550,10 @@ def _check_operation(
             sizes=plan.graph_sizes,
         )
         if isinstance(objects, LiveObjects):
-            check_graph_lifetimes(objects, op, graph_references(plan.graphs, graph.id, plan.capture.limits))
+            used = plan.graph_uses.get(graph.id)
+            if used is None:  # walked once per graph: a graph relaunched 20k times is not walked 20k times
+                used = plan.graph_uses[graph.id] = graph_references(plan.graphs, graph.id, plan.capture.limits)
+            check_graph_lifetimes(objects, op, used)
 
 
 def _check_function_limits(plan: Plan, eid: int, index: int, threads: int, checker: _Checker) -> None:

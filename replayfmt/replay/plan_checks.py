@@ -31,6 +31,7 @@ class LiveObjects(Mapping[int, m.ObjectDef]):
         self._events = objects.events
         self._gone_events: set[int] = set()
         self.destroyed: dict[int, int] = {}
+        self.highest = len(self._others) + len(self._events)  # object ids are dense from 1
 
     def __getitem__(self, oid: int) -> m.ObjectDef:
         obj = self.get(oid)
@@ -267,7 +268,7 @@ def event_uses_pass(live: LiveObjects, uses: EventUses) -> bool:
 # launch), taken on their own before the general path: True when the operation passes; False sends
 # it down the general path (plan._check_operation), which names what is wrong.
 QUICK_CHECKS: dict[type, Callable[[LiveObjects, Any], bool]] = {
-    m.CreateObject: lambda live, op: True,  # its object was checked when decoded
+    m.CreateObject: lambda live, op: 0 < op.object <= live.highest,  # object 0, or one no batch defines: named
     m.DeviceSynchronize: lambda live, op: True,
     m.EventRecord: _event_and_stream,
     m.StreamWaitEvent: _event_and_stream,
