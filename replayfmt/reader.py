@@ -22,7 +22,7 @@ import functools
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -82,6 +82,11 @@ class Capture:
         self._lock = threading.Lock()
         self._cache: OrderedDict[int, DecodedBatch] = OrderedDict()
         self._cached_records = 0  # operations and objects of the batches in _cache
+        self.cache_records = _CACHED_RECORDS  # at most this many kept decoded (one batch at least)
+        # called with (index, batch) the first time each record batch is decoded: a reader that
+        # wants every batch once (dump-replay) takes it here, as whoever asked first decodes it
+        self.first_decode: Callable[[int, DecodedBatch], None] | None = None
+        self._decoded_once: set[int] = set()
         self._pool: cf.ThreadPoolExecutor | None = None
         self._last_materialized: tuple[int, list[m.Operation]] | None = None
         self._file = BoundedFile(self.path)
@@ -218,9 +223,13 @@ class Capture:
             if i not in self._cache:
                 self._cache[i] = batch
                 self._cached_records += len(batch.kinds) + len(batch.objects)
-            while len(self._cache) > 1 and self._cached_records > _CACHED_RECORDS:
+            while len(self._cache) > 1 and self._cached_records > self.cache_records:
                 _, dropped = self._cache.popitem(last=False)
                 self._cached_records -= len(dropped.kinds) + len(dropped.objects)
+            first = self.first_decode is not None and i not in self._decoded_once
+            self._decoded_once.add(i)
+        if first:
+            self.first_decode(i, batch)  # type: ignore[misc]
         return batch
 
     def _decode_batch(self, i: int) -> DecodedBatch:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import sys
@@ -13,6 +14,7 @@ import click
 import replayfmt
 from replayfmt.dump import Dumper, DumpFilter, PayloadMode, render_summary_text, summarize
 from replayfmt.dump.export import prepare_directory
+from replayfmt.dump.one_pass import OnePass
 from replayfmt.errors import ReplayFormatError, ReplayUsageError
 from replayfmt.replay.replayable import judge
 from replayfmt_tools.common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, ToolExit, agents_md_option, reports_errors
@@ -173,31 +175,37 @@ def main(
         if payload_dir is not None and prepare_directory(payload_dir):
             click.echo(f"dump-replay: created the directory {payload_dir} for payload files", err=True)
         dumper = Dumper(cap, filter=dump_filter, payloads=payload_mode, payload_dir=payload_dir)
-        verdict = judge(cap)  # the plan's verdict: the one run-replay --dry-run gives
-        summary = summarize(cap, problems=verdict.problems, warnings=verdict.warnings)
-        if fmt == "json" and jq_program:
-            _write_lines(_jq_lines(jq_program, iter([json.dumps(summary.as_row())])))
-        elif fmt == "json":
-            click.echo(json.dumps(summary.as_row(), indent=2))
-        else:
-            try:
-                if fmt == "text" and not jq_program:
-                    _write_lines(render_summary_text(summary))
-                    if not summary_only:
-                        sys.stdout.write("\n")
-                        _write_lines(dumper.text_lines())
-                else:
-                    encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+        text = fmt == "text" and not jq_program
+        # the rows taken as the verdict's plan decodes each batch: every batch decoded once
+        taken = OnePass(cap, dumper, Dumper.text_lines if text else Dumper.jsonl_rows)
+        with taken if fmt != "json" and not summary_only else contextlib.nullcontext(None) as rows:
+            verdict = judge(cap)  # the plan's verdict: the one run-replay --dry-run gives
+            summary = summarize(
+                cap, problems=verdict.problems, warnings=verdict.warnings, sketches=rows and rows.sketches
+            )
+            if fmt == "json" and jq_program:
+                _write_lines(_jq_lines(jq_program, iter([json.dumps(summary.as_row())])))
+            elif fmt == "json":
+                click.echo(json.dumps(summary.as_row(), indent=2))
+            else:
+                try:
+                    if text:
+                        _write_lines(render_summary_text(summary))
+                        if not summary_only:
+                            sys.stdout.write("\n")
+                            _write_lines(rows.lines())
+                    else:
+                        encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
-                    def rows() -> Iterator[str]:
-                        yield encode(dumper.file_row())
-                        yield encode(summary.as_row())
-                        yield from dumper.jsonl_rows()
+                        def jsonl() -> Iterator[str]:
+                            yield encode(dumper.file_row())
+                            yield encode(summary.as_row())
+                            yield from rows.lines()
 
-                    _write_lines(_jq_lines(jq_program, rows()) if jq_program else rows())
-            except ReplayFormatError as exc:
-                sys.stdout.flush()
-                raise ToolExit(EXIT_PROBLEM, f"error: {exc}") from None
+                        _write_lines(_jq_lines(jq_program, jsonl()) if jq_program else jsonl())
+                except ReplayFormatError as exc:
+                    sys.stdout.flush()
+                    raise ToolExit(EXIT_PROBLEM, f"error: {exc}") from None
         sys.stdout.flush()
         if summary.damaged:
             raise ToolExit(EXIT_PROBLEM, f"error: {summary.damaged}")
