@@ -234,6 +234,14 @@ class Capture:
 
     def _decode_batch(self, i: int) -> DecodedBatch:
         entry = self._directory.entry(i)
+        records = entry.operation_count + entry.object_count
+        if records > self.limits.max_batch_records:  # before its body is read or decompressed
+            raise self._chunks.error(
+                f"holds {records} operations and objects, over Limits.max_batch_records "
+                f"({self.limits.max_batch_records})",
+                entry.offset,
+                f"record batch {i}",
+            )
         body = self._read_ahead.take(entry.offset)
         if body is None:
             body = self._chunks.read(entry.offset, ChunkKind.RECORDS, self.limits.max_record_batch_size)

@@ -22,7 +22,7 @@ import replayfmt
 from replayfmt.container.batches import RELOCATION_STRUCT, OpenBatch
 from replayfmt.format import model as m, records
 from replayfmt.format.layout import ChunkKind, Codec
-from replayfmt.format.payloads import frame_hash
+from replayfmt.format.payloads import frame_hash, payload_hash
 
 _K = m.OperationKind
 _N = m.GraphNodeKind
@@ -278,7 +278,7 @@ MANY: tuple[Callable[[Path], Path], ...] = (
     _capture("typed-checkpoint-20k", _typed_checkpoint(20_000)),
     _capture("copy-chain-20k", _copy_chain(20_000)),
     _capture("memsets-100k", _memsets(100_000, alike=False)),
-    _capture("memsets-300k-alike", _memsets(300_000, alike=True)),
+    _capture("memsets-200k-alike", _memsets(200_000, alike=True)),
     _capture("fixed-spans-15k", _fixed_spans(15_000)),
     _capture("globals-60k", _globals(60_000)),
     _capture("graph-relaunched-20k", _graph_relaunched(30_000, 20_000)),
@@ -333,7 +333,43 @@ def relocations_7m(root: Path) -> Path:
     return _zstd_batch(batch, root / "relocations-7m.kreplay", ops=3, objects=2)
 
 
-AMPLIFY: tuple[Callable[[Path], Path], ...] = (relocations_7m,)
+def payload_frames_2m(root: Path) -> Path:
+    """A payload of 2 million 64 KiB frames (128 GiB logical), most of them one zero frame: 32 MB
+    of frame hashes in a 0.5 MB compressed record batch, within the reader's expansion cap."""
+    batch = OpenBatch(0, 1, 1)
+    count, frame_size = 2_000_000, 64 << 10
+    zero = bytes(frame_size)
+    table = np.frombuffer(frame_hash(zero) * count, np.uint8).reshape(count, 16).copy()
+    # every 64th frame another (random) one: the chunk stays within the reader's expansion cap
+    table[::64] = np.random.default_rng(3).integers(0, 256, (len(table[::64]), 16), dtype=np.uint8)
+    hashes = [table.tobytes()]  # one bytes object: the encoder joins them
+    batch.payloads.append((payload_hash(count * frame_size, hashes), count * frame_size, frame_size, hashes))
+    batch.objects.append(m.Buffer(id=1, size=count * frame_size))
+    _create(batch, 0, 1)
+    batch.kinds.append(_K.COPY_HOST_TO_DEVICE)
+    batch.copies.append((0, 0, 1, 1, 0, 0, 0, 0, count * frame_size))
+    fb = FileBuilder()
+    fb.frame(frame_hash(zero), zstandard.ZstdCompressor().compress(zero), codec=Codec.ZSTD, logical=frame_size)
+    body = batch.encode()
+    packed = zstandard.ZstdCompressor(level=3).compress(body)
+    offset = fb.chunk(ChunkKind.RECORDS, packed, codec=Codec.ZSTD, logical=len(body))
+    fb.batches.append((offset, 0, 2, 1, 1, 1, 1))
+    return fb.finish(root / "payload-frames-2m.kreplay")
+
+
+def events_claimed_1m(root: Path) -> Path:
+    """A record batch whose index entry claims a million event objects (their creates too)."""
+    batch = OpenBatch(0, 1, 1)
+    batch.objects.append(m.Event(id=1))
+    _create(batch, 0, 1)
+    fb = FileBuilder()
+    body = batch.encode()
+    offset = fb.chunk(ChunkKind.RECORDS, zstandard.ZstdCompressor().compress(body), codec=Codec.ZSTD, logical=len(body))
+    fb.batches.append((offset, 0, 1_000_000, 1, 1_000_000, 1, 0))
+    return fb.finish(root / "events-claimed-1m.kreplay")
+
+
+AMPLIFY: tuple[Callable[[Path], Path], ...] = (relocations_7m, payload_frames_2m, events_claimed_1m)
 
 BUILDERS: tuple[Callable[[Path], Path], ...] = (*STRUCTURE, create_names_object_0, *MANY, *AMPLIFY)
 # what a replay takes as it is (every other file is refused by the verdict)
@@ -344,7 +380,7 @@ REPLAYABLE = {
     "typed_checkpoint_20k",
     "copy_chain_20k",
     "memsets_100k",
-    "memsets_300k_alike",
+    "memsets_200k_alike",
     "memset_3gib",  # a 3 GiB buffer set: a replay does it (extract must not allocate it)
     "state_dedup_1tib",  # the dry run cannot know a device's memory: a replay fails to allocate it
     "globals_60k",

@@ -107,7 +107,10 @@ class Pages:
         if size <= 0:
             return 0
         first, last = offset // self.PAGE, (offset + size - 1) // self.PAGE
-        have = sum(1 for page in self._pages if first <= page <= last)
+        if last - first < len(self._pages):  # few pages in the range: look each up
+            have = sum(1 for page in range(first, last + 1) if page in self._pages)
+        else:
+            have = sum(1 for page in self._pages if first <= page <= last)
         return (last - first + 1 - have) * self.PAGE
 
     def write(self, offset: int, data: np.ndarray) -> None:
@@ -300,6 +303,11 @@ class Shadow:
                 self.dirty(op.buffer, op.index, f"a memset of {op.element_size}-byte elements", op.offset, size)
             return
         self._budget.charge(b.data, op.offset, size, f"operation {op.index} (memset of {size} bytes)")
+        if size <= 4096:  # the common small one: its bytes at once
+            element = (op.value & ((1 << (8 * op.element_size)) - 1)).to_bytes(op.element_size, "little")
+            b.data.write(op.offset, np.frombuffer(element * op.count, np.uint8))
+            b.status.set(op.offset, op.offset + size, ByteState.KNOWN)
+            return
         step = Pages.PAGE // op.element_size
         value = op.value & ((1 << (8 * op.element_size)) - 1)
         pattern = np.full(min(op.count, step), value, dtype=np.dtype(dtype).newbyteorder("<")).view(np.uint8)
