@@ -29,7 +29,9 @@ Examples:
   dump-replay --format=json cap.kreplay | jq .replayable
 
 The summary's "replayable" is the verdict run-replay --dry-run gives (the same plan, default
-options): why not, in the same words; warnings (a dropped TIMINGS chunk) do not change it.
+options; every payload the replay reads is read and checked against its hashes, unless
+--no-payload-checks): why not, in the same words; warnings (a dropped TIMINGS chunk) do not
+change it.
 
 Exit status: 0 ok; 1 the file is damaged or truncated (everything readable is printed first);
 2 usage or unreadable file.
@@ -149,6 +151,12 @@ def _check_usage(
     help="Inline payload bytes in JSONL rows (up to 64 MiB each), or write each payload once to "
     "DIR/<hash>.bin (existing files are verified, never replaced).",
 )
+@click.option(
+    "--no-payload-checks",
+    is_flag=True,
+    help="Do not read the payloads for the replayable verdict (faster on large captures; a damaged payload then "
+    "goes unseen, and the summary says so).",
+)
 @agents_md_option("dump-replay")
 @reports_errors("dump-replay", output_is_the_work=True)
 def main(
@@ -161,6 +169,7 @@ def main(
     grep: str | None,
     jq_program: str | None,
     payloads: str,
+    no_payload_checks: bool,
 ) -> int:
     """Show what a .kreplay capture holds: kernels, launch shapes, files, payloads, and whether it
     can be replayed. Streams in constant memory; jq-friendly."""
@@ -179,7 +188,11 @@ def main(
         # the rows taken as the verdict's plan decodes each batch: every batch decoded once
         taken = OnePass(cap, dumper, Dumper.text_lines if text else Dumper.jsonl_rows)
         with taken if fmt != "json" and not summary_only else contextlib.nullcontext(None) as rows:
-            verdict = judge(cap)  # the plan's verdict: the one run-replay --dry-run gives
+            verdict = judge(cap, verify_payloads=not no_payload_checks)  # the one run-replay --dry-run gives
+            if no_payload_checks:
+                verdict.warnings.append(
+                    "payload contents not read (--no-payload-checks): a damaged payload goes unseen"
+                )
             summary = summarize(
                 cap, problems=verdict.problems, warnings=verdict.warnings, sketches=rows and rows.sketches
             )
