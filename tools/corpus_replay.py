@@ -26,11 +26,13 @@ of the Dask cluster at --scheduler): opened, planned, set up, replayed once veri
 checkpoint, then timed (--repetitions runs, the median device time). On Dask distributed when it
 is installed (pip install 'replayfmt[cluster]'), else on local processes. A capture that breaks
 its CUDA context, crashes or hangs its worker (--timeout) loses that worker, which is replaced;
-the row says so and the run goes on. --dry-run plans every capture without a GPU.
+the row says so and the run goes on. --dry-run plans every capture without a GPU (every payload
+the replay reads is read and checked against its hashes: a damaged capture fails, named).
 
 \b
 --compare-to takes a directory of the same captures (run too, as the baseline) or the --csv of
-an earlier run; a regression is a verdict worse than the baseline's, a capture missing, or a
+an earlier run (read, like --csv's directory, before any capture runs: a file that is not such a
+CSV is refused); a regression is a verdict worse than the baseline's, a capture missing, or a
 device time over --threshold times the baseline's.
 
 \b
