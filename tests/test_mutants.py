@@ -137,3 +137,16 @@ def test_mutants_raise_only_replay_errors(example, tmp_path):
             through_the_library(path, example, tmp_path / "extracted.kreplay")
         except Exception as exc:  # the mutant named, to replay it
             raise AssertionError(f"mutant {k} of {example.name}: {type(exc).__name__}: {exc}") from exc
+
+
+def test_a_lookup_of_nothing_is_a_replay_error_with_one_line():
+    with replayfmt.open(EXAMPLES[0]) as cap:
+        for lookup, what, have in (
+            (cap.payload, "payload", cap.payload_count),
+            (cap.object, "object", cap.object_count),
+        ):
+            for missing in (0, 999):
+                with pytest.raises(replayfmt.ReplayFormatError) as info:
+                    lookup(missing)
+                assert isinstance(info.value, KeyError)  # callers that look ids up as keys still catch it
+                assert str(info.value) == f"{what} {missing} does not exist (the capture has {have})"
