@@ -22,7 +22,7 @@ import functools
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ from replayfmt.container.batches import (
 from replayfmt.container.bounded import BoundedFile, ChunkGaps
 from replayfmt.container.chunks import ChunkReader
 from replayfmt.container.directory import Directory, PayloadStats, build_directory, frame_entries, payload_stats
+from replayfmt.container.first_decodes import FirstDecodes
 from replayfmt.container.graph_budget import GraphBudget
 from replayfmt.container.read_ahead import ReadAhead
 from replayfmt.container.recovery import scan
@@ -83,10 +84,7 @@ class Capture:
         self._cache: OrderedDict[int, DecodedBatch] = OrderedDict()
         self._cached_records = 0  # operations and objects of the batches in _cache
         self.cache_records = _CACHED_RECORDS  # at most this many kept decoded (one batch at least)
-        # called with (index, batch) the first time each record batch is decoded: a reader that
-        # wants every batch once (dump-replay) takes it here, as whoever asked first decodes it
-        self.first_decode: Callable[[int, DecodedBatch], None] | None = None
-        self._decoded_once: set[int] = set()
+        self.first_decodes = FirstDecodes()  # each batch, the first time it is decoded (dump-replay)
         self._pool: cf.ThreadPoolExecutor | None = None
         self._last_materialized: tuple[int, list[m.Operation]] | None = None
         self._file = BoundedFile(self.path)
@@ -226,10 +224,7 @@ class Capture:
             while len(self._cache) > 1 and self._cached_records > self.cache_records:
                 _, dropped = self._cache.popitem(last=False)
                 self._cached_records -= len(dropped.kinds) + len(dropped.objects)
-            first = self.first_decode is not None and i not in self._decoded_once
-            self._decoded_once.add(i)
-        if first:
-            self.first_decode(i, batch)  # type: ignore[misc]
+        self.first_decodes.note(i, batch)
         return batch
 
     def _decode_batch(self, i: int) -> DecodedBatch:
@@ -296,9 +291,11 @@ class Capture:
         many it stands for)``. What a checker looks at once (the replay plan): a million launches of
         a few shapes are a few records."""
         for bi in range(self.batch_count):
-            batch = self._batch(bi)
-            with collector_paused():
-                groups = distinct_operations(batch)
+            groups = self.first_decodes.take(bi)  # worked out when the batch was first decoded
+            if groups is None:
+                batch = self._batch(bi)
+                with collector_paused():
+                    groups = distinct_operations(batch)
             yield from groups
 
     def __iter__(self) -> Iterator[m.Operation]:

@@ -1,7 +1,6 @@
-"""dump-replay takes each record batch as the verdict's plan decodes it (dump/one_pass): its rows
-are the rows a plain walk makes, in order, and the dump decodes no batch beyond what the plan
-does (its pass over the objects, then the operations), however many batches the reader can
-keep."""
+"""dump-replay takes each record batch as the verdict's plan first decodes it (dump/one_pass): its
+rows are the rows a plain walk makes, in order, and each batch is decoded once, though the reader
+keeps one batch decoded and the plan reads each twice (its objects, then its operations)."""
 
 from __future__ import annotations
 
@@ -66,7 +65,12 @@ def test_rows_are_a_plain_walks_and_no_batch_is_decoded_for_the_dump_alone(many_
     monkeypatch.setattr("replayfmt.dump.one_pass.KEPT_RECORDS", 1)
     got = CliRunner().invoke(main, [*args, str(many_batches)])
     assert got.exit_code == 0 and got.output == plain.output
-    assert decoded == verdict_alone  # the summary and the rows took each batch as the verdict decoded it
+    payloads = {0}  # the batch defining the payloads, whose entries the plan looks up again
+    # alone, with one batch kept, the plan reads each batch twice; with the dump, once
+    assert {n for i, n in verdict_alone.items() if i not in payloads} == {2}
+    assert set(decoded) == set(verdict_alone)
+    assert {n for i, n in decoded.items() if i not in payloads} == {1}
+    assert decoded[0] < verdict_alone[0]
 
 
 def test_a_batch_nothing_decoded_is_rendered_in_its_place(many_batches):

@@ -4,10 +4,12 @@ The summary comes first and carries the plan's verdict, which reads every batch;
 after it and read every batch again. Rather than decode each batch for the verdict, the summary
 and the rows (a million-operation capture decoded three or four times, the batch cache holding a
 million records meanwhile), :class:`OnePass` takes each batch the first time the reader decodes
-it (``Capture.first_decode``), whoever asked for it: it notes the summary's part of it
+it (``Capture.first_decodes``), whoever asked for it: it notes the summary's part of it
 (``summary.sketch_batch``) and writes its rows to a spool file on disk, batch by batch; the rows
 then come out of the spool in capture order. The reader keeps few batches decoded meanwhile
-(``KEPT_RECORDS``): memory does not grow with the capture, the spool does.
+(``KEPT_RECORDS``), and the folded operations the plan's second pass asks for are kept from the
+first decode (``container.first_decodes``, at most ``KEPT_GROUPS``): each batch is decoded once,
+memory does not grow with the capture, the spool does.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from replayfmt.errors import ReplayFormatError
 from replayfmt.reader import Capture
 
 KEPT_RECORDS = 1 << 17  # operations and objects the reader keeps decoded while the dump runs
+KEPT_GROUPS = 1 << 16  # folded operations kept from a batch's first decode for the plan's second pass
 
 
 class OnePass:
@@ -45,12 +48,13 @@ class OnePass:
 
     def __enter__(self) -> OnePass:
         self._spool = tempfile.TemporaryFile(prefix="dump-replay-")
-        self.cap.first_decode = self._take
+        self.cap.first_decodes.listener = self._take
+        self.cap.first_decodes.keep = KEPT_GROUPS
         self.cap.cache_records = KEPT_RECORDS
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.cap.first_decode = None
+        self.cap.first_decodes.stop()
         self.cap.cache_records = self._kept
         if self._spool is not None:
             self._spool.close()
@@ -89,7 +93,7 @@ class OnePass:
         """Every row in capture order: from the spool, or rendered now for a batch that was not
         taken (decoded before, or never: the verdict stopped early); a damaged batch raises its
         error where its rows would begin."""
-        self.cap.first_decode = None
+        self.cap.first_decodes.stop()
         for bi in range(self.cap.batch_count):
             if bi in self._failed:
                 raise self._failed[bi]
