@@ -119,6 +119,8 @@ MISTAKES: list[tuple[str, str]] = [
     ("run", "--dry-run --nondeterminism-runs 3 {good}"),
     ("run", "--dry-run --repetitions 0 {good}"),
     ("run", "--dry-run --format yaml {good}"),
+    ("run", "--dry-run --save-output /proc/x {good}"),
+    ("run", "--dry-run --save-output {notes} {good}"),
     ("diff", "{missing} {good}"),
     ("diff", "{good} {notes}"),
     ("diff", "{good} {binary}"),

@@ -15,7 +15,14 @@ from replayfmt.execute import open_replay
 from replayfmt.reader import Capture
 from replayfmt.replay.options import ReplayOptions, dry_run_devices
 from replayfmt.replay.verification import DEFAULT_REPLAYS, EvidencePolicy, Verification
-from replayfmt_tools.common import EXIT_OK, EXIT_PROBLEM, ToolExit, agents_md_option, reports_errors
+from replayfmt_tools.common import (
+    EXIT_OK,
+    EXIT_PROBLEM,
+    ToolExit,
+    agents_md_option,
+    check_output_directory,
+    reports_errors,
+)
 from replayfmt_tools.options import parse_devices, plan_options, replay_options, tolerance, tolerance_options
 
 EPILOG = """\b
@@ -139,6 +146,8 @@ def main(
         given = [flag for flag, on in (("--nondeterminism-runs", nondeterminism_runs), ("--evidence", evidence)) if on]
         if given:
             raise ReplayUsageError(f"{' and '.join(given)} only mean something with --verify; add --verify")
+    if save_output is not None:
+        check_output_directory(save_output, "--save-output")  # before any work, not after the replay
     if fixed_addresses and not dry_run:
         restart_without_aslr()  # recorded addresses are reachable only so (see address_space)
     as_json = output_format == "json"
