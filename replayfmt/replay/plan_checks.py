@@ -178,19 +178,20 @@ def check_global_symbol(
     gid: int, glob: m.Global, cubin: CubinInfo | None, source: str, fail: Callable[[ReplayError], None]
 ) -> None:
     """A module global's symbol must be defined by the executable's image, at least as large as
-    captured (docs/FORMAT.md, module globals); an image that is no readable cubin is the driver's
-    to judge at load."""
-    if cubin is None:
+    captured (docs/FORMAT.md, module globals); an image that is no readable cubin, or has no symbol
+    table, is the driver's to judge at load, and so is the size of a symbol in a section that is
+    not one of the variables' (``cubin.module_variables``)."""
+    if cubin is None or not cubin.symbols:
         return
     sizes = {v.name: v.size for v in cubin.variables}
     have = sizes.get(glob.symbol)
-    if have is None:
+    if glob.symbol not in cubin.symbols:
         fail(
             ReplayFormatError(
                 f"global {gid}: executable {glob.executable} ({source}) defines no symbol {glob.symbol!r}"
             )
         )
-    elif have < glob.size:
+    elif have is not None and have < glob.size:
         fail(
             ReplayFormatError(
                 f"global {gid} ({glob.symbol}): {glob.size} bytes captured, but executable {glob.executable} "
