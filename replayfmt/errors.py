@@ -48,6 +48,13 @@ class ReplayFormatError(ReplayError):
         return f"{': '.join(where)}: {self.message}" if where else self.message
 
 
+class MissingRecordError(ReplayFormatError, KeyError):
+    """A record names an object or payload the capture does not hold (a lookup by id that
+    failed; also a ``KeyError``, for callers that look ids up as a mapping's keys)."""
+
+    __str__ = ReplayFormatError.__str__  # the message, not KeyError's repr of it
+
+
 class ReplayVersionError(ReplayFormatError):
     """The file was written by a newer, incompatible major version of the format."""
 

@@ -40,10 +40,11 @@ from replayfmt.container.batches import (
 from replayfmt.container.bounded import BoundedFile, ChunkGaps
 from replayfmt.container.chunks import ChunkReader
 from replayfmt.container.directory import Directory, PayloadStats, build_directory, frame_entries, payload_stats
+from replayfmt.container.first_decodes import FirstDecodes
 from replayfmt.container.graph_budget import GraphBudget
 from replayfmt.container.read_ahead import ReadAhead
 from replayfmt.container.recovery import scan
-from replayfmt.errors import ReplayFormatError, ReplayUsageError
+from replayfmt.errors import MissingRecordError, ReplayFormatError, ReplayUsageError
 from replayfmt.format import model as m, records
 from replayfmt.format.layout import (
     ALIGNMENT,
@@ -82,6 +83,8 @@ class Capture:
         self._lock = threading.Lock()
         self._cache: OrderedDict[int, DecodedBatch] = OrderedDict()
         self._cached_records = 0  # operations and objects of the batches in _cache
+        self.cache_records = _CACHED_RECORDS  # at most this many kept decoded (one batch at least)
+        self.first_decodes = FirstDecodes()  # each batch, the first time it is decoded (dump-replay)
         self._pool: cf.ThreadPoolExecutor | None = None
         self._last_materialized: tuple[int, list[m.Operation]] | None = None
         self._file = BoundedFile(self.path)
@@ -221,13 +224,22 @@ class Capture:
             if i not in self._cache:
                 self._cache[i] = batch
                 self._cached_records += len(batch.kinds) + len(batch.objects)
-            while len(self._cache) > 1 and self._cached_records > _CACHED_RECORDS:
+            while len(self._cache) > 1 and self._cached_records > self.cache_records:
                 _, dropped = self._cache.popitem(last=False)
                 self._cached_records -= len(dropped.kinds) + len(dropped.objects)
+        self.first_decodes.note(i, batch)
         return batch
 
     def _decode_batch(self, i: int) -> DecodedBatch:
         entry = self._directory.entry(i)
+        records = entry.operation_count + entry.object_count
+        if records > self.limits.max_batch_records:  # before its body is read or decompressed
+            raise self._chunks.error(
+                f"holds {records} operations and objects, over Limits.max_batch_records "
+                f"({self.limits.max_batch_records})",
+                entry.offset,
+                f"record batch {i}",
+            )
         body = self._read_ahead.take(entry.offset)
         if body is None:
             body = self._chunks.read(entry.offset, ChunkKind.RECORDS, self.limits.max_record_batch_size)
@@ -282,9 +294,11 @@ class Capture:
         many it stands for)``. What a checker looks at once (the replay plan): a million launches of
         a few shapes are a few records."""
         for bi in range(self.batch_count):
-            batch = self.batch(bi)
-            with collector_paused():
-                groups = distinct_operations(batch)
+            groups = self.first_decodes.take(bi)  # worked out when the batch was first decoded
+            if groups is None:
+                batch = self.batch(bi)
+                with collector_paused():
+                    groups = distinct_operations(batch)
             yield from groups
 
     def __iter__(self) -> Iterator[m.Operation]:
@@ -336,7 +350,7 @@ class Capture:
     def object(self, object_id: int) -> m.ObjectDef:
         """The object with this id (ids are dense from 1)."""
         if not 1 <= object_id <= self.object_count:
-            raise KeyError(f"object {object_id} does not exist (the capture has {self.object_count})")
+            raise MissingRecordError(f"object {object_id} does not exist (the capture has {self.object_count})")
         bi = bisect.bisect_right(self._directory.first_object, object_id) - 1
         while self._directory.object_counts[bi] == 0:  # batches without objects share a first_object
             bi -= 1
@@ -358,7 +372,7 @@ class Capture:
 
     def payload(self, payload_id: int) -> m.PayloadInfo:
         if not 1 <= payload_id <= self.payload_count:
-            raise KeyError(f"payload {payload_id} does not exist (the capture has {self.payload_count})")
+            raise MissingRecordError(f"payload {payload_id} does not exist (the capture has {self.payload_count})")
         bi = bisect.bisect_right(self._directory.first_payload, payload_id) - 1
         while self._directory.payload_counts[bi] == 0:
             bi -= 1

@@ -43,7 +43,7 @@ from replayfmt.container.output import InlineExecutor, create_file, sync_file, w
 from replayfmt.container.payload_store import FetchMissing, FrameStore
 from replayfmt.container.sealing import RecordSealer
 from replayfmt.errors import ReplayError, ReplayUsageError
-from replayfmt.format import model as m, records, timings
+from replayfmt.format import layout, model as m, records, timings
 from replayfmt.format.generated import fb
 from replayfmt.format.graph_records import check_graph_within_limits
 from replayfmt.format.layout import (
@@ -102,8 +102,8 @@ class CaptureWriter:
     ) -> None:
         if frame_size < MIN_FRAME_SIZE or frame_size > (64 << 20):
             raise ReplayUsageError(f"frame_size must be within [{MIN_FRAME_SIZE}, {64 << 20}] bytes")
-        if batch_operations < 1:
-            raise ReplayUsageError("batch_operations must be at least 1")
+        if not 1 <= batch_operations <= layout.MAX_BATCH_OPERATIONS:  # a reader refuses larger batches
+            raise ReplayUsageError(f"batch_operations must be within [1, {layout.MAX_BATCH_OPERATIONS}]")
         fb.import_all()  # (50 ms) now, not at a first record, which a recorder may make inside a step
         self.path = Path(path)
         self._fd = create_file(self.path, overwrite=overwrite)

@@ -49,11 +49,11 @@ def test_inserted_launch_changed_shape_and_executable(pair):
     changes = [(p.a.index if p.a else None, p.b.index if p.b else None, p.name, p.changes) for p in d.pairs]
     # a: saxpy(6) gather(7) saxpy(8) saxpy(9); b: saxpy(6) gather(7) gather(8) saxpy(9) saxpy(10, grid 4).
     # Which of b's two gathers is "the inserted one" nothing can tell: the alignment pairs one
-    # (difflib's longest block takes the later) and nothing after the insertion shifts.
+    # (the common beginning takes the first) and nothing after the insertion shifts.
     assert changes == [
         (6, 6, "saxpy", ()),
-        (None, 7, "gather", ("inserted",)),
-        (7, 8, "gather", ("executable",)),
+        (7, 7, "gather", ("executable",)),
+        (None, 8, "gather", ("inserted",)),
         (8, 9, "saxpy", ()),
         (9, 10, "saxpy", ("shape",)),
     ]
@@ -106,10 +106,10 @@ def test_jsonl_rows(pair):
     kernels = {row["name"]: row for row in got if row["kind"] == "kernel"}
     assert kernels["gather"]["count_b"] == 2 and kernels["gather"]["executable_changes"] == 1
     launches = [row for row in got if row["kind"] == "launch"]
-    assert [row["changes"] for row in launches] == [["inserted"], ["executable"], ["shape"]]
+    assert [row["changes"] for row in launches] == [["executable"], ["inserted"], ["shape"]]
     assert launches[2]["a"]["grid"] == [1, 1, 1] and launches[2]["b"]["grid"] == [4, 1, 1]
-    assert launches[0]["a"] is None and launches[0]["b"]["operation"] == 7
-    assert launches[1]["a"]["executable_hash"] != launches[1]["b"]["executable_hash"]
+    assert launches[1]["a"] is None and launches[1]["b"]["operation"] == 8
+    assert launches[0]["a"]["executable_hash"] != launches[0]["b"]["executable_hash"]
     assert [row for row in got if row["kind"] == "scope"] == [
         {
             "kind": "scope",

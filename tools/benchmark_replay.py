@@ -21,7 +21,7 @@ from replayfmt.measure import kernel_times as kt
 from replayfmt.measure.benchmark import BenchmarkOptions, BenchmarkResult
 from replayfmt.verbs import BenchmarkReplayOptions, benchmark
 from replayfmt_tools.common import EXIT_OK, agents_md_option, check_new_file, reports_errors
-from replayfmt_tools.options import limit_option, parse_devices, plan_options, replay_options
+from replayfmt_tools.options import FiniteFloatRange, limit_option, parse_devices, plan_options, replay_options
 
 EPILOG = """\b
 Setup (allocations, module loads, uploads, the operations before the scope, the captured
@@ -100,9 +100,11 @@ def load_baseline(path: Path) -> dict[str, Any]:
     """--compare-to's earlier result, read before any work: a missing or malformed file is one line
     up front, not an error after the benchmark ran."""
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ReplayUsageError(f"--compare-to {path}: cannot read ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise ReplayUsageError(f"--compare-to {path}: not JSON (not UTF-8 text: byte {exc.start})") from None
     try:
         baseline = json.loads(text)
         float(baseline["device_ms"]["median"])
@@ -149,7 +151,7 @@ def _compare(result: BenchmarkResult, baseline_path: Path, baseline: dict[str, A
 @click.option("--repetitions", type=click.IntRange(min=1), help="Timed iterations (default: as many as --min-time).")
 @click.option(
     "--min-time",
-    type=click.FloatRange(min=0),
+    type=FiniteFloatRange(min=0),
     default=1.0,
     show_default=True,
     metavar="SECONDS",

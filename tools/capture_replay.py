@@ -21,6 +21,7 @@ from replayfmt_tools.common import (
     invoked_name,
     reports_errors,
 )
+from replayfmt_tools.options import FiniteFloatRange
 
 MODULE_NAME = "python -m replayfmt.capture"  # how README starts the recorder; messages use the name typed
 
@@ -79,7 +80,7 @@ MODULE_NAME = "python -m replayfmt.capture"  # how README starts the recorder; m
 )
 @click.option(
     "--max-snapshot-gib",
-    type=click.FloatRange(min=0),
+    type=FiniteFloatRange(min=0),
     default=16.0,
     show_default=True,
     help="Refuse (never attempt) a larger snapshot of an allocation no framework describes.",
@@ -97,7 +98,7 @@ MODULE_NAME = "python -m replayfmt.capture"  # how README starts the recorder; m
 )
 @click.option(
     "--self-check-timeout",
-    type=click.FloatRange(min=1),
+    type=FiniteFloatRange(min=1),
     default=300.0,
     show_default=True,
     metavar="SECONDS",
@@ -105,7 +106,7 @@ MODULE_NAME = "python -m replayfmt.capture"  # how README starts the recorder; m
 )
 @click.option(
     "--self-check-max-gib",
-    type=click.FloatRange(min=0),
+    type=FiniteFloatRange(min=0),
     default=16.0,
     show_default=True,
     help="A larger capture file is not replayed by the self-check (the verdict says so).",

@@ -77,6 +77,25 @@ def check_new_file(path: Path, flag: str, *, overwrite_flag: str | None = None, 
     probe.unlink()
 
 
+def check_output_directory(path: Path, flag: str) -> None:
+    """Fail before any work when ``path`` could not take the files a command writes into it: it
+    is a file, or it (or, when it does not exist yet, the nearest directory above it, where it
+    would be made) cannot take a new file (a file is created there and removed, as the work would)."""
+    if path.exists() and not path.is_dir():
+        raise ReplayUsageError(f"{flag} {path}: not a directory")
+    where = path
+    while not where.exists():
+        where = where.parent
+    if not where.is_dir():
+        raise ReplayUsageError(f"{flag} {path}: {where} is not a directory")
+    probe = where / f".{flag.strip('-')}.{os.getpid()}.probe"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError as exc:
+        raise ReplayUsageError(f"{flag} {path}: cannot write in {where} ({exc.strerror})") from None
+    probe.unlink()
+
+
 def invoked_name(tool: str, aliases: tuple[str, ...] = ()) -> str:
     """The name the user typed for ``tool``: one of its ``aliases`` (``python -m replayfmt.capture``)
     when it was started by that name, else ``tool``."""

@@ -10,7 +10,7 @@ from replayfmt.format.layout import Limits
 from replayfmt.measure.corpus import CorpusRow
 from replayfmt.verbs import CorpusOptions, CorpusResult, corpus
 from replayfmt_tools.common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, ToolExit, agents_md_option, reports_errors
-from replayfmt_tools.options import cluster_options, limit_option, parse_devices
+from replayfmt_tools.options import FiniteFloatRange, cluster_options, limit_option, parse_devices
 
 EPILOG = """\b
 Each capture is one task on a worker pinned to one GPU (--device, several times; or the workers
@@ -18,11 +18,13 @@ of the Dask cluster at --scheduler): opened, planned, set up, replayed once veri
 checkpoint, then timed (--repetitions runs, the median device time). On Dask distributed when it
 is installed (pip install 'replayfmt[cluster]'), else on local processes. A capture that breaks
 its CUDA context, crashes or hangs its worker (--timeout) loses that worker, which is replaced;
-the row says so and the run goes on. --dry-run plans every capture without a GPU.
+the row says so and the run goes on. --dry-run plans every capture without a GPU (every payload
+the replay reads is read and checked against its hashes: a damaged capture fails, named).
 
 \b
 --compare-to takes a directory of the same captures (run too, as the baseline) or the --csv of
-an earlier run; a regression is a verdict worse than the baseline's, a capture missing, or a
+an earlier run (read, like --csv's directory, before any capture runs: a file that is not such a
+CSV is refused); a regression is a verdict worse than the baseline's, a capture missing, or a
 device time over --threshold times the baseline's.
 
 \b
@@ -58,7 +60,7 @@ Examples:
 @cluster_options
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0.1),
+    type=FiniteFloatRange(min=0.1),
     default=600.0,
     show_default=True,
     metavar="SECONDS",
@@ -76,7 +78,7 @@ Examples:
 )
 @click.option(
     "--threshold",
-    type=click.FloatRange(min=1.0),
+    type=FiniteFloatRange(min=1.0),
     default=1.05,
     show_default=True,
     help="With --compare-to: a device time over this many times the baseline's is a regression.",

@@ -16,11 +16,13 @@ from replayfmt_tools.options import limit_option
 
 EPILOG = """\b
 Matching: each capture's launches in order form a sequence of (demangled) kernel names; the two
-sequences are aligned like diff aligns lines (difflib, longest matching blocks), so an inserted or
+sequences are aligned like diff --patience aligns lines (bounded time), so an inserted or
 removed launch shifts nothing after it. Inside a changed stretch, the k-th launch of a name on
 each side is paired; the rest are inserted or removed. Paired launches are compared by shape
-(grid, block, cluster, dynamic shared memory), parameters (outside relocated pointers) and their
-executable image's hash. Times are the original program's (the recorder's CUPTI records).
+(grid, block, cluster, dynamic shared memory), parameters (pointers as the buffer and offset they
+point to, in structs too) and their executable image's hash. Times are the original program's
+(the recorder's CUPTI records). Every payload of both captures is checked against its hashes: a
+damaged or recovered (truncated) capture is named and fails the diff whatever --fail-on says.
 
 \b
 --fail-on CHECK[,CHECK...] (repeatable): time=P% (a kernel's total time moved more than P%;
@@ -28,7 +30,8 @@ time=+P%: only slower), scope-time=P%, total-time=P%, shape, parameters, executa
 new-kernels, missing-kernels, launches, any (all the structural checks). Default: any.
 
 \b
-Exit status: 0 the same within the thresholds; 1 different; 2 usage error or unreadable capture.
+Exit status: 0 the same within the thresholds; 1 different, or an input damaged; 2 usage error
+or unreadable capture.
 
 \b
 Examples:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import sys
@@ -13,9 +14,11 @@ import click
 import replayfmt
 from replayfmt.dump import Dumper, DumpFilter, PayloadMode, render_summary_text, summarize
 from replayfmt.dump.export import prepare_directory
+from replayfmt.dump.one_pass import OnePass
 from replayfmt.dump.summary import Summary
 from replayfmt.errors import ReplayFormatError, ReplayUsageError
 from replayfmt.format.layout import Limits
+from replayfmt.reader import Capture
 from replayfmt.replay.replayable import plan_verdict
 from replayfmt_tools.common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, ToolExit, agents_md_option, reports_errors
 from replayfmt_tools.options import limit_option
@@ -30,7 +33,9 @@ Examples:
   dump-replay --format=json cap.kreplay | jq .replayable
 
 The summary's "replayable" is the verdict run-replay --dry-run gives (the same plan, default
-options): why not, in the same words; warnings (a dropped TIMINGS chunk) do not change it.
+options; every payload the replay reads is read and checked against its hashes, unless
+--no-payload-checks): why not, in the same words; warnings (a dropped TIMINGS chunk) do not
+change it.
 
 Exit status: 0 ok; 1 the file is damaged or truncated (everything readable is printed first);
 2 usage or unreadable file.
@@ -150,6 +155,12 @@ def _check_usage(
     help="Inline payload bytes in JSONL rows (up to 64 MiB each), or write each payload once to "
     "DIR/<hash>.bin (existing files are verified, never replaced).",
 )
+@click.option(
+    "--no-payload-checks",
+    is_flag=True,
+    help="Do not read the payloads for the replayable verdict (faster on large captures; a damaged payload then "
+    "goes unseen, and the summary says so).",
+)
 @limit_option
 @agents_md_option("dump-replay")
 @reports_errors("dump-replay", output_is_the_work=True)
@@ -164,6 +175,7 @@ def main(
     jq_program: str | None,
     payloads: str,
     limits: Limits,
+    no_payload_checks: bool,
 ) -> int:
     """Show what a .kreplay capture holds: kernels, launch shapes, files, payloads, and whether it
     can be replayed. Streams in constant memory; jq-friendly."""
@@ -178,9 +190,8 @@ def main(
         if payload_dir is not None and prepare_directory(payload_dir):
             click.echo(f"dump-replay: created the directory {payload_dir} for payload files", err=True)
         dumper = Dumper(cap, filter=dump_filter, payloads=payload_mode, payload_dir=payload_dir)
-        verdict = plan_verdict(cap)  # the plan's verdict: the one run-replay --dry-run gives
-        summary = summarize(cap, problems=verdict.problems, warnings=verdict.warnings)
-        _write_views(dumper, summary, fmt=fmt, jq_program=jq_program, summary_only=summary_only)
+        checks = not no_payload_checks
+        summary = _dump(cap, dumper, fmt=fmt, jq_program=jq_program, summary_only=summary_only, check_payloads=checks)
         sys.stdout.flush()
         if summary.damaged:
             raise ToolExit(EXIT_PROBLEM, f"error: {summary.damaged}")
@@ -193,7 +204,25 @@ def main(
     return EXIT_OK
 
 
-def _write_views(dumper: Dumper, summary: Summary, *, fmt: str, jq_program: str | None, summary_only: bool) -> None:
+def _dump(
+    cap: Capture, dumper: Dumper, *, fmt: str, jq_program: str | None, summary_only: bool, check_payloads: bool
+) -> Summary:
+    """The plan's verdict (the one run-replay --dry-run gives), the summary, then the rows: the
+    rows are taken as the verdict's plan decodes each batch, so every batch is decoded once."""
+    text = fmt == "text" and not jq_program
+    taken = OnePass(cap, dumper, Dumper.text_lines if text else Dumper.jsonl_rows)
+    with taken if fmt != "json" and not summary_only else contextlib.nullcontext(None) as rows:
+        verdict = plan_verdict(cap, verify_payloads=check_payloads)
+        if not check_payloads:
+            verdict.warnings.append("payload contents not read (--no-payload-checks): a damaged payload goes unseen")
+        summary = summarize(cap, problems=verdict.problems, warnings=verdict.warnings, sketches=rows and rows.sketches)
+        _write_views(dumper, summary, rows, fmt=fmt, jq_program=jq_program, summary_only=summary_only)
+    return summary
+
+
+def _write_views(
+    dumper: Dumper, summary: Summary, rows: OnePass | None, *, fmt: str, jq_program: str | None, summary_only: bool
+) -> None:
     """The summary, then (unless ``summary_only``) every record, as text or JSON lines, through jq if asked."""
     if fmt == "json" and jq_program:
         _write_lines(_jq_lines(jq_program, iter([json.dumps(summary.as_row())])))
@@ -203,18 +232,18 @@ def _write_views(dumper: Dumper, summary: Summary, *, fmt: str, jq_program: str 
         try:
             if fmt == "text" and not jq_program:
                 _write_lines(render_summary_text(summary))
-                if not summary_only:
+                if not summary_only and rows is not None:
                     sys.stdout.write("\n")
-                    _write_lines(dumper.text_lines())
+                    _write_lines(rows.lines())
             else:
                 encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
-                def rows() -> Iterator[str]:
+                def jsonl() -> Iterator[str]:
                     yield encode(dumper.file_row())
                     yield encode(summary.as_row())
-                    yield from dumper.jsonl_rows()
+                    yield from rows.lines() if rows is not None else dumper.jsonl_rows()
 
-                _write_lines(_jq_lines(jq_program, rows()) if jq_program else rows())
+                _write_lines(_jq_lines(jq_program, jsonl()) if jq_program else jsonl())
         except ReplayFormatError as exc:
             sys.stdout.flush()
             raise ToolExit(EXIT_PROBLEM, f"error: {exc}") from None

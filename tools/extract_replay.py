@@ -12,7 +12,7 @@ import click
 from replayfmt.edit import ExtractOptions, ExtractResult, Selection, extract
 from replayfmt.format.layout import Limits
 from replayfmt_tools.common import EXIT_OK, agents_md_option, reports_errors
-from replayfmt_tools.options import limit_option
+from replayfmt_tools.options import FiniteFloatRange, limit_option
 
 EPILOG = """\b
 Exactly one of --operation, --operations, --kernel, --scope says what to cut out. The output
@@ -120,7 +120,7 @@ def _report(result: ExtractResult) -> dict[str, object]:
 @click.option("--force", is_flag=True, help="Replace OUTPUT if it exists.")
 @click.option(
     "--max-read-gib",
-    type=click.FloatRange(min=0),
+    type=FiniteFloatRange(min=0),
     default=8.0,
     show_default=True,
     help="The most GiB of buffers a GPU replay may read back (the buffers the work uses, whole).",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import socket
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -18,6 +19,48 @@ from replayfmt.replay.compare import Tolerance
 from replayfmt.replay.plan_options import LaunchOverride, PlanOptions, Substitution
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+class FiniteFloatRange(click.FloatRange):
+    """A float option that must be a finite number within the range: ``inf`` and ``nan`` are
+    refused where the flag is parsed (``nan`` passes every comparison a range makes)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
+class SchedulerAddress(click.ParamType):
+    """``--scheduler``: a Dask scheduler's address, ``[PROTOCOL://]HOST:PORT`` (tcp, tls, ws, wss,
+    ucx, inproc), checked where it is parsed; a TCP address is also tried (a few seconds) so that
+    an unreachable one is one line at once, not an error after the client's own long wait."""
+
+    name = "address"
+    PROTOCOLS = ("tcp", "tls", "ws", "wss", "ucx", "inproc")
+    PROBE_SECONDS = 3.0
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        text = str(value)
+        protocol, sep, rest = text.partition("://")
+        if not sep:
+            protocol, rest = "tcp", text
+        if protocol not in self.PROTOCOLS:
+            self.fail(f"{text!r}: unknown protocol {protocol!r} (expected {', '.join(self.PROTOCOLS)})", param, ctx)
+        if protocol == "inproc":
+            return text
+        host, colon, port = rest.rpartition(":")
+        host = host.strip("[]")
+        if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            self.fail(f"{text!r}: expected [PROTOCOL://]HOST:PORT, e.g. tcp://head:8786", param, ctx)
+        if protocol in ("tcp", "tls"):
+            try:
+                socket.create_connection((host, int(port)), timeout=self.PROBE_SECONDS).close()
+            except OSError as exc:
+                why = exc.strerror or str(exc) or type(exc).__name__
+                self.fail(f"{text!r}: no scheduler answers there ({why})", param, ctx)
+        return text
 
 
 def _apply(fn: F, decorators: list[Callable[[F], F]]) -> F:
@@ -142,6 +185,7 @@ def plan_options(
     fixed_addresses: bool,
     continue_on_error: bool = False,
     jit_from_ptx: bool = False,
+    verify_payloads: bool = False,
 ) -> PlanOptions:
     return PlanOptions(
         substitutions=tuple(Substitution.parse(s) for s in substitutions),
@@ -150,6 +194,7 @@ def plan_options(
         fixed_addresses=fixed_addresses,
         continue_on_error=continue_on_error,
         jit_from_ptx=jit_from_ptx,
+        verify_payloads=verify_payloads,
     )
 
 
@@ -160,6 +205,7 @@ def cluster_options(fn: F) -> F:
         [
             click.option(
                 "--scheduler",
+                type=SchedulerAddress(),
                 metavar="ADDRESS",
                 help="Run on the workers of this Dask cluster (e.g. tcp://head:8786; one dask-cuda-worker per GPU).",
             ),

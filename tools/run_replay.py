@@ -12,7 +12,14 @@ from replayfmt.errors import ReplayUsageError, VerificationError
 from replayfmt.format.layout import Limits
 from replayfmt.replay.verify_types import DEFAULT_REPLAYS
 from replayfmt.verbs import EvidencePolicy, VerifyOptions, VerifyResult, verify as run_verify
-from replayfmt_tools.common import EXIT_OK, EXIT_PROBLEM, ToolExit, agents_md_option, reports_errors
+from replayfmt_tools.common import (
+    EXIT_OK,
+    EXIT_PROBLEM,
+    ToolExit,
+    agents_md_option,
+    check_output_directory,
+    reports_errors,
+)
 from replayfmt_tools.options import (
     limit_option,
     parse_devices,
@@ -106,7 +113,14 @@ Examples:
 @click.option(
     "--no-payload-checks",
     is_flag=True,
-    help="Do not check payload frames against their hashes (faster uploads; a corrupted file then goes unseen).",
+    help="Do not check payload frames against their hashes (faster uploads, and a --dry-run that reads no "
+    "payload; a corrupted file then goes unseen).",
+)
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Parse, resolve files, load substitutions, check ABIs, read every payload the replay uses and check its "
+    "hashes, plan; no GPU.",
 )
 @click.option(
     "--jit-from-ptx",
@@ -114,7 +128,12 @@ Examples:
     help="Load every executable from its PTX (the driver JIT-compiles it, as on a GPU no cubin is for), never a "
     "cubin; refused, naming them, when executables hold no PTX (dump-replay shows each one's targets).",
 )
-@click.option("--dry-run", is_flag=True, help="Parse, resolve files, load substitutions, check ABIs, plan; no GPU.")
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Parse, resolve files, load substitutions, check ABIs, read every payload the replay uses and check its "
+    "hashes, plan; no GPU.",
+)
 @limit_option
 @agents_md_option("run-replay")
 @reports_errors("run-replay")
@@ -148,6 +167,8 @@ def main(
         given = [flag for flag, on in (("--nondeterminism-runs", nondeterminism_runs), ("--evidence", evidence)) if on]
         if given:
             raise ReplayUsageError(f"{' and '.join(given)} only mean something with --verify; add --verify")
+    if save_output is not None:
+        check_output_directory(save_output, "--save-output")  # before any work, not after the replay
     options = VerifyOptions(
         plan=plan_options(
             substitutions=substitutions,

@@ -12,6 +12,7 @@ from replayfmt.measure.tune import SearchSpace, parse_dims_list, parse_int_list
 from replayfmt.verbs import TuneOptions, TuneResult, tune
 from replayfmt_tools.common import EXIT_OK, EXIT_PROBLEM, ToolExit, agents_md_option, reports_errors
 from replayfmt_tools.options import (
+    FiniteFloatRange,
     cluster_options,
     limit_option,
     parse_devices,
@@ -81,7 +82,7 @@ Examples:
 )
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0.1),
+    type=FiniteFloatRange(min=0.1),
     default=10.0,
     show_default=True,
     metavar="SECONDS",

@@ -262,6 +262,12 @@ def decode_batch(d: dict[str, Any], entry: BatchEntry, limits: Limits, error: Er
             raise fail("a launch's parameter bytes run past the batch's parameter block")
         if int(reloc_end.max()) > len(relocations):
             raise fail("a launch's relocations run past the batch's relocation table")
+        most = int(launches["relocation_count"].max())
+        if most > limits.max_launch_relocations:
+            raise fail(
+                f"a launch holds {most} relocations, over Limits.max_launch_relocations "
+                f"({limits.max_launch_relocations})"
+            )
         # each launch gets its own copy of its parameters and relocations: ranges that overlap
         # would amplify a small block into gigabytes (the writer never shares them)
         if int(launches["parameter_size"].astype(np.uint64).sum()) > len(parameters):
@@ -447,8 +453,9 @@ def distinct_operations(b: DecodedBatch) -> list[tuple[m.Operation | EventUses, 
             out.append((events, len(events)))
         rest = ~uses
         id_kinds, id_positions, ones, twos = id_kinds[rest], id_positions[rest], ones[rest], twos[rest]
-        creates = id_kinds == _CREATE
-        columns = [id_kinds, np.where(creates, 0, ones), twos]  # every create of the batch alike
+        # every create of the batch's own objects alike; any other (object 0, one of no batch) for itself
+        own = (ones >= b.first_object) & (ones < b.first_object + len(b.objects))
+        columns = [id_kinds, np.where((id_kinds == _CREATE) & own, 0xFFFFFFFF, ones), twos]
         keys = np.column_stack(columns).astype(np.uint32)
         js, n = distinct_rows(np.ascontiguousarray(keys))
         for code, index, one, two, count in zip(

@@ -23,7 +23,7 @@ from typing import Any
 import zstandard
 
 from replayfmt.errors import ReplayUsageError
-from replayfmt.format.layout import ChunkKind, Codec, align_up, pack_chunk_header
+from replayfmt.format.layout import DEFAULT_LIMITS, ChunkKind, Codec, align_up, pack_chunk_header
 from replayfmt.format.payloads import CompressionPolicy, FrameCompressor, frame_hash
 
 Release = Callable[[], None] | None
@@ -36,8 +36,19 @@ _FAST_LEVEL = 1
 _FAST_ENOUGH = 0.02  # the policy's level must save 2% more than level 1 on the samples to be used
 
 
+def check_frame_count(size: int, frame_size: int) -> None:
+    """A reader refuses a payload of more than ``Limits.max_payload_frames`` frames: so does a writer."""
+    frames = -(-size // frame_size) if size else 0
+    if frames > DEFAULT_LIMITS.max_payload_frames:
+        raise ReplayUsageError(
+            f"a payload of {size} bytes in frames of {frame_size} has {frames} frames, over "
+            f"Limits.max_payload_frames ({DEFAULT_LIMITS.max_payload_frames}): write it with a larger frame_size"
+        )
+
+
 def check_frame_digests(size: int, frame_size: int, digests: Sequence[bytes]) -> None:
     """A payload of ``size`` bytes has one 16-byte digest per ``frame_size`` frame."""
+    check_frame_count(size, frame_size)
     expected = -(-size // frame_size) if size else 0
     if len(digests) != expected:
         raise ReplayUsageError(
@@ -182,6 +193,7 @@ class FrameStore:
 
     def store(self, view: memoryview) -> list[bytes]:
         """The digests of ``view``'s frames; the frames the file lacks are copied and stored."""
+        check_frame_count(len(view), self.frame_size)
         hashes = []
         for start in range(0, len(view), self.frame_size):
             part = view[start : start + self.frame_size]

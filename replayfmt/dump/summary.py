@@ -6,9 +6,9 @@ gives (``replayfmt.replay.replayable``), handed in by the caller; this room only
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -73,15 +73,55 @@ class Summary:
         return row
 
 
+class BatchSketch(NamedTuple):
+    """What the summary takes of one record batch: a few counts and the rows it walks in order."""
+
+    kinds: dict[int, int]  # operation kind code -> count
+    upload_bytes: int
+    stored_pointers: int
+    table_ops: list[Any]  # states, unsupported calls, scope markers
+    objects: Counter[str]  # object kind label -> count
+    files: list[m.FileReference]
+    executables: list[m.Executable]  # which GPUs the capture loads on reads their images
+
+
+_SUMMARY_TABLE_KINDS = frozenset((_K.STATE, _K.UNSUPPORTED, _K.SCOPE_BEGIN, _K.SCOPE_END))
+
+
+def sketch_batch(batch: Any) -> BatchSketch:
+    """The summary's part of a decoded record batch (container.batches.DecodedBatch)."""
+    codes, counts = np.unique(batch.kinds, return_counts=True)
+    copy_kinds = batch.kinds[np.isin(batch.kinds, _COPY_CODES)]
+    objects: Counter[str] = Counter()
+    files, executables = [], []
+    for obj in batch.objects:
+        objects[obj.kind.label if not isinstance(obj, m.UnknownObject) else "unknown_object"] += 1
+        if isinstance(obj, m.FileReference):
+            files.append(obj)
+        elif isinstance(obj, m.Executable):
+            executables.append(obj)
+    return BatchSketch(
+        dict(zip(codes.tolist(), counts.tolist(), strict=True)),
+        int(batch.copies["size"][copy_kinds == int(_K.COPY_HOST_TO_DEVICE)].sum()),
+        sum(len(rows) for rows in batch.data_relocations.values()),
+        [op for op in batch.table_ops if op.kind in _SUMMARY_TABLE_KINDS],
+        objects,
+        files,
+        executables,
+    )
+
+
 def summarize(
     cap: Capture,
     *,
     problems: Sequence[str] | None = None,
     warnings: Sequence[str] = (),
+    sketches: Mapping[int, BatchSketch] | None = None,
 ) -> Summary:
     """Counts over a whole capture; a damaged batch ends the count and is noted. ``problems`` and
     ``warnings`` are the plan's verdict (``replayfmt.replay.replayable``): none given, the summary says
-    the capture was not judged."""
+    the capture was not judged. ``sketches``: what :func:`sketch_batch` took of batches as they
+    were decoded for something else (those are not decoded again)."""
     meta = cap.metadata
     s = Summary(
         format_version=f"{cap.header.major}.{cap.header.minor}",
@@ -109,13 +149,12 @@ def summarize(
     executables: list[m.Executable] = []
     try:
         for bi in range(cap.batch_count):
-            batch = cap.batch(bi)
-            codes, counts = np.unique(batch.kinds, return_counts=True)
-            kind_counts.update(dict(zip(codes.tolist(), counts.tolist())))
-            copy_kinds = batch.kinds[np.isin(batch.kinds, _COPY_CODES)]
-            s.upload_bytes += int(batch.copies["size"][copy_kinds == int(_K.COPY_HOST_TO_DEVICE)].sum())
-            s.stored_pointers += sum(len(rows) for rows in batch.data_relocations.values())
-            for op in batch.table_ops:
+            sketch = sketches.get(bi) if sketches is not None else None
+            sketch = sketch or sketch_batch(cap.batch(bi))
+            kind_counts.update(sketch.kinds)
+            s.upload_bytes += sketch.upload_bytes
+            s.stored_pointers += sketch.stored_pointers
+            for op in sketch.table_ops:
                 kind = op.kind
                 if kind == _K.STATE:
                     s.state_bytes += op.size
@@ -129,14 +168,12 @@ def summarize(
                         notes.append(f"scope end '{op.name}' at operation {op.index} matches no open scope")
                     else:
                         open_scopes.pop()
-            for obj in batch.objects:
-                if isinstance(obj, m.Executable):
-                    executables.append(obj)
-                objects[obj.kind.label if not isinstance(obj, m.UnknownObject) else "unknown_object"] += 1
-                if isinstance(obj, m.FileReference):
-                    files[f"{label_of(obj.policy)}/{label_of(obj.validation)}"] += 1
-                    if obj.policy == m.FilePolicy.REFERENCE and obj.path not in s.needs_from_host:
-                        s.needs_from_host.append(obj.path)
+            objects.update(sketch.objects)
+            executables.extend(sketch.executables)
+            for obj in sketch.files:
+                files[f"{label_of(obj.policy)}/{label_of(obj.validation)}"] += 1
+                if obj.policy == m.FilePolicy.REFERENCE and obj.path not in s.needs_from_host:
+                    s.needs_from_host.append(obj.path)
         stats = cap.payload_stats()
         s.payloads, s.payload_logical_bytes = stats.payloads, stats.logical_bytes
         s.payload_stored_bytes, s.compression_ratio = stats.stored_bytes, round(stats.compression_ratio, 4)

@@ -55,6 +55,7 @@ def compute_closure(ops: Iterable[m.Operation], lookup: Callable[[int], m.Object
             raise ReplayUsageError(f"object {buffer} is named as a buffer but is a {type(obj).__name__}")
         into.setdefault(buffer, []).append((0, obj.size))
 
+    footprints: dict[int, set[int]] = {}
     for op in ops:
         kind = op.kind
         if kind in m.DEVICE_WORK:
@@ -69,9 +70,13 @@ def compute_closure(ops: Iterable[m.Operation], lookup: Callable[[int], m.Object
                 whole(buffer, writes)
         elif kind == _K.GRAPH_LAUNCH:
             _add_graph(c, op.graph, lookup)  # type: ignore[union-attr]
-            graph = lookup(op.graph)  # type: ignore[union-attr]
-            if isinstance(graph, m.Graph):
-                for buffer in buffers_named_by_graph(graph, lookup):
+            footprint = footprints.get(op.graph)  # type: ignore[union-attr]
+            if footprint is None:  # walked once per graph, however often it is launched
+                graph = lookup(op.graph)  # type: ignore[union-attr]
+                footprint = footprints[op.graph] = (
+                    buffers_named_by_graph(graph, lookup) if isinstance(graph, m.Graph) else set()
+                )  # type: ignore[union-attr]
+                for buffer in footprint:
                     whole(buffer, reads)
                     whole(buffer, writes)
         elif kind == _K.MEMSET:
@@ -105,19 +110,24 @@ def _module_globals(executables: set[int], lookup: Callable[[int], m.ObjectDef],
 
 
 def _add_graph(c: Closure, graph_id: int, lookup: Callable[[int], m.ObjectDef]) -> None:
-    if graph_id in c.graphs:
-        return
-    graph = lookup(graph_id)
-    if not isinstance(graph, m.Graph):
-        raise ReplayUsageError(f"graph launch names object {graph_id}, which is a {type(graph).__name__}")
-    c.graphs.add(graph_id)
-    for node in graph.nodes:
-        if node.kind == m.GraphNodeKind.KERNEL:
-            c.executables.add(node.executable)
-        if node.event:
-            c.events.add(node.event)
-        if node.graph:
-            _add_graph(c, node.graph, lookup)
+    """A launched graph and its child graphs (iteratively, each once: a chain of thousands of
+    child graphs is no recursion)."""
+    pending = [graph_id]
+    while pending:
+        gid = pending.pop()
+        if gid in c.graphs:
+            continue
+        graph = lookup(gid)
+        if not isinstance(graph, m.Graph):
+            raise ReplayUsageError(f"graph launch names object {gid}, which is a {type(graph).__name__}")
+        c.graphs.add(gid)
+        for node in graph.nodes:
+            if node.kind == m.GraphNodeKind.KERNEL:
+                c.executables.add(node.executable)
+            if node.event:
+                c.events.add(node.event)
+            if node.graph:
+                pending.append(node.graph)
 
 
 def _finish_objects(c: Closure, lookup: Callable[[int], m.ObjectDef], object_count: int) -> None:

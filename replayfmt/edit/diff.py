@@ -2,34 +2,47 @@
 image, launch shape, parameters), and how each kernel's and each scope's original times moved.
 
 Matching rule (documented in docs/LOOPS.md): each capture's launches, in capture order, form a
-sequence of kernel names (demangled). The two sequences are aligned by ``difflib.SequenceMatcher``
-(longest matching blocks, no junk heuristic): launches in equal blocks are matched one to one.
+sequence of kernel names (demangled). The two sequences are aligned as ``diff --patience`` aligns
+lines (:mod:`replayfmt.edit.align`: common ends, then names unique on both sides as anchors,
+difflib's longest matching blocks in small stretches; bounded time however often a kernel
+repeats): launches in equal blocks are matched one to one.
 Inside a stretch the alignment replaces, the k-th launch of a name on the left is matched with
 the k-th launch of the same name on the right; whatever is left there is *removed* (left only) or
 *inserted* (right only). So an inserted or removed launch shifts nothing after it, and a kernel
 whose name changed counts as one removed and one inserted.
 
 Matched launches are compared by launch shape (grid, block, cluster, dynamic shared memory), by
-parameter bytes outside relocated pointer sites (pointers differ between runs), and by the hash of
-their executable's image (XXH3-128 of the stored image: a recompiled kernel of the same name
-differs). Times are the original program's (TIMINGS: CUPTI activity records of the recording);
-a capture without them shows none. Scopes are matched by name and occurrence.
+their parameters, and by the hash of their executable's image (XXH3-128 of the stored image: a
+recompiled kernel of the same name differs). Pointers differ between runs, so a parameter is
+compared as what it points to: a relocated pointer (in a struct too) as its target buffer and
+offset; where the bytes still differ, an 8-byte word that falls inside a buffer of its capture on
+both sides as that buffer's id and offset; bytes outside every declared parameter (alignment
+gaps) not at all. A capture that is damaged (a payload whose bytes do not match their hash) or
+was recovered after a crash is listed in ``Diff.damage``: the diff never passes it.
+
+Times are the original program's (TIMINGS: CUPTI activity records of the recording); a capture
+without them shows none. Scopes are matched by name and occurrence.
 """
 
 from __future__ import annotations
 
-import difflib
-from collections import defaultdict
+import bisect
+import struct
+from collections import defaultdict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from replayfmt.edit.align import opcodes
 from replayfmt.edit.select import scope_spans
+from replayfmt.errors import ReplayFormatError
 from replayfmt.format import model as m
 from replayfmt.format.names import demangle
 from replayfmt.reader import Capture
+from replayfmt.replay.plan_checks import FrameChecks
 
 _K = m.OperationKind
 _POINTER_BYTES = {m.RelocationKind.POINTER: 8, m.RelocationKind.TENSOR_MAP: 128}
+_OFFSET_MASK = (1 << 40) - 1  # a pointer site compared as (buffer id: 24 bits, offset: 40 bits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +55,7 @@ class LaunchInfo:
     block: m.Dims
     cluster: m.Dims
     shared_memory: int
-    parameters: bytes  # relocated pointer sites zeroed
+    parameters: bytes  # relocated pointers as (target buffer, offset), gaps between parameters zeroed
     image: str  # XXH3-128 of the executable's image ("" when it is not stored)
     duration_ns: int | None  # the original program's device time
 
@@ -108,6 +121,7 @@ class Diff:
     kernels: list[KernelRow] = field(default_factory=list)
     scopes: list[ScopeRow] = field(default_factory=list)
     timed: bool = False  # both captures carry the original's times
+    damage: list[str] = field(default_factory=list)  # why an input cannot be trusted (never passes)
 
     def count(self, change: str) -> int:
         return sum(1 for p in self.pairs if change in p.changes)
@@ -136,18 +150,22 @@ def launches(cap: Capture) -> list[LaunchInfo]:
     times = cap.original_times()
     images: dict[int, str] = {}
     names: dict[tuple[int, int], str] = {}
+    gaps: dict[tuple[int, int], tuple[tuple[int, int], ...]] = {}
     out = []
     for op in cap:
         if op.kind != _K.LAUNCH:
             continue
         key = (op.executable, op.function)  # type: ignore[union-attr]
         if key not in names:
-            exe = cap.object(op.executable)  # type: ignore[union-attr]
+            exe = cap.object(op.executable) if 1 <= op.executable <= cap.object_count else None  # type: ignore[union-attr]
             fns = exe.functions if isinstance(exe, m.Executable) else ()
-            raw = fns[op.function].name if op.function < len(fns) else f"executable {op.executable}#{op.function}"  # type: ignore[union-attr]
-            names[key] = demangle(raw)
+            fn = fns[op.function] if 0 <= op.function < len(fns) else None  # type: ignore[union-attr]
+            names[key] = demangle(fn.name) if fn is not None else f"executable {op.executable}#{op.function}"  # type: ignore[union-attr]
+            gaps[key] = _gaps(fn)
             images[op.executable] = (  # type: ignore[union-attr]
-                cap.payload(exe.payload).hash_hex if isinstance(exe, m.Executable) and exe.payload else ""
+                cap.payload(exe.payload).hash_hex
+                if isinstance(exe, m.Executable) and 1 <= exe.payload <= cap.payload_count
+                else ""
             )
         out.append(
             LaunchInfo(
@@ -157,7 +175,7 @@ def launches(cap: Capture) -> list[LaunchInfo]:
                 op.block,  # type: ignore[union-attr]
                 op.cluster,  # type: ignore[union-attr]
                 op.shared_memory,  # type: ignore[union-attr]
-                _masked(op),  # type: ignore[arg-type]
+                canonical_parameters(op, gaps[key]),  # type: ignore[arg-type]
                 images[op.executable],  # type: ignore[union-attr]
                 times.duration_ns(op.index),
             )
@@ -165,31 +183,90 @@ def launches(cap: Capture) -> list[LaunchInfo]:
     return out
 
 
-def _masked(op: m.Launch) -> bytes:
+def _gaps(fn: m.Function | None) -> tuple[tuple[int, int], ...]:
+    """[start, end) of the bytes outside every declared parameter (alignment padding, which a
+    program need not initialise), when the function's layout is known."""
+    if fn is None or not fn.parameters_known:
+        return ()
+    out, at = [], 0
+    for p in sorted(fn.parameters, key=lambda p: p.offset):
+        if p.offset > at:
+            out.append((at, p.offset))
+        at = max(at, p.offset + p.size)
+    return (*out, (at, 1 << 62))
+
+
+def canonical_parameters(op: m.Launch, gaps: tuple[tuple[int, int], ...] = ()) -> bytes:
+    """A launch's parameter bytes as two runs of one program agree on them: each relocated pointer
+    site (``site_buffer`` 0: in the parameters, inside a struct too) holds its target buffer's id
+    and offset instead of an address, and the gaps between parameters are zeroed."""
     params = bytearray(op.parameters)
+    for start, end in gaps:
+        end = min(end, len(params))
+        if start < end:
+            params[start:end] = bytes(end - start)
     for r in op.relocations:
-        if r.site_buffer == 0:
+        if r.site_buffer == 0 and 0 <= r.site_offset < len(params):
             end = min(len(params), r.site_offset + _POINTER_BYTES.get(r.kind, 8))
-            params[r.site_offset : end] = bytes(max(0, end - r.site_offset))
+            what = struct.pack("<Q", (r.target_buffer & 0xFFFFFF) << 40 | (r.target_offset & _OFFSET_MASK))
+            params[r.site_offset : end] = (what + bytes(128))[: end - r.site_offset]
     return bytes(params)
+
+
+class BufferAddresses:
+    """Which buffer of a capture an address falls in (its recorded ``address``), for pointers the
+    recorder did not relocate."""
+
+    def __init__(self, cap: Capture) -> None:
+        spans = sorted(
+            (o.address, o.size, o.id)
+            for o in cap.object_table().others.values()
+            if isinstance(o, m.Buffer) and o.address and o.size > 0
+        )
+        self.starts = [s for s, _, _ in spans]
+        self.spans = spans
+
+    def resolve(self, address: int) -> tuple[int, int] | None:
+        """(buffer id, offset) of ``address``, or None when no buffer holds it."""
+        k = bisect.bisect_right(self.starts, address) - 1
+        if k < 0:
+            return None
+        start, size, bid = self.spans[k]
+        return (bid, address - start) if address < start + size else None
+
+
+def same_parameters(x: bytes, y: bytes, ax: BufferAddresses, by: BufferAddresses) -> bool:
+    """Whether two canonical parameter blocks differ only in 8-byte words that point, on both
+    sides, at the same offset of the same buffer (pointers the recorder left unrelocated)."""
+    if len(x) != len(y):
+        return False
+    for at in range(0, len(x), 8):
+        u, v = x[at : at + 8], y[at : at + 8]
+        if u == v:
+            continue
+        if len(u) < 8:
+            return False
+        pu, pv = ax.resolve(int.from_bytes(u, "little")), by.resolve(int.from_bytes(v, "little"))
+        if pu is None or pu != pv:
+            return False
+    return True
 
 
 def align(a: list[LaunchInfo], b: list[LaunchInfo]) -> list[LaunchPair]:
     """Launches of both sides paired by the module docstring's matching rule."""
-    matcher = difflib.SequenceMatcher(None, [x.name for x in a], [x.name for x in b], autojunk=False)
     pairs: list[LaunchPair] = []
-    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+    for tag, i1, i2, j1, j2 in opcodes([x.name for x in a], [x.name for x in b]):
         if tag == "equal":
             pairs += [_pair(a[i], b[j]) for i, j in zip(range(i1, i2), range(j1, j2))]
             continue
-        right: dict[str, list[LaunchInfo]] = defaultdict(list)
+        right: dict[str, deque[LaunchInfo]] = defaultdict(deque)
         for y in b[j1:j2]:
             right[y.name].append(y)
         used: set[int] = set()
         for x in a[i1:i2]:
             same = right.get(x.name)
             if same:
-                y = same.pop(0)
+                y = same.popleft()
                 used.add(y.index)
                 pairs.append(_pair(x, y))
             else:
@@ -241,13 +318,49 @@ def _scope_times(cap: Capture) -> dict[tuple[str, int], int | None]:
     return out
 
 
-def diff_captures(a: Capture, b: Capture) -> Diff:
-    """Compare captures ``a`` (before) and ``b`` (after); see the module docstring."""
+def diff_captures(a: Capture, b: Capture, *, check_payloads: bool = True) -> Diff:
+    """Compare captures ``a`` (before) and ``b`` (after); see the module docstring.
+    ``check_payloads``: read every payload of both and check it against its hashes (a damaged
+    one is named in ``Diff.damage``)."""
     d = Diff(a.path, b.path)
-    d.pairs = align(launches(a), launches(b))
+    d.damage = damage(a, "a", check_payloads) + damage(b, "b", check_payloads)
+    pairs = align(launches(a), launches(b))
+    if any("parameters" in p.changes for p in pairs):
+        ax, bx = BufferAddresses(a), BufferAddresses(b)
+        pairs = [_pointers_resolved(p, ax, bx) for p in pairs]
+    d.pairs = pairs
     d.kernels = _kernel_rows(d.pairs)
     d.timed = bool(a.original_times()) and bool(b.original_times())
     sa, sb = _scope_times(a), _scope_times(b)
     keys = list(sa) + [k for k in sb if k not in sa]
     d.scopes = [ScopeRow(name, k, sa.get((name, k)), sb.get((name, k))) for name, k in keys]
     return d
+
+
+def _pointers_resolved(p: LaunchPair, ax: BufferAddresses, bx: BufferAddresses) -> LaunchPair:
+    if "parameters" not in p.changes or p.a is None or p.b is None:
+        return p
+    if not same_parameters(p.a.parameters, p.b.parameters, ax, bx):
+        return p
+    return LaunchPair(p.a, p.b, tuple(c for c in p.changes if c != "parameters"))
+
+
+def damage(cap: Capture, side: str, check_payloads: bool) -> list[str]:
+    """Why capture ``cap`` (``side`` a or b) cannot be trusted: recovered after a crash (a
+    prefix survived), or a payload whose bytes do not match their hash (every payload read,
+    one frame at a time, when ``check_payloads``)."""
+    out = []
+    if cap.recovered:
+        out.append(
+            f"{side}: {cap.path} was not closed properly and was recovered: {cap.discarded_bytes} bytes at its end "
+            f"were discarded ({cap.recovery_reason}); only what survived is compared"
+        )
+    if check_payloads:
+        frames = FrameChecks(cap, verify=True)
+        for payload in range(1, cap.payload_count + 1):
+            try:
+                frames.check(None, payload, f"{side}: the capture")
+            except ReplayFormatError as exc:
+                out.append(str(exc))
+                break  # one damaged payload is enough to distrust the file
+    return out

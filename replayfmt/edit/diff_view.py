@@ -72,8 +72,9 @@ def _beyond(r: float | None, t: Threshold) -> bool:
 
 
 def failures(d: Diff, thresholds: list[Threshold] | tuple[Threshold, ...]) -> list[str]:
-    """Why ``d`` counts as different under ``thresholds`` (empty: the same within them)."""
-    out: list[str] = []
+    """Why ``d`` counts as different under ``thresholds`` (empty: the same within them). A damaged
+    or recovered input fails whatever the thresholds: nothing it says can be trusted."""
+    out: list[str] = [f"damaged: {why}" for why in d.damage]
     for t in thresholds:
         c = t.check
         if c in ("shape", "parameters", "executable") and (n := d.count(c)):
@@ -154,6 +155,8 @@ def render_text(d: Diff, failed: list[str], *, all_launches: bool = False, width
         f"launches  {matched} matched, {d.count('inserted')} inserted, {d.count('removed')} removed; changed: "
         f"{d.count('shape')} shape, {d.count('parameters')} parameters, {d.count('executable')} executable"
     )
+    for why in d.damage:
+        yield f"damaged   {why}"
     if not d.timed:
         yield "times     not both captures carry the original program's times: ratios shown where both do"
     yield ""
@@ -227,6 +230,7 @@ def json_rows(
         "time_b_ns": d.total_b_ns,
         "ratio": ratio(d.total_a_ns, d.total_b_ns),
         "fail_on": [t.describe() for t in thresholds],
+        "damaged": d.damage,
         "verdict": "different" if failed else "same",
         "failed": failed,
     }

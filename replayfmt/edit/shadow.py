@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from replayfmt.errors import ReplayUsageError
 from replayfmt.format import model as m
 from replayfmt.format.uses import globals_by_image, image_of, uses
 
@@ -102,6 +103,17 @@ class Pages:
         self.size = size
         self._pages: dict[int, np.ndarray] = {}
 
+    def new_bytes(self, offset: int, size: int) -> int:
+        """Bytes of the pages a write of ``[offset, offset + size)`` would make (counted, not walked)."""
+        if size <= 0:
+            return 0
+        first, last = offset // self.PAGE, (offset + size - 1) // self.PAGE
+        if last - first < len(self._pages):  # few pages in the range: look each up
+            have = sum(1 for page in range(first, last + 1) if page in self._pages)
+        else:
+            have = sum(1 for page in self._pages if first <= page <= last)
+        return (last - first + 1 - have) * self.PAGE
+
     def write(self, offset: int, data: np.ndarray) -> None:
         done = 0
         while done < len(data):
@@ -125,6 +137,26 @@ class Pages:
                 out[done : done + n] = source[within : within + n]
             done += n
         return out
+
+
+MAX_HOST_BYTES = 768 << 20  # buffer contents a Shadow holds on the host, at most
+
+
+class _Budget:
+    """The bytes of buffer contents a Shadow may hold: charged before pages are made."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def charge(self, data: Pages, offset: int, size: int, what: str) -> None:
+        more = data.new_bytes(offset, size)
+        if self.held + more > self.limit:
+            raise ReplayUsageError(
+                f"{what}: the CPU would hold {self.held + more} bytes of buffer contents, over its "
+                f"{self.limit}; cut out a smaller region"
+            )
+        self.held += more
 
 
 class _Buffer:
@@ -200,10 +232,13 @@ class Shadow:
         sizes: dict[int, int],
         read_payload: Callable[[int, np.ndarray, int], object],
         lookup: Callable[[int], m.ObjectDef],
+        max_bytes: int = MAX_HOST_BYTES,
     ) -> None:
         self._buffers = {b: _Buffer(size) for b, size in sizes.items()}
         self._read_payload = read_payload
         self._lookup = lookup
+        self._budget = _Budget(max_bytes)
+        self._graph_buffers: dict[int, set[int]] = {}  # a graph's footprint, walked once however often launched
         self._globals = globals_by_image(self._buffers, lookup)  # the tracked ones: launches write them unnamed
 
     @property
@@ -222,9 +257,11 @@ class Shadow:
         b = self._range(buffer, offset, size)
         if b is None:
             return
-        data = np.empty(size, np.uint8)
-        self._read_payload(payload, data, payload_offset)
-        b.data.write(offset, data)
+        self._budget.charge(b.data, offset, size, f"buffer {buffer}: {size} bytes of payload {payload}")
+        for at in range(0, size, Pages.PAGE):  # a page at a time: never the whole range at once
+            data = np.empty(min(Pages.PAGE, size - at), np.uint8)
+            self._read_payload(payload, data, payload_offset + at)
+            b.data.write(offset + at, data)
         b.status.set(offset, offset + size, ByteState.KNOWN)
 
     def set_bytes(self, buffer: int, offset: int, data: bytes | np.ndarray) -> None:
@@ -238,13 +275,23 @@ class Shadow:
     def memset(self, op: m.Memset) -> None:
         size = op.count * op.element_size
         b = self._range(op.buffer, op.offset, size)
-        if b is None:
+        dtype = {1: np.uint8, 2: np.uint16, 4: np.uint32}.get(op.element_size)
+        if b is None or dtype is None:
+            if b is not None:  # an element size no memset has (the plan refuses it): nothing known
+                self.dirty(op.buffer, op.index, f"a memset of {op.element_size}-byte elements", op.offset, size)
             return
-        dtype = {1: np.uint8, 2: np.uint16, 4: np.uint32}[op.element_size]
-        pattern = np.full(
-            op.count, op.value & ((1 << (8 * op.element_size)) - 1), dtype=np.dtype(dtype).newbyteorder("<")
-        )
-        b.data.write(op.offset, pattern.view(np.uint8))
+        self._budget.charge(b.data, op.offset, size, f"operation {op.index} (memset of {size} bytes)")
+        if size <= 4096:  # the common small one: its bytes at once
+            element = (op.value & ((1 << (8 * op.element_size)) - 1)).to_bytes(op.element_size, "little")
+            b.data.write(op.offset, np.frombuffer(element * op.count, np.uint8))
+            b.status.set(op.offset, op.offset + size, ByteState.KNOWN)
+            return
+        step = Pages.PAGE // op.element_size
+        value = op.value & ((1 << (8 * op.element_size)) - 1)
+        pattern = np.full(min(op.count, step), value, dtype=np.dtype(dtype).newbyteorder("<")).view(np.uint8)
+        for first in range(0, op.count, step):  # a page at a time: a 3 GiB memset holds 1 MiB of pattern
+            n = min(step, op.count - first) * op.element_size
+            b.data.write(op.offset + first * op.element_size, pattern[:n])
         b.status.set(op.offset, op.offset + size, ByteState.KNOWN)
 
     def copy(self, src: int, src_offset: int, dst: int, dst_offset: int, size: int, index: int) -> None:
@@ -261,6 +308,7 @@ class Shadow:
         for a, b, state in pieces:
             d.status.set(a + shift, b + shift, state)
             if state == ByteState.KNOWN:
+                self._budget.charge(d.data, a + shift, b - a, f"operation {index} (copy of {b - a} bytes)")
                 d.data.write(a + shift, data[(a, b)])
             elif state == ByteState.DIRTY and s.dirtied is not None:
                 d.dirtied = s.dirtied
@@ -297,8 +345,11 @@ class Shadow:
         elif kind == _K.GRAPH_LAUNCH:
             graph = self._lookup(op.graph)  # type: ignore[union-attr]
             if isinstance(graph, m.Graph):
-                launched = self._globals_of(graph_executables(graph, self._lookup))
-                for buffer in buffers_named_by_graph(graph, self._lookup) | launched:
+                footprint = self._graph_buffers.get(graph.id)
+                if footprint is None:
+                    launched = self._globals_of(graph_executables(graph, self._lookup))
+                    footprint = self._graph_buffers[graph.id] = buffers_named_by_graph(graph, self._lookup) | launched
+                for buffer in footprint:
                     self.dirty(buffer, op.index, f"graph launch of graph {graph.id}")
         elif kind == _K.NONE:  # an operation this reader does not know: it may have written anything
             for buffer in self._buffers:

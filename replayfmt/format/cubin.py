@@ -65,6 +65,7 @@ class CubinInfo:
     arch: int  # e.g. 90 for sm_90
     kernels: dict[str, KernelInfo]
     variables: list[Variable] = field(default_factory=list)
+    symbols: frozenset[str] = frozenset()  # every name of its symbol table (empty: it has none)
 
 
 def _u(fmt: str, data: bytes, offset: int, what: str) -> tuple[int, ...]:
@@ -127,7 +128,9 @@ def parse_cubin(data: bytes) -> CubinInfo:
                     kernels[symbols[symbol]].registers = registers
     # CUDA's ELF ABI version 8 moved the SM number from the low byte of e_flags to the next one
     arch = (flags >> 8) & 0xFF if data[8] >= 8 else flags & 0xFF
-    return CubinInfo(arch=arch, kernels=kernels, variables=_variables(data, sections, names))
+    return CubinInfo(
+        arch=arch, kernels=kernels, variables=_variables(data, sections, names), symbols=frozenset(symbols)
+    )
 
 
 def module_variables(data: bytes) -> list[Variable]:

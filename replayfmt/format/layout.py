@@ -76,6 +76,9 @@ def align_up(n: int) -> int:
     return (n + ALIGNMENT - 1) & ~(ALIGNMENT - 1)
 
 
+MAX_BATCH_OPERATIONS = 1 << 17  # what a writer seals into one record batch at most (objects: as many again)
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     """Caps that protect readers from hostile files ("for your safety"; docs/FORMAT.md §5.2).
@@ -120,6 +123,16 @@ class Limits:
     # max_graph_visits nodes in all (a child graph reached again is remembered, not walked again)
     max_graph_depth: int = 16
     max_graph_visits: int = 1 << 21
+    # pointers one launch re-points (in its parameters, at most 32 KiB of them, and in buffers
+    # it writes): a million relocations in one launch is a forged file's, checked at decode
+    max_launch_relocations: int = 1 << 18
+    # a payload's frames (1 TiB in 1 MiB frames; the writer's 4 MiB frames make 262k), a
+    # checkpoint's entries and its typed tensors, the operations and objects of one record batch
+    # (the writer seals one every 8192 operations by default): declared counts, checked before
+    # the elements are decoded (a small compressed chunk may declare millions)
+    max_payload_frames: int = 1 << 20
+    max_checkpoint_entries: int = 1 << 20
+    max_batch_records: int = 2 * MAX_BATCH_OPERATIONS
 
     def vector_caps(self) -> dict[tuple[str, str], tuple[int, str]]:
         """(table, vector field) -> (most elements, the Limits field that sets it): what
@@ -129,6 +142,9 @@ class Limits:
             ("Graph", "edges"): (self.max_graph_edges, "max_graph_edges"),
             ("Timings", "operations"): (self.max_timing_rows, "max_timing_rows"),
             ("Timings", "scopes"): (self.max_timing_rows, "max_timing_rows"),
+            ("Payload", "frames"): (self.max_payload_frames, "max_payload_frames"),
+            ("Checkpoint", "entries"): (self.max_checkpoint_entries, "max_checkpoint_entries"),
+            ("Checkpoint", "types"): (self.max_checkpoint_entries, "max_checkpoint_entries"),
         }
 
     def check_expansion(self, stored: int, logical: int) -> str | None:

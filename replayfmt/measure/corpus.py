@@ -97,11 +97,23 @@ def write_csv(path: Path, rows: list[CorpusRow]) -> None:
 
 
 def read_csv(path: Path, flag: str = "--compare-to") -> list[CorpusRow]:
-    """The rows of a CSV that :func:`write_csv` wrote (an earlier run)."""
+    """The rows of a CSV that :func:`write_csv` wrote (an earlier run); ReplayUsageError, one line,
+    for anything else (another CSV, a text or binary file, one that cannot be read)."""
     rows = []
     try:
-        with path.open(newline="") as f:
-            for line, record in enumerate(csv.DictReader(f), start=2):
+        with path.open(newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            missing = [
+                k
+                for k in ("capture", "verdict", "operations", "ranges", "device_ms", "host_s")
+                if k not in (reader.fieldnames or ())
+            ]
+            if missing:
+                raise ReplayUsageError(
+                    f"{flag} {path}: not a corpus-replay CSV (its first line lacks the column(s) "
+                    f"{', '.join(missing)}); give a directory of captures or an earlier run's --csv"
+                )
+            for line, record in enumerate(reader, start=2):
                 try:
                     rows.append(
                         CorpusRow(
@@ -121,6 +133,8 @@ def read_csv(path: Path, flag: str = "--compare-to") -> list[CorpusRow]:
         raise ReplayUsageError(f"{flag} {path}: cannot read ({exc.strerror})") from None
     except csv.Error as exc:
         raise ReplayUsageError(f"{flag} {path}: not a CSV ({exc})") from None
+    except UnicodeDecodeError as exc:
+        raise ReplayUsageError(f"{flag} {path}: not a CSV (not UTF-8 text: byte {exc.start})") from None
     return rows
 
 

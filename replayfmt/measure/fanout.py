@@ -207,7 +207,11 @@ class DaskFanOut(FanOut):
         self.cluster: Any = None
         try:
             if scheduler is not None:
-                self.client = Client(scheduler, timeout=30)
+                try:
+                    self.client = Client(scheduler, timeout=30)
+                except (OSError, TimeoutError, ValueError, TypeError) as exc:
+                    why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                    raise ReplayUsageError(f"--scheduler {scheduler}: no Dask scheduler reached ({why})") from None
                 self.engine = f"dask at {scheduler}"
             else:
                 self.cluster = _local_cluster(gpus, pin)

@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from replayfmt.container.files import ResolvedFile, read_reference
-from replayfmt.errors import AbiMismatchError, FileMismatchError, ReplayError, ReplayUsageError
+from replayfmt.errors import AbiMismatchError, FileMismatchError, ReplayError, ReplayFormatError, ReplayUsageError
 from replayfmt.format import model as m
 from replayfmt.format.cubin import CubinError, CubinInfo, detect_format, parse_cubin
 from replayfmt.format.model import EXECUTABLE_FORMATS
@@ -102,7 +102,7 @@ def plan_executables(
                         _check_substitute_arch(plan, eid, exe, image)
                     _check_cubin_abi(eid, exe, image, launched.get(eid, set()))
             images[eid] = image
-        except (CubinError, AbiMismatchError, FileMismatchError) as exc:
+        except (CubinError, AbiMismatchError, FileMismatchError, ReplayFormatError) as exc:
             fail(exc)
             images[eid] = ExecutableImage(exe, b"", exe.format, "unusable")
     if plan.options.jit_from_ptx:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +23,33 @@ class ReplayOptions:
     # the first run builds the steps as it issues them, the device working meanwhile (a large
     # capture's verdict comes sooner; that run's device time may then include waits for the host)
     build_while_running: bool = False
+
+
+def dry_run_devices(devices: tuple[int, ...], captured: int) -> tuple[list[str], str]:
+    """What a dry run can tell of ``--device`` without opening a device: (problems, a note).
+    More devices than the capture has, or an ordinal past the GPUs this machine shows
+    (``CUDA_VISIBLE_DEVICES``, else the NVIDIA driver's /proc entries), is a problem; where the
+    machine shows no driver the note says the ordinals were not checked."""
+    problems = []
+    if len(devices) > max(1, captured):
+        problems.append(f"--device is given {len(devices)} times, but the capture has {captured} device(s)")
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    gpus = Path("/proc/driver/nvidia/gpus")
+    if visible is not None:
+        count = 0
+        for part in visible.split(","):
+            if not part.strip() or part.strip().startswith("-"):
+                break  # CUDA stops at the first invalid entry
+            count += 1
+        where = f"CUDA_VISIBLE_DEVICES={visible!r} shows {count} GPU(s)"
+    elif gpus.is_dir():
+        count = sum(1 for _ in gpus.iterdir())
+        where = f"this machine has {count} GPU(s)"
+    else:
+        shown = ", ".join(f"cuda:{d}" for d in devices)
+        return problems, f"{shown} not checked: no NVIDIA driver here (a dry run opens no device)"
+    problems += [f"--device cuda:{d}: {where}" for d in devices if d >= count]
+    return problems, ""
 
 
 @dataclass

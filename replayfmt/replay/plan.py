@@ -9,6 +9,7 @@ this step, so CI can exercise all of it without a GPU.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -37,7 +38,9 @@ from replayfmt.replay.plan_checks import (
     QUICK_CHECKS,
     FrameChecks,
     LiveObjects,
+    check_global_symbol,
     check_graph_lifetimes,
+    check_object_payloads,
     device_work_problem,
     event_uses_pass,
     payloads_of,
@@ -48,6 +51,7 @@ from replayfmt.replay.plan_checks import (
 from replayfmt.replay.plan_options import (
     MAX_BLOCK,
     MAX_GRID,
+    MAX_SHARED_MEMORY,
     MAX_THREADS_PER_BLOCK,
     LaunchOverride,
     PlanOptions,
@@ -106,9 +110,12 @@ class Plan:
     # checkpoint operation index -> where its region begins (the key of its region's state)
     checkpoint_regions: dict[int, int] = field(default_factory=dict)
     graph_sizes: dict[int, GraphSize] = field(default_factory=dict)  # each checked graph, expanded
+    graph_uses: dict[int, set[int]] = field(default_factory=dict)  # each launched graph's objects (its children's too)
     # event id -> [first, last, first is a record]: the operations that record, wait on or
     # synchronise with it (events first recorded whose spans do not overlap share a CUDA event)
     event_spans: EventSpans = field(default_factory=EventSpans)
+    # (payloads, logical bytes) read and checked against their hashes (options.verify_payloads)
+    payloads_verified: tuple[int, int] | None = None
 
     @property
     def state_bytes(self) -> int:
@@ -156,6 +163,9 @@ class Plan:
         if self.host_waits:
             released = released_counts(list(self.host_waits.values()))
             lines.append(f"host waits    {released}: not run (each waits for a host write no replay makes)")
+        if self.payloads_verified is not None:
+            count, size = self.payloads_verified
+            lines.append(f"payloads      {count} used, {size} bytes read and checked against their hashes")
         for op, o in sorted(self.overrides.items()):
             if o.skip:
                 lines.append(f"override      operation {op}: skipped (not run; its results are left as they start)")
@@ -234,7 +244,7 @@ def _build_plan(capture: Capture, options: PlanOptions) -> Plan:
     kinds: dict[m.OperationKind | int, int] = {}
     regions = RegionTracker()
     live = LiveObjects(objects)  # what each operation may use: nothing after its DestroyObject
-    frames = FrameChecks(capture)
+    frames = FrameChecks(capture, verify=options.verify_payloads)
     passed: set[tuple[object, ...]] = set()  # repeat_key of what was checked already (all but the index)
     # operations equal but for their index come folded (the reader's distinct_operations): checked once
     for op, n in _bulk_checked(unfolded(capture, bool(overrides)), plan, live, regions, kinds):
@@ -283,10 +293,16 @@ def _build_plan(capture: Capture, options: PlanOptions) -> Plan:
     launched: dict[int, set[int]] = {}
     for eid, index in plan.launches_of:
         launched.setdefault(eid, set()).add(index)
+    check_object_payloads(capture, objects.others, frames, checker.fail)
+    plan.payloads_verified = (len(frames.checked), frames.verified_bytes) if frames.verify else None
     plan.images = plan_executables(
         ExecutableSources(capture, options, plan.devices, plan.files), objects, executables, checker.fail, launched
     )
     plan.host_waits = host_released(capture, objects, plan.buffers, plan.launches_of)
+    for gid, glob in plan.globals.items():
+        image = plan.images.get(glob.executable)
+        if image is not None:
+            check_global_symbol(gid, glob, image.cubin, image.source, checker.fail)
     for (eid, fn), threads in plan.max_block_threads.items():
         _check_function_limits(plan, eid, fn, threads, checker)
     for bid, buffer in plan.buffers.items():
@@ -414,6 +430,8 @@ def _check_operation(
         )
     if isinstance(op, m.UnknownOperation):
         raise UnsupportedOperationError(f"operation {op.index} has kind {op.code}, unknown to this replayfmt: upgrade")
+    if isinstance(op, m.CreateObject):  # the quick check found no such object
+        raise ReplayFormatError(f"operation {op.index} (create): object {op.object} does not exist")
     stream = getattr(op, "stream", 0)
     if stream and not isinstance(op, m.Unsupported):
         _need(objects, stream, m.Stream, op, "stream")
@@ -425,8 +443,16 @@ def _check_operation(
             )
         fn = exe.functions[op.function]
         shape = launch_shape(op, override)
-        if override is not None:
-            plan.overrides[op.index] = override
+        if override is not None:  # kept as the whole shape it gives (what describe prints)
+            plan.overrides[op.index] = dataclasses.replace(
+                override, grid=shape.grid, block=shape.block, shared_memory=shape.shared_memory
+            )
+        if shape.shared_memory + fn.static_shared_memory > MAX_SHARED_MEMORY:
+            raise UnsupportedOperationError(
+                f"operation {op.index} ({fn.name}): {shape.shared_memory} bytes of dynamic shared memory"
+                + (f" and {fn.static_shared_memory} static" if fn.static_shared_memory else "")
+                + f", over the {MAX_SHARED_MEMORY} any CUDA device gives a block"
+            )
         for d, (g, limit) in enumerate(zip(shape.grid, MAX_GRID)):
             if not 1 <= g <= limit:
                 raise UnsupportedOperationError(
@@ -500,6 +526,10 @@ def _check_operation(
             _check_range(op, src, op.src_offset, op.size, "source")
             _check_range(op, dst, op.dst_offset, op.size, "destination")
     elif isinstance(op, m.Memset):
+        if op.element_size not in (1, 2, 4):  # cuMemsetD8, D16 and D32: there is no other
+            raise ReplayFormatError(
+                f"operation {op.index} (memset): element size {op.element_size}; a memset sets 1, 2 or 4 bytes"
+            )
         buf = _need(objects, op.buffer, m.Buffer, op, "buffer")
         _check_range(op, buf, op.offset, op.count * op.element_size, "memset")
     elif isinstance(op, m.Checkpoint):
@@ -527,7 +557,10 @@ def _check_operation(
             sizes=plan.graph_sizes,
         )
         if isinstance(objects, LiveObjects):
-            check_graph_lifetimes(objects, op, graph_references(plan.graphs, graph.id, plan.capture.limits))
+            used = plan.graph_uses.get(graph.id)
+            if used is None:  # walked once per graph: a graph relaunched 20k times is not walked 20k times
+                used = plan.graph_uses[graph.id] = graph_references(plan.graphs, graph.id, plan.capture.limits)
+            check_graph_lifetimes(objects, op, used)
 
 
 def _check_function_limits(plan: Plan, eid: int, index: int, threads: int, checker: _Checker) -> None:

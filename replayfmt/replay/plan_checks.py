@@ -10,8 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from replayfmt.errors import ReplayFormatError
+from replayfmt.errors import ReplayError, ReplayFormatError
 from replayfmt.format import model as m, records
+from replayfmt.format.cubin import CubinInfo
 from replayfmt.format.object_columns import ObjectTable
 from replayfmt.reader import Capture, EventUses
 
@@ -30,6 +31,7 @@ class LiveObjects(Mapping[int, m.ObjectDef]):
         self._events = objects.events
         self._gone_events: set[int] = set()
         self.destroyed: dict[int, int] = {}
+        self.highest = len(self._others) + len(self._events)  # object ids are dense from 1
 
     def __getitem__(self, oid: int) -> m.ObjectDef:
         obj = self.get(oid)
@@ -97,20 +99,105 @@ def check_graph_lifetimes(live: LiveObjects, op: m.GraphLaunch, used: set[int]) 
 
 
 class FrameChecks:
-    """Each payload an operation uses, checked once: its frames are where the index says."""
+    """Each payload an operation uses, checked once: its frames are where the index says and,
+    when ``verify`` (the GPU-less verdicts: dump-replay's and the dry run's), every distinct frame
+    is read, decompressed and checked against its XXH3 hash as the replay's staging reads it (one
+    frame in memory at a time), so that a damaged payload is named before any GPU is asked for."""
 
-    def __init__(self, capture: Capture) -> None:
+    def __init__(self, capture: Capture, *, verify: bool = False) -> None:
         self.capture = capture
+        self.verify = verify
         self.checked: set[int] = set()
+        self.verified_bytes = 0  # logical bytes read and hashed (each distinct frame once)
+        self._scratch = bytearray()
 
-    def check(self, op: m.Operation, payload: int) -> None:
+    def check(self, op: m.Operation | None, payload: int, what: str = "") -> None:
+        """``payload``, used by ``op`` (or by the object ``what`` names): ReplayFormatError naming
+        both, the frame and its offset, when a frame is missing, misplaced or (``verify``) damaged."""
         if payload in self.checked or not 1 <= payload <= self.capture.payload_count:
             return  # a missing payload is the operation's own check
         self.checked.add(payload)
+        user = f"operation {op.index} ({op.kind.label})" if op is not None else what
         try:
             self.capture.check_frames(payload)
+            if self.verify:
+                self._verify(payload)
         except ReplayFormatError as exc:
-            raise ReplayFormatError(f"operation {op.index} ({op.kind.label}) uses payload {payload}: {exc}") from None
+            raise ReplayFormatError(f"{user} uses payload {payload}: {exc}") from None
+
+    def _verify(self, payload: int) -> None:
+        info = self.capture.payload(payload)
+        seen: set[bytes] = set()
+        last = len(info.frames) - 1
+        for k, digest in enumerate(info.frames):
+            if digest in seen and k != last:  # a deduplicated frame is the same bytes: read once
+                continue
+            seen.add(digest)
+            size = min(info.frame_size, info.size - k * info.frame_size)
+            if len(self._scratch) < size:
+                self._scratch = bytearray(size)
+            self.capture.read_frame_into(payload, k, memoryview(self._scratch)[:size], check=True)
+            self.verified_bytes += size
+
+
+def object_payload_uses(objects: Mapping[int, m.ObjectDef]) -> Iterator[tuple[str, int]]:
+    """(who, payload) for each payload an object brings into a replay: an executable's image, a
+    global's initial bytes, a file's captured bytes."""
+    for oid, obj in objects.items():
+        if isinstance(obj, m.Executable) and obj.payload:
+            yield f"executable {oid}", obj.payload
+        elif isinstance(obj, m.Global) and obj.initial_payload:
+            yield f"global {oid} ({obj.symbol})", obj.initial_payload
+        elif isinstance(obj, m.FileReference):
+            if obj.payload:
+                yield f"file reference {oid}", obj.payload
+            for r in obj.ranges:
+                yield f"file reference {oid}", r.payload
+
+
+def check_object_payloads(
+    capture: Capture, objects: Mapping[int, m.ObjectDef], frames: FrameChecks, fail: Callable[[ReplayError], None]
+) -> None:
+    """Each payload an object names exists, and its frames are in the file (verified with
+    ``frames.verify``): a replay reads them all when it loads modules, globals and files."""
+    for who, payload in object_payload_uses(objects):
+        if not 1 <= payload <= capture.payload_count:
+            fail(
+                ReplayFormatError(
+                    f"{who}: its payload {payload} does not exist (the capture has {capture.payload_count})"
+                )
+            )
+            continue
+        try:
+            frames.check(None, payload, who)
+        except ReplayError as exc:
+            fail(exc)
+
+
+def check_global_symbol(
+    gid: int, glob: m.Global, cubin: CubinInfo | None, source: str, fail: Callable[[ReplayError], None]
+) -> None:
+    """A module global's symbol must be defined by the executable's image, at least as large as
+    captured (docs/FORMAT.md, module globals); an image that is no readable cubin, or has no symbol
+    table, is the driver's to judge at load, and so is the size of a symbol in a section that is
+    not one of the variables' (``cubin.module_variables``)."""
+    if cubin is None or not cubin.symbols:
+        return
+    sizes = {v.name: v.size for v in cubin.variables}
+    have = sizes.get(glob.symbol)
+    if glob.symbol not in cubin.symbols:
+        fail(
+            ReplayFormatError(
+                f"global {gid}: executable {glob.executable} ({source}) defines no symbol {glob.symbol!r}"
+            )
+        )
+    elif have is not None and have < glob.size:
+        fail(
+            ReplayFormatError(
+                f"global {gid} ({glob.symbol}): {glob.size} bytes captured, but executable {glob.executable} "
+                f"({source}) defines it with {have}"
+            )
+        )
 
 
 def device_work_problem(capture: Capture, counts: dict[str, int]) -> str | None:
@@ -182,7 +269,7 @@ def event_uses_pass(live: LiveObjects, uses: EventUses) -> bool:
 # launch), taken on their own before the general path: True when the operation passes; False sends
 # it down the general path (plan._check_operation), which names what is wrong.
 QUICK_CHECKS: dict[type, Callable[[LiveObjects, Any], bool]] = {
-    m.CreateObject: lambda live, op: True,  # its object was checked when decoded
+    m.CreateObject: lambda live, op: 0 < op.object <= live.highest,  # object 0, or one no batch defines: named
     m.DeviceSynchronize: lambda live, op: True,
     m.EventRecord: _event_and_stream,
     m.StreamWaitEvent: _event_and_stream,

@@ -16,6 +16,7 @@ from replayfmt.format.model import EXECUTABLE_FORMATS
 MAX_GRID = (2**31 - 1, 65535, 65535)
 MAX_BLOCK = (1024, 1024, 64)
 MAX_THREADS_PER_BLOCK = 1024
+MAX_SHARED_MEMORY = 227 << 10  # shared memory of one block, static and dynamic: the most any GPU gives (sm_90+)
 
 
 @dataclass(frozen=True)
@@ -203,6 +204,9 @@ class PlanOptions:
     fixed_addresses: bool = False
     continue_on_error: bool = False
     jit_from_ptx: bool = False  # load every executable from its PTX (the driver JIT-compiles it), never a cubin
+    # read every payload the plan uses and check its frames' hashes (the GPU-less verdicts: the
+    # dry run, dump-replay's replayable); a replay checks them as it stages the bytes instead
+    verify_payloads: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """One JSON-able object (what a worker process is told)."""
@@ -218,6 +222,7 @@ class PlanOptions:
             "fixed_addresses": self.fixed_addresses,
             "continue_on_error": self.continue_on_error,
             "jit_from_ptx": self.jit_from_ptx,
+            "verify_payloads": self.verify_payloads,
         }
 
     @classmethod
@@ -247,4 +252,5 @@ class PlanOptions:
             bool(data.get("fixed_addresses", False)),
             bool(data.get("continue_on_error", False)),
             bool(data.get("jit_from_ptx", False)),
+            bool(data.get("verify_payloads", False)),
         )

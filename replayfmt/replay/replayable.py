@@ -31,12 +31,14 @@ class PlanVerdict:
         return not self.problems
 
 
-def plan_verdict(capture: Capture) -> PlanVerdict:
+def plan_verdict(capture: Capture, *, verify_payloads: bool = True) -> PlanVerdict:
     """Plan ``capture`` with the dry run's default options, collecting every problem (as
     ``--continue-on-error`` does): a capture that needs a flag (``--fixed-addresses``,
-    ``--file-remap``) is not replayable as it stands, and the problem names the flag."""
+    ``--file-remap``) is not replayable as it stands, and the problem names the flag. Every
+    payload the replay reads is read and checked against its hashes, as the replay will
+    (``verify_payloads=False``: only that its frames are where the index says)."""
     try:
-        plan = build_plan(capture, PlanOptions(continue_on_error=True))
+        plan = build_plan(capture, PlanOptions(continue_on_error=True, verify_payloads=verify_payloads))
     except ReplayError as exc:
         return PlanVerdict([str(exc)], plan_warnings(capture))
     return PlanVerdict(list(plan.problems), list(plan.warnings))

@@ -136,6 +136,7 @@ def corpus(
             baseline_paths = corpus_files(baseline, "--compare-to")
         elif not baseline.is_file():
             raise ReplayUsageError(f"--compare-to {baseline}: no such directory or CSV file")
+    before = read_csv(baseline) if baseline is not None and baseline_paths is None else None  # before any work
     if options.csv is not None:
         if options.csv.exists():
             raise ReplayUsageError(f"--csv {options.csv}: already exists; choose another file")
@@ -145,14 +146,11 @@ def corpus(
     with open_fanout(gpus, engine=options.engine or "auto", scheduler=options.scheduler, pin=not options.dry_run) as f:
         say(f"corpus: {len(paths)} capture(s) in {directory}; workers: {f.describe()}")
         rows = sorted(run_corpus(f, paths, settings, timeout=timeout, task=verify_row), key=lambda r: r.capture)
-        before = None
         if baseline_paths is not None:
             before = sorted(
                 run_corpus(f, baseline_paths, settings, timeout=timeout, task=verify_row), key=lambda r: r.capture
             )
         replaced = f.replaced
-    if before is None and baseline is not None:
-        before = read_csv(baseline)
     if options.csv is not None:
         write_rows(options.csv, rows)
     comparisons = tuple(compare(rows, before, options.threshold)) if before is not None else None

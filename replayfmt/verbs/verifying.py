@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from replayfmt.execute import open_replay
 from replayfmt.reader import Capture
-from replayfmt.replay.options import ReplayOptions
+from replayfmt.replay.options import ReplayOptions, dry_run_devices
 from replayfmt.replay.verification import Verification
 from replayfmt.replay.verify_types import Outcome, VerifyOptions, VerifyResult
 
@@ -58,6 +58,8 @@ def verify(
     capture = os.fspath(path)
     replay = replay_options(options)
     plan_options = options.plan
+    if options.dry_run and options.check_payloads:  # read every payload the replay reads, check its hashes
+        plan_options = dataclasses.replace(plan_options, verify_payloads=True)
     warm = () if options.dry_run else replay.devices[:1]
     verification: Verification | None = None
     started = time.perf_counter()
@@ -70,6 +72,13 @@ def verify(
         for warning in plan.warnings:
             say(f"warning       {warning}")
         problems = tuple(plan.problems)
+        if options.dry_run:  # what can be told of --device without opening one
+            device_problems, note = dry_run_devices(options.devices, len(plan.devices))
+            problems += tuple(device_problems)
+            if note and options.devices != (0,):
+                say(f"devices       {note}")
+            if not options.check_payloads:
+                say("payloads      contents not read (--no-payload-checks): a damaged payload goes unseen")
         if options.dry_run or problems:
             if options.dry_run:
                 say(f"dry run: plan {'has problems' if problems else 'OK'}; nothing was executed")
