@@ -16,7 +16,7 @@ from replayfmt.dump import Dumper
 from replayfmt.dump.one_pass import OnePass
 from replayfmt.format import model as m
 from replayfmt.reader import Capture
-from replayfmt.replay.replayable import judge
+from replayfmt.replay.replayable import plan_verdict
 from replayfmt_tools.dump_replay import main
 
 
@@ -60,7 +60,7 @@ def test_rows_are_a_plain_walks_and_no_batch_is_decoded_for_the_dump_alone(many_
     monkeypatch.setattr(Capture, "_decode_batch", counted)
     with replayfmt.open(many_batches) as cap:  # what the verdict alone decodes, one batch kept
         cap.cache_records = 1
-        judge(cap)
+        plan_verdict(cap)
     verdict_alone, decoded = decoded, collections.Counter()
     monkeypatch.setattr("replayfmt.dump.one_pass.KEPT_RECORDS", 1)
     got = CliRunner().invoke(main, [*args, str(many_batches)])

@@ -222,12 +222,12 @@ def test_a_truncated_capture_never_diffs_the_same(files):
 
 
 def test_corpus_checks_its_paths_before_any_work(files, monkeypatch):
-    import replayfmt_tools.corpus_replay as corpus_tool
+    import replayfmt.verbs.corpus_runs as corpus_verb
 
     def never(*args, **kwargs):
         raise AssertionError("the corpus ran before its paths were checked")
 
-    monkeypatch.setattr(corpus_tool, "run_corpus", never)
+    monkeypatch.setattr(corpus_verb, "run_corpus", never)
     for flag, path, said in (
         ("--compare-to", files["notes"], "not a corpus-replay CSV"),
         ("--compare-to", files["binary"], "not a CSV (not UTF-8 text"),

@@ -25,7 +25,7 @@ from replayfmt.edit.diff import diff_captures
 from replayfmt.edit.extract import ExtractOptions, extract
 from replayfmt.edit.select import Selection
 from replayfmt.format.layout import ChunkKind, Codec
-from replayfmt.replay.replayable import judge
+from replayfmt.replay.replayable import plan_verdict
 
 EXAMPLES = sorted((Path(__file__).parent.parent / "examples").glob("*.kreplay"))
 COUNT = int(os.environ.get("REPLAYFMT_MUTANTS", "400"))
@@ -108,7 +108,7 @@ def through_the_library(path: Path, other: Path, out: Path) -> None:
     """Everything a GPU-less tool does with a capture; only ReplayError may leave."""
     try:
         with replayfmt.open(path) as cap:
-            verdict = judge(cap)
+            verdict = plan_verdict(cap)
             summary = summarize(cap, problems=verdict.problems, warnings=verdict.warnings)
             summary.as_row()
             dumper = Dumper(cap)

@@ -117,12 +117,6 @@ Examples:
     "payload; a corrupted file then goes unseen).",
 )
 @click.option(
-    "--dry-run",
-    is_flag=True,
-    help="Parse, resolve files, load substitutions, check ABIs, read every payload the replay uses and check its "
-    "hashes, plan; no GPU.",
-)
-@click.option(
     "--jit-from-ptx",
     is_flag=True,
     help="Load every executable from its PTX (the driver JIT-compiles it, as on a GPU no cubin is for), never a "
