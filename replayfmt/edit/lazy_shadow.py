@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from replayfmt.edit.reduce_runs import RunMap
+from replayfmt.edit.run_map import RunMap
 from replayfmt.edit.shadow import ByteState, Shadow
 from replayfmt.format import model as m
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from replayfmt.edit.closure import Closure, compute_closure
 from replayfmt.edit.lazy_shadow import LazyShadow
-from replayfmt.edit.reduce_runs import RunMap
+from replayfmt.edit.run_map import RunMap
 from replayfmt.edit.shadow import ByteState, buffers_named_by_graph, globals_by_image, graph_executables, image_of
 from replayfmt.edit.transplant import Transplant
 from replayfmt.errors import ReplayUsageError, UnsupportedOperationError

@@ -19,13 +19,13 @@ launch, which kernels use without naming them. Copies and memsets touch exactly 
 
 from __future__ import annotations
 
-import bisect
 import enum
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
+from replayfmt.edit.run_map import RunMap
 from replayfmt.format import model as m
 from replayfmt.format.uses import globals_by_image, image_of, uses
 
@@ -46,51 +46,15 @@ class Dirtied:
     what: str  # e.g. "launch of gemm_kernel", "graph launch of graph 9"
 
 
-class Intervals:
-    """A ByteState for every byte of ``[0, size)``, kept as sorted runs: a launch that dirties a
-    64 GiB arena costs one run, not 64 GiB of flags."""
+class Intervals(RunMap[ByteState]):
+    """A ByteState for every byte of ``[0, size)``, kept as sorted runs with equal neighbours
+    joined: a launch that dirties a 64 GiB arena costs one run, not 64 GiB of flags."""
 
-    __slots__ = ("_starts", "_states", "size")
+    __slots__ = ()
+    join = True
 
     def __init__(self, size: int) -> None:
-        self.size = size
-        self._starts = [0]  # run k covers [starts[k], starts[k + 1]) (the last: to size)
-        self._states = [ByteState.UNDEFINED]
-
-    def _split(self, at: int) -> int:
-        """The index of the run that begins at ``at`` (splitting the run holding it)."""
-        k = bisect.bisect_right(self._starts, at) - 1
-        if self._starts[k] != at:
-            self._starts.insert(k + 1, at)
-            self._states.insert(k + 1, self._states[k])
-            k += 1
-        return k
-
-    def set(self, lo: int, hi: int, state: ByteState) -> None:
-        lo, hi = max(0, lo), min(self.size, hi)
-        if lo >= hi:
-            return
-        first = self._split(lo)
-        last = self._split(hi) if hi < self.size else len(self._starts)
-        self._starts[first:last] = [lo]
-        self._states[first:last] = [state]
-        # join with equal neighbours
-        if first + 1 < len(self._states) and self._states[first + 1] == state:
-            del self._starts[first + 1], self._states[first + 1]
-        if first > 0 and self._states[first - 1] == state:
-            del self._starts[first], self._states[first]
-
-    def pieces(self, lo: int, hi: int) -> list[tuple[int, int, ByteState]]:
-        """(start, end, state) of the runs within ``[lo, hi)``, clipped to it."""
-        out = []
-        k = max(0, bisect.bisect_right(self._starts, lo) - 1)
-        while k < len(self._starts) and self._starts[k] < hi:
-            end = self._starts[k + 1] if k + 1 < len(self._starts) else self.size
-            a, b = max(lo, self._starts[k]), min(hi, end)
-            if a < b:
-                out.append((a, b, self._states[k]))
-            k += 1
-        return out
+        super().__init__(size, ByteState.UNDEFINED)
 
 
 class Pages:
