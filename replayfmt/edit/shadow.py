@@ -221,13 +221,17 @@ class Shadow:
             return
         pieces = s.status.pieces(src_offset, src_offset + size)
         shift = dst_offset - src_offset
-        data = {(a, b): s.data.read(a, b - a) for a, b, state in pieces if state == ByteState.KNOWN}
+        data = {(a, b): self.read(src, a, b - a) for a, b, state in pieces if state == ByteState.KNOWN}
         for a, b, state in pieces:
             d.status.set(a + shift, b + shift, state)
             if state == ByteState.KNOWN:
-                d.data.write(a + shift, data[(a, b)])
+                self._write(dst, a + shift, data[(a, b)])
             elif state == ByteState.DIRTY and s.dirtied is not None:
                 d.dirtied = s.dirtied
+
+    def _write(self, buffer: int, offset: int, data: np.ndarray) -> None:
+        """Put the bytes a copy moved into the buffer's pages."""
+        self._buffers[buffer].data.write(offset, data)
 
     def dirty(self, buffer: int, index: int, what: str, offset: int = 0, size: int | None = None) -> None:
         b = self._buffers.get(buffer)
