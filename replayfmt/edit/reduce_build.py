@@ -20,7 +20,6 @@ reduction drops to find the bytes the remaining work needs.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -29,11 +28,10 @@ from replayfmt.edit.closure import Closure, compute_closure
 from replayfmt.edit.lazy_shadow import LazyShadow
 from replayfmt.edit.run_map import RunMap
 from replayfmt.edit.shadow import ByteState, buffers_named_by_graph, globals_by_image, graph_executables, image_of
-from replayfmt.edit.transplant import Transplant
+from replayfmt.edit.transplant import Transplant, derived_metadata
 from replayfmt.errors import ReplayUsageError, UnsupportedOperationError
 from replayfmt.format import model as m
 from replayfmt.reader import Capture
-from replayfmt.version import __version__
 from replayfmt.writer import CaptureWriter
 
 _K = m.OperationKind
@@ -234,16 +232,7 @@ class Reducible:
         properties: tuple[tuple[str, str], ...],
     ) -> Built:
         src = self.capture.metadata
-        meta = m.CaptureMetadata(
-            tool=TOOL,
-            tool_version=__version__,
-            created_unix_ns=time.time_ns(),
-            host=src.host,
-            gpu=src.gpu,
-            driver=src.driver,
-            command_line=src.command_line,
-            properties=(*[(k, v) for k, v in src.properties if not k.startswith("reduce.")], *properties),
-        )
+        meta = derived_metadata(src, TOOL, "reduce.", properties)
         built = Built(output, tuple(keep), {})
         with CaptureWriter(output, metadata=meta, overwrite=True) as w:
             t = Transplant(self.capture, w)
