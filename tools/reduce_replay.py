@@ -10,7 +10,7 @@ from replayfmt.edit.reduce import ReduceOptions, reduce
 from replayfmt.edit.reduce_tests import Command, FailsVerify, Faults, Slower, Test
 from replayfmt.errors import ReplayUsageError
 from replayfmt_tools.common import EXIT_OK, EXIT_PROBLEM, agents_md_option, check_new_file, reports_errors
-from replayfmt_tools.options import parse_device
+from replayfmt_tools.options import parse_devices
 
 EXIT_INTERRUPTED = 130
 
@@ -144,11 +144,8 @@ def main(
     """Shrink CAPTURE to the smallest capture that still fails a test, written to -o."""
     test = _test(fails_verify, faults, slower, command, substitutions)
     check_new_file(output, "-o", overwrite_flag="--overwrite", overwrite=overwrite)
-    ordinals = tuple(dict.fromkeys(parse_device(d) for d in devices)) or (0,)
-    if len(ordinals) != len(devices) and devices:
-        raise ReplayUsageError("--device: the same device is given twice")
     options = ReduceOptions(
-        devices=ordinals,
+        devices=parse_devices(devices),
         max_tries=max_tries,
         max_seconds=max_seconds,
         timeout=timeout,
