@@ -27,10 +27,11 @@ from pathlib import Path
 from replayfmt.edit.closure import Closure, compute_closure
 from replayfmt.edit.lazy_shadow import LazyShadow
 from replayfmt.edit.run_map import RunMap
-from replayfmt.edit.shadow import ByteState, buffers_named_by_graph, globals_by_image, graph_executables, image_of
+from replayfmt.edit.shadow import ByteState, buffers_named_by_graph, graph_executables
 from replayfmt.edit.transplant import Transplant, derived_metadata
 from replayfmt.errors import ReplayUsageError, UnsupportedOperationError
 from replayfmt.format import model as m
+from replayfmt.format.uses import ModuleGlobals
 from replayfmt.reader import Capture
 from replayfmt.writer import CaptureWriter
 
@@ -122,7 +123,7 @@ class Reducible:
         if not self.units:
             raise ReplayUsageError(f"{source} holds no device work (launches, copies, memsets or graph launches)")
         lookup = capture.object
-        self._globals = globals_by_image(range(1, capture.object_count + 1), lookup)
+        self._globals = ModuleGlobals(range(1, capture.object_count + 1), lookup)
         self.reads: dict[int, list[tuple[int, int, int]]] = {}  # op -> (buffer, lo, hi)
         self.writes: dict[int, list[tuple[int, int, int]]] = {}
         for i in self.units:
@@ -138,23 +139,19 @@ class Reducible:
     def _whole(self, buffers: Iterable[int]) -> list[tuple[int, int, int]]:
         return [(b, 0, self._size(b)) for b in sorted(set(buffers) - {0})]
 
-    def _image_globals(self, executables: Iterable[int]) -> set[int]:
-        images = {image_of(e, self.capture.object) for e in executables}
-        return {b for image in images if image is not None for b in self._globals.get(image, ())}
-
     def _footprint(self, op: m.Operation) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]:
         """(reads, writes) of one operation; launches read and may write whole buffers."""
         if op.kind == _K.LAUNCH:
             rel = op.relocations  # type: ignore[union-attr]
             whole = self._whole({r.target_buffer for r in rel} | {r.site_buffer for r in rel})
-            whole += self._whole(self._image_globals({op.executable}) - {b for b, _, _ in whole})  # type: ignore[union-attr]
+            whole += self._whole(self._globals.of({op.executable}) - {b for b, _, _ in whole})  # type: ignore[union-attr]
             return whole, whole
         if op.kind == _K.GRAPH_LAUNCH:
             graph = self.capture.object(op.graph)  # type: ignore[union-attr]
             if not isinstance(graph, m.Graph):
                 return [], []
             lookup = self.capture.object
-            names = buffers_named_by_graph(graph, lookup) | self._image_globals(graph_executables(graph, lookup))
+            names = buffers_named_by_graph(graph, lookup) | self._globals.of(graph_executables(graph, lookup))
             whole = self._whole(names)
             return whole, whole
         if op.kind == _K.MEMSET:

@@ -27,7 +27,7 @@ import numpy as np
 
 from replayfmt.edit.run_map import RunMap
 from replayfmt.format import model as m
-from replayfmt.format.uses import globals_by_image, image_of, uses
+from replayfmt.format.uses import ModuleGlobals, uses
 
 _K = m.OperationKind
 
@@ -168,7 +168,7 @@ class Shadow:
         self._buffers = {b: _Buffer(size) for b, size in sizes.items()}
         self._read_payload = read_payload
         self._lookup = lookup
-        self._globals = globals_by_image(self._buffers, lookup)  # the tracked ones: launches write them unnamed
+        self._globals = ModuleGlobals(self._buffers, lookup)  # the tracked ones: launches write them unnamed
 
     @property
     def tracked(self) -> set[int]:
@@ -246,7 +246,7 @@ class Shadow:
         kind = op.kind
         if kind == _K.LAUNCH:
             name = kernel_name(op) if kernel_name else f"executable {op.executable}"  # type: ignore[arg-type]
-            for buffer in launch_buffers(op) | self._globals_of({op.executable}):  # type: ignore[arg-type,union-attr]
+            for buffer in launch_buffers(op) | self._globals.of({op.executable}):  # type: ignore[arg-type,union-attr]
                 self.dirty(buffer, op.index, f"launch of {name}")
         elif kind == _K.MEMSET:
             self.memset(op)  # type: ignore[arg-type]
@@ -265,19 +265,12 @@ class Shadow:
         elif kind == _K.GRAPH_LAUNCH:
             graph = self._lookup(op.graph)  # type: ignore[union-attr]
             if isinstance(graph, m.Graph):
-                launched = self._globals_of(graph_executables(graph, self._lookup))
+                launched = self._globals.of(graph_executables(graph, self._lookup))
                 for buffer in buffers_named_by_graph(graph, self._lookup) | launched:
                     self.dirty(buffer, op.index, f"graph launch of graph {graph.id}")
         elif kind == _K.NONE:  # an operation this reader does not know: it may have written anything
             for buffer in self._buffers:
                 self.dirty(buffer, op.index, f"an unknown operation (code {getattr(op, 'code', '?')})")
-
-    def _globals_of(self, executables: set[int]) -> set[int]:
-        """The tracked module-global buffers of the images of ``executables``."""
-        if not self._globals:
-            return set()
-        images = {image_of(e, self._lookup) for e in executables}
-        return {b for image in images if image is not None for b in self._globals.get(image, ())}
 
     # -- what is known ------------------------------------------------------------------------------
 
