@@ -27,7 +27,7 @@ from pathlib import Path
 from replayfmt.edit.closure import Closure, compute_closure
 from replayfmt.edit.lazy_shadow import LazyShadow
 from replayfmt.edit.run_map import RunMap
-from replayfmt.edit.shadow import ByteState, buffers_named_by_graph, graph_executables
+from replayfmt.edit.shadow import ByteState, buffers_named_by_graph, graph_executables, launch_buffers
 from replayfmt.edit.transplant import Transplant, derived_metadata
 from replayfmt.errors import ReplayUsageError, UnsupportedOperationError
 from replayfmt.format import model as m
@@ -142,8 +142,7 @@ class Reducible:
     def _footprint(self, op: m.Operation) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]:
         """(reads, writes) of one operation; launches read and may write whole buffers."""
         if op.kind == _K.LAUNCH:
-            rel = op.relocations  # type: ignore[union-attr]
-            whole = self._whole({r.target_buffer for r in rel} | {r.site_buffer for r in rel})
+            whole = self._whole(launch_buffers(op))  # type: ignore[arg-type]
             whole += self._whole(self._globals.of({op.executable}) - {b for b, _, _ in whole})  # type: ignore[union-attr]
             return whole, whole
         if op.kind == _K.GRAPH_LAUNCH:
