@@ -10,7 +10,7 @@ from replayfmt.edit.reduce import ReduceOptions, reduce
 from replayfmt.edit.reduce_tests import Command, FailsVerify, Faults, Slower, Test
 from replayfmt.errors import ReplayUsageError
 from replayfmt_tools.common import EXIT_OK, EXIT_PROBLEM, agents_md_option, check_new_file, reports_errors
-from replayfmt_tools.options import parse_devices
+from replayfmt_tools.options import exactly_one, parse_devices
 
 EXIT_INTERRUPTED = 130
 
@@ -56,21 +56,15 @@ Examples:
 def _test(
     fails_verify: bool, faults: str | None, slower: float | None, command: str | None, subs: tuple[str, ...]
 ) -> Test:
-    given = [
-        name
-        for name, on in (
+    exactly_one(
+        [
             ("--fails-verify", fails_verify),
             ("--faults", faults is not None),
             ("--slower", slower is not None),
             ("--command", command is not None),
-        )
-        if on
-    ]
-    if len(given) != 1:
-        raise click.UsageError(
-            "give exactly one test: --fails-verify, --faults, --slower or --command"
-            + (f" (got {', '.join(given)})" if given else "")
-        )
+        ],
+        "give exactly one test: --fails-verify, --faults, --slower or --command",
+    )
     if command is not None:
         if subs:
             raise ReplayUsageError("--executable-substitution means nothing with --command (put it in the command)")
