@@ -9,10 +9,15 @@ import click
 from replayfmt.edit.reduce import ReduceOptions, reduce
 from replayfmt.edit.reduce_tests import Command, FailsVerify, Faults, Slower, Test
 from replayfmt.errors import ReplayUsageError
-from replayfmt_tools.common import EXIT_OK, EXIT_PROBLEM, agents_md_option, check_new_file, reports_errors
+from replayfmt_tools.common import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_PROBLEM,
+    agents_md_option,
+    check_new_file,
+    reports_errors,
+)
 from replayfmt_tools.options import exactly_one, parse_devices
-
-EXIT_INTERRUPTED = 130
 
 EPILOG = """\b
 Exactly one test says what "still failing" means:
