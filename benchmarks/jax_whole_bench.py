@@ -1,4 +1,4 @@
-"""A whole JAX program, captured with no --scope, benchmarked against the original (issue 44):
+"""A whole JAX program, captured with no --scope, benchmarked against the original:
 jax-ml-style kernel least squares (tests/gpu/capture_scripts/jax_kernel_lsq.py), its XLA
 autotuner's DelayKernels included (the replay releases them: neither side times them).
 

@@ -1,4 +1,4 @@
-"""reduce-replay and --jit-from-ptx on a real program, on the GPU machine (issue 45's "done when").
+"""reduce-replay and --jit-from-ptx on a real program, on the GPU machine.
 
     python3 benchmarks/reduce_demo.py [--work DIR] [--device cuda:0 ...] [--layers 8]
         [--steps capture,offbyone,oob,command,jit] [--max-seconds S]

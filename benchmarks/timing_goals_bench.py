@@ -1,5 +1,5 @@
-"""The timing goals of recorded captures, judged on a GPU (issue 44 part 5: they were asserted in
-tests/gpu, which failed whenever other work shared the device; the tests keep the behaviour).
+"""The timing goals of recorded captures, judged on a GPU: kept out of tests/gpu, which would
+fail whenever other work shared the device (the tests assert the behaviour).
 
     python benchmarks/timing_goals_bench.py [--check] [--only NAME ...]
 

@@ -1,4 +1,4 @@
-"""Issue 44 on a GPU: steps whose result is dropped (and kept) verify with evidence, and a planted
+"""On a GPU: steps whose result is dropped (and kept) verify with evidence, and a planted
 wrong kernel fails naming the element. For the lead's device runs; prints what it finds and exits
 1 when a case misses (a case whose framework is not installed is skipped, said so).
 
@@ -9,7 +9,7 @@ verified, with N > 0 ranges compared with evidence ('N with evidence' in its sum
 launch that wrote the last range compared with evidence is made wrong (its grid halved, or
 skipped when it is one block) and run-replay --verify must exit 1 naming a wrong element. The
 kept variants also list what the capture checkpointed against what the step's last launch
-wrote (issue 44: the kept output was not compared), for diagnosis.
+wrote (the kept output must be compared), for diagnosis.
 """
 
 from __future__ import annotations

@@ -66,7 +66,7 @@ def test_tune_bench_measures_its_baseline_in_the_same_run():
 
 def test_no_test_asserts_a_time():
     """Times belong to the benchmarks' goals (judged with --check, nothing else on the GPU): a
-    test that asserts one fails whenever other work shares the machine (issue 44)."""
+    test that asserts one fails whenever other work shares the machine."""
     timed = re.compile(
         r"assert[^\n]*(perf_counter\(\) - \w+ *<|monotonic\(\) - \w+ *<|\[\"median\"\] *<"
         r"|TOLERANCE \*|abs\(\w+ */ *\w+ *- *1\) *<=|< *ratio *<|\.seconds *< *[0-9]{1,2}\b)"

@@ -1,4 +1,4 @@
-"""Kernels that wait for a host write (XLA's autotuner DelayKernel, issue 44): recognised at capture
+"""Kernels that wait for a host write (XLA's autotuner DelayKernel): recognised at capture
 (marked LAUNCH_FLAG_HOST_RELEASED), skipped at replay and left out of both sides of a benchmark's
 busy time, and said so in every report. Captures written by the real writer and translator."""
 

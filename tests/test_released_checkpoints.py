@@ -1,4 +1,4 @@
-"""What a region wrote into memory freed before its scope ends is still compared (issue 44): the
+"""What a region wrote into memory freed before its scope ends is still compared: the
 translator checkpoints it before the free (a driver free, or a framework's block free such as
 PyTorch's caching allocator's), and verification counts the comparison as evidence. Captures made
 by the real translator from synthetic events, verified by the host-memory replayer."""

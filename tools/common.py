@@ -23,6 +23,7 @@ from replayfmt_tools.playbook import playbook
 F = TypeVar("F", bound=Callable[..., Any])
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
+EXIT_INTERRUPTED = 130  # a shell's status for a process ended by Ctrl-C (128 + SIGINT)
 
 
 class ToolExit(Exception):
@@ -138,7 +139,7 @@ def reports_errors(tool: str, *, output_is_the_work: bool = False, aliases: tupl
                 sys.exit(EXIT_PROBLEM)
             except KeyboardInterrupt:
                 click.echo(f"{name}: interrupted", err=True)
-                sys.exit(130)
+                sys.exit(EXIT_INTERRUPTED)
             finally:
                 sys.stdout = stdout
             try:

@@ -12,7 +12,7 @@ import click
 from replayfmt.edit import ExtractOptions, ExtractResult, Selection, extract
 from replayfmt.format.layout import Limits
 from replayfmt_tools.common import EXIT_OK, agents_md_option, reports_errors
-from replayfmt_tools.options import FiniteFloatRange, limit_option
+from replayfmt_tools.options import FiniteFloatRange, exactly_one, limit_option
 
 EPILOG = """\b
 Exactly one of --operation, --operations, --kernel, --scope says what to cut out. The output
@@ -47,16 +47,15 @@ _RANGE = re.compile(r"^(\d+)\.\.(\d+)$")
 
 
 def _selection(operation: int | None, operations: str | None, kernel: str | None, scope: str | None) -> Selection:
-    given = [
-        n
-        for n, v in (("--operation", operation), ("--operations", operations), ("--kernel", kernel), ("--scope", scope))
-        if v is not None
-    ]
-    if len(given) != 1:
-        raise click.UsageError(
-            "give exactly one of --operation, --operations, --kernel, --scope"
-            + (f" (got {', '.join(given)})" if given else "")
-        )
+    exactly_one(
+        [
+            ("--operation", operation is not None),
+            ("--operations", operations is not None),
+            ("--kernel", kernel is not None),
+            ("--scope", scope is not None),
+        ],
+        "give exactly one of --operation, --operations, --kernel, --scope",
+    )
     if operation is not None:
         return Selection.operation(operation)
     if operations is not None:

@@ -1,5 +1,6 @@
-"""Options shared by run-replay, benchmark-replay and tune-replay, defined once (as click
-decorators, with their help) and turned into the library's option objects in one place."""
+"""Options shared by the tools (run-replay, benchmark-replay and tune-replay above all), defined
+once (as click decorators, with their help) and turned into the library's option objects in one
+place."""
 
 from __future__ import annotations
 
@@ -67,6 +68,13 @@ def _apply(fn: F, decorators: list[Callable[[F], F]]) -> F:
     for decorate in reversed(decorators):
         fn = decorate(fn)
     return fn
+
+
+def exactly_one(flags: list[tuple[str, bool]], ask: str) -> None:
+    """A usage error (``ask``, then the flags given) unless exactly one of ``flags`` is given."""
+    given = [name for name, on in flags if on]
+    if len(given) != 1:
+        raise click.UsageError(ask + (f" (got {', '.join(given)})" if given else ""))
 
 
 def parse_device(spec: str) -> int:

@@ -9,10 +9,15 @@ import click
 from replayfmt.edit.reduce import ReduceOptions, reduce
 from replayfmt.edit.reduce_tests import Command, FailsVerify, Faults, Slower, Test
 from replayfmt.errors import ReplayUsageError
-from replayfmt_tools.common import EXIT_OK, EXIT_PROBLEM, agents_md_option, check_new_file, reports_errors
-from replayfmt_tools.options import parse_device
-
-EXIT_INTERRUPTED = 130
+from replayfmt_tools.common import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_PROBLEM,
+    agents_md_option,
+    check_new_file,
+    reports_errors,
+)
+from replayfmt_tools.options import exactly_one, parse_devices
 
 EPILOG = """\b
 Exactly one test says what "still failing" means:
@@ -56,21 +61,15 @@ Examples:
 def _test(
     fails_verify: bool, faults: str | None, slower: float | None, command: str | None, subs: tuple[str, ...]
 ) -> Test:
-    given = [
-        name
-        for name, on in (
+    exactly_one(
+        [
             ("--fails-verify", fails_verify),
             ("--faults", faults is not None),
             ("--slower", slower is not None),
             ("--command", command is not None),
-        )
-        if on
-    ]
-    if len(given) != 1:
-        raise click.UsageError(
-            "give exactly one test: --fails-verify, --faults, --slower or --command"
-            + (f" (got {', '.join(given)})" if given else "")
-        )
+        ],
+        "give exactly one test: --fails-verify, --faults, --slower or --command",
+    )
     if command is not None:
         if subs:
             raise ReplayUsageError("--executable-substitution means nothing with --command (put it in the command)")
@@ -144,11 +143,8 @@ def main(
     """Shrink CAPTURE to the smallest capture that still fails a test, written to -o."""
     test = _test(fails_verify, faults, slower, command, substitutions)
     check_new_file(output, "-o", overwrite_flag="--overwrite", overwrite=overwrite)
-    ordinals = tuple(dict.fromkeys(parse_device(d) for d in devices)) or (0,)
-    if len(ordinals) != len(devices) and devices:
-        raise ReplayUsageError("--device: the same device is given twice")
     options = ReduceOptions(
-        devices=ordinals,
+        devices=parse_devices(devices),
         max_tries=max_tries,
         max_seconds=max_seconds,
         timeout=timeout,

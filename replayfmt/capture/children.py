@@ -26,7 +26,7 @@ class ChildWatch:
     def __init__(self) -> None:
         self._session: str | None = None
         self._saved: dict[str, str | None] = {}
-        self.children: list[str] = []  # "pid  program  why", one a child
+        self.children: list[str] = []  # "pid program", one a child (the report words why it was not recorded)
 
     def start(self) -> bool:
         """Point the children's CUDA at the claimed session; False where nothing could be set."""

@@ -131,7 +131,7 @@ def _install_torch_frees(translator: Translator) -> Callable[[], None] | None:
     activate = getattr(getattr(torch, "_C", None), "_activate_gpu_trace", None)  # PyTorch's, not ours
     callbacks = getattr(trace, "CUDAMemoryDeallocationCallbacks", None)
     if trace is None or activate is None or callbacks is None:
-        return None  # a PyTorch without the GPU trace: blocks freed in a scope go unchecked, as before
+        return None  # a PyTorch without the GPU trace: blocks freed in a scope go unchecked
 
     def freed(pointer: int) -> None:
         if not translator.points_at(pointer):  # one set lookup for every block the program frees

@@ -10,7 +10,7 @@ replayed as kernels (they need its communicators, peer mappings and proxy thread
 receive buffer of each collective lets the recorder keep the bytes it left instead.
 
 A program that sets NCCL's log variables itself keeps them: the recorder then reads nothing and
-its collectives are refused as before, saying why.
+its collectives are refused (NCCL kernels cannot replay), saying why.
 """
 
 from __future__ import annotations

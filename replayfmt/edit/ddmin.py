@@ -54,15 +54,12 @@ def ddmin(
     *,
     batch: int = 1,
     budget: Callable[[], bool] = lambda: True,
-    search: Search[T] | None = None,
 ) -> Search[T]:
     """A 1-minimal failing sublist of ``items`` (see the module docstring); ``batch``: candidates
-    handed to ``test`` at once; ``budget()``: False once no more tests may run. ``search`` carries
-    the cache across calls (a second phase over the same items)."""
+    handed to ``test`` at once; ``budget()``: False once no more tests may run."""
     if batch < 1:
         raise ValueError("batch must be at least 1")
-    s = search if search is not None else Search(best=list(items))
-    s.best = list(items)
+    s = Search(best=list(items))
     n = 2
     while len(s.best) >= 2:
         chunks = split(s.best, min(n, len(s.best)))

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import enum
 import os
-import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -29,12 +28,11 @@ from replayfmt.edit.closure import Closure, compute_closure
 from replayfmt.edit.select import Resolved, Selection, SelectionKind, resolve
 from replayfmt.edit.shadow import ByteState, Shadow, iter_ranges
 from replayfmt.edit.snapshots import Narrowing
-from replayfmt.edit.transplant import Transplant
+from replayfmt.edit.transplant import Transplant, derived_metadata
 from replayfmt.errors import DeviceUnavailableError, ReplayUsageError, UnsupportedOperationError
 from replayfmt.format import model as m, timings
 from replayfmt.format.layout import DEFAULT_LIMITS, Limits
 from replayfmt.reader import Capture, open_capture
-from replayfmt.version import __version__
 from replayfmt.writer import CaptureWriter
 
 _K = m.OperationKind
@@ -389,7 +387,6 @@ def _metadata(
     src = cap.metadata
     state = plan.source + (f" ({plan.gpu_device})" if plan.gpu_device else "")
     props = (
-        *[(k, v) for k, v in src.properties if not k.startswith("extract.")],
         ("extract.source", str(Path(source).resolve())),
         ("extract.source_digest", file_digest(source)),
         ("extract.source_operations", f"{where.first}..{where.last}"),
@@ -399,16 +396,7 @@ def _metadata(
         ("extract.checkpoint", state),
         *((("extract.narrowed", plan.narrowed),) if plan.narrowed else ()),
     )
-    return m.CaptureMetadata(
-        tool=TOOL,
-        tool_version=__version__,
-        created_unix_ns=time.time_ns(),
-        host=src.host,
-        gpu=src.gpu,
-        driver=src.driver,
-        command_line=src.command_line,
-        properties=props,
-    )
+    return derived_metadata(src, TOOL, "extract.", props)
 
 
 def _write(

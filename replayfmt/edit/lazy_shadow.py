@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from replayfmt.edit.reduce_runs import RunMap
+from replayfmt.edit.run_map import RunMap
 from replayfmt.edit.shadow import ByteState, Shadow
 from replayfmt.format import model as m
 
@@ -51,24 +51,9 @@ class LazyShadow(Shadow):
         if op.buffer in self._sources:
             self._sources[op.buffer].set(op.offset, op.offset + op.count * op.element_size, _PAGES)
 
-    def copy(self, src: int, src_offset: int, dst: int, dst_offset: int, size: int, index: int) -> None:
-        d = self._range(dst, dst_offset, size)
-        if d is None:
-            return
-        s = self._range(src, src_offset, size)
-        if s is None:
-            self.dirty(dst, index, f"copy from buffer {src}, which is not tracked", dst_offset, size)
-            return
-        shift = dst_offset - src_offset
-        pieces = s.status.pieces(src_offset, src_offset + size)
-        data = {(a, z): self.read(src, a, z - a) for a, z, state in pieces if state == ByteState.KNOWN}
-        for a, z, state in pieces:
-            d.status.set(a + shift, z + shift, state)
-            if state == ByteState.KNOWN:
-                d.data.write(a + shift, data[(a, z)])
-                self._sources[dst].set(a + shift, z + shift, _PAGES)
-            elif state == ByteState.DIRTY and s.dirtied is not None:
-                d.dirtied = s.dirtied
+    def _write(self, buffer: int, offset: int, data: np.ndarray) -> None:
+        super()._write(buffer, offset, data)
+        self._sources[buffer].set(offset, offset + len(data), _PAGES)
 
     def read(self, buffer: int, offset: int, size: int) -> np.ndarray:
         out = super().read(buffer, offset, size)

@@ -33,7 +33,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from replayfmt.edit.ddmin import Search, ddmin
@@ -92,7 +92,6 @@ class ReduceResult:
     kept: tuple[int, ...] = ()
     stopped: str = ""  # why the search ended before it was 1-minimal
     last_answer: str = ""  # the result's own verdict, as the test put it
-    history: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         return "\n".join(self.lines())

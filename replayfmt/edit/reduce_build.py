@@ -20,20 +20,19 @@ reduction drops to find the bytes the remaining work needs.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from replayfmt.edit.closure import Closure, compute_closure
 from replayfmt.edit.lazy_shadow import LazyShadow
-from replayfmt.edit.reduce_runs import RunMap
-from replayfmt.edit.shadow import ByteState, buffers_named_by_graph, globals_by_image, graph_executables, image_of
-from replayfmt.edit.transplant import Transplant
+from replayfmt.edit.run_map import RunMap
+from replayfmt.edit.shadow import ByteState, buffers_named_by_graph, graph_executables, launch_buffers
+from replayfmt.edit.transplant import Transplant, derived_metadata
 from replayfmt.errors import ReplayUsageError, UnsupportedOperationError
 from replayfmt.format import model as m
+from replayfmt.format.uses import ModuleGlobals
 from replayfmt.reader import Capture
-from replayfmt.version import __version__
 from replayfmt.writer import CaptureWriter
 
 _K = m.OperationKind
@@ -124,7 +123,7 @@ class Reducible:
         if not self.units:
             raise ReplayUsageError(f"{source} holds no device work (launches, copies, memsets or graph launches)")
         lookup = capture.object
-        self._globals = globals_by_image(range(1, capture.object_count + 1), lookup)
+        self._globals = ModuleGlobals(range(1, capture.object_count + 1), lookup)
         self.reads: dict[int, list[tuple[int, int, int]]] = {}  # op -> (buffer, lo, hi)
         self.writes: dict[int, list[tuple[int, int, int]]] = {}
         for i in self.units:
@@ -140,23 +139,18 @@ class Reducible:
     def _whole(self, buffers: Iterable[int]) -> list[tuple[int, int, int]]:
         return [(b, 0, self._size(b)) for b in sorted(set(buffers) - {0})]
 
-    def _image_globals(self, executables: Iterable[int]) -> set[int]:
-        images = {image_of(e, self.capture.object) for e in executables}
-        return {b for image in images if image is not None for b in self._globals.get(image, ())}
-
     def _footprint(self, op: m.Operation) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]:
         """(reads, writes) of one operation; launches read and may write whole buffers."""
         if op.kind == _K.LAUNCH:
-            rel = op.relocations  # type: ignore[union-attr]
-            whole = self._whole({r.target_buffer for r in rel} | {r.site_buffer for r in rel})
-            whole += self._whole(self._image_globals({op.executable}) - {b for b, _, _ in whole})  # type: ignore[union-attr]
+            whole = self._whole(launch_buffers(op))  # type: ignore[arg-type]
+            whole += self._whole(self._globals.of({op.executable}) - {b for b, _, _ in whole})  # type: ignore[union-attr]
             return whole, whole
         if op.kind == _K.GRAPH_LAUNCH:
             graph = self.capture.object(op.graph)  # type: ignore[union-attr]
             if not isinstance(graph, m.Graph):
                 return [], []
             lookup = self.capture.object
-            names = buffers_named_by_graph(graph, lookup) | self._image_globals(graph_executables(graph, lookup))
+            names = buffers_named_by_graph(graph, lookup) | self._globals.of(graph_executables(graph, lookup))
             whole = self._whole(names)
             return whole, whole
         if op.kind == _K.MEMSET:
@@ -234,16 +228,7 @@ class Reducible:
         properties: tuple[tuple[str, str], ...],
     ) -> Built:
         src = self.capture.metadata
-        meta = m.CaptureMetadata(
-            tool=TOOL,
-            tool_version=__version__,
-            created_unix_ns=time.time_ns(),
-            host=src.host,
-            gpu=src.gpu,
-            driver=src.driver,
-            command_line=src.command_line,
-            properties=(*[(k, v) for k, v in src.properties if not k.startswith("reduce.")], *properties),
-        )
+        meta = derived_metadata(src, TOOL, "reduce.", properties)
         built = Built(output, tuple(keep), {})
         with CaptureWriter(output, metadata=meta, overwrite=True) as w:
             t = Transplant(self.capture, w)

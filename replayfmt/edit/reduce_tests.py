@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -185,7 +186,6 @@ def end_children() -> None:
 
 def run_candidate(test: Test, path: Path, device: int | None, timeout: float) -> Answer:
     """Put ``path`` to ``test`` in a child process pinned to ``device`` (None: not pinned)."""
-    import time
 
     env = dict(os.environ)
     if device is not None:

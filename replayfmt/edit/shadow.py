@@ -19,16 +19,16 @@ launch, which kernels use without naming them. Copies and memsets touch exactly 
 
 from __future__ import annotations
 
-import bisect
 import enum
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
+from replayfmt.edit.run_map import RunMap
 from replayfmt.errors import ReplayUsageError
 from replayfmt.format import model as m
-from replayfmt.format.uses import globals_by_image, image_of, uses
+from replayfmt.format.uses import ModuleGlobals, uses
 
 _K = m.OperationKind
 
@@ -47,51 +47,15 @@ class Dirtied:
     what: str  # e.g. "launch of gemm_kernel", "graph launch of graph 9"
 
 
-class Intervals:
-    """A ByteState for every byte of ``[0, size)``, kept as sorted runs: a launch that dirties a
-    64 GiB arena costs one run, not 64 GiB of flags."""
+class Intervals(RunMap[ByteState]):
+    """A ByteState for every byte of ``[0, size)``, kept as sorted runs with equal neighbours
+    joined: a launch that dirties a 64 GiB arena costs one run, not 64 GiB of flags."""
 
-    __slots__ = ("_starts", "_states", "size")
+    __slots__ = ()
+    join = True
 
     def __init__(self, size: int) -> None:
-        self.size = size
-        self._starts = [0]  # run k covers [starts[k], starts[k + 1]) (the last: to size)
-        self._states = [ByteState.UNDEFINED]
-
-    def _split(self, at: int) -> int:
-        """The index of the run that begins at ``at`` (splitting the run holding it)."""
-        k = bisect.bisect_right(self._starts, at) - 1
-        if self._starts[k] != at:
-            self._starts.insert(k + 1, at)
-            self._states.insert(k + 1, self._states[k])
-            k += 1
-        return k
-
-    def set(self, lo: int, hi: int, state: ByteState) -> None:
-        lo, hi = max(0, lo), min(self.size, hi)
-        if lo >= hi:
-            return
-        first = self._split(lo)
-        last = self._split(hi) if hi < self.size else len(self._starts)
-        self._starts[first:last] = [lo]
-        self._states[first:last] = [state]
-        # join with equal neighbours
-        if first + 1 < len(self._states) and self._states[first + 1] == state:
-            del self._starts[first + 1], self._states[first + 1]
-        if first > 0 and self._states[first - 1] == state:
-            del self._starts[first], self._states[first]
-
-    def pieces(self, lo: int, hi: int) -> list[tuple[int, int, ByteState]]:
-        """(start, end, state) of the runs within ``[lo, hi)``, clipped to it."""
-        out = []
-        k = max(0, bisect.bisect_right(self._starts, lo) - 1)
-        while k < len(self._starts) and self._starts[k] < hi:
-            end = self._starts[k + 1] if k + 1 < len(self._starts) else self.size
-            a, b = max(lo, self._starts[k]), min(hi, end)
-            if a < b:
-                out.append((a, b, self._states[k]))
-            k += 1
-        return out
+        super().__init__(size, ByteState.UNDEFINED)
 
 
 class Pages:
@@ -239,7 +203,7 @@ class Shadow:
         self._lookup = lookup
         self._budget = _Budget(max_bytes)
         self._graph_buffers: dict[int, set[int]] = {}  # a graph's footprint, walked once however often launched
-        self._globals = globals_by_image(self._buffers, lookup)  # the tracked ones: launches write them unnamed
+        self._globals = ModuleGlobals(self._buffers, lookup)  # the tracked ones: launches write them unnamed
 
     @property
     def tracked(self) -> set[int]:
@@ -304,14 +268,18 @@ class Shadow:
             return
         pieces = s.status.pieces(src_offset, src_offset + size)
         shift = dst_offset - src_offset
-        data = {(a, b): s.data.read(a, b - a) for a, b, state in pieces if state == ByteState.KNOWN}
+        data = {(a, b): self.read(src, a, b - a) for a, b, state in pieces if state == ByteState.KNOWN}
         for a, b, state in pieces:
             d.status.set(a + shift, b + shift, state)
             if state == ByteState.KNOWN:
                 self._budget.charge(d.data, a + shift, b - a, f"operation {index} (copy of {b - a} bytes)")
-                d.data.write(a + shift, data[(a, b)])
+                self._write(dst, a + shift, data[(a, b)])
             elif state == ByteState.DIRTY and s.dirtied is not None:
                 d.dirtied = s.dirtied
+
+    def _write(self, buffer: int, offset: int, data: np.ndarray) -> None:
+        """Put the bytes a copy moved into the buffer's pages."""
+        self._buffers[buffer].data.write(offset, data)
 
     def dirty(self, buffer: int, index: int, what: str, offset: int = 0, size: int | None = None) -> None:
         b = self._buffers.get(buffer)
@@ -326,7 +294,7 @@ class Shadow:
         kind = op.kind
         if kind == _K.LAUNCH:
             name = kernel_name(op) if kernel_name else f"executable {op.executable}"  # type: ignore[arg-type]
-            for buffer in launch_buffers(op) | self._globals_of({op.executable}):  # type: ignore[arg-type,union-attr]
+            for buffer in launch_buffers(op) | self._globals.of({op.executable}):  # type: ignore[arg-type,union-attr]
                 self.dirty(buffer, op.index, f"launch of {name}")
         elif kind == _K.MEMSET:
             self.memset(op)  # type: ignore[arg-type]
@@ -347,20 +315,13 @@ class Shadow:
             if isinstance(graph, m.Graph):
                 footprint = self._graph_buffers.get(graph.id)
                 if footprint is None:
-                    launched = self._globals_of(graph_executables(graph, self._lookup))
+                    launched = self._globals.of(graph_executables(graph, self._lookup))
                     footprint = self._graph_buffers[graph.id] = buffers_named_by_graph(graph, self._lookup) | launched
                 for buffer in footprint:
                     self.dirty(buffer, op.index, f"graph launch of graph {graph.id}")
         elif kind == _K.NONE:  # an operation this reader does not know: it may have written anything
             for buffer in self._buffers:
                 self.dirty(buffer, op.index, f"an unknown operation (code {getattr(op, 'code', '?')})")
-
-    def _globals_of(self, executables: set[int]) -> set[int]:
-        """The tracked module-global buffers of the images of ``executables``."""
-        if not self._globals:
-            return set()
-        images = {image_of(e, self._lookup) for e in executables}
-        return {b for image in images if image is not None for b in self._globals.get(image, ())}
 
     # -- what is known ------------------------------------------------------------------------------
 

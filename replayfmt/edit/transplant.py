@@ -5,12 +5,15 @@ nothing), every id an object or operation names mapped to its new number."""
 from __future__ import annotations
 
 import dataclasses
+import time
+from collections.abc import Iterable
 
 import numpy as np
 
 from replayfmt.errors import ReplayUsageError
 from replayfmt.format import model as m
 from replayfmt.reader import Capture
+from replayfmt.version import __version__
 from replayfmt.writer import CaptureWriter
 
 _K = m.OperationKind
@@ -202,3 +205,19 @@ class Transplant:
             ]
             return w.checkpoint(entries, name=op.name, types=types) if entries else None  # type: ignore[union-attr]
         return None
+
+
+def derived_metadata(
+    src: m.CaptureMetadata, tool: str, own_prefix: str, properties: Iterable[tuple[str, str]]
+) -> m.CaptureMetadata:
+    """The metadata of a file made from a capture by ``tool``: the source's host, GPU, driver and
+    command line; its properties less those under ``own_prefix`` (left by an earlier run of the same
+    tool), then ``properties``."""
+    kept = [(k, v) for k, v in src.properties if not k.startswith(own_prefix)]
+    return dataclasses.replace(
+        src,
+        tool=tool,
+        tool_version=__version__,
+        created_unix_ns=time.time_ns(),
+        properties=(*kept, *properties),
+    )

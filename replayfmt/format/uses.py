@@ -146,11 +146,30 @@ def globals_by_image(buffers: Iterable[int], lookup: Callable[[int], m.ObjectDef
     return out
 
 
+class ModuleGlobals:
+    """The module globals (format 1.4) among ``buffers``, by the executables whose kernels read
+    and may write them unnamed; found once, then looked up per executable."""
+
+    def __init__(self, buffers: Iterable[int], lookup: Callable[[int], m.ObjectDef | None]) -> None:
+        self._lookup = lookup
+        self._by_image = globals_by_image(buffers, lookup)
+        self._of: dict[int, frozenset[int]] = {}
+
+    def of(self, executables: Iterable[int]) -> set[int]:
+        """The globals the kernels of ``executables`` may touch."""
+        out: set[int] = set()
+        for executable in executables:
+            found = self._of.get(executable)
+            if found is None:
+                image = image_of(executable, self._lookup) if self._by_image else None
+                found = self._of[executable] = frozenset(self._by_image.get(image, ())) if image else frozenset()
+            out |= found
+        return out
+
+
 def module_globals(
     executables: Iterable[int], buffers: Iterable[int], lookup: Callable[[int], m.ObjectDef | None]
 ) -> set[int]:
     """The buffers among ``buffers`` that are module globals of the images of ``executables``:
     what their kernels read and may write unnamed."""
-    by_image = globals_by_image(buffers, lookup)
-    images = {image_of(e, lookup) for e in executables}
-    return {b for image in images if image is not None for b in by_image.get(image, ())}
+    return ModuleGlobals(buffers, lookup).of(executables)

@@ -34,10 +34,10 @@ from replayfmt.errors import ReplayError, ReplayUsageError
 from replayfmt.format import model as m
 from replayfmt.format.host_waits import released_counts
 from replayfmt.format.names import demangle
-from replayfmt.format.uses import uses
+from replayfmt.format.uses import ModuleGlobals, uses
 from replayfmt.measure import kernel_times as kt
 from replayfmt.measure.graph_nodes import NodeKey, node_name, unroll_graph_launches
-from replayfmt.measure.restore import ModuleGlobals, Span, buffers_of, restore_spans
+from replayfmt.measure.restore import Span, buffers_of, restore_spans
 from replayfmt.reader import Capture
 from replayfmt.replay.graph_plan import buffers_used_by_graph, kernel_nodes
 from replayfmt.replay.graphs import launch_into_capture

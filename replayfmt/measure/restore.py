@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from replayfmt.format import model as m
-from replayfmt.format.uses import globals_by_image, image_of, uses
+from replayfmt.format.uses import ModuleGlobals as ModuleGlobals, uses  # callers import it from here too
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,27 +34,6 @@ def buffers_of(op: m.Operation) -> set[int]:
     """The buffers an operation's device work reads or writes, as it names them (0, the launch's
     own parameters, left out; a launch's module globals: :class:`ModuleGlobals`)."""
     return set(uses(op).buffers)
-
-
-class ModuleGlobals:
-    """The module globals (format 1.4) among a capture's buffers, by the executables whose kernels
-    read and may write them unnamed; found once, then looked up per executable."""
-
-    def __init__(self, buffers: Iterable[int], lookup: Callable[[int], m.ObjectDef | None]) -> None:
-        self._lookup = lookup
-        self._by_image = globals_by_image(buffers, lookup)
-        self._of: dict[int, frozenset[int]] = {}
-
-    def of(self, executables: Iterable[int]) -> set[int]:
-        """The globals the kernels of ``executables`` may touch."""
-        out: set[int] = set()
-        for executable in executables:
-            found = self._of.get(executable)
-            if found is None:
-                image = image_of(executable, self._lookup) if self._by_image else None
-                found = self._of[executable] = frozenset(self._by_image.get(image, ())) if image else frozenset()
-            out |= found
-        return out
 
 
 def restore_spans(

@@ -31,7 +31,6 @@ class DiffResult:
 
     diff: Diff
     failed: tuple[str, ...]
-    thresholds: tuple[Threshold, ...]
 
 
 def diff(
@@ -41,4 +40,4 @@ def diff(
     options = options or DiffOptions()
     with open_capture(before, limits=options.limits) as a, open_capture(after, limits=options.limits) as b:
         compared = diff_captures(a, b)
-    return DiffResult(compared, tuple(failures(compared, options.fail_on)), options.fail_on)
+    return DiffResult(compared, tuple(failures(compared, options.fail_on)))

@@ -1,8 +1,8 @@
-"""Steps whose results die inside their scope are still verified (issue 44), on a GPU: memory freed
+"""Steps whose results die inside their scope are still verified, on a GPU: memory freed
 with cuMemFree before the scope ends, and a PyTorch result dropped at once (the caching
 allocator's block free), are checkpointed before they go; run-replay --verify compares them with
 evidence, and a wrong launch fails naming the element. The diffrax and torch.compile
-max-autotune programs of the issue: scripts/issue44_dropped_results.py."""
+max-autotune programs: scripts/issue44_dropped_results.py."""
 
 from __future__ import annotations
 

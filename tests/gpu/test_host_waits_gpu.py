@@ -1,4 +1,4 @@
-"""Kernels that wait for a host write, on a GPU (issue 44): XLA's autotuner DelayKernel, as its
+"""Kernels that wait for a host write, on a GPU: XLA's autotuner DelayKernel, as its
 GpuTimer queues it (capture_scripts/xla_delay_kernel.py), is recognised by the recorder, not run by
 run-replay or benchmark-replay (it would spin its 100 ms timeout each time: no replay writes the
 release), said so in each report, and left out of both sides of the busy time. That the replay's
