@@ -44,9 +44,8 @@ ALLOWED: dict[str, set[str]] = {
     # the recorder writes; what its file is worth it asks the replay side (replay.replayable, and
     # the verify verb in a child process, by module name): it never reads a capture itself
     "capture": {"errors", "format", "container", "cuda", "replay", "writer"},
-    # cutting captures apart and comparing them: reads one, writes another, replays a prefix on a GPU;
-    # reduce's worker times a candidate as benchmark-replay does (measure never imports edit)
-    "edit": {"errors", "version", "format", "cuda", "reader", "writer", "replay", "execute", "measure"},
+    # cutting captures apart and comparing them: reads one, writes another, replays a prefix on a GPU
+    "edit": {"errors", "version", "format", "cuda", "reader", "writer", "replay", "execute"},
     # The design card's front doors: the public writing and reading API over container/, and the
     # executor's entry over replay/.
     "writer": {"errors", "format", "container"},

@@ -11,7 +11,7 @@ candidate is put to one in a child process.
 * :class:`Command`: a command exits non-zero, ``{}`` replaced by the candidate's path.
 
 Candidates are tested in child processes (a fault leaves a CUDA context unusable, and a hang is
-cut off): ``python -m replayfmt.edit.reduce_worker TEST CAPTURE`` prints one JSON object (an
+cut off): ``python -m replayfmt.verbs.reduce_worker TEST CAPTURE`` prints one JSON object (an
 :class:`Answer`); a command runs in a shell. ``CUDA_VISIBLE_DEVICES`` pins each to its device.
 Substitutions name executables by the original capture's ids; :meth:`for_candidate` renumbers them
 for a candidate (a substituted executable the candidate does not keep is left out).
@@ -193,7 +193,7 @@ def run_candidate(test: Test, path: Path, device: int | None, timeout: float) ->
     if isinstance(test, Command):
         argv = ["/bin/sh", "-c", test.line(path)]
     else:
-        argv = [sys.executable, "-m", "replayfmt.edit.reduce_worker", encode_test(test), str(path)]
+        argv = [sys.executable, "-m", "replayfmt.verbs.reduce_worker", encode_test(test), str(path)]
     started = time.monotonic()
     # its own session: a timeout ends the whole group (a shell's children too), and the terminal's
     # interrupt reaches only the parent, which then ends the children it started

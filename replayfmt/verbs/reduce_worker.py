@@ -1,12 +1,14 @@
 """One candidate of a reduction put to one test, in a process of its own:
 
-    python -m replayfmt.edit.reduce_worker TEST_JSON CAPTURE
+    python -m replayfmt.verbs.reduce_worker TEST_JSON CAPTURE
 
 prints one JSON object on stdout (:class:`~replayfmt.edit.reduce_tests.Answer`: ``failing``,
 ``detail``, ``error``) and exits 0 whatever the verdict; a non-zero exit means the worker itself
 broke. The replay runs on the process's first visible device (the parent pins it with
 ``CUDA_VISIBLE_DEVICES``). A candidate that cannot be replayed for a reason other than the one
-tested (no GPU, a plan problem) answers "not failing", with the reason in ``detail``.
+tested (no GPU, a plan problem) answers "not failing", with the reason in ``detail``. Verification
+is the verify verb's, with run-replay --verify's options: what reduce-replay calls failing
+verification is what run-replay --verify calls it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 
 from replayfmt.edit.reduce_tests import Answer, FailsVerify, Faults, Slower, Test, decode_test
 from replayfmt.errors import DeviceError, DeviceUnavailableError, ReplayError
+from replayfmt.replay.verify_types import Outcome, VerifyOptions
 
 _CUDA_ERROR = re.compile(r"CUDA_ERROR_[A-Z_]+")
 
@@ -32,24 +35,13 @@ def _plan_options(substitutions: tuple[str, ...]):  # type: ignore[no-untyped-de
 
 
 def verification_failed(path: str, substitutions: tuple[str, ...], replays: int) -> tuple[bool, str]:
-    """(a range was wrong, the report's summary) of ``run-replay --verify`` with ``substitutions``."""
-    from replayfmt.execute import open_replay
-    from replayfmt.replay.options import ReplayOptions
-    from replayfmt.replay.verification import EvidencePolicy, Verification
+    """(a range was wrong, why) of ``run-replay --verify`` with ``substitutions``: the verify verb."""
+    from replayfmt.verbs.verifying import verify
 
-    options = _plan_options(substitutions)
-    with open_replay(path, options) as session:
-        replayer = session.start(ReplayOptions(verify=True))
-        verification = Verification(session.plan, replays=replays, evidence=EvidencePolicy.NEVER)
-        verification.attach(replayer)
-        result = replayer.run(1)
-        verification.note_runs(result)
-        errors = verification.finish(replayer)
-    if errors:
-        raise ReplayError(errors[0])
-    report = verification.report()
-    failed = report.failed
-    return bool(failed), (failed[0].line().strip() if failed else report.summary())
+    result = verify(path, VerifyOptions(plan=_plan_options(substitutions), replays=replays))
+    if result.outcome is Outcome.FAILED:  # an operation failed or the plan refused: not a wrong answer
+        raise ReplayError(result.detail)
+    return result.outcome is Outcome.MISMATCH, result.detail or result.summary
 
 
 def _fails_verify(path: str, test: FailsVerify) -> Answer:
@@ -123,7 +115,7 @@ def answer(test: Test, path: str) -> Answer:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
-        print("usage: python -m replayfmt.edit.reduce_worker TEST_JSON CAPTURE", file=sys.stderr)
+        print("usage: python -m replayfmt.verbs.reduce_worker TEST_JSON CAPTURE", file=sys.stderr)
         return 2
     try:
         test = decode_test(argv[0])
