@@ -32,3 +32,18 @@ def test_each_rank_writes_beside_the_name_given():
     assert rank_output(Path("ddp"), Rank(0, 2, 0)) == Path("ddp.rank0.kreplay")
     assert rank_output(Path("ddp.kreplay"), None) == Path("ddp.kreplay")
     assert dict(Rank(1, 2, 0).properties()) == {"rank": "1", "world_size": "2", "local_rank": "0"}
+
+
+def test_dump_replay_says_which_rank_a_capture_is(tmp_path):
+    import replayfmt
+    from replayfmt.dump import render_summary_text, summarize
+    from replayfmt.format import model as m
+
+    path = tmp_path / "job.rank1.kreplay"
+    meta = m.CaptureMetadata(tool="replayfmt.capture", properties=Rank(1, 2, 1).properties())
+    with replayfmt.CaptureWriter(path, metadata=meta):
+        pass
+    with replayfmt.open(path) as cap:
+        summary = summarize(cap)
+    assert summary.rank == "1 of 2 (local rank 1)"
+    assert "rank          1 of 2 (local rank 1)" in render_summary_text(summary)

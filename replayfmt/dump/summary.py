@@ -33,6 +33,7 @@ class Summary:
     gpu: str
     driver: str
     command_line: tuple[str, ...]
+    rank: str = ""  # "R of N (local rank L)": one rank's capture of a job recorded under a launcher
     objects: dict[str, int] = field(default_factory=dict)
     operations: dict[str, int] = field(default_factory=dict)
     unsupported: dict[str, int] = field(default_factory=dict)
@@ -132,6 +133,7 @@ def summarize(
         gpu=meta.gpu,
         driver=meta.driver,
         command_line=meta.command_line,
+        rank=_rank(dict(meta.properties)),
         recovered=cap.recovered,
         discarded_bytes=cap.discarded_bytes,
         recovery_reason=cap.recovery_reason,
@@ -195,6 +197,14 @@ def summarize(
     return s
 
 
+def _rank(properties: dict[str, str]) -> str:
+    """The rank a capture's metadata records (capture/ranks.py writes it), as people read it."""
+    if "rank" not in properties:
+        return ""
+    local = properties.get("local_rank")
+    return f"{properties['rank']} of {properties.get('world_size', '?')}" + (f" (local rank {local})" if local else "")
+
+
 def render_summary_text(s: Summary) -> list[str]:
     def counts(d: dict[str, int]) -> str:
         return ", ".join(f"{k} {v}" for k, v in d.items()) or "none"
@@ -206,6 +216,8 @@ def render_summary_text(s: Summary) -> list[str]:
     ]
     if s.command_line:
         lines.append(f"command       {' '.join(s.command_line)}")
+    if s.rank:
+        lines.append(f"rank          {s.rank}")
     lines += [
         f"objects       {s.object_count}: {counts(s.objects)}",
         f"operations    {s.operation_count}: {counts(s.operations)}",
