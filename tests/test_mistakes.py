@@ -113,6 +113,7 @@ MISTAKES: list[tuple[str, str]] = [
     ("run", "--dry-run --executable-substitution 5={notes} {good}"),
     ("run", "--dry-run --executable-substitution 2={notes} {good}"),
     ("run", "--dry-run --file-remap nothing {good}"),
+    ("run", "--dry-run --file-remap /data= {good}"),  # an empty target would remap to the root
     ("run", "--dry-run --rtol nan {good}"),
     ("run", "--dry-run --rtol inf {good}"),
     ("run", "--dry-run --atol -1 {good}"),

@@ -45,8 +45,8 @@ class FileRemap:
     def parse(cls, spec: str) -> FileRemap:
         """Parse ``CAPTURED_PREFIX=NEW_PREFIX`` (the ``--file-remap`` syntax)."""
         captured, sep, new = spec.partition("=")
-        if not sep or not captured:
-            raise ReplayUsageError(f"--file-remap {spec!r}: expected CAPTURED_PREFIX=NEW_PREFIX")
+        if not sep or not captured or not new:  # an empty target would put the rest of a path at the root
+            raise ReplayUsageError(f"--file-remap {spec!r}: expected CAPTURED_PREFIX=NEW_PREFIX, both non-empty")
         return cls(captured, new)
 
     def matches(self, path: str) -> bool:
