@@ -159,7 +159,7 @@ def main(
     result = reduce(capture, output, test, options, progress=progress)
     for line in result.lines():
         click.echo(line)
-    if result.stopped.startswith("interrupted"):
+    if result.interrupted:
         return EXIT_INTERRUPTED
     return EXIT_OK if result.written else EXIT_PROBLEM
 

@@ -91,6 +91,7 @@ class ReduceResult:
     devices: int = 1
     kept: tuple[int, ...] = ()
     stopped: str = ""  # why the search ended before it was 1-minimal
+    interrupted: bool = False  # an interrupt (Ctrl-C) ended it
     last_answer: str = ""  # the result's own verdict, as the test put it
 
     def __str__(self) -> str:
@@ -263,6 +264,7 @@ class _Run:
             if self._state_phase_applies() and not searched.exhausted and self.best is not None:
                 self._state_phase()
         except KeyboardInterrupt:
+            res.interrupted = True
             res.stopped = "interrupted: the result (if written) fails the test but may not be minimal"
         finally:
             self._finish()
