@@ -185,21 +185,30 @@ class Devices:
 
     def enable_peer_access(self, gpu: int, owner: int, op: m.Operation) -> None:
         """Let kernels on ``gpu`` dereference memory of ``owner`` (a pointer into its buffer)."""
-        if (gpu, owner) in self._peers:
-            return
-        cu = self.cu
-        here, there = self.gpus[gpu], self.gpus[owner]
-        if not check(cu.cuDeviceCanAccessPeer(here.handle, there.handle), "cuDeviceCanAccessPeer"):
+        if not self.peer_access(gpu, owner, op):
+            here, there = self.gpus[gpu], self.gpus[owner]
             raise DeviceError(
                 f"operation {op.index}: a kernel on cuda:{here.ordinal} uses memory of cuda:{there.ordinal}, and "
                 "these devices cannot access each other's memory: replay on devices with peer access"
             )
+
+    def peer_access(self, gpu: int, owner: int, op: m.Operation) -> bool:
+        """Peer access from ``gpu`` to ``owner``'s memory, enabled once; False where the devices
+        have none (a copy between them then goes through the host, slower, as it would have in
+        the program; a kernel cannot run at all: :meth:`enable_peer_access`)."""
+        if gpu == owner or (gpu, owner) in self._peers:
+            return True
+        cu = self.cu
+        here, there = self.gpus[gpu], self.gpus[owner]
+        if not check(cu.cuDeviceCanAccessPeer(here.handle, there.handle), "cuDeviceCanAccessPeer"):
+            return False
         self.use(gpu)
         result = cu.cuCtxEnablePeerAccess(there.ctx, 0)
         if result[0] not in (cu.CUresult.CUDA_SUCCESS, cu.CUresult.CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED):
             check(result, f"operation {op.index}: cuCtxEnablePeerAccess(cuda:{here.ordinal} -> cuda:{there.ordinal})")
         self._peers.add((gpu, owner))
         self.use(0)
+        return True
 
     def synchronize_all(self) -> Any:
         """cuCtxSynchronize on every device; the first error's result, if any (else success). The

@@ -232,6 +232,9 @@ class StepBuilder:
                         append(Step(StepKind.CHECK_DOWNLOAD, verifier.check_download, (op, host), index))
                         current = 0  # it synchronises every device
                 else:
+                    if several:  # between two devices' memory: peer to peer where they can, as programs copy
+                        for buffer in (op.src_buffer, op.dst_buffer):
+                            devices.peer_access(gpu or 0, devices.index(plan.buffers[buffer].device), op)
                     args = (A[op.dst_buffer] + op.dst_offset, A[op.src_buffer] + op.src_offset, op.size, stream)
                     append(Step(StepKind.COPY, cu.cuMemcpyDtoDAsync, args, index))
             elif cls is m.GraphLaunch:
