@@ -44,7 +44,9 @@ DRIVER = """
 import contextlib, io, json, sys, time, traceback, resource
 from replayfmt_tools.dump_replay import main as dump
 from replayfmt_tools.run_replay import main as run
-mains = {"dump-replay": dump, "run-replay": run}
+from replayfmt_tools.extract_replay import main as extract
+from replayfmt_tools.diff_replay import main as diff
+mains = {"dump-replay": dump, "run-replay": run, "extract-replay": extract, "diff-replay": diff}
 for command in json.loads(sys.argv[1]):
     out, err = io.StringIO(), io.StringIO()
     started = time.perf_counter()

@@ -9,12 +9,6 @@ where it reads it."""
 from __future__ import annotations
 
 import concurrent.futures as cf
-import json
-import os
-import resource
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import hostile_edits as he
@@ -23,30 +17,6 @@ import test_hostile as th
 
 import replayfmt
 from replayfmt.errors import ReplayError
-
-DRIVER = """
-import contextlib, io, json, sys, time, traceback, resource
-from replayfmt_tools.dump_replay import main as dump
-from replayfmt_tools.run_replay import main as run
-from replayfmt_tools.extract_replay import main as extract
-from replayfmt_tools.diff_replay import main as diff
-mains = {"dump-replay": dump, "run-replay": run, "extract-replay": extract, "diff-replay": diff}
-for command in json.loads(sys.argv[1]):
-    out, err = io.StringIO(), io.StringIO()
-    started = time.perf_counter()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            mains[command[0]].main(command[1:], prog_name=command[0], standalone_mode=False)
-            code = 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-        except BaseException:
-            traceback.print_exc()
-            code = 1
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(json.dumps([command, code, time.perf_counter() - started, peak, out.getvalue(), err.getvalue()]),
-          file=sys.__stdout__, flush=True)
-"""
 
 
 def commands(path: Path) -> list[list[str]]:
@@ -65,38 +35,6 @@ def commands(path: Path) -> list[list[str]]:
     ]
 
 
-def run_tools(commands: list[list[str]], cwd: Path) -> list[th.Outcome]:
-    """tests/test_hostile.py's runner with a driver that knows extract-replay and diff-replay."""
-    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", PYTHONPATH=str(th.ROOT))
-    started = time.perf_counter()
-    proc = subprocess.Popen(
-        [sys.executable, "-c", DRIVER, json.dumps(commands)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        cwd=cwd,
-        env=env,
-        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (th.ADDRESS_SPACE, th.ADDRESS_SPACE)),
-    )
-    try:
-        out, err = proc.communicate(timeout=th.TIME_LIMIT * len(commands) + 10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-    outcomes = [th.Outcome(*json.loads(line)) for line in out.decode().splitlines()]
-    if len(outcomes) < len(commands):
-        outcomes.append(
-            th.Outcome(
-                commands[len(outcomes)],
-                proc.returncode or 1,
-                time.perf_counter() - started,
-                0,
-                "",
-                err.decode(errors="replace") or "(killed)",
-            )
-        )
-    return outcomes
-
-
 @pytest.fixture(scope="module")
 def forged(tmp_path_factory) -> dict[str, tuple[Path, list[th.Outcome]]]:
     """Every forged file built, and the commands run on each: the files split over two
@@ -106,7 +44,7 @@ def forged(tmp_path_factory) -> dict[str, tuple[Path, list[th.Outcome]]]:
     groups = [names[0::2], names[1::2]]
 
     def run(group: list[str]) -> list[th.Outcome]:
-        return run_tools([c for name in group for c in commands(built[name])], built[group[0]].parent)
+        return th.run_tools([c for name in group for c in commands(built[name])], built[group[0]].parent)
 
     with cf.ThreadPoolExecutor(2) as pool:
         ran = list(pool.map(run, groups))
