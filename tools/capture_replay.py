@@ -27,7 +27,14 @@ MODULE_NAME = "python -m replayfmt.capture"  # how README starts the recorder; m
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="The .kreplay file to write.")
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="The .kreplay file to write; under a launcher (torchrun, mpirun, srun) each rank writes its own beside it "
+    "(job.kreplay -> job.rank0.kreplay, job.rank1.kreplay, ...).",
+)
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists (never done silently).")
 @click.option(
     "--mode",
