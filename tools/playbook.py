@@ -302,8 +302,12 @@ TOOLS = {
   cuGraphExecHostNodeSetParams and cuGraphNodeSetEnabled (a disabled node is written as an empty
   node), inside child graphs too. Host-memory and 2D/3D memcpy nodes, memory-allocation and
   conditional nodes are recorded as unsupported.
-* Not reproducible, recorded as unsupported (replay refuses): IPC, NCCL kernels, peer and 2D/3D
-  copies.
+* Not reproducible, recorded as unsupported (replay refuses): IPC and 2D/3D copies.
+* Several devices in one process: every device's work is recorded, each object on its device
+  (peer copies included). Under a launcher each rank writes its own capture (`-o job.kreplay`:
+  `job.rank0.kreplay`, ...). A rank's NCCL collectives are kept as the bytes they left (NCCL's
+  own log says each call), so one rank replays alone on one GPU; collectives among the devices
+  of one process are refused by name.
 * The report at the end lists kernels seen, instances captured and bytes stored, and any error
   met inside a callback (callbacks never raise into the program).
 """,
