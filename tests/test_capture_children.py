@@ -41,3 +41,27 @@ def test_another_injecting_tool_is_left_alone(monkeypatch):
     watch = ChildWatch()
     assert not watch.start()
     assert watch.stop() == [] and os.environ["CUDA_INJECTION64_PATH"] == "/opt/other/tool.so"
+
+
+def test_a_capture_without_device_work_whose_children_used_cuda_is_not_replayable(tmp_path):
+    """`python -m replayfmt.capture -o x $(which torchrun) ...` records torchrun alone: its ranks'
+    work is in none of the file, which must not say `replayable: yes`."""
+    import replayfmt
+    from replayfmt.capture.verdict import check_capture, without_child_work
+    from replayfmt.format import model as m
+
+    empty = tmp_path / "launcher.kreplay"
+    with replayfmt.CaptureWriter(empty) as w:
+        w.add_object(m.Device(name="gpu0"))
+    work = tmp_path / "work.kreplay"
+    with replayfmt.CaptureWriter(work) as w:
+        device = w.add_object(m.Device(name="gpu0"))
+        buffer = w.add_object(m.Buffer(size=64, device=device))
+        w.memset(buffer=buffer, value=0, count=64)
+    children = ["4242 python3"]
+    alone = check_capture(empty)
+    assert alone.replayable and alone.device_work == 0
+    judged = without_child_work(alone, children)
+    assert not judged.replayable and "none of the program's GPU work" in judged.reason and "4242" in judged.reason
+    assert without_child_work(alone, []).replayable  # no child used CUDA: nothing more to say
+    assert without_child_work(check_capture(work), children).replayable  # its own work is there

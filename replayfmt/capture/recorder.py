@@ -32,7 +32,7 @@ from replayfmt.capture.ranks import this_rank
 from replayfmt.capture.report import Report
 from replayfmt.capture.self_check import Outcome, ReplayCheck, replay_check, skip_reason
 from replayfmt.capture.translate import Translator
-from replayfmt.capture.verdict import check_capture
+from replayfmt.capture.verdict import check_capture, without_child_work
 from replayfmt.errors import ReplayUsageError
 from replayfmt.format import model as m
 from replayfmt.writer import CaptureWriter
@@ -224,7 +224,8 @@ class Recorder:
             self.memory.close()
             self.writer.close(partial=self.report.partial)
             self.report.operations = self.writer.operation_count
-        self.report.verdict = check_capture(self.path, fixed_addresses=self.options.fixed_addresses)
+        verdict = check_capture(self.path, fixed_addresses=self.options.fixed_addresses)
+        self.report.verdict = without_child_work(verdict, self.report.children)
         if self_check is not None:
             self.self_check(self_check)
         return self.report

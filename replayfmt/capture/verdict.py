@@ -23,6 +23,7 @@ class CaptureVerdict:
     fixed_addresses: bool = False  # replayable with --fixed-addresses (the capture requires it)
     host_files: list[str] = field(default_factory=list)  # paths replay reads from the host
     device_bytes: int = 0  # device memory its buffers take on replay
+    device_work: int = 0  # operations that run on a device
     replay: ReplayCheck | None = None  # the self-check's replay (None: not asked for)
 
     @property
@@ -60,4 +61,18 @@ def check_capture(path: str | Path, *, fixed_addresses: bool = False) -> Capture
         fixed_addresses=closed.fixed_addresses,
         host_files=list(closed.host_files),
         device_bytes=closed.device_bytes,
+        device_work=closed.device_work,
     )
+
+
+def without_child_work(verdict: CaptureVerdict, children: list[str]) -> CaptureVerdict:
+    """The verdict on a capture whose program's GPU work ran in child processes this recorder did
+    not record: a capture with no device work of its own is not replayable, whatever its plan
+    says (it would replay nothing and call that a success)."""
+    if not children or not verdict.replayable or verdict.device_work:
+        return verdict
+    reason = (
+        f"it holds none of the program's GPU work: {len(children)} child process(es) used CUDA and were not "
+        f"recorded (process {children[0]}); record inside each (torchrun ... -m replayfmt.capture -o X)"
+    )
+    return CaptureVerdict(False, reason)

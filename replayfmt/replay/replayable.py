@@ -53,6 +53,7 @@ class ClosedCapture:
     fixed_addresses: bool = False  # replayable with --fixed-addresses (the capture requires it)
     host_files: tuple[str, ...] = ()  # paths replay reads from the host
     device_bytes: int = 0  # device memory its buffers take on replay
+    device_work: int = 0  # operations that run on a device (launches, graph launches, copies, memsets)
 
 
 def host_files(objects: Iterable[m.ObjectDef]) -> tuple[str, ...]:
@@ -74,4 +75,5 @@ def check_closed(path: str | os.PathLike[str], *, fixed_addresses: bool = False)
         return ClosedCapture(str(exc))
     if plan.problems:  # (the whole capture's, such as no device work left)
         return ClosedCapture(plan.problems[0])
-    return ClosedCapture(fixed_addresses=fixed, host_files=files, device_bytes=plan.buffer_bytes)
+    work = sum(n for label, n in plan.operation_counts.items() if label in {k.label for k in m.DEVICE_WORK})
+    return ClosedCapture(fixed_addresses=fixed, host_files=files, device_bytes=plan.buffer_bytes, device_work=work)
