@@ -49,3 +49,8 @@ def rank_output(path: Path, rank: Rank | None) -> Path:
     if rank is None:
         return path
     return path.with_name(f"{path.stem}.rank{rank.rank}{path.suffix or '.kreplay'}")
+
+
+def rank_properties(rank: Rank | None) -> tuple[tuple[str, str], ...]:
+    """The capture metadata properties that record ``rank`` (none for a process that runs alone)."""
+    return rank.properties() if rank is not None else ()

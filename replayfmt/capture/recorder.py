@@ -28,7 +28,7 @@ from replayfmt.capture.launch_ring import LaunchRing
 from replayfmt.capture.nccl_log import CollectiveLog
 from replayfmt.capture.options import CaptureMode, RecordOptions
 from replayfmt.capture.original_times import OriginalTimes
-from replayfmt.capture.ranks import this_rank
+from replayfmt.capture.ranks import rank_properties, this_rank
 from replayfmt.capture.report import Report
 from replayfmt.capture.self_check import Outcome, ReplayCheck, replay_check, skip_reason
 from replayfmt.capture.translate import Translator
@@ -87,7 +87,11 @@ class Recorder:
             gpu=device.name,
             driver=str(device.driver_version),
             command_line=command_line or tuple(sys.argv),
-            properties=(("mode", options.mode.value), ("kernels", options.kernels or ""), *rank_properties()),
+            properties=(
+                ("mode", options.mode.value),
+                ("kernels", options.kernels or ""),
+                *rank_properties(this_rank()),
+            ),
         )
         self.writer = CaptureWriter(path, metadata=metadata, overwrite=overwrite)
         # repeated launches recorded in C (region mode, where the library is built): launch_ring
@@ -349,9 +353,3 @@ def _current_ordinal(cu: Any) -> int:
     if err != cu.CUresult.CUDA_SUCCESS:
         ordinal = check(cu.cuDeviceGet(0), "cuDeviceGet")
     return int(ordinal)
-
-
-def rank_properties() -> tuple[tuple[str, str], ...]:
-    """The rank, world size and local rank of this process in a job of several, for the metadata."""
-    rank = this_rank()
-    return rank.properties() if rank is not None else ()
