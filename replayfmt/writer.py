@@ -12,9 +12,7 @@ written at their own reserved offsets by a pool of worker threads. Record batche
 and written in order by one more worker, each only after the frames it refers to are on disk, so
 a file cut short by a crash never refers to a frame written after the records that use it.
 
-What ``flush()`` promises (a process crash loses nothing recorded before it; ``durable=True`` also
-survives an OS crash) is in its docstring; a frame is claimed and made pending in one step, and
-a batch that refers to a frame still being written waits for it.
+``flush()`` says what it promises (``durable=True``: an OS crash loses nothing recorded before it).
 
 Errors while writing (a full disk, an I/O error) are ReplayErrors naming the file and offset. Every
 chunk is written at an offset the writer owns, so a failed write leaves at most a torn last chunk
@@ -40,7 +38,7 @@ import numpy as np
 from replayfmt.container.batches import OPERATION_BYTES, RELOCATION_STRUCT, LaunchTemplate, OpenBatch, PackedRelocations
 from replayfmt.container.directory import frame_entries
 from replayfmt.container.output import InlineExecutor, create_file, sync_file, write_all
-from replayfmt.container.payload_store import FetchMissing, FrameStore
+from replayfmt.container.payload_store import FetchMissing, FrameStore, PayloadIds
 from replayfmt.container.sealing import RecordSealer
 from replayfmt.errors import ReplayError, ReplayUsageError
 from replayfmt.format import layout, model as m, records, timings
@@ -75,7 +73,6 @@ _ZERO_PAD = bytes(8)
 _RECORD_COMPRESSION = CompressionPolicy(level=3, min_saving=0.05)
 # struct.Struct twins of the schema's LaunchRecord and Relocation (a test checks the layouts agree)
 _LAUNCH_STRUCT = struct.Struct("<18I")
-_RELOCATION_STRUCT = RELOCATION_STRUCT
 _RELOCATION_SHIFT = RELOCATION_STRUCT.size.bit_length() - 1  # 32-byte structs: a count is a shift away
 _ID_OPERATION_STRUCT = struct.Struct("<II")
 
@@ -136,8 +133,7 @@ class CaptureWriter:
         self._closed = False
         self._next_operation = 0
         self._next_object = 1
-        self._next_payload = 1
-        self._payload_ids: dict[bytes, int] = {}
+        self._payloads = PayloadIds()
         self._batch = OpenBatch(0, 1, 1)
         self._relocation_cache = PackedRelocations()
         self._stopping = threading.Event()
@@ -223,15 +219,11 @@ class CaptureWriter:
         identity = payload_hash(size, hashes)
         with self._lock:
             self._check_open()
-            existing = self._payload_ids.get(identity)
-            if existing is not None:
-                return existing
-            pid = self._next_payload
-            self._next_payload += 1
-            self._payload_ids[identity] = pid
-            self._batch.payloads.append((identity, size, self.frame_size, tuple(hashes)))
-            self._batch.extra_bytes += 64 + 16 * len(hashes)
-            self._after_append()
+            pid, new = self._payloads.assign(identity)
+            if new:
+                self._batch.payloads.append((identity, size, self.frame_size, tuple(hashes)))
+                self._batch.extra_bytes += 64 + 16 * len(hashes)
+                self._after_append()
             return pid
 
     # -- objects ---------------------------------------------------------------------------
@@ -465,6 +457,13 @@ class CaptureWriter:
             raise ReplayUsageError("state needs data, or a payload id with a size")
         return self._table_op(m.State, buffer, payload, offset, size, tuple(relocations))
 
+    def collective(self, call: m.Collective, received: BytesLike | None = None) -> int:
+        """One rank's collective call (1.5); ``received``: its receive range's bytes after it."""
+        data = memoryview(received if received is not None else b"")
+        if data.nbytes != call.recv_size:
+            raise ReplayUsageError(f"{call.describe()}: {data.nbytes} bytes received, its range holds {call.recv_size}")
+        return self._table_op(m.Collective, *call.fields(), self.add_payload(data) if data.nbytes else 0)
+
     def unsupported(self, call: str, reason: str, stream: int = 0) -> int:
         """Record a call that cannot be reproduced: dump shows it, replay refuses the capture."""
         return self._table_op(m.Unsupported, call, reason, stream)
@@ -514,7 +513,7 @@ class CaptureWriter:
         batch = self._batch
         if batch.empty():
             return None
-        self._batch = OpenBatch(self._next_operation, self._next_object, self._next_payload)
+        self._batch = OpenBatch(self._next_operation, self._next_object, self._payloads.next)
         future = self._sealer.seal(batch, self._frame_store.pending())
         if future.done() and future.exception() is not None:
             self._raise_worker_error(future.exception())
@@ -575,7 +574,7 @@ class CaptureWriter:
             metadata_offset=self._metadata_offset,
             operation_count=self._next_operation,
             object_count=self._next_object - 1,
-            payload_count=self._next_payload - 1,
+            payload_count=self._payloads.next - 1,
             batches=batches,
             frames=frames,
             timings_offset=timings_offset,

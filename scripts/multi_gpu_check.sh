@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The multi-GPU corpus (benchmarks/corpus_multi) on a machine with two GPUs: each program alone,
-# then captured, verified and timed (GPU busy time beside the original's). Logs go to $OUT.
+# then captured, verified and timed (GPU busy time beside the original's); a job's ranks also
+# replayed together (their collectives among them), verified, with a planted wrong reduction
+# (which must fail), and timed. Logs go to $OUT.
 #   usage: scripts/multi_gpu_check.sh [PROGRAM ...]     (default: every program of the folder)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -34,4 +36,18 @@ for program in "${programs[@]}"; do
     echo "=== $name: $(basename "$capture"): benchmark"
     timeout 120 python3 -m replayfmt_tools.benchmark_replay --scope step "$capture" 2>&1 | tail -8
   done
+  ranks=("$work/$name".rank*.kreplay)
+  if [ -f "${ranks[0]}" ] && [ ${#ranks[@]} -gt 1 ]; then  # the ranks together, NCCL among them
+    echo "=== $name: ranks together: verify"
+    timeout 180 python3 -m replayfmt_tools.run_replay --verify "${ranks[@]}" 2>&1 | grep -v "^\[rank" | tail -8
+    op=$(python3 -m replayfmt_tools.dump_replay --format=jsonl --kind=collective "${ranks[0]}" 2>/dev/null \
+      | python3 -c 'import json,sys; print(next((r["index"] for r in map(json.loads, sys.stdin) if r.get("operation") == "AllReduce"), ""))')
+    if [ -n "$op" ]; then
+      echo "=== $name: ranks together: planted wrong reduction at operation $op (must fail)"
+      timeout 180 python3 -m replayfmt_tools.run_replay --verify --collective-reduction "$op=max" "${ranks[@]}" 2>&1 \
+        | grep -v "^\[rank" | tail -8
+    fi
+    echo "=== $name: ranks together: benchmark"
+    timeout 180 python3 -m replayfmt_tools.benchmark_replay --scope step --repetitions 20 "${ranks[@]}" 2>&1 | tail -24
+  fi
 done 2>&1 | tee "$out/multi_gpu.log"

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from replayfmt.format import model as m
+from replayfmt.replay.collectives import CollectiveRuntime
 from replayfmt.replay.options import RunResult
 from replayfmt.replay.plan import Plan
 from replayfmt.replay.state import PoisonWrite
@@ -31,6 +32,7 @@ class HostReplayer:
         self.only: set[tuple[int, int, int]] | None = None
         self.runs = 0
         self.poisoned_runs = 0
+        self.collectives = CollectiveRuntime(None)  # alone: each collective's received bytes put in place
 
     def poison(self, writes: dict[int, list[PoisonWrite]] | None) -> None:
         self._poison = dict(writes or {})
@@ -50,6 +52,9 @@ class HostReplayer:
                     self.memory[copy.dst_buffer][copy.dst_offset : copy.dst_offset + copy.size] = data
                 for write in self._poison.get(op.index, ()):
                     self.memory[write.buffer][write.offset : write.offset + len(write.data)] = write.data
+                if isinstance(op, m.Collective) and op.recv_size:
+                    received = capture.read_payload(op.received, 0, op.recv_size)
+                    self.memory[op.recv_buffer][op.recv_offset : op.recv_offset + op.recv_size] = received
                 if isinstance(op, m.Checkpoint):
                     self.program(self.memory, op.index, self.runs)
                     for e in op.entries:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -195,4 +196,6 @@ def write_sample(path: Path, *, n: int = 1024, cubin: bytes | None = None, **wri
         ids["graph"] = w.add_object(graph)
         w.graph_launch(ids["graph"], ids["stream"])
         w.destroy(ids["event"])
+        summed = m.Collective(0, m.CollectiveOperation.ALL_REDUCE, 7, 0, ids["stream"], n, -1, 2, 0, "nccl-1", 0)
+        w.collective(dataclasses.replace(summed, send_buffer=ids["y"], recv_buffer=ids["y"]), received=2 * expected)
     return ids

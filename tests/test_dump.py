@@ -57,7 +57,11 @@ def test_every_jsonl_line_parses_with_stable_leading_rows(sample):
     code, out, _ = dump("--format=jsonl", str(sample))
     rows = [json.loads(line) for line in out.splitlines()]
     assert code == 0
-    assert rows[0]["kind"] == "file" and rows[0]["format_version"] == "1.4" and rows[0]["jsonl_version"] == 4
+    assert (
+        rows[0]["kind"] == "file"
+        and rows[0]["format_version"] == f"1.{replayfmt.FORMAT_MINOR}"
+        and rows[0]["jsonl_version"] == 4
+    )
     assert rows[1]["kind"] == "summary" and rows[1]["replayable"] is False
     with replayfmt.open(sample) as cap:
         assert len(rows) == 2 + cap.operation_count + cap.object_count
@@ -112,7 +116,10 @@ def test_bad_jq_program_is_a_usage_error(sample):
         (["--kind=copy"], {"copy_h2d", "copy_d2h", "copy_d2d"}),
         (["--kind=buffer,scope_begin"], {"buffer", "scope_begin"}),
         (["--grep=^saxpy$"], {"launch", "executable", "create", "graph_launch"}),
-        (["--object=6"], {"buffer", "create", "copy_h2d", "memset", "launch", "copy_d2d", "checkpoint", "copy_d2h"}),
+        (
+            ["--object=6"],
+            {"buffer", "create", "copy_h2d", "memset", "launch", "copy_d2d", "checkpoint", "copy_d2h", "collective"},
+        ),
     ],
 )
 def test_filters(sample, args, kinds):

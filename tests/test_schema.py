@@ -9,10 +9,11 @@ import flatbuffers
 import numpy as np
 import pytest
 
+from replayfmt.container.batches import RELOCATION_STRUCT as _RELOCATION_STRUCT
 from replayfmt.format import model as m, records
 from replayfmt.format.fb import CopyRecord, LaunchRecord, Relocation
 from replayfmt.format.schema import load_schema
-from replayfmt.writer import _LAUNCH_STRUCT, _RELOCATION_STRUCT
+from replayfmt.writer import _LAUNCH_STRUCT
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -40,6 +40,8 @@ def test_what_each_operation_of_a_real_capture_touches(tmp_path):
     load = Uses(executables=frozenset({exe}), devices=frozenset({ids["device"]}), module_globals=True)
     assert by_kind[OperationKind.MODULE_LOAD] == load
     assert by_kind[OperationKind.DEVICE_SYNCHRONIZE].devices == {ids["device"]}
+    summed = by_kind[OperationKind.COLLECTIVE]  # sent and received in place
+    assert summed.buffers == summed.writes == {y} and summed.streams == {ids["stream"]}
     everything = set().union(*(uses(op).ids() for op in ops))  # what dump-replay --object finds
     assert {x, y, exe, event, ids["stream"], ids["stream2"], ids["graph"], ids["device"]} <= everything
     assert by_kind[OperationKind.DESTROY_OBJECT].objects == {event}

@@ -340,7 +340,7 @@ def test_typed_tensors_round_trip_and_show_in_jsonl(tmp_path):
     x = inputs()
     path = write_capture(tmp_path / "c.kreplay", out_start=np.zeros(ROWS, np.float32), out_expected=row_sums(x, None))
     with replayfmt.open(path) as cap:
-        assert (cap.header.major, cap.header.minor) == (1, 4)
+        assert (cap.header.major, cap.header.minor) == (1, replayfmt.FORMAT_MINOR)
         (checkpoint,) = [op for op in cap if isinstance(op, m.Checkpoint)]
         assert checkpoint.types[1] == m.TypedTensor(OUT_ID, 0, ROWS * 4, m.DType.FLOAT32, (ROWS,), (), "out")
     out = CliRunner().invoke(dump_main, ["--format=jsonl", "--kind=checkpoint", str(path)]).stdout

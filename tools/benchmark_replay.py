@@ -20,7 +20,8 @@ from replayfmt.format.names import demangle
 from replayfmt.measure import kernel_times as kt
 from replayfmt.measure.benchmark import BenchmarkOptions, BenchmarkResult
 from replayfmt.verbs import BenchmarkReplayOptions, benchmark
-from replayfmt_tools.common import EXIT_OK, agents_md_option, check_new_file, reports_errors
+from replayfmt.verbs.ranks import RankBenchmark, benchmark_ranks
+from replayfmt_tools.common import EXIT_OK, EXIT_PROBLEM, agents_md_option, check_new_file, reports_errors
 from replayfmt_tools.options import FiniteFloatRange, limit_option, parse_devices, plan_options, replay_options
 
 EPILOG = """\b
@@ -145,7 +146,7 @@ def _compare(result: BenchmarkResult, baseline_path: Path, baseline: dict[str, A
 
 
 @click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("capture", type=click.Path(path_type=Path))
+@click.argument("captures", metavar="CAPTURE...", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--scope", metavar="NAME", help="Time only the work between the scope markers NAME (first occurrence).")
 @click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True, help="Untimed iterations first.")
 @click.option("--repetitions", type=click.IntRange(min=1), help="Timed iterations (default: as many as --min-time).")
@@ -211,7 +212,7 @@ def _compare(result: BenchmarkResult, baseline_path: Path, baseline: dict[str, A
 @agents_md_option("benchmark-replay")
 @reports_errors("benchmark-replay")
 def main(
-    capture: Path,
+    captures: tuple[Path, ...],
     scope: str | None,
     warmup: int,
     repetitions: int | None,
@@ -234,7 +235,9 @@ def main(
 ) -> int:
     """Time replayed work faithfully: exactly the scope asked for (the whole capture without
     --scope), from the same starting state every time; setup and starting state stay outside the
-    timed region. Elapsed time from CUDA events; GPU busy and per-operation times from CUPTI."""
+    timed region. Elapsed time from CUDA events; GPU busy and per-operation times from CUPTI.
+    Given every rank's capture of a job, the ranks run together, one process and one GPU each,
+    their collectives among them, each timed as it would be alone."""
     if fixed_addresses:
         restart_without_aslr()  # recorded addresses are reachable only so (see address_space)
     options = BenchmarkReplayOptions(
@@ -252,13 +255,14 @@ def main(
         plan=plan_options(
             substitutions=substitutions, remaps=remaps, launches=launches, fixed_addresses=fixed_addresses
         ),
-        devices=parse_devices(devices),
+        devices=parse_devices(devices)[:1],
         nvtx=nvtx,
         limits=limits,
     )
-    _check_new_files(trace=trace, output=output)
-    baseline = load_baseline(compare_to) if compare_to is not None else None
-    result = _run_with_progress(capture, options)
+    if len(captures) > 1:
+        return _print_ranks(benchmark_ranks(captures, options, devices=parse_devices(devices) if devices else ()))
+    baseline = _check_paths(trace=trace, output=output, compare_to=compare_to)
+    result = _run_with_progress(captures[0], options)
     if fmt == "json":
         text = json.dumps(result_json(result), indent=2) + "\n"
     elif fmt == "csv":
@@ -276,12 +280,28 @@ def main(
     return EXIT_OK
 
 
-def _check_new_files(*, trace: Path | None, output: Path | None) -> None:
-    """Every path before any device work: a run must not end in an error about its own flags."""
+def _print_ranks(ranks: list[RankBenchmark]) -> int:
+    """Each rank's timing, as one capture's is printed, under its rank."""
+    failed = 0
+    for r in ranks:
+        click.echo(f"rank {r.capture.rank} on cuda:{r.device} ({r.capture.path})")
+        if r.result is None:
+            click.echo(f"  error: {r.error}")
+            failed += 1
+            continue
+        for line in _text(r.result):
+            click.echo(f"  {line}")
+    return EXIT_PROBLEM if failed else EXIT_OK
+
+
+def _check_paths(*, trace: Path | None, output: Path | None, compare_to: Path | None) -> Any:
+    """Every path before any device work (a run must not end in an error about its own flags);
+    the --compare-to baseline, read."""
     if trace is not None:
         check_new_file(trace, "--trace")
     if output is not None:
         check_new_file(output, "--output")
+    return load_baseline(compare_to) if compare_to is not None else None
 
 
 def result_json(result: BenchmarkResult) -> dict[str, Any]:

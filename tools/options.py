@@ -16,8 +16,10 @@ import click
 from replayfmt.container.files import FileRemap
 from replayfmt.errors import ReplayUsageError
 from replayfmt.format.layout import DEFAULT_LIMITS, Limits, parse_limit
+from replayfmt.replay.collectives import REDUCTIONS
 from replayfmt.replay.compare import Tolerance
 from replayfmt.replay.plan_options import LaunchOverride, PlanOptions, Substitution
+from replayfmt.verbs.ranks import PlantedReduction
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -90,6 +92,20 @@ def parse_devices(specs: tuple[str, ...]) -> tuple[int, ...]:
     if len(set(ordinals)) != len(ordinals):
         raise ReplayUsageError("--device: the same device is given twice")
     return ordinals
+
+
+def parse_planted(specs: tuple[str, ...]) -> tuple[PlantedReduction, ...]:
+    """``--collective-reduction OP=REDUCTION`` flags."""
+    planted = []
+    for spec in specs:
+        operation, _, name = spec.partition("=")
+        if not operation.strip().isdigit() or name not in REDUCTIONS:
+            raise ReplayUsageError(
+                f"--collective-reduction {spec!r}: expected OP=REDUCTION, OP an operation index and REDUCTION one "
+                f"of {', '.join(REDUCTIONS)}"
+            )
+        planted.append(PlantedReduction(int(operation), REDUCTIONS[name]))
+    return tuple(planted)
 
 
 def source_options(fn: F) -> F:

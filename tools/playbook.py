@@ -305,8 +305,9 @@ TOOLS = {
 * Not reproducible, recorded as unsupported (replay refuses): IPC and 2D/3D copies.
 * Several devices in one process: every device's work is recorded, each object on its device
   (peer copies included). Under a launcher each rank writes its own capture (`-o job.kreplay`:
-  `job.rank0.kreplay`, ...). A rank's NCCL collectives are kept as the bytes they left (NCCL's
-  own log says each call), so one rank replays alone on one GPU; collectives among the devices
+  `job.rank0.kreplay`, ...). A rank's NCCL calls are collective operations (NCCL's own log says
+  each call, with the bytes it left): the ranks' captures replay together (`run-replay --verify
+  job.rank0.kreplay job.rank1.kreplay`), one rank alone on one GPU; collectives among the devices
   of one process are refused by name.
 * The report at the end lists kernels seen, instances captured and bytes stored, and any error
   met inside a callback (callbacks never raise into the program).

@@ -11,7 +11,15 @@ from replayfmt.cuda.address_space import restart_without_aslr
 from replayfmt.errors import ReplayUsageError, VerificationError
 from replayfmt.format.layout import Limits
 from replayfmt.replay.verify_types import DEFAULT_REPLAYS
-from replayfmt.verbs import EvidencePolicy, VerifyOptions, VerifyResult, verify as run_verify
+from replayfmt.verbs import (
+    EvidencePolicy,
+    RanksOptions,
+    RanksResult,
+    VerifyOptions,
+    VerifyResult,
+    verify as run_verify,
+    verify_ranks,
+)
 from replayfmt_tools.common import (
     EXIT_OK,
     EXIT_PROBLEM,
@@ -23,6 +31,7 @@ from replayfmt_tools.common import (
 from replayfmt_tools.options import (
     limit_option,
     parse_devices,
+    parse_planted,
     plan_options,
     replay_options,
     tolerance,
@@ -56,11 +65,14 @@ Examples:
   run-replay --jit-from-ptx --verify cap.kreplay    # the path a GPU newer than the cubins takes
   run-replay --file-remap /old/models=/data/models --verify cap.kreplay
   run-replay --launch 42:grid=128,1,1,block=256 --repetitions 10 cap.kreplay
+  run-replay --verify job.rank0.kreplay job.rank1.kreplay   # the ranks together, NCCL among them
+  run-replay --verify --collective-reduction 57=max job.rank*.kreplay   # must fail: a wrong reduction
+  run-replay --verify job.rank1.kreplay     # one rank alone: what it received put in place
 """
 
 
 @click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("capture", type=click.Path(path_type=Path))
+@click.argument("captures", metavar="CAPTURE...", nargs=-1, required=True, type=click.Path(path_type=Path))
 @replay_options
 @click.option(
     "--verify",
@@ -128,11 +140,19 @@ Examples:
     help="Parse, resolve files, load substitutions, check ABIs, read every payload the replay uses and check its "
     "hashes, plan; no GPU.",
 )
+@click.option(
+    "--collective-reduction",
+    "planted",
+    multiple=True,
+    metavar="OP=REDUCTION",
+    help="With every rank's capture: issue collective OP of the first capture (and its counterpart in each other "
+    "rank) with another reduction (sum, prod, max, min, avg): a planted wrong collective, which --verify must catch.",
+)
 @limit_option
 @agents_md_option("run-replay")
 @reports_errors("run-replay")
 def main(
-    capture: Path,
+    captures: tuple[Path, ...],
     devices: tuple[str, ...],
     substitutions: tuple[str, ...],
     remaps: tuple[str, ...],
@@ -152,11 +172,13 @@ def main(
     no_payload_checks: bool,
     jit_from_ptx: bool,
     dry_run: bool,
+    planted: tuple[str, ...],
     limits: Limits,
 ) -> int:
     """Rebuild a capture on a CUDA device and run it: buffers reallocated and pointers relocated,
     streams and events rebuilt so captured concurrency is kept, optionally verified against the
-    capture's checkpoints."""
+    capture's checkpoints. Given every rank's capture of a job (job.rank0.kreplay job.rank1.kreplay
+    ...), the ranks replay together, one process and one GPU each, their collectives among them."""
     if not verify:
         given = [flag for flag, on in (("--nondeterminism-runs", nondeterminism_runs), ("--evidence", evidence)) if on]
         if given:
@@ -173,7 +195,7 @@ def main(
             jit_from_ptx=jit_from_ptx,
         ),
         verify=verify,
-        devices=parse_devices(devices),
+        devices=parse_devices(devices)[:1] if len(captures) > 1 else parse_devices(devices),
         tolerance=tolerance(use_tolerance=use_tolerance, rtol=rtol, atol=atol),
         replays=nondeterminism_runs or DEFAULT_REPLAYS,
         evidence=EvidencePolicy(evidence or "auto"),
@@ -187,9 +209,32 @@ def main(
     if fixed_addresses and not dry_run:
         restart_without_aslr()  # recorded addresses are reachable only so (see address_space)
     as_json = output_format == "json"
+    if len(captures) > 1 or planted:  # the ranks of one job, together
+        ranks = RanksOptions(options, parse_devices(devices) if devices else (), parse_planted(planted))
+        return _print_ranks(verify_ranks(captures, ranks, progress=_rank_line), as_json=as_json)
     # with --format=json stdout holds only the JSON object
-    result = run_verify(capture, options, progress=lambda line: click.echo(line, err=as_json))
+    result = run_verify(captures[0], options, progress=lambda line: click.echo(line, err=as_json))
     return _print_result(result, dry_run=dry_run, as_json=as_json)
+
+
+def _rank_line(rank: int, line: str) -> None:
+    click.echo(f"[rank {rank}] {line}", err=True)
+
+
+def _print_ranks(result: RanksResult, *, as_json: bool) -> int:
+    """Each rank's verdict, then the job's; the exit status (the worst rank's)."""
+    for r in result.ranks:
+        rank = r.capture.rank
+        for line in r.result.report_lines:
+            click.echo(f"[rank {rank}] {line}", err=True)
+        summary = f" ({r.result.summary})" if r.result.summary else ""
+        click.echo(f"rank {rank} on cuda:{r.device}: {r.result.outcome.value}{summary}", err=as_json)
+        if r.result.detail:
+            click.echo(f"  {r.result.detail}", err=as_json)
+    if as_json:
+        click.echo(json.dumps({"outcome": result.outcome.value, "ranks": [r.result.to_dict() for r in result.ranks]}))
+    click.echo(f"ranks: {result.outcome.value} ({len(result.ranks)} ranks, {result.collectives} collectives)")
+    return result.exit_code
 
 
 def _print_result(result: VerifyResult, *, dry_run: bool, as_json: bool) -> int:

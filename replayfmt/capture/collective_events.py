@@ -1,14 +1,16 @@
-"""The translator's handling of NCCL's kernels: a collective of a rank that works on one device is
-recorded as the bytes it left in its receive buffer, so that rank's capture replays alone on one
-GPU, its collectives' results put in place where they ran (a mixin of
-:class:`~replayfmt.capture.translate.Translator`).
+"""The translator's handling of NCCL's kernels: each call of a rank that works on one device is
+recorded as a collective operation (format 1.5), with the bytes it left in its receive buffer, so
+that the ranks' captures replay together with their collectives issued again among them, and each
+rank's capture replays alone too, its collectives' results put in place where they ran (a mixin
+of :class:`~replayfmt.capture.translate.Translator`).
 
 NCCL's kernels cannot be replayed as kernels: they need NCCL's communicators, the peers' memory
 mappings and proxy threads. When NCCL's log says which calls an NCCL kernel launch carries
-(:mod:`replayfmt.capture.nccl_log`), the receive range of each is prepared as any write is (its
-earlier contents become starting state where the region needs them) and, at the recorder's next
-event, once the collective has run, read back and written as an upload on the collective's stream,
-in stream order: what follows on that stream, and whatever waits on it, sees the same bytes.
+(:mod:`replayfmt.capture.nccl_log`), the send range of each is touched as any read is, its receive
+range prepared as any write is (earlier contents become starting state where the region needs
+them), and, at the recorder's next event, once the collective has run, the receive range is read
+back and the call written on its stream, in stream order: what follows on that stream, and
+whatever waits on it, sees the same bytes. The calls one kernel launch carries were one group.
 
 Refused, with the reason: a process that works on several devices (its ranks' collectives wait for
 each other inside one process, and reading one back before the others were launched would never
@@ -22,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from replayfmt.capture import events as ev
 from replayfmt.capture.allocations import Allocation, AllocationTable
-from replayfmt.capture.nccl_log import Collective, CollectiveLog
+from replayfmt.capture.nccl_log import Collective, CollectiveLog, Communicator
 from replayfmt.errors import DeviceError
 from replayfmt.format import model as m
 
@@ -33,15 +35,21 @@ if TYPE_CHECKING:
     from replayfmt.writer import CaptureWriter
 
 
+_OPERATIONS = {kind.label: kind for kind in m.CollectiveOperation if kind}
+_O = m.CollectiveOperation
+_ROOTED = {_O.BROADCAST, _O.REDUCE, _O.SEND, _O.RECV}
+
+
 @dataclass(slots=True)
 class _Received:
-    """A collective's receive range, to be read back once it ran."""
+    """A collective launched, to be written once it ran (its receive range read back then)."""
 
     collective: Collective
-    allocation: Allocation
-    offset: int
-    size: int
-    stream: int  # the program's raw stream handle
+    communicator: Communicator
+    group: int  # shared by the calls of one kernel launch when it carries several (0: alone)
+    send: tuple[Allocation, int] | None  # (allocation, offset) of its send range
+    receive: tuple[Allocation, int] | None  # (allocation, offset) of its receive range
+    size: int  # bytes received
 
 
 class CollectiveEvents:
@@ -55,12 +63,14 @@ class CollectiveEvents:
     collectives: CollectiveLog | None
     _received: list[_Received]
     _recording: bool
+    _collective_groups: int
 
     if TYPE_CHECKING:  # provided by the translator (real stubs here would shadow its mixins' methods)
 
         def _unsupported(self, call: str, reason: str, stream: int) -> None: ...
         def _stream(self, handle: int) -> int: ...
         def _prepare_write(self, allocation: Allocation, offset: int, size: int, stream: int) -> None: ...
+        def _touch(self, allocation: Allocation, stream: int, kernel: str) -> None: ...
 
     def _on_collective_launch(self, event: ev.LaunchBegin) -> None:
         """An NCCL kernel launched while recording: its calls' results kept, or refused saying why."""
@@ -72,18 +82,48 @@ class CollectiveEvents:
         if why:
             self._unsupported(event.call, f"{event.kernel.name} is a collective (NCCL) kernel: {why}", event.stream)
             return
+        group = 0
+        if len(calls) > 1:
+            self._collective_groups += 1
+            group = self._collective_groups
+        launched = []
         for call in calls:
-            size = call.received
-            if not size:
-                continue
-            allocation = self.allocations.device_allocation(call.recvbuff)
-            if allocation is None or call.recvbuff + size > allocation.address + allocation.size:
-                self._unsupported(event.call, f"{call.describe()}: its receive buffer is in no recorded allocation", 0)
+            communicator = log.communicators.get(call.communicator) if log is not None else None
+            if communicator is None:
+                why = "NCCL's log did not say which rank of its communicator this process is (made before recording?)"
+                self._unsupported(
+                    event.call,
+                    f"{event.kernel.name} is a collective (NCCL) kernel: {call.describe()}: {why}",
+                    event.stream,
+                )
                 return
-            offset = call.recvbuff - allocation.address
-            self._prepare_write(allocation, offset, size, call.stream)
-            self._received.append(_Received(call, allocation, offset, size, call.stream))
+            root = communicator.rank == call.root
+            sent = 0 if call.operation == "Broadcast" and not root else call.sent or 0  # NCCL ignores them
+            received = 0 if call.operation == "Reduce" and not root else call.received or 0
+            send = self._range(call.sendbuff, sent)
+            receive = self._range(call.recvbuff, received)
+            if send is None or receive is None:
+                which = "send" if send is None else "receive"
+                self._unsupported(event.call, f"{call.describe()}: its {which} buffer is in no recorded allocation", 0)
+                return
+            launched.append(_Received(call, communicator, group, send or None, receive or None, received))
+        for r in launched:
+            if r.send is not None:  # read by the call: starting state where the region did not write it
+                self._touch(r.send[0], r.collective.stream, "")
+            if r.receive is not None:
+                self._prepare_write(r.receive[0], r.receive[1], r.size, r.collective.stream)
+        self._received += launched
         self.report.collectives += len(calls)
+
+    def _range(self, address: int, size: int) -> tuple[Allocation, int] | tuple[()] | None:
+        """(allocation, offset) of a call's range; () when it has none; None when no recorded
+        allocation holds it."""
+        if not size or not address:
+            return ()
+        allocation = self.allocations.device_allocation(address)
+        if allocation is None or address + size > allocation.address + allocation.size:
+            return None
+        return allocation, address - allocation.address
 
     def _collectives_refused(self, calls: list[Collective], log: CollectiveLog | None) -> str:
         if log is None or not log.on:
@@ -97,18 +137,35 @@ class CollectiveEvents:
         return f"{unknown[0].describe()}: this version does not record it" if unknown else ""
 
     def _write_received(self) -> None:
-        """Each collective launched since the last event, as the bytes it left (read once it ran)."""
+        """Each collective launched since the last event, with the bytes it left (read once it ran)."""
         received, self._received = self._received, []
         for r in received:
-            try:
-                data = self.memory.read(r.allocation.address + r.offset, r.size, r.stream)
-            except DeviceError as exc:
-                self._unsupported("ncclKernel", f"{r.collective.describe()}: its result could not be read: {exc}", 0)
-                continue
-            self.writer.copy_h2d(
-                dst_buffer=r.allocation.buffer,
-                data=data,
-                dst_offset=r.offset,
-                stream=self._stream(r.stream),
-                flags=m.COPY_FLAG_ASYNC,
+            call, data = r.collective, None
+            if r.receive is not None:
+                allocation, offset = r.receive
+                try:
+                    data = self.memory.read(allocation.address + offset, r.size, call.stream)
+                except DeviceError as exc:
+                    self._unsupported("ncclKernel", f"{call.describe()}: its result could not be read: {exc}", 0)
+                    continue
+            operation = _OPERATIONS[call.operation]
+            send_buffer, send_offset = (r.send[0].buffer, r.send[1]) if r.send is not None else (0, 0)
+            recv_buffer, recv_offset = (r.receive[0].buffer, r.receive[1]) if r.receive is not None else (0, 0)
+            call_made = m.Collective(
+                0,
+                operation,
+                call.datatype,
+                call.reduction,
+                self._stream(call.stream),
+                call.count,
+                call.root if operation in _ROOTED else -1,
+                call.ranks,
+                r.communicator.rank,
+                r.communicator.identity,
+                r.group,
+                send_buffer,
+                send_offset,
+                recv_buffer,
+                recv_offset,
             )
+            self.writer.collective(call_made, received=data)

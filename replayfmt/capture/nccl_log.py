@@ -3,11 +3,15 @@
 NCCL writes one line per collective or point-to-point call when its log is on for the ``COLL``
 subsystem: the operation, send and receive buffers, count, data type, reduction, root (or peer),
 communicator, its number of ranks and the stream, written by the calling thread when the call is
-made, before the group it belongs to launches its kernel. The recorder turns that log on for the
-program (``NCCL_DEBUG=INFO``, ``NCCL_DEBUG_SUBSYS=COLL``, into a file of its own) before NCCL
+made, before the group it belongs to launches its kernel. For the ``INIT`` subsystem it writes,
+as each communicator is made, this process's rank in it and the communicator's id (a hash of its
+unique id: the same in every rank). The recorder turns that log on for the program
+(``NCCL_DEBUG=INFO``, ``NCCL_DEBUG_SUBSYS=COLL,INIT``, into a file of its own) before NCCL
 starts, and reads the new lines when it sees an NCCL kernel launched. NCCL's kernels cannot be
-replayed as kernels (they need its communicators, peer mappings and proxy threads); knowing the
-receive buffer of each collective lets the recorder keep the bytes it left instead.
+replayed as kernels (they need its communicators, peer mappings and proxy threads); knowing each
+call lets the recorder write it as a collective operation (format 1.5), which a replay issues
+again among the other ranks' replays, with the bytes it left in its receive buffer for a replay
+of this rank alone.
 
 A program that sets NCCL's log variables itself keeps them: the recorder then reads nothing and
 its collectives are refused (NCCL kernels cannot replay), saying why.
@@ -27,11 +31,17 @@ _LINE = re.compile(
     rb"NCCL INFO (\w+): opCount [0-9a-fA-F]+ sendbuff (\S+) recvbuff (\S+) count (\d+) datatype (\d+) op (\d+) "
     rb"root (-?\d+) comm (\S+) \[nranks=(\d+)\] stream (\S+)"
 )
+# "ncclCommInitRank comm 0x... rank 0 nranks 2 cudaDev 0 nvmlDev 0 busId 18000 commId 0x... - Init COMPLETE"
+_INIT = re.compile(
+    rb"comm (0x[0-9a-fA-F]+) rank (\d+) nranks (\d+)\b(?:.*?\bcommId (0x[0-9a-fA-F]+))?.*Init COMPLETE", re.I
+)
 # ncclDataType_t: int8, uint8, int32, uint32, int64, uint64, float16, float32, float64, bfloat16,
 # float8 e4m3, float8 e5m2
 DTYPE_SIZES = (1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1)
-# how many counts of elements each operation leaves in its receive buffer (a rank's view)
-_RECEIVED = {"AllReduce": 1, "Broadcast": 1, "Reduce": 1, "ReduceScatter": 1, "Recv": 1, "AllGather": -1}
+# how many counts of elements each operation leaves in its receive buffer (a rank's view; -1: a
+# count per rank), and reads from its send buffer
+_RECEIVED = {"AllReduce": 1, "Broadcast": 1, "Reduce": 1, "ReduceScatter": 1, "Recv": 1, "AllGather": -1, "Send": 0}
+_SENT = {"AllReduce": 1, "Broadcast": 1, "Reduce": 1, "ReduceScatter": -1, "Recv": 0, "AllGather": 1, "Send": 1}
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,16 +63,45 @@ class Collective:
     def received(self) -> int | None:
         """Bytes the call leaves in this rank's receive buffer (0: none, a Send); None when this
         version does not know the operation or its data type."""
-        if self.operation == "Send":
-            return 0
-        factor = _RECEIVED.get(self.operation)
+        return self._bytes(_RECEIVED, self.recvbuff)
+
+    @property
+    def sent(self) -> int | None:
+        """Bytes the call reads from this rank's send buffer (0: none, a Recv); None when this
+        version does not know the operation or its data type. NCCL ignores the send buffer of a
+        Broadcast's other ranks and the receive buffer of a Reduce's: their bytes are counted,
+        their ranges only touched."""
+        return self._bytes(_SENT, self.sendbuff)
+
+    def _bytes(self, factors: dict[str, int], address: int) -> int | None:
+        factor = factors.get(self.operation)
         if factor is None or not 0 <= self.datatype < len(DTYPE_SIZES):
             return None
         elements = self.count * (self.ranks if factor < 0 else factor)
-        return 0 if not self.recvbuff else elements * DTYPE_SIZES[self.datatype]
+        return 0 if not address else elements * DTYPE_SIZES[self.datatype]
 
     def describe(self) -> str:
         return f"NCCL {self.operation} of {self.count} elements (data type {self.datatype}) among {self.ranks} ranks"
+
+
+@dataclass(frozen=True, slots=True)
+class Communicator:
+    """An NCCL communicator of this process: its identity (the same in every rank's log, where
+    NCCL says it) and this process's rank in it."""
+
+    identity: str
+    rank: int
+    ranks: int
+
+
+def parse_init(line: bytes) -> tuple[int, Communicator] | None:
+    """(handle, communicator) of a line saying a communicator was made, or None."""
+    found = _INIT.search(line)
+    if found is None:
+        return None
+    handle, rank, ranks, comm_id = found.groups()
+    identity = f"nccl-{comm_id.decode().lower()}" if comm_id else ""
+    return int(handle, 16), Communicator(identity, int(rank), int(ranks))
 
 
 def _pointer(text: bytes) -> int:
@@ -99,6 +138,8 @@ class CollectiveLog:
         self._partial = b""
         self.why_not = ""  # why nothing is read ("" when the log is on)
         self.seen = 0  # collectives read so far
+        self.communicators: dict[int, Communicator] = {}  # by NCCL's handle, as they were made
+        self._unnamed: dict[int, int] = {}  # communicators NCCL gave no id, by size: how many so far
 
     def start(self) -> bool:
         taken = [name for name in _VARIABLES if os.environ.get(name)]
@@ -108,7 +149,7 @@ class CollectiveLog:
         self._folder = tempfile.mkdtemp(prefix="replayfmt-nccl-")
         self._saved = {name: os.environ.get(name) for name in _VARIABLES}
         os.environ.update(
-            NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="COLL", NCCL_DEBUG_FILE=str(Path(self._folder, "nccl.%p.log"))
+            NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="COLL,INIT", NCCL_DEBUG_FILE=str(Path(self._folder, "nccl.%p.log"))
         )
         return True
 
@@ -129,9 +170,25 @@ class CollectiveLog:
         self._offset += len(data)
         lines = (self._partial + data).split(b"\n")
         self._partial = lines.pop()  # a line still being written
-        found = [c for c in map(parse_line, lines) if c is not None]
+        return self.read_lines(lines)
+
+    def read_lines(self, lines: list[bytes]) -> list[Collective]:
+        """The collectives of whole lines of the log, in call order (communicators made noted)."""
+        found = []
+        for line in lines:
+            call = parse_line(line)
+            if call is not None:
+                found.append(call)
+            elif (made := parse_init(line)) is not None:
+                self._made(*made)
         self.seen += len(found)
         return found
+
+    def _made(self, handle: int, communicator: Communicator) -> None:
+        if not communicator.identity:  # every rank makes its communicators of a size in one order
+            k = self._unnamed[communicator.ranks] = self._unnamed.get(communicator.ranks, 0) + 1
+            communicator = Communicator(f"nccl-{communicator.ranks}-ranks-{k}", communicator.rank, communicator.ranks)
+        self.communicators[handle] = communicator
 
     def stop(self) -> None:
         """Restore the environment and remove the log."""

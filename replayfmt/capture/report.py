@@ -31,7 +31,7 @@ class Report:
     unsupported: dict[str, int] = field(default_factory=dict)  # call -> count
     graph_launches: int = 0  # cuGraphLaunch calls written as GraphLaunch operations
     graphs: int = 0  # Graph objects written (a graph changed between launches is written again)
-    collectives: int = 0  # NCCL calls recorded as the bytes they left in their receive buffers
+    collectives: int = 0  # NCCL calls recorded as collective operations
     errors: list[str] = field(default_factory=list)  # problems met inside callbacks
     stored_pointers: int = 0  # pointers found in state and uploads, relocated on replay (data relocations)
     # buffer id -> what it holds that may be pointers or data: left as captured (--fixed-addresses replays it)
@@ -90,8 +90,8 @@ class Report:
             out.append(f"  CUDA graphs: {graphs}")
         if self.collectives:
             out.append(
-                f"  collectives: {self.collectives} NCCL calls recorded as the bytes they left in their receive "
-                "buffers (this rank replays alone, on one GPU; the collectives are not timed as collectives)"
+                f"  collectives: {self.collectives} NCCL calls recorded (the ranks' captures replay together, "
+                "issuing them among each other; this rank alone puts what each received in place)"
             )
         if self.skipped_bytes:
             sources = ", ".join(sorted(self.live_sources))

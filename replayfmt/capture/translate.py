@@ -124,6 +124,7 @@ class Translator(ModuleEvents, MemoryEvents, GraphEvents, StateEvents, RepeatEve
         self._scopes: list[tuple[str, dict[int, Allocation]]] = []  # open scopes in a region: what they touch
         self._pending_d2h: dict[int, tuple[int, Allocation, int, int, int]] = {}
         self.collectives, self._received = collectives, []  # NCCL's log; collectives awaiting their results
+        self._collective_groups = 0  # groups of collectives (calls one NCCL kernel launch carries) so far
         self._frame_words = FrameWords()  # stored-pointer candidates of snapshot frames, by digest
         self._executables: dict[int, GraphExecutable] = {}
         self._graph_ids: dict[m.Graph, int] = {}

@@ -311,3 +311,21 @@ class FrameStore:
             self._slots.release()
             if release is not None:
                 release()
+
+
+class PayloadIds:
+    """Payload ids by identity (XXH3-128 over the size and frame hashes), dense from 1: the same
+    content is the same payload however often it is stored."""
+
+    def __init__(self) -> None:
+        self._ids: dict[bytes, int] = {}
+        self.next = 1  # the id the next new content gets
+
+    def assign(self, identity: bytes) -> tuple[int, bool]:
+        """(its id, whether it is new)."""
+        found = self._ids.get(identity)
+        if found is not None:
+            return found, False
+        pid = self._ids[identity] = self.next
+        self.next += 1
+        return pid, True

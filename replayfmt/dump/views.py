@@ -280,6 +280,10 @@ class Dumper:
             row.update(name=op.name, entries=entries)
             if op.types:  # (1.3) what the program's framework said the ranges hold
                 row["types"] = [typed_tensor_row(t) for t in op.types]
+        elif isinstance(op, m.Collective):
+            for name in field_names(op):
+                row[name] = getattr(op, name)
+            row.update(operation=op.operation.label, received=self.payload_ref(op.received) if op.received else None)
         elif isinstance(op, m.UnknownOperation):
             row["code"] = op.code
         else:
@@ -493,6 +497,8 @@ class Dumper:
             return f"{head} {op.name!r} {entries}" + (f" ({len(op.types)} typed range(s))" if op.types else "")
         if isinstance(op, m.Unsupported):
             return f"{head} {op.call}: {op.reason}"
+        if isinstance(op, m.Collective):
+            return f"{head} {collective_text(op)}{self._original_text(op.index)}"
         if isinstance(op, m.UnknownOperation):
             return f"{head} code={op.code}"
         fields = " ".join(f"{n}={getattr(op, n)}" for n in field_names(op))
@@ -546,3 +552,17 @@ def _ids_of(op: m.Operation) -> set[int]:
     """Every object id an operation refers to (for --object): the one table's
     (replayfmt.format.uses)."""
     return set(uses(op).ids())
+
+
+def collective_text(op: m.Collective) -> str:
+    """One rank's collective as dump-replay shows it, e.g. ``AllReduce 1024 x dtype 7 (op 0)
+    buffer#3+0 -> buffer#3+0, rank 0 of 2 on c3f1 stream=2``."""
+    send = f"buffer#{op.send_buffer}+{op.send_offset}" if op.send_size else "-"
+    recv = f"buffer#{op.recv_buffer}+{op.recv_offset}" if op.recv_size else "-"
+    root = f" root/peer {op.root}" if op.root >= 0 else ""
+    group = f" group {op.group}" if op.group else ""
+    received = f", received payload#{op.received}" if op.received else ""
+    return (
+        f"{op.operation.label} {op.count} x dtype {op.datatype} (reduction {op.reduction}){root} {send} -> {recv}, "
+        f"rank {op.rank} of {op.ranks} on {op.communicator}{group} stream={op.stream}{received}"
+    )

@@ -88,6 +88,11 @@ def compute_closure(ops: Iterable[m.Operation], lookup: Callable[[int], m.Object
                 writes.setdefault(op.dst_buffer, []).append((op.dst_offset, op.dst_offset + op.size))  # type: ignore[union-attr]
             if op.src_file:  # type: ignore[union-attr]
                 c.files.add(op.src_file)  # type: ignore[union-attr]
+        elif kind == _K.COLLECTIVE:  # reads what it sends (among its peers), writes what it receives
+            if op.send_size:  # type: ignore[union-attr]
+                reads.setdefault(op.send_buffer, []).append((op.send_offset, op.send_offset + op.send_size))  # type: ignore[union-attr]
+            if op.recv_size:  # type: ignore[union-attr]
+                writes.setdefault(op.recv_buffer, []).append((op.recv_offset, op.recv_offset + op.recv_size))  # type: ignore[union-attr]
         elif kind == _K.EVENT_RECORD:
             c.events.add(op.event)  # type: ignore[union-attr]
         elif kind in (_K.STREAM_WAIT_EVENT,) and op.event in c.events:  # type: ignore[union-attr]

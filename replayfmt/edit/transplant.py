@@ -188,6 +188,15 @@ class Transplant:
             return w.host_function(self.id(op.stream))  # type: ignore[union-attr]
         if kind == _K.GRAPH_LAUNCH:
             return w.graph_launch(self.id(op.graph), self.id(op.stream))  # type: ignore[union-attr]
+        if kind == _K.COLLECTIVE:  # kept as it is: replayed alone, what it received is put in place
+            c: m.Collective = op  # type: ignore[assignment]
+            ids = {
+                "stream": self.id(c.stream),
+                "send_buffer": self.id(c.send_buffer),
+                "recv_buffer": self.id(c.recv_buffer),
+            }
+            received = self.source.read_payload(c.received) if c.received else None
+            return w.collective(dataclasses.replace(c, **ids), received=received)
         if kind == _K.SCOPE_BEGIN:
             return w.scope_begin(op.name)  # type: ignore[union-attr]
         if kind == _K.SCOPE_END:

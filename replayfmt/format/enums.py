@@ -32,6 +32,7 @@ class OperationKind(enum.IntEnum):
     STATE = 18  # format 1.1
     HOST_FUNCTION = 19  # format 1.1
     GRAPH_LAUNCH = 20  # format 1.2
+    COLLECTIVE = 21  # format 1.5
 
     @property
     def label(self) -> str:
@@ -61,6 +62,7 @@ _OPERATION_LABELS = {
     OperationKind.HOST_FUNCTION: "host_function",
     OperationKind.STATE: "state",
     OperationKind.GRAPH_LAUNCH: "graph_launch",
+    OperationKind.COLLECTIVE: "collective",
 }
 
 
@@ -72,10 +74,29 @@ DEVICE_WORK = frozenset(
         OperationKind.COPY_DEVICE_TO_HOST,
         OperationKind.COPY_DEVICE_TO_DEVICE,
         OperationKind.MEMSET,
+        OperationKind.COLLECTIVE,
     }
 )
 """The operation kinds that are work on a device (what a region is timed over, what an extract must
 hold, what a capture cut short must still have to be worth replaying)."""
+
+
+class CollectiveOperation(enum.IntEnum):
+    """A collective communication library's operations (NCCL's), format 1.5."""
+
+    UNKNOWN = 0
+    ALL_REDUCE = 1
+    ALL_GATHER = 2
+    REDUCE_SCATTER = 3
+    BROADCAST = 4
+    REDUCE = 5
+    SEND = 6
+    RECV = 7
+
+    @property
+    def label(self) -> str:
+        """NCCL's name, e.g. ``AllReduce``."""
+        return "".join(part.capitalize() for part in self.name.split("_")) if self else "unknown"
 
 
 class ObjectKind(enum.IntEnum):

@@ -15,6 +15,11 @@ from typing import ClassVar, NamedTuple
 
 # Exported here too (m.DType), so the whole Python view is one import.
 from replayfmt.errors import ReplayUsageError
+from replayfmt.format.collective import (
+    COLLECTIVE_DTYPE_SIZES as COLLECTIVE_DTYPE_SIZES,
+    Collective as Collective,
+    CollectiveOperation as CollectiveOperation,
+)
 from replayfmt.format.enums import (
     COPY_FLAG_ASYNC as COPY_FLAG_ASYNC,
     DEVICE_WORK as DEVICE_WORK,
@@ -541,6 +546,7 @@ Operation = (
     | HostFunction
     | State
     | GraphLaunch
+    | Collective
     | UnknownOperation
 )
 

@@ -281,6 +281,7 @@ UNION_MEMBER_OF_KIND: dict[m.OperationKind, str] = {
     _K.CHECKPOINT: "Checkpoint",
     _K.UNSUPPORTED: "Unsupported",
     _K.STATE: "State",
+    _K.COLLECTIVE: "Collective",
 }
 KIND_OF_UNION_MEMBER = {member: kind for kind, member in UNION_MEMBER_OF_KIND.items()}
 STRUCT_KINDS = frozenset(
@@ -326,6 +327,8 @@ def encode_table_op(b: flatbuffers.Builder, op: Any) -> int:
         fb.State.AddOffset(b, op.offset)
         fb.State.AddSize(b, op.size)
         body = fb.State.End(b)
+    elif kind == _K.COLLECTIVE:
+        body = _encode_collective(b, op)
     elif kind == _K.UNSUPPORTED:
         call, reason = _string(b, op.call), _string(b, op.reason)
         fb.Unsupported.Start(b)
@@ -339,6 +342,51 @@ def encode_table_op(b: flatbuffers.Builder, op: Any) -> int:
     fb.Operation.AddBodyType(b, _union_code(kind))
     fb.Operation.AddBody(b, body)
     return fb.Operation.End(b)
+
+
+def _encode_collective(b: flatbuffers.Builder, op: m.Collective) -> int:
+    communicator = _string(b, op.communicator)
+    c = fb.Collective
+    c.Start(b)
+    c.AddOperation(b, int(op.operation))
+    c.AddDatatype(b, op.datatype)
+    c.AddReduction(b, op.reduction)
+    c.AddStream(b, op.stream)
+    c.AddCount(b, op.count)
+    c.AddRoot(b, op.root)
+    c.AddRanks(b, op.ranks)
+    c.AddRank(b, op.rank)
+    c.AddCommunicator(b, communicator)
+    c.AddGroup(b, op.group)
+    c.AddSendBuffer(b, op.send_buffer)
+    c.AddSendOffset(b, op.send_offset)
+    c.AddRecvBuffer(b, op.recv_buffer)
+    c.AddRecvOffset(b, op.recv_offset)
+    c.AddReceived(b, op.received)
+    return c.End(b)
+
+
+def _decode_collective(index: int, v: dict[str, Any]) -> m.Collective:
+    known = {int(k) for k in m.CollectiveOperation}
+    operation = m.CollectiveOperation(v["operation"] if v["operation"] in known else 0)
+    return m.Collective(
+        index,
+        operation,
+        v["datatype"],
+        v["reduction"],
+        v["stream"],
+        v["count"],
+        v["root"],
+        v["ranks"],
+        v["rank"],
+        v["communicator"] or "",
+        v["group"],
+        v["send_buffer"],
+        v["send_offset"],
+        v["recv_buffer"],
+        v["recv_offset"],
+        v["received"],
+    )
 
 
 def decode_table_op(index: int, kind_code: int, d: dict[str, Any]) -> Any:
@@ -360,6 +408,8 @@ def decode_table_op(index: int, kind_code: int, d: dict[str, Any]) -> Any:
         return m.Checkpoint(index, v["name"], tuple(m.CheckpointEntry(*e) for e in entries), types)
     if kind == _K.STATE:
         return m.State(index, v["buffer"], v["payload"], v["offset"], v["size"])
+    if kind == _K.COLLECTIVE:
+        return _decode_collective(index, v)
     return m.Unsupported(index, v["call"], v["reason"], v["stream"])
 
 

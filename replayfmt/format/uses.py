@@ -88,6 +88,11 @@ def _module_load(op: Any) -> Uses:
     return Uses(executables=_ids(op.executable), devices=_ids(op.device), module_globals=True)
 
 
+def _collective(op: Any) -> Uses:
+    # replayed alone it only writes its receive range; among its peers it reads its send range too
+    return Uses(_ids(op.send_buffer, op.recv_buffer), _ids(op.recv_buffer), streams=frozenset({op.stream}))
+
+
 def _stream_only(op: Any) -> Uses:
     return Uses(streams=frozenset({op.stream}))
 
@@ -115,6 +120,7 @@ USES: dict[OperationKind, Callable[[Any], Uses]] = {
     _K.STATE: _state,
     _K.HOST_FUNCTION: _stream_only,
     _K.GRAPH_LAUNCH: lambda op: Uses(graphs=_ids(op.graph), streams=frozenset({op.stream})),
+    _K.COLLECTIVE: _collective,
 }
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from replayfmt.errors import VerificationError
+from replayfmt.replay.collectives import Peers
 from replayfmt.replay.compare import BufferReport, Tolerance
 
 
@@ -23,6 +24,9 @@ class ReplayOptions:
     # the first run builds the steps as it issues them, the device working meanwhile (a large
     # capture's verdict comes sooner; that run's device time may then include waits for the host)
     build_while_running: bool = False
+    # the other ranks' replays, to issue the capture's collectives among (None: replayed alone,
+    # each collective's received bytes put in place)
+    peers: Peers | None = None
 
 
 def dry_run_devices(devices: tuple[int, ...], captured: int) -> tuple[list[str], str]:

@@ -38,11 +38,14 @@ from replayfmt.replay.plan_checks import (
     QUICK_CHECKS,
     FrameChecks,
     LiveObjects,
+    check_data_relocations,
     check_global_symbol,
     check_graph_lifetimes,
     check_object_payloads,
+    check_range,
     device_work_problem,
     event_uses_pass,
+    need,
     payloads_of,
     plan_warnings,
     repeat_key,
@@ -366,11 +369,11 @@ def _check_module_global(
 
 def _plan_state(plan: Plan, objects: Mapping[int, m.ObjectDef], op: m.State, hoist: int) -> None:
     """Check a state operation and schedule it before its region begins."""
-    buffer = _need(objects, op.buffer, m.Buffer, op, "buffer")
-    _check_range(op, buffer, op.offset, op.size, "state")
+    buffer = need(objects, op.buffer, m.Buffer, op, "buffer")
+    check_range(op, buffer, op.offset, op.size, "state")
     if not 1 <= op.payload <= plan.capture.payload_count or plan.capture.payload(op.payload).size < op.size:
         raise ReplayFormatError(f"operation {op.index} (state): payload {op.payload} is missing or too small")
-    _check_data_relocations(objects, op, op.relocations, op.offset, op.size)
+    check_data_relocations(objects, op, op.relocations, op.offset, op.size)
     plan.stores_pointers |= bool(op.relocations)
     copy = m.Copy(
         op.index, _K.COPY_HOST_TO_DEVICE, 0, 0, op.buffer, op.payload, 0, 0, 0, op.offset, op.size, op.relocations
@@ -381,41 +384,36 @@ def _plan_state(plan: Plan, objects: Mapping[int, m.ObjectDef], op: m.State, hoi
         plan.uploads[key] = (copy, plan.capture.payload(op.payload).size)
 
 
-def _need(objects: Mapping[int, m.ObjectDef], oid: int, cls: type, op: m.Operation, role: str) -> m.ObjectDef:
-    obj = objects.get(oid)
-    if not isinstance(obj, cls):
-        missing = objects.missing(oid) if isinstance(objects, LiveObjects) else f"object {oid} does not exist"
-        what = f"object {oid} is a {obj.kind.label}" if obj is not None else missing
-        raise ReplayFormatError(
-            f"operation {op.index} ({op.kind.label}): its {role} {what}, not a {cls.__name__.lower()}"
+def collective_upload(op: m.Collective) -> m.Copy:
+    """What a collective replayed without its peers does: its received bytes put in place on its
+    stream, as an upload of payload ``received`` (staged like one)."""
+    kind, size = _K.COPY_HOST_TO_DEVICE, op.recv_size
+    return m.Copy(op.index, kind, op.stream, 0, op.recv_buffer, op.received, 0, 0, 0, op.recv_offset, size)
+
+
+def _check_collective(plan: Plan, objects: Mapping[int, m.ObjectDef], op: m.Collective) -> None:
+    if op.operation == m.CollectiveOperation.UNKNOWN or not op.element_size:
+        raise UnsupportedOperationError(
+            f"operation {op.index} (collective): operation {int(op.operation)} with data type {op.datatype} "
+            "is unknown to this replayfmt: upgrade"
         )
-    return obj
-
-
-def _check_data_relocations(
-    objects: Mapping[int, m.ObjectDef], op: m.Operation, relocations: tuple[m.Relocation, ...], offset: int, size: int
-) -> None:
-    """(1.3) Each pointer stored in the bytes ``op`` writes lies inside them and points into a buffer."""
-    for r in relocations:
-        if not offset <= r.site_offset <= offset + size - 8:
+    if not 0 <= op.rank < op.ranks:
+        raise ReplayFormatError(f"operation {op.index} (collective): rank {op.rank} of a communicator of {op.ranks}")
+    for buffer_id, offset, size, role in (
+        (op.send_buffer, op.send_offset, op.send_size, "send"),
+        (op.recv_buffer, op.recv_offset, op.recv_size, "receive"),
+    ):
+        if size:
+            check_range(op, need(objects, buffer_id, m.Buffer, op, f"{role} buffer"), offset, size, role)
+    if op.recv_size:
+        if not 1 <= op.received <= plan.capture.payload_count or plan.capture.payload(op.received).size < op.recv_size:
             raise ReplayFormatError(
-                f"operation {op.index} ({op.kind.label}): a stored pointer at byte {r.site_offset} lies outside "
-                f"the range [{offset}, {offset + size}) it writes"
+                f"operation {op.index} (collective): payload {op.received} (its received bytes) is missing or too small"
             )
-        target = _need(objects, r.target_buffer, m.Buffer, op, "stored pointer's target")
-        if r.target_offset > target.size:
-            raise ReplayFormatError(
-                f"operation {op.index} ({op.kind.label}): a stored pointer at byte {r.site_offset} points "
-                f"{r.target_offset} bytes into buffer {target.id} ({target.size} bytes)"
-            )
-
-
-def _check_range(op: m.Operation, buffer: m.Buffer, offset: int, size: int, role: str) -> None:
-    if offset < 0 or size < 0 or offset + size > buffer.size:
-        raise ReplayFormatError(
-            f"operation {op.index} ({op.kind.label}): {role} range [{offset}, {offset + size}) lies outside "
-            f"buffer {buffer.id} ({buffer.size} bytes)"
-        )
+        copy = collective_upload(op)
+        key = upload_key(copy)
+        if key not in plan.uploads:
+            plan.uploads[key] = (copy, plan.capture.payload(op.received).size)
 
 
 def _check_operation(
@@ -434,9 +432,9 @@ def _check_operation(
         raise ReplayFormatError(f"operation {op.index} (create): object {op.object} does not exist")
     stream = getattr(op, "stream", 0)
     if stream and not isinstance(op, m.Unsupported):
-        _need(objects, stream, m.Stream, op, "stream")
+        need(objects, stream, m.Stream, op, "stream")
     if isinstance(op, m.Launch):
-        exe = _need(objects, op.executable, m.Executable, op, "executable")
+        exe = need(objects, op.executable, m.Executable, op, "executable")
         if not 0 <= op.function < len(exe.functions):
             raise ReplayFormatError(
                 f"operation {op.index} (launch): function {op.function} of executable {exe.id} does not exist"
@@ -476,15 +474,15 @@ def _check_operation(
                     f"operation {op.index} ({fn.name}): {len(op.parameters)} parameter bytes, the layout needs {end}"
                 )
         for r in op.relocations:
-            target = _need(objects, r.target_buffer, m.Buffer, op, "relocation target")
+            target = need(objects, r.target_buffer, m.Buffer, op, "relocation target")
             if r.target_offset > target.size:
                 raise ReplayFormatError(
                     f"operation {op.index} ({fn.name}): relocation points past the end of buffer {target.id}"
                 )
             if r.site_buffer:
                 plan.stores_pointers = True
-                site = _need(objects, r.site_buffer, m.Buffer, op, "relocation site")
-                _check_range(op, site, r.site_offset, 8, "relocation site")
+                site = need(objects, r.site_buffer, m.Buffer, op, "relocation site")
+                check_range(op, site, r.site_offset, 8, "relocation site")
             elif r.site_offset + (128 if r.kind == m.RelocationKind.TENSOR_MAP else 8) > len(op.parameters):
                 raise ReplayFormatError(
                     f"operation {op.index} ({fn.name}): relocation at parameter offset {r.site_offset} "
@@ -492,13 +490,13 @@ def _check_operation(
                 )
     elif isinstance(op, m.Copy):
         if op.kind == _K.COPY_HOST_TO_DEVICE:
-            dst = _need(objects, op.dst_buffer, m.Buffer, op, "destination")
-            _check_range(op, dst, op.dst_offset, op.size, "destination")
-            _check_data_relocations(objects, op, op.relocations, op.dst_offset, op.size)
+            dst = need(objects, op.dst_buffer, m.Buffer, op, "destination")
+            check_range(op, dst, op.dst_offset, op.size, "destination")
+            check_data_relocations(objects, op, op.relocations, op.dst_offset, op.size)
             plan.stores_pointers |= bool(op.relocations)
             if op.src_file:
                 resolved = plan.files.get(op.src_file)
-                _need(objects, op.src_file, m.FileReference, op, "source file")
+                need(objects, op.src_file, m.FileReference, op, "source file")
                 if (
                     resolved is not None
                     and resolved.path is None
@@ -518,35 +516,37 @@ def _check_operation(
             if key not in plan.uploads:
                 plan.uploads[key] = (op, op.size if op.src_file else plan.capture.payload(op.payload).size)
         elif op.kind == _K.COPY_DEVICE_TO_HOST:
-            src = _need(objects, op.src_buffer, m.Buffer, op, "source")
-            _check_range(op, src, op.src_offset, op.size, "source")
+            src = need(objects, op.src_buffer, m.Buffer, op, "source")
+            check_range(op, src, op.src_offset, op.size, "source")
         else:
-            src = _need(objects, op.src_buffer, m.Buffer, op, "source")
-            dst = _need(objects, op.dst_buffer, m.Buffer, op, "destination")
-            _check_range(op, src, op.src_offset, op.size, "source")
-            _check_range(op, dst, op.dst_offset, op.size, "destination")
+            src = need(objects, op.src_buffer, m.Buffer, op, "source")
+            dst = need(objects, op.dst_buffer, m.Buffer, op, "destination")
+            check_range(op, src, op.src_offset, op.size, "source")
+            check_range(op, dst, op.dst_offset, op.size, "destination")
     elif isinstance(op, m.Memset):
         if op.element_size not in (1, 2, 4):  # cuMemsetD8, D16 and D32: there is no other
             raise ReplayFormatError(
                 f"operation {op.index} (memset): element size {op.element_size}; a memset sets 1, 2 or 4 bytes"
             )
-        buf = _need(objects, op.buffer, m.Buffer, op, "buffer")
-        _check_range(op, buf, op.offset, op.count * op.element_size, "memset")
+        buf = need(objects, op.buffer, m.Buffer, op, "buffer")
+        check_range(op, buf, op.offset, op.count * op.element_size, "memset")
     elif isinstance(op, m.Checkpoint):
         for e in op.entries:
-            buf = _need(objects, e.buffer, m.Buffer, op, "checkpoint buffer")
-            _check_range(op, buf, e.offset, e.size, "checkpoint")
+            buf = need(objects, e.buffer, m.Buffer, op, "checkpoint buffer")
+            check_range(op, buf, e.offset, e.size, "checkpoint")
             if not 1 <= e.payload <= plan.capture.payload_count:
                 raise ReplayFormatError(f"operation {op.index} (checkpoint): payload {e.payload} does not exist")
         problem = m.typed_tensor_problem(op.entries, op.types)
         if problem is not None:
             raise ReplayFormatError(f"operation {op.index} (checkpoint): {problem}")
+    elif isinstance(op, m.Collective):
+        _check_collective(plan, objects, op)
     elif isinstance(op, m.EventRecord | m.EventSynchronize | m.StreamWaitEvent):
-        _need(objects, op.event, m.Event, op, "event")
+        need(objects, op.event, m.Event, op, "event")
     elif isinstance(op, m.ModuleLoad):
-        _need(objects, op.executable, m.Executable, op, "executable")
+        need(objects, op.executable, m.Executable, op, "executable")
     elif isinstance(op, m.GraphLaunch):
-        graph = _need(objects, op.graph, m.Graph, op, "graph")
+        graph = need(objects, op.graph, m.Graph, op, "graph")
         check_graph(
             plan.graphs,
             objects,

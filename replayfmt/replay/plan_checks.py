@@ -284,6 +284,8 @@ def payloads_of(op: m.Operation) -> tuple[int, ...]:
         return (op.payload,)
     if isinstance(op, m.Checkpoint):
         return tuple(e.payload for e in op.entries)
+    if isinstance(op, m.Collective) and op.received:
+        return (op.received,)
     return ()
 
 
@@ -294,3 +296,40 @@ def unfolded(capture: Capture, each: bool) -> Iterator[tuple[m.Operation | Event
     if each:
         return ((op, 1) for op in capture.iter_operations())
     return capture.distinct_operations()
+
+
+def need(objects: Mapping[int, m.ObjectDef], oid: int, cls: type, op: m.Operation, role: str) -> m.ObjectDef:
+    obj = objects.get(oid)
+    if not isinstance(obj, cls):
+        missing = objects.missing(oid) if isinstance(objects, LiveObjects) else f"object {oid} does not exist"
+        what = f"object {oid} is a {obj.kind.label}" if obj is not None else missing
+        raise ReplayFormatError(
+            f"operation {op.index} ({op.kind.label}): its {role} {what}, not a {cls.__name__.lower()}"
+        )
+    return obj
+
+
+def check_data_relocations(
+    objects: Mapping[int, m.ObjectDef], op: m.Operation, relocations: tuple[m.Relocation, ...], offset: int, size: int
+) -> None:
+    """(1.3) Each pointer stored in the bytes ``op`` writes lies inside them and points into a buffer."""
+    for r in relocations:
+        if not offset <= r.site_offset <= offset + size - 8:
+            raise ReplayFormatError(
+                f"operation {op.index} ({op.kind.label}): a stored pointer at byte {r.site_offset} lies outside "
+                f"the range [{offset}, {offset + size}) it writes"
+            )
+        target = need(objects, r.target_buffer, m.Buffer, op, "stored pointer's target")
+        if r.target_offset > target.size:
+            raise ReplayFormatError(
+                f"operation {op.index} ({op.kind.label}): a stored pointer at byte {r.site_offset} points "
+                f"{r.target_offset} bytes into buffer {target.id} ({target.size} bytes)"
+            )
+
+
+def check_range(op: m.Operation, buffer: m.Buffer, offset: int, size: int, role: str) -> None:
+    if offset < 0 or size < 0 or offset + size > buffer.size:
+        raise ReplayFormatError(
+            f"operation {op.index} ({op.kind.label}): {role} range [{offset}, {offset + size}) lies outside "
+            f"buffer {buffer.id} ({buffer.size} bytes)"
+        )

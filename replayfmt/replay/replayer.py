@@ -31,6 +31,7 @@ from replayfmt.cuda.nvtx import Nvtx
 from replayfmt.errors import ReplayUsageError
 from replayfmt.format import model as m
 from replayfmt.replay.buffers import allocate_buffers, steer_fixed_arena
+from replayfmt.replay.collectives import CollectiveRuntime
 from replayfmt.replay.devices import Devices, ReplayDevice
 from replayfmt.replay.graphs import PreparedGraph
 from replayfmt.replay.modules import Modules
@@ -95,6 +96,8 @@ class Replayer:
         )
         self._verifier = Verifier(devices, plan, self.addresses, options.tolerance, options.save_output)
         self._state = StateSetter(devices, self._streams, self._staging.staged, self.addresses)
+        self.collectives = CollectiveRuntime(options.peers)
+        self.own(self.collectives.close)
         self._builder: StepBuilder = self._phase("build_steps", self._step_builder)
         self._runner = StepRunner(
             devices, plan, self._builder.built.kernel_names, continue_on_error=options.continue_on_error
@@ -122,6 +125,7 @@ class Replayer:
             verify=options.verify,
             save_output=options.save_output is not None,
             nvtx=Nvtx.load() if options.nvtx else None,
+            collectives=self.collectives,
         )
         streamed = options.build_while_running and not self._devices.several and not self.plan.graphs
         if not streamed:

@@ -20,11 +20,12 @@ from replayfmt.container.batches import collector_paused
 from replayfmt.errors import ReplayUsageError
 from replayfmt.format import model as m
 from replayfmt.replay.buffers import PinnedSlabs
+from replayfmt.replay.collectives import CollectiveRuntime
 from replayfmt.replay.devices import Devices
 from replayfmt.replay.graphs import GraphBuilder, PreparedGraph
 from replayfmt.replay.launches import PreparedLaunch, launch_config_copy, prepare_launch
 from replayfmt.replay.modules import Modules
-from replayfmt.replay.plan import Plan, upload_key
+from replayfmt.replay.plan import Plan, collective_upload, upload_key
 from replayfmt.replay.staging import Staged
 from replayfmt.replay.state import StateSetter
 from replayfmt.replay.streams import Streams
@@ -54,6 +55,8 @@ class StepKind(enum.Enum):
     NVTX_POP = "nvtx pop"
     TAG = "tag"  # a host-side marker for the clock (CUPTI external correlation push or pop)
     GRAPH_LAUNCH = "graph launch"  # cuGraphLaunch of a graph rebuilt at setup (replay/graphs.py)
+    COLLECTIVE = "collective"  # among the other ranks' replays, or its received bytes put in place
+    COLLECTIVE_GROUP = "collective group"  # open or close a group of collectives
 
 
 class Step(NamedTuple):
@@ -108,8 +111,11 @@ class StepBuilder:
         verify: bool,
         save_output: bool,
         nvtx: Any | None,
+        collectives: CollectiveRuntime | None = None,
     ) -> None:
         self.devices, self.plan, self.modules, self.addresses = devices, plan, modules, addresses
+        self.collectives = collectives if collectives is not None else CollectiveRuntime(None)
+        self._group = 0  # the group of collectives open at the last step built (0: none)
         self.streams, self.staged, self.verifier, self.state = streams, staged, verifier, state
         self.verify, self.save_output, self.nvtx = verify, save_output, nvtx
         self.built = BuiltSteps([], [], {}, {})
@@ -191,6 +197,13 @@ class StepBuilder:
                 current = gpu
             if cls is m.CreateObject or cls is m.DestroyObject:  # done at setup (a program may make 200k events)
                 continue
+            group = op.group if cls is m.Collective else 0
+            if group != self._group:  # a group of collectives ends where another operation follows
+                if self._group:
+                    append(Step(StepKind.COLLECTIVE_GROUP, self.collectives.group, (False,), index))
+                if group:
+                    append(Step(StepKind.COLLECTIVE_GROUP, self.collectives.group, (True,), index))
+                self._group = group
             captured = getattr(op, "stream", 0)
             stream = op_streams[index] = handles[captured] if captured else defaults[gpu or 0]
             override = overrides.get(index) if cls is m.Launch else None
@@ -248,6 +261,8 @@ class StepBuilder:
                     append(Step(StepKind.NVTX_POP, nvtx.pop, (), index))
                 kernel_names[index] = graph.name
                 built.graphs[index] = graph
+            elif cls is m.Collective:
+                append(self._collective(op, stream))
             elif cls is m.Memset:
                 fn = {1: cu.cuMemsetD8Async, 2: cu.cuMemsetD16Async, 4: cu.cuMemsetD32Async}[op.element_size]
                 append(Step(StepKind.MEMSET, fn, (A[op.buffer] + op.offset, op.value, op.count, stream), index))
@@ -268,6 +283,20 @@ class StepBuilder:
         self._current = current
         if seen < wanted:
             self.done = True
+            if self._group:
+                append(Step(StepKind.COLLECTIVE_GROUP, self.collectives.group, (False,), built.steps[-1].operation))
+                self._group = 0
+
+    def _collective(self, op: m.Collective, stream: Any) -> Step:
+        A = self.addresses
+        send = A[op.send_buffer] + op.send_offset if op.send_size else 0
+        recv = A[op.recv_buffer] + op.recv_offset if op.recv_size else 0
+        upload, upload_args = None, ()
+        if op.recv_size:  # replayed alone: what it received, put in place on its stream
+            source = self.staged[upload_key(collective_upload(op))]
+            upload, upload_args = source.copy_call(self.devices.cu), (recv, source.address, op.recv_size, stream)
+        args = (op, send, recv, stream, upload, upload_args)
+        return Step(StepKind.COLLECTIVE, self.collectives.issue, args, op.index)
 
 
 def set_launch_shape(cu: Any, steps: list[Step], index: int, grid: m.Dims, block: m.Dims, shared_memory: int) -> None:

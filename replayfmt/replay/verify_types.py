@@ -16,6 +16,7 @@ from typing import Any
 
 from replayfmt.errors import DeviceUnavailableError, ReplayError, ReplayFormatError, ReplayUsageError
 from replayfmt.format.layout import DEFAULT_LIMITS, Limits
+from replayfmt.replay.collectives import Peers
 from replayfmt.replay.compare import Tolerance
 from replayfmt.replay.plan_options import PlanOptions
 
@@ -55,6 +56,7 @@ class VerifyOptions:
     check_payloads: bool = True  # check payload frames against their hashes
     dry_run: bool = False  # parse, resolve files, load substitutions, check ABIs, plan; no GPU
     limits: Limits = DEFAULT_LIMITS  # the reader's caps (--limit NAME=VALUE)
+    peers: Peers | None = None  # the other ranks' replays, to issue collectives among (verbs/ranks.py)
 
     def __post_init__(self) -> None:
         if self.replays < 1 or self.repetitions < 1 or self.timed_runs < 0:

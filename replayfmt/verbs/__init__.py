@@ -16,8 +16,11 @@ program, record it, judge and self-check the file, keep or remove it. ``tune`` i
 ``tune-replay``: launch shapes searched on a replayed kernel, every candidate verified. ``benchmark`` is
 ``benchmark-replay``: a scope timed from the same starting state every time. ``corpus`` is
 ``corpus-replay``: every capture of a directory verified on a fan-out of workers, each row by
-``verify``. ``extract`` is ``extract-replay`` (it lives in ``replayfmt.edit``, exported here) and
-``diff`` is ``diff-replay``.
+``verify``. ``verify_ranks`` is ``run-replay`` given every rank's capture of a job: the ranks
+replayed together, one process and one GPU each, their collectives run among them
+(``benchmark_ranks`` times them so: ``benchmark-replay`` given every rank's capture). ``extract``
+is ``extract-replay`` (it lives in ``replayfmt.edit``, exported here) and ``diff`` is
+``diff-replay``.
 
 The modules are named for the work (``verifying``, ``recording``, ``tuning``, ...) so that the
 functions this package exports never shadow them.
@@ -28,6 +31,14 @@ from replayfmt.replay.verify_types import EvidencePolicy, Outcome, VerifyOptions
 from replayfmt.verbs.benchmarking import BenchmarkReplayOptions, benchmark
 from replayfmt.verbs.comparing import DiffOptions, DiffResult, diff
 from replayfmt.verbs.corpus_runs import CorpusOptions, CorpusResult, corpus
+from replayfmt.verbs.ranks import (
+    PlantedReduction,
+    RankBenchmark,
+    RanksOptions,
+    RanksResult,
+    benchmark_ranks,
+    verify_ranks,
+)
 from replayfmt.verbs.recording import RecordResult, RunAndRecordOptions, run_and_record
 from replayfmt.verbs.tuning import TuneOptions, TuneResult, tune
 from replayfmt.verbs.verifying import verify
@@ -42,6 +53,10 @@ __all__ = [
     "ExtractOptions",
     "ExtractResult",
     "Outcome",
+    "PlantedReduction",
+    "RankBenchmark",
+    "RanksOptions",
+    "RanksResult",
     "RecordResult",
     "RunAndRecordOptions",
     "Selection",
@@ -50,10 +65,12 @@ __all__ = [
     "VerifyOptions",
     "VerifyResult",
     "benchmark",
+    "benchmark_ranks",
     "corpus",
     "diff",
     "extract",
     "run_and_record",
     "tune",
     "verify",
+    "verify_ranks",
 ]

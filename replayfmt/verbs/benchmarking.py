@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from replayfmt.execute import open_replay
 from replayfmt.format.layout import DEFAULT_LIMITS, Limits
 from replayfmt.measure.benchmark import Benchmark, BenchmarkOptions, BenchmarkResult, find_region
+from replayfmt.replay.collectives import Peers
 from replayfmt.replay.options import ReplayOptions
 from replayfmt.replay.plan_options import PlanOptions
 
@@ -32,6 +33,7 @@ class BenchmarkReplayOptions:
     devices: tuple[int, ...] = (0,)  # captured device k runs on cuda:devices[k]
     nvtx: bool = False  # NVTX ranges around scopes and launches
     limits: Limits = DEFAULT_LIMITS  # the reader's caps (--limit NAME=VALUE)
+    peers: Peers | None = None  # the other ranks' replays, to issue collectives among (verbs/ranks.py)
 
 
 def benchmark(
@@ -40,7 +42,7 @@ def benchmark(
     """Time the region ``options.measure.scope`` names (the whole capture without one) in the
     capture at ``path``; ``progress`` is told each iteration."""
     options = options or BenchmarkReplayOptions()
-    replay = ReplayOptions(devices=options.devices, uploads_from_host=True, nvtx=options.nvtx)
+    replay = ReplayOptions(devices=options.devices, uploads_from_host=True, nvtx=options.nvtx, peers=options.peers)
     with open_replay(path, options.plan, limits=options.limits) as session:
         region = find_region(session.capture, options.measure.scope)  # before any device work
         return Benchmark(session.start(replay), region, options.measure).run(progress)

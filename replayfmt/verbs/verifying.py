@@ -42,6 +42,7 @@ def replay_options(options: VerifyOptions) -> ReplayOptions:
         nvtx=options.nvtx,
         check_payloads=options.check_payloads,
         build_while_running=True,
+        peers=options.peers,
     )
 
 
@@ -102,14 +103,15 @@ def verify(
             verification.attach(replayer)
         result = replayer.run(options.repetitions)
         errors = list(result.errors)
-        if verification is not None:
-            verification.note_runs(result)
-            errors += verification.finish(replayer)
         timed_ms: list[float] = []
-        if options.timed_runs and not errors:
+        if options.timed_runs and not errors:  # every rank makes these runs alike: among the peers
             timed = replayer.run(options.timed_runs, verify=False)
             errors += timed.errors
             timed_ms = timed.device_ms
+        if verification is not None:
+            verification.note_runs(result)
+            replayer.collectives.live = False  # its own replays, as many as its ranges need: alone
+            errors += verification.finish(replayer)
     if verification is not None and verification.wants_reference and not errors:
         # which bytes the captured kernels write: a poisoned replay of the capture as recorded
         reference_plan = dataclasses.replace(plan_options, substitutions=(), launch_overrides=())

@@ -1,8 +1,10 @@
 """Programs that use two GPUs, recorded and replayed end to end (benchmarks/corpus_multi): a model
 split over two devices in one process replays on two GPUs and verifies; each rank of a DDP and an
-FSDP2 step under torchrun writes its own capture, whose collectives are kept as the bytes they left,
-and replays alone on one GPU and verifies; collectives among the devices of one process (a sharded
-JAX step) are refused by name. Skips on machines with fewer than two GPUs."""
+FSDP2 step under torchrun writes its own capture, whose NCCL calls are collective operations with
+the bytes they left, and replays alone on one GPU and verifies; the ranks replay together, their
+collectives issued among them through NCCL, and verify, and a planted wrong reduction fails naming
+the rank; collectives among the devices of one process (a sharded JAX step) are refused by name.
+Skips on machines with fewer than two GPUs."""
 
 from __future__ import annotations
 
@@ -83,6 +85,46 @@ def test_each_rank_of_a_torchrun_job_replays_alone_and_verifies(tmp_path, two_gp
         assert (properties["rank"], properties["world_size"]) == (str(rank), "2")
         assert "collective (NCCL) kernel" not in dump(capture_file)
         verified(capture_file)
+
+
+def record_job(folder: Path, program: str) -> list[Path]:
+    """Every rank's capture of ``program`` under torchrun (two ranks)."""
+    torchrun = shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun"))
+    out = folder / "job.kreplay"
+    launch = [torchrun, "--standalone", "--nproc_per_node", "2", "-m", "replayfmt.capture"]
+    result = run([*launch, "-o", str(out), "--scope", "step", str(CORPUS / f"{program}.py")])
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    return [folder / f"job.rank{rank}.kreplay" for rank in (0, 1)]
+
+
+def test_the_ranks_of_a_ddp_job_replay_together_with_their_collectives(tmp_path, two_gpus):
+    needs("torch")
+    ranks = [str(p) for p in record_job(tmp_path, "torch_ddp_step")]
+    with replayfmt.open(ranks[0]) as cap:
+        collectives = [op for op in cap.iter_operations() if isinstance(op, m.Collective)]
+    assert collectives and all(c.ranks == 2 and c.rank == 0 for c in collectives)
+    together = run([sys.executable, "-m", "replayfmt_tools.run_replay", "--verify", *ranks])
+    assert together.returncode == 0, (together.stdout + together.stderr)[-4000:]
+    assert "ranks: verified (2 ranks" in together.stdout
+    assert "rank 0 on cuda:0: verified" in together.stderr and "rank 1 on cuda:1: verified" in together.stderr
+    summed = next(c for c in collectives if c.operation == m.CollectiveOperation.ALL_REDUCE)
+    planted = run(
+        [
+            sys.executable,
+            "-m",
+            "replayfmt_tools.run_replay",
+            "--verify",
+            f"--collective-reduction={summed.index}=max",
+            *ranks,
+        ]
+    )
+    assert planted.returncode == 1 and "ranks: mismatch" in planted.stdout, (planted.stdout + planted.stderr)[-4000:]
+    assert "mismatch" in planted.stderr and "rank 0: " in planted.stderr and "Traceback" not in planted.stderr
+    timed = run(
+        [sys.executable, "-m", "replayfmt_tools.benchmark_replay", "--scope", "step", "--repetitions", "5", *ranks]
+    )
+    assert timed.returncode == 0, (timed.stdout + timed.stderr)[-4000:]
+    assert "rank 0 on cuda:0" in timed.stdout and "rank 1 on cuda:1" in timed.stdout
 
 
 def test_collectives_among_the_devices_of_one_process_are_refused_by_name(tmp_path, two_gpus):

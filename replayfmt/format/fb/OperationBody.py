@@ -9,3 +9,4 @@ class OperationBody(object):
     Checkpoint = 3
     Unsupported = 4
     State = 5
+    Collective = 6

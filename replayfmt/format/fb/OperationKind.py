@@ -24,3 +24,4 @@ class OperationKind(object):
     State = 18
     HostFunction = 19
     GraphLaunch = 20
+    Collective = 21
