@@ -292,7 +292,11 @@ def main() -> int:
         "program": work / "model_step.py",
         "layers": args.layers,
         "devices": args.device or ["cuda:0"],
-        "bound": [f"--max-seconds={args.max_seconds:g}"] if args.max_seconds else [],
+        # a hung candidate is cut off (it counts as passing) rather than outliving a killed demo: its
+        # child runs in a session of its own
+        "bound": [f"--max-seconds={args.max_seconds:g}", f"--timeout={max(120.0, args.max_seconds):g}"]
+        if args.max_seconds
+        else [],
         "profile": args.profile_verify,
     }
     started = time.monotonic()

@@ -365,8 +365,9 @@ class _Run:
     def _evaluate(
         self, candidates: list[tuple[list[int], list[Piece]]], *, as_captured: bool = False
     ) -> list[bool | None]:
-        """Build and test ``candidates``; ``as_captured``: one that fails the test must also verify
-        replayed as captured (the inputs phase), else it counts as passing."""
+        """Build and test ``candidates``; ``as_captured`` (the inputs phase): a candidate must also
+        verify replayed as captured, else it counts as passing (that is asked first, and the test
+        only of those that verify)."""
         answers: list[bool | None] = [None] * len(candidates)
         queued: list[tuple[int, Built]] = []
         for k, (kept, dropped) in enumerate(candidates):
@@ -376,13 +377,20 @@ class _Run:
             else:
                 queued.append((k, built))
         if queued:
-            results = self._run_all([(self.test.for_candidate(b.ids), b) for _, b in queued])
+            results: list[Answer | None] = [None] * len(queued)
             if as_captured and not self._checks_itself():
-                again = [j for j, a in enumerate(results) if a.failing]
-                for j, check in zip(again, self._run_all([(AsCaptured(), queued[j][1]) for j in again])):
-                    if check.failing:  # the test fails, but so does the capture's own work: bytes it reads are gone
-                        results[j] = Answer(False, f"fails the test, but not verified as captured: {check.detail}")
+                # first: most candidates here lose bytes the kept work reads, which the test need not tell
+                for j, check in enumerate(self._run_all([(AsCaptured(), b) for _, b in queued])):
+                    if check.failing:
+                        results[j] = Answer(
+                            False, f"not verified as captured (bytes it reads are gone): {check.detail}"
+                        )
+            rest = [j for j, r in enumerate(results) if r is None]
+            tests: list[tuple[Test, Built]] = [(self.test.for_candidate(queued[j][1].ids), queued[j][1]) for j in rest]
+            for j, answer in zip(rest, self._run_all(tests)):
+                results[j] = answer
             for (k, built), answer in zip(queued, results):
+                assert answer is not None
                 answers[k] = answer.failing
                 verdict = "fails" if answer.failing else "passes"
                 self._say(
