@@ -60,6 +60,7 @@ class FakeDevices:
         pass
 
     def synchronize_all(self):
+        self.cu.calls.append(("sync",))
         return (OK,)
 
 
@@ -123,3 +124,28 @@ def test_the_verifier_reads_back_only_what_a_verification_asks_for(monkeypatch):
         9,
         plan.buffers[2],
     )
+
+
+def test_the_verifier_waits_once_per_checkpoint_and_not_at_all_for_one_it_skips(monkeypatch):
+    """A kernel-mode checkpoint holds several ranges: the devices are waited for once before
+    they are read back, and a later replay that compares none of them neither waits nor reads."""
+    import replayfmt.cuda.driver as driver_module
+
+    cu = FakeDriver()
+    monkeypatch.setattr(driver_module, "driver", lambda: cu)
+    memory = (ctypes.c_char * 64).from_buffer_copy(bytes(range(64)))
+    capture = SimpleNamespace(read_payload=lambda payload, offset, size: bytes(range(16 * payload, 16 * payload + 16)))
+    plan = SimpleNamespace(capture=capture, buffers={1: m.Buffer(size=64)})
+    verifier = Verifier(FakeDevices(cu), plan, {1: ctypes.addressof(memory)}, Tolerance(), None)
+    from replayfmt.replay.options import RunResult
+
+    result = RunResult()
+    entries = tuple(m.CheckpointEntry(1, k, 16 * k, 16) for k in range(4))
+    verifier.begin(result, 0, verify=True)
+    verifier.checkpoint(m.Checkpoint(9, "k#0", entries))
+    assert [c[0] for c in cu.calls] == ["sync", "DtoH", "DtoH", "DtoH", "DtoH"]
+    assert all(r.passed for r in result.reports) and len(result.reports) == 4
+    verifier.only = {(3, 1, 0)}
+    cu.calls.clear()
+    verifier.checkpoint(m.Checkpoint(9, "k#0", entries))
+    assert cu.calls == []

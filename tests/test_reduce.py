@@ -19,9 +19,10 @@ from replayfmt.edit.ddmin import ddmin, split
 from replayfmt.edit.extract import file_digest
 from replayfmt.edit.reduce import OriginalPasses, ReduceOptions, reduce
 from replayfmt.edit.reduce_build import NotBuildable, Piece, Reducible
-from replayfmt.edit.reduce_tests import Answer, Command, FailsVerify, Faults, decode_test, encode_test
+from replayfmt.edit.reduce_tests import Answer, AsCaptured, Command, FailsVerify, Faults, decode_test, encode_test
 from replayfmt.execute import open_replay
 from replayfmt.format import model as m
+from replayfmt.replay.devices import environment_ok
 from replayfmt_tools.reduce_replay import main as reduce_main
 
 _K = m.OperationKind
@@ -188,14 +189,91 @@ def test_reduce_under_a_real_command_test_and_its_provenance(step, tmp_path):
     lines = []
     result = reduce(path, out, Command(GREP_GATHER), ReduceOptions(devices=(None,)), progress=lines.append)
     assert result.kept == (e.ops["gather"],)
-    assert result.given_bytes == 0  # grep needs no input bytes: the second phase dropped them all
     ops, states, _uploads, _checks, props = read(out)
-    assert [op.kind for op in ops if op.kind in m.DEVICE_WORK] == [_K.LAUNCH] and not states
+    assert [op.kind for op in ops if op.kind in m.DEVICE_WORK] == [_K.LAUNCH]
+    if environment_ok() is not None:  # no GPU to verify candidates on: no byte is known unread, all stay
+        assert result.inputs_kept.startswith("no GPU to check") and "inputs       all kept: no GPU" in str(result)
+        assert result.given_bytes == result.given_bytes_first > 0 and states
     assert props["reduce.source_digest"] == file_digest(path)
     assert props["reduce.operations_kept"] == str(e.ops["gather"])
     assert props["reduce.test"] == Command(GREP_GATHER).describe()
     assert props["reduce.source"] == str(path.resolve())
     assert lines and all(line.startswith(("operations:", "inputs:")) for line in lines)
+
+
+def _gather_inputs_known(cap) -> bool:
+    """Whether the capture's gather launch is given the tables, indices, x and y it reads (not z,
+    which it writes whole)."""
+    from replayfmt.edit.shadow import ByteState, Shadow
+
+    sizes = {o.id: o.size for o in cap.objects() if isinstance(o, m.Buffer)}
+    reads = {o.id for o in cap.objects() if isinstance(o, m.Buffer) and o.label != "z"}
+    shadow = Shadow(sizes, lambda p, out, at: cap.read_payload_into(p, out, at), cap.object)
+    for op in cap:
+        if op.kind == _K.LAUNCH and cap.object(op.executable).functions[op.function].name == "gather":
+            read = {r.target_buffer for r in op.relocations} & reads
+            return all(shadow.state_runs(b, 0, sizes[b], ByteState.KNOWN) == [(0, sizes[b])] for b in read)
+        shadow.apply(op)
+    return False
+
+
+def test_the_inputs_phase_keeps_what_the_captured_work_reads_though_the_test_needs_none(step, tmp_path):
+    """A fault that shows whatever the data (a planted out-of-bounds read): the test alone would
+    let every byte go, but a candidate is kept only when it also verifies as captured, so the
+    result holds the gather launch and what it reads. The test is asked only of candidates that
+    verify."""
+    path, e = step
+    asked: list[tuple[str, bool]] = []
+
+    def runner(test, candidate, device, timeout):
+        with replayfmt.open(candidate) as cap:
+            has = _has(cap, "gather")
+            if isinstance(test, AsCaptured):
+                asked.append(("as-captured", has))
+                known = _gather_inputs_known(cap)
+                return Answer(not known, "verified" if known else "2 of 3 ranges wrong")
+            asked.append(("test", has))
+            return Answer(has, "CUDA_ERROR_ILLEGAL_ADDRESS" if has else "replayed without a fault")
+
+    out = tmp_path / "small.kreplay"
+    planted = tmp_path / "oob.cubin"
+    planted.write_bytes(b"\x7fELF")
+    test = Faults("CUDA_ERROR_ILLEGAL_ADDRESS", (f"9={planted}",))
+    result = reduce(path, out, test, ReduceOptions(devices=(None,), least_piece=256), runner=runner)
+    assert result.kept == (e.ops["gather"],) and not result.inputs_kept
+    with replayfmt.open(out) as cap:
+        assert _gather_inputs_known(cap)
+    tables, index, x, y = 16, 4 * 256, 4 * 256, 4 * 256
+    assert result.given_bytes == tables + index + x + y < result.given_bytes_first
+    checks = [k for k, (what, _) in enumerate(asked) if what == "as-captured"]
+    assert len(checks) > 3 and asked.count(("as-captured", False)) == 0  # the inputs phase's, of gather alone
+    first = checks[0]
+    assert all(what == "test" for what, _ in asked[:first])  # the operations phase: the test alone
+    # then the test is asked of a candidate only after it verified
+    answered = [(what, has) for what, has in asked[first:]]
+    assert all(answered[k - 1][0] == "as-captured" for k, (what, _) in enumerate(answered) if what == "test")
+
+
+@pytest.mark.parametrize("test", [Faults("CUDA_ERROR_ILLEGAL_ADDRESS"), FailsVerify()])
+def test_without_a_substitution_the_inputs_are_kept_whole(step, tmp_path, test):
+    """The captured work itself faults (or computes wrong): nothing says which bytes it reads, so
+    none is dropped, and the report says why."""
+    path, e = step
+    asked = []
+
+    def runner(t, candidate, device, timeout):
+        asked.append(t.kind)
+        with replayfmt.open(candidate) as cap:
+            return Answer(_has(cap, "gather"), "fails")
+
+    result = reduce(path, tmp_path / "o.kreplay", test, ReduceOptions(devices=(None,)), runner=runner)
+    assert result.kept == (e.ops["gather"],) and result.given_bytes == result.given_bytes_first > 0
+    if isinstance(test, Faults):
+        assert asked.count("as-captured") == 1 and asked[-1] == "as-captured"
+        assert result.inputs_kept.startswith("replayed as captured it does not verify")
+    else:
+        assert "as-captured" not in asked and "cannot tell a wrong kernel" in result.inputs_kept
+    assert f"inputs       all kept: {result.inputs_kept}" in str(result)
 
 
 def test_an_interrupt_leaves_the_best_capture_so_far(step, tmp_path):
@@ -294,6 +372,7 @@ def test_help_has_examples():
 
 
 def test_json_answers_round_trip():
+    assert decode_test(encode_test(AsCaptured())) == AsCaptured()
     a = Answer(True, "x", "CUDA_ERROR_ILLEGAL_ADDRESS", 1.5)
     assert Answer(**json.loads(json.dumps(a.to_json()))) == a
     assert np.isfinite(a.seconds)
@@ -301,7 +380,6 @@ def test_json_answers_round_trip():
 
 def test_a_replay_test_without_a_gpu_is_an_environment_error(step, tmp_path):
     """The worker (a real child process) answers that it has no device: exit 2, not 'passes'."""
-    from replayfmt.replay.devices import environment_ok
 
     if environment_ok() is None:
         pytest.skip("a GPU is here: the worker replays instead")
@@ -371,6 +449,8 @@ def test_the_inputs_phase_keeps_exactly_the_bytes_the_failure_needs(step, tmp_pa
             idx = next((o.id for o in cap.objects() if o.label == "idx"), None)
             if idx is None:
                 return Answer(False)
+            if isinstance(test, AsCaptured):
+                return Answer(False, "verified")  # the indices are all this oracle's gather reads
             shadow = Shadow(sizes, lambda p, out, at: cap.read_payload_into(p, out, at), cap.object)
             for op in cap:
                 if op.kind == _K.LAUNCH and cap.object(op.executable).functions[op.function].name == "gather":

@@ -180,3 +180,17 @@ def test_run_replays_json_carries_the_outcome(capture, playing):
     cli = CliRunner().invoke(run_replay, ["--verify", "--format=json", str(capture)])
     said = json.loads(cli.stdout)
     assert cli.exit_code == 1 and said["outcome"] == "mismatch" and said["detail"].startswith("1 of 2 compared")
+
+
+def test_reduce_workers_as_captured_check_is_the_verify_verbs_verdict(capture, playing):
+    """reduce-replay's inputs phase asks a candidate to verify as captured: the worker's answer
+    is run-replay --verify's verdict (failing: not verified)."""
+    from replayfmt.edit.reduce_tests import AsCaptured
+    from replayfmt.verbs.reduce_worker import answer
+
+    playing["program"] = program()
+    verified = answer(AsCaptured(), str(capture))
+    assert not verified.failing and verified.detail.startswith("verified:")
+    playing["program"] = program(bug="wrong constant")
+    wrong = answer(AsCaptured(), str(capture))
+    assert wrong.failing and wrong.detail.startswith("1 of 2 compared range(s) failed")

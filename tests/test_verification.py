@@ -687,3 +687,76 @@ def test_a_capture_holding_stored_pointers_never_poisons_its_integers(tmp_path):
     ranges = by_label(report)
     assert ranges["x"].evidence is Evidence.UNPROVEN and "stores device addresses" in ranges["x"].note
     assert ranges["out"].evidence is Evidence.PROVEN and report.verified
+
+
+def test_ranges_of_a_restored_segment_that_start_as_expected_are_found_reading_its_state_once(tmp_path):
+    """A kernel-mode region restores a whole segment and checkpoints ranges of it: the ranges whose
+    expected bytes are their starting bytes (and only those) are candidates, and the segment's
+    state is read once for all of them, not once per range."""
+    rng = np.random.default_rng(5)
+    start = rng.standard_normal(4096).astype(np.float32)
+    end = start.copy()
+    end[1024:1536] += 1  # the second range changes; the first, third and fourth end as they started
+    path = tmp_path / "k.kreplay"
+    ranges = [(0, 512), (1024, 512), (2048, 256), (3000, 1000)]
+    with replayfmt.CaptureWriter(path) as w:
+        dev = w.add_object(m.Device(name="NVIDIA H100", compute_capability=(9, 0)))
+        segment = w.add_object(m.Buffer(size=start.nbytes, device=dev, label="segment"))
+        with w.scope("k#0"):
+            state = w.state(buffer=segment, data=start)
+            w.checkpoint(
+                [m.CheckpointEntry(segment, w.add_payload(end[a : a + n]), 4 * a, 4 * n) for a, n in ranges], name="k#0"
+            )
+    with replayfmt.open(path) as cap:
+        plan = build_plan(cap, PlanOptions())
+        state_payload = cap.operation(state).payload
+        reads: list[int] = []
+        read_payload = cap.read_payload
+        cap.read_payload = lambda payload, *a, **k: reads.append(payload) or read_payload(payload, *a, **k)
+        candidates = Verification(plan).candidates
+    assert sorted(offset for _, _, offset in candidates) == [0, 4 * 2048, 4 * 3000]
+    assert reads.count(state_payload) == 1
+
+
+def test_with_kernels_changed_the_unchanged_float_pieces_of_a_segment_are_found_reading_its_state_once(tmp_path):
+    """A substitution's verification also poisons the float pieces of a changed segment that end
+    as they started: those pieces (and only those) are found, reading the segment's state once."""
+    rng = np.random.default_rng(6)
+    start = rng.standard_normal(4096).astype(np.float32)
+    end = start.copy()
+    end[:512] += 1  # the first tensor changes; the other two end as they started
+    path = tmp_path / "seg.kreplay"
+    tensors = [(0, 512, "changed"), (512, 1024, "kept"), (2048, 1024, "also kept")]
+    with replayfmt.CaptureWriter(path) as w:
+        dev = w.add_object(m.Device(name="NVIDIA H100", compute_capability=(9, 0)))
+        segment = w.add_object(m.Buffer(size=start.nbytes, device=dev, label="segment"))
+        with w.scope("k#0"):
+            state = w.state(buffer=segment, data=start)
+            types = [m.TypedTensor(segment, 4 * a, 4 * n, m.DType.FLOAT32, (n,), (), name) for a, n, name in tensors]
+            w.checkpoint([m.CheckpointEntry(segment, w.add_payload(end), 0, end.nbytes)], name="k#0", types=types)
+
+    def kernel(memory, _checkpoint, _number):
+        memory[segment][:] = end.tobytes()
+
+    with replayfmt.open(path) as cap:
+        plan = build_plan(cap, PlanOptions())
+        plan.options = PlanOptions(launch_overrides=(LaunchOverride(0, skip=True),))  # kernels were changed
+        state_payload = cap.operation(state).payload
+        v = Verification(plan)
+        replayer = HostReplayer(plan, kernel)
+        v.attach(replayer)
+        v.note_runs(replayer.run(1))
+        partial: list[tuple[int, int]] = []  # reads of part of the segment's state
+        read_payload = cap.read_payload
+
+        def counted(payload, offset=0, size=None, **kw):
+            if payload == state_payload and (offset, size) != (0, start.nbytes):
+                partial.append((offset, size))
+            return read_payload(payload, offset, size, **kw)
+
+        cap.read_payload = counted
+        v.finish(replayer)
+        report = v.report()
+    assert sorted(v.pieces[key].name for key in v.regions) == ["also kept", "kept"]
+    assert len(partial) == 1
+    assert {r.piece.name: r.evidence for r in report.ranges}["kept"] is Evidence.PROVEN  # poisoned, then written

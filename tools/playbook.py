@@ -397,6 +397,9 @@ TOOLS = {
   first; one that passes is refused.
 * Candidates are subsets of the device work with their inputs rebuilt from the capture's data;
   one whose inputs the capture lacks is skipped, not replayed. Kernel-mode captures reduce best.
+* Then the inputs: a byte is dropped only if the candidate still fails the test and verifies
+  replayed as captured, so the result holds what its kernels read. Without a substitution under
+  `--faults`/`--fails-verify`, or with no GPU, every input is kept (the report's `inputs` line).
 * Each candidate runs in a child process (one at a time per `--device`); `--max-tries`,
   `--max-seconds` and Ctrl-C leave the best capture so far at `-o`, which fails the test.
 * Substitution ids are the original capture's; the result's metadata says them for the result

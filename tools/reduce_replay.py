@@ -32,7 +32,9 @@ First the original is put to the test (a capture that passes it is refused). The
 over the capture's device work: each candidate is a standalone capture of a subset, its inputs
 rebuilt from the capture's own data (a removed producer's output given as starting state or a
 copy), tested in a child process, one at a time per --device. Then over those inputs: only the
-bytes the remaining work needs are kept. A candidate whose inputs the capture does not hold (a
+bytes the remaining work reads are kept (a candidate there must fail the test and also verify
+replayed as captured; where the captured work itself faults or computes wrong, or no GPU is
+here, every input is kept). A candidate whose inputs the capture does not hold (a
 removed launch wrote them and no checkpoint followed) is skipped: a kernel-mode capture
 (capture-replay --mode kernel) reduces to single launches, a region capture keeps producers.
 
@@ -53,7 +55,7 @@ Examples:
   reduce-replay --fails-verify --executable-substitution 7=new.cubin -o bug.kreplay step.kreplay
   reduce-replay --faults=CUDA_ERROR_ILLEGAL_ADDRESS --device cuda:0 --device cuda:1 -o oob.kreplay step.kreplay
   reduce-replay --slower 1.2 --executable-substitution 7=tuned.cubin -o slow.kreplay step.kreplay
-  reduce-replay --command 'dump-replay {} | grep -q flash_fwd && exit 1; exit 0' -o small.kreplay step.kreplay
+  reduce-replay --command 'dump-replay {} | grep -q "launch  *flash" && exit 1; exit 0' -o small.kreplay step.kreplay
   reduce-replay --command './still_wrong.sh {}' --max-tries 200 --max-seconds 3600 -o small.kreplay step.kreplay
 """
 

@@ -8,8 +8,15 @@ runs delta debugging (:mod:`replayfmt.edit.ddmin`) in two phases:
    from the capture's data (:mod:`replayfmt.edit.reduce_build`);
 2. over the bytes given to the kept work (starting state and copies before it): whole ranges,
    then halves of the ranges still needed, down to ``least_piece`` bytes, so the result keeps only
-   bytes its work reads. Skipped for ``FailsVerify`` without substitutions, whose verdict could not
-   tell a kernel that computes wrong from one that lost its inputs.
+   bytes its work reads. A candidate here must fail the test *and* verify when replayed as
+   captured (:class:`~replayfmt.edit.reduce_tests.AsCaptured`; ``FailsVerify`` with substitutions
+   asks that itself): bytes whose loss changes what the captured kernels compute are bytes they
+   read, and stay, so the result reproduces the capture's own answers and the test's failure is
+   the substitution's, not missing data. Where the first phase's result does not verify as
+   captured (``FailsVerify`` or ``Faults`` without substitutions: the captured work itself is
+   wrong or faults; or no GPU to replay it on) nothing can say which bytes are read: the phase is
+   skipped and the result keeps every byte its work was given (``ReduceResult.inputs_kept`` says
+   why).
 
 Candidates are tested in child processes (:func:`replayfmt.edit.reduce_tests.run_candidate`), one
 at a time per device, as many at once as there are devices: each already runs in a process of its
@@ -39,7 +46,7 @@ from pathlib import Path
 from replayfmt.edit.ddmin import Search, ddmin
 from replayfmt.edit.extract import file_digest
 from replayfmt.edit.reduce_build import Built, NotBuildable, Piece, Reducible
-from replayfmt.edit.reduce_tests import Answer, Command, FailsVerify, Test, end_children, run_candidate
+from replayfmt.edit.reduce_tests import Answer, AsCaptured, Command, FailsVerify, Test, end_children, run_candidate
 from replayfmt.errors import DeviceUnavailableError, MismatchError, ReplayError, ReplayUsageError
 from replayfmt.reader import open_capture
 
@@ -93,6 +100,7 @@ class ReduceResult:
     stopped: str = ""  # why the search ended before it was 1-minimal
     interrupted: bool = False  # an interrupt (Ctrl-C) ended it
     last_answer: str = ""  # the result's own verdict, as the test put it
+    inputs_kept: str = ""  # why every byte given was kept (the inputs phase did not run)
 
     def __str__(self) -> str:
         return "\n".join(self.lines())
@@ -111,6 +119,7 @@ class ReduceResult:
             f"{self.given_bytes_first} -> {self.given_bytes} bytes",
             f"replays      {self.replays} tried ({self.not_buildable} candidate(s) the capture's data cannot feed, "
             f"{self.cached} answered again from memory)",
+            *([f"inputs       all kept: {self.inputs_kept}"] if self.inputs_kept else []),
             f"time         {self.seconds:.1f} s on {self.devices} device(s)",
         ]
         if self.kept:
@@ -261,18 +270,40 @@ class _Run:
                 self._settle(searched.best)
             if self.best is not None:
                 res.given_bytes_first = self.best.state_bytes
-            if self._state_phase_applies() and not searched.exhausted and self.best is not None:
-                self._state_phase()
+            if not searched.exhausted and self.best is not None:
+                res.inputs_kept = self._inputs_kept_whole()
+                if not res.inputs_kept:
+                    self._state_phase()
         except KeyboardInterrupt:
             res.interrupted = True
             res.stopped = "interrupted: the result (if written) fails the test but may not be minimal"
         finally:
             self._finish()
 
-    def _state_phase_applies(self) -> bool:
+    def _inputs_kept_whole(self) -> str:
+        """Why the inputs phase cannot run on the best capture (see the module docstring), or ''."""
         if not self.options.state_phase:
-            return False
-        return not (isinstance(self.test, FailsVerify) and not self.test.substitutions)
+            return "--no-state-phase"
+        if isinstance(self.test, FailsVerify) and not self.test.substitutions:
+            return "--fails-verify without a substitution cannot tell a wrong kernel from one that lost its inputs"
+        if self._checks_itself():
+            return ""
+        assert self.best is not None
+        self.phase = "inputs"
+        answer = self.runner(AsCaptured(), self.best.path, self.options.devices[0], self.options.timeout)
+        self.result.replays += 1
+        if answer.error == "unavailable":
+            return f"no GPU to check that the bytes left out are not read ({answer.detail[:200]})"
+        if answer.failing:
+            return (
+                f"replayed as captured it does not verify, so nothing says which bytes are read ({answer.detail[:200]})"
+            )
+        self._say(f"it verifies as captured: {answer.detail[:120]}")
+        return ""
+
+    def _checks_itself(self) -> bool:
+        """Whether the test itself asks each candidate to verify as captured."""
+        return isinstance(self.test, FailsVerify) and bool(self.test.substitutions)
 
     def _account(self, s: Search) -> None:  # type: ignore[type-arg]
         self.result.cached += s.cached
@@ -313,7 +344,30 @@ class _Run:
     def _operations(self, candidates: list[list[int]]) -> list[bool | None]:
         return self._evaluate([(c, []) for c in candidates])
 
-    def _evaluate(self, candidates: list[tuple[list[int], list[Piece]]]) -> list[bool | None]:
+    def _run_all(self, tests: list[tuple[Test, Built]]) -> list[Answer]:
+        """Each (test, candidate) in a child process, one at a time per device."""
+        if not tests:
+            return []
+        devices = self.options.devices
+        with ThreadPoolExecutor(max_workers=len(devices)) as pool:
+            futures = [
+                pool.submit(self.runner, test, b.path, devices[j % len(devices)], self.options.timeout)
+                for j, (test, b) in enumerate(tests)
+            ]
+            try:
+                answers = [f.result() for f in futures]
+            except KeyboardInterrupt:
+                end_children()  # the threads' children, so the pool's shutdown does not wait for them
+                raise
+        self.result.replays += len(answers)
+        return answers
+
+    def _evaluate(
+        self, candidates: list[tuple[list[int], list[Piece]]], *, as_captured: bool = False
+    ) -> list[bool | None]:
+        """Build and test ``candidates``; ``as_captured`` (the inputs phase): a candidate must also
+        verify replayed as captured, else it counts as passing (that is asked first, and the test
+        only of those that verify)."""
         answers: list[bool | None] = [None] * len(candidates)
         queued: list[tuple[int, Built]] = []
         for k, (kept, dropped) in enumerate(candidates):
@@ -323,19 +377,20 @@ class _Run:
             else:
                 queued.append((k, built))
         if queued:
-            devices = self.options.devices
-            with ThreadPoolExecutor(max_workers=len(devices)) as pool:
-                futures = [
-                    pool.submit(self.runner, self.test.for_candidate(b.ids), b.path, devices[j], self.options.timeout)
-                    for j, (_, b) in enumerate(queued)
-                ]
-                try:
-                    results = [f.result() for f in futures]
-                except KeyboardInterrupt:
-                    end_children()  # the threads' children, so the pool's shutdown does not wait for them
-                    raise
+            results: list[Answer | None] = [None] * len(queued)
+            if as_captured and not self._checks_itself():
+                # first: most candidates here lose bytes the kept work reads, which the test need not tell
+                for j, check in enumerate(self._run_all([(AsCaptured(), b) for _, b in queued])):
+                    if check.failing:
+                        results[j] = Answer(
+                            False, f"not verified as captured (bytes it reads are gone): {check.detail}"
+                        )
+            rest = [j for j, r in enumerate(results) if r is None]
+            tests: list[tuple[Test, Built]] = [(self.test.for_candidate(queued[j][1].ids), queued[j][1]) for j in rest]
+            for j, answer in zip(rest, self._run_all(tests)):
+                results[j] = answer
             for (k, built), answer in zip(queued, results):
-                self.result.replays += 1
+                assert answer is not None
                 answers[k] = answer.failing
                 verdict = "fails" if answer.failing else "passes"
                 self._say(
@@ -372,7 +427,7 @@ class _Run:
         dropped: list[Piece] = []
         self.phase = "inputs"
         # ddmin never tries nothing at all, and the test may need no bytes
-        if items and self.budget() and self._evaluate([(kept, items)])[0]:
+        if items and self.budget() and self._evaluate([(kept, items)], as_captured=True)[0]:
             return
         while items:
             settled = set(items)
@@ -380,7 +435,9 @@ class _Run:
             def test(
                 cands: list[list[Piece]], items: list[Piece] = items, dropped: list[Piece] = dropped
             ) -> list[bool | None]:
-                return self._evaluate([(kept, dropped + [p for p in items if p not in set(c)]) for c in cands])
+                return self._evaluate(
+                    [(kept, dropped + [p for p in items if p not in set(c)]) for c in cands], as_captured=True
+                )
 
             searched = ddmin(items, test, batch=len(self.options.devices), budget=self.budget)
             self._account(searched)

@@ -8,7 +8,9 @@ candidate is put to one in a child process.
   ``CUDA_ERROR_ILLEGAL_ADDRESS``);
 * :class:`Slower`: the substitution's time is over ``threshold`` times the captured kernels'
   (timed like benchmark-replay);
-* :class:`Command`: a command exits non-zero, ``{}`` replaced by the candidate's path.
+* :class:`Command`: a command exits non-zero, ``{}`` replaced by the candidate's path;
+* :class:`AsCaptured`: replayed as captured, the candidate does not verify (what the inputs phase
+  asks of a candidate besides the test: see :mod:`replayfmt.edit.reduce`).
 
 Candidates are tested in child processes (a fault leaves a CUDA context unusable, and a hang is
 cut off): ``python -m replayfmt.verbs.reduce_worker TEST CAPTURE`` prints one JSON object (an
@@ -140,8 +142,33 @@ class Command:
         return self.command.replace("{}", shlex.quote(str(path)))
 
 
-Test = FailsVerify | Faults | Slower | Command
-_KINDS: dict[str, type] = {"fails-verify": FailsVerify, "faults": Faults, "slower": Slower, "command": Command}
+@dataclass(frozen=True)
+class AsCaptured:
+    """Replayed as captured (no substitution), the candidate does not verify: a range is wrong or
+    an operation fails. Not one of reduce-replay's tests: its inputs phase puts each candidate that
+    still fails the test to this one too, and keeps it only when it verifies, so the bytes dropped
+    are bytes the kept work does not read and the result reproduces what the capture computed."""
+
+    kind: str = "as-captured"
+
+    def describe(self) -> str:
+        return "run-replay --verify, as captured"
+
+    def for_candidate(self, ids: dict[int, int]) -> AsCaptured:
+        return self
+
+    def check(self) -> None:
+        pass
+
+
+Test = FailsVerify | Faults | Slower | Command | AsCaptured
+_KINDS: dict[str, type] = {
+    "fails-verify": FailsVerify,
+    "faults": Faults,
+    "slower": Slower,
+    "command": Command,
+    "as-captured": AsCaptured,
+}
 
 
 def encode_test(test: Test) -> str:

@@ -216,22 +216,28 @@ class Verification:
                 continue
             op = capture.operation(index)
             assert isinstance(op, m.Checkpoint)
+            inside: dict[int, list[m.CheckpointEntry]] = {}  # state copy -> entries of part of it
             for e in op.entries:
-                for c in copies:
+                for k, c in enumerate(copies):
                     if c.dst_buffer != e.buffer or not (
                         c.dst_offset <= e.offset and e.offset + e.size <= c.dst_offset + c.size
                     ):
                         continue
-                    if (c.dst_offset, c.size) == (e.offset, e.size):
-                        same = (
-                            c.payload == e.payload or capture.payload(c.payload).hash == capture.payload(e.payload).hash
-                        )
-                    else:
-                        start = capture.read_payload(c.payload, e.offset - c.dst_offset, e.size)
-                        same = start == capture.read_payload(e.payload, 0, e.size)
-                    if same:
+                    if (c.dst_offset, c.size) != (e.offset, e.size):
+                        inside.setdefault(k, []).append(e)
+                    elif c.payload == e.payload or capture.payload(c.payload).hash == capture.payload(e.payload).hash:
                         out[(index, e.buffer, e.offset)] = region
                     break
+            # a kernel-mode region restores whole allocations and checkpoints the ranges its launch
+            # changed: the state is read once per copy (its frames decompressed once), not per entry
+            for k, entries in inside.items():
+                c = copies[k]
+                lo = min(e.offset for e in entries) - c.dst_offset
+                start = capture.read_payload(c.payload, lo, max(e.offset + e.size for e in entries) - c.dst_offset - lo)
+                for e in entries:
+                    at = e.offset - c.dst_offset - lo
+                    if start[at : at + e.size] == capture.read_payload(e.payload, 0, e.size):
+                        out[(index, e.buffer, e.offset)] = region
         return out
 
     # -- running ------------------------------------------------------------------------------
@@ -272,6 +278,7 @@ class Verification:
         as expected (an output in a caching-allocator segment whose other tensors changed), so
         that a kernel left out is seen there too. Reads their starting state: done only then."""
         capture = self.plan.capture
+        inside: dict[tuple[int, int], list[tuple[Key, Piece, m.CheckpointEntry]]] = {}  # (region, copy) -> pieces
         for key, piece in self.pieces.items():
             if key in self.expected or key in self.observed or not (piece.typed and piece.dtype in FLOATING):
                 continue
@@ -281,16 +288,27 @@ class Verification:
             if not isinstance(op, m.Checkpoint):
                 continue  # an expected download: no region state to compare with
             entry = next(e for e in op.entries if (e.buffer, e.offset) == (buffer, offset))
-            for c in self.plan.state.get(region, ()):
+            for k, c in enumerate(self.plan.state.get(region, ())):
                 if (
                     c.dst_buffer == buffer
                     and c.dst_offset <= piece.offset <= piece.offset + piece.size <= c.dst_offset + c.size
                 ):
-                    start = capture.read_payload(c.payload, piece.offset - c.dst_offset, piece.size)
-                    expected = capture.read_payload(entry.payload, piece.offset - offset, piece.size)
-                    if start == expected:
-                        self.expected[key], self.regions[key] = expected, region
+                    inside.setdefault((region, k), []).append((key, piece, entry))
                     break
+        # each state copy read once for all its pieces (its frames decompressed once), each entry once
+        for (region, k), found in inside.items():
+            c = self.plan.state[region][k]
+            lo = min(piece.offset for _, piece, _ in found)
+            hi = max(piece.offset + piece.size for _, piece, _ in found)
+            start = capture.read_payload(c.payload, lo - c.dst_offset, hi - lo)
+            entries: dict[tuple[int, int], bytes] = {}
+            for key, piece, entry in found:
+                if (entry.buffer, entry.offset) not in entries:
+                    entries[entry.buffer, entry.offset] = capture.read_payload(entry.payload, 0, entry.size)
+                at = piece.offset - entry.offset
+                expected = entries[entry.buffer, entry.offset][at : at + piece.size]
+                if start[piece.offset - lo : piece.offset - lo + piece.size] == expected:
+                    self.expected[key], self.regions[key] = expected, region
 
     @property
     def kernels_changed(self) -> bool:

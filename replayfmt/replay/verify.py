@@ -56,6 +56,7 @@ class Verifier:
         self.tolerance = tolerance
         self.save_output = save_output
         self._expected: dict[tuple[int, int], bytes] = {}  # (payload, size) -> decoded expected bytes
+        self._expected_total = 0  # bytes held in _expected (summed once per entry, not per lookup)
         self._result = RunResult()
         self._saved: set[Path] = set()
         self._repetition = 0
@@ -72,10 +73,12 @@ class Verifier:
         self._repetition = repetition
         self._verify = verify
 
-    def read_back(self, buffer: int, offset: int, size: int) -> bytes:
-        """The replayed bytes of a buffer range (after every device has finished its work)."""
+    def read_back(self, buffer: int, offset: int, size: int, *, synchronized: bool = False) -> bytes:
+        """The replayed bytes of a buffer range (after every device has finished its work;
+        ``synchronized``: the caller has just waited for them)."""
         out = bytearray(size)
-        check(self.devices.synchronize_all(), "cuCtxSynchronize before reading a checkpoint")
+        if not synchronized:
+            check(self.devices.synchronize_all(), "cuCtxSynchronize before reading a checkpoint")
         if size:
             host = (ctypes.c_char * size).from_buffer(out)
             check(
@@ -89,10 +92,11 @@ class Verifier:
         saving = self.save_output is not None and self._repetition == 0
         if not (self._verify or saving):
             return  # nothing to compare or save: no read-back, no synchronisation
-        for entry in op.entries:
-            if self.only is not None and (op.index, entry.buffer, entry.offset) not in self.only:
-                continue
-            actual = self.read_back(entry.buffer, entry.offset, entry.size)
+        entries = [e for e in op.entries if self.only is None or (op.index, e.buffer, e.offset) in self.only]
+        if entries:  # one wait for the devices per checkpoint, not per entry: nothing is issued between its reads
+            check(self.devices.synchronize_all(), "cuCtxSynchronize before reading a checkpoint")
+        for entry in entries:
+            actual = self.read_back(entry.buffer, entry.offset, entry.size, synchronized=True)
             buffer = self.plan.buffers[entry.buffer]
             if self._verify:
                 expected = self._pointers.align(self._expected_bytes(entry.payload, entry.size), actual, entry.offset)
@@ -129,8 +133,9 @@ class Verifier:
         data = self._expected.get(key)
         if data is None:
             data = self.plan.capture.read_payload(payload, 0, size)
-            if sum(len(v) for v in self._expected.values()) + size <= _EXPECTED_CACHE:
+            if self._expected_total + size <= _EXPECTED_CACHE:
                 self._expected[key] = data
+                self._expected_total += size
         return data
 
     def _report(self, report: BufferReport) -> None:

@@ -19,7 +19,7 @@ import re
 import sys
 import time
 
-from replayfmt.edit.reduce_tests import Answer, FailsVerify, Faults, Slower, Test, decode_test
+from replayfmt.edit.reduce_tests import Answer, AsCaptured, FailsVerify, Faults, Slower, Test, decode_test
 from replayfmt.errors import DeviceError, DeviceUnavailableError, ReplayError
 from replayfmt.replay.verify_types import Outcome, VerifyOptions
 
@@ -53,6 +53,23 @@ def _fails_verify(path: str, test: FailsVerify) -> Answer:
         if reference_wrong:
             return Answer(False, f"fails without the substitution too: {reference}")
     return Answer(True, detail)
+
+
+def _as_captured(path: str) -> Answer:
+    """Failing: replayed as captured, the candidate is not verified (a wrong range, an operation
+    that fails, or nothing left to compare it by): whatever keeps run-replay --verify from passing,
+    short of a missing device."""
+    from replayfmt.verbs.verifying import verify
+
+    try:
+        result = verify(path, VerifyOptions())
+    except DeviceUnavailableError:
+        raise
+    except ReplayError as exc:
+        return Answer(True, f"{type(exc).__name__}: {exc}"[:500])
+    if result.outcome is not Outcome.VERIFIED:
+        return Answer(True, (result.detail or result.outcome.value)[:500])
+    return Answer(False, result.summary)
 
 
 def _faults(path: str, test: Faults) -> Answer:
@@ -104,6 +121,8 @@ def answer(test: Test, path: str) -> Answer:
             out = _faults(path, test)
         elif isinstance(test, Slower):
             out = _slower(path, test)
+        elif isinstance(test, AsCaptured):
+            out = _as_captured(path)
         else:
             raise ReplayError(f"the {test.kind} test runs no replay")
     except DeviceUnavailableError as exc:

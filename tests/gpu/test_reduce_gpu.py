@@ -1,7 +1,8 @@
 """reduce-replay and --jit-from-ptx on a GPU: a capture of kernel-mode style regions (each launch
 with its state and checkpoint) reduced under --fails-verify with a substitute that computes wrong,
 and under --faults with a launch that reads through a bad pointer; a Triton program's capture
-keeps its kernels' PTX and replays from it with run-replay --jit-from-ptx --verify."""
+keeps its kernels' PTX and replays from it with run-replay --jit-from-ptx --verify; and --faults
+with a substitute that reads out of bounds keeps what the faulting launch reads."""
 
 from __future__ import annotations
 
@@ -90,6 +91,28 @@ def test_faults_reduces_to_the_faulting_launch(tmp_path, kernels):
     assert device_work(out) == ["write_through"]
     replayed = tool("run_replay", str(out))
     assert replayed.returncode == 1 and "CUDA_ERROR_ILLEGAL_ADDRESS" in replayed.stderr
+
+
+def test_faults_with_a_substitution_keeps_what_the_faulting_launch_reads(tmp_path, kernels):
+    """A substitute axpy reads 1 TiB out of bounds, which faults whatever the data: the reduction
+    keeps one axpy launch and the x and y it reads (each candidate of the inputs phase verified as
+    captured), so the result faults with the substitution and verifies without it."""
+    path, exe = steps_capture(tmp_path, kernels, steps=8)
+    oob = tmp_path / "oob.cubin"
+    oob.write_bytes(kernels["replay_kernels_oob"])
+    out = tmp_path / "small.kreplay"
+    res = tool(
+        "reduce_replay", str(path), "-o", str(out), "--faults=CUDA_ERROR_ILLEGAL_ADDRESS",
+        f"--executable-substitution={exe}={oob}",
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert device_work(out) == ["axpy"], res.stdout
+    assert f"inputs given {8 * N} -> {8 * N} bytes" in res.stdout, res.stdout  # x and y, all read
+    with replayfmt.open(out) as cap:
+        new_id = dict(cap.metadata.properties)["reduce.result_substitutions"].split("=")[0]
+    assert tool("run_replay", "--verify", str(out)).returncode == 0, "the result lost what axpy reads"
+    faulted = tool("run_replay", f"--executable-substitution={new_id}={oob}", str(out))
+    assert faulted.returncode == 1 and "CUDA_ERROR_ILLEGAL_ADDRESS" in faulted.stderr
 
 
 def test_a_capture_that_passes_is_refused(tmp_path, kernels):
