@@ -30,7 +30,7 @@ handed the few others it uses when it is made (none calls back into the translat
 ``Launches``           kernel launches, both modes
 ``LaunchRepeats``      launches armed for the C ring, and those it recorded
 ``GraphLaunches``      executable graphs and their launches
-``CollectiveEvents``   NCCL's kernels, kept as the bytes they left (still a mixin of the translator)
+``Collectives``        NCCL's kernels, kept as the bytes they left
 =====================  ==============================================================================
 """
 
@@ -43,10 +43,10 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from replayfmt.capture import events as ev
-from replayfmt.capture.allocations import Allocation, AllocationTable, TensorLabel
+from replayfmt.capture.allocations import AllocationTable, TensorLabel
 from replayfmt.capture.buffers import BufferObjects
 from replayfmt.capture.checkpoints import Checkpoints
-from replayfmt.capture.collective_events import CollectiveEvents
+from replayfmt.capture.collective_events import Collectives
 from replayfmt.capture.copies import Copies
 from replayfmt.capture.device_memory import DeviceMemory
 from replayfmt.capture.device_objects import DeviceObjects
@@ -70,7 +70,7 @@ from replayfmt.format import model as m
 from replayfmt.writer import CaptureWriter
 
 
-class Translator(CollectiveEvents):
+class Translator:
     """Consumes :mod:`events` in program order and writes them to ``writer``. Thread-safe (its
     collaborators are not: each is used under the translator's lock)."""
 
@@ -145,8 +145,18 @@ class Translator(CollectiveEvents):
         )
         parameters = self._parameters = KernelParameters(self._annotations, report, allocations, buffers)
         repeats = self._repeats = LaunchRepeats(writer, ring, region, streams)
-        self._refusals, self._streams = refusals, streams  # what the collectives' handlers use
-        self.collectives, self._received = collectives, []  # NCCL's log; collectives awaiting their results
+        nccl = self._collectives = Collectives(
+            collectives,
+            writer=writer,
+            report=report,
+            allocations=allocations,
+            region=region,
+            memory=memory,
+            devices=devices,
+            refusals=refusals,
+            streams=streams,
+            state=state,
+        )
         launches = self._launches = Launches(
             writer=writer,
             options=options,
@@ -159,7 +169,7 @@ class Translator(CollectiveEvents):
             state=state,
             checkpoints=checkpoints,
             repeats=repeats,
-            collective=self._on_collective_launch,
+            collective=nccl.on_launch,
         )
         graphs = GraphLaunches(
             writer=writer,
@@ -237,8 +247,8 @@ class Translator(CollectiveEvents):
             while region.scopes:  # scopes the program left open
                 self.scope_end(region.scopes[-1][0])
             touched = region.close()
-            if self._received:  # collectives launched last: their results before the checkpoint
-                self._write_received()
+            if self._collectives.pending:  # collectives launched last: their results before the checkpoint
+                self._collectives.write_received()
             self._state.restore_changed_pristine_globals(region.number, touched)
             self._checkpoints.checkpoint(touched, stream=None, name=region.name or "region")
             if region.name:
@@ -261,8 +271,8 @@ class Translator(CollectiveEvents):
             if region.recording and name == region.name and name in self.options.region_scopes:
                 self.stop()
             elif region.recording:
-                if self._received:  # collectives launched last: their results before the checkpoint
-                    self._write_received()
+                if self._collectives.pending:  # collectives launched last: their results before the checkpoint
+                    self._collectives.write_received()
                 if region.scopes and region.scopes[-1][0] == name:  # (state: inside its region of the file)
                     self._state.restore_changed_pristine_globals(region.number, region.touched)
                     touched = region.scopes.pop()[1]
@@ -306,8 +316,8 @@ class Translator(CollectiveEvents):
             if self.report.partial:
                 return
             try:
-                if self._received:  # collectives launched before this event have run by now
-                    self._write_received()
+                if self._collectives.pending:  # collectives launched before this event have run by now
+                    self._collectives.write_received()
                 self._dispatch[type(event)](event)
             except Exception as exc:  # a callback must never break the program
                 problem = f"{type(event).__name__}: {type(exc).__name__}: {exc}"
@@ -319,18 +329,3 @@ class Translator(CollectiveEvents):
     def in_progress(self) -> bool:
         """Whether work is being recorded now (a region open, a kernel instance awaiting its end)."""
         return self._region.recording or self._launches.awaiting_end
-
-    # -- what the collectives' handlers (CollectiveEvents) use ------------------------------
-
-    @property
-    def _recording(self) -> bool:
-        return self._region.recording
-
-    def _unsupported(self, call: str, reason: str, stream: int) -> None:
-        self._refusals.refuse(call, reason, stream)
-
-    def _stream(self, handle: int) -> int:
-        return self._streams.stream(handle)
-
-    def _prepare_write(self, allocation: Allocation, offset: int, size: int, stream: int) -> None:
-        self._state.prepare_write(allocation, offset, size, stream)
