@@ -71,8 +71,10 @@ from replayfmt.writer import CaptureWriter
 
 
 class Translator:
-    """Consumes :mod:`events` in program order and writes them to ``writer``. Thread-safe (its
-    collaborators are not: each is used under the translator's lock)."""
+    """Consumes :mod:`events` in program order and writes them to ``writer``. Thread-safe: its
+    collaborators are not, and each is used under the translator's lock. Besides its methods,
+    ``report``, ``devices``, ``allocations`` and ``modules`` are for reading (the translator
+    changes them), and ``settled`` is the recorder's to set (see release_block)."""
 
     def __init__(
         self,
