@@ -1,11 +1,13 @@
 """The house rules of docs/ARCHITECTURE.md, checked on the source: which package may import which,
 the library never imports the command-line tools, no module takes or touches another's private
-names, no import circles (through imports inside functions too), and no room grows too big to
-live in."""
+names, no class shares private state with another through ``self`` (a mixin and its host), no
+import circles (through imports inside functions too), and no room grows too big to live in."""
 
 from __future__ import annotations
 
 import ast
+import functools
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -220,7 +222,7 @@ def private_names_defined(tree: ast.Module) -> set[str]:
 
 def own_base_classes(tree: ast.Module) -> set[str]:
     """The names of the base classes of the classes this module defines: a class may name its own
-    base's handlers (Translator's dispatch table of its mixins' _on_* methods)."""
+    base's handlers (CuptiSource's table of decoders names its GraphCalls mixin's)."""
     return {ast.unparse(base) for node in ast.walk(tree) if isinstance(node, ast.ClassDef) for base in node.bases}
 
 
@@ -263,6 +265,219 @@ def test_the_reach_in_rule_tells_a_reach_in_from_a_modules_own_names():
         "        return self._x, other._table, cap.rows._replace(a=1), cap._batch(0), cap.public\n"
     )
     assert private_reach_ins(ast.parse(code)) == [(8, "cap._batch")]
+
+
+# A class keeps its private state to itself. A mixin that uses private attributes its host class
+# provides, or a subclass that uses its base's, shares that state across modules through ``self``,
+# where the rules above do not look: the concern is then one class spread over several files.
+# Collaborators own their state and are handed what they use (the recorder's translator).
+# Classes that still do it, each with what it shares; the list only shrinks.
+SHARES_PRIVATE_STATE: dict[str, set[str]] = {
+    # the CUPTI source's graph decoders, a mixin of it
+    "replayfmt.capture.graphs.GraphCalls": {"_deliver", "_kernel", "_launch_results", "_pending_updates", "_succeeded"},
+    "replayfmt.capture.cupti_source.CuptiSource": {
+        "_captures",
+        "_deliver",
+        "_graphs",
+        "_kernel",
+        "_launch_results",
+        "_pending_updates",
+        "_sink",
+        "_succeeded",
+    },
+    # the shadow whose payload bytes are read on demand, a subclass of the shadow
+    "replayfmt.edit.lazy_shadow.LazyShadow": {"_range", "_read_payload", "_write"},
+}
+
+
+@dataclass
+class ClassState:
+    """The private attributes a class uses and defines through ``self`` or ``cls``."""
+
+    path: Path
+    module: str
+    name: str
+    bases: tuple[str, ...]  # as written
+    used: dict[str, int]  # name -> first line
+    defined: set[str]
+
+
+def class_body_nodes(node: ast.ClassDef) -> Iterator[ast.AST]:
+    """The nodes of a class, those of classes nested in it left out (their ``self`` is theirs)."""
+    todo: list[ast.AST] = list(node.body)
+    while todo:
+        child = todo.pop()
+        yield child
+        if not isinstance(child, ast.ClassDef):
+            todo.extend(ast.iter_child_nodes(child))
+
+
+def declares_fields(node: ast.ClassDef) -> bool:
+    """A dataclass or NamedTuple: its annotated names are its fields, defined by the class."""
+    decorators = [ast.unparse(d) for d in node.decorator_list]
+    return any("dataclass" in d for d in decorators) or any("NamedTuple" in ast.unparse(b) for b in node.bases)
+
+
+def class_states(path: Path, module: str | None = None) -> list[ClassState]:
+    """Every class of the module at ``path`` (named ``module``: default, its place in the tree)."""
+    module = module or module_name(path)
+    tree = ast.parse(path.read_text(), filename=str(path))
+    states = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ClassDef):
+            continue
+        used: dict[str, int] = {}
+        defined: set[str] = set()
+        for stmt in node.body:  # what the class body itself defines
+            if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                defined.add(stmt.name)
+            elif isinstance(stmt, ast.Assign):
+                defined |= {n.id for t in stmt.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+            elif (
+                isinstance(stmt, ast.AnnAssign)
+                and isinstance(stmt.target, ast.Name)
+                and (stmt.value is not None or declares_fields(node))  # a bare annotation only declares
+            ):
+                defined.add(stmt.target.id)
+        for child in class_body_nodes(node):
+            if (
+                isinstance(child, ast.Attribute)
+                and isinstance(child.value, ast.Name)
+                and child.value.id in ("self", "cls")
+            ):
+                if is_private(child.attr):
+                    used.setdefault(child.attr, child.lineno)
+                    if isinstance(child.ctx, ast.Store):
+                        defined.add(child.attr)
+            elif isinstance(child, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "__slots__" for t in child.targets
+            ):
+                defined |= {
+                    c.value for c in ast.walk(child.value) if isinstance(c, ast.Constant) and isinstance(c.value, str)
+                }
+        bases = tuple(ast.unparse(b).split("[")[0] for b in node.bases)
+        states.append(ClassState(path, module, node.name, bases, used, {d for d in defined if is_private(d)}))
+    return states
+
+
+@functools.cache
+def imported_classes(path: Path) -> dict[str, str]:
+    """Names a module imports from the library, each with the module it comes from."""
+    found = {}
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and is_library(node.module):
+            for alias in node.names:
+                found[alias.asname or alias.name] = str(node.module)
+    return found
+
+
+ALL_CLASSES = {(c.module, c.name): c for path in library_files() for c in class_states(path)}
+
+
+def own_bases(cls: ClassState) -> list[ClassState]:
+    """The class's base classes defined in its own module, theirs too."""
+    found, todo = [], list(cls.bases)
+    while todo:
+        base = ALL_CLASSES.get((cls.module, todo.pop()))
+        if base is not None and base not in found:
+            found.append(base)
+            todo += base.bases
+    return found
+
+
+def foreign_bases(cls: ClassState) -> list[ClassState]:
+    """The class's (and its own module's ancestors') base classes defined in other library modules."""
+    found = []
+    for c in (cls, *own_bases(cls)):
+        imported = imported_classes(c.path)
+        for base in c.bases:
+            origin = imported.get(base)
+            other = ALL_CLASSES.get((origin, base)) if origin is not None else None
+            if other is not None and other.module != cls.module:
+                found.append(other)
+    return found
+
+
+def shared_private_state(cls: ClassState) -> dict[str, str]:
+    """What a class shares of private state with other classes through ``self``: the private
+    attributes it uses that neither it nor a base class of its module defines (a host's, or a
+    foreign base's), and those it uses or defines that a base class of another module uses or
+    defines too (a mixin's host assigning them, a subclass overriding them). Name -> why."""
+    own = [cls, *own_bases(cls)]
+    defined = set().union(*(c.defined for c in own))
+    shared = {
+        name: f"uses self.{name} (line {line}), which neither it nor a base class in its module defines"
+        for name, line in cls.used.items()
+        if name not in defined and name not in STDLIB_UNDERSCORED
+    }
+    mine = set(cls.used) | cls.defined
+    for base in foreign_bases(cls):
+        for c in (base, *own_bases(base)):
+            for name in sorted(mine & (set(c.used) | c.defined)):
+                shared.setdefault(name, f"shares self.{name} with {c.name} of {c.module}")
+    return shared
+
+
+def test_no_class_shares_private_state_with_another_through_self():
+    """A class is one concern in one module: what another class needs of it is public, and a
+    class that needs another's state is handed that class (a collaborator), not mixed into it."""
+    wrong, stale = [], []
+    for (module, name), cls in sorted(ALL_CLASSES.items()):
+        shared = shared_private_state(cls)
+        allowed = SHARES_PRIVATE_STATE.get(f"{module}.{name}", set())
+        wrong += [f"{cls.path.relative_to(ROOT)}: {name} {why}" for n, why in shared.items() if n not in allowed]
+        if allowed - set(shared):
+            stale.append(f"{module}.{name} no longer shares {sorted(allowed - set(shared))}: take it off the list")
+    assert not wrong, "private state shared between classes:\n" + "\n".join(wrong)
+    assert not stale, "\n".join(stale)
+
+
+def test_the_shared_state_rule_finds_a_mixin_and_a_subclass_reaching_into_their_host(tmp_path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "host.py").write_text(
+        "class Base:\n    def _helper(self):\n        return self._table\n    def __init__(self):\n"
+        "        self._table = {}\n"
+    )
+    (package / "mixin.py").write_text(
+        "from replayfmt.pkg.host import Base\n"
+        "class Handlers:\n    _sink: object\n    def on(self):\n        self._sink(self._count)\n"
+        "class Child(Base):\n    def more(self):\n        return self._helper(), self._own\n"
+        "    def __init__(self):\n        super().__init__()\n        self._own = 1\n"
+        "class Alone:\n    __slots__ = ('_x',)\n    _limit = 3\n"
+        "    def get(self):\n        return self._x, self._limit\n"
+    )
+    (package / "fields.py").write_text(
+        "from dataclasses import dataclass\n@dataclass\nclass Row:\n    _hidden: int = 0\n"
+        "    def value(self):\n        return self._hidden\n"
+    )
+    states = {
+        (cls.module, cls.name): cls
+        for path in sorted(package.glob("*.py"))
+        for cls in class_states(path, "replayfmt.pkg." + path.stem)
+    }
+    saved = dict(ALL_CLASSES)
+    ALL_CLASSES.clear()
+    ALL_CLASSES.update(states)
+    try:
+        found = {name: sorted(shared_private_state(cls)) for (_, name), cls in states.items()}
+    finally:
+        ALL_CLASSES.clear()
+        ALL_CLASSES.update(saved)
+    assert found == {"Base": [], "Handlers": ["_count", "_sink"], "Child": ["_helper"], "Alone": [], "Row": []}
+
+
+def test_the_architecture_page_names_every_module():
+    """docs/ARCHITECTURE.md says which module owns what: a module it does not name is one whose
+    concern a reader cannot find there (named as `stem`, `stem.py` or a dotted `package.stem`)."""
+    page = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    named = {word.split(".")[-1] for word in re.findall(r"`([\w.]+?)(?:\.py)?`", page)}
+    unnamed = [
+        str(path.relative_to(ROOT))
+        for path in library_files()
+        if path.name not in ("__init__.py", "__main__.py") and path.stem not in named
+    ]
+    assert not unnamed, "modules docs/ARCHITECTURE.md does not name: " + ", ".join(unnamed)
 
 
 def import_graph(*, top_level_only: bool) -> dict[str, set[str]]:

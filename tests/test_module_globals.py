@@ -586,7 +586,7 @@ def test_a_module_loaded_where_an_unloaded_one_kept_a_global_gets_its_own(tmp_pa
         ev.ModuleGlobals(other, (ev.GlobalVariable("base", BASE, 8, bytes(8)),)),
     ]
     _, t = record(tmp_path, events, mem)
-    (mine,) = t._modules[other].globals
+    (mine,) = t.modules.loaded(other).globals
     assert mine.module_global.module == other and t.allocations.find(BASE) is mine
 
 

@@ -212,16 +212,16 @@ def test_pytorch_block_frees_reach_the_recorder_with_the_size_the_tensor_asked(m
 
 
 def test_past_the_byte_budget_frees_go_unchecked_and_the_report_says_so(tmp_path, cubin, monkeypatch):
-    from replayfmt.capture import state_events
+    from replayfmt.capture import checkpoints
 
-    monkeypatch.setattr(state_events, "MAX_RELEASED_BYTES", 4 * N - 1)  # y is 4 N bytes: over it
+    monkeypatch.setattr(checkpoints, "MAX_RELEASED_BYTES", 4 * N - 1)  # y is 4 N bytes: over it
     mem = FakeMemory()
     events = [ev.ModuleImage(MODULE, cubin, None, "cuModuleLoadData"), *step_that_drops_its_result(mem)]
     path, t = record(tmp_path, events, mem)
     assert (t.report.released_checkpoints, t.report.released_dropped) == (0, 1)
     with replayfmt.open(path) as cap:
         assert [op.name for op in cap.iter_operations() if isinstance(op, m.Checkpoint)] == ["step"]
-    monkeypatch.setattr(state_events, "MAX_RELEASED_BYTES", 4 * N)
+    monkeypatch.setattr(checkpoints, "MAX_RELEASED_BYTES", 4 * N)
     again = FakeMemory()
     (tmp_path / "again").mkdir()
     _, t = record(tmp_path / "again", [ev.ModuleImage(MODULE, cubin, None), *step_that_drops_its_result(again)], again)

@@ -1,6 +1,5 @@
-"""CUDA graphs in the translator (a mixin of :class:`~replayfmt.capture.translate.Translator`):
-executable graphs followed from their instantiation, graph launches written as Graph objects and
-GraphLaunch operations.
+"""CUDA graphs in the translator: executable graphs followed from their instantiation, graph
+launches written as Graph objects and GraphLaunch operations.
 
 An executable graph is described when it is instantiated, and again when cuGraphExecUpdate
 gives it another graph; a node update (cuGraphExecKernelNodeSetParams and kin, a child graph
@@ -18,19 +17,25 @@ changed, is written again as a new Graph object when its nodes differ.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from replayfmt.capture import events as ev
-from replayfmt.capture.allocations import Allocation, AllocationTable
-from replayfmt.capture.parameter_words import ParameterPointers
 from replayfmt.errors import ReplayUsageError
 from replayfmt.format import model as m
 from replayfmt.format.graph_records import check_graph_within_limits
 from replayfmt.format.model import GraphNode, GraphNodeKind
 
 if TYPE_CHECKING:
+    from replayfmt.capture.allocations import Allocation, AllocationTable
+    from replayfmt.capture.buffers import BufferObjects
+    from replayfmt.capture.checkpoints import Checkpoints
     from replayfmt.capture.device_objects import DeviceObjects
+    from replayfmt.capture.launches import KernelParameters
+    from replayfmt.capture.modules import Modules
+    from replayfmt.capture.regions import Refusals, Region
     from replayfmt.capture.report import Report
+    from replayfmt.capture.starting_state import StartingState
+    from replayfmt.capture.stream_events import Streams
     from replayfmt.writer import CaptureWriter
 
 _N = GraphNodeKind
@@ -54,48 +59,57 @@ class Unrecordable(Exception):
     """A graph node that cannot be written; the launch becomes an Unsupported operation."""
 
 
-class GraphEvents:
-    """Graph handlers; the translator provides the attributes declared here."""
+class GraphLaunches:
+    """Graph events. Owns the program's executable graphs (by CUgraphExec handle: what each runs)
+    and the Graph objects written (by value: an unchanged graph is written once)."""
 
-    writer: CaptureWriter
-    report: Report
-    allocations: AllocationTable
-    _recording: bool
-    devices: DeviceObjects
-    _pointed: set[int]  # the addresses the region's launches pointed at (state_events)
-    _executables: dict[int, GraphExecutable]  # CUgraphExec handle -> what it runs
-    _modules: dict[tuple[str, int], Any]  # module key -> what the translator keeps of it
-    _graph_ids: dict[m.Graph, int]  # each Graph object written, by value: an unchanged graph is written once
+    def __init__(
+        self,
+        *,
+        writer: CaptureWriter,
+        report: Report,
+        allocations: AllocationTable,
+        devices: DeviceObjects,
+        region: Region,
+        refusals: Refusals,
+        streams: Streams,
+        buffers: BufferObjects,
+        modules: Modules,
+        parameters: KernelParameters,
+        state: StartingState,
+        checkpoints: Checkpoints,
+    ) -> None:
+        self._writer = writer
+        self._report = report
+        self._allocations = allocations
+        self._devices = devices
+        self._region = region
+        self._refusals = refusals
+        self._streams = streams
+        self._buffers = buffers
+        self._modules = modules
+        self._parameters = parameters
+        self._state = state
+        self._checkpoints = checkpoints
+        self._executables: dict[int, GraphExecutable] = {}
+        self._graph_ids: dict[m.Graph, int] = {}
 
-    if TYPE_CHECKING:  # provided by the translator
-
-        def _unsupported(self, call: str, reason: str, stream: int) -> None: ...
-        def _stream(self, handle: int) -> int: ...
-        def _event(self, handle: int) -> int: ...
-        def _buffer(self, allocation: Allocation) -> int: ...
-        def _shape(self, kernel: ev.Kernel) -> Any: ...
-        def _function(self, kernel: ev.Kernel) -> tuple[int, int] | None: ...
-        def _relocations(self, parameters: bytes, shape: Any) -> ParameterPointers: ...
-        def _touch_for_launch(self, allocation: Allocation, stream: int, kernel: str) -> None: ...
-        def _reached(self, holder: Allocation) -> list[Allocation]: ...
-        def _module_globals(self, kernel: ev.Kernel, stream: int | None) -> tuple[Allocation, ...]: ...
-
-    def _on_graph_instantiated(self, event: ev.GraphInstantiated) -> None:
+    def on_graph_instantiated(self, event: ev.GraphInstantiated) -> None:
         self._executables[event.graph_exec] = GraphExecutable(event.graph)
 
-    def _on_graph_exec_destroyed(self, event: ev.GraphExecDestroyed) -> None:
+    def on_graph_exec_destroyed(self, event: ev.GraphExecDestroyed) -> None:
         self._executables.pop(event.graph_exec, None)
 
-    def _on_graph_kernel_updated(self, event: ev.GraphKernelUpdated) -> None:
+    def on_graph_kernel_updated(self, event: ev.GraphKernelUpdated) -> None:
         info = ev.GraphNodeInfo(_N.KERNEL, kernel=event.kernel)
         missing = f"cuGraphExecKernelNodeSetParams changed node {event.node:#x}, no kernel node of it"
         self._update_node(event.graph_exec, event.node, info, missing)
 
-    def _on_graph_node_updated(self, event: ev.GraphNodeUpdated) -> None:
+    def on_graph_node_updated(self, event: ev.GraphNodeUpdated) -> None:
         missing = f"a {event.info.kind.name.lower()} node update named node {event.node:#x}, no such node"
         self._update_node(event.graph_exec, event.node, event.info, missing)
 
-    def _on_graph_node_enabled(self, event: ev.GraphNodeEnabled) -> None:
+    def on_graph_node_enabled(self, event: ev.GraphNodeEnabled) -> None:
         """A disabled node is written as an empty node (its edges still order the others)."""
         executable = self._executables.get(event.graph_exec)
         if executable is None:
@@ -128,8 +142,8 @@ class GraphEvents:
         # conditional node's body: XLA's while loops), whose reason says more than the handle
         executable.broken = _unsupported_reason(executable.description) or missing
 
-    def _on_graph_launched(self, event: ev.GraphLaunched) -> None:
-        if not self._recording:
+    def on_graph_launched(self, event: ev.GraphLaunched) -> None:
+        if not self._region.recording:
             return
         executable = self._executables.get(event.graph_exec)
         if executable is None or executable.broken:
@@ -138,14 +152,14 @@ class GraphEvents:
                 if executable is not None
                 else f"the executable graph {event.graph_exec:#x} was instantiated before the recorder started"
             )
-            self._unsupported("cuGraphLaunch", reason, event.stream)
+            self._refusals.refuse("cuGraphLaunch", reason, event.stream)
             return
-        epoch = self.allocations.epoch
+        epoch = self._allocations.epoch
         if executable.graph == 0 or executable.epoch != epoch:
             try:
                 graph, targets, kernels = self._graph_object(executable.description, executable.disabled)
             except Unrecordable as exc:
-                self._unsupported("cuGraphLaunch", str(exc), event.stream)
+                self._refusals.refuse("cuGraphLaunch", str(exc), event.stream)
                 return
             executable.graph = self._graph_id(graph)
             executable.epoch, executable.targets, executable.kernels = epoch, targets, kernels
@@ -156,17 +170,17 @@ class GraphEvents:
                 for r in node.relocations
                 if r.site_buffer == 0 and r.target_buffer in at
             )
-        self._pointed.update(executable.pointed)  # a framework's block free checkpoints what they wrote
+        self._checkpoints.pointed(executable.pointed)  # a framework's block free checkpoints what they wrote
         modules = {kernel.module: kernel for kernel in executable.kernels}  # their globals: asked at every launch
-        module_globals = [a for kernel in modules.values() for a in self._module_globals(kernel, event.stream)]
+        module_globals = [a for kernel in modules.values() for a in self._modules.module_globals(kernel, event.stream)]
         for allocation in (*executable.targets, *module_globals):  # snapshots first: what the graph starts from
-            self._touch_for_launch(allocation, event.stream, "")
-            for reached in self._reached(allocation) if allocation.pointees else ():  # through stored pointers
-                self._touch_for_launch(reached, event.stream, "")
-        self.writer.graph_launch(executable.graph, self._stream(event.stream))
-        self.report.graph_launches += 1
+            self._state.touch_for_launch(allocation, event.stream, "")
+            for reached in self._state.reached(allocation) if allocation.pointees else ():  # through stored pointers
+                self._state.touch_for_launch(reached, event.stream, "")
+        self._writer.graph_launch(executable.graph, self._streams.stream(event.stream))
+        self._report.graph_launches += 1
         for kernel in executable.kernels:
-            stats = self.report.kernel(kernel.name)
+            stats = self._report.kernel(kernel.name)
             stats.occurrences += 1
             stats.captured += 1
 
@@ -195,7 +209,7 @@ class GraphEvents:
             if any(a.buffer for a in left):
                 nodes[at], touched, _ = self._graph_node(info, [])
                 targets.extend(a for a in touched if a not in targets)
-        graph = m.Graph(device=self.devices.current, nodes=tuple(nodes), edges=tuple(description.edges))
+        graph = m.Graph(device=self._devices.current, nodes=tuple(nodes), edges=tuple(description.edges))
         try:
             check_graph_within_limits(graph)  # more nodes or edges than a reader decodes: the launch is refused
         except ReplayUsageError as exc:
@@ -210,15 +224,15 @@ class GraphEvents:
         kind = info.kind
         if kind == _N.KERNEL and info.kernel is not None:
             call = info.kernel
-            shape = self._shape(call.kernel)
+            shape = self._parameters.shape(call.kernel)
             if shape.collective:
                 raise Unrecordable(f"{call.kernel.name} is a collective (NCCL) kernel")
-            if call.kernel.module not in self._modules:  # (checked here: _function would refuse a launch)
+            if self._modules.loaded(call.kernel.module) is None:  # (checked here: function() would refuse a launch)
                 raise Unrecordable(f"the module of {call.kernel.name} was loaded before the recorder started")
-            function = self._function(call.kernel)
+            function = self._modules.function(call.kernel)
             if function is None:
                 raise Unrecordable(f"the module of {call.kernel.name} was not recorded")
-            relocations, touched, unsettled = self._relocations(call.parameters, shape)
+            relocations, touched, unsettled = self._parameters.pointers(call.parameters, shape)
             kernels.append(call.kernel)
             node = GraphNode(
                 kind=kind,
@@ -257,7 +271,7 @@ class GraphEvents:
             )
             return node, [dst], ()
         if kind in (_N.EVENT_RECORD, _N.EVENT_WAIT):
-            return GraphNode(kind=kind, event=self._event(info.event)), [], ()
+            return GraphNode(kind=kind, event=self._streams.event(info.event)), [], ()
         if kind == _N.CHILD_GRAPH and info.child is not None:
             child, touched, names = self._graph_object(info.child)
             kernels.extend(names)
@@ -267,16 +281,16 @@ class GraphEvents:
     def _graph_id(self, graph: m.Graph) -> int:
         gid = self._graph_ids.get(graph)
         if gid is None:
-            gid = self._graph_ids[graph] = self.writer.add_object(graph)
-            self.report.graphs += 1
+            gid = self._graph_ids[graph] = self._writer.add_object(graph)
+            self._report.graphs += 1
         return gid
 
     def _node_allocation(self, address: int, host_visible: bool) -> Allocation:
-        table = self.allocations
+        table = self._allocations
         allocation = table.kernel_allocation(address) if host_visible else table.device_allocation(address)
         if allocation is None:
             raise Unrecordable(f"a graph node uses address {address:#x}, in no recorded allocation")
-        self._buffer(allocation)
+        self._buffers.of(allocation)
         return allocation
 
 

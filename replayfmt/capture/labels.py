@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from replayfmt.capture import events as ev
 from replayfmt.capture.allocations import Allocation
 from replayfmt.format import model as m
 
@@ -73,3 +74,24 @@ def typed_ranges(allocation: Allocation) -> tuple[m.TypedRange, ...]:
             continue
         ranges.append(m.TypedRange(start, end - start, t.dtype))
     return tuple(ranges)
+
+
+class KernelAnnotations:
+    """The annotations frameworks gave kernels, by (module key, kernel name); a module key of None
+    names the kernel in any module (Triton's launcher knows the name, not the module)."""
+
+    def __init__(self) -> None:
+        self._by_kernel: dict[tuple[tuple[str, int] | None, str], KernelAnnotation] = {}
+
+    def add(self, module: tuple[str, int] | None, name: str, annotation: KernelAnnotation) -> None:
+        self._by_kernel[(module, name)] = annotation
+
+    def of(self, kernel: ev.Kernel) -> KernelAnnotation:
+        return self._by_kernel.get((kernel.module, kernel.name)) or self._by_kernel.get(
+            (None, kernel.name), KernelAnnotation()
+        )
+
+    def tensor_map(self, kernel: ev.Kernel, offset: int, size: int) -> bool:
+        """A 128-byte parameter is a tensor map when 64-aligned (CUtensorMap's alignment) or
+        when the framework says the kernel takes tensor descriptors."""
+        return size == 128 and (offset % 64 == 0 or self.of(kernel).tensor_maps)

@@ -6,7 +6,7 @@ Images are always stored, whatever the file policy: a module loaded from a file 
 Inductor's cubins in their compile caches) is small, and a capture that references it stops
 replaying as soon as the cache moves. File references are for large data files (mapped weights).
 
-A module's globals (format 1.4, :class:`ModuleEvents`) are allocations of their own once the
+A module's globals (format 1.4, :class:`Modules`) are allocations of their own once the
 CUPTI source says where they live (:mod:`loaded_code`): restored with their stored pointers when
 a region starts from bytes a fresh load would not give them, skipped (one read) when it would
 not, and given their load-time bytes as state if the region's kernels change them after all.
@@ -29,7 +29,8 @@ from replayfmt.writer import CaptureWriter
 
 if TYPE_CHECKING:
     from replayfmt.capture.device_memory import DeviceMemory
-    from replayfmt.capture.labels import KernelAnnotation
+    from replayfmt.capture.labels import KernelAnnotations
+    from replayfmt.capture.regions import Refusals, Region
 
 _PAGE = 4096  # the smallest page of device memory: globals closer than this are read together
 
@@ -119,43 +120,49 @@ def _module_executable(module: Module, writer: CaptureWriter) -> int:
     return eid
 
 
-class ModuleEvents:
-    """Module event handlers and the executables and globals of launched kernels; a mixin of
-    :class:`~replayfmt.capture.translate.Translator`, which provides the attributes declared here."""
+class Modules:
+    """The modules the program loaded, by key: module events, the executables of launched
+    kernels, and their globals (allocations of their own in the shared table)."""
 
-    allocations: AllocationTable
-    writer: CaptureWriter
-    memory: DeviceMemory
-    _modules: dict[tuple[str, int], Module]
-    _region: int
-    _touched: list[Allocation]  # what the region checkpoints at its end
+    def __init__(
+        self,
+        writer: CaptureWriter,
+        memory: DeviceMemory,
+        allocations: AllocationTable,
+        annotations: KernelAnnotations,
+        refusals: Refusals,
+        region: Region,
+    ) -> None:
+        self._writer = writer
+        self._memory = memory
+        self._allocations = allocations
+        self._annotations = annotations
+        self._refusals = refusals
+        self._region = region
+        self._loaded: dict[tuple[str, int], Module] = {}
 
-    if TYPE_CHECKING:  # provided by the translator
+    def loaded(self, key: tuple[str, int] | None) -> Module | None:
+        """The loaded module of that key (None: loaded before the recorder started, or unloaded)."""
+        return self._loaded.get(key) if key is not None else None
 
-        def _annotation(self, kernel: ev.Kernel) -> KernelAnnotation: ...
-        def _tensor_map(self, kernel: ev.Kernel, offset: int, size: int) -> bool: ...
-        def _unsupported(self, call: str, reason: str, stream: int) -> None: ...
-        def _buffer(self, allocation: Allocation) -> int: ...
-        def _note_scoped(self, allocation: Allocation) -> None: ...
+    def on_module(self, event: ev.ModuleImage) -> None:
+        self._loaded[event.key] = Module(event)
 
-    def _on_module(self, event: ev.ModuleImage) -> None:
-        self._modules[event.key] = Module(event)
-
-    def _on_module_unload(self, event: ev.ModuleUnload) -> None:
-        module = self._modules.pop(event.key, None)
+    def on_module_unload(self, event: ev.ModuleUnload) -> None:
+        module = self._loaded.pop(event.key, None)
         for allocation in module.globals if module is not None else ():
-            if self.allocations.is_live(allocation):
-                self.allocations.remove(allocation.address)
+            if self._allocations.is_live(allocation):
+                self._allocations.remove(allocation.address)
 
-    def _on_module_globals(self, event: ev.ModuleGlobals) -> None:
+    def on_module_globals(self, event: ev.ModuleGlobals) -> None:
         """A module's globals become allocations of their own: first touched (their state
         snapshotted, the pointers stored in them relocated) when a kernel of the module runs in
         a region, and found by address like any allocation (a pointer parameter to one)."""
-        module = self._modules.get(event.key)
+        module = self._loaded.get(event.key)
         if module is None:
             return
         for variable in event.variables:
-            known = self.allocations.find(variable.address)
+            known = self._allocations.find(variable.address)
             if (
                 known is not None
                 and known.address == variable.address
@@ -164,61 +171,54 @@ class ModuleEvents:
                 and known in module.globals
             ):
                 continue  # (the host looked it up before a kernel of the module ran)
-            allocation = self.allocations.add(variable.address, variable.size, ev.MemoryApi.DEVICE, "")
+            allocation = self._allocations.add(variable.address, variable.size, ev.MemoryApi.DEVICE, "")
             allocation.call = f"module global {variable.symbol}"
             allocation.module_global = ModuleGlobal(event.key, variable.symbol, variable.initial)
             module.globals.append(allocation)
         module.needed_at = (-1, -1)
 
-    def _module_globals(self, kernel: ev.Kernel, stream: int | None) -> tuple[Allocation, ...]:
+    def module_globals(self, kernel: ev.Kernel, stream: int | None) -> tuple[Allocation, ...]:
         """The live globals of the kernel's module that a replay must restore (it may read any
         of them): all but those that hold, when this region first runs a kernel of the module,
         what a fresh load of the module gives them, while nothing is recorded of them yet.
         Libraries' modules define hundreds of constants no one writes (CUB's and libcu++'s
         one-byte tags): those cost one read, not a buffer, a state and a checkpoint each."""
-        module = self._modules.get(kernel.module) if kernel.module is not None else None
+        module = self._loaded.get(kernel.module) if kernel.module is not None else None
         if module is None or not module.globals:
             return ()
-        region = self._region
+        region = self._region.number
         module.ran = True
-        if module.needed_at == (region, self.allocations.epoch):
+        if module.needed_at == (region, self._allocations.epoch):
             return module.needed
-        live = [a for a in module.globals if self.allocations.is_live(a) and a.pristine_in != region]
+        live = [a for a in module.globals if self._allocations.is_live(a) and a.pristine_in != region]
         unread = [a for a in live if not a.buffer and a.region != region and a.module_global.initial is not None]
         for allocation, data in zip(unread, self._global_bytes(unread, stream)):
             if data == allocation.module_global.initial:
                 allocation.pristine_in = region
         module.needed = tuple(a for a in live if a.pristine_in != region)
-        module.needed_at = (region, self.allocations.epoch)
+        module.needed_at = (region, self._allocations.epoch)
         return module.needed
 
-    def _restore_changed_pristine_globals(self, region: int, touched: list[Allocation]) -> None:
-        """At the end of a scope, and of a region of the file (the recorder's region, an
-        outermost scope or the stretch before one in a whole-program capture, a kernel
-        instance): a global skipped as pristine that kernels changed since (a counter) gets the
-        load-time bytes it started from as state, in that region of the file (hoisted to its
-        start, as all state is), and joins ``touched`` and the open scopes (checkpointed), so
-        that replays repeated in one process each start from those bytes and what the kernels
-        left is checked. Only modules whose kernels ran since the last look are read."""
+    def changed_pristine_globals(self, region: int) -> list[Allocation]:
+        """The globals skipped as pristine in ``region`` that kernels changed since (a counter):
+        :meth:`StartingState.restore_changed_pristine_globals
+        <replayfmt.capture.starting_state.StartingState.restore_changed_pristine_globals>` gives
+        them the load-time bytes they started from. Only modules whose kernels ran since the last
+        look are read."""
         skipped = []
-        for module in self._modules.values():
+        for module in self._loaded.values():
             if module.ran:
                 module.ran = False
-                skipped += [a for a in module.globals if a.pristine_in == region and self.allocations.is_live(a)]
-        for allocation, data in zip(skipped, self._global_bytes(skipped, None)):
-            if data is not None and data != allocation.module_global.initial:
-                self._state_from_load_time(allocation, region)
-                self._note_scoped(allocation)
-                touched.append(allocation)
+                skipped += [a for a in module.globals if a.pristine_in == region and self._allocations.is_live(a)]
+        return [
+            allocation
+            for allocation, data in zip(skipped, self._global_bytes(skipped, None))
+            if data is not None and data != allocation.module_global.initial
+        ]
 
-    def _state_from_load_time(self, allocation: Allocation, region: int) -> None:
-        """A global skipped as pristine in ``region``, touched now: kernels may have changed it
-        since, but it started from its load-time bytes, which become its state. From now on it
-        is recorded like any global (touched at its module's launches, checkpointed)."""
-        payload = self.writer.add_payload(allocation.module_global.initial)
-        self.writer.state(buffer=self._buffer(allocation), payload=payload, size=allocation.size)
-        allocation.region, allocation.before, allocation.pristine_in = region, payload, -1
-        self._modules[allocation.module_global.module].needed_at = (-1, -1)  # its launches touch it now
+    def recorded_now(self, allocation: Allocation) -> None:
+        """A global skipped as pristine has state now: its module's launches touch it from now on."""
+        self._loaded[allocation.module_global.module].needed_at = (-1, -1)
 
     def _global_bytes(self, globals_: list[Allocation], stream: int | None) -> list[bytes | None]:
         """The bytes of each global (None: unreadable). Globals less than a page apart are read
@@ -247,40 +247,41 @@ class ModuleEvents:
 
     def _read_or_none(self, address: int, size: int, stream: int | None) -> bytes | None:
         try:
-            data = bytes(self.memory.read(address, size, stream))
+            data = bytes(self._memory.read(address, size, stream))
         except DeviceError:
             return None
         return data if len(data) == size else None
 
-    def _global_object(self, allocation: Allocation) -> int:
+    def global_object(self, allocation: Allocation) -> int:
         """The Global object of a module global's storage (0 for an allocation)."""
         if allocation.module_global is None:
             return 0
         storage = allocation.module_global
-        executable = _module_executable(self._modules[storage.module], self.writer)
-        return self.writer.add_object(m.Global(executable=executable, symbol=storage.symbol, size=allocation.size))
+        executable = _module_executable(self._loaded[storage.module], self._writer)
+        return self._writer.add_object(m.Global(executable=executable, symbol=storage.symbol, size=allocation.size))
 
-    def _function(self, kernel: ev.Kernel) -> tuple[int, int] | None:
+    def function(self, kernel: ev.Kernel) -> tuple[int, int] | None:
         """(executable id, 0) for a launched kernel: one executable per kernel of a module,
-        sharing the module's payload (replay loads each image once)."""
-        module = self._modules.get(kernel.module) if kernel.module is not None else None
+        sharing the module's payload (replay loads each image once); None, and the launch
+        refused, when its module was loaded before the recorder started."""
+        module = self._loaded.get(kernel.module) if kernel.module is not None else None
         if module is None:
-            self._unsupported("cuLaunchKernel", _LOADED_BEFORE.format(kernel.name), 0)
+            self._refusals.refuse("cuLaunchKernel", _LOADED_BEFORE.format(kernel.name), 0)
             return None
         eid = module.executables.get(kernel.name)
         if eid is None:
-            store_module(module, self.writer)
-            annotation = self._annotation(kernel)
+            store_module(module, self._writer)
+            annotation = self._annotations.of(kernel)
             parameters = []
             for i, (offset, size) in enumerate(kernel.layout):
-                tensor_map = self._tensor_map(kernel, offset, size)
+                tensor_map = self._annotations.tensor_map(kernel, offset, size)
                 kind = m.ParameterKind.TENSOR_MAP if tensor_map else m.ParameterKind.UNKNOWN
                 if i < len(annotation.kinds) and annotation.kinds[i] != m.ParameterKind.UNKNOWN:
                     kind = annotation.kinds[i]
                 name = annotation.names[i] if i < len(annotation.names) else ""
                 dtype = annotation.dtypes[i] if i < len(annotation.dtypes) else m.DType.UNKNOWN
                 parameters.append(m.Parameter(offset=offset, size=size, kind=kind, name=name, dtype=dtype))
-            eid = module.executables[kernel.name] = self.writer.add_object(
+            eid = module.executables[kernel.name] = self._writer.add_object(
                 m.Executable(
                     format=module.format,
                     target_arch=module.arch,

@@ -1,6 +1,5 @@
-"""Launches that repeat, in the translator (a mixin of
-:class:`~replayfmt.capture.translate.Translator`): arming a launch for the recorder's C ring,
-and writing the launches the ring recorded (:mod:`replayfmt.capture.launch_ring`).
+"""Launches that repeat: arming a launch for the recorder's C ring, and writing the launches the
+ring recorded (:mod:`replayfmt.capture.launch_ring`).
 
 A launch is armed when it repeated the one before it (same arguments, no allocation changed)
 and its next repeat would need nothing but its record: every allocation it reaches is device
@@ -16,28 +15,37 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from replayfmt.capture import events as ev
-from replayfmt.capture.allocations import Allocation
-from replayfmt.capture.launch_ring import FLAG_COOPERATIVE, ArmedLaunch, LaunchRing
-from replayfmt.capture.report import KernelStats
+from replayfmt.capture.launch_ring import FLAG_COOPERATIVE, ArmedLaunch
 from replayfmt.format import model as m
-from replayfmt.writer import CaptureWriter, LaunchTemplate
+from replayfmt.writer import LaunchTemplate
+
+if TYPE_CHECKING:
+    from replayfmt.capture.allocations import Allocation
+    from replayfmt.capture.launch_ring import LaunchRing
+    from replayfmt.capture.regions import Region
+    from replayfmt.capture.report import KernelStats
+    from replayfmt.capture.stream_events import Streams
+    from replayfmt.writer import CaptureWriter
 
 _FEW_REPEATS = 16  # ring launches written one by one up to this many, at once above
 
 
-class RepeatEvents:
-    """The translator's half of the launch ring."""
+class LaunchRepeats:
+    """The translator's half of the launch ring (None where the C library is not built, or in
+    kernel mode: then nothing is armed)."""
 
-    writer: CaptureWriter
-    _ring: LaunchRing | None
-    _recording: bool
-    _region: int
+    def __init__(self, writer: CaptureWriter, ring: LaunchRing | None, region: Region, streams: Streams) -> None:
+        self._writer = writer
+        self._ring = ring
+        self._region = region
+        self._streams = streams
 
-    if TYPE_CHECKING:  # provided by the translator
+    def withdraw(self) -> None:
+        """Disarm every launch (what armed them is about to change: a kernel's annotation)."""
+        if self._ring is not None:
+            self._ring.withdraw()
 
-        def _stream(self, handle: int) -> int: ...
-
-    def _arm(
+    def arm(
         self,
         kernel: ev.Kernel,
         function: tuple[int, int],
@@ -55,19 +63,19 @@ class RepeatEvents:
         """Whether a launch on these allocations, repeated now, needs no more than its record:
         every one device memory touched in this region, none holding pointers to follow
         (host-visible memory is read again at each launch, in case the host wrote it)."""
-        region = self._region
+        region = self._region.number
         return all(a.api == ev.MemoryApi.DEVICE and a.region == region and not a.pointees for a in targets)
 
-    def _on_repeated_launches(self, event: ev.RepeatedLaunches) -> None:
+    def on_repeated_launches(self, event: ev.RepeatedLaunches) -> None:
         """Launches the C library recorded, each a repeat of one armed here, in program order:
         written at once (CaptureWriter.launches)."""
-        if not self._recording:  # (the recorder takes the ring before a region ends)
+        if not self._region.recording:  # (the recorder takes the ring before a region ends)
             return
         ring = event.launches
         handles, stream_of = np.unique(ring["stream"], return_inverse=True)
-        streams = [self._stream(h) for h in handles.tolist()]  # before any launch: new streams' objects first
+        streams = [self._streams.stream(h) for h in handles.tolist()]  # before any launch: new streams' objects first
         if len(ring) <= _FEW_REPEATS:  # one by one: cheaper than setting up the arrays
-            launch, first = self.writer.launch, -1
+            launch, first = self._writer.launch, -1
             for at, (_, _, _, grid, block, cluster, shared, flags, _, _, arming) in enumerate(ring.tolist()):
                 what = event.armed[arming]
                 template = what.template
@@ -95,7 +103,7 @@ class RepeatEvents:
         shapes[:, 1] = np.where(ring["flags"] & FLAG_COOPERATIVE, m.LAUNCH_FLAG_COOPERATIVE, 0)
         shapes[:, 2:5], shapes[:, 5:8], shapes[:, 8:11] = ring["grid"], ring["block"], ring["cluster"]
         shapes[:, 11] = ring["shared_memory"]
-        event.first = self.writer.launches([a.template for a in armed], which, shapes)
+        event.first = self._writer.launches([a.template for a in armed], which, shapes)
         for launch, count in zip(armed, np.bincount(which, minlength=len(armed)).tolist(), strict=True):
             launch.stats.occurrences += count
             launch.stats.captured += count
