@@ -116,7 +116,7 @@ def verify(
         # which bytes the captured kernels write: a poisoned replay of the capture as recorded
         reference_plan = dataclasses.replace(plan_options, substitutions=(), launch_overrides=())
         with open_replay(path, reference_plan, limits=options.limits) as reference:
-            replayer = reference.start(dataclasses.replace(replay, save_output=None))
+            replayer = reference.start(dataclasses.replace(replay, save_output=None, peers=None))  # alone
             verification.apply_reference(verification.reference_written(replayer))
     for i, (ms, state_ms) in enumerate(zip(result.device_ms, result.state_ms, strict=True)):
         state = f" (starting state set apart: {state_ms:.3f} ms)" if plan.state else ""
