@@ -272,7 +272,7 @@ def test_per_kernel_timing_runs_a_graph_node_by_node_between_events():
 
 def test_format_1_1_files_still_open_and_mean_what_they_meant(tmp_path):
     """A 1.1 file (the sample as 1.1 wrote it) reads as before: the operations of today's sample
-    but its graph."""
+    but its graph (1.2) and its collective (1.5)."""
     from samples import write_sample
 
     golden = Path(__file__).parent / "golden" / "sample-1.1.kreplay"
@@ -287,7 +287,8 @@ def test_format_1_1_files_still_open_and_mean_what_they_meant(tmp_path):
         kept = [
             op
             for op in now.iter_operations()
-            if op.kind != m.OperationKind.GRAPH_LAUNCH and not (isinstance(op, m.CreateObject) and op.object in graphs)
+            if op.kind not in (m.OperationKind.GRAPH_LAUNCH, m.OperationKind.COLLECTIVE)
+            and not (isinstance(op, m.CreateObject) and op.object in graphs)
         ]
         assert [op.kind for op in old.iter_operations()] == [op.kind for op in kept]
         assert build_plan(old, PlanOptions(continue_on_error=True)).state

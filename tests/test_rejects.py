@@ -51,7 +51,10 @@ def test_rejects_file_too_short(tmp_path):
 def test_rejects_newer_major_version_naming_both(tmp_path):
     path = tmp_path / "v2.kreplay"
     path.write_bytes(pack_file_header(FileHeader(2, 3, FILE_HEADER_SIZE, 0)) + bytes(64))
-    with pytest.raises(replayfmt.ReplayVersionError, match=r"format version 2.3 is newer than this reader's 1.4"):
+    with pytest.raises(
+        replayfmt.ReplayVersionError,
+        match=rf"format version 2.3 is newer than this reader's 1.{replayfmt.FORMAT_MINOR}",
+    ):
         replayfmt.open(path)
 
 
