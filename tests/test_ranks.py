@@ -181,3 +181,18 @@ def test_a_wrong_range_a_collective_wrote_names_the_rank_and_the_collective():
         "rank 1: 1 of 2 compared range(s) failed; the range was last written by collective operation 5 (AllReduce)"
     )
     assert _with_suspects(capture, VerifyResult("a", Outcome.VERIFIED)).detail == ""
+
+
+def test_a_format_1_4_file_means_what_it_meant(tmp_path):
+    """A 1.4 file (the sample as 1.4 wrote it) reads as today's sample without its collective."""
+    from pathlib import Path
+
+    from samples import write_sample
+
+    write_sample(tmp_path / "now.kreplay", n=64)
+    golden = Path(__file__).parent / "golden" / "sample-1.4.kreplay"
+    with replayfmt.open(golden) as old, replayfmt.open(tmp_path / "now.kreplay") as now:
+        assert (old.header.minor, now.header.minor) == (4, replayfmt.FORMAT_MINOR)
+        kinds = [op.kind for op in now.iter_operations() if op.kind != m.OperationKind.COLLECTIVE]
+        assert [op.kind for op in old.iter_operations()] == kinds
+        assert build_plan(old, PlanOptions(continue_on_error=True)).state
