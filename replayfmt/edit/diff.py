@@ -50,6 +50,7 @@ from replayfmt.reader import Capture
 from replayfmt.replay.plan_checks import FrameChecks
 
 _K = m.OperationKind
+_NAMED_DAMAGE = 4  # damaged payloads named one by one; the rest are counted
 _SEEN_PAIRS = 1 << 16  # parameter block pairs remembered (bounded memory on hostile input)
 
 
@@ -297,8 +298,9 @@ def diff_captures(a: Capture, b: Capture, *, check_payloads: bool = True) -> Dif
 
 def damage(cap: Capture, side: str, check_payloads: bool) -> list[str]:
     """Why capture ``cap`` (``side`` a or b) cannot be trusted: recovered after a crash (a
-    prefix survived), or a payload whose bytes do not match their hash (every payload read,
-    one frame at a time, when ``check_payloads``)."""
+    prefix survived), or payloads whose bytes do not match their hash (every payload read, each
+    distinct frame once, when ``check_payloads``): the first few named, each with its frame (a
+    damaged frame that payloads share names each of them), then how many more."""
     out = []
     if cap.recovered:
         out.append(
@@ -307,10 +309,14 @@ def damage(cap: Capture, side: str, check_payloads: bool) -> list[str]:
         )
     if check_payloads:
         frames = FrameChecks(cap, verify=True)
+        damaged = 0
         for payload in range(1, cap.payload_count + 1):
             try:
                 frames.check(None, payload, f"{side}: the capture")
             except ReplayFormatError as exc:
-                out.append(str(exc))
-                break  # one damaged payload is enough to distrust the file
+                damaged += 1
+                if damaged <= _NAMED_DAMAGE:
+                    out.append(str(exc))
+        if damaged > _NAMED_DAMAGE:
+            out.append(f"{side}: {damaged - _NAMED_DAMAGE} more damaged payloads")
     return out
