@@ -21,6 +21,7 @@ from click.testing import CliRunner
 import replayfmt
 from replayfmt.edit.diff import diff_captures
 from replayfmt.format import model as m
+from replayfmt.format.names import parameter_types, type_kind
 from replayfmt_tools import diff_replay
 
 FIXTURE = Path(__file__).parent / "fixtures" / "moe_rerun"
@@ -159,3 +160,21 @@ def test_a_real_change_to_the_same_bytes_is_still_one(captures, tmp_path, what):
 def test_an_unused_tensor_info_entry_is_not_compared(captures, tmp_path):
     changed = write(tmp_path / "b.kreplay", load("b"), _edit(88, _poke(16, "<I", 7)))  # dst.sizes[2]; dims is 2
     assert "parameters" not in pair_of(captures[0], changed, 88).changes
+
+
+def test_a_signature_gives_each_parameter_its_type():
+    sig = (
+        "void at::native::indexFuncLargeIndex<float, long, unsigned int, 2, 2, -2, true, "
+        "at::native::(anonymous namespace)::ReduceAdd>(at::cuda::detail::TensorInfo<float, unsigned int>, "
+        "int, unsigned long, at::native::(anonymous namespace)::ReduceAdd const&, float const*, "
+        "void (*)(int), std::array<char*, 3ul>, float)"
+    )
+    types = parameter_types(sig)
+    assert types is not None and len(types) == 8
+    assert [type_kind(t) for t in types] == [
+        "class", "scalar", "scalar", "pointer", "pointer", "pointer", "class", "scalar",
+    ]  # fmt: skip
+    assert parameter_types("saxpy(float, float const*, float*, int)") == ("float", "float const*", "float*", "int")
+    assert parameter_types("k()") == () and parameter_types("k(void)") == ()
+    for no_list in ("saxpy", "triton_poi_fused_add_0", "f(int", "f(a<b, c)"):
+        assert parameter_types(no_list) is None

@@ -151,7 +151,7 @@ def type_kind(declared: str) -> str:
     words = declared.replace("*", " * ").replace("&", " & ").split()
     while words and words[-1] in _QUALIFIERS:
         words.pop()
-    if words and words[-1] in ("*", "&"):
-        return "pointer"
+    if (words and words[-1] in ("*", "&")) or "(*)" in declared or "(&)" in declared:
+        return "pointer"  # a pointer or reference, to data or to a function
     base = " ".join(w for w in words if w not in _QUALIFIERS)
     return "scalar" if base in _FUNDAMENTAL or base.removeprefix("signed ") in _FUNDAMENTAL else "class"
