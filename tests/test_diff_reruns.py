@@ -20,6 +20,7 @@ from click.testing import CliRunner
 
 import replayfmt
 from replayfmt.edit.diff import diff_captures
+from replayfmt.edit.parameter_meaning import UNKNOWN_LAYOUT, BufferAddresses, ParameterLayout, Side, compare
 from replayfmt.format import model as m
 from replayfmt.format.names import parameter_types, type_kind
 from replayfmt_tools import diff_replay
@@ -178,3 +179,11 @@ def test_a_signature_gives_each_parameter_its_type():
     assert parameter_types("k()") == () and parameter_types("k(void)") == ()
     for no_list in ("saxpy", "triton_poi_fused_add_0", "f(int", "f(a<b, c)"):
         assert parameter_types(no_list) is None
+
+
+@pytest.mark.parametrize("size", [0, 1, 3, 4, 7, 8, 9, 13])
+def test_parameter_blocks_of_any_size_compare(size):
+    nowhere = BufferAddresses(lambda: [])
+    x, y = Side(bytes(size), {}, nowhere), Side(b"\x01" * size, {}, nowhere)
+    assert compare(x, y, ParameterLayout(struct_bytes=((0, size),))) == ("struct-bytes" if size else None)
+    assert compare(x, y, UNKNOWN_LAYOUT) == ("parameters" if size else None)

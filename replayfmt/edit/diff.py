@@ -161,7 +161,7 @@ def _total(values: Iterable[int | None]) -> int | None:
 def launches(cap: Capture) -> list[LaunchInfo]:
     """Every launch of a capture, in capture order (graph launches are not launches here)."""
     times = cap.original_times()
-    buffers = BufferAddresses([o for o in cap.object_table().others.values() if isinstance(o, m.Buffer)])
+    buffers = BufferAddresses(lambda: [o for o in cap.object_table().others.values() if isinstance(o, m.Buffer)])
     images: dict[int, str] = {}
     names: dict[tuple[int, int], str] = {}
     layouts: dict[tuple[int, int], ParameterLayout] = {}

@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import re
 import struct
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -146,19 +147,24 @@ def canonical(op: m.Launch, layout: ParameterLayout) -> tuple[bytes, Sites]:
 
 class BufferAddresses:
     """Which buffer of a capture an address falls in (its recorded ``address``), for pointers the
-    recorder did not relocate."""
+    recorder did not relocate; ``buffers`` is asked on first use (most diffs never need it)."""
 
-    def __init__(self, buffers: list[m.Buffer]) -> None:
-        spans = sorted((b.address, b.size, b.id) for b in buffers if b.address and b.size > 0)
-        self.starts = np.array([s for s, _, _ in spans], np.uint64)
-        self.ends = np.array([s + z for s, z, _ in spans], np.uint64)
-        self.ids = np.array([i for _, _, i in spans], np.int64)
+    def __init__(self, buffers: Callable[[], Iterable[m.Buffer]]) -> None:
+        self._buffers: Callable[[], Iterable[m.Buffer]] | None = buffers
+        self.starts = self.ends = np.zeros(0, np.uint64)
+        self.ids = np.zeros(0, np.int64)
 
     def resolve(self, addresses: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The buffer id (-1: none) and offset of each of ``addresses`` (uint64)."""
-        k = np.searchsorted(self.starts, addresses, side="right").astype(np.int64) - 1
+        if self._buffers is not None:
+            spans = sorted((b.address, b.size, b.id) for b in self._buffers() if b.address and b.size > 0)
+            self._buffers = None
+            self.starts = np.array([s for s, _, _ in spans], np.uint64)
+            self.ends = np.array([s + z for s, z, _ in spans], np.uint64)
+            self.ids = np.array([i for _, _, i in spans], np.int64)
         if not len(self.starts):
             return np.full(len(addresses), -1, np.int64), np.zeros(len(addresses), np.uint64)
+        k = np.searchsorted(self.starts, addresses, side="right").astype(np.int64) - 1
         k0 = np.maximum(k, 0)
         inside = (k >= 0) & (addresses < self.ends[k0])
         return np.where(inside, self.ids[k0], -1), np.where(inside, addresses - self.starts[k0], np.uint64(0))
@@ -178,9 +184,8 @@ class Side:
         """(buffer id, offset) per word: a relocated site's target where one starts there, else
         the buffer the word falls in; buffer -1 where neither, or the word overlaps a site."""
         if self._targets is None:
-            n = len(self.parameters)
-            count = max(0, (n - 8) // 4 + 1)
-            halves = np.frombuffer(self.parameters[: 4 * (count + 1)], "<u4").astype(np.uint64)
+            count = max(0, (len(self.parameters) - 8) // 4 + 1)
+            halves = np.frombuffer(self.parameters[: 4 * (count + 1)] if count else b"", "<u4").astype(np.uint64)
             buffer, offset = self.buffers.resolve(halves[:count] | (halves[1 : count + 1] << np.uint64(32)))
             for site, (width, target, at) in self.sites.items():
                 buffer[max(0, (site - 4) // 4) : (site + width + 3) // 4] = -1
