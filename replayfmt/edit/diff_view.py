@@ -8,8 +8,8 @@ time), ``total-time=P%`` (all launches' time), and the structural checks ``shape
 ``missing-kernels`` (only in the first), ``launches`` (any launch inserted or removed); ``any``
 is every structural check. Without thresholds the structural checks apply (``DEFAULT_FAIL_ON``):
 times always jitter, so they fail only where a threshold says how much is too much.
-``struct-bytes`` (launches that differ only in bytes of a struct passed by value that no
-declaration reads: see edit/parameter_meaning) is no structural check: two runs of one program
+``struct-bytes`` (launches that differ only in bytes of a struct passed by value that the diff
+has no layout for: see edit/parameter_meaning) is no structural check: two runs of one program
 differ there, so it fails only where asked for.
 
 JSON rows (one object per line): ``{"kind":"summary", ...}`` first, then ``kernel`` rows, ``scope``
@@ -166,9 +166,9 @@ def render_text(
     )
     if n := d.count(STRUCT_BYTES):
         yield (
-            f"struct    {n} matched launches differ only in bytes of a struct passed by value that no "
-            "declaration reads (padding, unused entries: two runs of one program differ there); "
-            f"--fail-on {STRUCT_BYTES} counts them"
+            f"struct    {n} matched launches differ only in struct bytes (bytes of a struct passed by value "
+            "that the diff has no layout for, which a program may leave unwritten: two runs of one program "
+            f"differ there); --fail-on {STRUCT_BYTES} counts them"
         )
     for why in d.damage:
         yield f"damaged   {why}"
