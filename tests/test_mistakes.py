@@ -7,6 +7,7 @@ truncated copy: the damaged ones must never be called replayable or the same."""
 
 from __future__ import annotations
 
+import random
 import re
 import shutil
 import subprocess
@@ -271,3 +272,39 @@ def test_console_scripts_end_in_one_line(files, argv):
     assert done.returncode in (1, 2), done.stderr
     assert "Traceback" not in done.stderr + done.stdout
     assert len(_error_lines(done.stderr)) >= 1
+
+
+def test_a_damaged_frame_two_payloads_share_names_each_of_them(tmp_path):
+    """Equal frames are stored once: a byte flipped in a frame that a starting state's payload
+    (its frame 0) and a checkpoint's (its frame 1) share damages both, and each GPU-less verdict
+    names each, with its own frame, and the chunk's offset."""
+    size = 64 << 10
+    shared, state_tail, checkpoint_head = (random.Random(v).randbytes(size) for v in (7, 8, 9))  # stored raw
+    good = tmp_path / "good.kreplay"
+    with replayfmt.CaptureWriter(good, threads=0, frame_size=size) as w:
+        device = w.add_object(replayfmt.model.Device(name="NVIDIA H100", compute_capability=(9, 0)))
+        buffer = w.add_object(replayfmt.model.Buffer(size=2 * size, device=device))
+        with w.scope("step"):
+            w.state(buffer=buffer, data=shared + state_tail)
+            w.memset(buffer=buffer, value=0, count=16)
+            w.checkpoint({buffer: checkpoint_head + shared})
+    with replayfmt.open(good) as cap:
+        state, checkpoint = (p.id for p in cap.payloads() if len(p.frames) == 2)
+        assert cap.payload(state).frames[0] == cap.payload(checkpoint).frames[1]
+        offset = cap.frame_location(cap.payload(state).frames[0])[0]
+    bad = tmp_path / "bad.kreplay"
+    data = bytearray(good.read_bytes())
+    data[offset + CHUNK_HEADER_SIZE + 1000] ^= 0x40
+    bad.write_bytes(bytes(data))
+    named = [
+        f"uses payload {state}: {bad}: offset {offset}: payload {state} frame 0",
+        f"uses payload {checkpoint}: {bad}: offset {offset}: payload {checkpoint} frame 1",
+    ]
+    r = CliRunner().invoke(dump_main, ["--summary", str(bad)])
+    assert "replayable    no:" in r.output and all(n in r.output for n in named), r.output
+    r = CliRunner().invoke(run_main, ["--dry-run", str(bad)])  # the first problem: it names the other user too
+    assert r.exit_code == 2 and named[0] in r.stderr and "plan OK" not in r.output, r.output
+    assert f"(the frame is stored once: payload {checkpoint} frame 1 uses it too)" in r.stderr
+    r = CliRunner().invoke(diff_main, [str(good), str(bad)])
+    assert r.exit_code == 1 and all(f"damaged   b: the capture {n}" in r.output for n in named), r.output
+    assert CliRunner().invoke(run_main, ["--dry-run", str(good)]).exit_code == 0

@@ -19,15 +19,21 @@ Matching: each capture's launches in order form a sequence of (demangled) kernel
 sequences are aligned like diff --patience aligns lines (bounded time), so an inserted or
 removed launch shifts nothing after it. Inside a changed stretch, the k-th launch of a name on
 each side is paired; the rest are inserted or removed. Paired launches are compared by shape
-(grid, block, cluster, dynamic shared memory), parameters (pointers as the buffer and offset they
-point to, in structs too) and their executable image's hash. Times are the original program's
-(the recorder's CUPTI records). Every payload of both captures is checked against its hashes: a
-damaged or recovered (truncated) capture is named and fails the diff whatever --fail-on says.
+(grid, block, cluster, dynamic shared memory), parameters and their executable image's hash.
+Parameters are read by what the kernel declares: pointers (in structs too) as the buffer and
+offset they point to (a declared pointer into host memory on both sides has nothing to compare),
+values of fundamental types by value, PyTorch's TensorInfo up to its dims. Other bytes of a
+struct passed by value (padding, unused entries, empty classes, a functor's fields) may be left
+unwritten by the host and differ between two runs of one program: a launch differing only there
+is counted apart as struct-bytes. Times are the original program's (the recorder's CUPTI
+records). Every payload of both captures is checked against its hashes: a damaged or recovered
+(truncated) capture is named and fails the diff whatever --fail-on says.
 
 \b
 --fail-on CHECK[,CHECK...] (repeatable): time=P% (a kernel's total time moved more than P%;
 time=+P%: only slower), scope-time=P%, total-time=P%, shape, parameters, executable,
-new-kernels, missing-kernels, launches, any (all the structural checks). Default: any.
+new-kernels, missing-kernels, launches, any (all of these structural checks), struct-bytes
+(launches differing only in struct bytes; listed only then). Default: any.
 
 \b
 Exit status: 0 the same within the thresholds; 1 different, or an input damaged; 2 usage error
@@ -66,7 +72,8 @@ def main(before: Path, after: Path, fmt: str, fail_on: tuple[str, ...], all_laun
         for row in json_rows(result.diff, failed, list(thresholds), all_launches=all_launches):
             click.echo(json.dumps(row))
     else:
-        for line in render_text(result.diff, failed, all_launches=all_launches):
+        struct_bytes = any(t.check == "struct-bytes" for t in thresholds)
+        for line in render_text(result.diff, failed, all_launches=all_launches, struct_bytes=struct_bytes):
             click.echo(line)
     return EXIT_PROBLEM if failed else EXIT_OK
 

@@ -415,6 +415,10 @@ TOOLS = {
   `scope` and `launch` rows (changed launches only; `--all-launches` for all).
 * Times are the original program's (the recorder's CUPTI records); a capture without them shows
   `-` and no ratio. Graph launches are not matched (kernel launches only).
+* Parameters are read by what the kernel declares: pointers as buffer and offset, values by value,
+  PyTorch's TensorInfo up to its dims. A launch differing only in the other bytes of a struct
+  passed by value (padding, unused entries: two runs of one program differ there) is
+  `struct-bytes`, not `parameters`; `--fail-on struct-bytes` counts and lists them.
 """,
     "benchmark-replay": """\
 ## benchmark-replay notes

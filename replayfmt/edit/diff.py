@@ -13,12 +13,13 @@ whose name changed counts as one removed and one inserted.
 
 Matched launches are compared by launch shape (grid, block, cluster, dynamic shared memory), by
 their parameters, and by the hash of their executable's image (XXH3-128 of the stored image: a
-recompiled kernel of the same name differs). Pointers differ between runs, so a parameter is
-compared as what it points to: a relocated pointer (in a struct too) as its target buffer and
-offset; where the bytes still differ, an 8-byte word that falls inside a buffer of its capture on
-both sides as that buffer's id and offset; bytes outside every declared parameter (alignment
-gaps) not at all. A capture that is damaged (a payload whose bytes do not match their hash) or
-was recovered after a crash is listed in ``Diff.damage``: the diff never passes it.
+recompiled kernel of the same name differs). Parameters are read by what the function declares
+(:mod:`replayfmt.edit.parameter_meaning`): pointers as the buffer and offset they point to (in
+structs too), values by value, PyTorch's TensorInfo up to its dims; a difference only in the other
+bytes of a struct passed by value, which a host program may leave unwritten and two runs of one
+program fill differently, is a ``struct-bytes`` change, apart from ``parameters``. A capture that is
+damaged (a payload whose bytes do not match their hash) or was recovered after a crash is listed
+in ``Diff.damage``: the diff never passes it.
 
 Times are the original program's (TIMINGS: CUPTI activity records of the recording); a capture
 without them shows none. Scopes are matched by name and occurrence.
@@ -26,13 +27,21 @@ without them shows none. Scopes are matched by name and occurrence.
 
 from __future__ import annotations
 
-import bisect
-import struct
 from collections import defaultdict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from replayfmt.edit.align import opcodes
+from replayfmt.edit.parameter_meaning import (
+    UNKNOWN_LAYOUT,
+    BufferAddresses,
+    ParameterLayout,
+    Side,
+    Sites,
+    canonical,
+    compare,
+    layout_of,
+)
 from replayfmt.edit.select import scope_spans
 from replayfmt.errors import ReplayFormatError
 from replayfmt.format import model as m
@@ -41,8 +50,8 @@ from replayfmt.reader import Capture
 from replayfmt.replay.plan_checks import FrameChecks
 
 _K = m.OperationKind
-_POINTER_BYTES = {m.RelocationKind.POINTER: 8, m.RelocationKind.TENSOR_MAP: 128}
-_OFFSET_MASK = (1 << 40) - 1  # a pointer site compared as (buffer id: 24 bits, offset: 40 bits)
+_NAMED_DAMAGE = 4  # damaged payloads named one by one; the rest are counted
+_SEEN_PAIRS = 1 << 16  # parameter block pairs remembered (bounded memory on hostile input)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,9 +64,12 @@ class LaunchInfo:
     block: m.Dims
     cluster: m.Dims
     shared_memory: int
-    parameters: bytes  # relocated pointers as (target buffer, offset), gaps between parameters zeroed
+    parameters: bytes  # relocated pointers as (target buffer, offset), gaps and unused entries zeroed
     image: str  # XXH3-128 of the executable's image ("" when it is not stored)
     duration_ns: int | None  # the original program's device time
+    sites: Sites = field(default_factory=dict)  # its relocated sites
+    layout: ParameterLayout = UNKNOWN_LAYOUT  # how its function's parameter bytes are read
+    buffers: BufferAddresses | None = None  # its capture's buffers, for pointers left unrelocated
 
     @property
     def shape(self) -> tuple[m.Dims, m.Dims, m.Dims, int]:
@@ -70,7 +82,7 @@ class LaunchPair:
 
     a: LaunchInfo | None
     b: LaunchInfo | None
-    changes: tuple[str, ...]  # "removed", "inserted", "shape", "parameters", "executable"
+    changes: tuple[str, ...]  # "removed", "inserted", "shape", "parameters", "struct-bytes", "executable"
 
     @property
     def name(self) -> str:
@@ -88,6 +100,7 @@ class KernelRow:
     time_b_ns: int | None = None
     shape_changes: int = 0
     parameter_changes: int = 0
+    struct_byte_changes: int = 0
     executable_changes: int = 0
 
     @property
@@ -148,9 +161,10 @@ def _total(values: Iterable[int | None]) -> int | None:
 def launches(cap: Capture) -> list[LaunchInfo]:
     """Every launch of a capture, in capture order (graph launches are not launches here)."""
     times = cap.original_times()
+    buffers = BufferAddresses(lambda: [o for o in cap.object_table().others.values() if isinstance(o, m.Buffer)])
     images: dict[int, str] = {}
     names: dict[tuple[int, int], str] = {}
-    gaps: dict[tuple[int, int], tuple[tuple[int, int], ...]] = {}
+    layouts: dict[tuple[int, int], ParameterLayout] = {}
     out = []
     for op in cap:
         if op.kind != _K.LAUNCH:
@@ -161,12 +175,13 @@ def launches(cap: Capture) -> list[LaunchInfo]:
             fns = exe.functions if isinstance(exe, m.Executable) else ()
             fn = fns[op.function] if 0 <= op.function < len(fns) else None  # type: ignore[union-attr]
             names[key] = demangle(fn.name) if fn is not None else f"executable {op.executable}#{op.function}"  # type: ignore[union-attr]
-            gaps[key] = _gaps(fn)
+            layouts[key] = layout_of(fn, names[key])
             images[op.executable] = (  # type: ignore[union-attr]
                 cap.payload(exe.payload).hash_hex
                 if isinstance(exe, m.Executable) and 1 <= exe.payload <= cap.payload_count
                 else ""
             )
+        params, sites = canonical(op, layouts[key])  # type: ignore[arg-type]
         out.append(
             LaunchInfo(
                 op.index,
@@ -175,89 +190,24 @@ def launches(cap: Capture) -> list[LaunchInfo]:
                 op.block,  # type: ignore[union-attr]
                 op.cluster,  # type: ignore[union-attr]
                 op.shared_memory,  # type: ignore[union-attr]
-                canonical_parameters(op, gaps[key]),  # type: ignore[arg-type]
+                params,
                 images[op.executable],  # type: ignore[union-attr]
                 times.duration_ns(op.index),
+                sites,
+                layouts[key],
+                buffers,
             )
         )
     return out
 
 
-def _gaps(fn: m.Function | None) -> tuple[tuple[int, int], ...]:
-    """[start, end) of the bytes outside every declared parameter (alignment padding, which a
-    program need not initialise), when the function's layout is known."""
-    if fn is None or not fn.parameters_known:
-        return ()
-    out, at = [], 0
-    for p in sorted(fn.parameters, key=lambda p: p.offset):
-        if p.offset > at:
-            out.append((at, p.offset))
-        at = max(at, p.offset + p.size)
-    return (*out, (at, 1 << 62))
-
-
-def canonical_parameters(op: m.Launch, gaps: tuple[tuple[int, int], ...] = ()) -> bytes:
-    """A launch's parameter bytes as two runs of one program agree on them: each relocated pointer
-    site (``site_buffer`` 0: in the parameters, inside a struct too) holds its target buffer's id
-    and offset instead of an address, and the gaps between parameters are zeroed."""
-    params = bytearray(op.parameters)
-    for start, end in gaps:
-        end = min(end, len(params))
-        if start < end:
-            params[start:end] = bytes(end - start)
-    for r in op.relocations:
-        if r.site_buffer == 0 and 0 <= r.site_offset < len(params):
-            end = min(len(params), r.site_offset + _POINTER_BYTES.get(r.kind, 8))
-            what = struct.pack("<Q", (r.target_buffer & 0xFFFFFF) << 40 | (r.target_offset & _OFFSET_MASK))
-            params[r.site_offset : end] = (what + bytes(128))[: end - r.site_offset]
-    return bytes(params)
-
-
-class BufferAddresses:
-    """Which buffer of a capture an address falls in (its recorded ``address``), for pointers the
-    recorder did not relocate."""
-
-    def __init__(self, cap: Capture) -> None:
-        spans = sorted(
-            (o.address, o.size, o.id)
-            for o in cap.object_table().others.values()
-            if isinstance(o, m.Buffer) and o.address and o.size > 0
-        )
-        self.starts = [s for s, _, _ in spans]
-        self.spans = spans
-
-    def resolve(self, address: int) -> tuple[int, int] | None:
-        """(buffer id, offset) of ``address``, or None when no buffer holds it."""
-        k = bisect.bisect_right(self.starts, address) - 1
-        if k < 0:
-            return None
-        start, size, bid = self.spans[k]
-        return (bid, address - start) if address < start + size else None
-
-
-def same_parameters(x: bytes, y: bytes, ax: BufferAddresses, by: BufferAddresses) -> bool:
-    """Whether two canonical parameter blocks differ only in 8-byte words that point, on both
-    sides, at the same offset of the same buffer (pointers the recorder left unrelocated)."""
-    if len(x) != len(y):
-        return False
-    for at in range(0, len(x), 8):
-        u, v = x[at : at + 8], y[at : at + 8]
-        if u == v:
-            continue
-        if len(u) < 8:
-            return False
-        pu, pv = ax.resolve(int.from_bytes(u, "little")), by.resolve(int.from_bytes(v, "little"))
-        if pu is None or pu != pv:
-            return False
-    return True
-
-
 def align(a: list[LaunchInfo], b: list[LaunchInfo]) -> list[LaunchPair]:
     """Launches of both sides paired by the module docstring's matching rule."""
     pairs: list[LaunchPair] = []
+    seen: dict[tuple[object, ...], str] = {}  # launches repeat: each pair of parameter blocks read once
     for tag, i1, i2, j1, j2 in opcodes([x.name for x in a], [x.name for x in b]):
         if tag == "equal":
-            pairs += [_pair(a[i], b[j]) for i, j in zip(range(i1, i2), range(j1, j2))]
+            pairs += [_pair(a[i], b[j], seen) for i, j in zip(range(i1, i2), range(j1, j2))]
             continue
         right: dict[str, deque[LaunchInfo]] = defaultdict(deque)
         for y in b[j1:j2]:
@@ -268,22 +218,34 @@ def align(a: list[LaunchInfo], b: list[LaunchInfo]) -> list[LaunchPair]:
             if same:
                 y = same.popleft()
                 used.add(y.index)
-                pairs.append(_pair(x, y))
+                pairs.append(_pair(x, y, seen))
             else:
                 pairs.append(LaunchPair(x, None, ("removed",)))
         pairs += [LaunchPair(None, y, ("inserted",)) for y in b[j1:j2] if y.index not in used]
     return pairs
 
 
-def _pair(x: LaunchInfo, y: LaunchInfo) -> LaunchPair:
-    changes = []
+def _pair(x: LaunchInfo, y: LaunchInfo, seen: dict[tuple[object, ...], str]) -> LaunchPair:
+    changes: list[str] = []
     if x.shape != y.shape:
         changes.append("shape")
     if x.parameters != y.parameters:
-        changes.append("parameters")
+        changes.append(_parameters_change(x, y, seen))
     if x.image != y.image:
         changes.append("executable")
-    return LaunchPair(x, y, tuple(changes))
+    return LaunchPair(x, y, tuple(c for c in changes if c))
+
+
+def _parameters_change(x: LaunchInfo, y: LaunchInfo, seen: dict[tuple[object, ...], str]) -> str:
+    if x.layout != y.layout or x.buffers is None or y.buffers is None:
+        return "parameters"  # declared otherwise (another image): every byte counts
+    key = (x.parameters, y.parameters, tuple(x.sites.items()), tuple(y.sites.items()), x.layout)
+    if (known := seen.get(key)) is None:
+        sides = Side(x.parameters, x.sites, x.buffers), Side(y.parameters, y.sites, y.buffers)
+        known = compare(*sides, x.layout) or ""
+        if len(seen) < _SEEN_PAIRS:
+            seen[key] = known
+    return known
 
 
 def _kernel_rows(pairs: list[LaunchPair]) -> list[KernelRow]:
@@ -301,6 +263,7 @@ def _kernel_rows(pairs: list[LaunchPair]) -> list[KernelRow]:
             row = rows[p.a.name]
             row.shape_changes += "shape" in p.changes
             row.parameter_changes += "parameters" in p.changes
+            row.struct_byte_changes += "struct-bytes" in p.changes
             row.executable_changes += "executable" in p.changes
     return sorted(rows.values(), key=lambda r: -max(r.time_a_ns or 0, r.time_b_ns or 0))
 
@@ -324,11 +287,7 @@ def diff_captures(a: Capture, b: Capture, *, check_payloads: bool = True) -> Dif
     one is named in ``Diff.damage``)."""
     d = Diff(a.path, b.path)
     d.damage = damage(a, "a", check_payloads) + damage(b, "b", check_payloads)
-    pairs = align(launches(a), launches(b))
-    if any("parameters" in p.changes for p in pairs):
-        ax, bx = BufferAddresses(a), BufferAddresses(b)
-        pairs = [_pointers_resolved(p, ax, bx) for p in pairs]
-    d.pairs = pairs
+    d.pairs = align(launches(a), launches(b))
     d.kernels = _kernel_rows(d.pairs)
     d.timed = bool(a.original_times()) and bool(b.original_times())
     sa, sb = _scope_times(a), _scope_times(b)
@@ -337,18 +296,11 @@ def diff_captures(a: Capture, b: Capture, *, check_payloads: bool = True) -> Dif
     return d
 
 
-def _pointers_resolved(p: LaunchPair, ax: BufferAddresses, bx: BufferAddresses) -> LaunchPair:
-    if "parameters" not in p.changes or p.a is None or p.b is None:
-        return p
-    if not same_parameters(p.a.parameters, p.b.parameters, ax, bx):
-        return p
-    return LaunchPair(p.a, p.b, tuple(c for c in p.changes if c != "parameters"))
-
-
 def damage(cap: Capture, side: str, check_payloads: bool) -> list[str]:
     """Why capture ``cap`` (``side`` a or b) cannot be trusted: recovered after a crash (a
-    prefix survived), or a payload whose bytes do not match their hash (every payload read,
-    one frame at a time, when ``check_payloads``)."""
+    prefix survived), or payloads whose bytes do not match their hash (every payload read, each
+    distinct frame once, when ``check_payloads``): the first few named, each with its frame (a
+    damaged frame that payloads share names each of them), then how many more."""
     out = []
     if cap.recovered:
         out.append(
@@ -357,10 +309,14 @@ def damage(cap: Capture, side: str, check_payloads: bool) -> list[str]:
         )
     if check_payloads:
         frames = FrameChecks(cap, verify=True)
+        damaged = 0
         for payload in range(1, cap.payload_count + 1):
             try:
                 frames.check(None, payload, f"{side}: the capture")
             except ReplayFormatError as exc:
-                out.append(str(exc))
-                break  # one damaged payload is enough to distrust the file
+                damaged += 1
+                if damaged <= _NAMED_DAMAGE:
+                    out.append(str(exc))
+        if damaged > _NAMED_DAMAGE:
+            out.append(f"{side}: {damaged - _NAMED_DAMAGE} more damaged payloads")
     return out

@@ -8,6 +8,9 @@ time), ``total-time=P%`` (all launches' time), and the structural checks ``shape
 ``missing-kernels`` (only in the first), ``launches`` (any launch inserted or removed); ``any``
 is every structural check. Without thresholds the structural checks apply (``DEFAULT_FAIL_ON``):
 times always jitter, so they fail only where a threshold says how much is too much.
+``struct-bytes`` (launches that differ only in bytes of a struct passed by value that the diff
+has no layout for: see edit/parameter_meaning) is no structural check: two runs of one program
+differ there, so it fails only where asked for.
 
 JSON rows (one object per line): ``{"kind":"summary", ...}`` first, then ``kernel`` rows, ``scope``
 rows and ``launch`` rows (changed launches only, or every launch with ``all_launches``).
@@ -25,6 +28,8 @@ from replayfmt.errors import ReplayUsageError
 
 STRUCTURAL = ("shape", "parameters", "executable", "new-kernels", "missing-kernels", "launches")
 TIMED = ("time", "scope-time", "total-time")
+STRUCT_BYTES = "struct-bytes"
+COUNTED = ("removed", "inserted", "shape", "parameters", "executable")  # what a launch pair lists as changed
 _THRESHOLD = re.compile(r"^(?P<check>[a-z-]+)(?:=(?P<sign>\+)?(?P<pct>\d+(?:\.\d+)?)%)?$")
 
 
@@ -49,10 +54,10 @@ def parse_fail_on(text: str) -> list[Threshold]:
     for part in (p.strip() for p in text.split(",")):
         match = _THRESHOLD.match(part)
         check = match["check"] if match else ""
-        if not match or check not in (*STRUCTURAL, *TIMED, "any"):
+        if not match or check not in (*STRUCTURAL, STRUCT_BYTES, *TIMED, "any"):
             raise ReplayUsageError(
-                f"--fail-on {part!r}: expected one of {', '.join(STRUCTURAL)}, any, or time=P%, scope-time=P%, "
-                "total-time=P% (a leading + counts only slowdowns)"
+                f"--fail-on {part!r}: expected one of {', '.join(STRUCTURAL)}, any, {STRUCT_BYTES}, or time=P%, "
+                "scope-time=P%, total-time=P% (a leading + counts only slowdowns)"
             )
         if (check in TIMED) != (match["pct"] is not None):
             need = "needs a percentage, e.g. time=5%" if check in TIMED else "takes no percentage"
@@ -77,7 +82,7 @@ def failures(d: Diff, thresholds: list[Threshold] | tuple[Threshold, ...]) -> li
     out: list[str] = [f"damaged: {why}" for why in d.damage]
     for t in thresholds:
         c = t.check
-        if c in ("shape", "parameters", "executable") and (n := d.count(c)):
+        if c in ("shape", "parameters", "executable", STRUCT_BYTES) and (n := d.count(c)):
             names = sorted({p.name for p in d.pairs if c in p.changes})
             out.append(f"{c}: {n} matched launches differ ({_names(names)})")
         elif c == "new-kernels" and (names := [k.name for k in d.kernels if k.side == "b"]):
@@ -132,20 +137,24 @@ def _pair_detail(p: LaunchPair) -> str:
         return p.changes[0]
     if "shape" in p.changes:
         parts.append(f"shape {_shape_text(p.a)} -> {_shape_text(p.b)}")
-    if "parameters" in p.changes:
-        at = [i for i, (x, y) in enumerate(zip(p.a.parameters, p.b.parameters)) if x != y]
-        if not at:
-            where = f"size {len(p.a.parameters)} -> {len(p.b.parameters)}"
-        else:
-            where = f"byte {at[0]}" if at[0] == at[-1] else f"bytes {at[0]}..{at[-1]}"
-        parts.append(f"parameters differ ({where})")
+    for change, what in (("parameters", "parameters differ"), (STRUCT_BYTES, "only struct bytes differ")):
+        if change in p.changes:
+            at = [i for i, (x, y) in enumerate(zip(p.a.parameters, p.b.parameters)) if x != y]
+            if not at:
+                where = f"size {len(p.a.parameters)} -> {len(p.b.parameters)}"
+            else:
+                where = f"byte {at[0]}" if at[0] == at[-1] else f"bytes {at[0]}..{at[-1]}"
+            parts.append(f"{what} ({where})")
     if "executable" in p.changes:
         parts.append(f"executable image {p.a.image[:12]} -> {p.b.image[:12]}")
     return "; ".join(parts)
 
 
-def render_text(d: Diff, failed: list[str], *, all_launches: bool = False, width: int = 48) -> Iterator[str]:
-    """The human table: summary, kernels, scopes, changed launches, verdict."""
+def render_text(
+    d: Diff, failed: list[str], *, all_launches: bool = False, struct_bytes: bool = False, width: int = 48
+) -> Iterator[str]:
+    """The human table: summary, kernels, scopes, changed launches (those differing only in struct
+    bytes too with ``struct_bytes``), verdict."""
     na = sum(1 for p in d.pairs if p.a is not None)
     nb = sum(1 for p in d.pairs if p.b is not None)
     yield f"a  {d.path_a}: {na} launches, {_ms(d.total_a_ns)} original device time"
@@ -155,6 +164,12 @@ def render_text(d: Diff, failed: list[str], *, all_launches: bool = False, width
         f"launches  {matched} matched, {d.count('inserted')} inserted, {d.count('removed')} removed; changed: "
         f"{d.count('shape')} shape, {d.count('parameters')} parameters, {d.count('executable')} executable"
     )
+    if n := d.count(STRUCT_BYTES):
+        yield (
+            f"struct    {n} matched launches differ only in struct bytes (bytes of a struct passed by value "
+            "that the diff has no layout for, which a program may leave unwritten: two runs of one program "
+            f"differ there); --fail-on {STRUCT_BYTES} counts them"
+        )
     for why in d.damage:
         yield f"damaged   {why}"
     if not d.timed:
@@ -168,6 +183,7 @@ def render_text(d: Diff, failed: list[str], *, all_launches: bool = False, width
         for label, n in (
             ("shape", k.shape_changes),
             ("parameters", k.parameter_changes),
+            ("struct bytes", k.struct_byte_changes),
             ("executable", k.executable_changes),
         ):
             if n:
@@ -182,7 +198,7 @@ def render_text(d: Diff, failed: list[str], *, all_launches: bool = False, width
         for s in d.scopes:
             label = f"{s.name}#{s.occurrence}" if s.occurrence else s.name
             yield f"{_short(label, width):<{width}} {_ms(s.busy_a_ns):>11} {_ms(s.busy_b_ns):>11} {_ratio(s.ratio):>7}"
-    shown = [p for p in d.pairs if all_launches or p.changes]
+    shown = [p for p in d.pairs if all_launches or _listed(p, struct_bytes)]
     if shown:
         yield ""
         yield "launches (operation index in a / in b)"
@@ -192,6 +208,10 @@ def render_text(d: Diff, failed: list[str], *, all_launches: bool = False, width
             yield f"  {ia:>6} {ib:>6}  {_short(p.name, width)}  {_pair_detail(p) or 'same'}"
     yield ""
     yield "verdict: " + ("different: " + "; ".join(failed) if failed else "same within the thresholds")
+
+
+def _listed(p: LaunchPair, struct_bytes: bool) -> bool:
+    return any(c in COUNTED or (struct_bytes and c == STRUCT_BYTES) for c in p.changes)
 
 
 def _launch_json(x: LaunchInfo | None) -> dict[str, Any] | None:
@@ -223,6 +243,7 @@ def json_rows(
         "removed": d.count("removed"),
         "changed_shape": d.count("shape"),
         "changed_parameters": d.count("parameters"),
+        "changed_struct_bytes": d.count(STRUCT_BYTES),
         "changed_executable": d.count("executable"),
         "kernels_only_a": [k.name for k in d.kernels if k.side == "a"],
         "kernels_only_b": [k.name for k in d.kernels if k.side == "b"],
@@ -246,6 +267,7 @@ def json_rows(
             "ratio": k.ratio,
             "shape_changes": k.shape_changes,
             "parameter_changes": k.parameter_changes,
+            "struct_byte_changes": k.struct_byte_changes,
             "executable_changes": k.executable_changes,
         }
     for s in d.scopes:

@@ -90,3 +90,68 @@ def _with_cxxfilt(symbol: str) -> str | None:
         return None
     text = done.stdout.strip()
     return text if done.returncode == 0 and text and text != symbol else None
+
+
+_OPEN, _CLOSE = "(<[{", ")>]}"
+_QUALIFIERS = frozenset(("const", "volatile", "__restrict__", "__restrict", "restrict"))
+_FUNDAMENTAL = frozenset(
+    (
+        "bool", "char", "signed char", "unsigned char", "wchar_t", "char8_t", "char16_t", "char32_t",
+        "short", "unsigned short", "int", "unsigned int", "long", "unsigned long", "long long",
+        "unsigned long long", "__int128", "unsigned __int128", "float", "double", "long double",
+        "decltype(nullptr)", "std::nullptr_t",
+    )
+)  # fmt: skip
+
+
+def parameter_types(demangled: str) -> tuple[str, ...] | None:
+    """The declared type of each parameter of a demangled function signature, in order
+    (``saxpy(float, float const*, float*, int)`` -> ``("float", "float const*", "float*", "int")``),
+    or None where the name carries no parameter list (a C or Triton kernel, a name that did not
+    demangle) or its brackets do not balance."""
+    text = demangled.rstrip()
+    if not text.endswith(")") or len(text) > MAX_MANGLED * 4:
+        return None
+    depth, start = 0, -1
+    for i in range(len(text) - 1, -1, -1):  # the '(' that opens the final ')': the parameter list
+        c = text[i]
+        if c in _CLOSE:
+            depth += 1
+        elif c in _OPEN:
+            depth -= 1
+            if depth == 0:
+                start = i
+                break
+    if start <= 0 or text[start] != "(":
+        return None
+    out, depth, begin = [], 0, start + 1
+    for i in range(start + 1, len(text) - 1):
+        c = text[i]
+        if c in _OPEN:
+            depth += 1
+        elif c in _CLOSE:
+            depth -= 1
+            if depth < 0:
+                return None
+        elif c == "," and depth == 0:
+            out.append(text[begin:i].strip())
+            begin = i + 1
+    last = text[begin:-1].strip()
+    if depth != 0 or (out and not last):
+        return None
+    if last and last != "void":
+        out.append(last)
+    return tuple(out)
+
+
+def type_kind(declared: str) -> str:
+    """What a declared parameter type is: ``"pointer"`` (a pointer or a reference: an address),
+    ``"scalar"`` (a fundamental type: its bytes are its value) or ``"class"`` (a class, union or
+    enumeration passed by value, whose bytes may include padding and unused members)."""
+    words = declared.replace("*", " * ").replace("&", " & ").split()
+    while words and words[-1] in _QUALIFIERS:
+        words.pop()
+    if (words and words[-1] in ("*", "&")) or "(*)" in declared or "(&)" in declared:
+        return "pointer"  # a pointer or reference, to data or to a function
+    base = " ".join(w for w in words if w not in _QUALIFIERS)
+    return "scalar" if base in _FUNDAMENTAL or base.removeprefix("signed ") in _FUNDAMENTAL else "class"

@@ -270,6 +270,7 @@ def _build_plan(capture: Capture, options: PlanOptions) -> Plan:
         try:
             if isinstance(op, m.State):
                 _plan_state(plan, live, op, hoist)
+                frames.check(op, op.payload)  # the starting state the replay uploads
             elif isinstance(op, m.DestroyObject):
                 live.destroy(op)
                 passed.clear()  # what passed before may use what is gone now

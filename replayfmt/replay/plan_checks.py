@@ -98,17 +98,25 @@ def check_graph_lifetimes(live: LiveObjects, op: m.GraphLaunch, used: set[int]) 
         )
 
 
+_SHARERS_NAMED = 4  # payloads named as sharing a damaged frame
+_SHARER_FRAMES_LOOKED = 1 << 20  # frame digests looked at to find them
+
+
 class FrameChecks:
     """Each payload an operation uses, checked once: its frames are where the index says and,
     when ``verify`` (the GPU-less verdicts: dump-replay's and the dry run's), every distinct frame
     is read, decompressed and checked against its XXH3 hash as the replay's staging reads it (one
-    frame in memory at a time), so that a damaged payload is named before any GPU is asked for."""
+    frame in memory at a time), so that a damaged payload is named before any GPU is asked for.
+    Payloads share frames (equal frames are stored once): a damaged frame is read once, and every
+    payload checked that uses it is named, each with its own frame number."""
 
     def __init__(self, capture: Capture, *, verify: bool = False) -> None:
         self.capture = capture
         self.verify = verify
         self.checked: set[int] = set()
         self.verified_bytes = 0  # logical bytes read and hashed (each distinct frame once)
+        self._good: set[bytes] = set()  # frames read and found intact
+        self._damaged: dict[bytes, tuple[str, ReplayFormatError]] = {}  # frame -> (its first user, why)
         self._scratch = bytearray()
 
     def check(self, op: m.Operation | None, payload: int, what: str = "") -> None:
@@ -127,17 +135,51 @@ class FrameChecks:
 
     def _verify(self, payload: int) -> None:
         info = self.capture.payload(payload)
-        seen: set[bytes] = set()
         last = len(info.frames) - 1
         for k, digest in enumerate(info.frames):
-            if digest in seen and k != last:  # a deduplicated frame is the same bytes: read once
+            record = f"payload {payload} frame {k}"
+            if digest in self._damaged:
+                first, exc = self._damaged[digest]
+                raise ReplayFormatError(
+                    f"{exc.message} (the frame is stored once, and {first} uses it too)",
+                    path=exc.path,
+                    offset=exc.offset,
+                    record=record,
+                )
+            if digest in self._good and k != last:  # a deduplicated frame is the same bytes: read once
                 continue
-            seen.add(digest)
             size = min(info.frame_size, info.size - k * info.frame_size)
             if len(self._scratch) < size:
                 self._scratch = bytearray(size)
-            self.capture.read_frame_into(payload, k, memoryview(self._scratch)[:size], check=True)
+            try:
+                self.capture.read_frame_into(payload, k, memoryview(self._scratch)[:size], check=True)
+            except ReplayFormatError as exc:
+                self._damaged[digest] = (record, exc)
+                also = self._sharers(digest, payload)
+                if not also:
+                    raise
+                verb = "uses" if len(also) == 1 else "use"
+                raise ReplayFormatError(
+                    f"{exc.message} (the frame is stored once: {', '.join(also)} {verb} it too)",
+                    path=exc.path,
+                    offset=exc.offset,
+                    record=exc.record,
+                ) from None
+            self._good.add(digest)
             self.verified_bytes += size
+
+    def _sharers(self, digest: bytes, payload: int) -> list[str]:
+        """The other payloads whose frames include ``digest`` (each by its first such frame), the
+        first few named: a bounded look, the failure path only."""
+        names: list[str] = []
+        looked = 0
+        for info in self.capture.payloads():
+            looked += len(info.frames)
+            if info.id != payload and digest in info.frames:
+                names.append(f"payload {info.id} frame {info.frames.index(digest)}")
+            if len(names) > _SHARERS_NAMED or looked > _SHARER_FRAMES_LOOKED:
+                return [*names[:_SHARERS_NAMED], "maybe others"]
+        return names
 
 
 def object_payload_uses(objects: Mapping[int, m.ObjectDef]) -> Iterator[tuple[str, int]]:
