@@ -29,7 +29,9 @@ from replayfmt.verbs.ranks import (
 SUM = m.Collective(0, m.CollectiveOperation.ALL_REDUCE, 7, 0, 0, 64, -1, 2, 0, "nccl-0x1")
 
 
-def write_rank(path, rank: int, *, communicator: str = "nccl-0x1", ranks: int = 2, calls: int = 2) -> str:
+def write_rank(
+    path, rank: int, *, communicator: str = "nccl-0x1", ranks: int = 2, calls: int = 2, reduction: int = 0
+) -> str:
     """A rank's capture: a gradient all-reduced ``calls`` times in place, then a gather."""
     grad = np.arange(64, dtype=np.float32) + rank
     metadata = m.CaptureMetadata(properties=(("rank", str(rank)), ("world_size", str(ranks))))
@@ -40,7 +42,7 @@ def write_rank(path, rank: int, *, communicator: str = "nccl-0x1", ranks: int = 
         with w.scope("step"):
             w.state(buffer=buf, data=grad)
             for _ in range(calls):
-                call = dataclasses.replace(SUM, rank=rank, ranks=ranks, communicator=communicator)
+                call = dataclasses.replace(SUM, rank=rank, ranks=ranks, communicator=communicator, reduction=reduction)
                 call = dataclasses.replace(call, send_buffer=buf, recv_buffer=buf)
                 w.collective(call, received=(grad * ranks).astype(np.float32))
             gather = m.Collective(0, m.CollectiveOperation.ALL_GATHER, 7, 0, 0, 64, -1, ranks, rank, communicator)
@@ -94,6 +96,9 @@ def test_the_ranks_of_a_job_are_matched_before_any_replay(tmp_path):
         read_ranks([paths[0], paths[0]], VerifyOptions())
     with pytest.raises(ReplayUsageError, match="needs the capture of every rank"):
         verify_ranks(paths[:1])
+    premul = write_rank(tmp_path / "premul.kreplay", 1, reduction=5)
+    with pytest.raises(ReplayUsageError, match="reduces with NCCL operation 5, one the program made"):
+        read_ranks([paths[0], premul], VerifyOptions())
 
 
 def test_a_planted_reduction_is_found_in_every_rank_by_its_place():

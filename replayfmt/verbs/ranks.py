@@ -26,7 +26,7 @@ from replayfmt.errors import ReplayError, ReplayUsageError
 from replayfmt.format import model as m
 from replayfmt.measure.benchmark import BenchmarkResult
 from replayfmt.reader import open_capture
-from replayfmt.replay.collectives import Nccl, Peers
+from replayfmt.replay.collectives import REDUCTIONS, Nccl, Peers
 from replayfmt.replay.verify_types import Outcome, VerifyOptions, VerifyResult
 from replayfmt.verbs.benchmarking import BenchmarkReplayOptions, benchmark
 from replayfmt.verbs.verifying import verify
@@ -34,6 +34,8 @@ from replayfmt.verbs.verifying import verify
 Progress = Callable[[int, str], None]  # (rank, a line of that rank's replay)
 _GRACE_S = 20.0  # how long the other ranks may finish once one has failed
 _RANK_ITERATIONS = 20  # timed iterations of each rank when none are asked
+_O = m.CollectiveOperation
+_REDUCING = {_O.ALL_REDUCE, _O.REDUCE, _O.REDUCE_SCATTER}
 _WORST_FIRST = (Outcome.UNAVAILABLE, Outcome.FAILED, Outcome.MISMATCH, Outcome.NOTHING_TO_VERIFY, Outcome.REPLAYED)
 
 
@@ -110,6 +112,12 @@ def read_ranks(paths: Sequence[str | os.PathLike[str]], options: VerifyOptions) 
             collectives, received = [], []
             for op in cap.iter_operations():
                 if isinstance(op, m.Collective):
+                    if op.operation in _REDUCING and op.reduction not in REDUCTIONS.values():
+                        raise ReplayUsageError(
+                            f"{path}: operation {op.index} ({op.describe()}) reduces with NCCL operation "
+                            f"{op.reduction}, one the program made (a pre-multiplied sum): its ranks cannot "
+                            "replay it together; each rank replays alone"
+                        )
                     communicators[op.communicator] = (op.rank, op.ranks)
                     collectives.append((op.index, op.communicator))
                     if op.recv_size:
