@@ -447,15 +447,15 @@ class CaptureWriter:
         size: int | None = None,
         offset: int = 0,
         relocations: Iterable[m.Relocation] = (),
+        flags: int = 0,
     ) -> int:
-        """Record what ``buffer`` holds at ``offset`` when the enclosing region begins (format 1.1):
-        starting state, which replay restores outside timing, never a copy the program made. No earlier
-        operation of the region may touch the range (docs/FORMAT.md 4.2). ``relocations`` (1.3): pointers in it."""
+        """Record what ``buffer`` holds at ``offset`` when its region begins (1.1): starting state, never a
+        copy the program made; ``flags`` (1.6): STATE_FLAG_UNDEFINED (docs/FORMAT.md 4.2); ``relocations`` (1.3)."""
         if data is not None:
             payload, size = self.add_payload(data), memoryview(data).nbytes
         if not payload or size is None:
             raise ReplayUsageError("state needs data, or a payload id with a size")
-        return self._table_op(m.State, buffer, payload, offset, size, tuple(relocations))
+        return self._table_op(m.State, buffer, payload, offset, size, tuple(relocations), flags)
 
     def collective(self, call: m.Collective, received: BytesLike | None = None) -> int:
         """One rank's collective call (1.5); ``received``: its receive range's bytes after it."""

@@ -92,7 +92,7 @@ def test_dump_shows_state_apart(tmp_path):
     assert line.endswith("-> buffer#2+0 size=4096 (starting state)")
     assert "state         4.0 KiB starting state (restored, not timed); 1.0 KiB uploaded by the program" in text
     rows = [json.loads(t) for t in runner.invoke(dump_main, ["--format=jsonl", str(path)]).stdout.splitlines()]
-    assert rows[0]["jsonl_version"] == 4
+    assert rows[0]["jsonl_version"] == 5
     (state,) = [r for r in rows if r["kind"] == "state"]
     assert (state["buffer"], state["offset"], state["size"], state["payload"]["size"]) == (2, 0, 4096, 4096)
     assert rows[1]["state_bytes"] == 4096 and rows[1]["upload_bytes"] == 1024
@@ -172,3 +172,44 @@ def test_recorded_example_dumps_and_plans_without_a_gpu():
     assert "softmax_kernel" in text and "(starting state)" in text
     result = runner.invoke(run_main, ["--dry-run", str(RECORDED)])
     assert result.exit_code == 0 and "dry run: plan OK" in result.stdout
+
+
+def test_an_undefined_state_round_trips_shows_in_dump_and_is_known_to_the_plan(tmp_path):
+    """Format 1.6: STATE_FLAG_UNDEFINED, a range that held none of the program's data when its
+    region began; older files have no flags."""
+    data = np.arange(16, dtype=np.int32)
+
+    def build(w, dev):
+        buf = w.add_object(m.Buffer(size=128, device=dev))
+        with w.scope("step"):
+            w.state(buffer=buf, data=data)
+            w.memset(buffer=buf, value=0, count=4)
+            w.state(buffer=buf, data=data, offset=64, flags=m.STATE_FLAG_UNDEFINED)  # after what wrote it
+
+    path = write(tmp_path / "u.kreplay", build)
+    with replayfmt.open(path) as cap:
+        defined, undefined = [op for op in cap if isinstance(op, m.State)]
+        assert (defined.flags, undefined.flags, undefined.undefined) == (0, m.STATE_FLAG_UNDEFINED, True)
+        plan = build_plan(cap, PlanOptions())
+        assert plan.undefined_state == {undefined.index}
+        (hoisted,) = plan.state.values()
+        assert [c.index for c in hoisted] == [defined.index, undefined.index]  # both hoisted, in order
+    out = CliRunner().invoke(dump_main, ["--format=jsonl", "--kind=state", str(path)]).stdout
+    rows = [json.loads(line) for line in out.splitlines()][2:]
+    assert [r.get("undefined", False) for r in rows] == [False, True]
+    text = CliRunner().invoke(dump_main, ["--kind=state", str(path)]).stdout
+    assert "undefined: none of the program's data" in text
+    with replayfmt.open(Path(__file__).parent / "golden" / "sample-1.5.kreplay") as cap:
+        assert (cap.header.major, cap.header.minor) == (1, 5)
+        assert [op.flags for op in cap if isinstance(op, m.State)] == [0]
+
+
+def test_a_state_flag_the_reader_does_not_know_is_refused(tmp_path):
+    def build(w, dev):
+        buf = w.add_object(m.Buffer(size=64, device=dev))
+        with w.scope("step"):
+            w.state(buffer=buf, data=np.zeros(16, np.int32), flags=4)
+
+    refused = pytest.raises(ReplayError, match=r"operation \d+ \(state\): unknown flags 0x4 .*upgrade replayfmt")
+    with replayfmt.open(write(tmp_path / "f.kreplay", build)) as cap, refused:
+        build_plan(cap, PlanOptions())

@@ -284,7 +284,13 @@ def test_data_relocations_round_trip_and_older_files_have_none(tmp_path):
         assert copy.relocations == (m.Relocation(b, a, 40, 0),)
         assert cap.partial == "" and (cap.header.major, cap.header.minor) == (1, replayfmt.FORMAT_MINOR)
         assert not build_plan(cap).problems
-    for old in ("sample-1.1.kreplay", "sample-1.2.kreplay", "sample-1.3.kreplay", "sample-1.4.kreplay"):
+    for old in (
+        "sample-1.1.kreplay",
+        "sample-1.2.kreplay",
+        "sample-1.3.kreplay",
+        "sample-1.4.kreplay",
+        "sample-1.5.kreplay",
+    ):
         with replayfmt.open(f"{__file__.rsplit('/', 1)[0]}/golden/{old}") as cap:
             assert not any(getattr(op, "relocations", ()) for op in cap if not isinstance(op, m.Launch))
             assert cap.partial == ""

@@ -270,6 +270,8 @@ class Dumper:
                 row["original_ns"] = self._original.duration_ns(op.index)
         elif isinstance(op, m.State):
             row.update(buffer=op.buffer, offset=op.offset, size=op.size, payload=self.payload_ref(op.payload))
+            if op.undefined:
+                row["undefined"] = True
             if op.relocations:
                 row["relocations"] = stored_pointers_rows(op.relocations)
         elif isinstance(op, m.Checkpoint):
@@ -490,7 +492,8 @@ class Dumper:
             obj = self._object_or_none(op.object)
             return f"{head} {obj.kind.label if obj else 'object'}#{op.object}"
         if isinstance(op, m.State):
-            state = f"payload#{op.payload} -> buffer#{op.buffer}+{op.offset} size={op.size} (starting state)"
+            what = "starting state, undefined: none of the program's data" if op.undefined else "starting state"
+            state = f"payload#{op.payload} -> buffer#{op.buffer}+{op.offset} size={op.size} ({what})"
             return f"{head} {state}{stored_pointers_text(op.relocations)}"
         if isinstance(op, m.Checkpoint):
             entries = ", ".join(f"buffer#{e.buffer}+{e.offset}:{e.size}" for e in op.entries)

@@ -193,3 +193,8 @@ LAUNCH_FLAG_COOPERATIVE = 1
 # a replay, which never writes it, skips the launch (format/host_waits.py says why)
 LAUNCH_FLAG_HOST_RELEASED = 2
 COPY_FLAG_ASYNC = 1
+# (1.6) the range held none of the program's data when its region began (memory its framework called
+# free, or an allocation the region made): its bytes are the recorder's choice, and the region writes
+# what it reads of them. Such a state may come after operations of its region that wrote the range
+# (the bytes the region left there), and verification may poison it whatever its type (docs/VERIFY.md)
+STATE_FLAG_UNDEFINED = 1

@@ -25,10 +25,11 @@ MAGIC = b"KREPLAY\x00"
 FOOTER_MAGIC = b"KRFOOTER"
 CHUNK_MAGIC = b"KRCK"
 FORMAT_MAJOR = 1
-FORMAT_MINOR = 5  # 1.1: State operations, Buffer.ranges (typed sub-ranges); 1.2: Graph objects, GraphLaunch;
+FORMAT_MINOR = 6  # 1.1: State operations, Buffer.ranges (typed sub-ranges); 1.2: Graph objects, GraphLaunch;
 # 1.3: data relocations (pointers stored in State and upload bytes), Index.partial, Checkpoint.types (typed
 # tensors of checkpointed ranges); 1.4: Buffer.module_global (a module global's storage); 1.5: Collective
-# operations (one rank's NCCL calls)
+# operations (one rank's NCCL calls); 1.6: State.flags (STATE_FLAG_UNDEFINED: a range that held none of the
+# program's data when its region began)
 
 ALIGNMENT = 8
 

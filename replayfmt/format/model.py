@@ -26,6 +26,7 @@ from replayfmt.format.enums import (
     EXECUTABLE_FORMATS as EXECUTABLE_FORMATS,
     LAUNCH_FLAG_COOPERATIVE as LAUNCH_FLAG_COOPERATIVE,
     LAUNCH_FLAG_HOST_RELEASED as LAUNCH_FLAG_HOST_RELEASED,
+    STATE_FLAG_UNDEFINED as STATE_FLAG_UNDEFINED,
     DType as DType,
     ExecutableFormat as ExecutableFormat,
     FilePolicy as FilePolicy,
@@ -485,7 +486,13 @@ class State:
     size: int
     # (1.3) pointers stored in these bytes (site_buffer: buffer, site_offset: in buffer)
     relocations: tuple[Relocation, ...] = ()
+    flags: int = 0  # (1.6) STATE_FLAG_UNDEFINED
     kind: ClassVar[OperationKind] = OperationKind.STATE
+
+    @property
+    def undefined(self) -> bool:
+        """Whether the range held none of the program's data when the region began (1.6)."""
+        return bool(self.flags & STATE_FLAG_UNDEFINED)
 
 
 @dataclass(frozen=True, slots=True)

@@ -326,6 +326,8 @@ def encode_table_op(b: flatbuffers.Builder, op: Any) -> int:
         fb.State.AddPayload(b, op.payload)
         fb.State.AddOffset(b, op.offset)
         fb.State.AddSize(b, op.size)
+        if op.flags:
+            fb.State.AddFlags(b, op.flags)
         body = fb.State.End(b)
     elif kind == _K.COLLECTIVE:
         body = _encode_collective(b, op)
@@ -407,7 +409,7 @@ def decode_table_op(index: int, kind_code: int, d: dict[str, Any]) -> Any:
         types = tuple(decode_typed_tensor(t) for t in v.get("types") or ())
         return m.Checkpoint(index, v["name"], tuple(m.CheckpointEntry(*e) for e in entries), types)
     if kind == _K.STATE:
-        return m.State(index, v["buffer"], v["payload"], v["offset"], v["size"])
+        return m.State(index, v["buffer"], v["payload"], v["offset"], v["size"], flags=v.get("flags", 0))
     if kind == _K.COLLECTIVE:
         return _decode_collective(index, v)
     return m.Unsupported(index, v["call"], v["reason"], v["stream"])

@@ -109,6 +109,9 @@ class Plan:
     # starting state, hoisted: operation index a region begins at -> the state to apply before it,
     # as host-to-device copies (stream 0) that are staged like uploads but are not the program's work
     state: dict[int, list[m.Copy]] = field(default_factory=dict)
+    # (1.6) the state operations flagged STATE_FLAG_UNDEFINED (their copies' index): ranges that held
+    # none of the program's data when their region began, which verification may poison whatever their type
+    undefined_state: set[int] = field(default_factory=set)
     graphs: dict[int, m.Graph] = field(default_factory=dict)  # launched graphs (and their children), checked
     # checkpoint operation index -> where its region begins (the key of its region's state)
     checkpoint_regions: dict[int, int] = field(default_factory=dict)
@@ -375,6 +378,12 @@ def _plan_state(plan: Plan, objects: Mapping[int, m.ObjectDef], op: m.State, hoi
     if not 1 <= op.payload <= plan.capture.payload_count or plan.capture.payload(op.payload).size < op.size:
         raise ReplayFormatError(f"operation {op.index} (state): payload {op.payload} is missing or too small")
     check_data_relocations(objects, op, op.relocations, op.offset, op.size)
+    if op.flags & ~m.STATE_FLAG_UNDEFINED:
+        raise ReplayFormatError(
+            f"operation {op.index} (state): unknown flags {op.flags:#x} (a newer writer's?): upgrade replayfmt"
+        )
+    if op.undefined:
+        plan.undefined_state.add(op.index)
     plan.stores_pointers |= bool(op.relocations)
     copy = m.Copy(
         op.index, _K.COPY_HOST_TO_DEVICE, 0, 0, op.buffer, op.payload, 0, 0, 0, op.offset, op.size, op.relocations

@@ -52,8 +52,15 @@ class State(object):
             return self._tab.Get(flatbuffers.number_types.Uint64Flags, o + self._tab.Pos)
         return 0
 
+    # State
+    def Flags(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Uint32Flags, o + self._tab.Pos)
+        return 0
+
 def StateStart(builder):
-    builder.StartObject(4)
+    builder.StartObject(5)
 
 def Start(builder):
     StateStart(builder)
@@ -81,6 +88,12 @@ def StateAddSize(builder, size):
 
 def AddSize(builder, size):
     StateAddSize(builder, size)
+
+def StateAddFlags(builder, flags):
+    builder.PrependUint32Slot(4, flags, 0)
+
+def AddFlags(builder, flags):
+    StateAddFlags(builder, flags)
 
 def StateEnd(builder):
     return builder.EndObject()
