@@ -8,12 +8,14 @@ from __future__ import annotations
 import sys
 
 import numpy as np
+import pytest
 from fake_replayer import HostReplayer
 from test_capture_translate import MODULE, FakeMemory, kernel, record, saxpy_params
 
 import replayfmt
 from replayfmt.capture import events as ev
 from replayfmt.capture.enrich import _install_torch_frees, torch_block_size
+from replayfmt.capture.report import Report
 from replayfmt.format import model as m
 from replayfmt.replay.evidence import Evidence
 from replayfmt.replay.plan import PlanOptions, build_plan
@@ -161,17 +163,19 @@ class _Registry:
             cb(*args)
 
 
-def fake_torch(monkeypatch, segments: list[dict]) -> _Registry:
+def fake_torch(monkeypatch, segments: list[dict], registry_name: str = "MemoryDeallocationCallbacks") -> _Registry:
     """A PyTorch whose caching allocator's GPU trace fires as the real one does (the module and
-    names torch.cuda._gpu_trace has), and whose memory_snapshot() returns ``segments``."""
+    names torch.cuda._gpu_trace has: MemoryDeallocationCallbacks since PyTorch 2.1, before it
+    CUDAMemoryDeallocationCallbacks), and whose memory_snapshot() returns ``segments``. The trace
+    fires only once activated, as PyTorch's does."""
     import types
 
     registry = _Registry()
     trace = types.ModuleType("torch.cuda._gpu_trace")
-    trace.CUDAMemoryDeallocationCallbacks = registry
+    setattr(trace, registry_name, registry)
     trace.register_callback_for_memory_deallocation = registry.add_callback
     torch = types.ModuleType("torch")
-    torch._C = types.SimpleNamespace(_activate_gpu_trace=lambda: None)
+    torch._C = types.SimpleNamespace(_activate_gpu_trace=lambda: setattr(registry, "active", True))
     torch.cuda = types.SimpleNamespace(memory_snapshot=lambda: segments, _gpu_trace=trace)
     monkeypatch.setitem(sys.modules, "torch", torch)
     monkeypatch.setitem(sys.modules, "torch.cuda", torch.cuda)
@@ -179,7 +183,25 @@ def fake_torch(monkeypatch, segments: list[dict]) -> _Registry:
     return registry
 
 
-def test_pytorch_block_frees_reach_the_recorder_with_the_size_the_tensor_asked(monkeypatch, tmp_path):
+class TranslatorStub:
+    """What the PyTorch hook asks of the translator."""
+
+    def __init__(self, pointed: int) -> None:
+        self.pointed, self.released = pointed, []
+        self.frees_heard: set[str] = set()
+        self.step_hooks: list = []
+        self.report = Report()
+        self.in_named_region = False
+
+    def points_at(self, address: int) -> bool:
+        return address == self.pointed
+
+    def release_block(self, address: int, size: int, why: str) -> None:
+        self.released.append((address, size, why))
+
+
+@pytest.mark.parametrize("registry_name", ["MemoryDeallocationCallbacks", "CUDAMemoryDeallocationCallbacks"])
+def test_pytorch_block_frees_reach_the_recorder_with_the_size_the_tensor_asked(monkeypatch, registry_name):
     segments = [
         {
             "address": ARENA,
@@ -192,23 +214,36 @@ def test_pytorch_block_frees_reach_the_recorder_with_the_size_the_tensor_asked(m
         }
     ]
     assert torch_block_size(segments, ARENA + 0x2000) == 1000 and torch_block_size(segments, ARENA + 0x2400) == 0
-    registry = fake_torch(monkeypatch, segments)
-    released: list[tuple[int, int, str]] = []
-
-    class Recorder:
-        def points_at(self, address: int) -> bool:
-            return address == ARENA + 0x2000
-
-        def release_block(self, address: int, size: int, why: str) -> None:
-            released.append((address, size, why))
-
-    remove = _install_torch_frees(Recorder())
-    assert remove is not None and len(registry.callback_list) == 1
+    registry = fake_torch(monkeypatch, segments, registry_name)
+    translator = TranslatorStub(ARENA + 0x2000)
+    remove = _install_torch_frees(translator)
+    assert remove is not None and translator.frees_heard == {"torch"}
+    # nothing is asked of PyTorch (its trace costs every allocation and free) until a step begins
+    assert registry.callback_list == [] and not hasattr(registry, "active")
+    for hook in list(translator.step_hooks) * 2:  # a second step: on already
+        hook()
+    assert len(registry.callback_list) == 1 and registry.active
     registry.fire_callbacks(ARENA)  # a block no launch of the region pointed at: not even sized
     registry.fire_callbacks(ARENA + 0x2000)
-    assert released == [(ARENA + 0x2000, 1000, "freed by PyTorch's caching allocator")]
+    assert translator.released == [(ARENA + 0x2000, 1000, "freed by PyTorch's caching allocator")]
     remove()
-    assert registry.callback_list == []
+    assert registry.callback_list == [] and translator.frees_heard == set() and translator.step_hooks == []
+
+
+def test_pytorch_imported_inside_a_step_hears_that_steps_frees(monkeypatch):
+    registry = fake_torch(monkeypatch, [])
+    translator = TranslatorStub(0)
+    translator.in_named_region = True
+    assert _install_torch_frees(translator) is not None
+    assert len(registry.callback_list) == 1 and registry.active
+
+
+def test_a_pytorch_without_the_gpu_trace_says_so_and_leaves_its_frees_unheard(monkeypatch):
+    """Its dropped results are then compared as what the step wrote into free memory."""
+    registry = fake_torch(monkeypatch, [], "SomethingElse")
+    translator = TranslatorStub(0)
+    assert _install_torch_frees(translator) is None and registry.callback_list == []
+    assert translator.frees_heard == set() and "no memory-deallocation callbacks" in translator.report.notes[0]
 
 
 def test_past_the_byte_budget_frees_go_unchecked_and_the_report_says_so(tmp_path, cubin, monkeypatch):

@@ -109,8 +109,9 @@ Examples:
     type=click.Choice([p.value for p in EvidencePolicy]),
     default=None,
     help="With --verify: when the ranges that start as they are expected to end are replayed poisoned, to prove "
-    "the region writes them. auto (default): when kernels were substituted, reshaped or skipped, or when nothing "
-    "else was compared with evidence; always; never (such ranges then prove nothing).",
+    "the region writes them. auto (default): when kernels were substituted, reshaped or skipped, when nothing "
+    "else was compared with evidence, or when a range that held none of the program's data at the region's start "
+    "(a dropped result) is compared; always; never (such ranges then prove nothing).",
 )
 @click.option(
     "--format",

@@ -55,6 +55,11 @@ class Allocation:
     labels: list[TensorLabel] = field(default_factory=list)
     # (offset, size) of the live framework buffers its state covered in that region; None: all of it
     state_spans: list[tuple[int, int]] | None = None
+    # (offset, size) of the framework buffers live in it when that region began, their own bytes;
+    # None: no framework spoke for it then (its state is all of it, or the region wrote all of it)
+    start_live: list[tuple[int, int]] | None = None
+    live_source: str = ""  # the frameworks that spoke for it then ("jax", "torch", "jax+torch")
+    created_in: int = -1  # the named region during which the program made it (its bytes were none of its data)
     # allocations its captured bytes point into (pointers stored in it), by address: a kernel that
     # reads it may follow them, so their contents are captured with it
     pointees: dict[int, Allocation] = field(default_factory=dict)

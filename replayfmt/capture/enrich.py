@@ -122,16 +122,27 @@ def _install_torch_frees(translator: Translator) -> Callable[[], None] | None:
     hooks torch.cuda._sanitizer uses) tells each free while the block still counts as allocated,
     so its size can be asked. A block the open scope's launches pointed at is handed to the
     translator (release_block), which compares it at the scope's end if no launch followed the
-    free: a step's dropped result."""
+    free: a step's dropped result. Without the trace, the translator compares what a step wrote
+    into free memory instead (free_writes), as it does for JAX."""
     if "torch" not in sys.modules:
         return None
     import torch
 
     trace = _torch_gpu_trace()
     activate = getattr(getattr(torch, "_C", None), "_activate_gpu_trace", None)  # PyTorch's, not ours
-    callbacks = getattr(trace, "CUDAMemoryDeallocationCallbacks", None)
-    if trace is None or activate is None or callbacks is None:
-        return None  # a PyTorch without the GPU trace: blocks freed in a scope go unchecked
+    # the registry: MemoryDeallocationCallbacks since PyTorch 2.1 (torch.cuda._gpu_trace), before it
+    # CUDAMemoryDeallocationCallbacks (torch.utils._cuda_trace)
+    callbacks = getattr(trace, "MemoryDeallocationCallbacks", None) or getattr(
+        trace, "CUDAMemoryDeallocationCallbacks", None
+    )
+    register = getattr(trace, "register_callback_for_memory_deallocation", None)
+    if activate is None or callbacks is None or register is None:
+        # a PyTorch without the GPU trace: what its launches write into free memory is compared instead
+        translator.report.notes.append(
+            "PyTorch's GPU trace has no memory-deallocation callbacks here: a step's dropped results are "
+            "compared as what it wrote into free memory (a bounded range from each pointer)"
+        )
+        return None
 
     def freed(pointer: int) -> None:
         if not translator.points_at(pointer):  # one set lookup for every block the program frees
@@ -140,9 +151,29 @@ def _install_torch_frees(translator: Translator) -> Callable[[], None] | None:
         if size:
             translator.release_block(pointer, size, "freed by PyTorch's caching allocator")
 
-    trace.register_callback_for_memory_deallocation(freed)
-    activate()  # (it stays active: PyTorch has no way to turn it off; with our callback gone it does nothing)
-    return lambda: callbacks.callback_list.remove(freed) if freed in callbacks.callback_list else None
+    switched: list[bool] = []
+
+    def switch_on() -> None:
+        # at the first step recorded: once active, PyTorch calls into Python at every allocation,
+        # free, event and synchronisation, and cannot turn it off; a program recorded whole never pays
+        if not switched:
+            switched.append(True)
+            register(freed)
+            activate()
+
+    translator.frees_heard.add("torch")  # its blocks freed in a step are compared exactly, its temporaries let go
+    translator.step_hooks.append(switch_on)
+    if translator.in_named_region:  # the program imported PyTorch inside the step
+        switch_on()
+
+    def remove() -> None:
+        translator.frees_heard.discard("torch")
+        if switch_on in translator.step_hooks:
+            translator.step_hooks.remove(switch_on)
+        if freed in callbacks.callback_list:
+            callbacks.callback_list.remove(freed)
+
+    return remove
 
 
 def _torch_gpu_trace() -> Any:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from replayfmt.capture import events as ev
 
 if TYPE_CHECKING:
-    from replayfmt.capture.allocations import AllocationTable, Extent
+    from replayfmt.capture.allocations import Allocation, AllocationTable, Extent
     from replayfmt.capture.checkpoints import Checkpoints
     from replayfmt.capture.regions import Region
     from replayfmt.writer import CaptureWriter
@@ -39,7 +39,13 @@ class ProgramMemory:
         self._checkpoints = checkpoints
 
     def on_allocation(self, event: ev.Allocation) -> None:
-        self._allocations.add(event.address, event.size, event.api, event.call)
+        self._allocated(self._allocations.add(event.address, event.size, event.api, event.call))
+
+    def _allocated(self, allocation: Allocation) -> None:
+        """An allocation the program made now: inside a named region, none of its bytes are the
+        program's data when the region began (its state is flagged so: STATE_FLAG_UNDEFINED)."""
+        if self._region.recording and self._region.named:
+            allocation.created_in = self._region.number
 
     def on_free(self, event: ev.Free) -> None:
         held = self._allocations.find(event.address)
@@ -79,4 +85,4 @@ class ProgramMemory:
         for address, _size in ended:
             self.on_free(ev.Free(address, call))
         for address, size in began:
-            self._allocations.add(address, size, ev.MemoryApi.DEVICE, call)
+            self._allocated(self._allocations.add(address, size, ev.MemoryApi.DEVICE, call))

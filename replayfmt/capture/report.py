@@ -42,6 +42,10 @@ class Report:
     released_checkpoints: int = 0
     released_bytes: int = 0  # of them
     released_dropped: int = 0  # frees past MAX_RELEASED_CHECKPOINTS or _BYTES: what they held goes unchecked
+    # what named regions wrote into memory their framework calls free (free_writes): ranges, bytes
+    free_writes: int = 0
+    free_write_bytes: int = 0
+    free_writes_dropped: int = 0  # ranges past MAX_FREE_WRITE_BYTES: not compared
     host_waits: list[str] = field(default_factory=list)  # launches marked LAUNCH_FLAG_HOST_RELEASED: what each is
     timing: str = ""  # whether the original program's device times were recorded (CUPTI)
     notes: list[str] = field(
@@ -85,6 +89,17 @@ class Report:
                     else ""
                 )
             )
+        if self.free_writes or self.free_writes_dropped:
+            out.append(
+                f"  written into free memory: {self.free_writes} ranges, {self.free_write_bytes} bytes compared (what "
+                "a step's launches wrote outside the buffers live at its start and end: a dropped result, "
+                "temporaries; proven by poisoned replays)"
+                + (
+                    f"; {self.free_writes_dropped} more past the limit went unchecked"
+                    if self.free_writes_dropped
+                    else ""
+                )
+            )
         if self.graph_launches:
             graphs = f"{self.graph_launches} launches recorded as graph launches of {self.graphs} graph objects"
             out.append(f"  CUDA graphs: {graphs}")
@@ -95,9 +110,12 @@ class Report:
             )
         if self.skipped_bytes:
             sources = ", ".join(sorted(self.live_sources))
+            # (a step's dropped result lies there: compared, with the bytes it left as its start)
+            written = self.free_writes or self.released_checkpoints
+            compared = "compared only where a step wrote them (its dropped results)" if written else "never compared"
             out.append(
                 f"  snapshots skipped {self.skipped_bytes} bytes outside live buffers ({sources}): "
-                "undefined at replay's start, never compared"
+                f"undefined at replay's start, {compared}"
             )
         for call, count in sorted(self.unsupported.items()):
             out.append(f"  unsupported: {call} x{count} (recorded; replay will refuse the capture)")

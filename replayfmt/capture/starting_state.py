@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from replayfmt.capture.allocations import Allocation, AllocationTable
     from replayfmt.capture.buffers import BufferObjects
     from replayfmt.capture.device_memory import DeviceMemory
-    from replayfmt.capture.live_buffers import LiveBuffers
+    from replayfmt.capture.live_buffers import LiveBuffers, LiveRanges
     from replayfmt.capture.modules import Modules
     from replayfmt.capture.options import RecordOptions
     from replayfmt.capture.regions import Region
@@ -72,12 +72,16 @@ class SnapshotSpans:
             self._writer.unsupported("snapshot", reason, 0)
         return None
 
+    def ranges(self, allocation: Allocation, step: Hashable) -> LiveRanges | None:
+        """What the frameworks say of the allocation at ``step``; None when none speaks for it."""
+        if not self._options.live_buffers or allocation.api != ev.MemoryApi.DEVICE:
+            return None
+        return self._live_buffers.ranges(allocation.address, allocation.size, step)
+
     def live(self, allocation: Allocation, step: Hashable, *, exact: bool) -> list[tuple[int, int]] | None:
         """(offset, size) of the live framework buffers in the allocation; None when no framework
         speaks for it (a buffer may cover all of it: that is a framework speaking)."""
-        live = None
-        if self._options.live_buffers and allocation.api == ev.MemoryApi.DEVICE:
-            live = self._live_buffers.ranges(allocation.address, allocation.size, step)
+        live = self.ranges(allocation, step)
         if live is None:
             return None
         ranges = live.exact if exact else live.ranges
@@ -136,7 +140,7 @@ class StartingState:
         if allocation.region == region.number:
             return
         if offset == 0 and size >= allocation.size:
-            allocation.region, allocation.before = region.number, 0
+            allocation.region, allocation.before, allocation.start_live = region.number, 0, None
             region.touched.append(allocation)
             return
         self.touch(allocation, stream, "")
@@ -158,8 +162,13 @@ class StartingState:
         allocation.before = 0
         spans = self._spans.spans(allocation, ("state", region.number), buffer)
         allocation.state_spans = spans if spans != [(0, allocation.size)] else None
+        live = self._spans.ranges(allocation, ("state", region.number))  # (the step's views, asked already)
+        allocation.start_live = [(r.start - allocation.address, r.size) for r in live.exact] if live else None
+        allocation.live_source = live.source if live else ""
         if spans is None:
             return
+        # an allocation the named region made held none of the program's data when it began
+        flags = m.STATE_FLAG_UNDEFINED if allocation.created_in == region.number else 0
         # stored addresses are looked for in the buffers' own bytes, of those whose type can hold
         # one: padding and gaps between live buffers hold what earlier work (temporaries, pointer
         # tables of other steps) left there, and an int32 array's pairs look like addresses in an
@@ -180,7 +189,9 @@ class StartingState:
             except DeviceError as exc:  # the state is missing: replay must refuse, saying which buffer
                 self._snapshot_failed(allocation, buffer, offset, size, exc)
                 break
-            self._writer.state(buffer=buffer, payload=payload, size=size, offset=offset, relocations=relocations)
+            self._writer.state(
+                buffer=buffer, payload=payload, size=size, offset=offset, relocations=relocations, flags=flags
+            )
             if (offset, size) == (0, allocation.size):
                 allocation.before = payload
             self._report.snapshot_bytes += size

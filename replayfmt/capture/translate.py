@@ -74,7 +74,9 @@ class Translator:
     """Consumes :mod:`events` in program order and writes them to ``writer``. Thread-safe: its
     collaborators are not, and each is used under the translator's lock. Besides its methods,
     ``report``, ``devices``, ``allocations`` and ``modules`` are for reading (the translator
-    changes them), and ``settled`` is the recorder's to set (see release_block)."""
+    changes them), ``settled`` is the recorder's to set (see release_block), and a framework's
+    hook (enrich) adds to ``frees_heard`` the frameworks whose buffer frees it tells and to
+    ``step_hooks`` what to run as each named region or scope begins."""
 
     def __init__(
         self,
@@ -96,6 +98,8 @@ class Translator:
         # held around a framework's block free, outside the translator's lock: the recorder hands on
         # the launches its C library holds first (a checkpoint must follow the launches before it)
         self.settled: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext
+        self.frees_heard: set[str] = set()  # their memory gets no free writes (checkpoints)
+        self.step_hooks: list[Callable[[], None]] = []  # a framework's hook that costs only inside steps
         devices = self.devices = DeviceObjects(writer, device or m.Device())
         allocations = self.allocations = AllocationTable(
             memory.find_allocation, device_of=memory.device_of, device_now=devices.now
@@ -131,6 +135,7 @@ class Translator:
             region=region,
             spans=spans,
             live_types=self.live_types,
+            frees_heard=self.frees_heard,
         )
         memory_events = ProgramMemory(allocations, writer, region, checkpoints)
         copies = Copies(
@@ -228,6 +233,11 @@ class Translator:
     def recording(self) -> bool:
         return self._region.recording
 
+    @property
+    def in_named_region(self) -> bool:
+        """Whether a named region, or a named scope inside a region, is being recorded (a step)."""
+        return self._region.recording and self._region.named
+
     def start(self, name: str = "") -> None:
         """Open a region: operations are recorded and first touches snapshotted until stop()."""
         with self._lock:
@@ -239,6 +249,7 @@ class Translator:
                 self.live_buffers.hold(("state", self._region.number))
             if name:
                 self.writer.scope_begin(name)
+                self._step_begins()
 
     def stop(self) -> None:
         """Close the region: checkpoint every allocation it wrote that is still alive."""
@@ -252,7 +263,10 @@ class Translator:
             if self._collectives.pending:  # collectives launched last: their results before the checkpoint
                 self._collectives.write_received()
             self._state.restore_changed_pristine_globals(region.number, touched)
-            self._checkpoints.checkpoint(touched, stream=None, name=region.name or "region")
+            # a named region (a step) also compares what it wrote into memory its framework calls free
+            self._checkpoints.checkpoint(
+                touched, stream=None, name=region.name or "region", free_writes=bool(region.name)
+            )
             if region.name:
                 self.writer.scope_end(region.name)
 
@@ -266,6 +280,14 @@ class Translator:
                     self._state.restore_changed_pristine_globals(region.number, region.touched)
                 self.writer.scope_begin(name)
                 region.scopes.append((name, {}))
+                self._step_begins()
+
+    def _step_begins(self) -> None:
+        for hook in list(self.step_hooks):
+            try:
+                hook()
+            except Exception as exc:  # never break the program
+                self.report.errors.append(f"{getattr(hook, '__qualname__', hook)}: {type(exc).__name__}: {exc}")
 
     def scope_end(self, name: str) -> None:  # a scope in a region checkpoints what it wrote
         with self._lock:

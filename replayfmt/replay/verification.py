@@ -105,6 +105,9 @@ class Verification:
         self.pieces: dict[Key, Piece] = {}
         self.observed: dict[Key, RangeObservation] = {}  # pieces that differed in some replay
         self.seen: dict[Key, int] = {}  # replays that compared each piece
+        # checkpoint entries in ranges that held none of the program's data when their region began
+        # (1.6 STATE_FLAG_UNDEFINED state) -> region start: poisoned whatever their type
+        self.undefined: dict[Key, int] = {}
         self.candidates = self._candidates()  # (operation, buffer, entry offset) -> region start
         self.expected: dict[Key, bytes] = {}  # the expected bytes of pieces of candidate entries
         self.replays = 0
@@ -122,6 +125,7 @@ class Verification:
         self.pointer_types: dict[int, list[tuple[int, m.DType]]] | None = None  # from launches, when needed
         self.entry_types: dict[Key, tuple[m.TypedTensor, ...]] = {}  # compared ranges typed by launches
         self.retyped: dict[Key, int] = {}  # such ranges -> replays that matched them before they were typed
+        self.left: dict[Key, np.ndarray] = {}  # pieces left as they started: the bytes left, per byte
 
     # -- collecting ---------------------------------------------------------------------------
 
@@ -205,7 +209,9 @@ class Verification:
 
     def _candidates(self) -> dict[tuple[int, int, int], int]:
         """Checkpoint entries whose expected bytes are their region's starting state (same
-        payload, or the same bytes): matching them proves nothing by itself."""
+        payload, or the same bytes): matching them proves nothing by itself. The state that covers
+        an entry is the last one of its region that does (1.6: an undefined range's state, set after
+        the others, takes precedence); entries it marks undefined are noted (``self.undefined``)."""
         out: dict[tuple[int, int, int], int] = {}
         if not self.plan.state:
             return out
@@ -218,11 +224,14 @@ class Verification:
             assert isinstance(op, m.Checkpoint)
             inside: dict[int, list[m.CheckpointEntry]] = {}  # state copy -> entries of part of it
             for e in op.entries:
-                for k, c in enumerate(copies):
+                for k in range(len(copies) - 1, -1, -1):  # the last state that covers it
+                    c = copies[k]
                     if c.dst_buffer != e.buffer or not (
                         c.dst_offset <= e.offset and e.offset + e.size <= c.dst_offset + c.size
                     ):
                         continue
+                    if c.index in self.plan.undefined_state:
+                        self.undefined[(index, e.buffer, e.offset)] = region
                     if (c.dst_offset, c.size) != (e.offset, e.size):
                         inside.setdefault(k, []).append(e)
                     elif c.payload == e.payload or capture.payload(c.payload).hash == capture.payload(e.payload).hash:
@@ -268,6 +277,7 @@ class Verification:
         self.nothing_else = bool(self.pieces) and all(key in self.expected for key in self.pieces)
         if self.kernels_changed and self.policy is not EvidencePolicy.NEVER:
             self._piece_candidates()
+            self._undefined_candidates()
         if self.expected and self._wants_poison():
             self.poisoning = True
             errors += self._poison_rounds(replayer)
@@ -288,7 +298,9 @@ class Verification:
             if not isinstance(op, m.Checkpoint):
                 continue  # an expected download: no region state to compare with
             entry = next(e for e in op.entries if (e.buffer, e.offset) == (buffer, offset))
-            for k, c in enumerate(self.plan.state.get(region, ())):
+            copies = self.plan.state.get(region, [])
+            for k in range(len(copies) - 1, -1, -1):  # the last state that covers it
+                c = copies[k]
                 if (
                     c.dst_buffer == buffer
                     and c.dst_offset <= piece.offset <= piece.offset + piece.size <= c.dst_offset + c.size
@@ -310,6 +322,28 @@ class Verification:
                 if start[piece.offset - lo : piece.offset - lo + piece.size] == expected:
                     self.expected[key], self.regions[key] = expected, region
 
+    def _undefined_candidates(self) -> None:
+        """When kernels were changed: also the pieces of ranges that held none of the program's
+        data when their region began (an allocation the region made, memory its framework called
+        free), whatever their starting state: the bytes there that the captured kernels write are
+        the region's work, and a kernel left out must be seen even where what it wrote was already
+        there by chance (a step run before it left the same values in reused memory)."""
+        capture = self.plan.capture
+        for key in self.pieces:
+            entry = self.entry_of[key]
+            region = self.undefined.get(entry)
+            if region is None or key in self.expected or key in self.observed:
+                continue
+            op = capture.operation(entry[0])
+            assert isinstance(op, m.Checkpoint)
+            e = next(e for e in op.entries if (e.buffer, e.offset) == entry[1:])
+            piece = self.pieces[key]
+            self.expected[key] = capture.read_payload(e.payload, piece.offset - e.offset, piece.size)
+            self.regions[key] = region
+
+    def _undefined_key(self, key: Key) -> bool:
+        return self.entry_of.get(key) in self.undefined
+
     @property
     def kernels_changed(self) -> bool:
         """Whether the replay runs other work than the capture's (substitutions, launch overrides)."""
@@ -318,7 +352,10 @@ class Verification:
 
     def _wants_poison(self) -> bool:
         if self.policy is EvidencePolicy.AUTO:
-            return self.kernels_changed or self.nothing_else
+            # a range undefined when its region began was given the bytes the region left there: it
+            # starts as expected by construction, and only a poisoned replay shows the region writing it
+            undefined = any(self._undefined_key(key) for key in self.expected)
+            return self.kernels_changed or self.nothing_else or undefined
         return self.policy is EvidencePolicy.ALWAYS
 
     def _poison_run(self, replayer: VerifyingReplayer, keys: list[Key]) -> dict[Key, bytes]:
@@ -352,7 +389,9 @@ class Verification:
         # capture's integers and untyped bytes may hold more pointers, so none of them is poisoned
         stores_pointers = self.plan.needs_fixed_addresses or self.plan.stores_pointers
         for key in sorted(self.expected):
-            if not self._how(key).gentle:
+            # a range that held none of the program's data when its region began is no lock, counter
+            # or pointer table the region reads before writing: poisoned whatever its type
+            if not self._how(key).gentle or self._undefined_key(key):
                 keys.append(key)
             elif stores_pointers:
                 self.notes[key] = "it started as expected; not poisoned: the capture stores device addresses in memory"
@@ -456,16 +495,19 @@ class Verification:
         return {key: classify(self.expected[key], got[key], how=self._how(key)).written for key in keys if key in got}
 
     def apply_reference(self, written: dict[Key, np.ndarray]) -> None:
-        """Bytes the captured kernels write that this replay left as they started: a failure."""
+        """Bytes the captured kernels write that this replay left as they started: a failure,
+        reported by the elements left (their poison against the captured value)."""
         self.reference = True
         for key, reference in written.items():
             mine = self.round_written.get(key)
             if mine is None:
                 continue
-            missing = int((reference & ~mine).sum())
+            left = reference & ~mine
+            missing = int(left.sum())
             if missing:
                 self.evidence[key] = Evidence.LEFT
                 self.notes[key] = f"{missing} byte(s) the captured kernels write were not written by this replay"
+                self.left[key] = left
 
     # -- the verdict --------------------------------------------------------------------------
 
@@ -490,8 +532,22 @@ class Verification:
             if key in self.expected and not self.poisoning:
                 self.notes.setdefault(key, "it started as expected; not replayed poisoned: --evidence=always")
             evidence = self.evidence.get(key, default)
+            if key in self.left:
+                judgement = self._left_judgement(key, piece)
             ranges.append(RangeReport(piece, judgement, evidence, self.notes.get(key, "")))
         return VerificationReport(ranges, self.replays, self.poisoned_replays, nondeterministic, self.reference)
+
+    def _left_judgement(self, key: Key, piece: Piece) -> PieceJudgement:
+        """A piece left as it started, judged as the replay left it: the elements the captured
+        kernels write hold their poison, the others their captured value; so the report names the
+        first elements left, as it names wrong ones."""
+        expected = self.expected[key]
+        left = np.frombuffer(poison(expected, self._how(key)), np.uint8)
+        replayed = np.where(self.left[key], left, np.frombuffer(expected, np.uint8)).tobytes()
+        dtype = piece.dtype if piece.typed else m.DType.UNKNOWN
+        observation = RangeObservation(expected, dtype, piece.shape, piece.offset)
+        observation.add(replayed)
+        return observation.judge(nondeterministic=False)
 
 
 def pointer_types(plan: Plan) -> dict[int, list[tuple[int, m.DType]]]:

@@ -29,7 +29,7 @@ UNAVAILABLE_ERRORS: tuple[type[ReplayError], ...] = (ReplayUsageError, ReplayFor
 class EvidencePolicy(enum.Enum):
     """When the ranges that start as they are expected to end are replayed poisoned."""
 
-    AUTO = "auto"  # when kernels were substituted, reshaped or skipped, or nothing else has evidence
+    AUTO = "auto"  # when kernels were changed, nothing else has evidence, or an undefined range starts as expected
     ALWAYS = "always"
     NEVER = "never"  # such ranges then prove nothing
 
