@@ -5,11 +5,16 @@ wrong kernel fails naming the element. For the lead's device runs; prints what i
     python scripts/issue44_dropped_results.py [--only diffrax mlp ...] [--out DIR]
 
 Each case: the program captured with --scope step; run-replay --verify --format=json must exit 0,
-verified, with N > 0 ranges compared with evidence ('N with evidence' in its summary); then the
-launch that wrote the last range compared with evidence is made wrong (its grid halved, or
-skipped when it is one block) and run-replay --verify must exit 1 naming a wrong element. The
-kept variants also list what the capture checkpointed against what the step's last launch
-wrote (the kept output must be compared), for diagnosis.
+verified, with N > 0 ranges compared with evidence ('N with evidence' in its summary), and, where
+the result is dropped, some of them in what the step wrote into memory freed or free at its end
+(the checkpoints named 'step (written into free memory)', 'step (buffer N freed by ...)' or
+'step (buffer N before cuMem...)'). Then launches that point into a range with evidence are made
+wrong in turn, latest first, the dropped result's ranges first where the result is dropped: each
+one's grid halved, then the launch skipped; run-replay --verify must exit 1 naming a wrong
+element. A launch pointing into a range may only read it, so up to 3 launches a range and 4 in all
+are tried, each try printed; a range written only by kernels of CUDA graphs (which --launch cannot
+change) is passed over, said so. The capture's checkpoints are listed against what the step's last
+launch points at, for diagnosis.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "tests" / "gpu" / "capture_scripts"
+TRIES, MAX_TRIES = 3, 4  # launches made wrong: pointing into one range (latest first), in all
+DROPPED = ("(written into free memory)", "freed by", "before cu")  # names of dropped-result checkpoints
 CASES = {  # name: (program, its arguments, modules it needs)
     "diffrax": ("dropped_diffrax_step.py", (), ("jax", "diffrax")),
     "diffrax-kept": ("dropped_diffrax_step.py", ("keep",), ("jax", "diffrax")),
@@ -71,37 +78,69 @@ def diagnose(dumped: list[dict]) -> None:
         print(f"    of those buffers, checkpointed: {sorted({b for b, _, _ in targets} & held)}")
 
 
-def planted(path: Path, dumped: list[dict], report: dict) -> tuple[bool, str]:
-    """The launch that wrote the last range compared with evidence, made wrong: must fail naming an element."""
-    proven = [r for r in report.get("ranges", []) if r["evidence"] in ("compared", "proven")]
-    if not proven:
-        return False, "no range with evidence to aim at"
-    target = proven[-1]
-    writers = [
-        r
-        for r in dumped
-        if r["kind"] == "launch"
-        and r["index"] < target["operation"]
-        and any(x["target_buffer"] == target["buffer"] for x in r["relocations"])
-    ]
-    if not writers:
-        return False, f"no launch points into buffer {target['buffer']}"
-    launch = writers[-1]
+def with_evidence(report: dict) -> list[dict]:
+    return [r for r in report.get("ranges", []) if r["evidence"] in ("compared", "proven") and r["passed"]]
+
+
+def dropped_ranges(dumped: list[dict], ranges: list[dict]) -> list[dict]:
+    """Of ``ranges``, those of the checkpoints that hold what the step wrote into memory freed or free."""
+    names = {r["index"]: r["name"] for r in dumped if r["kind"] == "checkpoint"}
+    return [r for r in ranges if any(mark in names.get(r["operation"], "") for mark in DROPPED)]
+
+
+def planted(path: Path, dumped: list[dict], report: dict, dropped: bool) -> tuple[bool, str]:
+    """A launch that points into a range with evidence, made wrong: must fail naming an element.
+    Ranges are aimed at latest first, the dropped result's first where the result is dropped."""
+    proven = with_evidence(report)
+    order = [*(dropped_ranges(dumped, proven)[::-1] if dropped else []), *proven[::-1]]
+    tried: list[str] = []
+    aimed, launches = set(), 0
+    for target in order:
+        key = (target["operation"], target["buffer"], target["offset"])
+        if key in aimed or launches >= MAX_TRIES:
+            continue
+        aimed.add(key)
+        low, high = target["offset"], target["offset"] + target["size"]
+        writers = [
+            r
+            for r in dumped
+            if r["kind"] == "launch"
+            and r["index"] < target["operation"]
+            and any(
+                x["target_buffer"] == target["buffer"] and low <= x["target_offset"] < high for x in r["relocations"]
+            )
+        ]
+        aim = f"buffer {target['buffer']} bytes {low}+{target['size']} (op {target['operation']})"
+        if not writers:  # written by kernels of CUDA graphs only, which --launch cannot change
+            tried.append(f"no launch outside a CUDA graph points into {aim}")
+            continue
+        for launch in writers[::-1][: min(TRIES, MAX_TRIES - launches)]:
+            launches += 1
+            caught, what = make_wrong(path, launch)
+            if caught:
+                return True, f"aimed at {aim}: {what}"
+            tried.append(f"aimed at {aim}: {what}")
+    return False, "; ".join(tried) or "no range with evidence to aim at"
+
+
+def make_wrong(path: Path, launch: dict) -> tuple[bool, str]:
+    """``launch`` on half its grid (a persistent kernel may still cover it all), then skipped."""
     grid = launch["grid"]
     changes = []
-    if grid[0] > 1 or grid[1] > 1:  # the same kernel on half its grid (a persistent kernel may still cover it all)
+    if grid[0] > 1 or grid[1] > 1:
         halved = (grid[0] // 2, grid[1], grid[2]) if grid[0] > 1 else (grid[0], grid[1] // 2, grid[2])
         changes.append(f"{launch['index']}:grid={','.join(map(str, halved))}")
     changes.append(f"{launch['index']}:skip")
     tried = []
     for change in changes:
         code, wrong, stderr = verify(path, f"--launch={change}")
-        bad = [r for r in wrong.get("ranges", []) if r["verdict"] == "wrong" or not r["passed"]]
-        if code == 1 and bad:
-            first = (bad[0]["first"] or [{}])[0]
-            what = f"buffer {bad[0]['buffer']} ({bad[0]['name'] or 'bytes'}) first wrong {first}"
-            return True, f"--launch={change}: exit 1, {what}"
-        tried.append(f"--launch={change}: exit {code}, not caught: {stderr.strip()[-600:]}")
+        named = [r for r in wrong.get("ranges", []) if (r["verdict"] == "wrong" or not r["passed"]) and r["first"]]
+        if code == 1 and named:
+            first = named[0]["first"][0]
+            what = f"buffer {named[0]['buffer']} ({named[0]['name'] or 'bytes'}) first wrong {first}"
+            return True, f"--launch={change} ({launch['function'][:40]}): exit 1, {what}"
+        summary = next((line for line in stderr.splitlines() if "with evidence" in line), stderr.strip()[-300:])
+        tried.append(f"--launch={change} ({launch['function'][:40]}): exit {code}, not caught: {summary.strip()}")
     return False, "; ".join(tried)
 
 
@@ -129,9 +168,16 @@ def case(name: str, out: Path) -> bool | None:
     evidence = report.get("evidence", 0)
     ok = code == 0 and bool(report.get("verified")) and evidence > 0
     print(f"  verify: exit {code}, {evidence} with evidence: {summary.strip()}  {'ok' if ok else 'MISSED'}")
+    if "keep" not in args:  # the dropped result itself must be among the ranges with evidence
+        dropped = dropped_ranges(dumped, with_evidence(report))
+        where = sorted({(r["operation"], r["buffer"]) for r in dropped})
+        print(
+            f"  dropped result compared with evidence: {len(dropped)} range(s) {where}  {'ok' if dropped else 'MISSED'}"
+        )
+        ok = ok and bool(dropped)
     if not ok:
         return False
-    caught, what = planted(path, dumped, report)
+    caught, what = planted(path, dumped, report, dropped="keep" not in args)
     print(f"  planted wrong kernel: {what}  {'ok' if caught else 'MISSED'}")
     return caught
 
