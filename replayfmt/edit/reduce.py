@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -46,11 +47,25 @@ from pathlib import Path
 from replayfmt.edit.ddmin import Search, ddmin
 from replayfmt.edit.extract import file_digest
 from replayfmt.edit.reduce_build import Built, NotBuildable, Piece, Reducible
-from replayfmt.edit.reduce_tests import Answer, AsCaptured, Command, FailsVerify, Test, end_children, run_candidate
+from replayfmt.edit.reduce_tests import (
+    Answer,
+    AsCaptured,
+    Command,
+    FailsVerify,
+    Faults,
+    Test,
+    end_children,
+    run_candidate,
+)
 from replayfmt.errors import DeviceUnavailableError, MismatchError, ReplayError, ReplayUsageError
 from replayfmt.reader import open_capture
+from replayfmt.replay.plan_options import Substitution
 
 Runner = Callable[[Test, Path, "int | None", float], Answer]
+# the operations a fault's message lists ("launches since the last successful synchronisation:
+# operation 1624 (name), ...") and the first wrong range of a verification ("first: op    144 buffer 3")
+_NAMED_OPERATION = re.compile(r"\boperation (\d+) \(")
+_FIRST_WRONG = re.compile(r"first: op\s+(\d+) buffer (\d+)\b")
 
 
 class OriginalPasses(MismatchError):
@@ -262,7 +277,8 @@ class _Run:
             res.last_answer = answer.detail
             self.phase = "operations"
             self._say(f"the original fails: {answer.detail}")
-            searched = ddmin(self.r.units, self._operations, batch=len(self.options.devices), budget=self.budget)
+            start = self._focus(answer.detail)
+            searched = ddmin(start, self._operations, batch=len(self.options.devices), budget=self.budget)
             self._account(searched)
             if searched.exhausted and self.best is None:
                 return  # the budget ran out before any candidate failed: nothing to write
@@ -279,6 +295,41 @@ class _Run:
             res.stopped = "interrupted: the result (if written) fails the test but may not be minimal"
         finally:
             self._finish()
+
+    def _hints(self, detail: str) -> Iterator[tuple[str, list[int]]]:
+        """Small sets of device work the bug likely lives in, named by the test and the original's
+        answer, most precise first (see "Where the search starts" in docs/REDUCE.md)."""
+        test = self.test
+        subs = getattr(test, "substitutions", ())
+        targets = {t for t in (Substitution.parse(s).target for s in subs) if t is not None}
+        if targets:
+            yield "the substituted executables' launches", self.r.launches_of(targets)
+        if isinstance(test, Faults):
+            named = {int(k) for k in _NAMED_OPERATION.findall(detail)} & set(self.r.units)
+            if named:
+                yield "the launches the fault names", sorted(named)
+        if isinstance(test, FailsVerify):
+            wrong = _FIRST_WRONG.search(detail)
+            writer = self.r.last_writer(int(wrong[1]), int(wrong[2])) if wrong else None
+            if writer is not None:
+                yield "the last writer of the first wrong range", [writer]
+
+    def _focus(self, detail: str) -> list[int]:
+        """Where ddmin starts: the first hint that fails the test (alone, else with the work that
+        produced its inputs when the capture does not hold them), else all the device work. Each
+        hint is a candidate like any other, so ddmin still starts from a list that fails."""
+        units = self.r.units
+        for why, hint in self._hints(detail):
+            for kept in (hint, self.r.with_producers(hint)):
+                if not kept or len(kept) >= len(units) or not self.budget():
+                    break
+                unbuildable = self.result.not_buildable
+                if self._operations([kept])[0]:
+                    self._say(f"starting from {why}: {len(kept)} device operation(s)")
+                    return kept
+                if self.result.not_buildable == unbuildable:
+                    break  # replayed and passed: the producers would not make it fail
+        return units
 
     def _inputs_kept_whole(self) -> str:
         """Why the inputs phase cannot run on the best capture (see the module docstring), or ''."""

@@ -161,6 +161,41 @@ class Reducible:
         writes = [(c.dst_buffer, c.dst_offset, c.dst_offset + c.size)] if c.dst_buffer else []
         return reads, writes
 
+    def launches_of(self, executables: set[int]) -> list[int]:
+        """The device work that runs one of ``executables``: its launches, and graph launches whose
+        graph holds a kernel node of one."""
+        out = []
+        for i in self.units:
+            op = self.ops[i]
+            if op.kind == _K.LAUNCH and op.executable in executables:  # type: ignore[union-attr]
+                out.append(i)
+            elif op.kind == _K.GRAPH_LAUNCH:
+                graph = self.capture.object(op.graph)  # type: ignore[union-attr]
+                if isinstance(graph, m.Graph) and graph_executables(graph, self.capture.object) & executables:
+                    out.append(i)
+        return out
+
+    def last_writer(self, before: int, buffer: int) -> int | None:
+        """The last device work before operation ``before`` that writes ``buffer``, or None."""
+        for i in reversed([u for u in self.units if u < before]):
+            if any(b == buffer for b, _, _ in self.writes[i]):
+                return i
+        return None
+
+    def with_producers(self, kept: Iterable[int]) -> list[int]:
+        """``kept`` and, transitively, the earlier device work that writes a buffer it reads (whole
+        buffers: an over-approximation, for a region capture whose kept work reads what removed
+        work left and the capture does not hold)."""
+        keep = set(kept)
+        needed: set[int] = set()
+        for i in reversed(self.units):
+            if i in keep:
+                needed |= {b for b, _, _ in self.reads[i]}
+            elif needed & {b for b, _, _ in self.writes[i]}:
+                keep.add(i)
+                needed |= {b for b, _, _ in self.reads[i]}
+        return sorted(keep)
+
     # -- one candidate --------------------------------------------------------------------------
 
     def _selection(self, kept: Iterable[int]) -> tuple[list[int], set[int], Closure]:
