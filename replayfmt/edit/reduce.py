@@ -5,7 +5,9 @@ runs delta debugging (:mod:`replayfmt.edit.ddmin`) in two phases:
 
 1. over the capture's device work (launches, copies, memsets, graph launches): each candidate is a
    subset written as a standalone capture, closed under its dependencies with its inputs rebuilt
-   from the capture's data (:mod:`replayfmt.edit.reduce_build`);
+   from the capture's data (:mod:`replayfmt.edit.reduce_build`). ddmin starts from the first of
+   :meth:`_Run._hints` that fails the test (the substituted executables' launches, the launches a
+   fault names, the writer of the first wrong range), else from all the device work;
 2. over the bytes given to the kept work (starting state and copies before it): whole ranges,
    then halves of the ranges still needed, down to ``least_piece`` bytes, so the result keeps only
    bytes its work reads. A candidate here must fail the test *and* verify when replayed as
