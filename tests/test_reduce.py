@@ -201,20 +201,32 @@ def test_reduce_under_a_real_command_test_and_its_provenance(step, tmp_path):
     assert lines and all(line.startswith(("operations:", "inputs:")) for line in lines)
 
 
-def _gather_inputs_known(cap) -> bool:
-    """Whether the capture's gather launch is given the tables, indices, x and y it reads (not z,
-    which it writes whole)."""
+def _gather_inputs(cap) -> dict[str, bytes | None]:
+    """What the capture's gather launch is given of the tables, indices, x and y it reads (not z,
+    which it writes whole), by label: None where a byte of it is given nothing (undefined)."""
     from replayfmt.edit.shadow import ByteState, Shadow
 
     sizes = {o.id: o.size for o in cap.objects() if isinstance(o, m.Buffer)}
-    reads = {o.id for o in cap.objects() if isinstance(o, m.Buffer) and o.label != "z"}
+    labels = {o.id: o.label for o in cap.objects() if isinstance(o, m.Buffer)}
+    reads = {b for b, label in labels.items() if label != "z"}
     shadow = Shadow(sizes, lambda p, out, at: cap.read_payload_into(p, out, at), cap.object)
     for op in cap:
         if op.kind == _K.LAUNCH and cap.object(op.executable).functions[op.function].name == "gather":
             read = {r.target_buffer for r in op.relocations} & reads
-            return all(shadow.state_runs(b, 0, sizes[b], ByteState.KNOWN) == [(0, sizes[b])] for b in read)
+            return {
+                labels[b]: shadow.read(b, 0, sizes[b]).tobytes()
+                if shadow.state_runs(b, 0, sizes[b], ByteState.KNOWN) == [(0, sizes[b])]
+                else None
+                for b in read
+            }
         shadow.apply(op)
-    return False
+    return {}
+
+
+def _gather_inputs_known(cap, original) -> bool:
+    """Whether the capture's gather launch is given what it read in ``original`` (a capture)."""
+    mine, theirs = _gather_inputs(cap), _gather_inputs(original)
+    return bool(mine) and mine == theirs
 
 
 def test_the_inputs_phase_keeps_what_the_captured_work_reads_though_the_test_needs_none(step, tmp_path):
@@ -224,13 +236,14 @@ def test_the_inputs_phase_keeps_what_the_captured_work_reads_though_the_test_nee
     verify."""
     path, e = step
     asked: list[tuple[str, bool]] = []
+    original = replayfmt.open(path)
 
     def runner(test, candidate, device, timeout):
         with replayfmt.open(candidate) as cap:
             has = _has(cap, "gather")
             if isinstance(test, AsCaptured):
                 asked.append(("as-captured", has))
-                known = _gather_inputs_known(cap)
+                known = _gather_inputs_known(cap, original)
                 return Answer(not known, "verified" if known else "2 of 3 ranges wrong")
             asked.append(("test", has))
             return Answer(has, "CUDA_ERROR_ILLEGAL_ADDRESS" if has else "replayed without a fault")
@@ -242,7 +255,7 @@ def test_the_inputs_phase_keeps_what_the_captured_work_reads_though_the_test_nee
     result = reduce(path, out, test, ReduceOptions(devices=(None,), least_piece=256), runner=runner)
     assert result.kept == (e.ops["gather"],) and not result.inputs_kept
     with replayfmt.open(out) as cap:
-        assert _gather_inputs_known(cap)
+        assert _gather_inputs_known(cap, original)
     tables, index, x, y = 16, 4 * 256, 4 * 256, 4 * 256
     assert result.given_bytes == tables + index + x + y < result.given_bytes_first
     checks = [k for k, (what, _) in enumerate(asked) if what == "as-captured"]
@@ -252,6 +265,35 @@ def test_the_inputs_phase_keeps_what_the_captured_work_reads_though_the_test_nee
     # then the test is asked of a candidate only after it verified
     answered = [(what, has) for what, has in asked[first:]]
     assert all(answered[k - 1][0] == "as-captured" for k, (what, _) in enumerate(answered) if what == "test")
+
+
+def test_bytes_left_out_are_checked_poisoned_not_undefined(step, tmp_path):
+    """On the GPU an axpy verified as captured without its x: the allocation still held x from the
+    candidate replayed before it (undefined bytes may hold anything, the right ones too). Here an
+    oracle that passes undefined inputs as that allocation did: the check as captured sees the
+    bytes left out poisoned (each byte complemented), so they are wrong, and every input stays."""
+    path, e = step
+    original = replayfmt.open(path)
+    expected = _gather_inputs(original)
+
+    def runner(test, candidate, device, timeout):
+        with replayfmt.open(candidate) as cap:
+            has = _has(cap, "gather")
+            if isinstance(test, AsCaptured):
+                given = _gather_inputs(cap)
+                wrong = [k for k, v in given.items() if v is not None and v != expected[k]]
+                return Answer(bool(wrong), f"{wrong} wrong" if wrong else "verified")
+            return Answer(has, "CUDA_ERROR_ILLEGAL_ADDRESS" if has else "no fault")
+
+    planted = tmp_path / "oob.cubin"
+    planted.write_bytes(b"\x7fELF")
+    test = Faults("CUDA_ERROR_ILLEGAL_ADDRESS", (f"{e.ids['exe']}={planted}",))
+    out = tmp_path / "small.kreplay"
+    result = reduce(path, out, test, ReduceOptions(devices=(None,), least_piece=256), runner=runner)
+    assert result.kept == (e.ops["gather"],)
+    with replayfmt.open(out) as cap:
+        assert _gather_inputs(cap) == expected
+    assert result.given_bytes == 16 + 3 * 4 * 256
 
 
 @pytest.mark.parametrize("test", [Faults("CUDA_ERROR_ILLEGAL_ADDRESS"), FailsVerify()])

@@ -8,17 +8,17 @@ runs delta debugging (:mod:`replayfmt.edit.ddmin`) in two phases:
    from the capture's data (:mod:`replayfmt.edit.reduce_build`). ddmin starts from the first of
    :meth:`_Run._hints` that fails the test (the substituted executables' launches, the launches a
    fault names, the writer of the first wrong range), else from all the device work;
-2. over the bytes given to the kept work (starting state and copies before it): whole ranges,
-   then halves of the ranges still needed, down to ``least_piece`` bytes, so the result keeps only
-   bytes its work reads. A candidate here must fail the test *and* verify when replayed as
-   captured (:class:`~replayfmt.edit.reduce_tests.AsCaptured`; ``FailsVerify`` with substitutions
-   asks that itself): bytes whose loss changes what the captured kernels compute are bytes they
-   read, and stay, so the result reproduces the capture's own answers and the test's failure is
-   the substitution's, not missing data. Where the first phase's result does not verify as
-   captured (``FailsVerify`` or ``Faults`` without substitutions: the captured work itself is
-   wrong or faults; or no GPU to replay it on) nothing can say which bytes are read: the phase is
-   skipped and the result keeps every byte its work was given (``ReduceResult.inputs_kept`` says
-   why).
+2. over the bytes given to the kept work (starting state and copies before it): whole ranges, then
+   halves of the ranges still needed, down to ``least_piece`` bytes, so the result keeps only bytes
+   its work reads. A candidate here must fail the test *and* verify when replayed as captured with
+   the bytes left out poisoned, each byte complemented, not undefined (which may hold the right
+   bytes still) (:class:`~replayfmt.edit.reduce_tests.AsCaptured`): bytes whose loss changes what
+   the captured kernels compute are bytes they read, and stay, so the result reproduces the
+   capture's own answers and the test's failure is the substitution's, not missing data. Where the
+   first phase's result does not verify as captured (``FailsVerify`` or ``Faults`` without
+   substitutions: the captured work itself is wrong or faults; or no GPU to replay it on) nothing
+   can say which bytes are read: the phase is skipped and the result keeps every byte its work was
+   given (``ReduceResult.inputs_kept`` says why).
 
 Candidates are tested in child processes (:func:`replayfmt.edit.reduce_tests.run_candidate`), one
 at a time per device, as many at once as there are devices: each already runs in a process of its
@@ -383,11 +383,11 @@ class _Run:
             props.append(("reduce.result_substitutions", " ".join(mapped.substitutions)))
         return tuple(props)
 
-    def _build(self, kept: list[int], dropped: list[Piece]) -> Built | None:
+    def _build(self, kept: list[int], dropped: list[Piece], *, poison: bool = False) -> Built | None:
         self.count += 1
-        path = self.work / f"candidate-{self.count}.kreplay"
+        path = self.work / f"candidate-{self.count}{'-poisoned' if poison else ''}.kreplay"
         try:
-            built = self.r.build(kept, path, dropped=dropped, properties=self._properties)
+            built = self.r.build(kept, path, dropped=dropped, properties=self._properties, poison=poison)
         except NotBuildable:
             path.unlink(missing_ok=True)
             self.result.not_buildable += 1
@@ -431,9 +431,17 @@ class _Run:
                 queued.append((k, built))
         if queued:
             results: list[Answer | None] = [None] * len(queued)
-            if as_captured and not self._checks_itself():
-                # first: most candidates here lose bytes the kept work reads, which the test need not tell
-                for j, check in enumerate(self._run_all([(AsCaptured(), b) for _, b in queued])):
+            if as_captured:
+                # first: most candidates here lose bytes the kept work reads, which the test need not
+                # tell. Checked with the bytes left out poisoned, not left undefined: an allocation
+                # may still hold them from the replay before (x on the GPU: it verified without them)
+                poisoned = [self._build(list(b.kept), candidates[k][1], poison=True) for k, b in queued]
+                checks = self._run_all([(AsCaptured(), p) for p in poisoned if p is not None])
+                it = iter(checks)
+                for j, p in enumerate(poisoned):
+                    check = next(it) if p is not None else Answer(True, "the poisoned candidate cannot be built")
+                    if p is not None:
+                        p.path.unlink(missing_ok=True)
                     if check.failing:
                         results[j] = Answer(
                             False, f"not verified as captured (bytes it reads are gone): {check.detail}"
