@@ -7,9 +7,12 @@
   grid never exceeds, so the last element stayed written and the planting did not show.
 * :func:`far_load`: the first global load reads 1 TiB past its address (an illegal address).
 * :func:`assemble`: ``ptxas`` for the architecture the PTX's ``.target`` names (Triton targets
-  ``sm_90a`` on Hopper, which ``-arch=sm_90`` refuses), preferring the ptxas Triton ships (its PTX
-  ``.version`` is that one's); where ptxas fails, its message is returned and the PTX itself is
-  the substitute (the driver JIT-compiles it).
+  ``sm_90a`` on Hopper, which ``-arch=sm_90`` refuses). Each ptxas found is tried in turn until
+  one assembles the file, the CUDA toolkit's first: Triton's PTX ``.version`` follows the CUDA
+  Triton was built against, not the ptxas it ships (Triton 3.5's bundled ptxas, PTX ISA 8.7,
+  refuses its own ``.version 9.0``), and a toolkit's ptxas takes every older ISA. Where every
+  ptxas fails, their messages are returned and the PTX itself is the substitute (the driver
+  JIT-compiles it).
 """
 
 from __future__ import annotations
@@ -74,35 +77,39 @@ def ptx_arch(ptx: bytes) -> str | None:
     return found[1].decode() if found else None
 
 
-def find_ptxas() -> str | None:
-    """The ptxas Triton uses (TRITON_PTXAS_PATH, else the one it ships), else the toolkit's."""
-    named = os.environ.get("TRITON_PTXAS_PATH")
-    if named and Path(named).is_file():
-        return named
+def ptxas_candidates() -> list[str]:
+    """Every ptxas found, in the order :func:`assemble` tries them: TRITON_PTXAS_PATH (named on
+    purpose), the CUDA toolkit's (CUDA_HOME, /usr/local/cuda), the one on PATH, the one Triton
+    ships; each file once."""
+    named = [os.environ.get("TRITON_PTXAS_PATH")]
+    named += [str(Path(home) / "bin" / "ptxas") for home in (os.environ.get("CUDA_HOME"), "/usr/local/cuda") if home]
+    named.append(shutil.which("ptxas"))
     spec = importlib.util.find_spec("triton")
     if spec is not None and spec.origin:
-        shipped = Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "ptxas"
-        if shipped.is_file():
-            return str(shipped)
-    found = shutil.which("ptxas")
-    if found:
-        return found
-    toolkit = Path("/usr/local/cuda/bin/ptxas")
-    return str(toolkit) if toolkit.is_file() else None
+        named.append(str(Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "ptxas"))
+    found: dict[str, str] = {}
+    for path in named:
+        if path and Path(path).is_file():
+            found.setdefault(os.path.realpath(path), path)
+    return list(found.values())
 
 
-def assemble(ptx: bytes, work: Path, stem: str, ptxas: str | None = None) -> tuple[Path, str, str]:
+def assemble(ptx: bytes, work: Path, stem: str, ptxas: str | list[str] | None = None) -> tuple[Path, str, str]:
     """(the file, its --executable-substitution format, why ptxas failed or ''): ``stem.cubin``
-    built by ptxas for the PTX's own target, else ``stem.ptx`` itself."""
+    built for the PTX's own target by the first of ``ptxas`` (default :func:`ptxas_candidates`)
+    that assembles it, else ``stem.ptx`` itself."""
     src = work / f"{stem}.ptx"
     src.write_bytes(ptx.rstrip(b"\0") + b"\n")
-    ptxas = ptxas or find_ptxas()
+    tried = ptxas_candidates() if ptxas is None else [ptxas] if isinstance(ptxas, str) else list(ptxas)
     arch = ptx_arch(ptx)
-    if ptxas is None or arch is None:
-        return src, "ptx", "no ptxas found" if ptxas is None else "the PTX names no .target"
+    if not tried or arch is None:
+        return src, "ptx", "no ptxas found" if not tried else "the PTX names no .target"
     cubin = work / f"{stem}.cubin"
-    res = subprocess.run([ptxas, f"-arch={arch}", "-o", str(cubin), str(src)], capture_output=True, text=True)
-    if res.returncode != 0:
+    failures = []
+    for exe in tried:
+        res = subprocess.run([exe, f"-arch={arch}", "-o", str(cubin), str(src)], capture_output=True, text=True)
+        if res.returncode == 0:
+            return cubin, "cubin", ""
         why = (res.stderr or res.stdout).strip() or f"exit {res.returncode}"
-        return src, "ptx", f"{ptxas} -arch={arch} exited {res.returncode}: {why[:500]}"
-    return cubin, "cubin", ""
+        failures.append(f"{exe} -arch={arch} exited {res.returncode}: {why[:500]}")
+    return src, "ptx", "; ".join(failures)

@@ -201,20 +201,32 @@ def test_reduce_under_a_real_command_test_and_its_provenance(step, tmp_path):
     assert lines and all(line.startswith(("operations:", "inputs:")) for line in lines)
 
 
-def _gather_inputs_known(cap) -> bool:
-    """Whether the capture's gather launch is given the tables, indices, x and y it reads (not z,
-    which it writes whole)."""
+def _gather_inputs(cap) -> dict[str, bytes | None]:
+    """What the capture's gather launch is given of the tables, indices, x and y it reads (not z,
+    which it writes whole), by label: None where a byte of it is given nothing (undefined)."""
     from replayfmt.edit.shadow import ByteState, Shadow
 
     sizes = {o.id: o.size for o in cap.objects() if isinstance(o, m.Buffer)}
-    reads = {o.id for o in cap.objects() if isinstance(o, m.Buffer) and o.label != "z"}
+    labels = {o.id: o.label for o in cap.objects() if isinstance(o, m.Buffer)}
+    reads = {b for b, label in labels.items() if label != "z"}
     shadow = Shadow(sizes, lambda p, out, at: cap.read_payload_into(p, out, at), cap.object)
     for op in cap:
         if op.kind == _K.LAUNCH and cap.object(op.executable).functions[op.function].name == "gather":
             read = {r.target_buffer for r in op.relocations} & reads
-            return all(shadow.state_runs(b, 0, sizes[b], ByteState.KNOWN) == [(0, sizes[b])] for b in read)
+            return {
+                labels[b]: shadow.read(b, 0, sizes[b]).tobytes()
+                if shadow.state_runs(b, 0, sizes[b], ByteState.KNOWN) == [(0, sizes[b])]
+                else None
+                for b in read
+            }
         shadow.apply(op)
-    return False
+    return {}
+
+
+def _gather_inputs_known(cap, original) -> bool:
+    """Whether the capture's gather launch is given what it read in ``original`` (a capture)."""
+    mine, theirs = _gather_inputs(cap), _gather_inputs(original)
+    return bool(mine) and mine == theirs
 
 
 def test_the_inputs_phase_keeps_what_the_captured_work_reads_though_the_test_needs_none(step, tmp_path):
@@ -224,13 +236,14 @@ def test_the_inputs_phase_keeps_what_the_captured_work_reads_though_the_test_nee
     verify."""
     path, e = step
     asked: list[tuple[str, bool]] = []
+    original = replayfmt.open(path)
 
     def runner(test, candidate, device, timeout):
         with replayfmt.open(candidate) as cap:
             has = _has(cap, "gather")
             if isinstance(test, AsCaptured):
                 asked.append(("as-captured", has))
-                known = _gather_inputs_known(cap)
+                known = _gather_inputs_known(cap, original)
                 return Answer(not known, "verified" if known else "2 of 3 ranges wrong")
             asked.append(("test", has))
             return Answer(has, "CUDA_ERROR_ILLEGAL_ADDRESS" if has else "replayed without a fault")
@@ -242,7 +255,7 @@ def test_the_inputs_phase_keeps_what_the_captured_work_reads_though_the_test_nee
     result = reduce(path, out, test, ReduceOptions(devices=(None,), least_piece=256), runner=runner)
     assert result.kept == (e.ops["gather"],) and not result.inputs_kept
     with replayfmt.open(out) as cap:
-        assert _gather_inputs_known(cap)
+        assert _gather_inputs_known(cap, original)
     tables, index, x, y = 16, 4 * 256, 4 * 256, 4 * 256
     assert result.given_bytes == tables + index + x + y < result.given_bytes_first
     checks = [k for k, (what, _) in enumerate(asked) if what == "as-captured"]
@@ -252,6 +265,35 @@ def test_the_inputs_phase_keeps_what_the_captured_work_reads_though_the_test_nee
     # then the test is asked of a candidate only after it verified
     answered = [(what, has) for what, has in asked[first:]]
     assert all(answered[k - 1][0] == "as-captured" for k, (what, _) in enumerate(answered) if what == "test")
+
+
+def test_bytes_left_out_are_checked_poisoned_not_undefined(step, tmp_path):
+    """On the GPU an axpy verified as captured without its x: the allocation still held x from the
+    candidate replayed before it (undefined bytes may hold anything, the right ones too). Here an
+    oracle that passes undefined inputs as that allocation did: the check as captured sees the
+    bytes left out poisoned (each byte complemented), so they are wrong, and every input stays."""
+    path, e = step
+    original = replayfmt.open(path)
+    expected = _gather_inputs(original)
+
+    def runner(test, candidate, device, timeout):
+        with replayfmt.open(candidate) as cap:
+            has = _has(cap, "gather")
+            if isinstance(test, AsCaptured):
+                given = _gather_inputs(cap)
+                wrong = [k for k, v in given.items() if v is not None and v != expected[k]]
+                return Answer(bool(wrong), f"{wrong} wrong" if wrong else "verified")
+            return Answer(has, "CUDA_ERROR_ILLEGAL_ADDRESS" if has else "no fault")
+
+    planted = tmp_path / "oob.cubin"
+    planted.write_bytes(b"\x7fELF")
+    test = Faults("CUDA_ERROR_ILLEGAL_ADDRESS", (f"{e.ids['exe']}={planted}",))
+    out = tmp_path / "small.kreplay"
+    result = reduce(path, out, test, ReduceOptions(devices=(None,), least_piece=256), runner=runner)
+    assert result.kept == (e.ops["gather"],)
+    with replayfmt.open(out) as cap:
+        assert _gather_inputs(cap) == expected
+    assert result.given_bytes == 16 + 3 * 4 * 256
 
 
 @pytest.mark.parametrize("test", [Faults("CUDA_ERROR_ILLEGAL_ADDRESS"), FailsVerify()])
@@ -463,3 +505,113 @@ def test_the_inputs_phase_keeps_exactly_the_bytes_the_failure_needs(step, tmp_pa
     result = reduce(path, out, Command("x {}"), ReduceOptions(devices=(None,), least_piece=256), runner=runner)
     assert result.kept == (e.ops["gather"],)
     assert result.given_bytes == 1024 and result.given_bytes_first > 4 * 1024
+
+
+# -- where the search starts: hints from the test and the original's answer ------------------------
+
+
+def _device_work(path):
+    with replayfmt.open(path) as cap:
+        return [
+            (op.kind, cap.object(op.executable).functions[op.function].name if op.kind == _K.LAUNCH else "")
+            for op in cap
+            if op.kind in m.DEVICE_WORK
+        ]
+
+
+def _recording(predicate, detail=""):
+    """A runner answering ``predicate(capture)`` for the test (and 'verifies' as captured), which
+    records each candidate's device work."""
+    seen = []
+
+    def runner(test, candidate, device, timeout):
+        seen.append(_device_work(candidate))
+        if isinstance(test, AsCaptured):
+            return Answer(False, "verified")
+        with replayfmt.open(candidate) as cap:
+            failing = predicate(cap)
+        return Answer(failing, detail if failing else "passes")
+
+    return runner, seen
+
+
+def test_a_substitution_starts_the_search_at_the_substituted_executables_launches(step, tmp_path):
+    """The bug is in the substitute, so its launches alone are the first candidate: the copies and
+    memsets (6 of the 10 operations) go in one replay instead of ddmin's halving."""
+    path, e = step
+    planted = tmp_path / "oob.cubin"
+    planted.write_bytes(b"\x7fELF")
+    runner, seen = _recording(lambda cap: _has(cap, "gather"))
+    test = Faults("CUDA_ERROR_ILLEGAL_ADDRESS", (f"{e.ids['exe']}={planted}",))
+    result = reduce(
+        path, tmp_path / "o.kreplay", test, ReduceOptions(devices=(None,), state_phase=False), runner=runner
+    )
+    # (a candidate's inputs are given as uploads: its device work other than launches)
+    assert len(seen[0]) == 10 and [name for kind, name in seen[1] if kind == _K.LAUNCH] == [
+        "saxpy",
+        "gather",
+        "saxpy",
+        "saxpy",
+    ]
+    assert result.kept == (e.ops["gather"],)
+    without = reduce(
+        path,
+        tmp_path / "p.kreplay",
+        Faults("CUDA_ERROR_ILLEGAL_ADDRESS"),
+        ReduceOptions(devices=(None,), state_phase=False),
+        runner=_recording(lambda cap: _has(cap, "gather"))[0],
+    )
+    assert without.kept == result.kept and result.replays < without.replays
+
+
+def test_a_fault_starts_the_search_at_the_launches_its_message_names(step, tmp_path):
+    path, e = step
+    detail = "CUDA_ERROR_ILLEGAL_ADDRESS; launches since the last successful synchronisation: "
+    detail += f"operation {e.ops['gather']} (gather)"
+    runner, seen = _recording(lambda cap: _has(cap, "gather"), detail)
+    result = reduce(path, tmp_path / "o.kreplay", Faults(), ReduceOptions(devices=(None,)), runner=runner)
+    assert seen[1] == [(_K.LAUNCH, "gather")] and result.kept == (e.ops["gather"],)
+    # no candidate after the original held any launch but the one named: no halving was needed
+    assert all([name for kind, name in work if kind == _K.LAUNCH] == ["gather"] for work in seen[1:])
+
+
+def test_a_wrong_range_starts_the_search_at_its_last_writer(step, tmp_path):
+    path, e = step
+    with replayfmt.open(path) as cap:
+        act = next(op.index for op in cap if op.kind == _K.CHECKPOINT and op.index > e.ops["gather"])
+    detail = (
+        f"1 of 5 compared range(s) failed; first: op    {act} buffer {e.ids['z']} bytes 0+1024 (float32[256]): FAIL"
+    )
+    runner, seen = _recording(lambda cap: _has(cap, "gather"), detail)
+    result = reduce(path, tmp_path / "o.kreplay", FailsVerify(), ReduceOptions(devices=(None,)), runner=runner)
+    assert seen[1] == [(_K.LAUNCH, "gather")] and result.kept == (e.ops["gather"],) and result.replays == 2
+
+
+def test_a_hint_that_passes_leaves_the_whole_search_to_ddmin(step, tmp_path):
+    """A hint is a candidate like any other: one that passes the test costs a replay, and the
+    search goes on from the whole capture, so the result still fails the test."""
+    path, e = step
+    detail = f"launches since the last successful synchronisation: operation {e.ops['saxpy0']} (saxpy)"
+    runner, seen = _recording(lambda cap: _has(cap, "gather"), detail)
+    result = reduce(path, tmp_path / "o.kreplay", Faults(), ReduceOptions(devices=(None,)), runner=runner)
+    assert seen[1] == [(_K.LAUNCH, "saxpy")] and result.kept == (e.ops["gather"],)
+
+
+def test_a_hint_the_capture_cannot_feed_is_tried_with_its_producers(tmp_path, cubin):
+    """A region capture without inner checkpoints: gather alone cannot be built (what it reads
+    only removed work wrote), so the hint is tried with the work that produced its inputs."""
+    path = tmp_path / "bare.kreplay"
+    e = step_capture(path, cubin, checkpoints=False)
+    with replayfmt.open(path) as cap:
+        r = Reducible(cap, path)
+        closed = r.with_producers([e.ops["gather"]])
+        assert {e.ops["saxpy0"], e.ops["copy"], e.ops["gather"]} <= set(closed)
+        assert e.ops["saxpy1"] not in closed and e.ops["saxpy2"] not in closed
+        r.build(closed, tmp_path / "c.kreplay")
+        assert r.launches_of({e.ids["spare"]}) == [] and e.ops["gather"] in r.launches_of({e.ids["exe"]})
+        assert r.last_writer(e.ops["saxpy1"], e.ids["z"]) == e.ops["gather"]
+    detail = f"launches since the last successful synchronisation: operation {e.ops['gather']} (gather)"
+    runner, seen = _recording(lambda cap: _has(cap, "gather"), detail)
+    result = reduce(path, tmp_path / "o.kreplay", Faults(), ReduceOptions(devices=(None,)), runner=runner)
+    assert result.not_buildable >= 1 and len(seen[1]) == len(closed) < len(seen[0])
+    assert e.ops["gather"] in result.kept

@@ -5,18 +5,20 @@ runs delta debugging (:mod:`replayfmt.edit.ddmin`) in two phases:
 
 1. over the capture's device work (launches, copies, memsets, graph launches): each candidate is a
    subset written as a standalone capture, closed under its dependencies with its inputs rebuilt
-   from the capture's data (:mod:`replayfmt.edit.reduce_build`);
-2. over the bytes given to the kept work (starting state and copies before it): whole ranges,
-   then halves of the ranges still needed, down to ``least_piece`` bytes, so the result keeps only
-   bytes its work reads. A candidate here must fail the test *and* verify when replayed as
-   captured (:class:`~replayfmt.edit.reduce_tests.AsCaptured`; ``FailsVerify`` with substitutions
-   asks that itself): bytes whose loss changes what the captured kernels compute are bytes they
-   read, and stay, so the result reproduces the capture's own answers and the test's failure is
-   the substitution's, not missing data. Where the first phase's result does not verify as
-   captured (``FailsVerify`` or ``Faults`` without substitutions: the captured work itself is
-   wrong or faults; or no GPU to replay it on) nothing can say which bytes are read: the phase is
-   skipped and the result keeps every byte its work was given (``ReduceResult.inputs_kept`` says
-   why).
+   from the capture's data (:mod:`replayfmt.edit.reduce_build`). ddmin starts from the first of
+   :meth:`_Run._hints` that fails the test (the substituted executables' launches, the launches a
+   fault names, the writer of the first wrong range), else from all the device work;
+2. over the bytes given to the kept work (starting state and copies before it): whole ranges, then
+   halves of the ranges still needed, down to ``least_piece`` bytes, so the result keeps only bytes
+   its work reads. A candidate here must fail the test *and* verify when replayed as captured with
+   the bytes left out poisoned, each byte complemented, not undefined (which may hold the right
+   bytes still) (:class:`~replayfmt.edit.reduce_tests.AsCaptured`): bytes whose loss changes what
+   the captured kernels compute are bytes they read, and stay, so the result reproduces the
+   capture's own answers and the test's failure is the substitution's, not missing data. Where the
+   first phase's result does not verify as captured (``FailsVerify`` or ``Faults`` without
+   substitutions: the captured work itself is wrong or faults; or no GPU to replay it on) nothing
+   can say which bytes are read: the phase is skipped and the result keeps every byte its work was
+   given (``ReduceResult.inputs_kept`` says why).
 
 Candidates are tested in child processes (:func:`replayfmt.edit.reduce_tests.run_candidate`), one
 at a time per device, as many at once as there are devices: each already runs in a process of its
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -46,11 +49,25 @@ from pathlib import Path
 from replayfmt.edit.ddmin import Search, ddmin
 from replayfmt.edit.extract import file_digest
 from replayfmt.edit.reduce_build import Built, NotBuildable, Piece, Reducible
-from replayfmt.edit.reduce_tests import Answer, AsCaptured, Command, FailsVerify, Test, end_children, run_candidate
+from replayfmt.edit.reduce_tests import (
+    Answer,
+    AsCaptured,
+    Command,
+    FailsVerify,
+    Faults,
+    Test,
+    end_children,
+    run_candidate,
+)
 from replayfmt.errors import DeviceUnavailableError, MismatchError, ReplayError, ReplayUsageError
 from replayfmt.reader import open_capture
+from replayfmt.replay.plan_options import Substitution
 
 Runner = Callable[[Test, Path, "int | None", float], Answer]
+# the operations a fault's message lists ("launches since the last successful synchronisation:
+# operation 1624 (name), ...") and the first wrong range of a verification ("first: op    144 buffer 3")
+_NAMED_OPERATION = re.compile(r"\boperation (\d+) \(")
+_FIRST_WRONG = re.compile(r"first: op\s+(\d+) buffer (\d+)\b")
 
 
 class OriginalPasses(MismatchError):
@@ -262,7 +279,8 @@ class _Run:
             res.last_answer = answer.detail
             self.phase = "operations"
             self._say(f"the original fails: {answer.detail}")
-            searched = ddmin(self.r.units, self._operations, batch=len(self.options.devices), budget=self.budget)
+            start = self._focus(answer.detail)
+            searched = ddmin(start, self._operations, batch=len(self.options.devices), budget=self.budget)
             self._account(searched)
             if searched.exhausted and self.best is None:
                 return  # the budget ran out before any candidate failed: nothing to write
@@ -279,6 +297,41 @@ class _Run:
             res.stopped = "interrupted: the result (if written) fails the test but may not be minimal"
         finally:
             self._finish()
+
+    def _hints(self, detail: str) -> Iterator[tuple[str, list[int]]]:
+        """Small sets of device work the bug likely lives in, named by the test and the original's
+        answer, most precise first (see "Where the search starts" in docs/REDUCE.md)."""
+        test = self.test
+        subs = getattr(test, "substitutions", ())
+        targets = {t for t in (Substitution.parse(s).target for s in subs) if t is not None}
+        if targets:
+            yield "the substituted executables' launches", self.r.launches_of(targets)
+        if isinstance(test, Faults):
+            named = {int(k) for k in _NAMED_OPERATION.findall(detail)} & set(self.r.units)
+            if named:
+                yield "the launches the fault names", sorted(named)
+        if isinstance(test, FailsVerify):
+            wrong = _FIRST_WRONG.search(detail)
+            writer = self.r.last_writer(int(wrong[1]), int(wrong[2])) if wrong else None
+            if writer is not None:
+                yield "the last writer of the first wrong range", [writer]
+
+    def _focus(self, detail: str) -> list[int]:
+        """Where ddmin starts: the first hint that fails the test (alone, else with the work that
+        produced its inputs when the capture does not hold them), else all the device work. Each
+        hint is a candidate like any other, so ddmin still starts from a list that fails."""
+        units = self.r.units
+        for why, hint in self._hints(detail):
+            for kept in (hint, self.r.with_producers(hint)):
+                if not kept or len(kept) >= len(units) or not self.budget():
+                    break
+                unbuildable = self.result.not_buildable
+                if self._operations([kept])[0]:
+                    self._say(f"starting from {why}: {len(kept)} device operation(s)")
+                    return kept
+                if self.result.not_buildable == unbuildable:
+                    break  # replayed and passed: the producers would not make it fail
+        return units
 
     def _inputs_kept_whole(self) -> str:
         """Why the inputs phase cannot run on the best capture (see the module docstring), or ''."""
@@ -330,11 +383,11 @@ class _Run:
             props.append(("reduce.result_substitutions", " ".join(mapped.substitutions)))
         return tuple(props)
 
-    def _build(self, kept: list[int], dropped: list[Piece]) -> Built | None:
+    def _build(self, kept: list[int], dropped: list[Piece], *, poison: bool = False) -> Built | None:
         self.count += 1
-        path = self.work / f"candidate-{self.count}.kreplay"
+        path = self.work / f"candidate-{self.count}{'-poisoned' if poison else ''}.kreplay"
         try:
-            built = self.r.build(kept, path, dropped=dropped, properties=self._properties)
+            built = self.r.build(kept, path, dropped=dropped, properties=self._properties, poison=poison)
         except NotBuildable:
             path.unlink(missing_ok=True)
             self.result.not_buildable += 1
@@ -378,9 +431,17 @@ class _Run:
                 queued.append((k, built))
         if queued:
             results: list[Answer | None] = [None] * len(queued)
-            if as_captured and not self._checks_itself():
-                # first: most candidates here lose bytes the kept work reads, which the test need not tell
-                for j, check in enumerate(self._run_all([(AsCaptured(), b) for _, b in queued])):
+            if as_captured:
+                # first: most candidates here lose bytes the kept work reads, which the test need not
+                # tell. Checked with the bytes left out poisoned, not left undefined: an allocation
+                # may still hold them from the replay before (x on the GPU: it verified without them)
+                poisoned = [self._build(list(b.kept), candidates[k][1], poison=True) for k, b in queued]
+                checks = self._run_all([(AsCaptured(), p) for p in poisoned if p is not None])
+                it = iter(checks)
+                for j, p in enumerate(poisoned):
+                    check = next(it) if p is not None else Answer(True, "the poisoned candidate cannot be built")
+                    if p is not None:
+                        p.path.unlink(missing_ok=True)
                     if check.failing:
                         results[j] = Answer(
                             False, f"not verified as captured (bytes it reads are gone): {check.detail}"

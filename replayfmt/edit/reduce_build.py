@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
+
 from replayfmt.edit.closure import Closure, compute_closure
 from replayfmt.edit.lazy_shadow import LazyShadow
 from replayfmt.edit.run_map import RunMap
@@ -161,6 +163,41 @@ class Reducible:
         writes = [(c.dst_buffer, c.dst_offset, c.dst_offset + c.size)] if c.dst_buffer else []
         return reads, writes
 
+    def launches_of(self, executables: set[int]) -> list[int]:
+        """The device work that runs one of ``executables``: its launches, and graph launches whose
+        graph holds a kernel node of one."""
+        out = []
+        for i in self.units:
+            op = self.ops[i]
+            if op.kind == _K.LAUNCH and op.executable in executables:  # type: ignore[union-attr]
+                out.append(i)
+            elif op.kind == _K.GRAPH_LAUNCH:
+                graph = self.capture.object(op.graph)  # type: ignore[union-attr]
+                if isinstance(graph, m.Graph) and graph_executables(graph, self.capture.object) & executables:
+                    out.append(i)
+        return out
+
+    def last_writer(self, before: int, buffer: int) -> int | None:
+        """The last device work before operation ``before`` that writes ``buffer``, or None."""
+        for i in reversed([u for u in self.units if u < before]):
+            if any(b == buffer for b, _, _ in self.writes[i]):
+                return i
+        return None
+
+    def with_producers(self, kept: Iterable[int]) -> list[int]:
+        """``kept`` and, transitively, the earlier device work that writes a buffer it reads (whole
+        buffers: an over-approximation, for a region capture whose kept work reads what removed
+        work left and the capture does not hold)."""
+        keep = set(kept)
+        needed: set[int] = set()
+        for i in reversed(self.units):
+            if i in keep:
+                needed |= {b for b, _, _ in self.reads[i]}
+            elif needed & {b for b, _, _ in self.writes[i]}:
+                keep.add(i)
+                needed |= {b for b, _, _ in self.reads[i]}
+        return sorted(keep)
+
     # -- one candidate --------------------------------------------------------------------------
 
     def _selection(self, kept: Iterable[int]) -> tuple[list[int], set[int], Closure]:
@@ -191,15 +228,19 @@ class Reducible:
         *,
         dropped: Iterable[Piece] = (),
         properties: Callable[[tuple[int, ...], dict[int, int]], tuple[tuple[str, str], ...]] | None = None,
+        poison: bool = False,
     ) -> Built:
         """Write the candidate that keeps device work ``kept`` (source operation indices) to
         ``output``, less the ``dropped`` pieces; NotBuildable when the capture lacks bytes it reads.
-        ``properties(kept, ids)``: metadata properties, given the new id of each kept source object."""
+        ``properties(kept, ids)``: metadata properties, given the new id of each kept source object.
+        ``poison``: the dropped pieces are given too, every byte the complement of the capture's,
+        so that a kernel reading one cannot see the bytes it saw (left out, they are undefined and
+        may hold them: the allocation a previous replay left)."""
         keep, control, closure = self._selection(kept)
         holes: dict[tuple[int, int], list[tuple[int, int]]] = {}
         for p in dropped:
             holes.setdefault((p.before, p.buffer), []).append((p.lo, p.hi))
-        plan = _Walk(self, set(keep), closure.buffers, holes)
+        plan = _Walk(self, set(keep), closure.buffers, holes, poison)
         plan.walk()
         ids = {old: k + 1 for k, old in enumerate(sorted(closure.objects))}  # as Transplant numbers them
         props = properties(tuple(keep), ids) if properties is not None else ()
@@ -284,11 +325,17 @@ class _Walk:
     operation, and which checkpointed bytes the kept work alone wrote."""
 
     def __init__(
-        self, r: Reducible, kept: set[int], buffers: set[int], holes: dict[tuple[int, int], list[tuple[int, int]]]
+        self,
+        r: Reducible,
+        kept: set[int],
+        buffers: set[int],
+        holes: dict[tuple[int, int], list[tuple[int, int]]],
+        poison: bool = False,
     ) -> None:
         self.r = r
         self.kept = kept
         self.holes = holes
+        self.poison = poison
         cap = r.capture
         tracked = set(buffers)
         grew = True
@@ -360,8 +407,14 @@ class _Walk:
         self.candidate[b].set(lo, hi, writer)
         for x, y in self.shadow.state_runs(b, lo, hi - lo, ByteState.KNOWN):
             self.pieces.append(Piece(before, b, x, y))
-            for u, v in _ranges_cut(x, y, self.holes.get((before, b), ())):
+            holes = self.holes.get((before, b), ())
+            given = [(u, v, False) for u, v in _ranges_cut(x, y, holes)]
+            if self.poison:
+                given += [(max(x, a), min(y, z), True) for a, z in holes if max(x, a) < min(y, z)]
+            for u, v, poisoned in sorted(given):
                 data = self.shadow.read(b, u, v - u).tobytes()
+                if poisoned:
+                    data = (~np.frombuffer(data, np.uint8)).tobytes()
                 if fresh:
                     self.state.append((b, u, data))
                 else:

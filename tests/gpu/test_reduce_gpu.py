@@ -161,7 +161,8 @@ def test_slower_reduces_to_one_slow_kernel(tmp_path, kernels):
     slow = tmp_path / "slow.cubin"
     slow.write_bytes(kernels["replay_kernels_slow"])  # axpy, the same answer, far slower
     out = tmp_path / "small.kreplay"
-    # the slow build measured 2.3x the original on an H200: a threshold well under that
+    # 20,000 iterations measured 2.3x alone on an H200 but 1.4x beside the GPU suite's other work;
+    # 200,000 make each axpy ~10x as long, so 1.5 holds with the GPU shared
     res = tool("reduce_replay", str(path), "-o", str(out), "--slower=1.5", f"--executable-substitution={exe}={slow}")
     assert res.returncode == 0, res.stderr[-3000:]
     assert device_work(out) == ["axpy"], res.stdout
