@@ -201,3 +201,14 @@ def test_a_format_1_4_file_means_what_it_meant(tmp_path):
         kinds = [op.kind for op in now.iter_operations() if op.kind != m.OperationKind.COLLECTIVE]
         assert [op.kind for op in old.iter_operations()] == kinds
         assert build_plan(old, PlanOptions(continue_on_error=True)).state
+
+
+def test_an_nccl_unique_id_keeps_every_byte_across_processes():
+    """The id is a socket address and more: NUL bytes inside it must survive the trip (a c_char
+    array would cut it at the first; ncclCommInitRank then fails with a network error)."""
+    from replayfmt.replay.collectives import UNIQUE_ID_BYTES, _UniqueId
+
+    data = bytes([2, 0, 0x9C, 0x41, 0, 0, 0, 0, *range(UNIQUE_ID_BYTES - 8)])
+    assert _UniqueId.of(data).data() == data
+    with pytest.raises(ReplayUsageError, match="128 bytes, not 3"):
+        _UniqueId.of(b"abc")

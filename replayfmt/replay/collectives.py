@@ -34,7 +34,17 @@ REDUCTIONS = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 4}  # ncclRedOp_t
 
 
 class _UniqueId(ctypes.Structure):
-    _fields_ = [("internal", ctypes.c_char * UNIQUE_ID_BYTES)]
+    # bytes, not chars: a c_char array field reads as a string, cut at its first NUL (an id holds many)
+    _fields_ = [("internal", ctypes.c_ubyte * UNIQUE_ID_BYTES)]
+
+    @classmethod
+    def of(cls, data: bytes) -> _UniqueId:
+        if len(data) != UNIQUE_ID_BYTES:
+            raise ReplayUsageError(f"an NCCL unique id is {UNIQUE_ID_BYTES} bytes, not {len(data)}")
+        return cls.from_buffer_copy(data)
+
+    def data(self) -> bytes:
+        return bytes(self)
 
 
 @dataclass(frozen=True)
@@ -96,12 +106,11 @@ class Nccl:
     def unique_id(self) -> bytes:
         uid = _UniqueId()
         self.check(self._lib.ncclGetUniqueId(ctypes.byref(uid)), "ncclGetUniqueId")
-        return bytes(uid.internal)
+        return uid.data()
 
     def communicator(self, ranks: int, unique_id: bytes, rank: int) -> int:
         handle = ctypes.c_void_p()
-        uid = _UniqueId()
-        uid.internal = unique_id
+        uid = _UniqueId.of(unique_id)
         self.check(self._lib.ncclCommInitRank(ctypes.byref(handle), ranks, uid, rank), "ncclCommInitRank")
         return handle.value or 0
 
