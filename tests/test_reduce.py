@@ -615,3 +615,22 @@ def test_a_hint_the_capture_cannot_feed_is_tried_with_its_producers(tmp_path, cu
     result = reduce(path, tmp_path / "o.kreplay", Faults(), ReduceOptions(devices=(None,)), runner=runner)
     assert result.not_buildable >= 1 and len(seen[1]) == len(closed) < len(seen[0])
     assert e.ops["gather"] in result.kept
+
+
+def test_a_reduction_that_wrote_nothing_says_so_and_gives_no_sizes_of_a_result():
+    from pathlib import Path
+
+    from replayfmt.edit.reduce import ReduceResult
+
+    said = ReduceResult(
+        Path("step.kreplay"),
+        Path("small.kreplay"),
+        "--fails-verify",
+        operations_before=1661,
+        last_answer="3 of 1658 compared range(s) failed",
+        stopped="--max-seconds 60 reached: the result fails the test but may not be minimal",
+    ).lines()
+    assert said[0] == "reduced      step.kreplay: nothing written"
+    assert not any(line.startswith(("operations", "bytes", "verdict")) for line in said)
+    assert "original     3 of 1658 compared range(s) failed" in said
+    assert "stopped      --max-seconds 60 reached before any smaller candidate failed" in said

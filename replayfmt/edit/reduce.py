@@ -142,9 +142,17 @@ class ReduceResult:
         if self.kept:
             out.append(f"kept         original operation(s) {ranges_text(self.kept)}")
         if self.last_answer:
-            out.append(f"verdict      {self.last_answer}")
+            out.append(f"verdict      {self.last_answer}" if self.written else f"original     {self.last_answer}")
         if self.stopped:
             out.append(f"stopped      {self.stopped}")
+        if not self.written:  # what there is of a result: none (its sizes above are no capture's)
+            out = [line for line in out if not line.startswith(("operations", "bytes"))]
+            out = [
+                line.replace(
+                    ": the result fails the test but may not be minimal", " before any smaller candidate failed"
+                )
+                for line in out
+            ]
         return out
 
 
