@@ -24,8 +24,8 @@ step() {  # name, seconds, command...
 }
 for s in "${steps[@]}"; do
   case $s in
-    suite) step suite 330 python3 -m pytest -q -p no:cacheprovider -n 4 tests/gpu ;;
-    multi) step multi 300 bash scripts/multi_gpu_check.sh ;;
+    suite) step suite 560 python3 -m pytest -q -p no:cacheprovider -n 4 tests/gpu ;;
+    multi) step multi 560 bash scripts/multi_gpu_check.sh ;;
     dropped) step dropped 540 python3 scripts/issue44_dropped_results.py --out /tmp/i44 ;;
     jaxwhole) step jaxwhole 240 python3 benchmarks/jax_whole_bench.py --check ;;
     reduce) step reduce 400 python3 benchmarks/reduce_demo.py --work /tmp/reduce_demo --steps capture,offbyone,oob,command,jit --max-seconds 100 ;;
