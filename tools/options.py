@@ -19,7 +19,7 @@ from replayfmt.format.layout import DEFAULT_LIMITS, Limits, parse_limit
 from replayfmt.replay.collectives import REDUCTIONS
 from replayfmt.replay.compare import Tolerance
 from replayfmt.replay.plan_options import LaunchOverride, PlanOptions, Substitution
-from replayfmt.verbs.ranks import PlantedReduction
+from replayfmt.verbs import PlantedReduction
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -174,6 +174,7 @@ class StepBuilder:
         assert graphs is not None
         events, handles, defaults = self.streams.events, self.streams.handles, self.streams.defaults
         several = devices.several
+        peers = self.collectives.peers is not None  # collectives issued among other ranks' replays
         overrides, host_waits = plan.overrides, plan.host_waits
         packed = self._packed
         launch_call, launch_ex_call, record_call, wait_call = (
@@ -197,7 +198,7 @@ class StepBuilder:
                 current = gpu
             if cls is m.CreateObject or cls is m.DestroyObject:  # done at setup (a program may make 200k events)
                 continue
-            group = op.group if cls is m.Collective else 0
+            group = op.group if cls is m.Collective and peers else 0  # alone, no groups to keep
             if group != self._group:  # a group of collectives ends where another operation follows
                 if self._group:
                     append(Step(StepKind.COLLECTIVE_GROUP, self.collectives.group, (False,), index))
@@ -262,7 +263,9 @@ class StepBuilder:
                 kernel_names[index] = graph.name
                 built.graphs[index] = graph
             elif cls is m.Collective:
-                append(self._collective(op, stream))
+                collective = self._collective(op, stream)
+                if collective is not None:
+                    append(collective)
             elif cls is m.Memset:
                 fn = {1: cu.cuMemsetD8Async, 2: cu.cuMemsetD16Async, 4: cu.cuMemsetD32Async}[op.element_size]
                 append(Step(StepKind.MEMSET, fn, (A[op.buffer] + op.offset, op.value, op.count, stream), index))
@@ -287,14 +290,19 @@ class StepBuilder:
                 append(Step(StepKind.COLLECTIVE_GROUP, self.collectives.group, (False,), built.steps[-1].operation))
                 self._group = 0
 
-    def _collective(self, op: m.Collective, stream: Any) -> Step:
+    def _collective(self, op: m.Collective, stream: Any) -> Step | None:
+        """A collective's step: among the peers (or, when the verification's own replays turn them
+        off, its received bytes put in place); replayed alone, a plain upload the C loop issues
+        (None for a call that receives nothing)."""
         A = self.addresses
         send = A[op.send_buffer] + op.send_offset if op.send_size else 0
         recv = A[op.recv_buffer] + op.recv_offset if op.recv_size else 0
         upload, upload_args = None, ()
-        if op.recv_size:  # replayed alone: what it received, put in place on its stream
+        if op.recv_size:  # what it received, put in place on its stream
             source = self.staged[upload_key(collective_upload(op))]
             upload, upload_args = source.copy_call(self.devices.cu), (recv, source.address, op.recv_size, stream)
+        if self.collectives.peers is None:
+            return Step(StepKind.UPLOAD, upload, upload_args, op.index) if upload is not None else None
         args = (op, send, recv, stream, upload, upload_args)
         return Step(StepKind.COLLECTIVE, self.collectives.issue, args, op.index)
 
