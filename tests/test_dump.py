@@ -60,7 +60,7 @@ def test_every_jsonl_line_parses_with_stable_leading_rows(sample):
     assert (
         rows[0]["kind"] == "file"
         and rows[0]["format_version"] == f"1.{replayfmt.FORMAT_MINOR}"
-        and rows[0]["jsonl_version"] == 5
+        and rows[0]["jsonl_version"] == 6
     )
     assert rows[1]["kind"] == "summary" and rows[1]["replayable"] is False
     with replayfmt.open(sample) as cap:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -30,6 +31,7 @@ SAXPY = m.Function(
         m.Parameter(offset=24, size=4),
     ),
 )
+PROGRAMMATIC = m.GraphEdgeData(m.GraphEdgePort.PROGRAMMATIC, 0, m.GraphEdgeType.PROGRAMMATIC)
 PTX = b".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry saxpy()\n{\nret;\n}\n"
 
 
@@ -136,6 +138,25 @@ def test_a_good_graph_is_planned_with_its_kernels_counted(tmp_path):
             "{op} graph {g} node 0 (kernel): operation 6 (saxpy): block dimension 0 is 4096, outside [1, 1024]",
         ),
         (
+            lambda ids: m.Graph(
+                nodes=(kernel_node(ids), kernel_node(ids)), edges=((0, 1),), edge_data=(m.GraphEdgeData.of(1, 0, 7),)
+            ),
+            UnsupportedOperationError,
+            "{op} graph {g}: edge 0 -> 1: edge type 7, port 1 is unknown to this replayfmt: upgrade replayfmt",
+        ),
+        (
+            lambda ids: m.Graph(
+                nodes=(
+                    GraphNode(kind=_N.MEMSET, dst_buffer=ids["y"], element_size=4, width=4, height=1),
+                    kernel_node(ids),
+                ),
+                edges=((0, 1),),
+                edge_data=(PROGRAMMATIC,),
+            ),
+            ReplayFormatError,
+            "{op} graph {g}: edge 0 -> 1: a programmatic edge joins two kernel nodes, not memset and kernel",
+        ),
+        (
             lambda ids: m.Graph(nodes=(GraphNode(kind=_N.CHILD_GRAPH, graph=99),)),
             ReplayFormatError,
             "{op} graph {g} node 0 (child_graph): its child graph object 99 does not exist, not a graph",
@@ -147,6 +168,52 @@ def test_the_plan_refuses_broken_graphs(tmp_path, broken, error, message):
         plan_of(tmp_path, lambda ids: [broken(ids)])
     # objects: device 1, x 2, y 3, event 4, exe 5, graph 6
     assert str(caught.value) == message.format(op="operation 6 (graph_launch):", g=6, x=2, y=3)
+
+
+def chained_graph(ids) -> m.Graph:
+    """Three kernels in a chain, as XLA's command buffers chain theirs: the first edge programmatic
+    (the second kernel may start before the first ends), the second a full dependency."""
+    return m.Graph(
+        device=ids["device"],
+        nodes=(kernel_node(ids), kernel_node(ids), kernel_node(ids)),
+        edges=((0, 1), (1, 2)),
+        edge_data=(PROGRAMMATIC, m.FULL_DEPENDENCY),
+    )
+
+
+def test_how_each_edge_orders_its_nodes_is_written_and_read_back(tmp_path):
+    plan, _, cap = plan_of(tmp_path, lambda ids: [chained_graph(ids), good_graph(ids)])
+    with cap:
+        chained, plain = sorted(plan.graphs.values(), key=lambda g: g.id)
+        assert chained.edge_data == (PROGRAMMATIC, m.FULL_DEPENDENCY) and chained.programmatic_edges == 1
+        assert isinstance(chained.edge_data[0].type, m.GraphEdgeType)  # read back as the enums
+        assert plain.edge_data == () and plain.edge_kind(0).full  # full dependencies are not written
+        assert (cap.header.major, cap.header.minor) == (1, 7)
+    with replayfmt.open(Path(__file__).parent / "golden" / "sample-1.6.kreplay") as old:
+        (graph,) = [o for o in old.objects() if isinstance(o, m.Graph)]
+        assert old.header.minor == 6 and graph.edge_data == () and graph.edges == ((0, 1), (1, 2))
+        assert all(graph.edge_kind(k).full for k in range(len(graph.edges)))  # 1.6: every edge a full dependency
+
+
+def test_dump_shows_which_edges_are_programmatic(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from replayfmt_tools.dump_replay import main as dump_main
+
+    write(tmp_path / "g.kreplay", lambda ids: [chained_graph(ids)])
+    text = CliRunner().invoke(dump_main, ["--kind=graph", str(tmp_path / "g.kreplay")]).stdout
+    assert "nodes=3 edges=2 (1 programmatic)" in text
+    assert [line.split()[1] for line in text.splitlines() if "programmatic=" in line] == ["1"]  # node 1 follows 0 early
+    out = CliRunner().invoke(dump_main, ["--format=jsonl", "--kind=graph", str(tmp_path / "g.kreplay")]).stdout
+    (row,) = [r for r in map(json.loads, out.splitlines()) if r.get("kind") == "graph"]
+    assert row["edge_data"] == [{"from_port": 1, "to_port": 0, "type": 1}, {"from_port": 0, "to_port": 0, "type": 0}]
+
+
+def test_a_graph_whose_edge_data_does_not_match_its_edges_is_not_written(tmp_path):
+    with pytest.raises(replayfmt.ReplayUsageError, match=r"1 edge data rows for 2 edges"):
+        write(tmp_path / "g.kreplay", lambda ids: [replace(chained_graph(ids), edge_data=(PROGRAMMATIC,))])
 
 
 def test_a_child_graph_must_come_before_its_parent(tmp_path):
@@ -181,6 +248,8 @@ class FakeCu:
         if name.startswith("CUDA_"):
             size = {"CUDA_KERNEL_NODE_PARAMS": 72, "CUDA_MEMSET_NODE_PARAMS": 40, "CUDA_MEMCPY3D": 200}[name]
             return lambda address: ctypes.string_at(address, size)
+        if name == "CUgraphEdgeData":
+            return SimpleNamespace
         if name.startswith("cuGraph"):
             return lambda *args: self._new(name, *args)
         if name.startswith("cu"):  # eager calls: named, never called here
@@ -233,6 +302,21 @@ def test_the_builder_adds_nodes_in_order_with_relocated_parameters_and_instantia
     assert calls[1][1] == "cuLaunchKernel" and calls[1][2][:9] == (0xF00, 1, 1, 1, 256, 1, 1, 0, "stream")
     assert calls[2][1:] == ("cuMemcpyDtoDAsync", (0x1000_0000, 0x2000_0000, 1024, "stream"))
     assert calls[3][1:] == ("cuEventRecord", ("event", "stream"))
+
+
+def test_a_programmatic_edge_is_added_with_its_edge_data_once_both_nodes_exist(tmp_path, monkeypatch):
+    plan, ids, cap = plan_of(tmp_path, lambda ids: [chained_graph(ids)])
+    builder, cu, _ = builder_of(plan, ids, monkeypatch)
+    with cap:
+        (op,) = [o for o in cap.iter_operations() if o.kind == m.OperationKind.GRAPH_LAUNCH]
+        builder.prepared(op, 0)
+    kernels = [c for c in cu.calls if c[0] == "cuGraphAddKernelNode"]
+    first, second, _ = (f"cuGraphAddKernelNode#{cu.calls.index(c) + 1}" for c in kernels)
+    assert [k[2:4] for k in kernels] == [([], 0), ([], 0), ([second], 1)]  # only the full dependency at creation
+    (added,) = [c for c in cu.calls if c[0] == "cuGraphAddDependencies"]
+    _, graph, sources, targets, data, count = added
+    assert graph == "cuGraphCreate#1" and (sources, targets, count) == ([first], [second], 1)
+    assert [(d.from_port, d.to_port, d.type) for d in data] == [(1, 0, 1)]
 
 
 def test_per_kernel_timing_runs_a_graph_node_by_node_between_events():

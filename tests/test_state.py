@@ -92,7 +92,7 @@ def test_dump_shows_state_apart(tmp_path):
     assert line.endswith("-> buffer#2+0 size=4096 (starting state)")
     assert "state         4.0 KiB starting state (restored, not timed); 1.0 KiB uploaded by the program" in text
     rows = [json.loads(t) for t in runner.invoke(dump_main, ["--format=jsonl", str(path)]).stdout.splitlines()]
-    assert rows[0]["jsonl_version"] == 5
+    assert rows[0]["jsonl_version"] == 6
     (state,) = [r for r in rows if r["kind"] == "state"]
     assert (state["buffer"], state["offset"], state["size"], state["payload"]["size"]) == (2, 0, 4096, 4096)
     assert rows[1]["state_bytes"] == 4096 and rows[1]["upload_bytes"] == 1024

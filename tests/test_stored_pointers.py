@@ -290,6 +290,7 @@ def test_data_relocations_round_trip_and_older_files_have_none(tmp_path):
         "sample-1.3.kreplay",
         "sample-1.4.kreplay",
         "sample-1.5.kreplay",
+        "sample-1.6.kreplay",
     ):
         with replayfmt.open(f"{__file__.rsplit('/', 1)[0]}/golden/{old}") as cap:
             assert not any(getattr(op, "relocations", ()) for op in cap if not isinstance(op, m.Launch))

@@ -12,7 +12,7 @@ built on every launch of the program.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from replayfmt.format import model as m
@@ -299,6 +299,7 @@ class GraphDescription:
 
     nodes: list[GraphNodeInfo]
     edges: list[tuple[int, int]]
+    edge_data: list[m.GraphEdgeData] = field(default_factory=list)  # one per edge; empty: all full dependencies
 
 
 @dataclass(slots=True)

@@ -209,7 +209,12 @@ class GraphLaunches:
             if any(a.buffer for a in left):
                 nodes[at], touched, _ = self._graph_node(info, [])
                 targets.extend(a for a in touched if a not in targets)
-        graph = m.Graph(device=self._devices.current, nodes=tuple(nodes), edges=tuple(description.edges))
+        graph = m.Graph(
+            device=self._devices.current,
+            nodes=tuple(nodes),
+            edges=tuple(description.edges),
+            edge_data=tuple(description.edge_data),
+        )
         try:
             check_graph_within_limits(graph)  # more nodes or edges than a reader decodes: the launch is refused
         except ReplayUsageError as exc:

@@ -86,15 +86,20 @@ class GraphReader:
         edges = ctypes.c_size_t(0)
         self._call("cuGraphGetEdges_v2", ctypes.c_void_p(graph), None, None, None, ctypes.byref(edges))
         pairs: list[tuple[int, int]] = []
+        kinds: list[m.GraphEdgeData] = []
         if edges.value:
             sources = (ctypes.c_void_p * edges.value)()
             targets = (ctypes.c_void_p * edges.value)()
-            # CUgraphEdgeData (8 bytes each) is asked for: a graph with programmatic edges (XLA's
-            # command buffers) answers CUDA_ERROR_LOSSY_QUERY without it; every edge orders its nodes here
+            # CUgraphEdgeData (8 bytes each: from_port, to_port, type, reserved): XLA's command
+            # buffers chain kernels with programmatic edges, which let a kernel start before the one
+            # it depends on has ended; a replay that made them full dependencies would run slower
             data = (ctypes.c_uint8 * (8 * edges.value))()
             self._call("cuGraphGetEdges_v2", ctypes.c_void_p(graph), sources, targets, data, ctypes.byref(edges))
             pairs = [(index[int(sources[i] or 0)], index[int(targets[i] or 0)]) for i in range(edges.value)]
-        return ev.GraphDescription([self._node(h, depth) for h in handles], pairs)
+            kinds = [m.GraphEdgeData.of(*data[8 * i : 8 * i + 3]) for i in range(edges.value)]
+        if all(k.full for k in kinds):
+            kinds = []
+        return ev.GraphDescription([self._node(h, depth) for h in handles], pairs, kinds)
 
     def _node(self, handle: int, depth: int) -> ev.GraphNodeInfo:
         kind = ctypes.c_int(0)

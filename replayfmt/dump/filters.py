@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from replayfmt.errors import ReplayUsageError
 from replayfmt.format import model as m
 
-JSONL_VERSION = 5  # 2: state rows, buffer ranges, summary state/upload bytes, original_ns, demangled names;
+JSONL_VERSION = 6  # 2: state rows, buffer ranges, summary state/upload bytes, original_ns, demangled names;
 # 3: relocations of state and copy_h2d rows (pointers stored in data), checkpoint types, summary partial and
 # stored_pointers; 4: which GPUs the code loads on (executable cubin_targets, ptx_targets, has_ptx; summary
 # runs_on, runs_on_by_cubin, runs_on_by_ptx, executables_without_ptx, executables_unknown_targets);
-# 5: state rows' undefined (format 1.6)
+# 5: state rows' undefined (format 1.6); 6: graph rows' edge_data (format 1.7)
 _K = m.OperationKind
 _COPY_LABELS = {"copy_h2d", "copy_d2h", "copy_d2d"}
 OPERATION_LABELS = {k.label for k in _K if k != _K.NONE}

@@ -25,6 +25,19 @@ def _dependencies(graph: m.Graph) -> list[list[int]]:
     return after
 
 
+def _programmatic_sources(graph: m.Graph) -> list[list[int]]:
+    """Per node, the nodes it follows through a programmatic edge (it may start before they end)."""
+    early: list[list[int]] = [[] for _ in graph.nodes]
+    for k, (src, dst) in enumerate(graph.edges):
+        if k < len(graph.edge_data) and graph.edge_data[k].type != m.GraphEdgeType.FULL and 0 <= dst < len(early):
+            early[dst].append(src)
+    return early
+
+
+def _edge_row(edge: m.GraphEdgeData) -> dict[str, int]:
+    return {"from_port": int(edge.from_port), "to_port": int(edge.to_port), "type": int(edge.type)}
+
+
 def node_row(node: GraphNode, index: int, after: list[int], function: FunctionLookup) -> dict[str, Any]:
     """The JSON fields of one node: its kind, what it runs on and the nodes it waits for."""
     row: dict[str, Any] = {"index": index, "kind": _kind_label(node.kind), "after": after}
@@ -80,14 +93,20 @@ def graph_fields(graph: m.Graph, function: FunctionLookup) -> dict[str, Any]:
     """The JSONL fields of a graph object beyond kind, id and label."""
     after = _dependencies(graph)
     nodes = [node_row(node, i, after[i], function) for i, node in enumerate(graph.nodes)]
-    return {"device": graph.device, "nodes": nodes, "edges": [list(e) for e in graph.edges]}
+    fields: dict[str, Any] = {"device": graph.device, "nodes": nodes, "edges": [list(e) for e in graph.edges]}
+    if graph.edge_data:
+        fields["edge_data"] = [_edge_row(e) for e in graph.edge_data]
+    return fields
 
 
 def graph_node_lines(graph: m.Graph, function: FunctionLookup) -> Iterator[str]:
     """One indented text line per node, after the graph's own line."""
+    early = _programmatic_sources(graph)
     for i, (node, after) in enumerate(zip(graph.nodes, _dependencies(graph), strict=True)):
         head = f"    node {i:>4} {_kind_label(node.kind):<13}"
         waits = f" after={','.join(map(str, after))}" if after else ""
+        if early[i]:
+            waits += f" programmatic={','.join(map(str, early[i]))}"
         if node.kind == _N.KERNEL:
             fn = function(node.executable, node.function)
             name = fn.name if fn else f"function#{node.function}"
@@ -122,7 +141,9 @@ def graph_summary(graph: m.Graph) -> str:
         label = _kind_label(node.kind)
         counts[label] = counts.get(label, 0) + 1
     kinds = ", ".join(f"{k} x{n}" for k, n in counts.items())
-    return f"device={graph.device} nodes={len(graph.nodes)} edges={len(graph.edges)}" + (f" ({kinds})" if kinds else "")
+    programmatic = f" ({graph.programmatic_edges} programmatic)" if graph.programmatic_edges else ""
+    edges = f"edges={len(graph.edges)}{programmatic}"
+    return f"device={graph.device} nodes={len(graph.nodes)} {edges}" + (f" ({kinds})" if kinds else "")
 
 
 def kernel_names(graph: m.Graph, function: FunctionLookup) -> list[str]:

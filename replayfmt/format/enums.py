@@ -188,6 +188,21 @@ class FileValidation(enum.IntEnum):
         return self.name.lower()
 
 
+class GraphEdgeType(enum.IntEnum):
+    """(1.7) How a graph edge orders its nodes (CUgraphDependencyType)."""
+
+    FULL = 0  # the destination starts once the source has ended
+    PROGRAMMATIC = 1  # it may start once every block of the source triggered it or ended (PDL)
+
+
+class GraphEdgePort(enum.IntEnum):
+    """(1.7) The event of the source an edge waits for (CU_GRAPH_KERNEL_NODE_PORT_*)."""
+
+    DEFAULT = 0  # the source's end
+    PROGRAMMATIC = 1  # every block of the source triggered its dependents (or ended)
+    LAUNCH_ORDER = 2  # every block of the source began
+
+
 LAUNCH_FLAG_COOPERATIVE = 1
 # the kernel waits for the host to write a release into pinned memory (XLA's autotuner DelayKernel):
 # a replay, which never writes it, skips the launch (format/host_waits.py says why)

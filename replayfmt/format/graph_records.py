@@ -13,7 +13,7 @@ from typing import Any
 import flatbuffers
 import numpy as np
 
-from replayfmt.errors import ReplayUsageError
+from replayfmt.errors import ReplayFormatError, ReplayUsageError
 from replayfmt.format import model as m
 from replayfmt.format.decoder import StructVector
 from replayfmt.format.generated import fb
@@ -81,6 +81,10 @@ def check_graph_within_limits(graph: m.ObjectDef) -> None:
     never writes a file its own reader refuses (any other object passes)."""
     if not isinstance(graph, m.Graph):
         return
+    if graph.edge_data and len(graph.edge_data) != len(graph.edges):
+        raise ReplayUsageError(
+            f"graph {graph.id or '(new)'}: {len(graph.edge_data)} edge data rows for {len(graph.edges)} edges"
+        )
     for count, most, name in (
         (len(graph.nodes), DEFAULT_LIMITS.max_graph_nodes, "nodes"),
         (len(graph.edges), DEFAULT_LIMITS.max_graph_edges, "edges"),
@@ -101,10 +105,16 @@ def encode_graph(b: flatbuffers.Builder, graph: m.Graph) -> int:
         b.PrependUOffsetTRelative(offset)
     node_vector = b.EndVector()
     edges = _structs(b, "GraphEdge", [(int(s), int(d)) for s, d in graph.edges])
+    edge_data = 0
+    if any(not e.full for e in graph.edge_data):  # (1.7) absent when every edge is a full dependency
+        rows = [(int(e.from_port), int(e.to_port), int(e.type)) for e in graph.edge_data]
+        edge_data = _structs(b, "GraphEdgeData", rows)
     fb.Graph.Start(b)
     fb.Graph.AddDevice(b, graph.device)
     fb.Graph.AddNodes(b, node_vector)
     fb.Graph.AddEdges(b, edges)
+    if edge_data:
+        fb.Graph.AddEdgeData(b, edge_data)
     return fb.Graph.End(b)
 
 
@@ -147,10 +157,17 @@ def _decode_node(v: dict[str, Any]) -> GraphNode:
 
 
 def decode_graph(v: dict[str, Any], common: dict[str, Any]) -> m.Graph:
-    """The model Graph of one decoded Graph table (``common``: id and label)."""
+    """The model Graph of one decoded Graph table (``common``: id and label); a file whose edge
+    data does not match its edges one to one is refused."""
+    edges = tuple((int(s), int(d)) for s, d in _rows(v["edges"], "GraphEdge"))
+    # numbers a newer writer used stay numbers: the plan refuses them
+    data = tuple(m.GraphEdgeData.of(*(int(x) for x in row)) for row in _rows(v.get("edge_data"), "GraphEdgeData"))
+    if data and len(data) != len(edges):
+        raise ReplayFormatError(f"graph {common.get('id')}: {len(data)} edge data rows for {len(edges)} edges")
     return m.Graph(
         device=v["device"],
         nodes=tuple(_decode_node(n) for n in v["nodes"] or ()),
-        edges=tuple((int(s), int(d)) for s, d in _rows(v["edges"], "GraphEdge")),
+        edges=edges,
+        edge_data=data,
         **common,
     )

@@ -25,11 +25,12 @@ MAGIC = b"KREPLAY\x00"
 FOOTER_MAGIC = b"KRFOOTER"
 CHUNK_MAGIC = b"KRCK"
 FORMAT_MAJOR = 1
-FORMAT_MINOR = 6  # 1.1: State operations, Buffer.ranges (typed sub-ranges); 1.2: Graph objects, GraphLaunch;
+FORMAT_MINOR = 7  # 1.1: State operations, Buffer.ranges (typed sub-ranges); 1.2: Graph objects, GraphLaunch;
 # 1.3: data relocations (pointers stored in State and upload bytes), Index.partial, Checkpoint.types (typed
 # tensors of checkpointed ranges); 1.4: Buffer.module_global (a module global's storage); 1.5: Collective
 # operations (one rank's NCCL calls); 1.6: State.flags (STATE_FLAG_UNDEFINED: a range that held none of the
-# program's data when its region began)
+# program's data when its region began); 1.7: Graph.edge_data (how each edge orders its nodes: programmatic
+# dependent launch)
 
 ALIGNMENT = 8
 
@@ -142,6 +143,7 @@ class Limits:
         return {
             ("Graph", "nodes"): (self.max_graph_nodes, "max_graph_nodes"),
             ("Graph", "edges"): (self.max_graph_edges, "max_graph_edges"),
+            ("Graph", "edge_data"): (self.max_graph_edges, "max_graph_edges"),
             ("Timings", "operations"): (self.max_timing_rows, "max_timing_rows"),
             ("Timings", "scopes"): (self.max_timing_rows, "max_timing_rows"),
             ("Payload", "frames"): (self.max_payload_frames, "max_payload_frames"),

@@ -9,7 +9,6 @@ which are several times cheaper to build than frozen dataclasses.
 from __future__ import annotations
 
 import bisect
-import enum
 from dataclasses import dataclass, field
 from typing import ClassVar, NamedTuple
 
@@ -31,11 +30,18 @@ from replayfmt.format.enums import (
     ExecutableFormat as ExecutableFormat,
     FilePolicy as FilePolicy,
     FileValidation as FileValidation,
+    GraphEdgePort as GraphEdgePort,
+    GraphEdgeType as GraphEdgeType,
     MemoryKind as MemoryKind,
     ObjectKind as ObjectKind,
     OperationKind as OperationKind,
     ParameterKind as ParameterKind,
     RelocationKind as RelocationKind,
+)
+from replayfmt.format.graph_parts import (
+    FULL_DEPENDENCY as FULL_DEPENDENCY,
+    GraphEdgeData as GraphEdgeData,
+    GraphNodeKind as GraphNodeKind,
 )
 
 Dims = tuple[int, int, int]
@@ -203,21 +209,6 @@ class FileReference(ObjectDef):
     payload: int = 0
 
 
-class GraphNodeKind(enum.IntEnum):
-    EMPTY = 0
-    KERNEL = 1
-    MEMCPY = 2
-    MEMSET = 3
-    EVENT_RECORD = 4
-    EVENT_WAIT = 5
-    CHILD_GRAPH = 6
-    HOST = 7  # a host function: replayed as an empty node that keeps its place
-
-    @property
-    def label(self) -> str:
-        return self.name.lower()
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GraphNode:
     """One node of a CUDA graph; which fields matter depends on ``kind`` (schema.fbs says).
@@ -255,12 +246,22 @@ class GraphNode:
 class Graph(ObjectDef):
     """(1.2) A CUDA graph as launched: its nodes (:class:`GraphNode`) and
     dependency edges (``(src, dst)`` node indices: dst runs after src). A graph whose executable
-    was updated between launches is written again as a new object."""
+    was updated between launches is written again as a new object. ``edge_data`` (1.7): how each
+    edge orders its nodes, in ``edges``' order; empty when every edge is a full dependency."""
 
     kind: ClassVar[ObjectKind] = ObjectKind.GRAPH
     device: int = 0
     nodes: tuple[GraphNode, ...] = ()
     edges: tuple[tuple[int, int], ...] = ()
+    edge_data: tuple[GraphEdgeData, ...] = ()
+
+    def edge_kind(self, index: int) -> GraphEdgeData:
+        """How edge ``index`` orders its nodes."""
+        return self.edge_data[index] if self.edge_data else FULL_DEPENDENCY
+
+    @property
+    def programmatic_edges(self) -> int:
+        return sum(e.type != GraphEdgeType.FULL for e in self.edge_data)
 
 
 OBJECT_TYPES: dict[ObjectKind, type[ObjectDef]] = {

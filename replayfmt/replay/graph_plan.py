@@ -64,6 +64,26 @@ def topological_order(graph: m.Graph) -> list[int]:
     return order
 
 
+def _check_edge_data(graph: m.Graph) -> None:
+    """How each edge orders its nodes: kinds this version knows, and a programmatic edge only
+    between kernel nodes (the driver's rule: the source's blocks trigger the destination)."""
+    for k, edge in enumerate(graph.edge_data):
+        src, dst = graph.edges[k]
+        where = f"graph {graph.id}: edge {src} -> {dst}"
+        if not isinstance(edge.type, m.GraphEdgeType) or not isinstance(edge.from_port, m.GraphEdgePort):
+            raise UnsupportedOperationError(
+                f"{where}: edge type {int(edge.type)}, port {int(edge.from_port)} is unknown to this replayfmt: "
+                "upgrade replayfmt"
+            )
+        if edge.to_port != 0:
+            raise UnsupportedOperationError(f"{where}: destination port {edge.to_port} is unknown to this replayfmt")
+        if edge.type == m.GraphEdgeType.PROGRAMMATIC and (
+            graph.nodes[src].kind != _N.KERNEL or graph.nodes[dst].kind != _N.KERNEL
+        ):
+            ends = f"{graph.nodes[src].label} and {graph.nodes[dst].label}"
+            raise ReplayFormatError(f"{where}: a programmatic edge joins two kernel nodes, not {ends}")
+
+
 def _range(graph: m.Graph, buffer: m.Buffer, offset: int, size: int, role: str) -> None:
     if offset < 0 or size < 0 or offset + size > buffer.size:
         raise ReplayFormatError(
@@ -172,6 +192,7 @@ def _check_one(
 ) -> None:
     """Check one graph whose children are checked (and sized) already."""
     topological_order(graph)
+    _check_edge_data(graph)
     depth, expanded = 1, 0
     for i, node in enumerate(graph.nodes):
         try:

@@ -73,6 +73,13 @@ class PreparedGraph:
         return f"graph of {sum(c.kernel for c in self.calls)} kernels"
 
 
+def _edge_data(cu: Any, edge: m.GraphEdgeData) -> Any:
+    """The CUgraphEdgeData of an edge that is not a full dependency."""
+    data = cu.CUgraphEdgeData()
+    data.from_port, data.to_port, data.type = int(edge.from_port), int(edge.to_port), int(edge.type)
+    return data
+
+
 def _struct(cu: Any, type_name: str, raw: bytes, keep: list[Any]) -> Any:
     """A bindings struct over C bytes ``raw`` (kept alive in ``keep``)."""
     memory = ctypes.create_string_buffer(raw, len(raw))
@@ -146,8 +153,13 @@ class GraphBuilder:
         self.devices.own(lambda: cu.cuGraphDestroy(graph))
         handles: dict[int, Any] = {}
         waits_for: dict[int, list[int]] = {}
-        for src, dst in graph_def.edges:
-            waits_for.setdefault(dst, []).append(src)
+        ordered_otherwise: list[tuple[int, int, m.GraphEdgeData]] = []  # programmatic edges, added once nodes exist
+        for k, (src, dst) in enumerate(graph_def.edges):
+            edge = graph_def.edge_kind(k)
+            if edge.full:
+                waits_for.setdefault(dst, []).append(src)
+            else:
+                ordered_otherwise.append((src, dst, edge))
         for i in topological_order(graph_def):
             node = graph_def.nodes[i]
             deps = [handles[d] for d in waits_for.get(i, [])]
@@ -155,6 +167,12 @@ class GraphBuilder:
             added = self._add(built, deps, node, index, gpu, self._shapes.get((graph_id, i)))
             handles[i] = check(added, f"{where} node {i} ({node.label})")
             built.calls[start:] = [replace(c, node=f"{i}.{c.node}" if c.node else str(i)) for c in built.calls[start:]]
+        if ordered_otherwise:
+            data = [_edge_data(cu, edge) for _, _, edge in ordered_otherwise]
+            sources = [handles[src] for src, _, _ in ordered_otherwise]
+            targets = [handles[dst] for _, dst, _ in ordered_otherwise]
+            added = cu.cuGraphAddDependencies(graph, sources, targets, data, len(data))
+            check(added, f"{where}: {len(data)} programmatic edge(s)")
         self._graphs[key] = built
 
     def _add(

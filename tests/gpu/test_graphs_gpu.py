@@ -223,3 +223,36 @@ def test_explicit_graph_with_updates_between_launches(tmp_path, request):
     scales = [next(n for n in p["nodes"] if n["kind"] == "kernel")["parameters"][:8] for p in parents]
     assert scales == ["00000040", "00004040", "00008040"], scales  # a = 2, then 3 (exec node update), then 4
     verified(out)
+
+
+def test_a_programmatic_edge_is_captured_and_replayed_as_one(tmp_path, request):
+    """XLA's command buffers chain kernels with programmatic edges; a replay that made them full
+    dependencies would run the same work without the overlap the program had."""
+    arch = request.getfixturevalue("capture_ready")
+    if int(arch.removeprefix("sm_")[:-1] or 0) < 9:
+        pytest.skip("programmatic dependent launch needs compute capability 9.0")
+    out = tmp_path / "pdl.kreplay"
+    capture(
+        out,
+        Path(__file__).parent / "capture_scripts" / "programmatic_graph.py",
+        "--scope",
+        "step",
+        args=(arch,),
+    )
+    (graph,) = _graphs(out)
+    assert [e["type"] for e in graph["edge_data"]] == [1]  # the one edge, programmatic
+    assert "(1 programmatic)" in dump(out, "--kind=graph")
+    verified(out)
+    for mode in ("eager", "graph"):  # the graph mode takes the graph as a child node of the region's
+        timed = run(
+            [
+                sys.executable,
+                "-m",
+                "replayfmt_tools.benchmark_replay",
+                "--scope=step",
+                f"--mode={mode}",
+                "--repetitions=3",
+                str(out),
+            ]
+        )
+        assert timed.returncode == 0, timed.stderr[-2000:]

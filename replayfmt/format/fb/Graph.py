@@ -80,8 +80,32 @@ class Graph(object):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
         return o == 0
 
+    # Graph
+    def EdgeData(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            x = self._tab.Vector(o)
+            x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 3
+            from replayfmt.format.fb.GraphEdgeData import GraphEdgeData
+            obj = GraphEdgeData()
+            obj.Init(self._tab.Bytes, x)
+            return obj
+        return None
+
+    # Graph
+    def EdgeDataLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # Graph
+    def EdgeDataIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        return o == 0
+
 def GraphStart(builder):
-    builder.StartObject(3)
+    builder.StartObject(4)
 
 def Start(builder):
     GraphStart(builder)
@@ -115,6 +139,18 @@ def GraphStartEdgesVector(builder, numElems):
 
 def StartEdgesVector(builder, numElems):
     return GraphStartEdgesVector(builder, numElems)
+
+def GraphAddEdgeData(builder, edgeData):
+    builder.PrependUOffsetTRelativeSlot(3, flatbuffers.number_types.UOffsetTFlags.py_type(edgeData), 0)
+
+def AddEdgeData(builder, edgeData):
+    GraphAddEdgeData(builder, edgeData)
+
+def GraphStartEdgeDataVector(builder, numElems):
+    return builder.StartVector(3, numElems, 1)
+
+def StartEdgeDataVector(builder, numElems):
+    return GraphStartEdgeDataVector(builder, numElems)
 
 def GraphEnd(builder):
     return builder.EndObject()
