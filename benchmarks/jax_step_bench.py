@@ -161,8 +161,19 @@ def original(name: str, iterations: int) -> dict:
         "records": statistics.median(len(r) for r in runs),
         "kernels": sum(r.kind == ActivityKind.CONCURRENT_KERNEL for r in last),
         "streams": len({r.stream for r in last}),
-        "graph_kernels": sum(r.graph_node != 0 for r in last),
+        "graph_records": sum(r.graph_node != 0 for r in last),
         "per_name_ns": dict(per_name),
+        "last_run": [  # for --traces: what ran, when (from the run's first start), how long
+            {
+                "kind": r.kind.name.lower(),
+                "name": r.name,
+                "node": r.graph_node,
+                "start_ns": r.start_ns - last[0].start_ns,
+                "ns": r.end_ns - r.start_ns,
+                "bytes": r.bytes,
+            }
+            for r in last
+        ],
     }
 
 
@@ -196,7 +207,9 @@ def benchmark(path: Path, *flags: str) -> dict:
     return last_json(child([*tool, "--format=json", "--min-time=0.5", *flags, str(path)]))
 
 
-def compare(name: str, iterations: int, goals: Goals) -> None:
+def compare(name: str, iterations: int, goals: Goals, traces: Path | None = None) -> None:
+    if traces:
+        traces.mkdir(parents=True, exist_ok=True)
     print(f"\n== {name}")
     me = [sys.executable, __file__]
     plain = {"XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") + " --xla_gpu_enable_command_buffer=").strip()}
@@ -210,13 +223,15 @@ def compare(name: str, iterations: int, goals: Goals) -> None:
             print(f"  capture failed: {done.stderr[-1500:]}")
             goals.judge(f"{name} capture", False)
             return
-        eager = benchmark(path)
+        eager = benchmark(path, *([f"--trace={traces / (name + '.replay.json')}"] if traces else []))
         graph = benchmark(path, "--mode=graph")
         per_kernel = benchmark(path, "--per-kernel")
     first = sides["original"]
+    if traces:
+        (traces / f"{name}.original.json").write_text(json.dumps(first.pop("last_run"), indent=0))
     print(
         f"  original: {first['kernels']} kernels a run on {first['streams']} stream(s), "
-        f"{first['graph_kernels']} of them launched through CUDA graphs; kernels' summed durations "
+        f"{first['graph_records']} records (kernels, copies, memsets) from CUDA graph nodes; kernels' summed durations "
         f"{first['kernel_sum_ms']:.4f} ms against their busy union {first['kernel_busy_ms']:.4f} ms"
     )
     print(f"  {'':<34}{'busy':>10}{'kernels':>10}{'/ original':>12}")
@@ -254,6 +269,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="*", default=["diffrax", "adam", "donated", "equinox"])
     parser.add_argument("--iterations", type=int, default=30)
+    parser.add_argument(
+        "--traces", type=Path, metavar="DIR", help="write the original's last run and the eager replay's trace here"
+    )
     parser.add_argument("--original", metavar="NAME", help=argparse.SUPPRESS)
     parser.add_argument("--captured", metavar="NAME", help=argparse.SUPPRESS)
     add_check(parser)
@@ -267,7 +285,7 @@ def main() -> int:
     goals = Goals()
     for name in args.only:
         try:
-            compare(name, args.iterations, goals)
+            compare(name, args.iterations, goals, args.traces)
         except (RuntimeError, subprocess.TimeoutExpired, KeyError) as exc:
             print(f"  {name} failed: {str(exc)[-1500:]}")
             goals.judge(name, False)
