@@ -6,6 +6,7 @@ so, on a device before sm_90), on the CPU through a stand-in driver."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -79,6 +80,8 @@ def test_the_flag_round_trips_and_dump_replay_shows_it(tmp_path):
     ]
     rows = CliRunner().invoke(dump_main, ["--format=jsonl", "--kind=launch", str(path)]).stdout.splitlines()
     assert [json.loads(r)["flags"] for r in rows[2:]] == [4, 0, 5]
+    with replayfmt.open(Path(__file__).parent / "golden" / "sample-1.6.kreplay") as old:  # 1.6: none flagged so
+        assert old.header.minor == 6 and [op.flags for op in old if isinstance(op, m.Launch)] == [0]
 
 
 def test_the_plan_refuses_a_launch_flag_it_does_not_know_by_number(tmp_path):
