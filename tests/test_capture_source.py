@@ -209,3 +209,39 @@ def test_without_cupti_python_the_recorder_says_how_to_get_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupti", None)  # as if it were not installed
     with pytest.raises(ReplayUsageError, match=r"pip install 'replayfmt\[capture\]'"):
         load_cupti()
+
+
+def launch_ex(keep: Keep, attributes: list[bytes]) -> int:
+    """cuLaunchKernelEx's parameters: saxpy on stream 0x6000 with these 72-byte CUlaunchAttributes."""
+    table = keep.put(b"".join(a.ljust(72, b"\0") for a in attributes)) if attributes else 0
+    config = keep.put(struct.pack("<7I4xQQI", 8, 1, 1, 64, 1, 1, 0, 0x6000, table, len(attributes)))
+    pointers = keep.put(struct.pack("<4Q", *[keep.put(a) for a in SAXPY_ARGS]))
+    return keep.put(struct.pack("<QQQQ", config, 0xF00, pointers, 0))
+
+
+@pytest.mark.parametrize("value", [1, 0])
+def test_a_launch_ex_allowing_programmatic_dependent_launch_is_marked_so(value):
+    keep = Keep()
+    source, seen = source_with(FakeDriver(SAXPY, module=0xABC))
+    pdl = struct.pack("<I4xi", 6, value)  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    data = callback_data(keep, 0, launch_ex(keep, [pdl]), symbol="saxpy")
+    source._callback(None, DOMAIN_DRIVER_API, CALL_IDS["cuLaunchKernelEx"], data)
+    (launch,) = seen
+    assert isinstance(launch, ev.LaunchBegin) and launch.programmatic == bool(value)
+    assert not launch.cooperative and launch.cluster == (0, 0, 0)
+
+
+@pytest.mark.parametrize("attribute", [7, 12])  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT, _LAUNCH_COMPLETION_EVENT
+def test_an_event_a_launch_triggers_is_recorded_after_it_on_its_stream(attribute):
+    keep = Keep()
+    source, seen = source_with(FakeDriver(SAXPY, module=0xABC), launch_results=True)
+    event = struct.pack("<I4xQii", attribute, 0xE7E7, 0, 1)  # event, flags, triggerAtBlockStart
+    pdl = struct.pack("<I4xi", 6, 1)
+    params = launch_ex(keep, [pdl, event])
+    for site in (0, 1):
+        source._callback(
+            None, DOMAIN_DRIVER_API, CALL_IDS["cuLaunchKernelEx"], callback_data(keep, site, params, symbol="saxpy")
+        )
+    launch, record, end = seen
+    assert isinstance(launch, ev.LaunchBegin) and launch.programmatic
+    assert record == ev.EventRecorded(0xE7E7, 0x6000) and isinstance(end, ev.LaunchEnd)

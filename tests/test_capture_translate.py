@@ -132,6 +132,29 @@ def test_region_snapshots_first_touch_and_checkpoints_what_changed(tmp_path, cub
     assert t.report.kernels["saxpy"].captured == 1
 
 
+def test_launches_keep_their_cooperative_and_programmatic_attributes_as_flags(tmp_path, cubin):
+    mem = FakeMemory()
+    mem.device[A], mem.device[B] = bytearray(1024), bytearray(1024)
+    params = saxpy_params(2.0, A, B, 256)
+
+    def launch(**attributes) -> ev.LaunchBegin:
+        return ev.LaunchBegin(kernel(), (1, 1, 1), (256, 1, 1), 0, 0, params, **attributes)
+
+    events = [
+        ev.ModuleImage(MODULE, cubin, None, "cuModuleLoadData"),
+        ev.Allocation(A, 1024),
+        ev.Allocation(B, 1024),
+        launch(programmatic=True),
+        launch(cooperative=True, programmatic=True),
+        launch(),
+    ]
+    path, t = record(tmp_path, events, mem)
+    assert not t.report.errors
+    with replayfmt.open(path) as cap:
+        flags = [op.flags for op in cap if isinstance(op, m.Launch)]
+    assert flags == [m.LAUNCH_FLAG_PROGRAMMATIC, m.LAUNCH_FLAG_COOPERATIVE | m.LAUNCH_FLAG_PROGRAMMATIC, 0]
+
+
 def test_outside_region_nothing_is_written_but_allocations_are_tracked(tmp_path, cubin):
     mem = FakeMemory()
     mem.device[A] = bytearray(64)

@@ -21,7 +21,7 @@ from replayfmt.capture.c_library import injection_library
 from replayfmt.capture.cupti_api import DOMAIN_DRIVER_API, CallbackType
 from replayfmt.capture.cupti_source import CuptiSource
 from replayfmt.capture.hostfiles import HostFiles
-from replayfmt.capture.launch_ring import FLAG_COOPERATIVE, RING_DTYPE, ArmedLaunch, LaunchRing
+from replayfmt.capture.launch_ring import FLAG_COOPERATIVE, FLAG_PROGRAMMATIC, RING_DTYPE, ArmedLaunch, LaunchRing
 from replayfmt.capture.options import RecordOptions
 from replayfmt.capture.report import KernelStats
 from replayfmt.capture.translate import Translator
@@ -173,6 +173,27 @@ def test_launches_with_attributes_keep_their_cluster_and_cooperation(library):
     assert launch["grid"].tolist() == [8, 1, 1] and int(launch["stream"]) == 0x6000
 
 
+def test_a_launch_allowing_pdl_keeps_it_and_one_triggering_an_event_goes_to_the_recorder(library):
+    keep = Keep()
+    forwarded = Forwarded(library)
+    ring = LaunchRing(library, CALL_IDS)
+    ring.take(disarm=True)
+    assert ring.arm(armed(0xE00))
+    pdl = (6, struct.pack("<i", 1))  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    cbid = CALL_IDS["cuLaunchKernelEx"]
+    forwarded.deliver(
+        None, DOMAIN_DRIVER_API, cbid, callback_data(keep, ENTER, launch_ex_params(keep, 0xE00, SAXPY_ARGS, [pdl]))
+    )
+    for kind in (7, 12):  # the programmatic and launch completion events: the recorder writes their records
+        event = (kind, struct.pack("<Qii", 0xE7, 0, 0))
+        params = launch_ex_params(keep, 0xE00, SAXPY_ARGS, [pdl, event])
+        forwarded.deliver(None, DOMAIN_DRIVER_API, cbid, callback_data(keep, ENTER, params))
+    repeats = ring.take(disarm=True)
+    assert forwarded.calls == [(cbid, ENTER)] * 2 and repeats is not None
+    (launch,) = repeats.launches
+    assert int(launch["flags"]) == FLAG_PROGRAMMATIC
+
+
 def test_the_ring_never_overflows_and_arguments_in_one_buffer_go_to_the_recorder(library):
     keep = Keep()
     forwarded = Forwarded(library)
@@ -235,7 +256,8 @@ def record(tmp_path, name: str, library: ctypes.CDLL | None, steps) -> tuple:
         source.route(CALL_IDS)
 
         def counted(userdata, domain, cbid, data) -> None:
-            if cbid == CALL_IDS["cuLaunchKernel"] and ctypes.c_uint32.from_address(data).value == ENTER:
+            launches = (CALL_IDS["cuLaunchKernel"], CALL_IDS["cuLaunchKernelEx"])
+            if cbid in launches and ctypes.c_uint32.from_address(data).value == ENTER:
                 entries[0] += 1
             source._callback(userdata, domain, cbid, data)
 
@@ -259,6 +281,7 @@ def record(tmp_path, name: str, library: ctypes.CDLL | None, steps) -> tuple:
     with replayfmt.open(path) as capture:
         operations = [
             (op.kind, getattr(op, "grid", None), getattr(op, "parameters", None), getattr(op, "stream", None))
+            + ((op.flags,) if isinstance(op, m.Launch) else ())
             for op in capture.iter_operations()
         ]
     return operations, translator.report, entries[0]
@@ -269,6 +292,14 @@ def launch(arguments: list[bytes], grid=(4, 2, 1)):
         params = launch_params(keep, 0xF00, arguments, grid=grid)
         deliver(None, DOMAIN_DRIVER_API, CALL_IDS["cuLaunchKernel"], callback_data(keep, ENTER, params))
         deliver(None, DOMAIN_DRIVER_API, CALL_IDS["cuLaunchKernel"], callback_data(keep, EXIT, params))
+
+    return step
+
+
+def launch_ex(attributes: list[tuple[int, bytes]]):
+    def step(deliver, keep) -> None:
+        params = launch_ex_params(keep, 0xF00, SAXPY_ARGS, attributes)
+        deliver(None, DOMAIN_DRIVER_API, CALL_IDS["cuLaunchKernelEx"], callback_data(keep, ENTER, params))
 
     return step
 
@@ -305,6 +336,19 @@ def test_a_capture_through_the_ring_is_the_capture_without_it(tmp_path, library)
     assert ring_entries == 6
     assert ring_report.kernels["saxpy"].captured == plain_report.kernels["saxpy"].captured == launches
     assert ring_report.kernels["saxpy"].occurrences == plain_report.kernels["saxpy"].occurrences
+
+
+def test_programmatic_launches_through_the_ring_are_the_capture_without_it(tmp_path, library):
+    pdl = (6, struct.pack("<i", 1))
+    event = (7, struct.pack("<Qii", 0xE1, 0, 0))  # a programmatic event: its record follows the launch
+    steps = [launch_ex([pdl])] * 5 + [launch_ex([pdl, event])] + [launch_ex([pdl])] * 4 + [launch_ex([])] * 3
+    plain, _, entries = record(tmp_path, "plain", None, steps)
+    ringed, _, ring_entries = record(tmp_path, "ringed", library, steps)
+    assert ringed == plain and entries == 13 and ring_entries < entries  # the ring took repeats
+    flags = [op[4] for op in plain if op[0] == m.OperationKind.LAUNCH]
+    assert flags == [m.LAUNCH_FLAG_PROGRAMMATIC] * 10 + [0] * 3  # each launch's own, not its arming's
+    kinds = [op[0] for op in plain if op[0] in (m.OperationKind.LAUNCH, m.OperationKind.EVENT_RECORD)]
+    assert kinds.index(m.OperationKind.EVENT_RECORD) == 6  # right after the sixth launch
 
 
 def test_launches_written_at_once_read_back_as_written_one_by_one(tmp_path):

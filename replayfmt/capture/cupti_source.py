@@ -39,7 +39,11 @@ from replayfmt.errors import ReplayUsageError
 
 _ENTER, _EXIT = 0, 1
 _LAUNCH_PARAM_BUFFER_POINTER, _LAUNCH_PARAM_BUFFER_SIZE = 1, 2
-_ATTRIBUTE_COOPERATIVE, _ATTRIBUTE_CLUSTER = 2, 4  # CUlaunchAttributeID
+# CUlaunchAttributeID: cooperative, cluster dimension, programmatic stream serialization (PDL); the
+# programmatic and launch completion events (the kernel's blocks trigger them: recorded after it)
+_ATTRIBUTE_COOPERATIVE, _ATTRIBUTE_CLUSTER, _ATTRIBUTE_PROGRAMMATIC = 2, 4, 6
+_ATTRIBUTE_EVENTS = (7, 12)  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT, _LAUNCH_COMPLETION_EVENT: value.event
+_PLAIN = ((0, 0, 0), False, False)  # a launch's cluster, whether cooperative, whether programmatic
 _ATTRIBUTE_SIZE = 72  # sizeof(CUlaunchAttribute)
 # callbackSite, (functionName), functionParams, functionReturnValue, symbolName
 _CALLBACK_DATA = struct.Struct("<I4x8xQQQ")
@@ -265,25 +269,18 @@ class CuptiSource(GraphCalls):
         kernel_params: int,
         extra: int,
         symbol: int,
-        cluster: tuple[int, int, int] = (0, 0, 0),
-        cooperative: bool = False,
+        attributes: tuple[tuple[int, int, int], bool, bool] = _PLAIN,
     ) -> None:
         if site == _EXIT:
             if self._launch_results:
                 self._sink(ev.LaunchEnd(stream, 0 if self._succeeded(result) else 1))
             return
         kernel = self._kernel(f, symbol)
+        arguments = kernel.arguments(kernel_params, extra)
+        cluster, cooperative, programmatic = attributes
         self._sink(
             ev.LaunchBegin(
-                kernel.kernel,
-                grid,
-                block,
-                smem,
-                stream,
-                kernel.arguments(kernel_params, extra),
-                cluster,
-                cooperative,
-                call,
+                kernel.kernel, grid, block, smem, stream, arguments, cluster, cooperative, call, programmatic
             )
         )
 
@@ -295,22 +292,27 @@ class CuptiSource(GraphCalls):
 
     def _on_launch_cooperative(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
         f, gx, gy, gz, bx, by, bz, smem, stream, kp = _LAUNCH_COOPERATIVE.unpack_from(MEMORY, p)
-        self._launch(site, result, call, f, (gx, gy, gz), (bx, by, bz), smem, stream, kp, 0, symbol, cooperative=True)
+        attributes = ((0, 0, 0), True, False)
+        self._launch(site, result, call, f, (gx, gy, gz), (bx, by, bz), smem, stream, kp, 0, symbol, attributes)
 
     def _on_launch_ex(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
         config, f, kp, extra = _LAUNCH_EX.unpack_from(MEMORY, p)
         gx, gy, gz, bx, by, bz, smem, stream, attrs, count = _LAUNCH_CONFIG.unpack_from(MEMORY, config)
-        cluster, cooperative = (0, 0, 0), False
-        for i in range(min(count, 64)):
-            attr = attrs + i * _ATTRIBUTE_SIZE
-            kind = _unpack_from("<I", MEMORY, attr)[0]
-            if kind == _ATTRIBUTE_CLUSTER:
-                cluster = _unpack_from("<III", MEMORY, attr + 8)
-            elif kind == _ATTRIBUTE_COOPERATIVE:
-                cooperative = _unpack_from("<i", MEMORY, attr + 8)[0] != 0
-        self._launch(
-            site, result, call, f, (gx, gy, gz), (bx, by, bz), smem, stream, kp, extra, symbol, cluster, cooperative
+        at = range(attrs, attrs + min(count, 64) * _ATTRIBUTE_SIZE, _ATTRIBUTE_SIZE)
+        value = {_unpack_from("<I", MEMORY, a)[0]: a + 8 for a in at}  # attribute id -> where its value is
+        cluster = _unpack_from("<III", MEMORY, value[_ATTRIBUTE_CLUSTER]) if _ATTRIBUTE_CLUSTER in value else (0, 0, 0)
+        cooperative, programmatic = (
+            k in value and _unpack_from("<i", MEMORY, value[k])[0] != 0
+            for k in (_ATTRIBUTE_COOPERATIVE, _ATTRIBUTE_PROGRAMMATIC)
         )
+        attributes = (cluster, cooperative, programmatic)
+        self._launch(site, result, call, f, (gx, gy, gz), (bx, by, bz), smem, stream, kp, extra, symbol, attributes)
+        # these events trigger once every block has triggered them or begun, at the kernel's end at
+        # the latest: recorded after the launch, their waiters wait for the whole kernel (the same
+        # results, without the overlap they allowed; CUDA allows that schedule too)
+        for kind in _ATTRIBUTE_EVENTS:
+            if kind in value and site != _EXIT and (event := u64(value[kind])):
+                self._sink(ev.EventRecorded(event, stream))
 
     # -- memory ----------------------------------------------------------------------------
 

@@ -147,6 +147,9 @@ class LaunchBegin:
     cluster: m.Dims = (0, 0, 0)
     cooperative: bool = False
     call: str = "cuLaunchKernel"
+    # launched with programmatic stream serialization allowed (PDL): it may begin before the
+    # previous kernel on its stream ends
+    programmatic: bool = False
 
 
 @dataclass(slots=True)

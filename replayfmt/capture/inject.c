@@ -47,7 +47,7 @@
 enum { DOMAIN_DRIVER_API = 1, DOMAIN_RUNTIME_API = 2, DOMAIN_NVTX = 5 };
 enum { SITE_ENTER = 0, SITE_EXIT = 1, CORRELATION_ID_OFFSET = 64 };  /* CUpti_CallbackData */
 #define MAX_CBID 4096
-#define REPLAYFMT_INJECTION_ABI 3 /* replayfmt.capture.c_library.INJECTION_ABI: bump both together */
+#define REPLAYFMT_INJECTION_ABI 4 /* replayfmt.capture.c_library.INJECTION_ABI: bump both together */
 /* CUpti_driver_api_trace_cbid (cupti_driver_cbid.h) */
 enum { CBID_INIT = 1, CBID_CTX_DESTROY = 11, CBID_CTX_DESTROY_V2 = 322, CBID_PRIMARY_RESET = 389,
        CBID_PRIMARY_RESET_V2 = 545 };

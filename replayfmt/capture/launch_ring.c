@@ -29,8 +29,18 @@
 #define MAX_ARGUMENT_BYTES 32764 /* CUDA's limit on a kernel's parameters */
 
 enum { KIND_NONE = 0, KIND_KERNEL = 1, KIND_KERNEL_EX = 2, KIND_COOPERATIVE = 3 };
-enum { ATTRIBUTE_COOPERATIVE = 2, ATTRIBUTE_CLUSTER = 4, ATTRIBUTE_SIZE = 72 }; /* CUlaunchAttribute */
-enum { FLAG_COOPERATIVE = 1 };
+/* CUlaunchAttribute ids: cooperative, cluster dimension, programmatic stream serialization (PDL);
+ * the programmatic and launch completion events, for which the recorder writes an event record
+ * after the launch (Python's work: such a launch is never answered here) */
+enum {
+    ATTRIBUTE_COOPERATIVE = 2,
+    ATTRIBUTE_CLUSTER = 4,
+    ATTRIBUTE_PROGRAMMATIC = 6,
+    ATTRIBUTE_PROGRAMMATIC_EVENT = 7,
+    ATTRIBUTE_LAUNCH_COMPLETION_EVENT = 12,
+    ATTRIBUTE_SIZE = 72
+};
+enum { FLAG_COOPERATIVE = 1, FLAG_PROGRAMMATIC = 4 }; /* as replayfmt.capture.launch_ring's */
 
 /* One launch answered here. The layout is replayfmt.capture.launch_ring.RING_DTYPE's. */
 typedef struct {
@@ -223,6 +233,9 @@ int launch_ring_record(unsigned cbid, const void *data, uint32_t outer) {
             if (id == ATTRIBUTE_CLUSTER) memcpy(launch.cluster, attribute + 8, sizeof launch.cluster);
             else if (id == ATTRIBUTE_COOPERATIVE && *(const int32_t *)(attribute + 8))
                 launch.flags |= FLAG_COOPERATIVE;
+            else if (id == ATTRIBUTE_PROGRAMMATIC && *(const int32_t *)(attribute + 8))
+                launch.flags |= FLAG_PROGRAMMATIC;
+            else if (id == ATTRIBUTE_PROGRAMMATIC_EVENT || id == ATTRIBUTE_LAUNCH_COMPLETION_EVENT) return 0;
         }
     } else {
         const launch_kernel_params *p = params;

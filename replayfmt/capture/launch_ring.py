@@ -44,7 +44,10 @@ RING_DTYPE = np.dtype(
         ("armed", "<u4"),
     ]
 )
+# launch_ring.c's flags of a launch, each the format's bit of the same meaning (LAUNCH_FLAG_*)
 FLAG_COOPERATIVE = 1
+FLAG_PROGRAMMATIC = 4
+LAUNCH_FLAGS = FLAG_COOPERATIVE | FLAG_PROGRAMMATIC  # the ring's flags that a LaunchRecord keeps as they are
 # launch_ring.c's kinds of launch call, by driver call name (with their _ptsz and _ptds variants)
 _LAUNCH_KINDS = {"cuLaunchKernel": 1, "cuLaunchKernelEx": 2, "cuLaunchCooperativeKernel": 3}
 

@@ -290,5 +290,7 @@ class Launches:
             stream=stream,
             parameters=event.parameters,
             relocations=relocations,
-            flags=(m.LAUNCH_FLAG_COOPERATIVE if event.cooperative else 0) | flags,
+            flags=(m.LAUNCH_FLAG_COOPERATIVE if event.cooperative else 0)
+            | (m.LAUNCH_FLAG_PROGRAMMATIC if event.programmatic else 0)
+            | flags,
         )

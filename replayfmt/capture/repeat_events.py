@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from replayfmt.capture import events as ev
-from replayfmt.capture.launch_ring import FLAG_COOPERATIVE, ArmedLaunch
+from replayfmt.capture.launch_ring import LAUNCH_FLAGS, ArmedLaunch
 from replayfmt.format import model as m
 from replayfmt.writer import LaunchTemplate
 
@@ -89,7 +89,7 @@ class LaunchRepeats:
                     stream=streams[stream_of[at]],
                     parameters=template.parameters,
                     relocations=template.relocations,
-                    flags=m.LAUNCH_FLAG_COOPERATIVE if flags & FLAG_COOPERATIVE else 0,
+                    flags=flags & LAUNCH_FLAGS,
                 )
                 first = index if first < 0 else first
                 what.stats.occurrences += 1
@@ -100,7 +100,7 @@ class LaunchRepeats:
         armed = [event.armed[int(a)] for a in arms.tolist()]
         shapes = np.empty((len(ring), 12), dtype=np.uint32)
         shapes[:, 0] = np.array(streams, dtype=np.uint32)[stream_of]
-        shapes[:, 1] = np.where(ring["flags"] & FLAG_COOPERATIVE, m.LAUNCH_FLAG_COOPERATIVE, 0)
+        shapes[:, 1] = ring["flags"] & LAUNCH_FLAGS
         shapes[:, 2:5], shapes[:, 5:8], shapes[:, 8:11] = ring["grid"], ring["block"], ring["cluster"]
         shapes[:, 11] = ring["shared_memory"]
         event.first = self._writer.launches([a.template for a in armed], which, shapes)

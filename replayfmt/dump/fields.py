@@ -8,6 +8,14 @@ import functools
 import json
 from typing import Any
 
+from replayfmt.format import model as m
+
+_LAUNCH_FLAGS = (
+    (m.LAUNCH_FLAG_COOPERATIVE, "cooperative"),
+    (m.LAUNCH_FLAG_HOST_RELEASED, "host-released"),
+    (m.LAUNCH_FLAG_PROGRAMMATIC, "programmatic"),
+)
+
 
 def label_of(value: Any) -> str:
     """The lower-case name of an enum value; ``unknown_N`` for a value from a newer writer."""
@@ -25,6 +33,16 @@ def _fields_of(cls: type) -> tuple[str, ...]:
 
 def field_names(op: Any) -> tuple[str, ...]:
     return _fields_of(type(op))
+
+
+def launch_flags_text(flags: int) -> str:
+    """`` flags=cooperative,programmatic``: a launch's flags by name (bits a newer writer set, in
+    hex); "" for none."""
+    if not flags:
+        return ""
+    names = [name for bit, name in _LAUNCH_FLAGS if flags & bit]
+    unknown = flags & ~m.LAUNCH_FLAGS_KNOWN
+    return " flags=" + ",".join(names + ([f"{unknown:#x}"] if unknown else []))
 
 
 def stored_pointers_text(relocations: tuple[Any, ...]) -> str:

@@ -24,6 +24,7 @@ from replayfmt.dump.export import export_payload, prepare_directory
 from replayfmt.dump.fields import (
     field_names,
     label_of,
+    launch_flags_text,
     stored_pointers_json,
     stored_pointers_rows,
     stored_pointers_text,
@@ -471,7 +472,8 @@ class Dumper:
             extra = f" cluster={_xyz(op.cluster)}" if any(op.cluster) else ""
             return (
                 f"{head} {name} exe={op.executable} stream={op.stream} grid={_xyz(op.grid)} "
-                f"block={_xyz(op.block)}{extra} smem={op.shared_memory} params={len(op.parameters)}B "
+                f"block={_xyz(op.block)}{extra} smem={op.shared_memory}{launch_flags_text(op.flags)} "
+                f"params={len(op.parameters)}B "
                 f"relocs={len(op.relocations)}{self._original_text(op.index)}"
             )
         if isinstance(op, m.Copy):

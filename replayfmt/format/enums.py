@@ -207,6 +207,11 @@ LAUNCH_FLAG_COOPERATIVE = 1
 # the kernel waits for the host to write a release into pinned memory (XLA's autotuner DelayKernel):
 # a replay, which never writes it, skips the launch (format/host_waits.py says why)
 LAUNCH_FLAG_HOST_RELEASED = 2
+# (1.7) launched with programmatic stream serialization allowed (PDL, CUDA's launch attribute
+# CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION): it may begin before the previous kernel on
+# its stream ends (it waits for that kernel's results in griddepcontrol.wait)
+LAUNCH_FLAG_PROGRAMMATIC = 4
+LAUNCH_FLAGS_KNOWN = LAUNCH_FLAG_COOPERATIVE | LAUNCH_FLAG_HOST_RELEASED | LAUNCH_FLAG_PROGRAMMATIC
 COPY_FLAG_ASYNC = 1
 # (1.6) the range held none of the program's data when its region began (memory its framework called
 # free, or an allocation the region made): its bytes are the recorder's choice, and the region writes

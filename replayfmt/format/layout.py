@@ -30,7 +30,7 @@ FORMAT_MINOR = 7  # 1.1: State operations, Buffer.ranges (typed sub-ranges); 1.2
 # tensors of checkpointed ranges); 1.4: Buffer.module_global (a module global's storage); 1.5: Collective
 # operations (one rank's NCCL calls); 1.6: State.flags (STATE_FLAG_UNDEFINED: a range that held none of the
 # program's data when its region began); 1.7: Graph.edge_data (how each edge orders its nodes: programmatic
-# dependent launch)
+# dependent launch) and LaunchRecord.flags bit 2 (LAUNCH_FLAG_PROGRAMMATIC: a launch that allowed it)
 
 ALIGNMENT = 8
 

@@ -1,6 +1,14 @@
 """Launches packed once, at setup: each launch's parameter block relocated to the replay's
 buffers (pointer words, pointers stored in device memory, tensor maps), its shape (with any
-``--launch`` override) and, for clusters and cooperative launches, its launch configuration."""
+``--launch`` override) and, for clusters, cooperative launches and launches that allow
+programmatic dependent launch (PDL), its launch configuration.
+
+A launch flagged ``LAUNCH_FLAG_PROGRAMMATIC`` is issued with CUDA's programmatic stream
+serialization attribute, as the program issued it: it may begin before the previous kernel on its
+stream ends, and waits for that kernel's results in ``griddepcontrol.wait``. Devices before sm_90
+have no PDL: there such a launch is issued without the attribute (the attribute only allows an
+overlap, so the kernels compute the same results, one after the other), and
+:func:`programmatic_note` says so in run-replay's device line."""
 
 from __future__ import annotations
 
@@ -19,6 +27,7 @@ from replayfmt.replay.modules import Modules
 from replayfmt.replay.plan import Plan, launch_shape
 
 _TENSOR_MAP_BYTES = 128
+PROGRAMMATIC_ARCH = 90  # the first compute capability with programmatic dependent launch (sm_90)
 
 
 @dataclass
@@ -79,8 +88,9 @@ def prepare_launch(
     params = ctypes.addressof(pointers) if layout else 0
     shape = launch_shape(op, plan.overrides.get(op.index))
     keep: list[Any] = [storage, pointers]
-    if any(op.cluster) or op.flags & m.LAUNCH_FLAG_COOPERATIVE:
-        config = _launch_config(cu, op, shape.grid, shape.block, shape.shared_memory, stream)
+    programmatic = bool(op.flags & m.LAUNCH_FLAG_PROGRAMMATIC) and devices.gpus[gpu].arch >= PROGRAMMATIC_ARCH
+    if any(op.cluster) or op.flags & m.LAUNCH_FLAG_COOPERATIVE or programmatic:
+        config = _launch_config(cu, op, shape.grid, shape.block, shape.shared_memory, stream, programmatic)
         keep.append(config)
         return PreparedLaunch(fn.name, (config, handle, params, 0), True, keep, sites)
     args = (handle, *shape.grid, *shape.block, shape.shared_memory, stream, params, 0)
@@ -108,8 +118,22 @@ def launch_config_copy(
     return copy
 
 
-def _launch_config(cu: Any, op: m.Launch, grid: m.Dims, block: m.Dims, smem: int, stream: Any) -> Any:
-    """A CUlaunchConfig carrying the launch's cluster dimensions and cooperative flag."""
+def programmatic_note(plan: Plan, arch: int) -> str:
+    """What run-replay says of a device of compute capability ``arch`` (90 for sm_90) that runs
+    the plan's launches flagged programmatic without the attribute; "" when none does."""
+    if not plan.programmatic or arch >= PROGRAMMATIC_ARCH:
+        return ""
+    return (
+        "no programmatic dependent launch before sm_90: the launches that allow it run one after "
+        "the other, with the same results"
+    )
+
+
+def _launch_config(
+    cu: Any, op: m.Launch, grid: m.Dims, block: m.Dims, smem: int, stream: Any, programmatic: bool
+) -> Any:
+    """A CUlaunchConfig carrying the launch's cluster dimensions, its cooperative flag and, where
+    ``programmatic``, programmatic stream serialization (PDL)."""
     config = cu.CUlaunchConfig()
     config.gridDimX, config.gridDimY, config.gridDimZ = grid
     config.blockDimX, config.blockDimY, config.blockDimZ = block
@@ -126,6 +150,11 @@ def _launch_config(cu: Any, op: m.Launch, grid: m.Dims, block: m.Dims, smem: int
         attr = cu.CUlaunchAttribute()
         attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_COOPERATIVE
         attr.value.cooperative = 1
+        attrs.append(attr)
+    if programmatic:
+        attr = cu.CUlaunchAttribute()
+        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
         attrs.append(attr)
     config.attrs = attrs
     config.numAttrs = len(attrs)

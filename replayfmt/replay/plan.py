@@ -39,6 +39,7 @@ from replayfmt.replay.plan_checks import (
     FrameChecks,
     LiveObjects,
     check_data_relocations,
+    check_flags,
     check_global_symbol,
     check_graph_lifetimes,
     check_object_payloads,
@@ -103,6 +104,7 @@ class Plan:
     warnings: list[str] = field(default_factory=list)  # what the replay goes on without (a dropped TIMINGS chunk)
     uploads: dict[UploadKey, tuple[m.Copy, int]] = field(default_factory=dict)  # first copy of each source, bytes
     needs_fixed_addresses: bool = False
+    programmatic: bool = False  # (1.7) a launch allows programmatic dependent launch (see replay.launches)
     # the replay writes device addresses into memory: pointers stored in uploads and state (1.3)
     # or written by launches into buffers (relocation sites), so integers there are no data to poison
     stores_pointers: bool = False
@@ -378,10 +380,7 @@ def _plan_state(plan: Plan, objects: Mapping[int, m.ObjectDef], op: m.State, hoi
     if not 1 <= op.payload <= plan.capture.payload_count or plan.capture.payload(op.payload).size < op.size:
         raise ReplayFormatError(f"operation {op.index} (state): payload {op.payload} is missing or too small")
     check_data_relocations(objects, op, op.relocations, op.offset, op.size)
-    if op.flags & ~m.STATE_FLAG_UNDEFINED:
-        raise ReplayFormatError(
-            f"operation {op.index} (state): unknown flags {op.flags:#x} (a newer writer's?): upgrade replayfmt"
-        )
+    check_flags(op, op.flags, m.STATE_FLAG_UNDEFINED, "state")
     if op.undefined:
         plan.undefined_state.add(op.index)
     plan.stores_pointers |= bool(op.relocations)
@@ -450,6 +449,8 @@ def _check_operation(
                 f"operation {op.index} (launch): function {op.function} of executable {exe.id} does not exist"
             )
         fn = exe.functions[op.function]
+        check_flags(op, op.flags, m.LAUNCH_FLAGS_KNOWN, "launch")
+        plan.programmatic |= bool(op.flags & m.LAUNCH_FLAG_PROGRAMMATIC)
         shape = launch_shape(op, override)
         if override is not None:  # kept as the whole shape it gives (what describe prints)
             plan.overrides[op.index] = dataclasses.replace(

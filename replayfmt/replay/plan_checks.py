@@ -375,3 +375,12 @@ def check_range(op: m.Operation, buffer: m.Buffer, offset: int, size: int, role:
             f"operation {op.index} ({op.kind.label}): {role} range [{offset}, {offset + size}) lies outside "
             f"buffer {buffer.id} ({buffer.size} bytes)"
         )
+
+
+def check_flags(op: m.Operation, flags: int, known: int, what: str) -> None:
+    """Flag bits this replayfmt does not know (a newer writer's) are refused by number: what they
+    ask of a replay is unknown here."""
+    if flags & ~known:
+        raise ReplayFormatError(
+            f"operation {op.index} ({what}): unknown flags {flags & ~known:#x} (a newer writer's?): upgrade replayfmt"
+        )

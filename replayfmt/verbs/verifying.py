@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 from replayfmt.execute import open_replay
 from replayfmt.reader import Capture
+from replayfmt.replay.launches import programmatic_note
 from replayfmt.replay.options import ReplayOptions, dry_run_devices
 from replayfmt.replay.verification import Verification
 from replayfmt.replay.verify_types import Outcome, VerifyOptions, VerifyResult
@@ -93,7 +94,11 @@ def verify(
         setup_s = time.perf_counter() - started
         for k, gpu in enumerate(replayer.gpus):
             major, minor = gpu.compute_capability
-            say(f"device        #{k + 1} on cuda:{gpu.ordinal} {gpu.name} sm_{major}{minor}")
+            note = programmatic_note(plan, gpu.arch)
+            say(
+                f"device        #{k + 1} on cuda:{gpu.ordinal} {gpu.name} sm_{major}{minor}"
+                + (f" ({note})" if note else "")
+            )
         if replayer.staging.bytes:
             say(f"uploads       {replayer.staging.line()}")
         if options.verify:
