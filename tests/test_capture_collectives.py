@@ -1,8 +1,9 @@
 """A rank's NCCL calls recorded as collective operations (format 1.5) with the bytes they left:
 NCCL's log lines parsed (calls, and the communicators made with this rank and their id), the send
 range touched and the receive range prepared before the kernel runs and read back, in stream
-order, at the recorder's next event; and the refusals (no log, several devices, a kernel no call
-explains, an unknown operation, a communicator never seen made).
+order, at the recorder's next event; and the refusals (no log, a kernel no call explains, an
+unknown operation, a communicator never seen made). A process on several devices:
+test_capture_collectives_devices.py.
 Translated from synthetic events and real NCCL log lines, on the CPU."""
 
 from __future__ import annotations
@@ -59,8 +60,8 @@ class FakeLog(CollectiveLog):
     def on(self) -> bool:  # type: ignore[override]
         return self._on
 
-    def take(self) -> list[Collective]:
-        return self.read_lines(self._batches.pop(0) if self._batches else [])
+    def new_lines(self) -> list[bytes]:
+        return self._batches.pop(0) if self._batches else []
 
 
 def nccl_kernel() -> ev.Kernel:
@@ -94,11 +95,11 @@ def ddp_step(cubin: bytes, mem: FakeMemory, log_lines: list[bytes]) -> list:
 def test_a_communicator_made_is_read_with_this_rank_and_its_id():
     log = CollectiveLog()
     assert log.read_lines([COMM_MADE, ALL_REDUCE]) == [parse_line(ALL_REDUCE)]
-    assert log.communicators == {0x55D0C0: Communicator("nccl-0x9b4a3f1c2d7e8a55", 1, 2)}
+    assert log.communicators == {0x55D0C0: Communicator("nccl-0x9b4a3f1c2d7e8a55", 1, 2, device=1)}
     # without NCCL's id (a split), the communicators of one size are named in the order they were made
     split = COMM_MADE.replace(b"commId 0x9b4a3f1c2d7e8a55", b"parent 0x1 color 0 key 1").replace(b"0x55d0c0", b"0x77")
     log.read_lines([split])
-    assert log.communicators[0x77] == Communicator("nccl-2-ranks-1", 1, 2)
+    assert log.communicators[0x77] == Communicator("nccl-2-ranks-1", 1, 2, device=1)
     assert parse_init(b"gpu7:1234:1299 [0] NCCL INFO Channel 00/02 : 0 1") is None
 
 
@@ -173,12 +174,3 @@ def test_a_collective_that_cannot_be_kept_is_refused_saying_why(tmp_path, cubin,
     with replayfmt.open(path) as cap:
         refused = next(op for op in cap.iter_operations() if op.kind == m.OperationKind.UNSUPPORTED)
         assert "collective (NCCL) kernel" in refused.reason and reason in refused.reason
-
-
-def test_collectives_of_a_process_on_several_devices_are_refused(tmp_path, cubin):
-    mem = FakeMemory()
-    events, lines = ddp_step(cubin, mem, [COMM_MADE, ALL_REDUCE])
-    events.insert(0, ev.DeviceChanged(m.Device(ordinal=1, name="gpu1")))
-    events.insert(1, ev.DeviceChanged(m.Device(ordinal=0, name="gpu0")))
-    _, t = record(tmp_path, events, mem, collectives=FakeLog([lines]))
-    assert t.report.unsupported == {"cuLaunchKernelEx": 1} and t.report.collectives == 0

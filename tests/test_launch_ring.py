@@ -71,11 +71,11 @@ class Forwarded:
 SYMBOL = ctypes.create_string_buffer(b"saxpy")  # the driver's name of a function stays where it is
 
 
-def callback_data(keep: Keep, site: int, params: int, correlation: int = 0) -> int:
+def callback_data(keep: Keep, site: int, params: int, correlation: int = 0, symbol_name=SYMBOL) -> int:
     """A CUpti_CallbackData: site, functionName, functionParams, functionReturnValue,
     symbolName, context, contextUid, correlationData, correlationId (offset 64)."""
     returned = keep.put(struct.pack("<i", 0))
-    symbol = ctypes.addressof(SYMBOL)
+    symbol = ctypes.addressof(symbol_name)
     return keep.put(
         struct.pack(
             "<I4xQQQQQI4xQI4x",
@@ -224,6 +224,21 @@ def test_launch_exits_are_dropped_only_while_a_recorder_says_so(library):
     library.replayfmt_injection_skip_exit(cbid, 0)  # a kernel-mode recorder after it needs them
     forwarded.deliver(None, DOMAIN_DRIVER_API, cbid, exit_data)
     assert forwarded.calls == [(cbid, EXIT)]
+
+
+NCCL = ctypes.create_string_buffer(b"ncclDevKernel_AllReduce_Sum_f32_RING_LL")
+
+
+def test_an_nccl_kernel_s_exit_reaches_the_recorder_in_region_mode_too(library):
+    keep = Keep()
+    forwarded = Forwarded(library)
+    cbid = CALL_IDS["cuLaunchKernel"]
+    params = launch_params(keep, 0xF00, SAXPY_ARGS)
+    library.replayfmt_injection_skip_exit(cbid, 1)
+    forwarded.deliver(None, DOMAIN_DRIVER_API, cbid, callback_data(keep, EXIT, params))  # saxpy's: dropped
+    forwarded.deliver(None, DOMAIN_DRIVER_API, cbid, callback_data(keep, EXIT, params, symbol_name=NCCL))
+    library.replayfmt_injection_skip_exit(cbid, 0)
+    assert forwarded.calls == [(cbid, EXIT)]  # its results are copied aside after it (collective_events)
 
 
 def test_a_stream_capture_arms_nothing(library):

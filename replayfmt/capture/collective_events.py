@@ -1,25 +1,43 @@
-"""The translator's handling of NCCL's kernels: each call of a rank that works on one device is
-recorded as a collective operation (format 1.5), with the bytes it left in its receive buffer, so
-that the ranks' captures replay together with their collectives issued again among them, and each
-rank's capture replays alone too, its collectives' results put in place where they ran.
+"""The translator's handling of NCCL's kernels: each call is recorded as a collective operation
+(format 1.5), with the bytes it left in its receive buffer, so that the ranks' captures replay
+together with their collectives issued again among them, and each rank's capture replays alone
+too, its collectives' results put in place where they ran. A process that drives several devices
+(a sharded JAX step: one rank of a communicator per device) records each device's calls with its
+rank, on its device's stream, in one capture.
 
 NCCL's kernels cannot be replayed as kernels: they need NCCL's communicators, the peers' memory
 mappings and proxy threads. When NCCL's log says which calls an NCCL kernel launch carries
-(:mod:`replayfmt.capture.nccl_log`), the send range of each is touched as any read is, its receive
-range prepared as any write is (earlier contents become starting state where the region needs
-them), and, at the recorder's next event, once the collective has run, the receive range is read
-back and the call written on its stream, in stream order: what follows on that stream, and
-whatever waits on it, sees the same bytes. The calls one kernel launch carries were one group.
+(:mod:`replayfmt.capture.nccl_log`: the calls of the communicators on the launching device), the
+send range of each is touched as any read is and its receive range prepared as any write is
+(earlier contents become starting state where the region needs them). The calls one kernel
+launch carries were one group, and are written together.
 
-Refused, with the reason: a process that works on several devices (its ranks' collectives wait for
-each other inside one process, and reading one back before the others were launched would never
-end), an NCCL kernel no logged call explains, and operations this version does not know.
+Reading a call's results back. Once the launch call returns, a copy of each receive range into
+device memory of the recorder's own is queued on the kernel's stream, with an event after it
+(``DeviceMemory.set_aside``): stream-ordered, so nothing the program queues later on that stream
+changes what it holds. The calls are written once that copy has run: at any later event when its
+event says so, and before any event that must follow them in the capture. In a process on
+several devices that is an event on the same stream (replay issues a stream's operations in the
+file's order, and a payload is named by its bytes, so the call cannot be written before its bytes
+are known) or a synchronisation of its device; on one device, as always, the next event. Such a
+wait lets go of the recorder's locks: the kernel may wait on the device for a peer's kernel that
+another thread of the program has yet to launch, and that launch must be recorded meanwhile
+(waiting with the locks held would never end). It is bounded: after COLLECTIVE_WAIT_SECONDS the
+calls are refused by name and the program goes on. The copies held at once are bounded by
+SET_ASIDE_BYTES (more is refused by name). Where no copy was queued (the launch's return not seen
+yet), the receive range is read once its stream is idle, as on one device.
+
+Refused, with the reason: an NCCL kernel no logged call explains, a call on a communicator the
+log never showed made, and operations this version does not know (all-to-all).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+import threading
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from replayfmt.capture import events as ev
 from replayfmt.capture.allocations import Allocation, AllocationTable
@@ -42,9 +60,15 @@ _OPERATIONS = {kind.label: kind for kind in _O if kind}
 _ROOTED = {_O.BROADCAST, _O.REDUCE, _O.SEND, _O.RECV}
 
 
+# how long an event waits for collectives before it, whose kernels wait for their peers' (seconds)
+COLLECTIVE_WAIT_SECONDS = 60.0
+# the most bytes of collectives' results held aside on the devices at once
+SET_ASIDE_BYTES = 1 << 30
+
+
 @dataclass(slots=True)
 class _Received:
-    """A collective launched, to be written once it ran (its receive range read back then)."""
+    """One call of a launch, to be written once its results are read back."""
 
     collective: Collective
     communicator: Communicator
@@ -52,11 +76,26 @@ class _Received:
     send: tuple[Allocation, int] | None  # (allocation, offset) of its send range
     receive: tuple[Allocation, int] | None  # (allocation, offset) of its receive range
     size: int  # bytes received
+    aside: Any = None  # the copy of its received bytes queued after the kernel (None: none)
+
+
+@dataclass(slots=True)
+class _Launch:
+    """The calls one NCCL kernel launch carried (one group), written together."""
+
+    calls: list[_Received]
+    stream: int  # the kernel's stream (a raw handle)
+    stream_object: int  # its Stream object (made on the launching device, the stream's)
+    device: int  # the ordinal it was launched on
+    thread: int  # the thread that launched it
+    returned: bool = False  # its launch call returned: the copies of its results were queued
+    held: int = field(default=0)  # bytes of its copies held aside
 
 
 class Collectives:
     """NCCL kernel launches. Owns NCCL's log of this process's calls (None: not read), the
-    collectives awaiting their results and the count of groups of calls so far."""
+    launches whose calls await being written, the bytes held aside for them and the count of
+    groups of calls so far."""
 
     def __init__(
         self,
@@ -82,21 +121,25 @@ class Collectives:
         self._refusals = refusals
         self._streams = streams
         self._state = state
-        self._received: list[_Received] = []
+        self._launches: list[_Launch] = []  # in launch order
+        self._held = 0  # bytes held aside now
+        self._abandoned: list[Any] = []  # copies of calls refused while their kernels still waited
         self._groups = 0  # groups of calls (those one NCCL kernel launch carries) so far
 
     @property
     def pending(self) -> bool:
-        """Whether collectives launched since the last event await their results."""
-        return bool(self._received)
+        """Whether collectives launched await being written."""
+        return bool(self._launches)
 
     def on_launch(self, event: ev.LaunchBegin) -> None:
-        """An NCCL kernel launched while recording: its calls' results kept, or refused saying why."""
+        """An NCCL kernel launched while recording: its calls kept, or refused saying why."""
         log = self._log
-        calls = log.take() if log is not None else []  # taken outside regions too: they are past then
+        device = self._devices.now()
+        # taken outside regions too: they are past then
+        calls = log.take(device) if log is not None else []
         if not self._region.recording:
             return
-        why = self._collectives_refused(calls, log)
+        why = self._collectives_refused(calls, log, device)
         if why:
             self._refusals.refuse(event.call, f"{event.kernel.name} is a collective (NCCL) kernel: {why}", event.stream)
             return
@@ -129,8 +172,107 @@ class Collectives:
                 self._state.touch(r.send[0], r.collective.stream, "")
             if r.receive is not None:
                 self._state.prepare_write(r.receive[0], r.receive[1], r.size, r.collective.stream)
-        self._received += launched
+        if launched:
+            stream = self._streams.stream(event.stream)
+            self._launches.append(_Launch(launched, event.stream, stream, device, threading.get_ident()))
         self._report.collectives += len(calls)
+
+    def on_launch_end(self, event: ev.LaunchEnd) -> None:
+        """An NCCL kernel's launch call returned: a copy of each call's results is queued after it."""
+        me = threading.get_ident()
+        set_aside = getattr(self._memory, "set_aside", None)  # a plain reader reads once the stream is idle
+        for launch in list(self._launches):
+            if launch.thread != me or launch.returned:
+                continue
+            launch.returned = True
+            if event.result or set_aside is None:
+                continue
+            size = sum(r.size for r in launch.calls if r.receive is not None)
+            if self._held + size > SET_ASIDE_BYTES:
+                self._write_ready(set())  # what has run frees its room
+            if self._held + size > SET_ASIDE_BYTES:
+                why = (
+                    f"its results ({size} bytes) would hold more than {SET_ASIDE_BYTES} bytes aside on the "
+                    "devices for collectives not read back yet"
+                )
+                self._refuse(launch, why)
+                self._launches.remove(launch)
+                continue
+            for r in launch.calls:
+                if r.receive is not None:
+                    allocation, offset = r.receive
+                    r.aside = set_aside(allocation.address + offset, r.size, launch.stream)
+                    if r.aside is not None:
+                        launch.held += r.size
+            self._held += launch.held
+
+    def before(self, event: object, unlocked: Callable[[], AbstractContextManager[object]]) -> None:
+        """Before ``event`` is recorded: the collectives it must follow in the capture written (their
+        copies waited for with the recorder's locks let go, ``unlocked``), and those whose copies ran."""
+        needs = self._needs(event)
+        waits = [r.aside for launch in self._launches if id(launch) in needs for r in launch.calls if r.aside]
+        done = self._memory.set_aside_done if waits else None
+        if done is not None and not all(done(aside) for aside in waits):
+            with unlocked():  # a peer's kernel may yet be launched by another thread
+                for aside in waits:
+                    done(aside, COLLECTIVE_WAIT_SECONDS)
+        self._write_ready(needs)
+
+    def write_received(self) -> None:
+        """Every collective launched, with the bytes it left (a region or scope ends: waited for)."""
+        self._write_ready({id(launch) for launch in self._launches}, wait=True)
+        abandoned, self._abandoned = self._abandoned, []
+        for aside in abandoned:  # their kernels ran by now: the copies' memory freed
+            try:
+                self._memory.take_aside(aside)
+            except DeviceError:
+                pass
+
+    def _needs(self, event: object) -> set[int]:
+        """The launches ``event`` must follow in the capture (by id)."""
+        if isinstance(event, ev.LaunchEnd):
+            return set()  # not an operation
+        if not self._devices.several:  # one device: the next event, as a process on one device always did
+            return {id(launch) for launch in self._launches}
+        if isinstance(event, ev.ContextSynchronized):
+            device = self._devices.now()
+            return {id(launch) for launch in self._launches if launch.device == device}
+        if isinstance(event, ev.RepeatedLaunches):
+            streams = {int(s) for s in event.launches["stream"]}
+        else:
+            stream = getattr(event, "stream", None)
+            streams = {stream} if stream is not None else set()
+        return {id(launch) for launch in self._launches if launch.stream in streams}
+
+    def _write_ready(self, needs: set[int], *, wait: bool = False) -> None:
+        """The launches in ``needs``, and any other whose copies ran, written in launch order (a
+        launch after one that waits on its stream waits too)."""
+        done = getattr(self._memory, "set_aside_done", None)
+        waiting: set[int] = set()
+        kept = []
+        for launch in self._launches:
+            asides = [r.aside for r in launch.calls if r.aside is not None]
+            ready = launch.returned and len(asides) == sum(r.receive is not None for r in launch.calls)
+            ready = ready and launch.stream not in waiting and (done is None or all(done(a) for a in asides))
+            if id(launch) in needs or ready:
+                if not wait and id(launch) in needs and done is not None and not all(done(a) for a in asides):
+                    self._refuse(launch, f"its results were not ready after {COLLECTIVE_WAIT_SECONDS:g} s")
+                    continue
+                self._write(launch)
+            else:
+                waiting.add(launch.stream)
+                kept.append(launch)
+        self._launches = kept
+
+    def _refuse(self, launch: _Launch, why: str) -> None:
+        """A launch's calls refused by name; its copies freed once they ran (write_received)."""
+        for r in launch.calls:
+            if r.aside is not None:
+                self._abandoned.append(r.aside)
+                r.aside = None
+        self._held -= launch.held
+        launch.held = 0
+        self._refusals.refuse("ncclKernel", f"{launch.calls[0].collective.describe()}: {why}", launch.stream)
 
     def _range(self, address: int, size: int) -> tuple[Allocation, int] | tuple[()] | None:
         """(allocation, offset) of a call's range; () when it has none; None when no recorded
@@ -142,26 +284,30 @@ class Collectives:
             return None
         return allocation, address - allocation.address
 
-    def _collectives_refused(self, calls: list[Collective], log: CollectiveLog | None) -> str:
+    def _collectives_refused(self, calls: list[Collective], log: CollectiveLog | None, device: int) -> str:
         if log is None or not log.on:
             return (log.why_not if log is not None else "") or "the recorder did not read NCCL's log"
-        if self._devices.several:
-            return "this process works on several devices, whose collectives wait for each other"
         if not calls:
             # a group's later kernels carry the calls its first kernel was given
-            return "" if log.seen else "NCCL's log names no call for it (NCCL started before the recorder?)"
+            seen = log.seen_on(device) if self._devices.several else log.seen
+            return "" if seen else "NCCL's log names no call for it (NCCL started before the recorder?)"
         unknown = [c for c in calls if c.received is None]
         return f"{unknown[0].describe()}: this version does not record it" if unknown else ""
 
-    def write_received(self) -> None:
-        """Each collective launched since the last event, with the bytes it left (read once it ran)."""
-        received, self._received = self._received, []
-        for r in received:
+    def _write(self, launch: _Launch) -> None:
+        """A launch's calls, each with the bytes it left (read from its copy, or once its stream is idle)."""
+        self._held -= launch.held
+        launch.held = 0
+        for r in launch.calls:
             call, data = r.collective, None
             if r.receive is not None:
                 allocation, offset = r.receive
                 try:
-                    data = self._memory.read(allocation.address + offset, r.size, call.stream)
+                    if r.aside is not None:
+                        aside, r.aside = r.aside, None
+                        data = self._memory.take_aside(aside)
+                    else:
+                        data = self._memory.read(allocation.address + offset, r.size, call.stream)
                 except DeviceError as exc:
                     self._refusals.refuse("ncclKernel", f"{call.describe()}: its result could not be read: {exc}", 0)
                     continue
@@ -173,7 +319,7 @@ class Collectives:
                 operation,
                 call.datatype,
                 call.reduction,
-                self._streams.stream(call.stream),
+                launch.stream_object,
                 call.count,
                 call.root if operation in _ROOTED else -1,
                 call.ranks,

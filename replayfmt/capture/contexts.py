@@ -128,6 +128,11 @@ class DeviceTracker:
         self._context = 0
         self._ordinal = -1
 
+    def forget(self) -> None:
+        """The next call says its device again (other threads' calls ran in between unseen)."""
+        self._context = 0
+        self._ordinal = -1
+
     def moved(self, context: int) -> m.Device | None:
         """The device a call in ``context`` runs on when it is not the previous call's, else None
         (a call with no context, such as cuInit, moves nothing)."""

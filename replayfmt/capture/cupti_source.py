@@ -6,7 +6,6 @@ its entry and at its exit, with a ``CUpti_CallbackData`` (driver domain) or a
 CUDA's ``generated_cuda_meta.h`` (x86-64). The recorder's own driver calls (parameter layouts,
 snapshots) run under a per-thread guard, so they are never recorded. Nothing raised here
 reaches the program: errors go to the translator's report.
-
 Which code a launched function came from (and the module globals it may read) is
 :mod:`loaded_code`'s to find.
 """
@@ -32,6 +31,7 @@ from replayfmt.capture.cupti_api import (
 from replayfmt.capture.graphs import GRAPH_NODE_CHANGES, GRAPH_NODE_UPDATES, GRAPH_UPDATES_NOT_FOLLOWED, GraphCalls
 from replayfmt.capture.launch_ring import LaunchRing
 from replayfmt.capture.loaded_code import LoadedCode
+from replayfmt.capture.nccl_log import NCCL_KERNEL
 from replayfmt.capture.process_memory import MEMORY, c_string, image_bytes, read, u64
 from replayfmt.cuda.driver import driver
 from replayfmt.cuda.functions import parameter_layout
@@ -134,7 +134,7 @@ class CuptiSource(GraphCalls):
         # held from a ring's take until the call that took it is written (the recorder's times lock)
         self._lock = lock if lock is not None else threading.RLock()
         self._keeps_armed: set[int] = set()  # callback ids of calls that change no launch's meaning
-        self._devices = DeviceTracker(contexts)  # the device the calls run on
+        self.devices = DeviceTracker(contexts)  # the device the calls run on
 
     # -- subscription ----------------------------------------------------------------------
 
@@ -190,7 +190,7 @@ class CuptiSource(GraphCalls):
                         self._take_ring(disarm=withdraws)
                     if self._code.unloads:
                         self._forget_unloaded()
-                    moved = self._devices.moved(u64(data + _CONTEXT))
+                    moved = self.devices.moved(u64(data + _CONTEXT))
                     if moved is not None:
                         self._sink(ev.DeviceChanged(moved))
                     entry[0](self, site, params, result, entry[1], symbol)
@@ -272,7 +272,8 @@ class CuptiSource(GraphCalls):
         attributes: tuple[tuple[int, int, int], bool, bool] = _PLAIN,
     ) -> None:
         if site == _EXIT:
-            if self._launch_results:
+            known = self._kernels.get(f)  # an NCCL kernel's exit too: a copy of its results follows it
+            if self._launch_results or (known and NCCL_KERNEL.search(known.kernel.name)):
                 self._sink(ev.LaunchEnd(stream, 0 if self._succeeded(result) else 1))
             return
         kernel = self._kernel(f, symbol)

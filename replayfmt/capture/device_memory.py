@@ -11,6 +11,7 @@ import ctypes
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from replayfmt.capture.contexts import ProgramContexts
@@ -35,6 +36,17 @@ class DeviceMemory(Protocol):
     def device_of(self, address: int) -> int | None:
         """The ordinal of the device whose memory holds ``address`` (None: not device memory)."""
 
+    def set_aside(self, address: int, size: int, stream: int) -> Any:
+        """Queue on the program's ``stream`` a copy of ``size`` bytes at ``address`` into device
+        memory of the recorder's own, and an event after it: what the stream's last work left
+        there, whatever follows on the stream. Returns what names it (None: no room)."""
+
+    def set_aside_done(self, aside: Any, timeout: float = 0.0) -> bool:
+        """Whether the copy ``aside`` names has run, asked until ``timeout`` seconds passed."""
+
+    def take_aside(self, aside: Any) -> bytes:
+        """The bytes ``aside`` holds (once its copy ran: it waits for that), its memory freed."""
+
 
 class _DeviceSide:
     """The recorder's own work on one device: the context it runs in, its stream and its
@@ -44,6 +56,15 @@ class _DeviceSide:
         self.context = context
         self.stream: Any = None
         self.snapshots: Snapshotter | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Aside:
+    """A copy of a collective's results queued after it on the program's stream (set_aside)."""
+
+    address: int  # the recorder's own device memory holding it
+    size: int
+    event: Any  # recorded on the program's stream after the copy
 
 
 class DriverMemory:
@@ -115,23 +136,28 @@ class DriverMemory:
                 check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
             else:
                 check(cu.cuStreamSynchronize(cu.CUstream(stream)), "cuStreamSynchronize (launching stream)")
-            if size == 0:
-                return b""
-            own = self._own_stream(side)
-            chunk = min(size, 1 << 30)
-            staging = self._staging(chunk)
-            out = bytearray(size) if size > chunk else None
-            for start in range(0, size, chunk):
-                n = min(chunk, size - start)
-                began = time.perf_counter()
-                check(cu.cuMemcpyDtoHAsync(staging, address + start, n, own), "cuMemcpyDtoHAsync (snapshot)")
-                check(cu.cuStreamSynchronize(own), "cuStreamSynchronize (snapshot)")
-                self.copy_seconds += time.perf_counter() - began
-                self.copied += n
-                if out is None:
-                    return ctypes.string_at(staging, n)
-                ctypes.memmove((ctypes.c_char * n).from_buffer(out, start), staging, n)
-            return bytes(out or b"")
+            return self._copy_out(side, address, size)
+
+    def _copy_out(self, side: _DeviceSide, address: int, size: int) -> bytes:
+        """``size`` bytes at ``address`` copied to the host on the recorder's own stream."""
+        if size == 0:
+            return b""
+        cu = self.cu
+        own = self._own_stream(side)
+        chunk = min(size, 1 << 30)
+        staging = self._staging(chunk)
+        out = bytearray(size) if size > chunk else None
+        for start in range(0, size, chunk):
+            n = min(chunk, size - start)
+            began = time.perf_counter()
+            check(cu.cuMemcpyDtoHAsync(staging, address + start, n, own), "cuMemcpyDtoHAsync (snapshot)")
+            check(cu.cuStreamSynchronize(own), "cuStreamSynchronize (snapshot)")
+            self.copy_seconds += time.perf_counter() - began
+            self.copied += n
+            if out is None:
+                return ctypes.string_at(staging, n)
+            ctypes.memmove((ctypes.c_char * n).from_buffer(out, start), staging, n)
+        return bytes(out or b"")
 
     def snapshot(
         self,
@@ -183,6 +209,42 @@ class DriverMemory:
         recorder's own, never recorded)."""
         self._guard.busy = True
         check(self.cu.cuCtxSetCurrent(context), "cuCtxSetCurrent (snapshot writer)")
+
+    def set_aside(self, address: int, size: int, stream: int) -> _Aside | None:
+        cu = self.cu
+        with self._unrecorded(), self._device_holding(address):
+            err, copy = cu.cuMemAlloc(size)
+            if err != cu.CUresult.CUDA_SUCCESS:
+                return None  # the program's memory comes first
+            on = cu.CUstream(stream)
+            check(cu.cuMemcpyDtoDAsync(copy, address, size, on), "cuMemcpyDtoDAsync (collective's result aside)")
+            event = check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate")
+            check(cu.cuEventRecord(event, on), "cuEventRecord (collective's result aside)")
+            return _Aside(int(copy), size, event)
+
+    def set_aside_done(self, aside: _Aside, timeout: float = 0.0) -> bool:
+        cu = self.cu
+        deadline = time.monotonic() + timeout
+        with self._unrecorded():
+            while True:
+                (err,) = cu.cuEventQuery(aside.event)
+                if err == cu.CUresult.CUDA_SUCCESS:
+                    return True
+                if err != cu.CUresult.CUDA_ERROR_NOT_READY:
+                    check((err,), "cuEventQuery (collective's result aside)")
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(0.0005)
+
+    def take_aside(self, aside: _Aside) -> bytes:
+        cu = self.cu
+        with self._unrecorded(), self._device_holding(aside.address) as side:
+            try:
+                check(cu.cuEventSynchronize(aside.event), "cuEventSynchronize (collective's result aside)")
+                return self._copy_out(side, aside.address, aside.size)
+            finally:
+                cu.cuEventDestroy(aside.event)
+                cu.cuMemFree(aside.address)
 
     def host_bytes(self, address: int, size: int) -> bytes:
         return ctypes.string_at(address, size)

@@ -45,7 +45,7 @@
 #define EXPORT __attribute__((visibility("default")))
 
 enum { DOMAIN_DRIVER_API = 1, DOMAIN_RUNTIME_API = 2, DOMAIN_NVTX = 5 };
-enum { SITE_ENTER = 0, SITE_EXIT = 1, CORRELATION_ID_OFFSET = 64 };  /* CUpti_CallbackData */
+enum { SITE_ENTER = 0, SITE_EXIT = 1, SYMBOL_NAME_OFFSET = 32, CORRELATION_ID_OFFSET = 64 };  /* CUpti_CallbackData */
 #define MAX_CBID 4096
 #define REPLAYFMT_INJECTION_ABI 4 /* replayfmt.capture.c_library.INJECTION_ABI: bump both together */
 /* CUpti_driver_api_trace_cbid (cupti_driver_cbid.h) */
@@ -248,11 +248,18 @@ static void track_runtime_call(const void *data) {
 
 int launch_ring_record(unsigned cbid, const void *data, uint32_t outer);  /* launch_ring.c */
 
+/* Whether a launch callback launches one of NCCL's kernels (CUpti_CallbackData.symbolName): its
+ * exit goes to the recorder, which queues a copy of the call's results after the kernel. */
+static int nccl_kernel(const void *data) {
+    const char *symbol = *(const char *const *)((const char *)data + SYMBOL_NAME_OFFSET);
+    return symbol && strstr(symbol, "nccl") != NULL;
+}
+
 /* A callback the recorder follows: a launch's exit it ignores is dropped, a launch that repeats
  * one the recorder armed goes into the ring (launch_ring.c), anything else to the recorder. */
 static void deliver(void *userdata, int domain, unsigned cbid, const void *data, uint32_t outer) {
     if (domain == DOMAIN_DRIVER_API && data) {
-        if (cbid < MAX_CBID && skip_exit[cbid] && *(const uint32_t *)data == SITE_EXIT)
+        if (cbid < MAX_CBID && skip_exit[cbid] && *(const uint32_t *)data == SITE_EXIT && !nccl_kernel(data))
             return;  /* a launch's exit in region mode: the recorder would only return */
         if (launch_ring_record(cbid, data, outer)) return;
     }

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from replayfmt.capture import events as ev
 from replayfmt.capture.allocations import POINTER_HIGH
 from replayfmt.capture.host_releases import host_released
+from replayfmt.capture.nccl_log import NCCL_KERNEL
 from replayfmt.capture.options import CaptureMode
 from replayfmt.capture.parameter_words import (
     ParameterPointers,
@@ -45,8 +46,6 @@ if TYPE_CHECKING:
     from replayfmt.capture.starting_state import StartingState
     from replayfmt.capture.stream_events import Streams
     from replayfmt.writer import CaptureWriter
-
-_COLLECTIVE = re.compile(r"^_?Z?\d*nccl|^ncclKernel|^ncclDevKernel")
 
 
 @dataclass(slots=True)
@@ -89,7 +88,7 @@ class KernelParameters:
             end = max((o + size for o, size in kernel.layout), default=0)
             shape = self._shapes[key] = KernelShape(
                 self._report.kernel(kernel.name),
-                bool(_COLLECTIVE.search(kernel.name)),
+                bool(NCCL_KERNEL.search(kernel.name)),
                 maps,
                 struct_words(kernel.layout),
                 struct.Struct(f"<{end // 8}Q"),
@@ -175,6 +174,7 @@ class Launches:
         checkpoints: Checkpoints,
         repeats: LaunchRepeats,
         collective: Callable[[ev.LaunchBegin], None],
+        collective_end: Callable[[ev.LaunchEnd], None] | None = None,
     ) -> None:
         self._writer = writer
         self._options = options
@@ -188,6 +188,7 @@ class Launches:
         self._checkpoints = checkpoints
         self._repeats = repeats
         self._collective = collective  # an NCCL kernel's launch
+        self._collective_end = collective_end  # its call returned: the kernel is on its stream
         self._kernel_filter = re.compile(options.kernels) if options.kernels else None
         self._seen: dict[str, int] = {}
         self._instances: dict[int, _Instance] = {}  # thread id -> instance awaiting its LaunchEnd
@@ -265,6 +266,8 @@ class Launches:
     def on_launch_end(self, event: ev.LaunchEnd) -> None:
         instance = self._instances.pop(threading.get_ident(), None)
         if instance is None:
+            if self._collective_end is not None:
+                self._collective_end(event)
             return
         if event.result == 0:
             self._state.restore_changed_pristine_globals(instance.region, instance.targets)

@@ -33,8 +33,12 @@ _LINE = re.compile(
 )
 # "ncclCommInitRank comm 0x... rank 0 nranks 2 cudaDev 0 nvmlDev 0 busId 18000 commId 0x... - Init COMPLETE"
 _INIT = re.compile(
-    rb"comm (0x[0-9a-fA-F]+) rank (\d+) nranks (\d+)\b(?:.*?\bcommId (0x[0-9a-fA-F]+))?.*Init COMPLETE", re.I
+    rb"comm (0x[0-9a-fA-F]+) rank (\d+) nranks (\d+)\b(?:.*?\bcudaDev (\d+))?(?:.*?\bcommId (0x[0-9a-fA-F]+))?"
+    rb".*Init COMPLETE",
+    re.I,
 )
+# NCCL's kernels (its device kernels, older releases' ncclKernel_*, mangled names of either)
+NCCL_KERNEL = re.compile(r"^_?Z?\d*nccl|^ncclKernel|^ncclDevKernel")
 # ncclDataType_t: int8, uint8, int32, uint32, int64, uint64, float16, float32, float64, bfloat16,
 # float8 e4m3, float8 e5m2
 DTYPE_SIZES = (1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1)
@@ -92,6 +96,7 @@ class Communicator:
     identity: str
     rank: int
     ranks: int
+    device: int = -1  # the ordinal of the device NCCL made it on (cudaDev; -1: the line did not say)
 
 
 def parse_init(line: bytes) -> tuple[int, Communicator] | None:
@@ -99,9 +104,9 @@ def parse_init(line: bytes) -> tuple[int, Communicator] | None:
     found = _INIT.search(line)
     if found is None:
         return None
-    handle, rank, ranks, comm_id = found.groups()
+    handle, rank, ranks, device, comm_id = found.groups()
     identity = f"nccl-{comm_id.decode().lower()}" if comm_id else ""
-    return int(handle, 16), Communicator(identity, int(rank), int(ranks))
+    return int(handle, 16), Communicator(identity, int(rank), int(ranks), int(device) if device is not None else -1)
 
 
 def _pointer(text: bytes) -> int:
@@ -139,7 +144,10 @@ class CollectiveLog:
         self.why_not = ""  # why nothing is read ("" when the log is on)
         self.seen = 0  # collectives read so far
         self.communicators: dict[int, Communicator] = {}  # by NCCL's handle, as they were made
-        self._unnamed: dict[int, int] = {}  # communicators NCCL gave no id, by size: how many so far
+        # communicators NCCL gave no id, by (size, device): how many so far
+        self._unnamed: dict[tuple[int, int], int] = {}
+        self._waiting: list[Collective] = []  # read, not yet taken (another device's launch takes them)
+        self._seen_on: dict[int, int] = {}  # collectives taken so far, by the device they were taken for
 
     def start(self) -> bool:
         taken = [name for name in _VARIABLES if os.environ.get(name)]
@@ -157,8 +165,34 @@ class CollectiveLog:
     def on(self) -> bool:
         return self._folder is not None
 
-    def take(self) -> list[Collective]:
-        """The collectives logged since the last call, in call order."""
+    def take(self, device: int | None = None) -> list[Collective]:
+        """The collectives logged and not taken yet, in call order: all of them (``device`` None),
+        or those on the communicators of device ``device`` (a process that drives several devices
+        calls each device's part from its own thread: their lines interleave, and one NCCL kernel
+        launch carries only its own device's calls; while every communicator is on one device,
+        all of them). A call on a communicator the log never showed made goes to the first launch
+        that asks (it is refused there, saying why)."""
+        self._waiting += self.read_lines(self.new_lines())
+        if device is None or len({c.device for c in self.communicators.values()}) < 2:
+            taken, self._waiting = self._waiting, []
+        else:
+            mine = self._device_of
+            taken = [c for c in self._waiting if mine(c) in (device, -1)]
+            self._waiting = [c for c in self._waiting if mine(c) not in (device, -1)]
+        if device is not None and taken:
+            self._seen_on[device] = self._seen_on.get(device, 0) + len(taken)
+        return taken
+
+    def seen_on(self, device: int) -> int:
+        """How many collectives were taken for ``device`` so far."""
+        return self._seen_on.get(device, 0)
+
+    def _device_of(self, call: Collective) -> int:
+        communicator = self.communicators.get(call.communicator)
+        return communicator.device if communicator is not None else -1
+
+    def new_lines(self) -> list[bytes]:
+        """Whole lines NCCL wrote to its log since the last read."""
         if self._folder is None:
             return []
         try:
@@ -170,7 +204,7 @@ class CollectiveLog:
         self._offset += len(data)
         lines = (self._partial + data).split(b"\n")
         self._partial = lines.pop()  # a line still being written
-        return self.read_lines(lines)
+        return lines
 
     def read_lines(self, lines: list[bytes]) -> list[Collective]:
         """The collectives of whole lines of the log, in call order (communicators made noted)."""
@@ -186,8 +220,10 @@ class CollectiveLog:
 
     def _made(self, handle: int, communicator: Communicator) -> None:
         if not communicator.identity:  # every rank makes its communicators of a size in one order
-            k = self._unnamed[communicator.ranks] = self._unnamed.get(communicator.ranks, 0) + 1
-            communicator = Communicator(f"nccl-{communicator.ranks}-ranks-{k}", communicator.rank, communicator.ranks)
+            key = (communicator.ranks, communicator.device)  # per device: one process may hold several ranks
+            k = self._unnamed[key] = self._unnamed.get(key, 0) + 1
+            identity = f"nccl-{communicator.ranks}-ranks-{k}"
+            communicator = Communicator(identity, communicator.rank, communicator.ranks, communicator.device)
         self.communicators[handle] = communicator
 
     def stop(self) -> None:

@@ -118,6 +118,7 @@ class Recorder:
         )
         self.times.correlation = self.source.correlation_id
         self.translator.settled = self._settled  # a framework's block free checkpoints after the ring's launches
+        self.translator.unlocked = self._source_unlocked  # waits for an NCCL kernel's peers let others record
         self._enrichment: list[Any] = []
         self._closed = False
         try:
@@ -156,6 +157,22 @@ class Recorder:
             self.translator.stop()
 
     @contextlib.contextmanager
+    @contextlib.contextmanager
+    def _source_unlocked(self) -> Iterator[None]:
+        """The source's lock (the original times' lock) let go for the block where this thread
+        holds it (inside a callback): other threads' callbacks run meanwhile."""
+        lock = self.times.lock
+        try:
+            lock.release()
+        except RuntimeError:  # not held by this thread: outside a callback
+            yield
+            return
+        try:
+            yield
+        finally:
+            lock.acquire()
+            self.source.devices.forget()  # other threads' calls moved it: the next call says its device
+
     def _settled(self) -> Iterator[None]:
         with self.times.lock:
             self.source.settle()

@@ -30,7 +30,7 @@ handed the few others it uses when it is made (none calls back into the translat
 ``Launches``           kernel launches, both modes
 ``LaunchRepeats``      launches armed for the C ring, and those it recorded
 ``GraphLaunches``      executable graphs and their launches
-``Collectives``        NCCL's kernels, kept as the bytes they left
+``Collectives``        NCCL's kernels, as collective operations with the bytes they left
 =====================  ==============================================================================
 """
 
@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -98,6 +98,9 @@ class Translator:
         # held around a framework's block free, outside the translator's lock: the recorder hands on
         # the launches its C library holds first (a checkpoint must follow the launches before it)
         self.settled: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext
+        # the source's lock let go for a block (the recorder's to set): while an event waits for a
+        # collective whose kernel waits for a peer's that another thread has yet to launch
+        self.unlocked: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext
         self.frees_heard: set[str] = set()  # their memory gets no free writes (checkpoints)
         self.step_hooks: list[Callable[[], None]] = []  # a framework's hook that costs only inside steps
         devices = self.devices = DeviceObjects(writer, device or m.Device())
@@ -177,6 +180,7 @@ class Translator:
             checkpoints=checkpoints,
             repeats=repeats,
             collective=nccl.on_launch,
+            collective_end=nccl.on_launch_end,
         )
         graphs = GraphLaunches(
             writer=writer,
@@ -340,14 +344,27 @@ class Translator:
             if self.report.partial:
                 return
             try:
-                if self._collectives.pending:  # collectives launched before this event have run by now
-                    self._collectives.write_received()
+                if self._collectives.pending:  # collectives launched before: written where it follows them
+                    self._collectives.before(event, self._unlocked)
                 self._dispatch[type(event)](event)
             except Exception as exc:  # a callback must never break the program
                 problem = f"{type(event).__name__}: {type(exc).__name__}: {exc}"
                 self.report.errors.append(problem)
                 self.report.partial = f"the recorder stopped at its first error: {problem}"
                 self._region.abort()
+
+    @contextlib.contextmanager
+    def _unlocked(self) -> Iterator[None]:
+        """The translator's lock and the source's let go for the block (held once by this thread,
+        inside handle): other threads' events are recorded meanwhile."""
+        device = self.devices.current_ordinal  # this event's, whatever other threads' events say
+        self._lock.release()
+        try:
+            with self.unlocked():
+                yield
+        finally:
+            self._lock.acquire()
+            self.devices.current_ordinal = device
 
     @property
     def in_progress(self) -> bool:

@@ -1,0 +1,209 @@
+"""Collectives of a process that drives two devices (a sharded JAX step: one rank of a communicator
+per device, each device's calls made from its own thread): NCCL's log read per device, each call's
+results copied aside after its kernel on its stream and read back only once that copy ran, the
+waits letting another thread record the peer's launch, and the calls written per device with their
+ranks. Translated from synthetic events and NCCL 2.2x log lines, on the CPU."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import numpy as np
+from test_capture_collectives import FakeLog
+from test_capture_translate import MODULE, A, B, FakeMemory, kernel, record, saxpy_params
+
+import replayfmt
+from replayfmt.capture import collective_events, events as ev
+from replayfmt.capture.hostfiles import HostFiles
+from replayfmt.capture.nccl_log import CollectiveLog, Communicator
+from replayfmt.capture.options import RecordOptions
+from replayfmt.capture.translate import Translator
+from replayfmt.format import model as m
+from replayfmt.replay.plan import PlanOptions, build_plan
+from replayfmt.writer import CaptureWriter
+
+GPU0, GPU1 = m.Device(ordinal=0, name="gpu0"), m.Device(ordinal=1, name="gpu1")
+S0, S1 = 0x5A0, 0x5A1  # XLA's compute streams of cuda:0 and cuda:1
+COMM_ID = b"0x7c1e9d40a5b3f211"
+# the two communicators of one clique, made in one group by one process (NCCL 2.2x, subsystem INIT)
+INIT0 = (
+    b"gpu7:4321:4400 [0] NCCL INFO ncclCommInitRankConfig comm 0x5612a0 rank 0 nranks 2 cudaDev 0 nvmlDev 0 "
+    b"busId 18000 commId " + COMM_ID + b" - Init COMPLETE"
+)
+INIT1 = (
+    b"gpu7:4321:4401 [1] NCCL INFO ncclCommInitRankConfig comm 0x5612b0 rank 1 nranks 2 cudaDev 1 nvmlDev 1 "
+    b"busId 19000 commId " + COMM_ID + b" - Init COMPLETE"
+)
+
+
+def all_reduce(comm: bytes, buffer: int, stream: int, thread: bytes, dev: bytes, op_count: int = 0) -> bytes:
+    return (
+        b"gpu7:4321:" + thread + b" [" + dev + b"] NCCL INFO AllReduce: opCount " + str(op_count).encode()
+        + b" sendbuff " + hex(buffer).encode() + b" recvbuff " + hex(buffer).encode()
+        + b" count 256 datatype 7 op 0 root 0 comm " + comm + b" [nranks=2] stream " + hex(stream).encode()
+    )  # fmt: skip
+
+
+CALL0 = all_reduce(b"0x5612a0", A, S0, b"4402", b"0")
+CALL1 = all_reduce(b"0x5612b0", B, S1, b"4403", b"1")
+
+
+def test_the_log_gives_each_device_the_calls_of_its_own_communicators():
+    log = CollectiveLog()
+    log.read_lines([INIT0, INIT1])
+    assert log.communicators == {
+        0x5612A0: Communicator("nccl-0x7c1e9d40a5b3f211", 0, 2, device=0),
+        0x5612B0: Communicator("nccl-0x7c1e9d40a5b3f211", 1, 2, device=1),
+    }
+    lines = [CALL1, CALL0, all_reduce(b"0x5612b0", B, S1, b"4403", b"1", 1)]  # interleaved by two threads
+    fake = FakeLog([lines, []])
+    fake.communicators = log.communicators
+    first = fake.take(0)  # cuda:0's kernel carries cuda:0's call only
+    assert [(c.communicator, c.stream) for c in first] == [(0x5612A0, S0)]
+    second = fake.take(1)  # the rest waited for cuda:1's launch, in call order
+    assert [(c.communicator, c.stream) for c in second] == [(0x5612B0, S1)] * 2
+    assert (fake.seen_on(0), fake.seen_on(1), fake.take(0)) == (1, 2, [])
+
+
+def test_communicators_without_nccl_id_are_named_alike_on_each_device():
+    log = CollectiveLog()
+    split = [line.replace(b"commId " + COMM_ID, b"parent 0x1 color 0 key 0") for line in (INIT0, INIT1)]
+    log.read_lines(split)
+    assert {c.identity for c in log.communicators.values()} == {"nccl-2-ranks-1"}
+
+
+class AsideMemory(FakeMemory):
+    """Device memory whose collectives run once both devices' kernels were launched (their
+    results copied aside after them), with every call the recorder makes kept in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, int]] = []
+        self.asides: dict[int, tuple[int, int]] = {}  # stream -> (address, size) copied aside
+        self.copies: dict[int, bytes] = {}  # stream -> what its copy holds, once it ran
+
+    def read(self, address: int, size: int, stream: int | None) -> bytes:
+        if stream in (S0, S1):
+            self.calls.append(("read", stream))  # a wait for the program's stream
+        return super().read(address, size, stream)
+
+    def set_aside(self, address: int, size: int, stream: int) -> int:
+        self.calls.append(("set_aside", stream))
+        self.asides[stream] = (address, size)
+        if len(self.asides) == 2:  # both kernels launched: the all-reduce runs, then the copies
+            total = sum(np.frombuffer(bytes(self.device[a]), np.float32) for a, _ in self.asides.values())
+            for s, (a, n) in self.asides.items():
+                self.device[a][:] = total.astype(np.float32).tobytes()
+                self.copies[s] = bytes(self.device[a][:n])
+        return stream
+
+    def set_aside_done(self, aside: int, timeout: float = 0.0) -> bool:
+        return aside in self.copies
+
+    def take_aside(self, aside: int) -> bytes:
+        self.calls.append(("take_aside", aside))
+        return self.copies.pop(aside)
+
+
+def sharded_step(cubin: bytes, mem: AsideMemory) -> list:
+    """cuda:0's thread launches its all-reduce and goes on with a kernel on the same stream, while
+    cuda:1's thread has yet to launch its own (it does so while the first waits)."""
+    mem.device[A] = bytearray(np.arange(256, dtype=np.float32).tobytes())
+    mem.device[B] = bytearray(np.full(256, 10, dtype=np.float32).tobytes())
+    mem.devices[B] = 1
+    nccl = ev.Kernel(0xACC, "ncclDevKernel_AllReduce_Sum_f32_RING_LL", MODULE, ((0, 8),))
+    return [
+        ev.DeviceChanged(GPU0),
+        ev.ModuleImage(MODULE, cubin, None, "cuModuleLoadData"),
+        ev.Allocation(A, 1024),
+        ev.StreamCreated(S0, 1),
+        ev.DeviceChanged(GPU1),
+        ev.Allocation(B, 1024),
+        ev.StreamCreated(S1, 1),
+        ev.DeviceChanged(GPU0),
+        ev.LaunchBegin(nccl, (2, 1, 1), (512, 1, 1), 0, S0, bytes(8), call="cuLaunchKernelEx"),
+        ev.LaunchEnd(S0),
+        ev.LaunchBegin(kernel(), (1, 1, 1), (256, 1, 1), 0, S0, saxpy_params(2.0, A, A, 256)),
+    ], [
+        ev.DeviceChanged(GPU1),
+        ev.LaunchBegin(nccl, (2, 1, 1), (512, 1, 1), 0, S1, bytes(8), call="cuLaunchKernelEx"),
+        ev.LaunchEnd(S1),
+    ]
+
+
+def peer_thread_meanwhile(t, events: list, waited: list) -> None:
+    """The translator's ``unlocked``: while an event waits, another thread records ``events``
+    (it could not if the translator kept its lock: the join would time out)."""
+
+    @contextlib.contextmanager
+    def unlocked():
+        waited.append(True)
+        peer = threading.Thread(target=lambda: [t.handle(e) for e in events])
+        peer.start()
+        peer.join(timeout=10)
+        assert not peer.is_alive(), "the peer's launch could not be recorded while the first thread waited"
+        yield
+
+    t.unlocked = unlocked
+
+
+def test_each_device_s_calls_are_written_with_its_rank_once_the_peer_launched(tmp_path, cubin):
+    mem = AsideMemory()
+    first, peer = sharded_step(cubin, mem)
+    waited: list = []
+    lines = [[INIT0, INIT1, CALL1, CALL0], []]
+    path = tmp_path / "c.kreplay"
+    with CaptureWriter(path) as writer:
+        t = Translator(
+            writer, RecordOptions(), mem, host_files=HostFiles(tmp_path / "no-maps"), collectives=FakeLog(lines)
+        )
+        peer_thread_meanwhile(t, peer, waited)
+        t.start("step")
+        for e in first:
+            t.handle(e)
+        t.stop()
+    assert waited == [True] and not t.report.errors and not t.report.unsupported and t.report.collectives == 2
+    # no wait for a program's stream; cuda:0's result read back only after cuda:1's kernel was launched
+    assert mem.calls == [("set_aside", S0), ("set_aside", S1), ("take_aside", S0), ("take_aside", S1)]
+    with replayfmt.open(path) as cap:
+        objects = list(cap.objects())
+        devices = {o.id: o.ordinal for o in objects if isinstance(o, m.Device)}
+        streams = {o.id: (devices[o.device], o.captured_handle) for o in objects if isinstance(o, m.Stream)}
+        ops = list(cap.iter_operations())
+        calls = [op for op in ops if isinstance(op, m.Collective)]
+        assert [(c.rank, c.ranks, streams[c.stream], c.group) for c in calls] == [
+            (0, 2, (0, S0), 0),
+            (1, 2, (1, S1), 0),
+        ]
+        assert {c.communicator for c in calls} == {"nccl-0x7c1e9d40a5b3f211"}
+        expected = np.arange(256, dtype=np.float32) + 10
+        for c in calls:
+            assert np.array_equal(np.frombuffer(cap.read_payload(c.received), np.float32), expected)
+        # cuda:0's call precedes the kernel that follows it on its stream
+        launch = next(i for i, op in enumerate(ops) if op.kind == m.OperationKind.LAUNCH)
+        assert ops.index(calls[0]) < launch
+        assert not build_plan(cap, PlanOptions()).problems  # replayed alone: results put in place
+
+
+def test_a_peer_that_never_launches_is_refused_by_name_and_the_program_goes_on(tmp_path, cubin, monkeypatch):
+    monkeypatch.setattr(collective_events, "COLLECTIVE_WAIT_SECONDS", 0.01)
+    mem = AsideMemory()
+    first, _ = sharded_step(cubin, mem)
+    path, t = record(tmp_path, first, mem, collectives=FakeLog([[INIT0, INIT1, CALL1, CALL0]]))
+    assert t.report.unsupported == {"ncclKernel": 1} and not t.report.partial
+    assert ("read", S0) not in mem.calls  # never a wait for the program's stream
+    with replayfmt.open(path) as cap:
+        refused = next(op for op in cap.iter_operations() if op.kind == m.OperationKind.UNSUPPORTED)
+        assert "not ready after 0.01 s" in refused.reason and "AllReduce" in refused.reason
+
+
+def test_results_beyond_the_bound_held_aside_are_refused_by_name(tmp_path, cubin, monkeypatch):
+    monkeypatch.setattr(collective_events, "SET_ASIDE_BYTES", 512)
+    mem = AsideMemory()
+    first, _ = sharded_step(cubin, mem)
+    path, t = record(tmp_path, first, mem, collectives=FakeLog([[INIT0, INIT1, CALL1, CALL0]]))
+    assert t.report.unsupported == {"ncclKernel": 1} and mem.calls == []
+    with replayfmt.open(path) as cap:
+        refused = next(op for op in cap.iter_operations() if op.kind == m.OperationKind.UNSUPPORTED)
+        assert "would hold more than 512 bytes aside" in refused.reason
