@@ -76,6 +76,8 @@ def _text(result: BenchmarkResult) -> list[str]:
             f"host waits    {result.released}: not run and not timed, on either side (each waits for a host "
             "write no replay makes)"
         )
+    if result.collectives:
+        lines.append(f"collectives   {result.collectives}")
     rows = [(k.operation, demangle(k.name), k.device_ms.median, k.original_ns) for k in result.kernels]
     return lines + kt.operation_lines(rows, result.clock)
 

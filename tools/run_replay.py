@@ -229,7 +229,8 @@ def _print_ranks(result: RanksResult, *, as_json: bool) -> int:
         for line in r.result.report_lines:
             click.echo(f"[rank {rank}] {line}", err=True)
         summary = f" ({r.result.summary})" if r.result.summary else ""
-        click.echo(f"rank {rank} on cuda:{r.device}: {r.result.outcome.value}{summary}", err=as_json)
+        on = f"{r.capture.devices} GPUs from cuda:{r.device}" if r.capture.held else f"cuda:{r.device}"
+        click.echo(f"{r.capture.label} on {on}: {r.result.outcome.value}{summary}", err=as_json)
         if r.result.detail:
             click.echo(f"  {r.result.detail}", err=as_json)
     if as_json:

@@ -140,6 +140,7 @@ class BenchmarkResult:
     kernel_busy_ms: Stats | None = None  # the same, over its kernels alone
     original: kt.OriginalSide | None = None  # the original program's times for the region
     released: str = ""  # launches not run nor timed, on either side: "2 XLA autotuner delay kernels released"
+    collectives: str = ""  # how the collectives of a capture holding several ranks ran (verbs.with_local_peers)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

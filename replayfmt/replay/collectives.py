@@ -7,6 +7,19 @@ unique ids the launcher made and gave every rank (:class:`Peers`). NCCL is reach
 library (ctypes), in the replay's own contexts: the replay runs in each device's primary
 context, which is the one NCCL's runtime calls use.
 
+A capture of a process that drove several devices holds several ranks of one communicator (a
+sharded JAX step: one rank per device). Replayed on as many GPUs, its ranks' communicators are
+made in this one process (:func:`local_peers`): in one NCCL group, each rank's device current as
+its ``ncclCommInitRank`` is called, one unique id per communicator. Its calls are then issued from
+this one thread in the capture's order, each on its device's stream. That order interleaves the
+ranks (rank 0's call, then rank 1's), so no call may wait on the host for a peer's call that comes
+later: NCCL makes a communicator's connections lazily, at its first call, by default (from 2.22:
+``NCCL_RUNTIME_CONNECT=1``), and that first call then blocks until its peers connect, which from
+one thread never happens. The replay sets ``NCCL_RUNTIME_CONNECT=0`` before NCCL initialises, so
+the connections are made at init, inside the group, and every call only queues its kernel. (A
+program that set ``NCCL_LAUNCH_MODE=GROUP`` would make NCCL's calls wait for each other in the
+process: leave it unset.)
+
 Only the runs every rank makes alike may issue collectives among the peers: a run waits in each
 collective for the other ranks' matching call. A rank's verification may replay its capture
 again on its own (poisoned replays, a reference replay), as many times as its own ranges need;
@@ -25,7 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from replayfmt.errors import DeviceError, ReplayUsageError
+from replayfmt.cuda.driver import check, driver
+from replayfmt.errors import DeviceError, ReplayError, ReplayUsageError
 from replayfmt.format import model as m
 
 _O = m.CollectiveOperation
@@ -54,6 +68,9 @@ class Peers:
 
     unique_ids: dict[str, bytes]  # captured communicator -> the NCCL unique id of its replay
     reductions: dict[int, int] = field(default_factory=dict)  # operation -> reduction issued instead (a planted bug)
+    # the ranks of a communicator this capture holds itself (a process that drove several devices):
+    # communicator -> ((rank, captured Device object id), ...), made together in this process
+    local: dict[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)
 
 
 def nccl_library_path() -> str:
@@ -146,14 +163,22 @@ class CollectiveRuntime:
     received bytes put in place on its stream (what a rank replayed alone does).
 
     Communicators are made at the first collective that uses each (every rank reaches it: the
-    ranks' captures issue their calls on each communicator in one order)."""
+    ranks' captures issue their calls on each communicator in one order), one per (communicator,
+    rank): the ranks this capture holds itself all at once, in one group, each on its device
+    (``use_device``: a captured Device object id made current)."""
 
-    def __init__(self, peers: Peers | None, nccl: Callable[[], Nccl] = Nccl) -> None:
+    def __init__(
+        self,
+        peers: Peers | None,
+        nccl: Callable[[], Nccl] = Nccl,
+        use_device: Callable[[int], None] | None = None,
+    ) -> None:
         self.peers = peers
         self.live = peers is not None
         self._make_nccl = nccl
+        self._use_device = use_device
         self._nccl: Nccl | None = None
-        self._communicators: dict[str, int] = {}
+        self._communicators: dict[tuple[str, int], int] = {}
         self._grouped = False
         self.issued = 0  # collectives issued among the peers
 
@@ -186,11 +211,13 @@ class CollectiveRuntime:
 
     def _library(self) -> Nccl:
         if self._nccl is None:
+            if self.peers is not None and self.peers.local:  # calls from one thread: connect at init
+                os.environ["NCCL_RUNTIME_CONNECT"] = "0"
             self._nccl = self._make_nccl()
         return self._nccl
 
     def _communicator(self, op: m.Collective) -> int:
-        found = self._communicators.get(op.communicator)
+        found = self._communicators.get((op.communicator, op.rank))
         if found is not None:
             return found
         assert self.peers is not None
@@ -200,10 +227,83 @@ class CollectiveRuntime:
                 f"operation {op.index} ({op.describe()}): communicator {op.communicator} is in none of the "
                 "other captures given"
             )
-        reopen = self._grouped  # a communicator is made outside any group
+        nccl = self._library()
+        reopen = self._grouped  # a communicator is made outside any group of calls
         if reopen:
-            self._library().group(False)
-        made = self._communicators[op.communicator] = self._library().communicator(op.ranks, unique_id, op.rank)
+            nccl.group(False)
+        members = self.peers.local.get(op.communicator, ())
+        if members:
+            self._make_together(nccl, op, unique_id, members)
+        else:
+            self._communicators[(op.communicator, op.rank)] = nccl.communicator(op.ranks, unique_id, op.rank)
         if reopen:
-            self._library().group(True)
-        return made
+            nccl.group(True)
+        return self._communicators[(op.communicator, op.rank)]
+
+    def _make_together(
+        self, nccl: Nccl, op: m.Collective, unique_id: bytes, members: tuple[tuple[int, int], ...]
+    ) -> None:
+        """Every rank of ``op``'s communicator this capture holds, made in one group (each one's
+        init waits for the others), each with its device current; ``op``'s device current after."""
+        use = self._use_device or (lambda device: None)
+        nccl.group(True)
+        try:
+            for rank, device in members:
+                use(device)
+                self._communicators[(op.communicator, rank)] = nccl.communicator(op.ranks, unique_id, rank)
+        finally:
+            nccl.group(False)
+        use(dict(members).get(op.rank, members[0][1]))
+
+
+def cuda_gpu_count() -> int:
+    """How many CUDA devices this machine shows (the driver's answer)."""
+    cu = driver()
+    check(cu.cuInit(0), "cuInit")
+    return int(check(cu.cuDeviceGetCount(), "cuDeviceGetCount"))
+
+
+def ranks_held(capture: Any) -> dict[str, tuple[tuple[int, int], ...]]:
+    """The communicators of which a capture holds several ranks (a process that drove several
+    devices): communicator -> ((rank, the Device object id of its calls' streams), ...)."""
+    streams = {o.id: o.device for o in capture.objects() if isinstance(o, m.Stream)}
+    held: dict[str, dict[int, int]] = {}
+    for op in capture.iter_operations():
+        if isinstance(op, m.Collective):
+            held.setdefault(op.communicator, {}).setdefault(op.rank, streams.get(op.stream, 0))
+    return {name: tuple(sorted(ranks.items())) for name, ranks in held.items() if len(ranks) > 1}
+
+
+def local_peers(
+    capture: Any,
+    devices: int,
+    ordinals: tuple[int, ...],
+    *,
+    gpu_count: Callable[[], int],
+    nccl: Callable[[], Nccl] = Nccl,
+    reductions: dict[int, int] | None = None,
+) -> tuple[Peers | None, str]:
+    """The peers of a capture that holds several ranks of its communicators, its ``devices``
+    replayed on ``ordinals`` (then the lowest free ones), for one process: (peers, "") when each
+    rank has a GPU of its own and NCCL loads; else (None, why its calls' received bytes are put in
+    place instead); (None, "") for a capture that holds no communicator's ranks twice."""
+    held = ranks_held(capture)
+    if not held:
+        return None, ""
+    names = " and ".join(f"ranks {', '.join(str(r) for r, _ in ranks)} of {name}" for name, ranks in held.items())
+    try:
+        count = gpu_count()
+    except ReplayError:
+        count = 0
+    free = [k for k in range(count) if k not in ordinals]
+    used = (*ordinals, *free)[:devices]
+    if len(set(used)) < devices or any(k >= count for k in used):
+        why = f"this machine gives its {devices} devices {len({k for k in used if k < count})} GPU(s)"
+        return None, f"received bytes put in place ({names}: {why}; NCCL needs a GPU per rank)"
+    try:
+        library = nccl()
+    except ReplayError as exc:
+        return None, f"received bytes put in place ({names}: {exc})"
+    unique_ids = {name: library.unique_id() for name in held}
+    peers = Peers(unique_ids, dict(reductions or {}), held)
+    return peers, f"issued among {names} in this process, on {devices} GPUs"

@@ -96,7 +96,10 @@ class Replayer:
         )
         self._verifier = Verifier(devices, plan, self.addresses, options.tolerance, options.save_output)
         self._state = StateSetter(devices, self._streams, self._staging.staged, self.addresses)
-        self.collectives = CollectiveRuntime(options.peers)
+        # a rank's device made current as NCCL makes its communicator (several ranks in one capture)
+        self.collectives = CollectiveRuntime(
+            options.peers, use_device=lambda device: devices.use(devices.index(device))
+        )
         self.own(self.collectives.close)
         self._builder: StepBuilder = self._phase("build_steps", self._step_builder)
         self._runner = StepRunner(

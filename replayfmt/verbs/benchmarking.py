@@ -9,6 +9,7 @@ restored buffers. Formatting the result is the caller's.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from replayfmt.measure.benchmark import Benchmark, BenchmarkOptions, BenchmarkRe
 from replayfmt.replay.collectives import Peers
 from replayfmt.replay.options import ReplayOptions
 from replayfmt.replay.plan_options import PlanOptions
+from replayfmt.verbs.verifying import with_local_peers
 
 # (iterations done, iterations in all or None when timed to a minimum time, seconds elapsed)
 Progress = Callable[[int, int | None, float], None]
@@ -45,4 +47,6 @@ def benchmark(
     replay = ReplayOptions(devices=options.devices, uploads_from_host=True, nvtx=options.nvtx, peers=options.peers)
     with open_replay(path, options.plan, limits=options.limits) as session:
         region = find_region(session.capture, options.measure.scope)  # before any device work
-        return Benchmark(session.start(replay), region, options.measure).run(progress)
+        replay, note = with_local_peers(session.capture, len(session.plan.devices), replay)
+        result = Benchmark(session.start(replay), region, options.measure).run(progress)
+        return dataclasses.replace(result, collectives=note) if note else result

@@ -26,7 +26,7 @@ from replayfmt.errors import ReplayError, ReplayUsageError
 from replayfmt.format import model as m
 from replayfmt.measure.benchmark import BenchmarkResult
 from replayfmt.reader import open_capture
-from replayfmt.replay.collectives import REDUCTIONS, Nccl, Peers
+from replayfmt.replay.collectives import REDUCTIONS, Nccl, Peers, cuda_gpu_count, local_peers
 from replayfmt.replay.verify_types import Outcome, VerifyOptions, VerifyResult
 from replayfmt.verbs.benchmarking import BenchmarkReplayOptions, benchmark
 from replayfmt.verbs.verifying import verify
@@ -49,6 +49,11 @@ class RankCapture:
     communicators: dict[str, tuple[int, int]]  # communicator -> (this rank in it, its ranks)
     collectives: tuple[tuple[int, str], ...]  # (operation, communicator) of each collective, in order
     received: tuple[tuple[int, int, int, int, str], ...] = ()  # (operation, buffer, offset, size, what) written
+    held: tuple[int, ...] = ()  # the ranks this one capture holds (a process that drove several devices)
+
+    @property
+    def label(self) -> str:
+        return f"ranks {', '.join(map(str, self.held))}" if self.held else f"rank {self.rank}"
 
     def collectives_into(self, buffer: int, offset: int, size: int, before: int) -> list[str]:
         """The collectives before operation ``before`` that wrote into the range, latest first."""
@@ -214,6 +219,8 @@ def verify_ranks(
     """Replay the captures of one job's ranks together, each in a process of its own, and verify
     every rank. Raises ReplayError when they do not form one job or NCCL cannot be reached."""
     options = options or RanksOptions()
+    if len(paths) == 1:
+        return _verify_held(os.fspath(paths[0]), options, progress, nccl)
     job = _job(paths, options.verify, options.devices, options.planted, nccl)
     each = [
         dataclasses.replace(options.verify, devices=(job.devices[k],), peers=job.peers[k], dry_run=False)
@@ -347,13 +354,62 @@ def _with_suspects(capture: RankCapture, result: VerifyResult) -> VerifyResult:
     """A rank's result whose first wrong range a collective wrote: the detail names the rank and
     that collective (what a wrong collective looks like from its outputs)."""
     if result.outcome is not Outcome.MISMATCH or result.report is None:
-        return dataclasses.replace(result, detail=f"rank {capture.rank}: {result.detail}" if result.detail else "")
+        return dataclasses.replace(result, detail=f"{capture.label}: {result.detail}" if result.detail else "")
     for wrong in (r for r in result.report["ranges"] if not r["passed"]):
         suspects = capture.collectives_into(wrong["buffer"], wrong["offset"], wrong["size"], wrong["operation"])
         if suspects:
-            detail = f"rank {capture.rank}: {result.detail}; the range was last written by collective {suspects[0]}"
+            detail = f"{capture.label}: {result.detail}; the range was last written by collective {suspects[0]}"
             return dataclasses.replace(result, detail=detail)
-    return dataclasses.replace(result, detail=f"rank {capture.rank}: {result.detail}")
+    return dataclasses.replace(result, detail=f"{capture.label}: {result.detail}")
+
+
+def _verify_held(path: str, options: RanksOptions, progress: Progress | None, nccl: Callable[[], Nccl]) -> RanksResult:
+    """One capture that holds several ranks of a communicator (a process that drove several
+    devices): its ranks replayed together in this process, each on a GPU of its own (the verify
+    verb's ``with_local_peers``), a planted reduction issued by each rank's counterpart call."""
+    devices = options.devices or options.verify.devices
+    with open_capture(path, limits=options.verify.limits) as cap:
+        calls: dict[tuple[str, int], list[int]] = {}  # (communicator, rank) -> its collectives, in order
+        where: dict[int, tuple[str, int]] = {}
+        received = []
+        for op in cap.iter_operations():
+            if isinstance(op, m.Collective):
+                calls.setdefault((op.communicator, op.rank), []).append(op.index)
+                where[op.index] = (op.communicator, op.rank)
+                if op.recv_size:
+                    what = f"{op.operation.label} of rank {op.rank}"
+                    received.append((op.index, op.recv_buffer, op.recv_offset, op.recv_size, what))
+        reductions: dict[int, int] = {}
+        for plant in options.planted:
+            if plant.operation not in where:
+                raise ReplayUsageError(
+                    f"--collective-reduction: operation {plant.operation} of {path} is no collective"
+                )
+            communicator, rank = where[plant.operation]
+            place = calls[(communicator, rank)].index(plant.operation)
+            for (name, _), indices in calls.items():
+                if name == communicator and place < len(indices):
+                    reductions[indices[place]] = plant.reduction
+        count = sum(1 for obj in cap.object_table().others.values() if isinstance(obj, m.Device))
+        peers, note = local_peers(cap, count, devices, gpu_count=cuda_gpu_count, nccl=nccl, reductions=reductions)
+    if peers is None:
+        why = note or "it holds one rank of each communicator"
+        raise ReplayUsageError(
+            f"{path}: its ranks cannot replay together here ({why}); replaying ranks together needs the capture "
+            "of every rank (two or more), or one capture that holds several ranks of a communicator, a GPU per rank"
+        )
+    held = tuple(sorted({rank for ranks in peers.local.values() for rank, _ in ranks}))
+    capture = RankCapture(
+        path, held[0], count, {}, tuple((i, c) for i, (c, _) in sorted(where.items())), tuple(received), held
+    )
+    verify_options = dataclasses.replace(options.verify, devices=devices, peers=peers, dry_run=False)
+    say = (lambda line: progress(held[0], line)) if progress is not None else None
+    try:
+        result = verify(path, verify_options, progress=say)
+    except ReplayError as exc:
+        result = VerifyResult.from_error(path, exc)
+    outcome = RankOutcome(capture, devices[0] if devices else 0, _with_suspects(capture, result))
+    return RanksResult((outcome,), len(where))
 
 
 def _failed(answer: object) -> bool:

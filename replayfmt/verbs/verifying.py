@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 from replayfmt.execute import open_replay
 from replayfmt.reader import Capture
+from replayfmt.replay.collectives import cuda_gpu_count, local_peers
 from replayfmt.replay.launches import programmatic_note
 from replayfmt.replay.options import ReplayOptions, dry_run_devices
 from replayfmt.replay.verification import Verification
@@ -45,6 +46,16 @@ def replay_options(options: VerifyOptions) -> ReplayOptions:
         build_while_running=True,
         peers=options.peers,
     )
+
+
+def with_local_peers(capture: Capture, devices: int, replay: ReplayOptions) -> tuple[ReplayOptions, str]:
+    """A capture that holds several ranks of a communicator (a process that drove several devices):
+    its collectives issued among those ranks in this process where each has a GPU of its own and
+    NCCL loads, else each one's received bytes put in place; and the line that says which."""
+    if replay.peers is not None or devices < 2:
+        return replay, ""
+    peers, note = local_peers(capture, devices, replay.devices, gpu_count=cuda_gpu_count)
+    return (replay if peers is None else dataclasses.replace(replay, peers=peers)), note
 
 
 def verify(
@@ -90,6 +101,9 @@ def verify(
             return VerifyResult(
                 capture, outcome, detail=detail, problems=problems, operations=operations, setup_s=setup_s
             )
+        replay, note = with_local_peers(session.capture, len(plan.devices), replay)
+        if note:
+            say(f"collectives   {note}")
         replayer = session.start(replay)
         setup_s = time.perf_counter() - started
         for k, gpu in enumerate(replayer.gpus):
