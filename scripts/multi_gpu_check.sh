@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The multi-GPU corpus (benchmarks/corpus_multi) on a machine with two GPUs: each program alone,
-# then captured, verified and timed (GPU busy time beside the original's); a job's ranks also
+# then captured, verified and timed (GPU busy time beside the original's), a capture holding
+# several ranks (one process on two devices) verified with a planted wrong reduction too; a job's ranks also
 # replayed together (their collectives among them), verified, with a planted wrong reduction
 # (which must fail), and timed. Logs go to $OUT.
 #   usage: scripts/multi_gpu_check.sh [PROGRAM ...]     (default: every program of the folder)
@@ -35,6 +36,14 @@ for program in "${programs[@]}"; do
     timeout 120 python3 -m replayfmt_tools.run_replay --verify "$capture" 2>&1 | tail -6
     echo "=== $name: $(basename "$capture"): benchmark"
     timeout 120 python3 -m replayfmt_tools.benchmark_replay --scope step "$capture" 2>&1 | tail -8
+    # one capture holding several ranks (one process on two devices): a planted wrong reduction must fail
+    op=$(python3 -m replayfmt_tools.dump_replay --format=jsonl --kind=collective "$capture" 2>/dev/null \
+      | python3 -c 'import json,sys; rows=[json.loads(l) for l in sys.stdin]; ranks={r.get("rank") for r in rows}
+print(next((r["index"] for r in rows if r.get("operation") == "AllReduce") if len(ranks) > 1 else (), ""))')
+    if [ -n "$op" ]; then
+      echo "=== $name: $(basename "$capture"): planted wrong reduction at operation $op (must fail)"
+      timeout 180 python3 -m replayfmt_tools.run_replay --verify --collective-reduction "$op=max" "$capture" 2>&1 | tail -6
+    fi
   done
   ranks=("$work/$name".rank*.kreplay)
   if [ -f "${ranks[0]}" ] && [ ${#ranks[@]} -gt 1 ]; then  # the ranks together, NCCL among them

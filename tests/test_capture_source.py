@@ -160,6 +160,22 @@ def test_launch_results_are_reported_only_when_asked():
     assert seen == [ev.LaunchEnd(0x5000, 1)]
 
 
+def test_an_nccl_kernel_s_launch_result_is_reported_in_region_mode_too():
+    """The recorder copies an NCCL call's results aside after its kernel, once the launch returned."""
+    keep = Keep()
+    source, seen = source_with(FakeDriver(SAXPY, module=0xABC))
+    params = launch_params(keep, 0xF00, SAXPY_ARGS)
+    launch = CALL_IDS["cuLaunchKernel"]
+    nccl = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
+    for site, symbol in ((0, "saxpy"), (1, "saxpy")):
+        source._callback(None, DOMAIN_DRIVER_API, launch, callback_data(keep, site, params, symbol=symbol))
+    assert [type(e) for e in seen] == [ev.LaunchBegin]  # a plain kernel's return: nothing
+    source, seen = source_with(FakeDriver(SAXPY, module=0xABC))
+    for site in (0, 1):
+        source._callback(None, DOMAIN_DRIVER_API, launch, callback_data(keep, site, params, symbol=nccl))
+    assert [type(e) for e in seen] == [ev.LaunchBegin, ev.LaunchEnd] and seen[1] == ev.LaunchEnd(0x5000, 0)
+
+
 def test_a_cubin_a_library_loads_lazily_is_found_by_the_kernel_name():
     cubin = compiled_cubin("container_kernels.cu")  # the checked-in fixture
     keep = Keep()

@@ -308,7 +308,8 @@ TOOLS = {
   `job.rank0.kreplay`, ...). A rank's NCCL calls are collective operations (NCCL's own log says
   each call, with the bytes it left): the ranks' captures replay together (`run-replay --verify
   job.rank0.kreplay job.rank1.kreplay`), one rank alone on one GPU; collectives among the devices
-  of one process are refused by name.
+  of one process (a sharded JAX step) are one capture holding each device's rank, replayed among
+  them in one process on as many GPUs.
 * The report at the end lists kernels seen, instances captured and bytes stored, and any error
   met inside a callback (callbacks never raise into the program).
 """,

@@ -146,8 +146,9 @@ Examples:
     "planted",
     multiple=True,
     metavar="OP=REDUCTION",
-    help="With every rank's capture: issue collective OP of the first capture (and its counterpart in each other "
-    "rank) with another reduction (sum, prod, max, min, avg): a planted wrong collective, which --verify must catch.",
+    help="With every rank's capture, or one capture holding several ranks (one process on several devices): issue "
+    "collective OP of the first capture (and its counterpart in each other rank) with another reduction (sum, prod, "
+    "max, min, avg): a planted wrong collective, which --verify must catch.",
 )
 @limit_option
 @agents_md_option("run-replay")
@@ -179,7 +180,8 @@ def main(
     """Rebuild a capture on a CUDA device and run it: buffers reallocated and pointers relocated,
     streams and events rebuilt so captured concurrency is kept, optionally verified against the
     capture's checkpoints. Given every rank's capture of a job (job.rank0.kreplay job.rank1.kreplay
-    ...), the ranks replay together, one process and one GPU each, their collectives among them."""
+    ...), the ranks replay together, one process and one GPU each, their collectives among them; a capture
+    that holds several ranks (one process on several devices) replays them in one process, a GPU each."""
     if not verify:
         given = [flag for flag, on in (("--nondeterminism-runs", nondeterminism_runs), ("--evidence", evidence)) if on]
         if given:

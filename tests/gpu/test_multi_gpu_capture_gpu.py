@@ -3,7 +3,8 @@ split over two devices in one process replays on two GPUs and verifies; each ran
 FSDP2 step under torchrun writes its own capture, whose NCCL calls are collective operations with
 the bytes they left, and replays alone on one GPU and verifies; the ranks replay together, their
 collectives issued among them through NCCL, and verify, and a planted wrong reduction fails naming
-the rank; collectives among the devices of one process (a sharded JAX step) are refused by name.
+the rank; a sharded JAX step (two devices of one process, XLA's all-reduce) records both ranks'
+collectives in one capture and replays them among both GPUs from one process, and verifies.
 Skips on machines with fewer than two GPUs."""
 
 from __future__ import annotations
@@ -127,10 +128,39 @@ def test_the_ranks_of_a_ddp_job_replay_together_with_their_collectives(tmp_path,
     assert "rank 0 on cuda:0" in timed.stdout and "rank 1 on cuda:1" in timed.stdout
 
 
-def test_collectives_among_the_devices_of_one_process_are_refused_by_name(tmp_path, two_gpus):
+def test_a_sharded_jax_step_replays_with_its_collectives_on_two_gpus_and_verifies(tmp_path, two_gpus):
+    """One process, two devices (a Mesh; XLA's all-reduce over NCCL): each device's calls are
+    written with its rank on its device's stream, replayed among both ranks in one process."""
     needs("jax")
     out = tmp_path / "sharded.kreplay"
     result = run([sys.executable, "-m", "replayfmt.capture", "-o", str(out), "--scope", "step",
                   str(CORPUS / "jax_sharded_step.py")])  # fmt: skip
-    assert result.returncode == 1 and "Traceback" not in result.stderr
-    assert "collective (NCCL) kernel" in result.stderr and "several devices" in result.stderr
+    assert result.returncode == 0 and "Traceback" not in result.stderr, (result.stdout + result.stderr)[-4000:]
+    with replayfmt.open(out) as cap:
+        devices = {o.id: o.ordinal for o in cap.objects() if isinstance(o, m.Device)}
+        streams = {o.id: devices[o.device] for o in cap.objects() if isinstance(o, m.Stream)}
+        collectives = [op for op in cap.iter_operations() if isinstance(op, m.Collective)]
+    assert collectives and all(c.ranks == 2 for c in collectives), dump(out)[-3000:]
+    on = {(c.rank, streams.get(c.stream)) for c in collectives}
+    assert {rank for rank, _ in on} == {0, 1} and {device for _, device in on} == {0, 1}, on  # a rank per device
+    assert len({device for rank, device in on if rank == 0}) == 1  # each rank on one device
+    rows = dump(out, "--format=jsonl", "--kind=collective")
+    assert '"rank": 0' in rows and '"rank": 1' in rows
+    together = run([sys.executable, "-m", "replayfmt_tools.run_replay", "--verify", str(out)])
+    assert together.returncode == 0, (together.stdout + together.stderr)[-4000:]
+    assert "collectives   issued among ranks 0, 1 of" in together.stdout + together.stderr
+    summed = next(c for c in collectives if c.operation == m.CollectiveOperation.ALL_REDUCE and c.rank == 0)
+    planted = run(
+        [sys.executable, "-m", "replayfmt_tools.run_replay", "--verify", f"--collective-reduction={summed.index}=max",
+         str(out)]
+    )  # fmt: skip
+    text = planted.stdout + planted.stderr
+    assert planted.returncode == 1 and "ranks: mismatch" in planted.stdout, text[-4000:]
+    assert "ranks 0, 1: " in text and "collective operation" in text and "of rank" in text and "Traceback" not in text
+    timed = run([sys.executable, "-m", "replayfmt_tools.benchmark_replay", "--scope", "step", "--repetitions", "5",
+                 str(out)])  # fmt: skip
+    assert timed.returncode == 0 and "collectives   issued among" in timed.stdout, (timed.stdout + timed.stderr)[-4000:]
+    no_nccl = ["env", "REPLAYFMT_NCCL=/nonexistent/libnccl.so.2"]
+    alone = run([*no_nccl, sys.executable, "-m", "replayfmt_tools.run_replay", "--verify", str(out)])
+    assert alone.returncode == 0, (alone.stdout + alone.stderr)[-4000:]  # each call's received bytes in place
+    assert "received bytes put in place" in alone.stdout + alone.stderr and "Traceback" not in alone.stderr
