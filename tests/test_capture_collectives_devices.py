@@ -10,6 +10,7 @@ import contextlib
 import threading
 
 import numpy as np
+import pytest
 from test_capture_collectives import FakeLog
 from test_capture_translate import MODULE, A, B, FakeMemory, kernel, record, saxpy_params
 
@@ -207,3 +208,24 @@ def test_results_beyond_the_bound_held_aside_are_refused_by_name(tmp_path, cubin
     with replayfmt.open(path) as cap:
         refused = next(op for op in cap.iter_operations() if op.kind == m.OperationKind.UNSUPPORTED)
         assert "would hold more than 512 bytes aside" in refused.reason
+
+
+def test_a_wait_lets_go_of_a_lock_held_at_any_depth_and_takes_it_again_as_deep():
+    """The source's lock is held by its callback and again around the translator (original times)."""
+    from replayfmt.capture.translate import released
+
+    lock = threading.RLock()
+    with lock, lock:
+        with released(lock):
+            other = threading.Thread(target=lambda: lock.acquire() and lock.release())
+            other.start()
+            other.join(timeout=10)
+            assert not other.is_alive(), "another thread could not take the lock while this one waited"
+        lock.release()  # held twice again: both releases are this thread's
+        lock.release()
+        with pytest.raises(RuntimeError):
+            lock.release()
+        lock.acquire()
+        lock.acquire()
+    with released(lock):  # not held: nothing to let go
+        pass

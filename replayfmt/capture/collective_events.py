@@ -210,7 +210,9 @@ class Collectives:
         """Before ``event`` is recorded: the collectives it must follow in the capture written (their
         copies waited for with the recorder's locks let go, ``unlocked``), and those whose copies ran."""
         needs = self._needs(event)
-        waits = [r.aside for launch in self._launches if id(launch) in needs for r in launch.calls if r.aside]
+        waits = [
+            r.aside for launch in self._launches if id(launch) in needs for r in launch.calls if r.aside is not None
+        ]
         done = self._memory.set_aside_done if waits else None
         if done is not None and not all(done(aside) for aside in waits):
             with unlocked():  # a peer's kernel may yet be launched by another thread

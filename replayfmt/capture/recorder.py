@@ -31,7 +31,7 @@ from replayfmt.capture.original_times import OriginalTimes
 from replayfmt.capture.ranks import rank_properties, this_rank
 from replayfmt.capture.report import Report
 from replayfmt.capture.self_check import Outcome, ReplayCheck, replay_check, skip_reason
-from replayfmt.capture.translate import Translator
+from replayfmt.capture.translate import Translator, released
 from replayfmt.capture.verdict import check_capture, without_child_work
 from replayfmt.errors import ReplayUsageError
 from replayfmt.format import model as m
@@ -159,18 +159,13 @@ class Recorder:
     @contextlib.contextmanager
     @contextlib.contextmanager
     def _source_unlocked(self) -> Iterator[None]:
-        """The source's lock (the original times' lock) let go for the block where this thread
-        holds it (inside a callback): other threads' callbacks run meanwhile."""
-        lock = self.times.lock
+        """The source's lock (the original times' lock, held by the callback and again around the
+        translator) let go for the block where this thread holds it: other threads' callbacks run
+        meanwhile."""
         try:
-            lock.release()
-        except RuntimeError:  # not held by this thread: outside a callback
-            yield
-            return
-        try:
-            yield
+            with released(self.times.lock):
+                yield
         finally:
-            lock.acquire()
             self.source.devices.forget()  # other threads' calls moved it: the next call says its device
 
     def _settled(self) -> Iterator[None]:

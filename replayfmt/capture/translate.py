@@ -70,6 +70,24 @@ from replayfmt.format import model as m
 from replayfmt.writer import CaptureWriter
 
 
+@contextlib.contextmanager
+def released(lock: Any) -> Iterator[None]:
+    """A reentrant ``lock`` this thread holds (at any depth) let go for the block, taken again as
+    deep after it; nothing when this thread does not hold it."""
+    depth = 0
+    while True:
+        try:
+            lock.release()
+        except RuntimeError:  # not (or no longer) held by this thread
+            break
+        depth += 1
+    try:
+        yield
+    finally:
+        for _ in range(depth):
+            lock.acquire()
+
+
 class Translator:
     """Consumes :mod:`events` in program order and writes them to ``writer``. Thread-safe: its
     collaborators are not, and each is used under the translator's lock. Besides its methods,
@@ -355,15 +373,13 @@ class Translator:
 
     @contextlib.contextmanager
     def _unlocked(self) -> Iterator[None]:
-        """The translator's lock and the source's let go for the block (held once by this thread,
+        """The translator's lock and the source's let go for the block (this thread holds them,
         inside handle): other threads' events are recorded meanwhile."""
         device = self.devices.current_ordinal  # this event's, whatever other threads' events say
-        self._lock.release()
         try:
-            with self.unlocked():
+            with released(self._lock), self.unlocked():
                 yield
         finally:
-            self._lock.acquire()
             self.devices.current_ordinal = device
 
     @property
