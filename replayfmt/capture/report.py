@@ -105,8 +105,9 @@ class Report:
             out.append(f"  CUDA graphs: {graphs}")
         if self.collectives:
             out.append(
-                f"  collectives: {self.collectives} NCCL calls recorded (the ranks' captures replay together, "
-                "issuing them among each other; this rank alone puts what each received in place)"
+                f"  collectives: {self.collectives} NCCL calls recorded (the ranks replay together, issuing them "
+                "among each other, in one process for the ranks one capture holds; a rank alone puts what each "
+                "received in place)"
             )
         if self.skipped_bytes:
             sources = ", ".join(sorted(self.live_sources))
