@@ -229,3 +229,52 @@ def test_a_wait_lets_go_of_a_lock_held_at_any_depth_and_takes_it_again_as_deep()
         lock.acquire()
     with released(lock):  # not held: nothing to let go
         pass
+
+
+class IdleMemory(AsideMemory):
+    """Device memory where no copy can be set aside (a launch's return never seen): the program's
+    stream is idle once the peer's kernel was launched (the all-reduce ran)."""
+
+    peer_launched = False
+
+    def stream_idle(self, stream: int, timeout: float = 0.0) -> bool:
+        self.calls.append(("idle?", stream))
+        if self.peer_launched and not self.copies:
+            total = np.frombuffer(bytes(self.device[A]), np.float32) + np.frombuffer(bytes(self.device[B]), np.float32)
+            for base in (A, B):
+                self.device[base][:] = total.astype(np.float32).tobytes()
+            self.copies[0] = b"ran"
+        return self.peer_launched
+
+
+def test_without_its_return_a_call_is_read_once_its_stream_is_idle_waiting_with_the_locks_let_go(tmp_path, cubin):
+    mem = IdleMemory()
+    first, peer = sharded_step(cubin, mem)
+    first = [e for e in first if not isinstance(e, ev.LaunchEnd)]
+    peer = [e for e in peer if not isinstance(e, ev.LaunchEnd)]
+    waited: list = []
+    path = tmp_path / "c.kreplay"
+    with CaptureWriter(path) as writer:
+        log = FakeLog([[INIT0, INIT1, CALL1, CALL0], []])
+        t = Translator(writer, RecordOptions(), mem, host_files=HostFiles(tmp_path / "no-maps"), collectives=log)
+        peer_thread_meanwhile(t, [*peer, lambda: setattr(mem, "peer_launched", True)], waited)
+        t.handle = (lambda handle: lambda e: e() if callable(e) else handle(e))(t.handle)
+        t.start("step")
+        for e in first:
+            t.handle(e)
+        t.stop()
+    assert waited == [True] and not t.report.unsupported and t.report.collectives == 2
+    assert mem.calls.index(("read", S0)) > mem.calls.index(("idle?", S0))  # read once idle, never before
+    with replayfmt.open(path) as cap:
+        call = next(op for op in cap.iter_operations() if isinstance(op, m.Collective))
+        assert call.rank == 0
+        assert np.array_equal(np.frombuffer(cap.read_payload(call.received), np.float32), np.arange(256) + 10)
+
+
+def test_without_its_return_a_peer_that_never_launches_is_refused_by_name(tmp_path, cubin, monkeypatch):
+    monkeypatch.setattr(collective_events, "COLLECTIVE_WAIT_SECONDS", 0.01)
+    mem = IdleMemory()
+    first, _ = sharded_step(cubin, mem)
+    first = [e for e in first if not isinstance(e, ev.LaunchEnd)]
+    _, t = record(tmp_path, first, mem, collectives=FakeLog([[INIT0, INIT1, CALL1, CALL0]]))
+    assert t.report.unsupported == {"ncclKernel": 1} and ("read", S0) not in mem.calls

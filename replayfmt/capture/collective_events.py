@@ -210,14 +210,18 @@ class Collectives:
         """Before ``event`` is recorded: the collectives it must follow in the capture written (their
         copies waited for with the recorder's locks let go, ``unlocked``), and those whose copies ran."""
         needs = self._needs(event)
-        waits = [
-            r.aside for launch in self._launches if id(launch) in needs for r in launch.calls if r.aside is not None
-        ]
+        needed = [launch for launch in self._launches if id(launch) in needs]
+        waits = [r.aside for launch in needed for r in launch.calls if r.aside is not None]
         done = self._memory.set_aside_done if waits else None
-        if done is not None and not all(done(aside) for aside in waits):
+        # on several devices, a launch whose return was not seen yet is read once its stream is idle
+        idle = getattr(self._memory, "stream_idle", None) if self._devices.several else None
+        streams = [launch.stream for launch in needed if not launch.returned] if idle is not None else []
+        if (done is not None and not all(done(aside) for aside in waits)) or streams:
             with unlocked():  # a peer's kernel may yet be launched by another thread
                 for aside in waits:
                     done(aside, COLLECTIVE_WAIT_SECONDS)
+                for stream in streams:
+                    idle(stream, COLLECTIVE_WAIT_SECONDS)
         self._write_ready(needs)
 
     def write_received(self) -> None:
@@ -250,6 +254,7 @@ class Collectives:
         """The launches in ``needs``, and any other whose copies ran, written in launch order (a
         launch after one that waits on its stream waits too)."""
         done = getattr(self._memory, "set_aside_done", None)
+        idle = getattr(self._memory, "stream_idle", None) if self._devices.several and not wait else None
         waiting: set[int] = set()
         kept = []
         for launch in self._launches:
@@ -257,7 +262,8 @@ class Collectives:
             ready = launch.returned and len(asides) == sum(r.receive is not None for r in launch.calls)
             ready = ready and launch.stream not in waiting and (done is None or all(done(a) for a in asides))
             if id(launch) in needs or ready:
-                if not wait and id(launch) in needs and done is not None and not all(done(a) for a in asides):
+                late = not wait and id(launch) in needs and done is not None and not all(done(a) for a in asides)
+                if late or (idle is not None and not launch.returned and not idle(launch.stream)):
                     self._refuse(launch, f"its results were not ready after {COLLECTIVE_WAIT_SECONDS:g} s")
                     continue
                 self._write(launch)

@@ -47,6 +47,9 @@ class DeviceMemory(Protocol):
     def take_aside(self, aside: Any) -> bytes:
         """The bytes ``aside`` holds (once its copy ran: it waits for that), its memory freed."""
 
+    def stream_idle(self, stream: int, timeout: float = 0.0) -> bool:
+        """Whether the program's ``stream`` has run all its work, asked until ``timeout`` seconds passed."""
+
 
 class _DeviceSide:
     """The recorder's own work on one device: the context it runs in, its stream and its
@@ -223,15 +226,24 @@ class DriverMemory:
             return _Aside(int(copy), size, event)
 
     def set_aside_done(self, aside: _Aside, timeout: float = 0.0) -> bool:
+        return self._until(
+            lambda: self.cu.cuEventQuery(aside.event), timeout, "cuEventQuery (collective's result aside)"
+        )
+
+    def stream_idle(self, stream: int, timeout: float = 0.0) -> bool:
+        return self._until(lambda: self.cu.cuStreamQuery(self.cu.CUstream(stream)), timeout, "cuStreamQuery")
+
+    def _until(self, query: Any, timeout: float, what: str) -> bool:
+        """Whether ``query`` (a driver call) answers success before ``timeout`` seconds passed."""
         cu = self.cu
         deadline = time.monotonic() + timeout
         with self._unrecorded():
             while True:
-                (err,) = cu.cuEventQuery(aside.event)
+                (err,) = query()
                 if err == cu.CUresult.CUDA_SUCCESS:
                     return True
                 if err != cu.CUresult.CUDA_ERROR_NOT_READY:
-                    check((err,), "cuEventQuery (collective's result aside)")
+                    check((err,), what)
                 if time.monotonic() >= deadline:
                     return False
                 time.sleep(0.0005)
