@@ -157,7 +157,6 @@ class Recorder:
             self.translator.stop()
 
     @contextlib.contextmanager
-    @contextlib.contextmanager
     def _source_unlocked(self) -> Iterator[None]:
         """The source's lock (the original times' lock, held by the callback and again around the
         translator) let go for the block where this thread holds it: other threads' callbacks run
@@ -168,6 +167,7 @@ class Recorder:
         finally:
             self.source.devices.forget()  # other threads' calls moved it: the next call says its device
 
+    @contextlib.contextmanager
     def _settled(self) -> Iterator[None]:
         with self.times.lock:
             self.source.settle()
