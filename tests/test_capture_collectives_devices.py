@@ -278,3 +278,143 @@ def test_without_its_return_a_peer_that_never_launches_is_refused_by_name(tmp_pa
     first = [e for e in first if not isinstance(e, ev.LaunchEnd)]
     _, t = record(tmp_path, first, mem, collectives=FakeLog([[INIT0, INIT1, CALL1, CALL0]]))
     assert t.report.unsupported == {"ncclKernel": 1} and ("read", S0) not in mem.calls
+
+
+class ReleasingMemory(AsideMemory):
+    """Copies as the driver keeps them: asked about and read until released, never after."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.released: list[int] = []
+
+    def set_aside_done(self, aside: int, timeout: float = 0.0) -> bool:
+        assert aside not in self.released, "a copy asked about after it was released"
+        return aside in self.copies
+
+    def take_aside(self, aside: int) -> bytes:
+        assert aside not in self.released, "a copy read after it was released"
+        self.calls.append(("take_aside", aside))
+        return self.copies[aside]
+
+    def release_aside(self, aside: int) -> None:
+        self.released.append(aside)
+
+    def stream_idle(self, stream: int, timeout: float = 0.0) -> bool:
+        self.calls.append(("idle?", stream))
+        return True
+
+
+def test_one_device_reads_each_call_once_its_stream_is_idle_as_before(tmp_path, cubin):
+    """A DDP rank (one device): no copy aside, no wait with the locks let go, the reads of a plain
+    reader in the same order, whatever the memory offers."""
+    from test_capture_collectives import ALL_REDUCE, COMM_MADE, NCCL_STREAM, ddp_step
+
+    def recorded(mem):
+        events, lines = ddp_step(cubin, mem, [COMM_MADE, ALL_REDUCE])
+        at = next(i for i, e in enumerate(events) if isinstance(e, ev.LaunchBegin)) + 1
+        events.insert(at, ev.LaunchEnd(NCCL_STREAM))  # the NCCL kernel's exit reaches the recorder
+        path = tmp_path / f"{type(mem).__name__}.kreplay"
+        waited: list = []
+        with CaptureWriter(path) as writer:
+            t = Translator(
+                writer, RecordOptions(), mem, host_files=HostFiles(tmp_path / "m"), collectives=FakeLog([lines])
+            )
+            t.unlocked = lambda: waited.append(True) or contextlib.nullcontext()
+            t.start("step")
+            for e in events:
+                t.handle(e() if callable(e) else e)
+            t.stop()
+        assert not t.report.unsupported and t.report.collectives == 1
+        return waited
+
+    plain, offered = FakeMemory(), ReleasingMemory()
+    assert recorded(plain) == [] and recorded(offered) == []
+    assert offered.calls == [] and offered.released == []  # no copy aside, no idle query
+    assert offered.reads == plain.reads and (B, 1024, NCCL_STREAM) in plain.reads
+
+
+def test_a_copy_another_thread_read_back_is_released_only_once_no_thread_waits_on_it(tmp_path, cubin):
+    mem = ReleasingMemory()
+    first, peer = sharded_step(cubin, mem)
+    waited: list = []
+    path = tmp_path / "c.kreplay"
+    with CaptureWriter(path) as writer:
+        log = FakeLog([[INIT0, INIT1, CALL1, CALL0], []])
+        t = Translator(writer, RecordOptions(), mem, host_files=HostFiles(tmp_path / "no-maps"), collectives=log)
+        # the peer thread's own event after its launch writes cuda:0's call while cuda:0's thread waits on it
+        peer_thread_meanwhile(t, [*peer, ev.EventCreated(0xE5)], waited)
+        t.start("step")
+        for e in first:
+            t.handle(e)
+        t.stop()
+    assert waited == [True] and not t.report.unsupported and not t.report.partial
+    assert ("take_aside", S0) in mem.calls and sorted(mem.released) == [S0, S1]  # each released once, after
+
+
+def test_a_region_end_waits_with_the_locks_let_go_and_records_the_peer_launched_meanwhile(tmp_path, cubin):
+    mem = ReleasingMemory()
+    first, peer = sharded_step(cubin, mem)
+    first = first[: first.index(ev.LaunchEnd(S0)) + 1]  # the region ends right after cuda:0's launch
+    waited: list = []
+    path = tmp_path / "c.kreplay"
+    with CaptureWriter(path) as writer:
+        log = FakeLog([[INIT0, INIT1, CALL1, CALL0], []])
+        t = Translator(writer, RecordOptions(), mem, host_files=HostFiles(tmp_path / "no-maps"), collectives=log)
+        peer_thread_meanwhile(t, peer, waited)
+        t.start("step")
+        for e in first:
+            t.handle(e)
+        t.stop()
+    assert waited == [True] and not t.report.unsupported and t.report.collectives == 2
+    with replayfmt.open(path) as cap:
+        assert sorted(op.rank for op in cap.iter_operations() if isinstance(op, m.Collective)) == [0, 1]
+    assert sorted(mem.released) == [S0, S1]
+
+
+def test_a_region_end_whose_peer_never_launches_refuses_by_name_within_the_bound(tmp_path, cubin, monkeypatch):
+    monkeypatch.setattr(collective_events, "COLLECTIVE_WAIT_SECONDS", 0.01)
+    mem = ReleasingMemory()
+    first, _ = sharded_step(cubin, mem)
+    first = first[: first.index(ev.LaunchEnd(S0)) + 1]
+    _, t = record(tmp_path, first, mem, collectives=FakeLog([[INIT0, INIT1, CALL1, CALL0]]))
+    assert t.report.unsupported == {"ncclKernel": 1} and not t.report.partial
+    assert mem.released == []  # its copy never ran: its memory is not reused
+
+
+def test_one_deadline_bounds_a_wait_on_several_copies(tmp_path, cubin, monkeypatch):
+    import time
+
+    monkeypatch.setattr(collective_events, "COLLECTIVE_WAIT_SECONDS", 0.2)
+    timeouts: list[float] = []
+
+    class SlowMemory(ReleasingMemory):
+        def set_aside_done(self, aside: int, timeout: float = 0.0) -> bool:
+            timeouts.append(timeout)
+            time.sleep(timeout)
+            return False
+
+    mem = SlowMemory()
+    first, _ = sharded_step(cubin, mem)
+    # one kernel carrying two of cuda:0's calls (a group): two copies, waited for by the kernel after it
+    log = FakeLog([[INIT0, INIT1, CALL0, all_reduce(b"0x5612a0", A, S0, b"4402", b"0", 1)]])
+    began = time.monotonic()
+    _, t = record(tmp_path, first, mem, collectives=log)
+    assert t.report.unsupported == {"ncclKernel": 1}
+    waits = [w for w in timeouts if w > 0]
+    assert sum(waits) <= 0.2 + 0.05 and time.monotonic() - began < 5
+
+
+def test_a_copy_the_driver_refuses_to_queue_refuses_its_call_by_name(tmp_path, cubin):
+    from replayfmt.errors import DeviceError
+
+    class FailingMemory(ReleasingMemory):
+        def set_aside(self, address: int, size: int, stream: int) -> int:
+            raise DeviceError("cuMemcpyDtoDAsync (collective's result aside): CUDA_ERROR_INVALID_VALUE")
+
+    mem = FailingMemory()
+    first, _ = sharded_step(cubin, mem)
+    path, t = record(tmp_path, first, mem, collectives=FakeLog([[INIT0, INIT1, CALL1, CALL0]]))
+    assert t.report.unsupported == {"ncclKernel": 1} and not t.report.partial
+    with replayfmt.open(path) as cap:
+        refused = next(op for op in cap.iter_operations() if op.kind == m.OperationKind.UNSUPPORTED)
+        assert "could not be copied aside" in refused.reason and "AllReduce" in refused.reason

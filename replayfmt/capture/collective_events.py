@@ -12,20 +12,35 @@ send range of each is touched as any read is and its receive range prepared as a
 (earlier contents become starting state where the region needs them). The calls one kernel
 launch carries were one group, and are written together.
 
-Reading a call's results back. Once the launch call returns, a copy of each receive range into
-device memory of the recorder's own is queued on the kernel's stream, with an event after it
-(``DeviceMemory.set_aside``): stream-ordered, so nothing the program queues later on that stream
-changes what it holds. The calls are written once that copy has run: at any later event when its
-event says so, and before any event that must follow them in the capture. In a process on
-several devices that is an event on the same stream (replay issues a stream's operations in the
+Reading a call's results back. In a process on one device (a DDP rank), at the recorder's next
+event each call's receive range is read once its stream is idle, and the call written on its
+stream. In a process on several devices that read could wait for ever (the kernel waits on the
+device for a peer's kernel that another thread has yet to launch), so once the launch call
+returns, a copy of each receive range into device memory of the recorder's own is queued on the
+kernel's stream, with an event after it (``DeviceMemory.set_aside``): stream-ordered, so nothing
+the program queues later on that stream changes what it holds. The calls are written once that
+copy has run: at any later event when its event says so, and before any event that must follow
+them in the capture: an event on the same stream (replay issues a stream's operations in the
 file's order, and a payload is named by its bytes, so the call cannot be written before its bytes
-are known) or a synchronisation of its device; on one device, as always, the next event. Such a
-wait lets go of the recorder's locks: the kernel may wait on the device for a peer's kernel that
-another thread of the program has yet to launch, and that launch must be recorded meanwhile
-(waiting with the locks held would never end). It is bounded: after COLLECTIVE_WAIT_SECONDS the
-calls are refused by name and the program goes on. The copies held at once are bounded by
-SET_ASIDE_BYTES (more is refused by name). Where no copy was queued (the launch's return not seen
-yet), the receive range is read once its stream is idle, as on one device.
+are known), a synchronisation of its device, the end of a scope or region. Such a wait lets go of
+the recorder's locks, so that the peer's launch is recorded meanwhile, and is bounded: after
+COLLECTIVE_WAIT_SECONDS in all (one deadline for every copy it waits on) the calls are refused by
+name and the program goes on. A region's end waits while the region still records. The copies
+held at once are bounded by SET_ASIDE_BYTES (more is refused by name). A copy's memory is kept for
+later copies, never freed while recording (cuMemFree waits for the whole device, where a peer's
+kernel may be pending), and a copy is released only once no thread waits on any copy (a waiter
+asks about copies another thread may read back meanwhile); a refused call's copy once it ran.
+Where no copy was queued (the launch's return not seen yet, no room), the receive range is read
+once its stream is idle, waited for in the same way.
+
+What remains: the wait runs inside the translator's ``handle`` (and so inside the source's
+callback and the original times' sink, which hold the source's lock around it). While it lets go,
+other threads' events are recorded and timed between this event's callback and its own record:
+their operations are written before it, and the original times' order of calls is theirs first.
+That order is a valid one (the waiting thread's event was not issued yet as far as the device is
+concerned, since the waiting thread is blocked in the callback), but code that assumes a callback
+runs whole under the lock (settle, stop, the C ring's take, RepeatedLaunches' batches) may see
+another thread's events in between.
 
 Refused, with the reason: an NCCL kernel no logged call explains, a call on a communicator the
 log never showed made, and operations this version does not know (all-to-all).
@@ -34,6 +49,7 @@ log never showed made, and operations this version does not know (all-to-all).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -92,6 +108,11 @@ class _Launch:
     held: int = field(default=0)  # bytes of its copies held aside
 
 
+def _unset(launch: _Launch) -> bool:
+    """Whether a call of ``launch`` has results and no copy of them queued (read once its stream is idle)."""
+    return any(r.receive is not None and r.aside is None for r in launch.calls)
+
+
 class Collectives:
     """NCCL kernel launches. Owns NCCL's log of this process's calls (None: not read), the
     launches whose calls await being written, the bytes held aside for them and the count of
@@ -123,13 +144,15 @@ class Collectives:
         self._state = state
         self._launches: list[_Launch] = []  # in launch order
         self._held = 0  # bytes held aside now
-        self._abandoned: list[Any] = []  # copies of calls refused while their kernels still waited
+        self._abandoned: list[Any] = []  # copies of calls refused: released once they ran
+        self._spent: list[Any] = []  # copies read back: released once no thread waits on any copy
+        self._waiters = 0  # threads waiting now, with the locks let go, on copies they hold no claim to
         self._groups = 0  # groups of calls (those one NCCL kernel launch carries) so far
 
     @property
     def pending(self) -> bool:
-        """Whether collectives launched await being written."""
-        return bool(self._launches)
+        """Whether collectives launched await being written, or copies of their results release."""
+        return bool(self._launches or self._abandoned or self._spent)
 
     def on_launch(self, event: ev.LaunchBegin) -> None:
         """An NCCL kernel launched while recording: its calls kept, or refused saying why."""
@@ -178,7 +201,10 @@ class Collectives:
         self._report.collectives += len(calls)
 
     def on_launch_end(self, event: ev.LaunchEnd) -> None:
-        """An NCCL kernel's launch call returned: a copy of each call's results is queued after it."""
+        """An NCCL kernel's launch call returned: on several devices, a copy of each call's results
+        is queued after it (on one device they are read at the next event, as always)."""
+        if not self._devices.several:
+            return
         me = threading.get_ident()
         set_aside = getattr(self._memory, "set_aside", None)  # a plain reader reads once the stream is idle
         for launch in list(self._launches):
@@ -190,56 +216,86 @@ class Collectives:
             size = sum(r.size for r in launch.calls if r.receive is not None)
             if self._held + size > SET_ASIDE_BYTES:
                 self._write_ready(set())  # what has run frees its room
+            why = ""
             if self._held + size > SET_ASIDE_BYTES:
                 why = (
                     f"its results ({size} bytes) would hold more than {SET_ASIDE_BYTES} bytes aside on the "
                     "devices for collectives not read back yet"
                 )
-                self._refuse(launch, why)
-                self._launches.remove(launch)
-                continue
-            for r in launch.calls:
+            for r in launch.calls if not why else ():
                 if r.receive is not None:
                     allocation, offset = r.receive
-                    r.aside = set_aside(allocation.address + offset, r.size, launch.stream)
+                    try:
+                        r.aside = set_aside(allocation.address + offset, r.size, launch.stream)
+                    except DeviceError as exc:
+                        why = f"its results could not be copied aside: {exc}"
+                        break
                     if r.aside is not None:
                         launch.held += r.size
             self._held += launch.held
+            if why:
+                self._refuse(launch, why)
+                self._launches.remove(launch)
 
     def before(self, event: object, unlocked: Callable[[], AbstractContextManager[object]]) -> None:
-        """Before ``event`` is recorded: the collectives it must follow in the capture written (their
-        copies waited for with the recorder's locks let go, ``unlocked``), and those whose copies ran."""
+        """Before ``event`` is recorded: the collectives it must follow in the capture written (on
+        several devices their copies waited for with the recorder's locks let go, ``unlocked``),
+        and those whose copies ran."""
+        if not self._devices.several:  # one device: each read at the next event, once its stream is idle
+            self._write_all()
+            return
         needs = self._needs(event)
-        needed = [launch for launch in self._launches if id(launch) in needs]
-        waits = [r.aside for launch in needed for r in launch.calls if r.aside is not None]
-        done = self._memory.set_aside_done if waits else None
-        # on several devices, a launch whose return was not seen yet is read once its stream is idle
-        idle = getattr(self._memory, "stream_idle", None) if self._devices.several else None
-        streams = [launch.stream for launch in needed if not launch.returned] if idle is not None else []
-        if (done is not None and not all(done(aside) for aside in waits)) or streams:
-            with unlocked():  # a peer's kernel may yet be launched by another thread
-                for aside in waits:
-                    done(aside, COLLECTIVE_WAIT_SECONDS)
-                for stream in streams:
-                    idle(stream, COLLECTIVE_WAIT_SECONDS)
+        self._wait([launch for launch in self._launches if id(launch) in needs], unlocked)
         self._write_ready(needs)
+        self._release()
 
-    def write_received(self) -> None:
-        """Every collective launched, with the bytes it left (a region or scope ends: waited for)."""
-        self._write_ready({id(launch) for launch in self._launches}, wait=True)
-        abandoned, self._abandoned = self._abandoned, []
-        for aside in abandoned:  # their kernels ran by now: the copies' memory freed
-            try:
-                self._memory.take_aside(aside)
-            except DeviceError:
-                pass
+    def write_received(self, unlocked: Callable[[], AbstractContextManager[object]] | None = None) -> None:
+        """Every collective launched, with the bytes it left (a region or scope ends). On several
+        devices waited for as ``before`` does, with the locks let go when ``unlocked`` is given
+        (else only those that ran are written); those not ready by then are refused by name."""
+        if not self._devices.several:
+            self._write_all()
+            return
+        if unlocked is not None:
+            self._wait(list(self._launches), unlocked)
+        self._write_ready({id(launch) for launch in self._launches})
+        self._release()
+
+    def _write_all(self) -> None:
+        """One device: every launch's calls, each read once its stream is idle."""
+        launches, self._launches = self._launches, []
+        for launch in launches:
+            self._write(launch)
+
+    def _wait(self, launches: list[_Launch], unlocked: Callable[[], AbstractContextManager[object]]) -> None:
+        """Until the copies of ``launches`` ran (or their streams are idle, where none was queued),
+        at most COLLECTIVE_WAIT_SECONDS in all, with the recorder's locks let go: a peer's kernel
+        may yet be launched by another thread. Copies are never released while a thread waits
+        (another thread may write these launches meanwhile)."""
+        memory = self._memory
+        done = getattr(memory, "set_aside_done", None)
+        idle = getattr(memory, "stream_idle", None)
+        waits = [r.aside for launch in launches for r in launch.calls if r.aside is not None]
+        waits = [aside for aside in waits if done is not None and not done(aside)]
+        streams = [launch.stream for launch in launches if _unset(launch)] if idle is not None else []
+        streams = [stream for stream in streams if not idle(stream)]
+        if not waits and not streams:
+            return
+        self._waiters += 1
+        try:
+            with unlocked():
+                deadline = time.monotonic() + COLLECTIVE_WAIT_SECONDS
+                for aside in waits:
+                    done(aside, max(0.0, deadline - time.monotonic()))
+                for stream in streams:
+                    idle(stream, max(0.0, deadline - time.monotonic()))
+        finally:
+            self._waiters -= 1
 
     def _needs(self, event: object) -> set[int]:
-        """The launches ``event`` must follow in the capture (by id)."""
+        """The launches ``event`` must follow in the capture (by id), on several devices."""
         if isinstance(event, ev.LaunchEnd):
             return set()  # not an operation
-        if not self._devices.several:  # one device: the next event, as a process on one device always did
-            return {id(launch) for launch in self._launches}
         if isinstance(event, ev.ContextSynchronized):
             device = self._devices.now()
             return {id(launch) for launch in self._launches if launch.device == device}
@@ -250,20 +306,22 @@ class Collectives:
             streams = {stream} if stream is not None else set()
         return {id(launch) for launch in self._launches if launch.stream in streams}
 
-    def _write_ready(self, needs: set[int], *, wait: bool = False) -> None:
+    def _write_ready(self, needs: set[int]) -> None:
         """The launches in ``needs``, and any other whose copies ran, written in launch order (a
-        launch after one that waits on its stream waits too)."""
+        launch after one that waits on its stream waits too); one in ``needs`` whose copies have not
+        run (its stream not idle, where none was queued) is refused by name."""
         done = getattr(self._memory, "set_aside_done", None)
-        idle = getattr(self._memory, "stream_idle", None) if self._devices.several and not wait else None
+        idle = getattr(self._memory, "stream_idle", None)
         waiting: set[int] = set()
         kept = []
         for launch in self._launches:
             asides = [r.aside for r in launch.calls if r.aside is not None]
+            ran = done is None or all(done(a) for a in asides)
             ready = launch.returned and len(asides) == sum(r.receive is not None for r in launch.calls)
-            ready = ready and launch.stream not in waiting and (done is None or all(done(a) for a in asides))
+            ready = ready and launch.stream not in waiting and ran
             if id(launch) in needs or ready:
-                late = not wait and id(launch) in needs and done is not None and not all(done(a) for a in asides)
-                if late or (idle is not None and not launch.returned and not idle(launch.stream)):
+                late = not ran or (idle is not None and _unset(launch) and not idle(launch.stream))
+                if late:
                     self._refuse(launch, f"its results were not ready after {COLLECTIVE_WAIT_SECONDS:g} s")
                     continue
                 self._write(launch)
@@ -272,8 +330,23 @@ class Collectives:
                 kept.append(launch)
         self._launches = kept
 
+    def _release(self) -> None:
+        """Copies read back, and refused ones that ran, released while no thread waits on a copy."""
+        if self._waiters:
+            return
+        release = getattr(self._memory, "release_aside", None)
+        done = getattr(self._memory, "set_aside_done", None)
+        ran = [a for a in self._abandoned if done is not None and done(a)]
+        self._abandoned = [a for a in self._abandoned if a not in ran]
+        spent, self._spent = self._spent + ran, []
+        for aside in spent if release is not None else ():
+            try:
+                release(aside)
+            except DeviceError:
+                pass
+
     def _refuse(self, launch: _Launch, why: str) -> None:
-        """A launch's calls refused by name; its copies freed once they ran (write_received)."""
+        """A launch's calls refused by name; its copies released once they ran."""
         for r in launch.calls:
             if r.aside is not None:
                 self._abandoned.append(r.aside)
@@ -313,6 +386,7 @@ class Collectives:
                 try:
                     if r.aside is not None:
                         aside, r.aside = r.aside, None
+                        self._spent.append(aside)  # released once no thread waits on it
                         data = self._memory.take_aside(aside)
                     else:
                         data = self._memory.read(allocation.address + offset, r.size, call.stream)
@@ -327,7 +401,7 @@ class Collectives:
                 operation,
                 call.datatype,
                 call.reduction,
-                launch.stream_object,
+                launch.stream_object if self._devices.several else self._streams.stream(call.stream),
                 call.count,
                 call.root if operation in _ROOTED else -1,
                 call.ranks,

@@ -45,7 +45,12 @@ class DeviceMemory(Protocol):
         """Whether the copy ``aside`` names has run, asked until ``timeout`` seconds passed."""
 
     def take_aside(self, aside: Any) -> bytes:
-        """The bytes ``aside`` holds (once its copy ran: it waits for that), its memory freed."""
+        """The bytes ``aside`` holds (once its copy ran: it waits for that)."""
+
+    def release_aside(self, aside: Any) -> None:
+        """``aside``'s memory kept for a later copy and its event destroyed (once its copy ran and
+        no thread asks about it any more): never a cuMemFree, which would wait for the whole
+        device, where a peer's NCCL kernel may wait for a launch yet to come."""
 
     def stream_idle(self, stream: int, timeout: float = 0.0) -> bool:
         """Whether the program's ``stream`` has run all its work, asked until ``timeout`` seconds passed."""
@@ -59,6 +64,7 @@ class _DeviceSide:
         self.context = context
         self.stream: Any = None
         self.snapshots: Snapshotter | None = None
+        self.asides: list[tuple[int, int]] = []  # (address, capacity) of copies' memory free for reuse
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +74,8 @@ class _Aside:
     address: int  # the recorder's own device memory holding it
     size: int
     event: Any  # recorded on the program's stream after the copy
+    capacity: int  # bytes of that memory
+    ordinal: int  # the device it is on
 
 
 class DriverMemory:
@@ -215,15 +223,33 @@ class DriverMemory:
 
     def set_aside(self, address: int, size: int, stream: int) -> _Aside | None:
         cu = self.cu
-        with self._unrecorded(), self._device_holding(address):
-            err, copy = cu.cuMemAlloc(size)
-            if err != cu.CUresult.CUDA_SUCCESS:
-                return None  # the program's memory comes first
-            on = cu.CUstream(stream)
-            check(cu.cuMemcpyDtoDAsync(copy, address, size, on), "cuMemcpyDtoDAsync (collective's result aside)")
-            event = check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate")
-            check(cu.cuEventRecord(event, on), "cuEventRecord (collective's result aside)")
-            return _Aside(int(copy), size, event)
+        with self._unrecorded(), self._device_holding(address) as side:
+            ordinal = next(o for o, d in self._sides.items() if d is side)
+            fits = [a for a in side.asides if a[1] >= size]
+            if fits:
+                copy, capacity = min(fits, key=lambda a: a[1])
+                side.asides.remove((copy, capacity))
+            else:
+                capacity = max(4096, 1 << (size - 1).bit_length())  # reused by later copies of other sizes
+                err, made = cu.cuMemAlloc(capacity)
+                if err != cu.CUresult.CUDA_SUCCESS:
+                    return None  # the program's memory comes first
+                copy = int(made)
+            queued = False
+            event = None
+            try:
+                on = cu.CUstream(stream)
+                check(cu.cuMemcpyDtoDAsync(copy, address, size, on), "cuMemcpyDtoDAsync (collective's result aside)")
+                queued = True
+                event = check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate")
+                check(cu.cuEventRecord(event, on), "cuEventRecord (collective's result aside)")
+            except BaseException:
+                if event is not None:
+                    cu.cuEventDestroy(event)
+                if not queued:  # a copy queued without its event may yet run: that memory is not reused
+                    side.asides.append((copy, capacity))
+                raise
+            return _Aside(copy, size, event, capacity, ordinal)
 
     def set_aside_done(self, aside: _Aside, timeout: float = 0.0) -> bool:
         return self._until(
@@ -251,12 +277,15 @@ class DriverMemory:
     def take_aside(self, aside: _Aside) -> bytes:
         cu = self.cu
         with self._unrecorded(), self._device_holding(aside.address) as side:
-            try:
-                check(cu.cuEventSynchronize(aside.event), "cuEventSynchronize (collective's result aside)")
-                return self._copy_out(side, aside.address, aside.size)
-            finally:
-                cu.cuEventDestroy(aside.event)
-                cu.cuMemFree(aside.address)
+            check(cu.cuEventSynchronize(aside.event), "cuEventSynchronize (collective's result aside)")
+            return self._copy_out(side, aside.address, aside.size)
+
+    def release_aside(self, aside: _Aside) -> None:
+        with self._unrecorded():
+            self.cu.cuEventDestroy(aside.event)
+            side = self._sides.get(aside.ordinal)
+            if side is not None:
+                side.asides.append((aside.address, aside.capacity))
 
     def host_bytes(self, address: int, size: int) -> bytes:
         return ctypes.string_at(address, size)
@@ -290,6 +319,8 @@ class DriverMemory:
                             cu.cuStreamDestroy(side.snapshots.background.stream)
                     if side.stream is not None:
                         cu.cuStreamDestroy(side.stream)
+                    for address, _ in side.asides:  # the recorder stops: no collective waits on it
+                        cu.cuMemFree(address)
             self._sides.clear()
             if self._pinned:
                 cu.cuMemFreeHost(self._pinned)

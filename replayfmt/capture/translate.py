@@ -279,6 +279,8 @@ class Translator:
             region = self._region
             if not region.recording:
                 return
+            if self._collectives.pending:  # waited for while the region records (a peer's launch may come)
+                self._collectives.write_received(self._unlocked)
             while region.scopes:  # scopes the program left open
                 self.scope_end(region.scopes[-1][0])
             touched = region.close()
@@ -318,7 +320,7 @@ class Translator:
                 self.stop()
             elif region.recording:
                 if self._collectives.pending:  # collectives launched last: their results before the checkpoint
-                    self._collectives.write_received()
+                    self._collectives.write_received(self._unlocked)
                 if region.scopes and region.scopes[-1][0] == name:  # (state: inside its region of the file)
                     self._state.restore_changed_pristine_globals(region.number, region.touched)
                     touched = region.scopes.pop()[1]
