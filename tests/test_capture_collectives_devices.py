@@ -397,11 +397,10 @@ def test_one_deadline_bounds_a_wait_on_several_copies(tmp_path, cubin, monkeypat
     first, _ = sharded_step(cubin, mem)
     # one kernel carrying two of cuda:0's calls (a group): two copies, waited for by the kernel after it
     log = FakeLog([[INIT0, INIT1, CALL0, all_reduce(b"0x5612a0", A, S0, b"4402", b"0", 1)]])
-    began = time.monotonic()
     _, t = record(tmp_path, first, mem, collectives=log)
     assert t.report.unsupported == {"ncclKernel": 1}
-    waits = [w for w in timeouts if w > 0]
-    assert sum(waits) <= 0.2 + 0.05 and time.monotonic() - began < 5
+    waits = [w for w in timeouts if w > 0.01]  # the quick checks ask with no timeout
+    assert len(waits) == 1 and waits[0] <= 0.2  # the second copy got what the first left of one deadline
 
 
 def test_a_copy_the_driver_refuses_to_queue_refuses_its_call_by_name(tmp_path, cubin):
