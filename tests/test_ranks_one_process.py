@@ -15,7 +15,7 @@ import pytest
 from test_ranks import SUM, FakeNccl
 
 import replayfmt
-from replayfmt.errors import ReplayUsageError
+from replayfmt.errors import DeviceError, ReplayUsageError
 from replayfmt.format import model as m
 from replayfmt.replay.collectives import REDUCTIONS, CollectiveRuntime, Peers, local_peers, ranks_held
 from replayfmt.replay.verify_types import Outcome, VerifyOptions, VerifyResult
@@ -149,3 +149,66 @@ def test_a_capture_of_one_rank_alone_is_not_a_job(tmp_path):
 
     with pytest.raises(ReplayUsageError, match="needs the capture of every rank"):
         verify_ranks([write_rank(tmp_path / "r0.kreplay", 0)], RanksOptions(), nccl=FakeNccl)
+
+
+class FailingInit(DeviceNccl):
+    """Rank 1's init fails inside the group (rank 0's was queued)."""
+
+    def communicator(self, ranks: int, unique_id: bytes, rank: int) -> int:
+        if rank == 1:
+            raise DeviceError("ncclCommInitRank: NCCL error 4: invalid argument")
+        return super().communicator(ranks, unique_id, rank)
+
+    def abort(self, communicator: int) -> None:
+        self.calls.append(("abort", communicator))
+
+
+def test_a_failed_init_in_the_group_aborts_those_made_and_never_ends_the_group():
+    nccl = FailingInit()
+    peers = Peers({COMM: b"\1" * 128}, {}, {COMM: ((0, 11), (1, 12))})
+    runtime = CollectiveRuntime(peers, nccl=lambda: nccl, use_device=lambda device: None)
+    with pytest.raises(DeviceError, match="ncclCommInitRank"):
+        runtime.issue(dataclasses.replace(SUM, index=4, communicator=COMM, rank=0), 0x10, 0x10, 0xA0, None, ())
+    assert nccl.calls[-1] == ("abort", 0xC0) and ("group", False) not in nccl.calls  # the end would wait for ever
+    runtime.close()
+    assert ("destroy", 0xC0) not in nccl.calls
+
+
+def rewritten(path, tmp_path, change) -> str:
+    """The sharded step with each collective changed by ``change``."""
+    out = tmp_path / "changed.kreplay"
+    with replayfmt.open(path) as cap, replayfmt.CaptureWriter(out) as w:
+        for obj in cap.objects():
+            w.add_object(obj)
+        with w.scope("step"):
+            for op in cap.iter_operations():
+                if isinstance(op, m.Collective):
+                    call = change(op)
+                    w.collective(call, received=cap.read_payload(op.received) if call.recv_size else None)
+    return str(out)
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        (lambda op: dataclasses.replace(op, ranks=4), f"{COMM} has 4 ranks; this capture holds 2"),
+        (
+            lambda op: dataclasses.replace(op, operation=m.CollectiveOperation.SEND, root=1 - op.rank),
+            "is a send or receive among the devices of one process",
+        ),
+    ],
+)
+def test_ranks_that_cannot_be_issued_among_themselves_put_received_bytes_in_place_saying_why(tmp_path, change, why):
+    path = rewritten(write_sharded_step(tmp_path / "s.kreplay"), tmp_path, change)
+    with replayfmt.open(path) as cap:
+        peers, note = local_peers(cap, 2, (0,), gpu_count=lambda: 2, nccl=FakeNccl)
+    assert peers is None and note.startswith("received bytes put in place (ranks 0, 1 of ") and why in note
+    assert "\n" not in note
+
+
+def test_a_capture_without_collectives_is_not_read_again_for_peers(monkeypatch):
+    from replayfmt.replay.options import ReplayOptions
+    from replayfmt.verbs import verifying
+
+    monkeypatch.setattr(verifying, "local_peers", lambda *a, **k: pytest.fail("its operations were scanned"))
+    assert verifying.with_local_peers(object(), 2, ReplayOptions(), 0) == (ReplayOptions(), "")

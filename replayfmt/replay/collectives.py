@@ -134,6 +134,10 @@ class Nccl:
     def destroy(self, communicator: int) -> None:
         self._lib.ncclCommDestroy(communicator)
 
+    def abort(self, communicator: int) -> None:
+        """A communicator given up without waiting for its peers (its init failed in a group)."""
+        self._lib.ncclCommAbort(ctypes.c_void_p(communicator))
+
     def group(self, start: bool) -> None:
         self.check((self._lib.ncclGroupStart if start else self._lib.ncclGroupEnd)(), "ncclGroup")
 
@@ -247,12 +251,19 @@ class CollectiveRuntime:
         init waits for the others), each with its device current; ``op``'s device current after."""
         use = self._use_device or (lambda device: None)
         nccl.group(True)
+        made: list[tuple[str, int]] = []
         try:
             for rank, device in members:
                 use(device)
                 self._communicators[(op.communicator, rank)] = nccl.communicator(op.ranks, unique_id, rank)
-        finally:
-            nccl.group(False)
+                made.append((op.communicator, rank))
+        except BaseException:
+            # the group is not ended: its other inits would wait for ever for the rank that failed
+            for key in made:
+                communicator = self._communicators.pop(key)
+                getattr(nccl, "abort", nccl.destroy)(communicator)
+            raise
+        nccl.group(False)
         use(dict(members).get(op.rank, members[0][1]))
 
 
@@ -266,12 +277,38 @@ def cuda_gpu_count() -> int:
 def ranks_held(capture: Any) -> dict[str, tuple[tuple[int, int], ...]]:
     """The communicators of which a capture holds several ranks (a process that drove several
     devices): communicator -> ((rank, the Device object id of its calls' streams), ...)."""
+    return _held(capture)[0]
+
+
+def _held(capture: Any) -> tuple[dict[str, tuple[tuple[int, int], ...]], str]:
+    """:func:`ranks_held`, and why those ranks cannot be issued among themselves in this process
+    ("" when they can): a communicator of which the capture holds fewer ranks than its size (the
+    others' calls never come: a group's end would wait for ever), or a send or receive among them
+    (NCCL connects a pair at its first send and receive, waiting on the host for the peer's call,
+    which from one thread comes later)."""
     streams = {o.id: o.device for o in capture.objects() if isinstance(o, m.Stream)}
     held: dict[str, dict[int, int]] = {}
+    sizes: dict[str, int] = {}
+    pairs: dict[str, int] = {}  # communicator -> a send or receive on it (operation index)
     for op in capture.iter_operations():
         if isinstance(op, m.Collective):
             held.setdefault(op.communicator, {}).setdefault(op.rank, streams.get(op.stream, 0))
-    return {name: tuple(sorted(ranks.items())) for name, ranks in held.items() if len(ranks) > 1}
+            sizes[op.communicator] = op.ranks
+            if op.operation in (_O.SEND, _O.RECV):
+                pairs.setdefault(op.communicator, op.index)
+    several = {name: tuple(sorted(ranks.items())) for name, ranks in held.items() if len(ranks) > 1}
+    why = ""
+    for name, ranks in several.items():
+        if len(ranks) != sizes[name]:
+            why = f"{name} has {sizes[name]} ranks; this capture holds {len(ranks)}"
+        elif name in pairs:
+            why = (
+                f"operation {pairs[name]} is a send or receive among the devices of one process, which this "
+                "version does not issue (NCCL would wait for the peer's call, issued later from the same thread)"
+            )
+        if why:
+            break
+    return several, why
 
 
 def local_peers(
@@ -287,10 +324,12 @@ def local_peers(
     replayed on ``ordinals`` (then the lowest free ones), for one process: (peers, "") when each
     rank has a GPU of its own and NCCL loads; else (None, why its calls' received bytes are put in
     place instead); (None, "") for a capture that holds no communicator's ranks twice."""
-    held = ranks_held(capture)
+    held, refused = _held(capture)
     if not held:
         return None, ""
     names = " and ".join(f"ranks {', '.join(str(r) for r, _ in ranks)} of {name}" for name, ranks in held.items())
+    if refused:
+        return None, f"received bytes put in place ({names}: {refused})"
     try:
         count = gpu_count()
     except ReplayError:

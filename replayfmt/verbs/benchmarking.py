@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from replayfmt.execute import open_replay
+from replayfmt.format import model as m
 from replayfmt.format.layout import DEFAULT_LIMITS, Limits
 from replayfmt.measure.benchmark import Benchmark, BenchmarkOptions, BenchmarkResult, find_region
 from replayfmt.replay.collectives import Peers
@@ -47,6 +48,8 @@ def benchmark(
     replay = ReplayOptions(devices=options.devices, uploads_from_host=True, nvtx=options.nvtx, peers=options.peers)
     with open_replay(path, options.plan, limits=options.limits) as session:
         region = find_region(session.capture, options.measure.scope)  # before any device work
-        replay, note = with_local_peers(session.capture, len(session.plan.devices), replay)
+        plan = session.plan
+        collectives = plan.operation_counts.get(m.OperationKind.COLLECTIVE.label, 0)
+        replay, note = with_local_peers(session.capture, len(plan.devices), replay, collectives)
         result = Benchmark(session.start(replay), region, options.measure).run(progress)
         return dataclasses.replace(result, collectives=note) if note else result

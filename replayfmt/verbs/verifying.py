@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 
 from replayfmt.execute import open_replay
+from replayfmt.format import model as m
 from replayfmt.reader import Capture
 from replayfmt.replay.collectives import cuda_gpu_count, local_peers
 from replayfmt.replay.launches import programmatic_note
@@ -48,11 +49,14 @@ def replay_options(options: VerifyOptions) -> ReplayOptions:
     )
 
 
-def with_local_peers(capture: Capture, devices: int, replay: ReplayOptions) -> tuple[ReplayOptions, str]:
+def with_local_peers(
+    capture: Capture, devices: int, replay: ReplayOptions, collectives: int
+) -> tuple[ReplayOptions, str]:
     """A capture that holds several ranks of a communicator (a process that drove several devices):
     its collectives issued among those ranks in this process where each has a GPU of its own and
-    NCCL loads, else each one's received bytes put in place; and the line that says which."""
-    if replay.peers is not None or devices < 2:
+    NCCL loads, else each one's received bytes put in place; and the line that says which.
+    ``collectives``: the plan's count of them (none: the operations are not read again)."""
+    if replay.peers is not None or devices < 2 or not collectives:
         return replay, ""
     peers, note = local_peers(capture, devices, replay.devices, gpu_count=cuda_gpu_count)
     return (replay if peers is None else dataclasses.replace(replay, peers=peers)), note
@@ -101,7 +105,8 @@ def verify(
             return VerifyResult(
                 capture, outcome, detail=detail, problems=problems, operations=operations, setup_s=setup_s
             )
-        replay, note = with_local_peers(session.capture, len(plan.devices), replay)
+        collectives = plan.operation_counts.get(m.OperationKind.COLLECTIVE.label, 0)
+        replay, note = with_local_peers(session.capture, len(plan.devices), replay, collectives)
         if note:
             say(f"collectives   {note}")
         replayer = session.start(replay)
