@@ -417,3 +417,68 @@ def test_a_copy_the_driver_refuses_to_queue_refuses_its_call_by_name(tmp_path, c
     with replayfmt.open(path) as cap:
         refused = next(op for op in cap.iter_operations() if op.kind == m.OperationKind.UNSUPPORTED)
         assert "could not be copied aside" in refused.reason and "AllReduce" in refused.reason
+
+
+def recorded_after_the_call(tmp_path, cubin, after, blocking=False):
+    """cuda:0's all-reduce, then ``after`` (instead of the kernel on its stream) while cuda:1's
+    thread has yet to launch its own: the operations written, in order."""
+    mem = ReleasingMemory()
+    first, peer = sharded_step(cubin, mem)
+    first = [*first[:-1], after]
+    if blocking:  # S0 made without CU_STREAM_NON_BLOCKING
+        first = [ev.StreamCreated(S0, 0) if e == ev.StreamCreated(S0, 1) else e for e in first]
+    waited: list = []
+    path = tmp_path / f"blocking-{blocking}.kreplay"
+    with CaptureWriter(path) as writer:
+        log = FakeLog([[INIT0, INIT1, CALL1, CALL0], []])
+        t = Translator(writer, RecordOptions(), mem, host_files=HostFiles(tmp_path / "no-maps"), collectives=log)
+        peer_thread_meanwhile(t, peer, waited)
+        t.start("step")
+        for e in first:
+            t.handle(e)
+        t.stop()
+    assert not t.report.unsupported and not t.report.errors
+    with replayfmt.open(path) as cap:
+        return list(cap.iter_operations()), build_plan(cap, PlanOptions()).problems
+
+
+def first_collective_and(ops: list, kind) -> tuple[int, int]:
+    return next(i for i, op in enumerate(ops) if isinstance(op, m.Collective)), next(
+        i for i, op in enumerate(ops) if op.kind == kind
+    )
+
+
+def test_a_free_of_a_pending_call_s_buffer_writes_the_call_first(tmp_path, cubin):
+    ops, problems = recorded_after_the_call(tmp_path, cubin, ev.Free(A))
+    call, freed = first_collective_and(ops, m.OperationKind.DESTROY_OBJECT)
+    assert call < freed and not problems
+
+
+def test_a_framework_block_free_of_a_pending_call_s_buffer_writes_the_call_first(tmp_path, cubin):
+    mem = ReleasingMemory()
+    first, peer = sharded_step(cubin, mem)
+    waited: list = []
+    path = tmp_path / "c.kreplay"
+    with CaptureWriter(path) as writer:
+        log = FakeLog([[INIT0, INIT1, CALL1, CALL0], []])
+        t = Translator(writer, RecordOptions(), mem, host_files=HostFiles(tmp_path / "no-maps"), collectives=log)
+        peer_thread_meanwhile(t, peer, waited)
+        t.start("step")
+        for e in first[:-1]:
+            t.handle(e)
+        written = []
+        t._checkpoints.release_block = lambda *a: written.append(t.report.collectives and len(t._collectives._launches))
+        t.release_block(A, 1024, "freed by PyTorch's caching allocator")
+        t.stop()
+    assert waited == [True] and written == [0]  # no call of cuda:0 left unwritten at the free
+
+
+def test_work_on_the_legacy_default_stream_writes_a_blocking_stream_s_pending_call_first(tmp_path, cubin):
+    launch = ev.LaunchBegin(kernel(), (1, 1, 1), (256, 1, 1), 0, 0, saxpy_params(2.0, A, A, 256))
+    ops, _ = recorded_after_the_call(tmp_path, cubin, launch, blocking=True)
+    call, launched = first_collective_and(ops, m.OperationKind.LAUNCH)
+    assert call < launched
+    # on a non-blocking stream, the legacy stream's work does not wait for it: not forced
+    ops, _ = recorded_after_the_call(tmp_path, cubin, launch)
+    call, launched = first_collective_and(ops, m.OperationKind.LAUNCH)
+    assert launched < call

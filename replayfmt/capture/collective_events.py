@@ -22,7 +22,10 @@ the program queues later on that stream changes what it holds. The calls are wri
 copy has run: at any later event when its event says so, and before any event that must follow
 them in the capture: an event on the same stream (replay issues a stream's operations in the
 file's order, and a payload is named by its bytes, so the call cannot be written before its bytes
-are known), a synchronisation of its device, the end of a scope or region. Such a wait lets go of
+are known), work that waits for it implicitly (on the legacy default stream for a call on a blocking
+stream of its device, on a blocking stream for a call on the legacy one), a free of its buffers
+(cuMemFree, cuMemUnmap, a framework's block free: the plan refuses a use after a free), a
+synchronisation of its device, the end of a scope or region. Such a wait lets go of
 the recorder's locks, so that the peer's launch is recorded meanwhile, and is bounded: after
 COLLECTIVE_WAIT_SECONDS in all (one deadline for every copy it waits on) the calls are refused by
 name and the program goes on. A region's end waits while the region still records. The copies
@@ -74,6 +77,7 @@ if TYPE_CHECKING:
 _O = m.CollectiveOperation
 _OPERATIONS = {kind.label: kind for kind in _O if kind}
 _ROOTED = {_O.BROADCAST, _O.REDUCE, _O.SEND, _O.RECV}
+_LEGACY = (0, 1)  # the legacy default stream (0, CU_STREAM_LEGACY)
 
 
 # how long an event waits for collectives before it, whose kernels wait for their peers' (seconds)
@@ -299,12 +303,50 @@ class Collectives:
         if isinstance(event, ev.ContextSynchronized):
             device = self._devices.now()
             return {id(launch) for launch in self._launches if launch.device == device}
+        if isinstance(event, (ev.Free, ev.Unmapped, ev.AddressFreed)):
+            # a call's buffer given back: the call before it (the plan refuses a use after a free)
+            start = event.address
+            end = start + max(getattr(event, "size", 0), 1)
+            return self.using(start, end)
         if isinstance(event, ev.RepeatedLaunches):
             streams = {int(s) for s in event.launches["stream"]}
         else:
             stream = getattr(event, "stream", None)
             streams = {stream} if stream is not None else set()
-        return {id(launch) for launch in self._launches if launch.stream in streams}
+        needs = {id(launch) for launch in self._launches if launch.stream in streams}
+        # the legacy default stream's work waits for the blocking streams' before it, and a
+        # blocking stream's for the legacy stream's (replay issues them in the file's order)
+        legacy = any(s in _LEGACY for s in streams)
+        blocking = any(self._streams.blocking(s) for s in streams)
+        if legacy or blocking:
+            device = self._devices.now()
+            for launch in self._launches:
+                if launch.device != device:
+                    continue
+                if (legacy and self._streams.blocking(launch.stream)) or (blocking and launch.stream in _LEGACY):
+                    needs.add(id(launch))
+        return needs
+
+    def using(self, start: int, end: int) -> set[int]:
+        """The launches (by id) with a call whose send or receive buffer's allocation meets [start, end)."""
+        found = set()
+        for launch in self._launches:
+            for r in launch.calls:
+                for held in (r.send, r.receive):
+                    if held is not None and held[0].address < end and start < held[0].address + held[0].size:
+                        found.add(id(launch))
+        return found
+
+    def before_free(self, address: int, size: int, unlocked: Callable[[], AbstractContextManager[object]]) -> None:
+        """Before a framework frees its block [address, address + size): the collectives that use
+        it written first (waited for as ``before`` does)."""
+        if not self._devices.several:
+            self._write_all()
+            return
+        needs = self.using(address, address + max(size, 1))
+        self._wait([launch for launch in self._launches if id(launch) in needs], unlocked)
+        self._write_ready(needs)
+        self._release()
 
     def _write_ready(self, needs: set[int]) -> None:
         """The launches in ``needs``, and any other whose copies ran, written in launch order (a

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from replayfmt.writer import CaptureWriter
 
 _DEFAULT_STREAMS = (0, 1, 2)  # 0, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
+_NON_BLOCKING = 1  # CU_STREAM_NON_BLOCKING
 
 
 class Streams:
@@ -61,6 +62,15 @@ class Streams:
     def on_host_function(self, event: ev.HostFunction) -> None:
         if self._region.recording:
             self._writer.host_function(self.stream(event.stream))
+
+    def blocking(self, handle: int) -> bool:
+        """Whether the program's stream ``handle`` synchronises with the legacy default stream (a
+        default stream, or one created without CU_STREAM_NON_BLOCKING, or one made before the
+        recorder saw it: the driver's default)."""
+        if handle in _DEFAULT_STREAMS:
+            return True
+        created = self._created.get(handle)
+        return created is None or not created.flags & _NON_BLOCKING
 
     def stream(self, handle: int) -> int:
         """The Stream object of the program's stream ``handle``."""

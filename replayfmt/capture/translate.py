@@ -352,6 +352,8 @@ class Translator:
         """A framework frees its block [address, address + size): see
         :meth:`Checkpoints.release_block <replayfmt.capture.checkpoints.Checkpoints.release_block>`."""
         with self.settled(), self._lock:
+            if self._collectives.pending:  # a collective using the block is written before its free
+                self._collectives.before_free(address, size, self._unlocked)
             self._checkpoints.release_block(address, size, why)
 
     # -- events ----------------------------------------------------------------------------
