@@ -22,6 +22,7 @@ from replayfmt.capture.cupti_api import DOMAIN_DRIVER_API, CallbackType
 from replayfmt.capture.cupti_source import CuptiSource
 from replayfmt.capture.hostfiles import HostFiles
 from replayfmt.capture.launch_ring import FLAG_COOPERATIVE, FLAG_PROGRAMMATIC, RING_DTYPE, ArmedLaunch, LaunchRing
+from replayfmt.capture.nccl_log import NCCL_KERNEL
 from replayfmt.capture.options import RecordOptions
 from replayfmt.capture.report import KernelStats
 from replayfmt.capture.translate import Translator
@@ -239,6 +240,32 @@ def test_an_nccl_kernel_s_exit_reaches_the_recorder_in_region_mode_too(library):
     forwarded.deliver(None, DOMAIN_DRIVER_API, cbid, callback_data(keep, EXIT, params, symbol_name=NCCL))
     library.replayfmt_injection_skip_exit(cbid, 0)
     assert forwarded.calls == [(cbid, EXIT)]  # its results are copied aside after it (collective_events)
+
+
+@pytest.mark.parametrize(
+    ("name", "reaches"),
+    [
+        (b"_Z29ncclDevKernel_AllReduce_Sum_f32_RING_LLP24ncclDevKernelArgsStorageILm4096EE", True),
+        (b"ncclKernel_AllReduce_RING_LL_Sum_float", True),
+        (b"_Z17fused_nccl_helperPf", False),  # "nccl" inside a program kernel's name
+        (b"saxpy_nccl", False),
+    ],
+)
+def test_only_a_name_that_starts_as_nccl_s_kernels_do_reaches_the_recorder(library, name, reaches):
+    keep = Keep()
+    forwarded = Forwarded(library)
+    cbid = CALL_IDS["cuLaunchKernel"]
+    symbol = ctypes.create_string_buffer(name)
+    library.replayfmt_injection_skip_exit(cbid, 1)
+    forwarded.deliver(
+        None,
+        DOMAIN_DRIVER_API,
+        cbid,
+        callback_data(keep, EXIT, launch_params(keep, 0xF00, SAXPY_ARGS), symbol_name=symbol),
+    )
+    library.replayfmt_injection_skip_exit(cbid, 0)
+    assert forwarded.calls == ([(cbid, EXIT)] if reaches else [])
+    assert bool(NCCL_KERNEL.search(name.decode())) == reaches  # the recorder reads it alike
 
 
 def test_a_stream_capture_arms_nothing(library):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from replayfmt.errors import ReplayUsageError
 
-INJECTION_ABI = 4  # inject.c's REPLAYFMT_INJECTION_ABI: bump both together
+INJECTION_ABI = 5  # inject.c's REPLAYFMT_INJECTION_ABI: bump both together
 _SOURCES = (Path(__file__).with_name("inject.c"), Path(__file__).with_name("launch_ring.c"))
 
 

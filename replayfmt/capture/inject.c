@@ -47,7 +47,7 @@
 enum { DOMAIN_DRIVER_API = 1, DOMAIN_RUNTIME_API = 2, DOMAIN_NVTX = 5 };
 enum { SITE_ENTER = 0, SITE_EXIT = 1, SYMBOL_NAME_OFFSET = 32, CORRELATION_ID_OFFSET = 64 };  /* CUpti_CallbackData */
 #define MAX_CBID 4096
-#define REPLAYFMT_INJECTION_ABI 4 /* replayfmt.capture.c_library.INJECTION_ABI: bump both together */
+#define REPLAYFMT_INJECTION_ABI 5 /* replayfmt.capture.c_library.INJECTION_ABI: bump both together */
 /* CUpti_driver_api_trace_cbid (cupti_driver_cbid.h) */
 enum { CBID_INIT = 1, CBID_CTX_DESTROY = 11, CBID_CTX_DESTROY_V2 = 322, CBID_PRIMARY_RESET = 389,
        CBID_PRIMARY_RESET_V2 = 545 };
@@ -249,10 +249,17 @@ static void track_runtime_call(const void *data) {
 int launch_ring_record(unsigned cbid, const void *data, uint32_t outer);  /* launch_ring.c */
 
 /* Whether a launch callback launches one of NCCL's kernels (CUpti_CallbackData.symbolName): its
- * exit goes to the recorder, which queues a copy of the call's results after the kernel. */
+ * exit goes to the recorder, which queues a copy of the call's results after the kernel. A few
+ * bytes at the name's start, as replayfmt.capture.nccl_log.NCCL_KERNEL reads it (ncclDevKernel_*,
+ * ncclKernel_*, or either mangled: _Z<length>nccl...): never a scan of a long mangled name on every
+ * launch's exit, and no program kernel with "nccl" inside its name taken for one. */
 static int nccl_kernel(const void *data) {
-    const char *symbol = *(const char *const *)((const char *)data + SYMBOL_NAME_OFFSET);
-    return symbol && strstr(symbol, "nccl") != NULL;
+    const char *s = *(const char *const *)((const char *)data + SYMBOL_NAME_OFFSET);
+    if (!s) return 0;
+    if (*s == '_') s++;
+    if (*s == 'Z') s++;
+    while (*s >= '0' && *s <= '9') s++;
+    return s[0] == 'n' && s[1] == 'c' && s[2] == 'c' && s[3] == 'l';
 }
 
 /* A callback the recorder follows: a launch's exit it ignores is dropped, a launch that repeats
