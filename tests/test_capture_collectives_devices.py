@@ -482,3 +482,124 @@ def test_work_on_the_legacy_default_stream_writes_a_blocking_stream_s_pending_ca
     ops, _ = recorded_after_the_call(tmp_path, cubin, launch)
     call, launched = first_collective_and(ops, m.OperationKind.LAUNCH)
     assert launched < call
+
+
+class PoolMemory(ReleasingMemory):
+    """Copies' memory as DriverMemory keeps it: reserved per device (never while a collective is
+    pending: the fake fails the test), a copy without room there answered None."""
+
+    def __init__(self, room: int | None = None) -> None:
+        super().__init__()
+        self.reserved: dict[int, int] = {}
+        self.room = room  # what a reservation gets (None: what it asks)
+        self.translator = None
+
+    def reserve_aside(self, ordinal: int, size: int) -> bool:
+        t = self.translator
+        assert t is None or not t._collectives._launches, "copies' memory allocated while a collective is pending"
+        self.calls.append(("reserve", ordinal))
+        self.reserved[ordinal] = max(self.reserved.get(ordinal, 0), size if self.room is None else self.room)
+        return True
+
+    def set_aside(self, address: int, size: int, stream: int) -> int | None:
+        if self.reserved.get(self.devices.get(address, 0), 0) < size:
+            self.calls.append(("no room", stream))
+            return None
+        return super().set_aside(address, size, stream)
+
+
+def record_pooled(tmp_path, cubin, mem: PoolMemory, lines: list) -> Translator:
+    first, peer = sharded_step(cubin, mem)
+    waited: list = []
+    with CaptureWriter(tmp_path / "c.kreplay") as writer:
+        t = Translator(writer, RecordOptions(), mem, host_files=HostFiles(tmp_path / "m"), collectives=FakeLog(lines))
+        mem.translator = t
+        peer_thread_meanwhile(t, peer, waited)
+        t.start("step")
+        for e in first:
+            t.handle(e)
+        t.stop()
+    return t
+
+
+def test_copies_memory_is_reserved_on_each_device_at_a_region_s_start(tmp_path, cubin):
+    mem = PoolMemory()
+    t = record_pooled(tmp_path, cubin, mem, [[INIT0, INIT1, CALL1, CALL0], []])
+    assert not t.report.unsupported and t.report.collectives == 2
+    assert mem.calls[:2] == [("reserve", 0), ("reserve", 1)]  # at the start: both before any launch
+    assert mem.reserved == {0: collective_events.ASIDE_POOL_BYTES, 1: collective_events.ASIDE_POOL_BYTES}
+
+
+def test_communicators_made_inside_the_region_reserve_at_the_first_launch_before_its_kernel(tmp_path, cubin):
+    mem = PoolMemory()
+    t = record_pooled(tmp_path, cubin, mem, [[], [INIT0, INIT1, CALL1, CALL0], []])
+    assert not t.report.unsupported and t.report.collectives == 2
+    assert mem.calls[:3] == [("reserve", 0), ("reserve", 1), ("set_aside", S0)]
+
+
+def test_a_copy_without_room_reserved_refuses_its_call_by_name(tmp_path, cubin):
+    mem = PoolMemory(room=0)  # the driver had no memory to give
+    t = record_pooled(tmp_path, cubin, mem, [[INIT0, INIT1, CALL1, CALL0], []])
+    assert t.report.unsupported == {"ncclKernel": 1} and not t.report.partial
+    assert ("read", S0) not in mem.calls and ("no room", S0) in mem.calls
+    with replayfmt.open(tmp_path / "c.kreplay") as cap:
+        refused = next(op for op in cap.iter_operations() if op.kind == m.OperationKind.UNSUPPORTED)
+        assert "no room for a copy of its results" in refused.reason and "device 0" in refused.reason
+
+
+def test_the_aside_pool_hands_out_room_first_fit_and_joins_what_comes_back():
+    from replayfmt.capture.device_memory import AsidePool
+
+    pool = AsidePool()
+    assert pool.take(1) is None  # nothing reserved: never an allocation here
+    pool.grow(0x1000, 4096)
+    a, b, c = pool.take(1000), pool.take(1024), pool.take(2048)
+    assert (a, b, c) == ((0x1000, 1024), (0x1400, 1024), (0x1800, 2048)) and pool.take(1) is None
+    pool.give(*a)
+    pool.give(*c)
+    assert pool.largest == 2048
+    pool.give(*b)  # joins both neighbours
+    assert pool.largest == 4096 and pool.arenas == [(0x1000, 4096)]
+
+
+def test_driver_memory_allocates_copies_memory_only_when_reserved(monkeypatch):
+    """set_aside never calls cuMemAlloc (it runs right after an NCCL kernel was queued)."""
+    import types
+
+    from replayfmt.capture import device_memory
+
+    calls: list = []
+    ok = types.SimpleNamespace(CUDA_SUCCESS=0, CUDA_ERROR_NOT_READY=600)
+    cu = types.SimpleNamespace(
+        CUresult=ok,
+        CUevent_flags=types.SimpleNamespace(CU_EVENT_DISABLE_TIMING=2),
+        CUstream=lambda s: s,
+        cuMemAlloc=lambda n: calls.append(("cuMemAlloc", n)) or (0, 0x10000),
+        cuMemcpyDtoDAsync=lambda dst, src, n, s: calls.append(("copy", dst, n)) or (0,),
+        cuEventCreate=lambda flags: (0, 7),
+        cuEventRecord=lambda e, s: (0,),
+        cuEventDestroy=lambda e: (0,),
+    )
+
+    class Contexts:
+        def ordinal_of(self, address):
+            return 1
+
+        def context_of_device(self, ordinal):
+            return ordinal
+
+        def pushed(self, context):
+            return contextlib.nullcontext()
+
+    from replayfmt.cuda import driver
+
+    monkeypatch.setattr(device_memory, "driver", lambda: cu)
+    monkeypatch.setattr(driver, "driver", lambda: cu)  # check() asks it for CUresult
+    mem = device_memory.DriverMemory(threading.local(), Contexts())
+    assert mem.set_aside(0xA000, 512, 5) is None and calls == []
+    assert mem.reserve_aside(1, 4096) and calls == [("cuMemAlloc", 4096)]
+    aside = mem.set_aside(0xA000, 512, 5)
+    assert aside.ordinal == 1 and calls[-1] == ("copy", 0x10000, 512)
+    assert mem.reserve_aside(1, 1024) and len(calls) == 2  # room enough: no allocation
+    mem.release_aside(aside)
+    assert mem.set_aside(0xA000, 4096, 5).address == 0x10000

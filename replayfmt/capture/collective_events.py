@@ -29,12 +29,16 @@ synchronisation of its device, the end of a scope or region. Such a wait lets go
 the recorder's locks, so that the peer's launch is recorded meanwhile, and is bounded: after
 COLLECTIVE_WAIT_SECONDS in all (one deadline for every copy it waits on) the calls are refused by
 name and the program goes on. A region's end waits while the region still records. The copies
-held at once are bounded by SET_ASIDE_BYTES (more is refused by name). A copy's memory is kept for
-later copies, never freed while recording (cuMemFree waits for the whole device, where a peer's
-kernel may be pending), and a copy is released only once no thread waits on any copy (a waiter
-asks about copies another thread may read back meanwhile); a refused call's copy once it ran.
-Where no copy was queued (the launch's return not seen yet, no room), the receive range is read
-once its stream is idle, waited for in the same way.
+held at once are bounded by SET_ASIDE_BYTES (more is refused by name). Their memory is allocated
+only while no NCCL kernel the recorder saw may be pending (cuMemAlloc and cuMemFree may wait for
+the device, where a kernel may wait for a peer's launch that cannot come while this thread holds
+the locks): each device's ASIDE_POOL_BYTES (or a launch's results, if more) at a region's start
+for the devices whose communicators NCCL's log showed, and at an NCCL launch before its kernel is
+queued when none is pending; a copy that finds no room there refuses its call by name. It is
+kept for later copies and freed only at close. A copy is released only once no thread waits on
+any copy (a waiter asks about copies another thread may read back meanwhile); a refused call's
+copy once it ran. Where no copy was queued (the launch's return not seen yet), the receive range
+is read once its stream is idle, waited for in the same way.
 
 What remains: the wait runs inside the translator's ``handle`` (and so inside the source's
 callback and the original times' sink, which hold the source's lock around it). While it lets go,
@@ -84,6 +88,10 @@ _LEGACY = (0, 1)  # the legacy default stream (0, CU_STREAM_LEGACY)
 COLLECTIVE_WAIT_SECONDS = 60.0
 # the most bytes of collectives' results held aside on the devices at once
 SET_ASIDE_BYTES = 1 << 30
+# each device's memory for those copies, allocated while no collective is pending (a region's
+# start, a launch with none before it): cuMemAlloc may wait for the device, where a peer's kernel
+# may wait for a launch the waiting thread's peer has yet to make
+ASIDE_POOL_BYTES = 256 << 20
 
 
 @dataclass(slots=True)
@@ -152,11 +160,37 @@ class Collectives:
         self._spent: list[Any] = []  # copies read back: released once no thread waits on any copy
         self._waiters = 0  # threads waiting now, with the locks let go, on copies they hold no claim to
         self._groups = 0  # groups of calls (those one NCCL kernel launch carries) so far
+        self._refused: list[int] = []  # streams of NCCL kernels refused at their launch (they run all the same)
 
     @property
     def pending(self) -> bool:
         """Whether collectives launched await being written, or copies of their results release."""
         return bool(self._launches or self._abandoned or self._spent)
+
+    def on_region_start(self) -> None:
+        """A region opens: the memory for copies of collectives' results reserved on each device
+        whose communicators NCCL's log showed made, while no collective is pending."""
+        devices = self._log.devices() if self._log is not None and self._log.on else set()
+        if len(devices) > 1:
+            self._reserve(devices, 0)
+
+    def _reserve(self, devices: set[int], size: int) -> None:
+        """Each of ``devices``' memory for copies made to hold max(ASIDE_POOL_BYTES, ``size``)
+        bytes at once, where no collective may be pending (nothing otherwise)."""
+        reserve = getattr(self._memory, "reserve_aside", None)
+        if reserve is None or self._busy():
+            return
+        for device in sorted(devices):
+            try:
+                reserve(device, max(ASIDE_POOL_BYTES, size))
+            except DeviceError:
+                pass  # its copies find no room: those calls are refused by name
+
+    def _busy(self) -> bool:
+        """Whether an NCCL kernel this recorder saw may still be pending on a device."""
+        idle = getattr(self._memory, "stream_idle", None)
+        self._refused = [s for s in self._refused if idle is None or not idle(s)]
+        return self.pending or bool(self._refused)
 
     def on_launch(self, event: ev.LaunchBegin) -> None:
         """An NCCL kernel launched while recording: its calls kept, or refused saying why."""
@@ -168,6 +202,7 @@ class Collectives:
             return
         why = self._collectives_refused(calls, log, device)
         if why:
+            self._refused_launch(event.stream)
             self._refusals.refuse(event.call, f"{event.kernel.name} is a collective (NCCL) kernel: {why}", event.stream)
             return
         group = 0
@@ -180,6 +215,7 @@ class Collectives:
             if communicator is None:
                 why = "NCCL's log did not say which rank of its communicator this process is (made before recording?)"
                 what = f"{event.kernel.name} is a collective (NCCL) kernel: {call.describe()}: {why}"
+                self._refused_launch(event.stream)
                 self._refusals.refuse(event.call, what, event.stream)
                 return
             root = communicator.rank == call.root
@@ -189,6 +225,7 @@ class Collectives:
             receive = self._range(call.recvbuff, received)
             if send is None or receive is None:
                 which = "send" if send is None else "receive"
+                self._refused_launch(event.stream)
                 self._refusals.refuse(
                     event.call, f"{call.describe()}: its {which} buffer is in no recorded allocation", 0
                 )
@@ -199,6 +236,9 @@ class Collectives:
                 self._state.touch(r.send[0], r.collective.stream, "")
             if r.receive is not None:
                 self._state.prepare_write(r.receive[0], r.receive[1], r.size, r.collective.stream)
+        if launched and self._devices.several:  # before its kernel is queued: none may be pending
+            devices = {c.device for c in log.communicators.values() if c.device >= 0} if log is not None else set()
+            self._reserve(devices | {device}, sum(r.size for r in launched if r.receive is not None))
         if launched:
             stream = self._streams.stream(event.stream)
             self._launches.append(_Launch(launched, event.stream, stream, device, threading.get_ident()))
@@ -234,8 +274,14 @@ class Collectives:
                     except DeviceError as exc:
                         why = f"its results could not be copied aside: {exc}"
                         break
-                    if r.aside is not None:
-                        launch.held += r.size
+                    if r.aside is None:
+                        why = (
+                            f"no room for a copy of its results ({r.size} bytes) in the memory reserved for them "
+                            f"on device {launch.device} (more is allocated only while no collective is pending: "
+                            "cuMemAlloc may wait for the device, where a kernel may wait for its peer's launch)"
+                        )
+                        break
+                    launch.held += r.size
             self._held += launch.held
             if why:
                 self._refuse(launch, why)
@@ -264,6 +310,10 @@ class Collectives:
             self._wait(list(self._launches), unlocked)
         self._write_ready({id(launch) for launch in self._launches})
         self._release()
+
+    def _refused_launch(self, stream: int) -> None:
+        if self._devices.several:
+            self._refused.append(stream)
 
     def _write_all(self) -> None:
         """One device: every launch's calls, each read once its stream is idle."""

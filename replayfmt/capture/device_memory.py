@@ -36,10 +36,16 @@ class DeviceMemory(Protocol):
     def device_of(self, address: int) -> int | None:
         """The ordinal of the device whose memory holds ``address`` (None: not device memory)."""
 
+    def reserve_aside(self, ordinal: int, size: int) -> bool:
+        """Device ``ordinal``'s memory for copies (set_aside) made to hold ``size`` bytes at once,
+        allocating more where it holds less (cuMemAlloc, which may wait for the device: asked
+        only while no collective is pending). Whether it does."""
+
     def set_aside(self, address: int, size: int, stream: int) -> Any:
         """Queue on the program's ``stream`` a copy of ``size`` bytes at ``address`` into device
         memory of the recorder's own, and an event after it: what the stream's last work left
-        there, whatever follows on the stream. Returns what names it (None: no room)."""
+        there, whatever follows on the stream. Never allocates: returns what names it, or None
+        where the memory reserved for copies on that device has no room."""
 
     def set_aside_done(self, aside: Any, timeout: float = 0.0) -> bool:
         """Whether the copy ``aside`` names has run, asked until ``timeout`` seconds passed."""
@@ -64,7 +70,53 @@ class _DeviceSide:
         self.context = context
         self.stream: Any = None
         self.snapshots: Snapshotter | None = None
-        self.asides: list[tuple[int, int]] = []  # (address, capacity) of copies' memory free for reuse
+        self.asides = AsidePool()  # the device memory reserved for copies of collectives' results
+
+
+_ALIGN = 256
+
+
+class AsidePool:
+    """One device's memory reserved for copies of collectives' results: blocks (arenas) allocated
+    while no collective is pending, handed out first-fit and given back, adjacent free ranges
+    joined. Never allocates or frees device memory itself."""
+
+    def __init__(self) -> None:
+        self.arenas: list[tuple[int, int]] = []  # (address, size) allocated
+        self._free: list[tuple[int, int]] = []  # (address, size), by address
+
+    @property
+    def largest(self) -> int:
+        """The most bytes one copy can take now."""
+        return max((size for _, size in self._free), default=0)
+
+    def grow(self, address: int, size: int) -> None:
+        self.arenas.append((address, size))
+        self.give(address, size)
+
+    def take(self, size: int) -> tuple[int, int] | None:
+        """(address, bytes taken) of room for ``size`` bytes; None: none."""
+        need = max(_ALIGN, -(-size // _ALIGN) * _ALIGN)
+        for i, (address, room) in enumerate(self._free):
+            if room >= need:
+                if room == need:
+                    del self._free[i]
+                else:
+                    self._free[i] = (address + need, room - need)
+                return address, need
+        return None
+
+    def give(self, address: int, size: int) -> None:
+        free = self._free
+        i = 0
+        while i < len(free) and free[i][0] < address:
+            i += 1
+        free.insert(i, (address, size))
+        if i + 1 < len(free) and address + size == free[i + 1][0]:  # joins the next
+            free[i] = (address, size + free.pop(i + 1)[1])
+        if i > 0 and free[i - 1][0] + free[i - 1][1] == address:  # and the previous
+            start, before = free[i - 1]
+            free[i - 1] = (start, before + free.pop(i)[1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,10 +167,16 @@ class DriverMemory:
         if ordinal is None:
             here = contexts.device_of_context(int(check(self.cu.cuCtxGetCurrent(), "cuCtxGetCurrent")))
             ordinal = here.ordinal if here is not None else 0
+        with self._device(ordinal) as side:
+            yield side
+
+    @contextlib.contextmanager
+    def _device(self, ordinal: int) -> Iterator[_DeviceSide]:
+        """The recorder's side of device ``ordinal``, its context current for the block."""
         side = self._sides.get(ordinal)
         if side is None:
-            side = self._sides[ordinal] = _DeviceSide(contexts.context_of_device(ordinal))
-        with contexts.pushed(side.context):
+            side = self._sides[ordinal] = _DeviceSide(self.contexts.context_of_device(ordinal))
+        with self.contexts.pushed(side.context):
             yield side
 
     def _own_stream(self, side: _DeviceSide) -> Any:
@@ -225,16 +283,10 @@ class DriverMemory:
         cu = self.cu
         with self._unrecorded(), self._device_holding(address) as side:
             ordinal = next(o for o, d in self._sides.items() if d is side)
-            fits = [a for a in side.asides if a[1] >= size]
-            if fits:
-                copy, capacity = min(fits, key=lambda a: a[1])
-                side.asides.remove((copy, capacity))
-            else:
-                capacity = max(4096, 1 << (size - 1).bit_length())  # reused by later copies of other sizes
-                err, made = cu.cuMemAlloc(capacity)
-                if err != cu.CUresult.CUDA_SUCCESS:
-                    return None  # the program's memory comes first
-                copy = int(made)
+            room = side.asides.take(size)
+            if room is None:
+                return None  # no cuMemAlloc here: a collective is pending (its own kernel at least)
+            copy, capacity = room
             queued = False
             event = None
             try:
@@ -247,7 +299,7 @@ class DriverMemory:
                 if event is not None:
                     cu.cuEventDestroy(event)
                 if not queued:  # a copy queued without its event may yet run: that memory is not reused
-                    side.asides.append((copy, capacity))
+                    side.asides.give(copy, capacity)
                 raise
             return _Aside(copy, size, event, capacity, ordinal)
 
@@ -285,7 +337,18 @@ class DriverMemory:
             self.cu.cuEventDestroy(aside.event)
             side = self._sides.get(aside.ordinal)
             if side is not None:
-                side.asides.append((aside.address, aside.capacity))
+                side.asides.give(aside.address, aside.capacity)
+
+    def reserve_aside(self, ordinal: int, size: int) -> bool:
+        cu = self.cu
+        with self._unrecorded(), self._device(ordinal) as side:
+            if side.asides.largest >= size:
+                return True
+            err, made = cu.cuMemAlloc(size)
+            if err != cu.CUresult.CUDA_SUCCESS:
+                return False  # the program's memory comes first
+            side.asides.grow(int(made), size)
+            return True
 
     def host_bytes(self, address: int, size: int) -> bytes:
         return ctypes.string_at(address, size)
@@ -319,7 +382,7 @@ class DriverMemory:
                             cu.cuStreamDestroy(side.snapshots.background.stream)
                     if side.stream is not None:
                         cu.cuStreamDestroy(side.stream)
-                    for address, _ in side.asides:  # the recorder stops: no collective waits on it
+                    for address, _ in side.asides.arenas:  # the recorder stops: no collective waits on it
                         cu.cuMemFree(address)
             self._sides.clear()
             if self._pinned:

@@ -183,6 +183,11 @@ class CollectiveLog:
             self._seen_on[device] = self._seen_on.get(device, 0) + len(taken)
         return taken
 
+    def devices(self) -> set[int]:
+        """The ordinals of the devices of the communicators made so far (the log read to now)."""
+        self._waiting += self.read_lines(self.new_lines())
+        return {c.device for c in self.communicators.values() if c.device >= 0}
+
     def seen_on(self, device: int) -> int:
         """How many collectives were taken for ``device`` so far."""
         return self._seen_on.get(device, 0)

@@ -267,6 +267,7 @@ class Translator:
                 return
             name = self._region.open(name)
             self._checkpoints.region_opened()
+            self._collectives.on_region_start()
             if self.options.live_buffers:  # what the program holds now: a step may donate it
                 self.live_buffers.hold(("state", self._region.number))
             if name:
