@@ -216,12 +216,11 @@ class GraphLaunches:
                 m.FULL_DEPENDENCY if src in gone or dst in gone else data
                 for (src, dst), data in zip(description.edges, edge_data, strict=True)
             ]
-            edge_data = [] if all(e.full for e in edge_data) else edge_data
         graph = m.Graph(
             device=self._devices.current,
             nodes=tuple(nodes),
             edges=tuple(description.edges),
-            edge_data=tuple(edge_data),
+            edge_data=m.kept_edge_data(edge_data),
         )
         try:
             check_graph_within_limits(graph)  # more nodes or edges than a reader decodes: the launch is refused
