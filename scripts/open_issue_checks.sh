@@ -3,17 +3,17 @@
 # device budget should spend it; each step bounded, each log under $OUT (or ./gpu-logs), a
 # one-line result per step printed last.
 #   usage: scripts/open_issue_checks.sh [STEP ...]   (default: every step)
-#   steps: suite multi dropped jaxwhole reduce diffs corpus
+#   steps: suite multi dropped jaxwhole jaxstep reduce diffs corpus
 # A device call runs at most 10 minutes: give each call the steps that fit (suite alone; multi
 # alone on a two-GPU machine; dropped alone: its planted kernels each cost a verification with
-# poisoned and reference replays; jaxwhole, reduce and diffs; corpus alone).
+# poisoned and reference replays; jaxwhole, jaxstep, reduce and diffs; corpus alone).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . scripts/device_setup.sh || exit 1
 out="${OUT:-gpu-logs}"
 mkdir -p "$out"
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(suite multi dropped jaxwhole reduce diffs corpus)
+[ ${#steps[@]} -gt 0 ] || steps=(suite multi dropped jaxwhole jaxstep reduce diffs corpus)
 results=()
 step() {  # name, seconds, command...
   local name=$1 limit=$2
@@ -28,6 +28,7 @@ for s in "${steps[@]}"; do
     multi) step multi 560 bash scripts/multi_gpu_check.sh ;;
     dropped) step dropped 540 python3 scripts/issue44_dropped_results.py --out /tmp/i44 ;;
     jaxwhole) step jaxwhole 240 python3 benchmarks/jax_whole_bench.py --check ;;
+    jaxstep) step jaxstep 400 python3 benchmarks/jax_step_bench.py --check ;;
     reduce) step reduce 400 python3 benchmarks/reduce_demo.py --work /tmp/reduce_demo --steps capture,offbyone,oob,command,jit --max-seconds 100 ;;
     diffs) step diffs 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_diff_reruns_gpu.py ;;
     corpus) step corpus 560 python3 benchmarks/corpus.py --shard 1/2 --budget 480 ;;

@@ -54,6 +54,7 @@ class FakeGraphs:
             CHILD + 5: [(31, 5)],
         }
         self.edges = {GRAPH: [(14, 11), (11, 12), (12, 13), (11, 17), (17, 18)], CHILD: [(21, 22)], CHILD + 5: []}
+        self.edge_data = {(11, 17): bytes([1, 0, 1])}  # CUgraphEdgeData: from_port, to_port, type (programmatic)
         arguments = [keep.put(a) for a in SAXPY_ARGS]
         self.kernel_params = keep.put(struct.pack("<4Q", *arguments))
         self.name = ctypes.c_char_p(b"saxpy")
@@ -75,6 +76,7 @@ class FakeGraphs:
         if sources is not None:
             for i, (s, t) in enumerate(edges):
                 sources[i], targets[i] = s, t
+                data[8 * i : 8 * i + 3] = list(self.edge_data.get((s, t), bytes(3)))
 
     def cuGraphNodeGetType(self, node, kind):
         kind._obj.value = dict(n for nodes in self.nodes.values() for n in nodes)[node.value]
@@ -183,6 +185,11 @@ def test_a_graph_is_read_when_instantiated_with_its_nodes_edges_and_children():
     assert kinds == [_N[name] for name in expected]
     assert [n.handle for n in graph.nodes] == [11, 12, 13, 14, 15, 16, 17, 18]
     assert graph.edges == [(3, 0), (0, 1), (1, 2), (0, 6), (6, 7)]  # node handles become indices
+    programmatic = m.GraphEdgeData(m.GraphEdgePort.PROGRAMMATIC, 0, m.GraphEdgeType.PROGRAMMATIC)
+    assert graph.edge_data == [m.FULL_DEPENDENCY] * 3 + [
+        programmatic,
+        m.FULL_DEPENDENCY,
+    ]  # (11 -> 17) read as the driver gives it
     kernel_node = graph.nodes[0].kernel
     assert kernel_node.cluster == (2, 1, 1)
     assert kernel_node.kernel.name == "saxpy" and kernel_node.grid == (4, 1, 1) and kernel_node.block == (256, 1, 1)
@@ -193,6 +200,7 @@ def test_a_graph_is_read_when_instantiated_with_its_nodes_edges_and_children():
     assert (graph.nodes[6].src, graph.nodes[6].dst, graph.nodes[6].size) == (B, C, 64)
     child = graph.nodes[2].child
     assert [n.kind for n in child.nodes] == [_N.HOST, _N.EMPTY] and child.edges == [(0, 1)]
+    assert child.edge_data == []  # every edge a full dependency: none kept
     assert child.nodes[1].unsupported == "a graph holds a memory allocation node, which is not recorded yet"
     assert [n.kind for n in graph.nodes[5].child.nodes] == [_N.EMPTY]
 
@@ -570,3 +578,31 @@ def test_a_graph_node_whose_word_may_be_data_is_resolved_after_the_nodes_that_re
         (buffer,) = [o.id for o in cap.objects() if isinstance(o, m.Buffer)]
         found = [[(r.site_offset, r.target_buffer, r.target_offset) for r in n.relocations] for n in graph.nodes]
     assert found == [[(0, buffer, below - segment)], [(0, buffer, 0x1000)]]
+
+
+def test_a_programmatic_edge_is_recorded_and_a_disabled_end_of_it_orders_fully(tmp_path, cubin):
+    """XLA chains its command buffers' kernels with programmatic edges: the recorder keeps how each
+    edge orders its nodes. A disabled kernel is written as an empty node, which has no ports: its
+    edges are written as full dependencies (the plan refuses a programmatic edge to an empty node)."""
+    k = ev.GraphKernel(kernel(), (1, 1, 1), (64, 1, 1), 0, saxpy_params(2.0, A, B, 64))
+    chained = ev.GraphDescription(
+        [ev.GraphNodeInfo(_N.KERNEL, handle=0x41, kernel=k), ev.GraphNodeInfo(_N.KERNEL, handle=0x42, kernel=k)],
+        [(0, 1)],
+        [m.GraphEdgeData(m.GraphEdgePort.PROGRAMMATIC, 0, m.GraphEdgeType.PROGRAMMATIC)],
+    )
+    launch = ev.GraphLaunched(0xE0E0, 0x5000)
+    events = [
+        *setup_events(cubin),
+        ev.GraphInstantiated(0xE0E0, chained),
+        launch,
+        ev.GraphNodeEnabled(0xE0E0, 0x42, False),
+        launch,
+    ]
+    path, t = record(tmp_path, events, graph_memory())
+    assert not t.report.errors
+    with replayfmt.open(path) as cap:
+        objects = {o.id: o for o in cap.objects() if isinstance(o, m.Graph)}
+        launched = [objects[op.graph] for op in cap.iter_operations() if op.kind == m.OperationKind.GRAPH_LAUNCH]
+        assert [g.programmatic_edges for g in launched] == [1, 0]
+        assert launched[1].nodes[1].kind == _N.EMPTY and launched[1].edge_data == ()
+        assert not build_plan(cap).problems

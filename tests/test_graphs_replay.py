@@ -31,6 +31,7 @@ SAXPY = m.Function(
         m.Parameter(offset=24, size=4),
     ),
 )
+MEMSET_NODE = GraphNode(kind=GraphNodeKind.MEMSET, element_size=4, width=4, height=1)  # edges are checked before nodes
 PROGRAMMATIC = m.GraphEdgeData(m.GraphEdgePort.PROGRAMMATIC, 0, m.GraphEdgeType.PROGRAMMATIC)
 PTX = b".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry saxpy()\n{\nret;\n}\n"
 
@@ -146,15 +147,38 @@ def test_a_good_graph_is_planned_with_its_kernels_counted(tmp_path):
         ),
         (
             lambda ids: m.Graph(
-                nodes=(
-                    GraphNode(kind=_N.MEMSET, dst_buffer=ids["y"], element_size=4, width=4, height=1),
-                    kernel_node(ids),
-                ),
+                nodes=(kernel_node(ids), MEMSET_NODE),
                 edges=((0, 1),),
                 edge_data=(PROGRAMMATIC,),
             ),
             ReplayFormatError,
-            "{op} graph {g}: edge 0 -> 1: a programmatic edge joins two kernel nodes, not memset and kernel",
+            "{op} graph {g}: edge 0 -> 1: a programmatic edge joins two kernel nodes, not kernel and memset",
+        ),
+        (
+            lambda ids: m.Graph(
+                nodes=(kernel_node(ids), kernel_node(ids)), edges=((0, 1),), edge_data=(m.GraphEdgeData.of(0, 0, 1),)
+            ),
+            ReplayFormatError,
+            "{op} graph {g}: edge 0 -> 1: a programmatic edge leaves its source's trigger or launch-order port",
+        ),
+        (
+            lambda ids: m.Graph(
+                nodes=(MEMSET_NODE, kernel_node(ids)), edges=((0, 1),), edge_data=(m.GraphEdgeData.of(2, 0, 0),)
+            ),
+            ReplayFormatError,
+            "{op} graph {g}: edge 0 -> 1: port launch_order of a memset node",
+        ),
+        (
+            lambda ids: m.Graph(
+                nodes=(kernel_node(ids), kernel_node(ids)), edges=((0, 1),), edge_data=(m.GraphEdgeData.of(1, 3, 1),)
+            ),
+            UnsupportedOperationError,
+            "{op} graph {g}: edge 0 -> 1: destination port 3 is unknown to this replayfmt",
+        ),
+        (
+            lambda ids: m.Graph(nodes=(kernel_node(ids, flags=m.LAUNCH_FLAG_PROGRAMMATIC),)),
+            ReplayFormatError,
+            "{op} graph {g} node 0 (kernel): kernel node flags 0x4: a kernel node carries none but cooperative",
         ),
         (
             lambda ids: m.Graph(nodes=(GraphNode(kind=_N.CHILD_GRAPH, graph=99),)),
@@ -216,6 +240,19 @@ def test_a_graph_whose_edge_data_does_not_match_its_edges_is_not_written(tmp_pat
         write(tmp_path / "g.kreplay", lambda ids: [replace(chained_graph(ids), edge_data=(PROGRAMMATIC,))])
 
 
+def test_a_file_whose_edge_data_does_not_match_its_edges_is_refused_when_read(tmp_path, monkeypatch):
+    from replayfmt import writer as writer_module
+    from replayfmt.format import graph_records
+
+    monkeypatch.setattr(graph_records, "check_graph_within_limits", lambda graph: None)  # a hostile writer
+    monkeypatch.setattr(writer_module, "check_graph_within_limits", lambda graph: None)
+    write(tmp_path / "g.kreplay", lambda ids: [replace(chained_graph(ids), edge_data=(PROGRAMMATIC,))])
+    monkeypatch.undo()
+    with replayfmt.open(tmp_path / "g.kreplay") as cap, pytest.raises(ReplayFormatError) as refused:
+        list(cap.objects())
+    assert "graph 6: 1 edge data rows for 2 edges" in str(refused.value)
+
+
 def test_a_child_graph_must_come_before_its_parent(tmp_path):
     def graphs(ids):
         child = m.Graph(nodes=(GraphNode(),), id=8)
@@ -257,12 +294,14 @@ class FakeCu:
         raise AttributeError(name)
 
 
-def builder_of(plan, ids, monkeypatch) -> tuple[replay_graphs.GraphBuilder, FakeCu, list]:
+def builder_of(plan, ids, monkeypatch, arch: int = 90) -> tuple[replay_graphs.GraphBuilder, FakeCu, list]:
     """A graph builder over a stand-in driver; ``check`` gives back what each call made."""
     monkeypatch.setattr(replay_graphs, "check", lambda result, what: result[1])
     cu = FakeCu()
     owned: list = []
-    devices = SimpleNamespace(cu=cu, own=owned.append, index=lambda device: 0, gpus=[SimpleNamespace(ctx="ctx")])
+    devices = SimpleNamespace(
+        cu=cu, own=owned.append, index=lambda device: 0, gpus=[SimpleNamespace(ctx="ctx", arch=arch)]
+    )
     layouts = {(ids["exe"], 0): [(0, 4), (8, 8), (16, 8), (24, 4)]}
     modules = SimpleNamespace(on_device=[{(ids["exe"], 0): 0xF00}], layouts=layouts)
     addresses = {ids["x"]: 0x1000_0000, ids["y"]: 0x2000_0000}
@@ -317,6 +356,19 @@ def test_a_programmatic_edge_is_added_with_its_edge_data_once_both_nodes_exist(t
     _, graph, sources, targets, data, count = added
     assert graph == "cuGraphCreate#1" and (sources, targets, count) == ([first], [second], 1)
     assert [(d.from_port, d.to_port, d.type) for d in data] == [(1, 0, 1)]
+
+
+def test_before_sm_90_a_programmatic_edge_is_built_as_a_full_dependency(tmp_path, monkeypatch):
+    plan, ids, cap = plan_of(tmp_path, lambda ids: [chained_graph(ids)])
+    assert plan.programmatic  # run-replay's device line says what an older GPU does with it
+    builder, cu, _ = builder_of(plan, ids, monkeypatch, arch=80)
+    with cap:
+        (op,) = [o for o in cap.iter_operations() if o.kind == m.OperationKind.GRAPH_LAUNCH]
+        builder.prepared(op, 0)
+    kernels = [c for c in cu.calls if c[0] == "cuGraphAddKernelNode"]
+    first, second, _ = (f"cuGraphAddKernelNode#{cu.calls.index(c) + 1}" for c in kernels)
+    assert [k[2:4] for k in kernels] == [([], 0), ([first], 1), ([second], 1)]
+    assert not [c for c in cu.calls if c[0] == "cuGraphAddDependencies"]
 
 
 def test_per_kernel_timing_runs_a_graph_node_by_node_between_events():

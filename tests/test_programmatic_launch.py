@@ -125,5 +125,29 @@ def test_a_device_before_sm_90_runs_flagged_launches_without_the_attribute_and_s
     result = verify(path, VerifyOptions(verify=False), progress=lines.append)
     assert not result.problems, result
     (device,) = [line for line in lines if line.startswith("device ")]
-    assert device.endswith("sm_80 (no programmatic dependent launch before sm_90: the launches that allow it run "
-                           "one after the other, with the same results)")  # fmt: skip
+    assert device.endswith("sm_80 (no programmatic dependent launch before sm_90: the launches and graph edges "
+                           "that allow it run one kernel after the other, with the same results)")  # fmt: skip
+
+
+def test_the_python_path_reads_launch_attributes_by_the_c_rings_rule():
+    """A null array holds none; a repeated flag is set when any asks for it; the last cluster wins
+    (launch_ring.c reads them so: both recorder paths flag a launch alike)."""
+    import ctypes
+    import struct
+
+    from replayfmt.capture.launch_attributes import PLAIN, LaunchAttributes, launch_attributes
+
+    def attribute(kind: int, value: bytes) -> bytes:
+        return struct.pack("<I4x", kind) + value.ljust(64, b"\0")
+
+    rows = [
+        attribute(6, struct.pack("<i", 1)),
+        attribute(6, struct.pack("<i", 0)),
+        attribute(4, struct.pack("<III", 2, 1, 1)),
+        attribute(4, struct.pack("<III", 4, 1, 1)),
+        attribute(7, struct.pack("<Q", 0xE7)),
+    ]
+    array = ctypes.create_string_buffer(b"".join(rows), 72 * len(rows))
+    attributes, events = launch_attributes(ctypes.addressof(array), len(rows))
+    assert attributes == LaunchAttributes((4, 1, 1), cooperative=False, programmatic=True) and events == [0xE7]
+    assert launch_attributes(0, 3) == (PLAIN, [])

@@ -29,6 +29,7 @@ from replayfmt.capture.cupti_api import (
     Cupti,
 )
 from replayfmt.capture.graphs import GRAPH_NODE_CHANGES, GRAPH_NODE_UPDATES, GRAPH_UPDATES_NOT_FOLLOWED, GraphCalls
+from replayfmt.capture.launch_attributes import PLAIN, LaunchAttributes, launch_attributes
 from replayfmt.capture.launch_ring import LaunchRing
 from replayfmt.capture.loaded_code import LoadedCode
 from replayfmt.capture.nccl_log import NCCL_KERNEL
@@ -39,12 +40,8 @@ from replayfmt.errors import ReplayUsageError
 
 _ENTER, _EXIT = 0, 1
 _LAUNCH_PARAM_BUFFER_POINTER, _LAUNCH_PARAM_BUFFER_SIZE = 1, 2
-# CUlaunchAttributeID: cooperative, cluster dimension, programmatic stream serialization (PDL); the
-# programmatic and launch completion events (the kernel's blocks trigger them: recorded after it)
-_ATTRIBUTE_COOPERATIVE, _ATTRIBUTE_CLUSTER, _ATTRIBUTE_PROGRAMMATIC = 2, 4, 6
-_ATTRIBUTE_EVENTS = (7, 12)  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT, _LAUNCH_COMPLETION_EVENT: value.event
-_PLAIN = ((0, 0, 0), False, False)  # a launch's cluster, whether cooperative, whether programmatic
-_ATTRIBUTE_SIZE = 72  # sizeof(CUlaunchAttribute)
+
+
 # callbackSite, (functionName), functionParams, functionReturnValue, symbolName
 _CALLBACK_DATA = struct.Struct("<I4x8xQQQ")
 _LAUNCH_KERNEL = struct.Struct("<Q7I4xQQQ")  # f, grid, block, sharedMemBytes, hStream, kernelParams, extra
@@ -269,7 +266,7 @@ class CuptiSource(GraphCalls):
         kernel_params: int,
         extra: int,
         symbol: int,
-        attributes: tuple[tuple[int, int, int], bool, bool] = _PLAIN,
+        attributes: LaunchAttributes = PLAIN,
     ) -> None:
         if site == _EXIT:
             known = self._kernels.get(f)  # an NCCL kernel's exit too: a copy of its results follows it
@@ -293,27 +290,19 @@ class CuptiSource(GraphCalls):
 
     def _on_launch_cooperative(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
         f, gx, gy, gz, bx, by, bz, smem, stream, kp = _LAUNCH_COOPERATIVE.unpack_from(MEMORY, p)
-        attributes = ((0, 0, 0), True, False)
+        attributes = LaunchAttributes(cooperative=True)
         self._launch(site, result, call, f, (gx, gy, gz), (bx, by, bz), smem, stream, kp, 0, symbol, attributes)
 
     def _on_launch_ex(self, site: int, p: int, result: int, call: str, symbol: int) -> None:
         config, f, kp, extra = _LAUNCH_EX.unpack_from(MEMORY, p)
         gx, gy, gz, bx, by, bz, smem, stream, attrs, count = _LAUNCH_CONFIG.unpack_from(MEMORY, config)
-        at = range(attrs, attrs + min(count, 64) * _ATTRIBUTE_SIZE, _ATTRIBUTE_SIZE)
-        value = {_unpack_from("<I", MEMORY, a)[0]: a + 8 for a in at}  # attribute id -> where its value is
-        cluster = _unpack_from("<III", MEMORY, value[_ATTRIBUTE_CLUSTER]) if _ATTRIBUTE_CLUSTER in value else (0, 0, 0)
-        cooperative, programmatic = (
-            k in value and _unpack_from("<i", MEMORY, value[k])[0] != 0
-            for k in (_ATTRIBUTE_COOPERATIVE, _ATTRIBUTE_PROGRAMMATIC)
-        )
-        attributes = (cluster, cooperative, programmatic)
+        attributes, events = launch_attributes(attrs, count)
         self._launch(site, result, call, f, (gx, gy, gz), (bx, by, bz), smem, stream, kp, extra, symbol, attributes)
         # these events trigger once every block has triggered them or begun, at the kernel's end at
         # the latest: recorded after the launch, their waiters wait for the whole kernel (the same
         # results, without the overlap they allowed; CUDA allows that schedule too)
-        for kind in _ATTRIBUTE_EVENTS:
-            if kind in value and site != _EXIT and (event := u64(value[kind])):
-                self._sink(ev.EventRecorded(event, stream))
+        for event in events if site != _EXIT else ():
+            self._sink(ev.EventRecorded(event, stream))
 
     # -- memory ----------------------------------------------------------------------------
 

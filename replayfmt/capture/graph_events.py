@@ -209,11 +209,18 @@ class GraphLaunches:
             if any(a.buffer for a in left):
                 nodes[at], touched, _ = self._graph_node(info, [])
                 targets.extend(a for a in touched if a not in targets)
+        edge_data = description.edge_data
+        if disabled and edge_data:  # an empty node has no ports: its edges order it as full dependencies
+            gone = {i for i, info in enumerate(description.nodes) if info.handle in disabled}
+            edge_data = [
+                m.FULL_DEPENDENCY if src in gone or dst in gone else data
+                for (src, dst), data in zip(description.edges, edge_data, strict=True)
+            ]
         graph = m.Graph(
             device=self._devices.current,
             nodes=tuple(nodes),
             edges=tuple(description.edges),
-            edge_data=tuple(description.edge_data),
+            edge_data=m.kept_edge_data(edge_data),
         )
         try:
             check_graph_within_limits(graph)  # more nodes or edges than a reader decodes: the launch is refused

@@ -97,9 +97,7 @@ class GraphReader:
             self._call("cuGraphGetEdges_v2", ctypes.c_void_p(graph), sources, targets, data, ctypes.byref(edges))
             pairs = [(index[int(sources[i] or 0)], index[int(targets[i] or 0)]) for i in range(edges.value)]
             kinds = [m.GraphEdgeData.of(*data[8 * i : 8 * i + 3]) for i in range(edges.value)]
-        if all(k.full for k in kinds):
-            kinds = []
-        return ev.GraphDescription([self._node(h, depth) for h in handles], pairs, kinds)
+        return ev.GraphDescription([self._node(h, depth) for h in handles], pairs, list(m.kept_edge_data(kinds)))
 
     def _node(self, handle: int, depth: int) -> ev.GraphNodeInfo:
         kind = ctypes.c_int(0)

@@ -29,7 +29,7 @@ def _programmatic_sources(graph: m.Graph) -> list[list[int]]:
     """Per node, the nodes it follows through a programmatic edge (it may start before they end)."""
     early: list[list[int]] = [[] for _ in graph.nodes]
     for k, (src, dst) in enumerate(graph.edges):
-        if k < len(graph.edge_data) and graph.edge_data[k].type != m.GraphEdgeType.FULL and 0 <= dst < len(early):
+        if graph.edge_kind(k).type != m.GraphEdgeType.FULL and 0 <= dst < len(early):
             early[dst].append(src)
     return early
 

@@ -5,6 +5,7 @@ their own."""
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from replayfmt.format.enums import GraphEdgePort, GraphEdgeType
@@ -51,3 +52,10 @@ class GraphEdgeData:
 
 
 FULL_DEPENDENCY = GraphEdgeData()
+
+
+def kept_edge_data(edge_data: Iterable[GraphEdgeData]) -> tuple[GraphEdgeData, ...]:
+    """What a graph keeps of its edges' data: all of it, or none when every edge is a full
+    dependency (the format writes no vector then, and a reader reads none)."""
+    data = tuple(edge_data)
+    return () if all(e.full for e in data) else data

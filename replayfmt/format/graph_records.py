@@ -106,9 +106,8 @@ def encode_graph(b: flatbuffers.Builder, graph: m.Graph) -> int:
     node_vector = b.EndVector()
     edges = _structs(b, "GraphEdge", [(int(s), int(d)) for s, d in graph.edges])
     edge_data = 0
-    if any(not e.full for e in graph.edge_data):  # (1.7) absent when every edge is a full dependency
-        rows = [(int(e.from_port), int(e.to_port), int(e.type)) for e in graph.edge_data]
-        edge_data = _structs(b, "GraphEdgeData", rows)
+    if kept := m.kept_edge_data(graph.edge_data):  # (1.7) absent when every edge is a full dependency
+        edge_data = _structs(b, "GraphEdgeData", [(int(e.from_port), int(e.to_port), int(e.type)) for e in kept])
     fb.Graph.Start(b)
     fb.Graph.AddDevice(b, graph.device)
     fb.Graph.AddNodes(b, node_vector)

@@ -44,6 +44,7 @@ from replayfmt.format.graph_parts import (
     FULL_DEPENDENCY as FULL_DEPENDENCY,
     GraphEdgeData as GraphEdgeData,
     GraphNodeKind as GraphNodeKind,
+    kept_edge_data as kept_edge_data,
 )
 
 Dims = tuple[int, int, int]

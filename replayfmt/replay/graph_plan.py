@@ -65,8 +65,9 @@ def topological_order(graph: m.Graph) -> list[int]:
 
 
 def _check_edge_data(graph: m.Graph) -> None:
-    """How each edge orders its nodes: kinds this version knows, and a programmatic edge only
-    between kernel nodes (the driver's rule: the source's blocks trigger the destination)."""
+    """How each edge orders its nodes, as the driver accepts it: kinds this version knows; a port
+    other than the default only on a kernel node (only kernels have them); a programmatic edge
+    only between kernel nodes, from the source's trigger or launch-order port."""
     for k, edge in enumerate(graph.edge_data):
         src, dst = graph.edges[k]
         where = f"graph {graph.id}: edge {src} -> {dst}"
@@ -77,11 +78,16 @@ def _check_edge_data(graph: m.Graph) -> None:
             )
         if edge.to_port != 0:
             raise UnsupportedOperationError(f"{where}: destination port {edge.to_port} is unknown to this replayfmt")
-        if edge.type == m.GraphEdgeType.PROGRAMMATIC and (
-            graph.nodes[src].kind != _N.KERNEL or graph.nodes[dst].kind != _N.KERNEL
-        ):
-            ends = f"{graph.nodes[src].label} and {graph.nodes[dst].label}"
+        source, target = graph.nodes[src], graph.nodes[dst]
+        if edge.from_port != m.GraphEdgePort.DEFAULT and source.kind != _N.KERNEL:
+            raise ReplayFormatError(f"{where}: port {edge.from_port.name.lower()} of a {source.label} node")
+        if edge.type != m.GraphEdgeType.PROGRAMMATIC:
+            continue
+        if source.kind != _N.KERNEL or target.kind != _N.KERNEL:
+            ends = f"{source.label} and {target.label}"
             raise ReplayFormatError(f"{where}: a programmatic edge joins two kernel nodes, not {ends}")
+        if edge.from_port == m.GraphEdgePort.DEFAULT:
+            raise ReplayFormatError(f"{where}: a programmatic edge leaves its source's trigger or launch-order port")
 
 
 def _range(graph: m.Graph, buffer: m.Buffer, offset: int, size: int, role: str) -> None:
@@ -103,10 +109,12 @@ def _need(objects: Mapping[int, m.ObjectDef], oid: int, cls: type, graph: m.Grap
 @dataclass(frozen=True, slots=True)
 class GraphSize:
     """What one checked graph amounts to once its child graphs are expanded, as the driver
-    instantiates it: how deep its child graphs nest (1: none) and how many nodes it runs."""
+    instantiates it: how deep its child graphs nest (1: none), how many nodes it runs, and whether
+    any of its edges (its children's included) is programmatic (1.7: needs sm_90)."""
 
     depth: int
     nodes: int
+    programmatic: bool = False
 
 
 def check_graph(
@@ -118,9 +126,9 @@ def check_graph(
     *,
     limits: Limits = DEFAULT_LIMITS,
     sizes: dict[int, GraphSize] | None = None,
-) -> None:
+) -> GraphSize:
     """Check ``graph`` (launched by operation ``index``) and its children; checked graphs go
-    into ``graphs`` and their expanded sizes into ``sizes``. ``check_launch`` checks a kernel node
+    into ``graphs`` and their expanded sizes into ``sizes``; returns ``graph``'s. ``check_launch`` checks a kernel node
     as the plan checks a launch. The walk is iterative and memoised (a child graph reached again
     is not walked again), child graphs nest at most ``limits.max_graph_depth`` deep and a launch
     expands to at most ``limits.max_graph_visits`` nodes (a chain of thousands of child graphs, or
@@ -134,6 +142,7 @@ def check_graph(
             _check_one(graphs, objects, child, check_launch, index, limits, sizes)
     except ReplayError as exc:
         raise type(exc)(f"operation {index} (graph_launch): {exc}") from None
+    return sizes[graph.id]
 
 
 def children_first(
@@ -193,7 +202,7 @@ def _check_one(
     """Check one graph whose children are checked (and sized) already."""
     topological_order(graph)
     _check_edge_data(graph)
-    depth, expanded = 1, 0
+    depth, expanded, programmatic = 1, 0, graph.programmatic_edges > 0
     for i, node in enumerate(graph.nodes):
         try:
             _check_node(objects, graph, node, check_launch, index)
@@ -202,6 +211,7 @@ def _check_one(
         if node.kind == _N.CHILD_GRAPH:
             child = sizes[node.graph]
             depth, expanded = max(depth, child.depth + 1), expanded + child.nodes
+            programmatic |= child.programmatic
         else:
             expanded += 1
     if depth > limits.max_graph_depth:
@@ -214,7 +224,7 @@ def _check_one(
             f"graph {graph.id}: its child graphs expand it to {expanded} nodes, more than "
             f"Limits.max_graph_visits ({limits.max_graph_visits})"
         )
-    sizes[graph.id] = GraphSize(depth, expanded)
+    sizes[graph.id] = GraphSize(depth, expanded, programmatic)
     graphs[graph.id] = graph
 
 
@@ -229,8 +239,10 @@ def _check_node(
     if not isinstance(kind, GraphNodeKind):
         raise UnsupportedOperationError(f"node kind {kind} is unknown to this replayfmt: upgrade replayfmt")
     if kind == _N.KERNEL:
-        if node.flags:
+        if node.flags & m.LAUNCH_FLAG_COOPERATIVE:
             raise UnsupportedOperationError("kernel nodes of cooperative launches are not replayed yet")
+        if node.flags:  # a node's programmatic dependencies are its edges (1.7), not a flag
+            raise ReplayFormatError(f"kernel node flags {node.flags:#x}: a kernel node carries none but cooperative")
         check_launch(node_launch(index, node))
     elif kind == _N.MEMCPY:
         src = _need(objects, node.src_buffer, m.Buffer, graph, "source")

@@ -22,7 +22,7 @@ from replayfmt.format.model import GraphNode, GraphNodeKind
 from replayfmt.replay.buffers import PinnedSlabs
 from replayfmt.replay.devices import Devices
 from replayfmt.replay.graph_plan import children_first, node_launch, topological_order
-from replayfmt.replay.launches import PreparedLaunch, prepare_launch
+from replayfmt.replay.launches import PROGRAMMATIC_ARCH, PreparedLaunch, prepare_launch
 from replayfmt.replay.modules import Modules
 from replayfmt.replay.plan import Plan
 
@@ -153,13 +153,17 @@ class GraphBuilder:
         self.devices.own(lambda: cu.cuGraphDestroy(graph))
         handles: dict[int, Any] = {}
         waits_for: dict[int, list[int]] = {}
-        ordered_otherwise: list[tuple[int, int, m.GraphEdgeData]] = []  # programmatic edges, added once nodes exist
+        # edges with their own data (programmatic ones) are added once both nodes exist; a device
+        # before sm_90 has no programmatic dependent launch: there they order their nodes fully
+        # (the same results, without the overlap), as plain launches do (replay.launches)
+        edges_with_data: list[tuple[int, int, m.GraphEdgeData]] = []
+        with_data = self.devices.gpus[gpu].arch >= PROGRAMMATIC_ARCH
         for k, (src, dst) in enumerate(graph_def.edges):
             edge = graph_def.edge_kind(k)
-            if edge.full:
+            if edge.full or not with_data:
                 waits_for.setdefault(dst, []).append(src)
             else:
-                ordered_otherwise.append((src, dst, edge))
+                edges_with_data.append((src, dst, edge))
         for i in topological_order(graph_def):
             node = graph_def.nodes[i]
             deps = [handles[d] for d in waits_for.get(i, [])]
@@ -167,12 +171,12 @@ class GraphBuilder:
             added = self._add(built, deps, node, index, gpu, self._shapes.get((graph_id, i)))
             handles[i] = check(added, f"{where} node {i} ({node.label})")
             built.calls[start:] = [replace(c, node=f"{i}.{c.node}" if c.node else str(i)) for c in built.calls[start:]]
-        if ordered_otherwise:
-            data = [_edge_data(cu, edge) for _, _, edge in ordered_otherwise]
-            sources = [handles[src] for src, _, _ in ordered_otherwise]
-            targets = [handles[dst] for _, dst, _ in ordered_otherwise]
+        if edges_with_data:
+            data = [_edge_data(cu, edge) for _, _, edge in edges_with_data]
+            sources = [handles[src] for src, _, _ in edges_with_data]
+            targets = [handles[dst] for _, dst, _ in edges_with_data]
             added = cu.cuGraphAddDependencies(graph, sources, targets, data, len(data))
-            check(added, f"{where}: {len(data)} programmatic edge(s)")
+            check(added, f"{where}: {len(data)} edge(s) with their edge data (programmatic)")
         self._graphs[key] = built
 
     def _add(

@@ -124,8 +124,8 @@ def programmatic_note(plan: Plan, arch: int) -> str:
     if not plan.programmatic or arch >= PROGRAMMATIC_ARCH:
         return ""
     return (
-        "no programmatic dependent launch before sm_90: the launches that allow it run one after "
-        "the other, with the same results"
+        "no programmatic dependent launch before sm_90: the launches and graph edges that allow it "
+        "run one kernel after the other, with the same results"
     )
 
 

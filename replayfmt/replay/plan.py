@@ -104,7 +104,7 @@ class Plan:
     warnings: list[str] = field(default_factory=list)  # what the replay goes on without (a dropped TIMINGS chunk)
     uploads: dict[UploadKey, tuple[m.Copy, int]] = field(default_factory=dict)  # first copy of each source, bytes
     needs_fixed_addresses: bool = False
-    programmatic: bool = False  # (1.7) a launch allows programmatic dependent launch (see replay.launches)
+    programmatic: bool = False  # (1.7) a launch or a graph edge is programmatic (see replay.launches)
     # the replay writes device addresses into memory: pointers stored in uploads and state (1.3)
     # or written by launches into buffers (relocation sites), so integers there are no data to poison
     stores_pointers: bool = False
@@ -558,7 +558,7 @@ def _check_operation(
         need(objects, op.executable, m.Executable, op, "executable")
     elif isinstance(op, m.GraphLaunch):
         graph = need(objects, op.graph, m.Graph, op, "graph")
-        check_graph(
+        plan.programmatic |= check_graph(
             plan.graphs,
             objects,
             graph,
@@ -566,7 +566,7 @@ def _check_operation(
             op.index,
             limits=plan.capture.limits,
             sizes=plan.graph_sizes,
-        )
+        ).programmatic
         if isinstance(objects, LiveObjects):
             used = plan.graph_uses.get(graph.id)
             if used is None:  # walked once per graph: a graph relaunched 20k times is not walked 20k times
