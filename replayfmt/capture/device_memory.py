@@ -39,7 +39,8 @@ class DeviceMemory(Protocol):
     def reserve_aside(self, ordinal: int, size: int) -> bool:
         """Device ``ordinal``'s memory for copies (set_aside) made to hold ``size`` bytes at once,
         allocating more where it holds less (cuMemAlloc, which may wait for the device: asked
-        only while no collective is pending). Whether it does."""
+        only while no collective is pending), and what take_aside reads through (the recorder's
+        stream and pinned staging there) made now, for the same reason. Whether it does."""
 
     def set_aside(self, address: int, size: int, stream: int) -> Any:
         """Queue on the program's ``stream`` a copy of ``size`` bytes at ``address`` into device
@@ -207,13 +208,15 @@ class DriverMemory:
                 check(cu.cuStreamSynchronize(cu.CUstream(stream)), "cuStreamSynchronize (launching stream)")
             return self._copy_out(side, address, size)
 
-    def _copy_out(self, side: _DeviceSide, address: int, size: int) -> bytes:
-        """``size`` bytes at ``address`` copied to the host on the recorder's own stream."""
+    def _copy_out(self, side: _DeviceSide, address: int, size: int, *, grow: bool = True) -> bytes:
+        """``size`` bytes at ``address`` copied to the host on the recorder's own stream; without
+        ``grow``, in pieces of the staging buffer already made (no driver call that may wait for
+        the device: see :meth:`reserve_aside`)."""
         if size == 0:
             return b""
         cu = self.cu
         own = self._own_stream(side)
-        chunk = min(size, 1 << 30)
+        chunk = min(size, 1 << 30) if grow or not self._pinned_size else min(size, self._pinned_size)
         staging = self._staging(chunk)
         out = bytearray(size) if size > chunk else None
         for start in range(0, size, chunk):
@@ -330,7 +333,7 @@ class DriverMemory:
         cu = self.cu
         with self._unrecorded(), self._device_holding(aside.address) as side:
             check(cu.cuEventSynchronize(aside.event), "cuEventSynchronize (collective's result aside)")
-            return self._copy_out(side, aside.address, aside.size)
+            return self._copy_out(side, aside.address, aside.size, grow=False)
 
     def release_aside(self, aside: _Aside) -> None:
         with self._unrecorded():
@@ -342,6 +345,11 @@ class DriverMemory:
     def reserve_aside(self, ordinal: int, size: int) -> bool:
         cu = self.cu
         with self._unrecorded(), self._device(ordinal) as side:
+            # take_aside runs with the recorder's locks held while a peer's collective may be
+            # pending: its stream and pinned staging are made here, at this safe moment, since
+            # cuStreamCreate and cuMemHostAlloc may wait for the device
+            self._own_stream(side)
+            self._staging(1)
             if side.asides.largest >= size:
                 return True
             err, made = cu.cuMemAlloc(size)
