@@ -55,3 +55,18 @@ def replay_or_crash(path: str, settings: dict) -> Outcome:
     if Path(path).name == "crash.kreplay":
         os._exit(11)
     return verify_row(path, settings)
+
+
+def pinned_row(path: str, settings: dict) -> Outcome:
+    """corpus-replay's task, except that it replays nothing: its row says which GPUs its worker
+    sees and which devices it was asked for, and it appends its capture's name to order.log
+    beside the corpus directory (the order rows ran in)."""
+    from dataclasses import asdict
+    from pathlib import Path
+
+    from replayfmt.measure.corpus import CorpusRow
+
+    with (Path(path).parent.parent / "order.log").open("a") as log:
+        log.write(Path(path).name + "\n")
+    seen = f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')} devices={settings.get('devices', (0,))}"
+    return Outcome(asdict(CorpusRow(Path(path).name, "verified", error=seen)))

@@ -19,17 +19,29 @@ checkpoint, then timed (--repetitions runs, the median device time). On Dask dis
 is installed (pip install 'replayfmt[cluster]'), else on local processes. A capture that breaks
 its CUDA context, crashes or hangs its worker (--timeout) loses that worker, which is replaced;
 the row says so and the run goes on. --dry-run plans every capture without a GPU (every payload
-the replay reads is read and checked against its hashes: a damaged capture fails, named).
+the replay reads is read and checked against its hashes: a damaged capture fails, named), each
+file alone.
 
 \b
---compare-to takes a directory of the same captures (run too, as the baseline) or the --csv of
+Rows that need several GPUs run after the others, one at a time, on the first --device GPUs:
+a job's ranks (NAME.rank0.kreplay, NAME.rank1.kreplay, ... as torchrun's ranks write them, the
+group complete: as many as their recorded world size) make one row, NAME.rank*.kreplay, replayed
+together with their collectives through NCCL, a process and a GPU per rank (its device time is
+the slowest rank's, its ranges every rank's); a capture of a process that drove D devices runs
+on a worker pinned to D GPUs. With fewer --device than a row needs, or with --scheduler (they
+run on local processes only), the row is unavailable and says why. An incomplete group's files
+replay alone, each call's received bytes put in place.
+
+\b
+--compare-to takes a directory of the same captures (run too, its rows made alike) or the --csv of
 an earlier run (read, like --csv's directory, before any capture runs: a file that is not such a
 CSV is refused); a regression is a verdict worse than the baseline's, a capture missing, or a
 device time over --threshold times the baseline's.
 
 \b
 Exit status: 0 every capture verified (or replayed, or planned) and no regression; 1 a capture
-failed, mismatched or regressed; 2 usage error (no captures, bad --compare-to), or no GPU here.
+failed, mismatched or regressed; 2 usage error (no captures, bad --compare-to), or no row could
+run here (no GPU, or fewer --device than each needs).
 
 \b
 Examples:
@@ -39,10 +51,19 @@ Examples:
   corpus-replay --scheduler tcp://head:8786 --compare-to baseline_captures/ captures/
 """
 
+NOWHERE_TO_RUN = (
+    "nothing could run here: every row is unavailable (no GPU, or fewer --device than it needs; "
+    "--dry-run plans without one)"
+)
+
 
 @click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("directory", type=click.Path(path_type=Path))
-@click.option("--dry-run", is_flag=True, help="Plan every capture (every check that needs no GPU); run nothing.")
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Plan every capture (every check that needs no GPU), each file alone (ranks too); run nothing.",
+)
 @click.option(
     "--repetitions",
     type=click.IntRange(min=1),
@@ -126,7 +147,7 @@ def main(
     regressions = f"; {len(result.regressions)} regression(s)" if result.comparisons is not None else ""
     click.echo("\n" + ", ".join(f"{n} {v}" for v, n in result.counts.items()) + regressions)
     if result.nowhere_to_run:
-        raise ToolExit(EXIT_USAGE, "no GPU here for any worker (--dry-run plans without one)")
+        raise ToolExit(EXIT_USAGE, NOWHERE_TO_RUN)
     return EXIT_PROBLEM if result.failed or result.regressions else EXIT_OK
 
 

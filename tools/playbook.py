@@ -456,6 +456,10 @@ TOOLS = {
   that worker, which is replaced; its row says so. tune-replay fans out the same way.
 * Dask distributed is optional (`pip install 'replayfmt[cluster]'`; dask-cuda's LocalCUDACluster
   when installed); without it the workers are local processes (`--engine local`).
+* A job's rank files (`job.rank0.kreplay`, `job.rank1.kreplay`, ..., the group complete) are one
+  row, `job.rank*.kreplay`, its ranks replayed together (collectives through NCCL); a capture of
+  several devices runs on a worker pinned to as many GPUs. These run after the other rows, on the
+  first `--device` GPUs (too few, or `--scheduler`: the row is unavailable, saying why).
 """,
 }
 

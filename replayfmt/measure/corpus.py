@@ -6,21 +6,29 @@ regressions.
 Each capture is one task on a worker pinned to one GPU (the verify verb's,
 :func:`replayfmt.verbs.corpus_runs.verify_row`). A capture that breaks its CUDA context poisons
 its worker, which is replaced; one that crashes or hangs its process loses it, which is replaced
-too; the row says so. Here: the rows, their CSV, and the comparison with a baseline.
+too; the row says so. Some rows need several GPUs at once (:func:`corpus_entries`): a capture of
+a process that drove several devices, and a job's ranks (``NAME.rank0.kreplay``, ...) replayed
+together. Here: which files make which rows, the rows, their CSV, and the comparison with a
+baseline.
 """
 
 from __future__ import annotations
 
 import csv
-from collections.abc import Callable, Iterable, Iterator
+import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from replayfmt.errors import ReplayUsageError
+from replayfmt.errors import ReplayError, ReplayUsageError
+from replayfmt.format import model as m
+from replayfmt.format.layout import DEFAULT_LIMITS, Limits
 from replayfmt.measure.fanout import FanOut, Task
+from replayfmt.reader import open_capture
 
 SUFFIX = ".kreplay"
+_RANK_FILE = re.compile(r"(?P<prefix>.+)\.rank(?P<rank>[0-9]+)" + re.escape(SUFFIX))  # what torchrun's ranks write
 
 # verdicts, best first: a row is worse than its baseline when its verdict comes later here
 VERDICTS = ("verified", "replayed", "planned", "mismatch", "failed", "unavailable", "lost")
@@ -56,6 +64,81 @@ def corpus_files(directory: Path, flag: str = "DIR") -> list[Path]:
     if not found:
         raise ReplayUsageError(f"{flag} {directory}: no {SUFFIX} files")
     return found
+
+
+@dataclass(frozen=True)
+class CorpusEntry:
+    """One row's work: one capture, or a job's ranks replayed together; ``gpus``: how many GPUs
+    it needs at once."""
+
+    name: str  # the row's name: the file's, or PREFIX.rank*.kreplay for a job's ranks
+    paths: tuple[Path, ...]  # one capture, or every rank's, in rank order
+    gpus: int = 1
+
+    @property
+    def job(self) -> bool:
+        """A job's ranks (replayed together, a process each), not one capture."""
+        return len(self.paths) > 1
+
+    @property
+    def why(self) -> str:
+        """Why it needs its GPUs, in words."""
+        return f"{self.gpus} ranks together" if self.job else f"a capture on {self.gpus} devices"
+
+
+@dataclass(frozen=True)
+class _Seen:
+    devices: int
+    properties: dict[str, str]
+
+
+def corpus_entries(paths: Sequence[Path], *, limits: Limits = DEFAULT_LIMITS) -> list[CorpusEntry]:
+    """The rows ``paths`` make, by name. Files named ``PREFIX.rank<N>.kreplay`` whose group is
+    complete (as many files as their recorded ``world_size``, ranks 0 to n-1 as named and as
+    recorded, each a capture of one device) make one row of n GPUs, ``PREFIX.rank*.kreplay``; a
+    capture of D > 1 devices needs D GPUs; any other file, an incomplete group's included, is a row
+    of one GPU. Each file's header, metadata and objects are read (no operation); a file that cannot
+    be read is a row of one GPU, whose worker says why."""
+    seen = {path: _look(path, limits) for path in paths}
+    groups: dict[str, list[tuple[int, Path]]] = {}
+    for path in paths:
+        if (match := _RANK_FILE.fullmatch(path.name)) is not None:
+            groups.setdefault(match["prefix"], []).append((int(match["rank"]), path))
+    entries, in_jobs = [], set()
+    for prefix, members in groups.items():
+        if _complete(sorted(members), seen):
+            ranked = tuple(path for _, path in sorted(members))
+            entries.append(CorpusEntry(f"{prefix}.rank*{SUFFIX}", ranked, len(ranked)))
+            in_jobs.update(ranked)
+    for path in paths:
+        if path not in in_jobs:
+            found = seen[path]
+            entries.append(CorpusEntry(path.name, (path,), max(1, found.devices) if found is not None else 1))
+    return sorted(entries, key=lambda e: e.name)
+
+
+def _look(path: Path, limits: Limits) -> _Seen | None:
+    """A capture's device count and metadata properties; None when it cannot be read."""
+    try:
+        with open_capture(path, limits=limits) as cap:
+            devices = sum(1 for obj in cap.object_table().others.values() if isinstance(obj, m.Device))
+            return _Seen(devices, dict(cap.metadata.properties))
+    except (ReplayError, OSError):
+        return None
+
+
+def _complete(members: list[tuple[int, Path]], seen: dict[Path, _Seen | None]) -> bool:
+    """Whether a group of rank files (sorted by rank) is a whole job of one-device ranks."""
+    if len(members) < 2 or [rank for rank, _ in members] != list(range(len(members))):
+        return False
+    for rank, path in members:
+        found = seen[path]
+        if found is None or found.devices > 1:
+            return False
+        recorded = (found.properties.get("rank", ""), found.properties.get("world_size", ""))
+        if not all(value.isdigit() for value in recorded) or tuple(map(int, recorded)) != (rank, len(members)):
+            return False
+    return True
 
 
 def run_corpus(

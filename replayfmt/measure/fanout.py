@@ -9,7 +9,8 @@ Engines, chosen by :func:`open_fanout`:
   ``SpecCluster`` of one single-threaded worker process per GPU under a nanny, each pinned the
   same way; or an existing cluster (``scheduler``: its address), whose workers are taken as they
   are (a ``dask-cuda-worker`` pins one GPU each);
-* ``local``: one spawned process per GPU, pinned the same way, spoken to through a pipe.
+* ``local``: one spawned process per GPU, pinned the same way, spoken to through a pipe (or one
+  process pinned to a set of GPUs, for work that needs several at once: :class:`LocalFanOut`).
 
 Fault isolation is the point: every worker runs one task at a time (the client keeps one in
 flight per worker), so a task that breaks its CUDA context (it returns an :class:`Outcome` with
@@ -350,11 +351,17 @@ def _local_cluster(gpus: list[int], pin: bool) -> Any:
 # Local processes (no Dask)
 
 
-def _serve(connection: Any, gpu: int | None) -> None:
-    """A local worker process: pinned to ``gpu`` before anything imports CUDA, then runs
-    ``(fn, args)`` requests one by one, answering ``(ok, value or error text)``."""
-    if gpu is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
+def worker_name(gpus: tuple[int, ...]) -> str:
+    """A local worker's name: ``gpu0``, or ``gpu0,1`` for one pinned to several GPUs."""
+    return "gpu" + ",".join(map(str, gpus))
+
+
+def _serve(connection: Any, gpus: tuple[int, ...] | None) -> None:
+    """A local worker process: pinned to ``gpus`` before anything imports CUDA (it sees them as
+    cuda:0, cuda:1, ...), then runs ``(fn, args)`` requests one by one, answering ``(ok, value or
+    error text)``."""
+    if gpus is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
     while True:
         try:
             fn, args = connection.recv()
@@ -367,10 +374,10 @@ def _serve(connection: Any, gpu: int | None) -> None:
 
 
 class _LocalWorker:
-    def __init__(self, name: str, gpu: int | None) -> None:
+    def __init__(self, name: str, gpus: tuple[int, ...] | None) -> None:
         context = multiprocessing.get_context("spawn")  # never fork a process that may hold CUDA
         self.connection, child = context.Pipe()
-        self.process = context.Process(target=_serve, args=(child, gpu), name=f"replayfmt-{name}", daemon=True)
+        self.process = context.Process(target=_serve, args=(child, gpus), name=f"replayfmt-{name}", daemon=True)
         self.process.start()
         child.close()
 
@@ -383,12 +390,15 @@ class _LocalWorker:
 
 
 class LocalFanOut(FanOut):
-    """One spawned process per GPU, each pinned with CUDA_VISIBLE_DEVICES."""
+    """One spawned process per GPU, each pinned with CUDA_VISIBLE_DEVICES; an entry of ``gpus``
+    that is a tuple of GPUs is one process pinned to all of them (work that needs several GPUs at
+    once: a capture of a process that drove several devices)."""
 
     engine = "local processes"
 
-    def __init__(self, gpus: list[int], *, pin: bool) -> None:
-        self._gpus = {f"gpu{gpu}": (gpu if pin else None) for gpu in gpus}
+    def __init__(self, gpus: Iterable[int | tuple[int, ...]], *, pin: bool) -> None:
+        sets = [gpu if isinstance(gpu, tuple) else (gpu,) for gpu in gpus]
+        self._gpus = {worker_name(each): (each if pin else None) for each in sets}
         self._workers = {name: _LocalWorker(name, gpu) for name, gpu in self._gpus.items()}
 
     @property

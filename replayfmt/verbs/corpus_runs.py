@@ -6,6 +6,12 @@ run-replay --verify's options, then timed runs (their median is the row's device
 corpus row's "verified" is run-replay --verify's and the recorder's self-check's: one function, one
 option set. A capture that breaks its CUDA context poisons its worker, which is replaced; one that
 crashes or hangs its process loses it, which is replaced too; the row says so.
+
+Rows that need several GPUs (:func:`~replayfmt.measure.corpus.corpus_entries`) run after the
+others, one at a time, on the first of ``options.devices``: a capture of several devices as the
+same task on a fresh local worker pinned to as many GPUs; a job's ranks through
+:func:`~replayfmt.verbs.ranks.verify_ranks` from this process (it starts a process per rank, which
+a worker, a daemon, may not).
 """
 
 from __future__ import annotations
@@ -22,16 +28,19 @@ from replayfmt.format.layout import DEFAULT_LIMITS, Limits
 from replayfmt.measure.corpus import (
     VERDICTS,
     Comparison,
+    CorpusEntry,
     CorpusRow,
     compare,
+    corpus_entries,
     corpus_files,
     read_csv,
     run_corpus,
     write_csv as write_rows,
 )
-from replayfmt.measure.fanout import Outcome, open_fanout
+from replayfmt.measure.fanout import LocalFanOut, Outcome, open_fanout, worker_name
 from replayfmt.measure.tune import check_output_writable
 from replayfmt.replay.verify_types import Outcome as Verified, VerifyOptions, VerifyResult
+from replayfmt.verbs.ranks import RanksOptions, RanksResult, verify_ranks
 from replayfmt.verbs.verifying import verify
 
 Progress = Callable[[str], None]
@@ -50,13 +59,15 @@ ROW_VERDICTS = {
 
 def verify_row(path: str, settings: dict[str, Any]) -> Outcome:
     """A fan-out task: one capture's row (as a dict). ``settings``: ``dry_run`` (plan only),
-    ``repetitions`` (timed runs after the verified one). Poisoned after a sticky CUDA error."""
+    ``repetitions`` (timed runs after the verified one), ``devices`` (the ordinals its captured
+    devices run on, as the worker sees them; default cuda:0). Poisoned after a sticky CUDA error."""
     dry_run = bool(settings.get("dry_run"))
     timed = 0 if dry_run else max(1, int(settings.get("repetitions", 3)))
     limits = DEFAULT_LIMITS.overridden(settings.get("limits", {}))
+    devices = tuple(settings.get("devices", (0,)))
     poisoned, verdict = False, ""
     try:
-        options = VerifyOptions(dry_run=dry_run, timed_runs=timed, limits=limits)
+        options = VerifyOptions(dry_run=dry_run, timed_runs=timed, limits=limits, devices=devices)
         result = verify(path, options)
     except ReplayError as exc:
         result = VerifyResult.from_error(path, exc)
@@ -80,7 +91,7 @@ class CorpusOptions:
 
     dry_run: bool = False  # plan every capture; run nothing (no GPU needed)
     repetitions: int = 3  # timed runs after the verified one
-    devices: tuple[int, ...] = (0,)  # one worker per GPU
+    devices: tuple[int, ...] = (0,)  # one worker per GPU; a row that needs k GPUs runs on the first k
     scheduler: str | None = None  # a Dask cluster's address
     engine: str | None = None  # auto, dask, local
     timeout_s: float = 600.0  # per capture; past it the worker is replaced and the row is lost
@@ -118,7 +129,7 @@ class CorpusResult:
 
     @property
     def nowhere_to_run(self) -> bool:
-        """Every row is unavailable: no GPU for any worker."""
+        """Every row is unavailable: nothing could run here (no GPU, or fewer than a row needs)."""
         return bool(self.rows) and all(r.verdict == "unavailable" for r in self.rows)
 
 
@@ -126,7 +137,9 @@ def corpus(
     directory: str | os.PathLike[str], options: CorpusOptions | None = None, *, progress: Progress | None = None
 ) -> CorpusResult:
     """Verify (or plan) every capture of ``directory`` on the workers ``options`` name; compare
-    with ``options.baseline``; write ``options.csv``. ``progress`` is told the captures and workers."""
+    with ``options.baseline``; write ``options.csv``. ``progress`` is told the captures and workers.
+    A job's ranks make one row, and so does a capture of several devices, run after the others on
+    as many of ``options.devices`` (module docstring); ``dry_run`` plans every file alone."""
     options = options or CorpusOptions()
     say = progress or (lambda _line: None)
     paths = corpus_files(Path(directory))
@@ -142,16 +155,97 @@ def corpus(
             raise ReplayUsageError(f"--csv {options.csv}: already exists; choose another file")
         check_output_writable(options.csv, "--csv")
     settings = {"dry_run": options.dry_run, "repetitions": options.repetitions, "limits": options.limits.changes()}
+    entries = _entries(paths, options)
+    baseline_entries = _entries(baseline_paths, options) if baseline_paths is not None else []
+    alone = [[e.paths[0] for e in found if e.gpus == 1] for found in (entries, baseline_entries)]
+    together = [[e for e in found if e.gpus > 1] for found in (entries, baseline_entries)]
     timeout, gpus = options.timeout_s, list(options.devices)
-    with open_fanout(gpus, engine=options.engine or "auto", scheduler=options.scheduler, pin=not options.dry_run) as f:
-        say(f"corpus: {len(paths)} capture(s) in {directory}; workers: {f.describe()}")
-        rows = sorted(run_corpus(f, paths, settings, timeout=timeout, task=verify_row), key=lambda r: r.capture)
-        if baseline_paths is not None:
-            before = sorted(
-                run_corpus(f, baseline_paths, settings, timeout=timeout, task=verify_row), key=lambda r: r.capture
-            )
-        replaced = f.replaced
+    counted = f"corpus: {len(paths)} capture(s) in {directory}"
+    if together[0]:
+        counted += f" ({len(together[0])} row(s) needing several GPUs run after the others)"
+    rows, before_rows, replaced = [], [], 0
+    if alone[0] or alone[1]:
+        engine, pin = options.engine or "auto", not options.dry_run
+        with open_fanout(gpus, engine=engine, scheduler=options.scheduler, pin=pin) as f:
+            say(f"{counted}; workers: {f.describe()}")
+            rows = list(run_corpus(f, alone[0], settings, timeout=timeout, task=verify_row))
+            before_rows = list(run_corpus(f, alone[1], settings, timeout=timeout, task=verify_row))
+            replaced = f.replaced
+    else:
+        say(counted)
+    for found, out in zip(together, (rows, before_rows), strict=True):  # the fan-out is gone: its GPUs are free
+        for entry in found:
+            row, lost = _row_on_several_gpus(entry, options, settings, say)
+            out.append(row)
+            replaced += lost
+    rows.sort(key=lambda r: r.capture)
+    if baseline_paths is not None:
+        before = sorted(before_rows, key=lambda r: r.capture)
     if options.csv is not None:
         write_rows(options.csv, rows)
     comparisons = tuple(compare(rows, before, options.threshold)) if before is not None else None
     return CorpusResult(os.fspath(directory), tuple(rows), comparisons, replaced)
+
+
+def _entries(paths: list[Path], options: CorpusOptions) -> list[CorpusEntry]:
+    """The rows ``paths`` make: every file alone for a dry run (a plan needs no GPU)."""
+    if options.dry_run:
+        return [CorpusEntry(path.name, (path,)) for path in paths]
+    return corpus_entries(paths, limits=options.limits)
+
+
+def _row_on_several_gpus(
+    entry: CorpusEntry, options: CorpusOptions, settings: dict[str, Any], say: Progress
+) -> tuple[CorpusRow, int]:
+    """The row of an entry that needs several GPUs, run on the first of ``options.devices``; and
+    how many workers were replaced."""
+    need = f"needs {entry.gpus} GPUs ({entry.why})"
+    if options.scheduler is not None:
+        why = f"{need}: such rows run on local processes only (--device), not on the Dask cluster at --scheduler"
+        return CorpusRow(entry.name, "unavailable", error=why), 0
+    if len(options.devices) < entry.gpus:
+        wanted = [*options.devices, *(k for k in range(entry.gpus) if k not in options.devices)][: entry.gpus]
+        flags = " ".join(f"--device cuda:{k}" for k in wanted)
+        why = f"{need}; --device gives {len(options.devices)}: give {flags}"
+        return CorpusRow(entry.name, "unavailable", error=why), 0
+    gpus = options.devices[: entry.gpus]
+    say(f"corpus: {entry.name}: {entry.why} on {', '.join(f'cuda:{k}' for k in gpus)}")
+    if entry.job:
+        return _job_row(entry, gpus, options), 0
+    with LocalFanOut([gpus], pin=True) as fanout:  # the worker sees its GPUs as cuda:0, cuda:1, ...
+        each = {**settings, "devices": tuple(range(entry.gpus))}
+        (row,) = run_corpus(fanout, entry.paths, each, timeout=options.timeout_s, task=verify_row)
+        return row, fanout.replaced
+
+
+def _job_row(entry: CorpusEntry, gpus: tuple[int, ...], options: CorpusOptions) -> CorpusRow:
+    """A job's row: its ranks verified together (:func:`verify_ranks`, rank k on ``gpus[k]``),
+    then timed as other rows are. Its device time is the slowest rank's median, its ranges and
+    operations every rank's, its verdict the worst rank's, its error the first failing rank's."""
+    worker = worker_name(gpus)
+    verify_options = VerifyOptions(timed_runs=options.repetitions, limits=options.limits)
+    ranks_options = RanksOptions(verify=verify_options, devices=gpus, timeout_s=options.timeout_s)
+    try:
+        result = verify_ranks([str(p) for p in entry.paths], ranks_options)
+    except ReplayError as exc:  # they do not form one job, NCCL is missing, ...
+        verdict = "unavailable" if isinstance(exc, DeviceUnavailableError) else "failed"
+        return CorpusRow(entry.name, verdict, worker=worker, error=str(exc))
+    return _ranks_row(entry.name, result, worker)
+
+
+def _ranks_row(name: str, result: RanksResult, worker: str = "") -> CorpusRow:
+    """The row of a job whose ranks :func:`verify_ranks` replayed together (:func:`_job_row`)."""
+    each = [r.result for r in result.ranks]
+    medians = [statistics.median(r.timed_ms) for r in each if r.timed_ms]
+    setups = [r.setup_s for r in each if r.setup_s]
+    failing = next((r for r in each if r.outcome is not Verified.VERIFIED and r.detail), None)
+    return CorpusRow(
+        name,
+        ROW_VERDICTS[result.outcome],
+        operations=sum(r.operations for r in each),
+        ranges=sum(r.compared for r in each),
+        device_ms=max(medians) if medians else None,
+        host_s=max(setups) if setups else None,  # the ranks set up side by side
+        worker=worker,
+        error=failing.detail if failing is not None else "",
+    )

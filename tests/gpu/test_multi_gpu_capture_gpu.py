@@ -3,7 +3,8 @@ split over two devices in one process replays on two GPUs and verifies; each ran
 FSDP2 step under torchrun writes its own capture, whose NCCL calls are collective operations with
 the bytes they left, and replays alone on one GPU and verifies; the ranks replay together, their
 collectives issued among them through NCCL, and verify, and a planted wrong reduction fails naming
-the rank; a sharded JAX step (two devices of one process, XLA's all-reduce) records both ranks'
+the rank; corpus-replay makes the job's ranks one row, replayed together, and runs the split model
+on both GPUs; a sharded JAX step (two devices of one process, XLA's all-reduce) records both ranks'
 collectives in one capture and replays them among both GPUs from one process, and verifies.
 Skips on machines with fewer than two GPUs."""
 
@@ -19,6 +20,7 @@ from test_capture_gpu import ROOT, SCRIPTS, capture, dump, needs, run, verified
 
 import replayfmt
 from replayfmt.format import model as m
+from replayfmt.measure.corpus import read_csv
 
 CORPUS = ROOT / "benchmarks" / "corpus_multi"
 
@@ -126,6 +128,28 @@ def test_the_ranks_of_a_ddp_job_replay_together_with_their_collectives(tmp_path,
     )
     assert timed.returncode == 0, (timed.stdout + timed.stderr)[-4000:]
     assert "rank 0 on cuda:0" in timed.stdout and "rank 1 on cuda:1" in timed.stdout
+
+
+def test_corpus_replay_runs_a_jobs_ranks_together_and_a_two_device_capture_on_two_gpus(tmp_path, two_gpus):
+    """corpus-replay over a DDP job's rank files and a model split over two devices: one row for
+    the job (its ranks together, their collectives through NCCL), one for the split model (a worker
+    pinned to both GPUs), both verified."""
+    needs("torch")
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    record_job(folder, "torch_ddp_step")
+    capture(folder / "pipeline.kreplay", CORPUS / "torch_two_device_pipeline.py", "--scope", "step")
+    rows_csv = tmp_path / "rows.csv"
+    command = [sys.executable, "-m", "replayfmt_tools.corpus_replay", "--engine", "local", "--device", "cuda:0",
+               "--device", "cuda:1", "--repetitions", "2", "--csv", str(rows_csv), str(folder)]  # fmt: skip
+    result = run(command, timeout=600)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    rows = {r.capture: r for r in read_csv(rows_csv)}
+    assert set(rows) == {"job.rank*.kreplay", "pipeline.kreplay"}, result.stdout[-3000:]
+    for row in rows.values():
+        assert row.verdict == "verified" and row.ranges > 0 and row.device_ms is not None, row
+        assert row.worker == "gpu0,1", row
+    assert "2 verified" in result.stdout
 
 
 def test_a_sharded_jax_step_replays_with_its_collectives_on_two_gpus_and_verifies(tmp_path, two_gpus):
