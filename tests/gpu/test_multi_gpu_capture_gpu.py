@@ -5,7 +5,8 @@ the bytes they left, and replays alone on one GPU and verifies; the ranks replay
 collectives issued among them through NCCL, and verify, and a planted wrong reduction fails naming
 the rank; corpus-replay makes the job's ranks one row, replayed together, and runs the split model
 on both GPUs; a sharded JAX step (two devices of one process, XLA's all-reduce) records both ranks'
-collectives in one capture and replays them among both GPUs from one process, and verifies.
+collectives in one capture and replays them among both GPUs from one process, and verifies; so do
+a sequence-parallel DTensor job and a send/recv pipeline (torchrun) and a shard_map ZeRO step.
 Skips on machines with fewer than two GPUs."""
 
 from __future__ import annotations
@@ -128,6 +129,42 @@ def test_the_ranks_of_a_ddp_job_replay_together_with_their_collectives(tmp_path,
     )
     assert timed.returncode == 0, (timed.stdout + timed.stderr)[-4000:]
     assert "rank 0 on cuda:0" in timed.stdout and "rank 1 on cuda:1" in timed.stdout
+
+
+@pytest.mark.parametrize(
+    ("program", "operations"),
+    [
+        ("torch_tensor_parallel_step", {"AllGather", "ReduceScatter"}),  # sequence parallel, DTensor
+        ("torch_p2p_pipeline_step", {"Send", "Recv"}),  # NCCL point-to-point between the ranks
+    ],
+)
+def test_the_ranks_of_other_torchrun_jobs_replay_together_and_verify(tmp_path, two_gpus, program, operations):
+    needs("torch")
+    ranks = [str(p) for p in record_job(tmp_path, program)]
+    seen = set()
+    for path in ranks:
+        with replayfmt.open(path) as cap:
+            seen |= {op.operation.label for op in cap.iter_operations() if isinstance(op, m.Collective)}
+    assert operations <= seen, seen
+    together = run([sys.executable, "-m", "replayfmt_tools.run_replay", "--verify", *ranks])
+    assert together.returncode == 0, (together.stdout + together.stderr)[-4000:]
+    assert "ranks: verified (2 ranks" in together.stdout
+
+
+def test_a_zero_style_shard_map_step_replays_with_its_collectives_on_two_gpus(tmp_path, two_gpus):
+    """One process, two devices: all_gather, psum_scatter and pmean under shard_map, replayed
+    among both ranks in one process and verified."""
+    needs("jax")
+    out = tmp_path / "zero.kreplay"
+    result = run([sys.executable, "-m", "replayfmt.capture", "-o", str(out), "--scope", "step",
+                  str(CORPUS / "jax_zero_shard_map_step.py")])  # fmt: skip
+    assert result.returncode == 0 and "Traceback" not in result.stderr, (result.stdout + result.stderr)[-4000:]
+    with replayfmt.open(out) as cap:
+        labels = {op.operation.label for op in cap.iter_operations() if isinstance(op, m.Collective)}
+    assert {"AllGather", "ReduceScatter"} <= labels, labels
+    together = run([sys.executable, "-m", "replayfmt_tools.run_replay", "--verify", str(out)])
+    assert together.returncode == 0, (together.stdout + together.stderr)[-4000:]
+    assert "collectives   issued among ranks 0, 1 of" in together.stdout + together.stderr
 
 
 def test_corpus_replay_runs_a_jobs_ranks_together_and_a_two_device_capture_on_two_gpus(tmp_path, two_gpus):
