@@ -60,3 +60,28 @@ def test_tune_candidates_fan_out_with_faulting_shapes_isolated(tmp_path, kernels
     assert "ILLEGAL" in by_block[(512, 1, 1)].error and "ILLEGAL" in by_block[(1024, 1, 1)].error
     assert all(by_block[b].ok and by_block[b].verified for b in (None, (64, 1, 1), (256, 1, 1), (128, 1, 1)))
     assert fanout.replaced >= before + 2
+
+
+def test_the_corpus_verb_on_one_gpu_verifies_one_gpu_rows_and_says_a_job_needs_more(tmp_path, gpu_arch):
+    """The corpus verb's rows on one GPU: a capture, and a lone rank file (its group incomplete:
+    replayed alone) verified; a job's complete rank files made one row that needs two GPUs, which
+    --device cuda:0 alone cannot give (unavailable, saying which flags would)."""
+    from replayfmt.format import model as m
+    from replayfmt.verbs.corpus_runs import CorpusOptions, corpus
+
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    shutil.copy(EXAMPLES / "saxpy.kreplay", folder / "saxpy.kreplay")
+    shutil.copy(EXAMPLES / "saxpy.kreplay", folder / "lone.rank0.kreplay")
+    for rank in (0, 1):  # what torchrun's ranks record
+        metadata = m.CaptureMetadata(properties=(("rank", str(rank)), ("world_size", "2")))
+        with replayfmt.CaptureWriter(folder / f"job.rank{rank}.kreplay", metadata=metadata) as w:
+            device = w.add_object(m.Device(ordinal=0, name="NVIDIA H200", compute_capability=(9, 0)))
+            w.memset(buffer=w.add_object(m.Buffer(size=256, device=device)), value=0, count=64)
+    result = corpus(folder, CorpusOptions(devices=(0,), engine="local", repetitions=2))
+    rows = {r.capture: r for r in result.rows}
+    assert set(rows) == {"saxpy.kreplay", "lone.rank0.kreplay", "job.rank*.kreplay"}
+    for name in ("saxpy.kreplay", "lone.rank0.kreplay"):
+        assert rows[name].verdict == "verified" and rows[name].ranges > 0 and rows[name].device_ms > 0, rows[name]
+    job = rows["job.rank*.kreplay"]
+    assert job.verdict == "unavailable" and "needs 2 GPUs" in job.error and "--device cuda:1" in job.error
