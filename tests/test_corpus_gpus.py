@@ -252,3 +252,16 @@ def test_a_job_rows_error_is_the_worst_ranks_detail(folder, monkeypatch):
     monkeypatch.setattr(corpus_runs, "verify_ranks", fake)
     (row,) = corpus(folder, CorpusOptions(devices=(0, 1, 2))).rows
     assert (row.verdict, row.error) == ("mismatch", wrong)
+
+
+def test_a_job_row_has_no_device_time_when_a_rank_was_not_timed(folder, monkeypatch):
+    """The slowest rank's median is unknown when a rank made no timed run (it failed first): the
+    row's device time is none, not the others' (which a baseline would compare as a speed-up)."""
+    ranks = job(folder)
+    fake = FakeRanks(
+        rank_result(ranks[0], Outcome.VERIFIED, (1.0, 1.0)),
+        rank_result(ranks[1], Outcome.FAILED, (), "rank 1: operation 3 (launch k): CUDA_ERROR_ILLEGAL_ADDRESS"),
+    )
+    monkeypatch.setattr(corpus_runs, "verify_ranks", fake)
+    (row,) = corpus(folder, CorpusOptions(devices=(0, 1))).rows
+    assert (row.verdict, row.device_ms) == ("failed", None) and "ILLEGAL_ADDRESS" in row.error
