@@ -237,3 +237,31 @@ def test_corpus_replay_prints_the_job_row_and_why_it_could_not_run(folder, monke
     (folder / "a.kreplay").unlink()
     alone = runner.invoke(corpus_main, ["--engine", "local", str(folder)])
     assert alone.exit_code == 2 and "nothing could run here: every row is unavailable" in alone.stderr
+
+
+def test_a_job_rows_error_is_the_worst_ranks_detail(folder, monkeypatch):
+    """A rank with nothing to verify before a mismatching one: the row is a mismatch, and its
+    error says what mismatched, not the first rank's lesser complaint."""
+    ranks = job(folder, ranks=3)
+    wrong = "rank 2: 1 of 3 compared range(s) failed: buffer 2 [0, 256)"
+    fake = FakeRanks(
+        rank_result(ranks[0], Outcome.VERIFIED, (1.0,)),
+        rank_result(ranks[1], Outcome.NOTHING_TO_VERIFY, (1.0,), "rank 1: no range was compared"),
+        rank_result(ranks[2], Outcome.MISMATCH, (1.0,), wrong),
+    )
+    monkeypatch.setattr(corpus_runs, "verify_ranks", fake)
+    (row,) = corpus(folder, CorpusOptions(devices=(0, 1, 2))).rows
+    assert (row.verdict, row.error) == ("mismatch", wrong)
+
+
+def test_a_job_row_has_no_device_time_when_a_rank_was_not_timed(folder, monkeypatch):
+    """The slowest rank's median is unknown when a rank made no timed run (it failed first): the
+    row's device time is none, not the others' (which a baseline would compare as a speed-up)."""
+    ranks = job(folder)
+    fake = FakeRanks(
+        rank_result(ranks[0], Outcome.VERIFIED, (1.0, 1.0)),
+        rank_result(ranks[1], Outcome.FAILED, (), "rank 1: operation 3 (launch k): CUDA_ERROR_ILLEGAL_ADDRESS"),
+    )
+    monkeypatch.setattr(corpus_runs, "verify_ranks", fake)
+    (row,) = corpus(folder, CorpusOptions(devices=(0, 1))).rows
+    assert (row.verdict, row.device_ms) == ("failed", None) and "ILLEGAL_ADDRESS" in row.error

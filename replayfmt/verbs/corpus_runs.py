@@ -220,8 +220,9 @@ def _row_on_several_gpus(
 
 def _job_row(entry: CorpusEntry, gpus: tuple[int, ...], options: CorpusOptions) -> CorpusRow:
     """A job's row: its ranks verified together (:func:`verify_ranks`, rank k on ``gpus[k]``),
-    then timed as other rows are. Its device time is the slowest rank's median, its ranges and
-    operations every rank's, its verdict the worst rank's, its error the first failing rank's."""
+    then timed as other rows are. Its device time is the slowest rank's median (none where a rank
+    made no timed run), its ranges and operations every rank's, its verdict the worst rank's, its
+    error the first of the worst ranks'."""
     worker = worker_name(gpus)
     verify_options = VerifyOptions(timed_runs=options.repetitions, limits=options.limits)
     ranks_options = RanksOptions(verify=verify_options, devices=gpus, timeout_s=options.timeout_s)
@@ -238,13 +239,15 @@ def _ranks_row(name: str, result: RanksResult, worker: str = "") -> CorpusRow:
     each = [r.result for r in result.ranks]
     medians = [statistics.median(r.timed_ms) for r in each if r.timed_ms]
     setups = [r.setup_s for r in each if r.setup_s]
-    failing = next((r for r in each if r.outcome is not Verified.VERIFIED and r.detail), None)
+    # the detail of a rank as bad as the row says (an earlier rank with a lesser complaint, nothing
+    # to verify say, would name the wrong problem)
+    failing = next((r for r in each if r.outcome is result.outcome and r.detail), None)
     return CorpusRow(
         name,
         ROW_VERDICTS[result.outcome],
         operations=sum(r.operations for r in each),
         ranges=sum(r.compared for r in each),
-        device_ms=max(medians) if medians else None,
+        device_ms=max(medians) if medians and len(medians) == len(each) else None,  # a rank untimed: unknown
         host_s=max(setups) if setups else None,  # the ranks set up side by side
         worker=worker,
         error=failing.detail if failing is not None else "",
