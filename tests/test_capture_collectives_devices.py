@@ -562,26 +562,30 @@ def test_the_aside_pool_hands_out_room_first_fit_and_joins_what_comes_back():
     assert pool.largest == 4096 and pool.arenas == [(0x1000, 4096)]
 
 
-def test_driver_memory_allocates_copies_memory_only_when_reserved(monkeypatch):
-    """set_aside never calls cuMemAlloc (it runs right after an NCCL kernel was queued)."""
+def driver_memory(monkeypatch, **calls):
+    """A DriverMemory whose driver is a fake of ``calls`` (beside quiet defaults), every address on
+    device 1."""
     import types
 
     from replayfmt.capture import device_memory
+    from replayfmt.cuda import driver
 
-    calls: list = []
-    ok = types.SimpleNamespace(CUDA_SUCCESS=0, CUDA_ERROR_NOT_READY=600)
+    quiet = {
+        "cuStreamCreate": lambda flags: (0, 9),
+        "cuMemHostAlloc": lambda n, flags: (0, 0x7000),
+        "cuMemcpyDtoDAsync": lambda dst, src, n, s: (0,),
+        "cuStreamSynchronize": lambda s: (0,),
+        "cuEventCreate": lambda flags: (0, 7),
+        "cuEventRecord": lambda e, s: (0,),
+        "cuEventSynchronize": lambda e: (0,),
+        "cuEventDestroy": lambda e: (0,),
+    }
     cu = types.SimpleNamespace(
-        CUresult=ok,
+        CUresult=types.SimpleNamespace(CUDA_SUCCESS=0, CUDA_ERROR_NOT_READY=600),
         CUevent_flags=types.SimpleNamespace(CU_EVENT_DISABLE_TIMING=2),
-        CUstream=lambda s: s,
         CUstream_flags=types.SimpleNamespace(CU_STREAM_NON_BLOCKING=1),
-        cuMemAlloc=lambda n: calls.append(("cuMemAlloc", n)) or (0, 0x10000),
-        cuStreamCreate=lambda flags: (0, 9),  # made at reserve_aside: not what this test follows
-        cuMemHostAlloc=lambda n, flags: (0, 0x7000),
-        cuMemcpyDtoDAsync=lambda dst, src, n, s: calls.append(("copy", dst, n)) or (0,),
-        cuEventCreate=lambda flags: (0, 7),
-        cuEventRecord=lambda e, s: (0,),
-        cuEventDestroy=lambda e: (0,),
+        CUstream=lambda s: s,
+        **{**quiet, **calls},
     )
 
     class Contexts:
@@ -594,11 +598,19 @@ def test_driver_memory_allocates_copies_memory_only_when_reserved(monkeypatch):
         def pushed(self, context):
             return contextlib.nullcontext()
 
-    from replayfmt.cuda import driver
-
     monkeypatch.setattr(device_memory, "driver", lambda: cu)
     monkeypatch.setattr(driver, "driver", lambda: cu)  # check() asks it for CUresult
-    mem = device_memory.DriverMemory(threading.local(), Contexts())
+    return device_memory.DriverMemory(threading.local(), Contexts())
+
+
+def test_driver_memory_allocates_copies_memory_only_when_reserved(monkeypatch):
+    """set_aside never calls cuMemAlloc (it runs right after an NCCL kernel was queued)."""
+    calls: list = []
+    mem = driver_memory(
+        monkeypatch,
+        cuMemAlloc=lambda n: calls.append(("cuMemAlloc", n)) or (0, 0x10000),
+        cuMemcpyDtoDAsync=lambda dst, src, n, s: calls.append(("copy", dst, n)) or (0,),
+    )
     assert mem.set_aside(0xA000, 512, 5) is None and calls == []
     assert mem.reserve_aside(1, 4096) and calls == [("cuMemAlloc", 4096)]
     aside = mem.set_aside(0xA000, 512, 5)
@@ -611,11 +623,9 @@ def test_driver_memory_allocates_copies_memory_only_when_reserved(monkeypatch):
 def test_driver_memory_reads_copies_back_without_making_anything(monkeypatch):
     """take_aside runs with the recorder's locks held while a peer's collective may be pending:
     the stream and pinned staging it reads through are made at reserve_aside, and a copy larger
-    than the staging is read in pieces of it (no cuMemHostAlloc, cuMemFreeHost or cuStreamCreate)."""
+    than the staging is read in pieces of it, as is every read from then on (no cuMemHostAlloc,
+    cuMemFreeHost or cuStreamCreate)."""
     import ctypes
-    import types
-
-    from replayfmt.capture import device_memory
 
     device_bytes = bytes(range(256)) * 64 * 1024  # 16 MiB the copy aside holds: twice the staging
     staging = ctypes.create_string_buffer(8 << 20)
@@ -631,40 +641,14 @@ def test_driver_memory_reads_copies_back_without_making_anything(monkeypatch):
         ctypes.memmove(dst, device_bytes[src - 0x10000 : src - 0x10000 + n], n)
         return (0,)
 
-    ok = types.SimpleNamespace(CUDA_SUCCESS=0, CUDA_ERROR_NOT_READY=600)
-    cu = types.SimpleNamespace(
-        CUresult=ok,
-        CUevent_flags=types.SimpleNamespace(CU_EVENT_DISABLE_TIMING=2),
-        CUstream_flags=types.SimpleNamespace(CU_STREAM_NON_BLOCKING=1),
-        CUstream=lambda s: s,
+    mem = driver_memory(
+        monkeypatch,
         cuMemAlloc=lambda n: calls.append(("cuMemAlloc", n)) or (0, 0x10000),
         cuMemHostAlloc=host_alloc,
         cuMemFreeHost=lambda p: calls.append(("cuMemFreeHost",)) or (0,),
         cuStreamCreate=lambda flags: calls.append(("cuStreamCreate",)) or (0, 9),
-        cuMemcpyDtoDAsync=lambda dst, src, n, s: (0,),
         cuMemcpyDtoHAsync=copy_to_host,
-        cuStreamSynchronize=lambda s: (0,),
-        cuEventCreate=lambda flags: (0, 7),
-        cuEventRecord=lambda e, s: (0,),
-        cuEventSynchronize=lambda e: (0,),
-        cuEventDestroy=lambda e: (0,),
     )
-
-    class Contexts:
-        def ordinal_of(self, address):
-            return 1
-
-        def context_of_device(self, ordinal):
-            return ordinal
-
-        def pushed(self, context):
-            return contextlib.nullcontext()
-
-    from replayfmt.cuda import driver
-
-    monkeypatch.setattr(device_memory, "driver", lambda: cu)
-    monkeypatch.setattr(driver, "driver", lambda: cu)
-    mem = device_memory.DriverMemory(threading.local(), Contexts())
     assert mem.reserve_aside(1, len(device_bytes))
     made = [c[0] for c in calls]
     assert made == ["cuStreamCreate", "cuMemHostAlloc", "cuMemAlloc"]
@@ -672,3 +656,6 @@ def test_driver_memory_reads_copies_back_without_making_anything(monkeypatch):
     del calls[:]
     assert mem.take_aside(aside) == device_bytes
     assert [c[0] for c in calls] == ["cuMemcpyDtoHAsync", "cuMemcpyDtoHAsync"]  # two pieces, nothing made
+    del calls[:]  # a call read where no copy was queued: the same pieces, nothing made either
+    assert mem.read(0x10000, len(device_bytes), 5) == device_bytes
+    assert [c[0] for c in calls] == ["cuMemcpyDtoHAsync", "cuMemcpyDtoHAsync"]

@@ -42,6 +42,12 @@ def job(directory: Path, prefix: str = "job", ranks: int = 2, world_size: int | 
     ]
 
 
+@pytest.fixture(autouse=True)
+def gpus_here(monkeypatch) -> None:
+    """The corpus asks the driver how many GPUs there are before a job's ranks run: eight here."""
+    monkeypatch.setattr(corpus_runs, "cuda_gpu_count", lambda: 8)
+
+
 @pytest.fixture
 def folder(tmp_path: Path) -> Path:
     directory = tmp_path / "corpus"
@@ -265,3 +271,20 @@ def test_a_job_row_has_no_device_time_when_a_rank_was_not_timed(folder, monkeypa
     monkeypatch.setattr(corpus_runs, "verify_ranks", fake)
     (row,) = corpus(folder, CorpusOptions(devices=(0, 1))).rows
     assert (row.verdict, row.device_ms) == ("failed", None) and "ILLEGAL_ADDRESS" in row.error
+
+
+def test_a_job_row_on_a_machine_with_too_few_gpus_is_unavailable_before_any_rank_runs(folder, monkeypatch):
+    job(folder)
+    fake = FakeRanks()
+    monkeypatch.setattr(corpus_runs, "verify_ranks", fake)
+    monkeypatch.setattr(corpus_runs, "cuda_gpu_count", lambda: 1)
+    (row,) = corpus(folder, CorpusOptions(devices=(0, 1), engine="local")).rows
+    assert row.verdict == "unavailable" and "on cuda:0, cuda:1; this machine has 1" in row.error
+    assert not fake.calls  # no rank was started
+
+    def no_driver() -> int:
+        raise replayfmt.DeviceUnavailableError("no CUDA driver here")
+
+    monkeypatch.setattr(corpus_runs, "cuda_gpu_count", no_driver)
+    (row,) = corpus(folder, CorpusOptions(devices=(0, 1), engine="local")).rows
+    assert row.verdict == "unavailable" and row.error == "needs 2 GPUs: no CUDA driver here"

@@ -85,7 +85,7 @@ NOWHERE_TO_RUN = (
     default=600.0,
     show_default=True,
     metavar="SECONDS",
-    help="Give up on a capture (and replace its worker) after this long.",
+    help="Give up on a capture (and replace its worker), or a job (stopping its ranks), after this long.",
 )
 @click.option(
     "--csv", "csv_path", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE", help="Write the rows here."

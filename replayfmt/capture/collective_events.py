@@ -36,7 +36,8 @@ the locks): each device's ASIDE_POOL_BYTES (or a launch's results, if more) at a
 for the devices whose communicators NCCL's log showed, and at an NCCL launch before its kernel is
 queued when none is pending; a copy that finds no room there refuses its call by name. It is
 kept for later copies and freed only at close. The recorder's stream and pinned staging that read
-copies back are made then too, and a copy is read back in pieces of that staging. A copy is
+copies back are made then too, and from then on every read (a copy's, or a call's whose copy
+could not be queued) runs in pieces of that staging. A copy is
 released only once no thread waits on any copy (a waiter asks about copies another thread may
 read back meanwhile); a refused call's copy once it ran. Where no copy was queued (the launch's
 return not seen yet), the receive range is read once its stream is idle, waited for in the same

@@ -142,6 +142,11 @@ class DriverMemory:
         self._sides: dict[int, _DeviceSide] = {}  # device ordinal -> the recorder's work there
         self._pinned = 0
         self._pinned_size = 0
+        # once copies of collectives' results are reserved, every read runs in pieces of the staging
+        # made then: a read may run with the recorder's locks held while a peer's collective is
+        # pending (a call whose copy could not be queued), where cuMemHostAlloc and cuMemFreeHost
+        # may wait for the device
+        self._staging_fixed = False
         self.copy_seconds = 0.0
         self.copied = 0
 
@@ -216,7 +221,8 @@ class DriverMemory:
             return b""
         cu = self.cu
         own = self._own_stream(side)
-        chunk = min(size, 1 << 30) if grow or not self._pinned_size else min(size, self._pinned_size)
+        grow = (grow and not self._staging_fixed) or not self._pinned_size
+        chunk = min(size, 1 << 30) if grow else min(size, self._pinned_size)
         staging = self._staging(chunk)
         out = bytearray(size) if size > chunk else None
         for start in range(0, size, chunk):
@@ -350,6 +356,7 @@ class DriverMemory:
             # cuStreamCreate and cuMemHostAlloc may wait for the device
             self._own_stream(side)
             self._staging(1)
+            self._staging_fixed = True
             if side.asides.largest >= size:
                 return True
             err, made = cu.cuMemAlloc(size)

@@ -39,6 +39,7 @@ from replayfmt.measure.corpus import (
 )
 from replayfmt.measure.fanout import LocalFanOut, Outcome, open_fanout, worker_name
 from replayfmt.measure.tune import check_output_writable
+from replayfmt.replay.collectives import cuda_gpu_count
 from replayfmt.replay.verify_types import Outcome as Verified, VerifyOptions, VerifyResult
 from replayfmt.verbs.ranks import RanksOptions, RanksResult, verify_ranks
 from replayfmt.verbs.verifying import verify
@@ -94,7 +95,7 @@ class CorpusOptions:
     devices: tuple[int, ...] = (0,)  # one worker per GPU; a row that needs k GPUs runs on the first k
     scheduler: str | None = None  # a Dask cluster's address
     engine: str | None = None  # auto, dask, local
-    timeout_s: float = 600.0  # per capture; past it the worker is replaced and the row is lost
+    timeout_s: float = 600.0  # per row; past it the worker is replaced (row lost) or a job's ranks stopped (failed)
     csv: Path | None = None  # the rows written here (a new file)
     baseline: Path | None = None  # another directory of the same captures, or a CSV of an earlier run
     threshold: float = 1.05  # device time over this times the baseline's is a regression
@@ -224,6 +225,15 @@ def _job_row(entry: CorpusEntry, gpus: tuple[int, ...], options: CorpusOptions) 
     made no timed run), its ranges and operations every rank's, its verdict the worst rank's, its
     error the first of the worst ranks'."""
     worker = worker_name(gpus)
+    # each rank's process would find its GPU missing and fail: a machine with too few is told here
+    try:
+        count = cuda_gpu_count()
+    except ReplayError as exc:
+        return CorpusRow(entry.name, "unavailable", worker=worker, error=f"needs {entry.gpus} GPUs: {exc}")
+    if max(gpus) >= count:
+        named = ", ".join(f"cuda:{k}" for k in gpus)
+        why = f"needs {entry.gpus} GPUs ({entry.why}) on {named}; this machine has {count}"
+        return CorpusRow(entry.name, "unavailable", worker=worker, error=why)
     verify_options = VerifyOptions(timed_runs=options.repetitions, limits=options.limits)
     ranks_options = RanksOptions(verify=verify_options, devices=gpus, timeout_s=options.timeout_s)
     try:
