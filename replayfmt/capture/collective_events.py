@@ -34,14 +34,13 @@ only while no NCCL kernel the recorder saw may be pending (cuMemAlloc and cuMemF
 the device, where a kernel may wait for a peer's launch that cannot come while this thread holds
 the locks): each device's ASIDE_POOL_BYTES (or a launch's results, if more) at a region's start
 for the devices whose communicators NCCL's log showed, and at an NCCL launch before its kernel is
-queued when none is pending; a copy that finds no room there refuses its call by name. It is
-kept for later copies and freed only at close. The recorder's stream and pinned staging that read
-copies back are made then too, and from then on every read (a copy's, or a call's whose copy
-could not be queued) runs in pieces of that staging. A copy is
-released only once no thread waits on any copy (a waiter asks about copies another thread may
-read back meanwhile); a refused call's copy once it ran. Where no copy was queued (the launch's
-return not seen yet), the receive range is read once its stream is idle, waited for in the same
-way.
+queued when none is pending; a copy that finds no room there refuses its call by name. It is kept
+for later copies and freed only at close. The recorder's stream and pinned staging that read
+copies back are made then too, and from then on every read (a copy's, or a call's whose copy could
+not be queued) runs in pieces of that staging. A copy is released only once no thread waits on any
+copy (a waiter asks about copies another thread may read back meanwhile); a refused call's copy
+once it ran. Where no copy was queued (the launch's return not seen yet), the receive range is
+read once its stream is idle, waited for in the same way.
 
 What remains: the wait runs inside the translator's ``handle`` (and so inside the source's
 callback and the original times' sink, which hold the source's lock around it). While it lets go,
