@@ -149,21 +149,32 @@ def peer_thread_meanwhile(t, events: list, waited: list) -> None:
     t.unlocked = unlocked
 
 
-def test_each_device_s_calls_are_written_with_its_rank_once_the_peer_launched(tmp_path, cubin):
-    mem = AsideMemory()
-    first, peer = sharded_step(cubin, mem)
+def record_meanwhile(tmp_path, mem, first: list, peer: list, lines=None, *, name: str = "c.kreplay", made=None):
+    """``first`` (cuda:0's thread) recorded in region "step" while another thread records ``peer``
+    once the first waits (:func:`peer_thread_meanwhile`); NCCL's log gives ``lines`` (both
+    communicators made, then both calls). ``made(translator)`` runs before any event. The file,
+    the translator, and whether the first thread waited."""
+    lines = lines if lines is not None else [[INIT0, INIT1, CALL1, CALL0], []]
     waited: list = []
-    lines = [[INIT0, INIT1, CALL1, CALL0], []]
-    path = tmp_path / "c.kreplay"
+    path = tmp_path / name
     with CaptureWriter(path) as writer:
         t = Translator(
             writer, RecordOptions(), mem, host_files=HostFiles(tmp_path / "no-maps"), collectives=FakeLog(lines)
         )
+        if made is not None:
+            made(t)
         peer_thread_meanwhile(t, peer, waited)
         t.start("step")
         for e in first:
             t.handle(e)
         t.stop()
+    return path, t, waited
+
+
+def test_each_device_s_calls_are_written_with_its_rank_once_the_peer_launched(tmp_path, cubin):
+    mem = AsideMemory()
+    first, peer = sharded_step(cubin, mem)
+    path, t, waited = record_meanwhile(tmp_path, mem, first, peer)
     assert waited == [True] and not t.report.errors and not t.report.unsupported and t.report.collectives == 2
     # no wait for a program's stream; cuda:0's result read back only after cuda:1's kernel was launched
     assert mem.calls == [("set_aside", S0), ("set_aside", S1), ("take_aside", S0), ("take_aside", S1)]
@@ -336,17 +347,8 @@ def test_one_device_reads_each_call_once_its_stream_is_idle_as_before(tmp_path, 
 def test_a_copy_another_thread_read_back_is_released_only_once_no_thread_waits_on_it(tmp_path, cubin):
     mem = ReleasingMemory()
     first, peer = sharded_step(cubin, mem)
-    waited: list = []
-    path = tmp_path / "c.kreplay"
-    with CaptureWriter(path) as writer:
-        log = FakeLog([[INIT0, INIT1, CALL1, CALL0], []])
-        t = Translator(writer, RecordOptions(), mem, host_files=HostFiles(tmp_path / "no-maps"), collectives=log)
-        # the peer thread's own event after its launch writes cuda:0's call while cuda:0's thread waits on it
-        peer_thread_meanwhile(t, [*peer, ev.EventCreated(0xE5)], waited)
-        t.start("step")
-        for e in first:
-            t.handle(e)
-        t.stop()
+    # the peer thread's own event after its launch writes cuda:0's call while cuda:0's thread waits on it
+    _, t, waited = record_meanwhile(tmp_path, mem, first, [*peer, ev.EventCreated(0xE5)])
     assert waited == [True] and not t.report.unsupported and not t.report.partial
     assert ("take_aside", S0) in mem.calls and sorted(mem.released) == [S0, S1]  # each released once, after
 
@@ -355,16 +357,7 @@ def test_a_region_end_waits_with_the_locks_let_go_and_records_the_peer_launched_
     mem = ReleasingMemory()
     first, peer = sharded_step(cubin, mem)
     first = first[: first.index(ev.LaunchEnd(S0)) + 1]  # the region ends right after cuda:0's launch
-    waited: list = []
-    path = tmp_path / "c.kreplay"
-    with CaptureWriter(path) as writer:
-        log = FakeLog([[INIT0, INIT1, CALL1, CALL0], []])
-        t = Translator(writer, RecordOptions(), mem, host_files=HostFiles(tmp_path / "no-maps"), collectives=log)
-        peer_thread_meanwhile(t, peer, waited)
-        t.start("step")
-        for e in first:
-            t.handle(e)
-        t.stop()
+    path, t, waited = record_meanwhile(tmp_path, mem, first, peer)
     assert waited == [True] and not t.report.unsupported and t.report.collectives == 2
     with replayfmt.open(path) as cap:
         assert sorted(op.rank for op in cap.iter_operations() if isinstance(op, m.Collective)) == [0, 1]
@@ -427,16 +420,7 @@ def recorded_after_the_call(tmp_path, cubin, after, blocking=False):
     first = [*first[:-1], after]
     if blocking:  # S0 made without CU_STREAM_NON_BLOCKING
         first = [ev.StreamCreated(S0, 0) if e == ev.StreamCreated(S0, 1) else e for e in first]
-    waited: list = []
-    path = tmp_path / f"blocking-{blocking}.kreplay"
-    with CaptureWriter(path) as writer:
-        log = FakeLog([[INIT0, INIT1, CALL1, CALL0], []])
-        t = Translator(writer, RecordOptions(), mem, host_files=HostFiles(tmp_path / "no-maps"), collectives=log)
-        peer_thread_meanwhile(t, peer, waited)
-        t.start("step")
-        for e in first:
-            t.handle(e)
-        t.stop()
+    path, t, _ = record_meanwhile(tmp_path, mem, first, peer, name=f"blocking-{blocking}.kreplay")
     assert not t.report.unsupported and not t.report.errors
     with replayfmt.open(path) as cap:
         return list(cap.iter_operations()), build_plan(cap, PlanOptions()).problems
@@ -510,15 +494,7 @@ class PoolMemory(ReleasingMemory):
 
 def record_pooled(tmp_path, cubin, mem: PoolMemory, lines: list) -> Translator:
     first, peer = sharded_step(cubin, mem)
-    waited: list = []
-    with CaptureWriter(tmp_path / "c.kreplay") as writer:
-        t = Translator(writer, RecordOptions(), mem, host_files=HostFiles(tmp_path / "m"), collectives=FakeLog(lines))
-        mem.translator = t
-        peer_thread_meanwhile(t, peer, waited)
-        t.start("step")
-        for e in first:
-            t.handle(e)
-        t.stop()
+    _, t, _ = record_meanwhile(tmp_path, mem, first, peer, lines, made=lambda t: setattr(mem, "translator", t))
     return t
 
 

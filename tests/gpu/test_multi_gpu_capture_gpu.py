@@ -156,9 +156,8 @@ def test_a_zero_style_shard_map_step_replays_with_its_collectives_on_two_gpus(tm
     among both ranks in one process and verified."""
     needs("jax")
     out = tmp_path / "zero.kreplay"
-    result = run([sys.executable, "-m", "replayfmt.capture", "-o", str(out), "--scope", "step",
-                  str(CORPUS / "jax_zero_shard_map_step.py")])  # fmt: skip
-    assert result.returncode == 0 and "Traceback" not in result.stderr, (result.stdout + result.stderr)[-4000:]
+    result = capture(out, CORPUS / "jax_zero_shard_map_step.py", "--scope", "step")  # exits 0, the file written
+    assert "Traceback" not in result.stderr, (result.stdout + result.stderr)[-4000:]
     with replayfmt.open(out) as cap:
         labels = {op.operation.label for op in cap.iter_operations() if isinstance(op, m.Collective)}
     assert {"AllGather", "ReduceScatter"} <= labels, labels
@@ -194,9 +193,8 @@ def test_a_sharded_jax_step_replays_with_its_collectives_on_two_gpus_and_verifie
     written with its rank on its device's stream, replayed among both ranks in one process."""
     needs("jax")
     out = tmp_path / "sharded.kreplay"
-    result = run([sys.executable, "-m", "replayfmt.capture", "-o", str(out), "--scope", "step",
-                  str(CORPUS / "jax_sharded_step.py")])  # fmt: skip
-    assert result.returncode == 0 and "Traceback" not in result.stderr, (result.stdout + result.stderr)[-4000:]
+    result = capture(out, CORPUS / "jax_sharded_step.py", "--scope", "step")  # exits 0, the file written
+    assert "Traceback" not in result.stderr, (result.stdout + result.stderr)[-4000:]
     with replayfmt.open(out) as cap:
         devices = {o.id: o.ordinal for o in cap.objects() if isinstance(o, m.Device)}
         streams = {o.id: devices[o.device] for o in cap.objects() if isinstance(o, m.Stream)}

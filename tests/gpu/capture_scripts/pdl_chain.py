@@ -8,32 +8,17 @@ which a second stream waits for before w += 3z, a plain launch. The program chec
     python -m replayfmt.capture -o pdl.kreplay --scope step pdl_chain.py [sm_XY]
 """
 
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 from cuda.bindings import driver as cu
+from driver_program import load_module, ok
 
 import replayfmt.capture
 
-
-def ok(result):
-    err, *rest = result if isinstance(result, tuple) else (result,)
-    if err != cu.CUresult.CUDA_SUCCESS:
-        sys.exit(f"CUDA error: {err}")
-    return rest[0] if len(rest) == 1 else rest
-
-
 source = Path(__file__).resolve().parents[1] / "kernels" / "pdl_chain.cu"
-arch = sys.argv[1] if len(sys.argv) > 1 else "sm_90"
-with tempfile.TemporaryDirectory() as tmp:
-    subprocess.run(["nvcc", "-cubin", f"-arch={arch}", "-o", f"{tmp}/pdl.cubin", str(source)], check=True)
-    image = Path(f"{tmp}/pdl.cubin").read_bytes()
-ok(cu.cuInit(0))
-ok(cu.cuCtxSetCurrent(ok(cu.cuDevicePrimaryCtxRetain(ok(cu.cuDeviceGet(0))))))
-module = ok(cu.cuModuleLoadData(image))
+module = load_module(source)
 early, late = (ok(cu.cuModuleGetFunction(module, name)) for name in (b"axpy_early", b"axpy"))
 n = 1 << 18
 x_host = (np.arange(n) % 17).astype(np.float32)

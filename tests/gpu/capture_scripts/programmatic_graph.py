@@ -7,32 +7,16 @@ buffers, so the overlap changes no result. The graph is launched three times in 
     python -m replayfmt.capture -o pdl.kreplay --scope step programmatic_graph.py [sm_XY]
 """
 
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 from cuda.bindings import driver as cu
+from driver_program import load_module, ok
 
 import replayfmt.capture
 
-
-def ok(result):
-    err, *rest = result if isinstance(result, tuple) else (result,)
-    if err != cu.CUresult.CUDA_SUCCESS:
-        sys.exit(f"CUDA error: {err}")
-    return rest[0] if len(rest) == 1 else rest
-
-
 source = Path(__file__).resolve().parents[3] / "examples" / "kernels" / "saxpy.cu"
-arch = sys.argv[1] if len(sys.argv) > 1 else "sm_90"
-with tempfile.TemporaryDirectory() as tmp:
-    subprocess.run(["nvcc", "-cubin", f"-arch={arch}", "-o", f"{tmp}/saxpy.cubin", str(source)], check=True)
-    image = Path(f"{tmp}/saxpy.cubin").read_bytes()
-ok(cu.cuInit(0))
-ok(cu.cuCtxSetCurrent(ok(cu.cuDevicePrimaryCtxRetain(ok(cu.cuDeviceGet(0))))))
-saxpy = ok(cu.cuModuleGetFunction(ok(cu.cuModuleLoadData(image)), b"saxpy"))
+saxpy = ok(cu.cuModuleGetFunction(load_module(source), b"saxpy"))
 n = 1 << 20
 x, y, z = (ok(cu.cuMemAlloc(4 * n)) for _ in range(3))
 ok(cu.cuMemcpyHtoD(x, (np.arange(n) % 89).astype(np.float32), 4 * n))

@@ -7,13 +7,10 @@ does the host write the release. Three candidates, then a check of the result.
 """
 
 import ctypes
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
 
 import numpy as np
 from cuda.bindings import driver as cu
+from driver_program import load_module, ok
 
 SOURCE = r"""
 namespace stream_executor {
@@ -39,26 +36,12 @@ extern "C" __global__ void scale_add(float a, const float* x, float* y, int n) {
 DELAY = b"_ZN15stream_executor3gpu11DelayKernelEPVNS_17GpuSemaphoreStateES1_"
 
 
-def ok(result):
-    err, *rest = result if isinstance(result, tuple) else (result,)
-    if err != cu.CUresult.CUDA_SUCCESS:
-        sys.exit(f"CUDA error: {err}")
-    return rest[0] if len(rest) == 1 else rest
-
-
 def launch(function, grid: int, block: int, stream, *args: np.ndarray) -> None:
     pointers = np.array([a.ctypes.data for a in args], dtype=np.uint64)
     ok(cu.cuLaunchKernel(function, grid, 1, 1, block, 1, 1, 0, stream, pointers.ctypes.data, 0))
 
 
-arch = sys.argv[1] if len(sys.argv) > 1 else "sm_90"
-with tempfile.TemporaryDirectory() as tmp:
-    Path(f"{tmp}/k.cu").write_text(SOURCE)
-    subprocess.run(["nvcc", "-cubin", f"-arch={arch}", "-o", f"{tmp}/k.cubin", f"{tmp}/k.cu"], check=True)
-    image = Path(f"{tmp}/k.cubin").read_bytes()
-ok(cu.cuInit(0))
-ok(cu.cuCtxSetCurrent(ok(cu.cuDevicePrimaryCtxRetain(ok(cu.cuDeviceGet(0))))))
-module = ok(cu.cuModuleLoadData(image))
+module = load_module(SOURCE)
 delay, scale_add = ok(cu.cuModuleGetFunction(module, DELAY)), ok(cu.cuModuleGetFunction(module, b"scale_add"))
 n = 1 << 22
 x_host = (np.arange(n) % 7).astype(np.float32)
